@@ -1,0 +1,157 @@
+"""Django settings for gymweb.
+
+Embedded default: SQLite (WAL, busy timeout, immediate transactions) and django-q2's ORM broker.
+Scale-out: set ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/gymweb``) and
+``GYMWEB_REDIS_URL`` (e.g. ``redis://127.0.0.1:6379/0``) in the environment.
+"""
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("GYMWEB_VAR_DIR", BASE_DIR / "var"))
+
+SECRET_KEY = os.environ.get("GYMWEB_SECRET_KEY", "dev-insecure-change-me-gymweb")
+DEBUG = os.environ.get("GYMWEB_DEBUG", "1") == "1"
+ALLOWED_HOSTS = [h for h in os.environ.get("GYMWEB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "django_q",
+    "rollouts",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "gymweb.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "gymweb.wsgi.application"
+ASGI_APPLICATION = "gymweb.asgi.application"
+
+_database_url = os.environ.get("DATABASE_URL")
+if _database_url:
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("GYMWEB_SQLITE_PATH", str(VAR_DIR / "gymweb.sqlite3")),
+            # Several worker processes and the web server write at once: WAL lets readers go on
+            # while one writes, the busy timeout waits instead of raising "database is locked",
+            # and IMMEDIATE transactions take the write lock up front so two writers never
+            # deadlock upgrading a read lock (DESIGN.md, known pitfalls).
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+            },
+            "TEST": {"NAME": os.environ.get("GYMWEB_TEST_SQLITE_PATH", str(VAR_DIR / "test_gymweb.sqlite3"))},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "runs"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+# Uploads: datasets are read as they stream in; this bounds one upload (bytes).
+GYMWEB_MAX_UPLOAD_BYTES = int(os.environ.get("GYMWEB_MAX_UPLOAD_BYTES", 200 * 1024 * 1024))
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+# Hosts that runs may target (agent and env URLs). Empty = any host.
+GYMWEB_ALLOWED_TARGET_HOSTS = [h for h in os.environ.get("GYMWEB_ALLOWED_TARGET_HOSTS", "").split(",") if h]
+
+# Worker tuning (seconds). A claim's lease must be renewed within GYMWEB_LEASE_S or the attempt
+# counts as interrupted and its key runs again (crash recovery); slices renew every
+# GYMWEB_HEARTBEAT_S and notice a cancel then. Tests shorten these.
+GYMWEB_LEASE_S = float(os.environ.get("GYMWEB_LEASE_S", 30))
+GYMWEB_HEARTBEAT_S = float(os.environ.get("GYMWEB_HEARTBEAT_S", 2))
+GYMWEB_POLL_S = float(os.environ.get("GYMWEB_POLL_S", 0.5))
+GYMWEB_FLUSH_S = float(os.environ.get("GYMWEB_FLUSH_S", 0.25))
+GYMWEB_CONNECT_RETRY_PAUSE_S = float(os.environ.get("GYMWEB_CONNECT_RETRY_PAUSE_S", 0.5))
+# How many django-q2 tasks share one run (set it to the number of worker processes, over all
+# machines, that should work on a run at once).
+GYMWEB_SLICES_PER_RUN = int(os.environ.get("GYMWEB_SLICES_PER_RUN", os.environ.get("GYMWEB_Q_WORKERS", 2)))
+# A slice claims new rollouts for this long, then hands over to a fresh task and only finishes
+# what it holds (at most the run's run_timeout_s).
+GYMWEB_SLICE_S = float(os.environ.get("GYMWEB_SLICE_S", 300))
+# The largest run_timeout_s a run may have. django-q2's cluster-wide `timeout` is derived from it,
+# so no slice is ever killed (and re-delivered) mid-rollout (DESIGN.md, known pitfalls).
+GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 4 * 3600))
+
+_redis_url = os.environ.get("GYMWEB_REDIS_URL")
+_q_timeout = int(GYMWEB_SLICE_S + GYMWEB_MAX_RUN_TIMEOUT_S + 120)
+Q_CLUSTER = {
+    "name": "gymweb",
+    "workers": int(os.environ.get("GYMWEB_Q_WORKERS", 2)),
+    "timeout": _q_timeout,
+    "retry": _q_timeout + 60,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "catch_up": False,
+    "label": "Django Q2",
+    "poll": 0.2,
+    "save_limit": 500,
+    "recycle": 50,
+}
+if _redis_url:
+    Q_CLUSTER["redis"] = _redis_url
+else:
+    Q_CLUSTER["orm"] = "default"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "gymweb": {"handlers": ["console"], "level": os.environ.get("GYMWEB_LOG_LEVEL", "INFO")},
+        "django_q": {"handlers": ["console"], "level": "WARNING"},
+    },
+}

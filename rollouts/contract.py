@@ -1,0 +1,311 @@
+"""The agent side of the contract: what a valid ``/v1/responses`` reply is, and which calls are asks.
+
+No Django here: the loop (``rollouts.loop``) and the conformance check use it directly.
+
+The reference is NeMo Gym's ``NeMoGymResponse`` (``nemo_gym/openai_utils.py``): openai-python's
+``Response`` with ``output`` typed as the *input-item* union and a ``usage`` that is either absent,
+``null`` or complete (contract rule 3, DESIGN.md). Validation is pydantic's default (lax) mode, as in
+NeMo Gym; unknown extra fields are tolerated everywhere.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+
+__all__ = [
+    "AgentReply",
+    "InvalidReply",
+    "RESERVED_ENV_ROUTES",
+    "Usage",
+    "add_usage",
+    "find_asks",
+    "has_assistant_message",
+    "parse_reply",
+    "tool_name_problem",
+]
+
+
+class _Loose(BaseModel):
+    # Unknown extra fields are tolerated and kept (rule 3); the stored item is the agent's own dict.
+    model_config = ConfigDict(extra="allow")
+
+
+class OutputText(_Loose):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+
+
+class Refusal(_Loose):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class OutputMessage(_Loose):
+    """An assistant message as a model returns it (``ResponseOutputMessage``)."""
+
+    type: Literal["message"]
+    id: str
+    role: Literal["assistant"]
+    content: list[Annotated[Union[OutputText, Refusal], Field(discriminator="type")]]
+    status: Optional[Literal["in_progress", "completed", "incomplete"]] = "completed"
+
+
+class InputText(_Loose):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputMedia(_Loose):
+    type: Literal["input_image", "input_file", "input_audio"]
+
+
+class InputMessage(_Loose):
+    """An "easy" input message (any role, content a string or a list of input parts)."""
+
+    type: Literal["message"]
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[str, list[Annotated[Union[InputText, InputMedia], Field(discriminator="type")]]]
+
+
+class FunctionCall(_Loose):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str  # a JSON *string*, as the Responses API sends it
+    id: Optional[str] = None
+    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
+
+
+class FunctionCallOutput(_Loose):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: Union[str, list[dict[str, Any]]]
+    id: Optional[str] = None
+    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
+
+
+class SummaryText(_Loose):
+    type: Literal["summary_text"]
+    text: str
+
+
+class Reasoning(_Loose):
+    type: Literal["reasoning"]
+    id: str
+    summary: list[SummaryText]
+
+
+# Hosted-tool and client-executed call items pass through untouched (rule 3); their inner shapes are
+# the provider's business, so only `type` is checked.
+HOSTED_ITEM_TYPES = (
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "web_search_call",
+    "file_search_call",
+    "computer_call",
+    "computer_call_output",
+    "image_generation_call",
+    "code_interpreter_call",
+    "local_shell_call",
+    "local_shell_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+)
+
+
+class HostedItem(_Loose):
+    type: Literal[HOSTED_ITEM_TYPES]  # type: ignore[valid-type]
+
+
+def _item_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if isinstance(kind, str):
+            return kind if kind in _TAGGED else "hosted" if kind in HOSTED_ITEM_TYPES else "unknown"
+        return "untyped"
+    return "unknown"
+
+
+_TAGGED = {"message", "function_call", "function_call_output", "reasoning"}
+
+
+class _UnknownItem(BaseModel):
+    """Never valid: routes items with an unknown or missing ``type`` to a clear error."""
+
+    type: Annotated[str, Field(description="must be a known Responses item type")]
+
+    @field_validator("type")
+    @classmethod
+    def _reject(cls, value: str) -> str:
+        raise ValueError(f"unknown output item type {value!r}")
+
+
+class _UntypedItem(BaseModel):
+    type: str  # missing -> "Field required" error, which is the message we want
+
+
+OutputItem = Annotated[
+    Union[
+        # Smart union, as in NeMo Gym: an assistant message may come in either shape.
+        Annotated[Union[OutputMessage, InputMessage], Tag("message")],
+        Annotated[FunctionCall, Tag("function_call")],
+        Annotated[FunctionCallOutput, Tag("function_call_output")],
+        Annotated[Reasoning, Tag("reasoning")],
+        Annotated[HostedItem, Tag("hosted")],
+        Annotated[_UnknownItem, Tag("unknown")],
+        Annotated[_UntypedItem, Tag("untyped")],
+    ],
+    Discriminator(_item_kind),
+]
+
+
+class InputTokensDetails(_Loose):
+    cached_tokens: int
+
+
+class OutputTokensDetails(_Loose):
+    reasoning_tokens: int
+
+
+class Usage(_Loose):
+    """Complete token usage of one reply (rule 3: partial usage is invalid). Units: tokens."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens_details: OutputTokensDetails
+
+
+class AgentReply(_Loose):
+    """A valid Responses API object from the agent service (contract rule 3, DESIGN.md)."""
+
+    id: str
+    created_at: float
+    model: str
+    object: Literal["response"]
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    tool_choice: Union[str, dict[str, Any]]
+    tools: list[Any]
+    usage: Optional[Usage] = None
+    incomplete_details: Optional[Any] = None
+
+
+class InvalidReply(Exception):
+    """The agent's JSON object is not a valid Responses API object: a terminal failure (rule 3).
+
+    ``str(exc)`` is a readable list of every field error, e.g. ``"output.0.call_id: Field required"``.
+    """
+
+
+def _describe(exc: ValidationError, limit: int = 8) -> str:
+    lines = []
+    for err in exc.errors()[:limit]:
+        where = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _ALL_TAGS)) or "(top level)"
+        lines.append(f"{where}: {err['msg']}")
+    more = exc.error_count() - limit
+    if more > 0:
+        lines.append(f"... and {more} more")
+    return "; ".join(lines)
+
+
+_ALL_TAGS = {"message", "OutputMessage", "InputMessage", "function_call", "function_call_output", "reasoning", "hosted", "unknown", "untyped"}
+
+
+def parse_reply(data: dict[str, Any]) -> AgentReply:
+    """Validate one agent reply (a JSON object already decoded into a dict).
+
+    Returns the validated ``AgentReply``. Raises ``InvalidReply`` naming every bad field
+    (contract rule 3, DESIGN.md). The caller keeps ``data`` itself as the stored record, so nothing
+    the agent sent is normalised away.
+    """
+    try:
+        return AgentReply.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidReply(f"{exc.error_count()} validation error(s): {_describe(exc)}") from None
+
+
+def find_asks(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``function_call`` items of one reply that gymweb must execute (contract rule 4).
+
+    ``output`` is the reply's raw item list. A call is an *ask* when no ``function_call_output`` of
+    the same ``call_id`` is in the same reply (pairing is judged within one reply only). When a
+    ``call_id`` repeats among asks, the last one wins, and it runs once, at the position of the last.
+    Returns the asks in order.
+    """
+    answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
+    last_by_id: dict[str, int] = {}
+    for pos, item in enumerate(output):
+        if item.get("type") == "function_call" and item.get("call_id") not in answered:
+            last_by_id[item["call_id"]] = pos
+    return [output[pos] for pos in sorted(last_by_id.values())]
+
+
+def has_assistant_message(output: list[dict[str, Any]]) -> bool:
+    """True when the reply carries at least one assistant ``message`` item (rule 10)."""
+    return any(item.get("type") == "message" and item.get("role") == "assistant" for item in output)
+
+
+# An env's own routes: an agent must never reach them through a tool call (rule 5).
+RESERVED_ENV_ROUTES = frozenset({"seed_session", "verify", "aggregate_metrics", "close_session"})
+_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9_\-.~:@!$&'()*+,;=]+$")
+
+
+def tool_name_problem(name: str) -> Optional[str]:
+    """Why a tool name must not be sent to the env, or None when it may be (rule 5, DESIGN.md).
+
+    A name must be one safe URL path segment (no ``/``, ``..``, ``?``, ``#``, ``%``, white space,
+    not empty) and not one of the env's own routes (``RESERVED_ENV_ROUTES``).
+    """
+    if not name:
+        return "the tool name is empty"
+    if name in (".", "..") or not _SAFE_SEGMENT.match(name):
+        return f"the tool name {name!r} is not a safe URL path segment"
+    if name in RESERVED_ENV_ROUTES:
+        return f"{name!r} is one of the environment's own routes, which an agent may not call"
+    return None
+
+
+def arguments_problem(arguments: str) -> tuple[Optional[Any], Optional[str]]:
+    """Decode a call's ``arguments`` string: ``(value, None)`` or ``(None, error text)`` (rule 6)."""
+    try:
+        return json.loads(arguments), None
+    except (ValueError, TypeError) as exc:
+        return None, f"arguments are not valid JSON ({exc})"
+
+
+_USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
+
+
+def add_usage(total: Optional[dict[str, Any]], usage: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """Sum two usage dicts of the complete shape (rule 8); ``None`` means "not reported".
+
+    Returns a new dict ``{input_tokens, output_tokens, total_tokens, input_tokens_details:
+    {cached_tokens}, output_tokens_details: {reasoning_tokens}}`` (tokens), or the other side when one
+    is None.
+    """
+    if usage is None:
+        return total
+    if total is None:
+        return {
+            **{k: int(usage[k]) for k in _USAGE_KEYS},
+            "input_tokens_details": {"cached_tokens": int(usage["input_tokens_details"]["cached_tokens"])},
+            "output_tokens_details": {"reasoning_tokens": int(usage["output_tokens_details"]["reasoning_tokens"])},
+        }
+    return {
+        **{k: total[k] + int(usage[k]) for k in _USAGE_KEYS},
+        "input_tokens_details": {
+            "cached_tokens": total["input_tokens_details"]["cached_tokens"] + int(usage["input_tokens_details"]["cached_tokens"])
+        },
+        "output_tokens_details": {
+            "reasoning_tokens": total["output_tokens_details"]["reasoning_tokens"]
+            + int(usage["output_tokens_details"]["reasoning_tokens"])
+        },
+    }

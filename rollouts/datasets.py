@@ -1,0 +1,209 @@
+"""Datasets in NeMo Gym's JSONL format: reading, validation, stripping stale results, materialising.
+
+No Django here. Rules from DESIGN.md, "Datasets, runs and files".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Iterable, Iterator, Optional, TextIO, Union
+
+__all__ = [
+    "DatasetError",
+    "RESULT_FIELDS",
+    "MaterializedTask",
+    "ParsedDataset",
+    "materialize",
+    "merge_overrides",
+    "read_jsonl",
+    "strip_result_fields",
+]
+
+# Result fields of an earlier output file; stripped on the way in so a stale result can neither
+# collide with nor leak into the new run's output (seed, "Gotchas"; DESIGN.md).
+RESULT_FIELDS = ("reward", "response", "error", "_ng_failure_class", "_ng_failure_terminal", "_ng_no_persist", "_gymweb_failure_kind")
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be used. ``line`` is the 1-based line number (None for whole-file problems);
+    ``str(exc)`` says what and where, e.g. ``"tasks.jsonl, line 3: not valid JSON (...)"``."""
+
+    def __init__(self, message: str, line: Optional[int] = None, source: str = ""):
+        self.line = line
+        self.source = source
+        where = ", ".join(p for p in (source, f"line {line}" if line else "") if p)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.reason = message
+
+
+@dataclass
+class ParsedDataset:
+    """Validated rows in file order. ``rows[i]`` came from line ``lines[i]`` (1-based);
+    ``texts[i]`` is the line's text as written (it decides which rows are the same task)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    sha256: str = ""
+    stripped_fields: set[str] = field(default_factory=set)
+
+
+def strip_result_fields(row: dict[str, Any]) -> list[str]:
+    """Remove ``RESULT_FIELDS`` from ``row`` in place; returns the names removed."""
+    removed = [name for name in RESULT_FIELDS if name in row]
+    for name in removed:
+        del row[name]
+    return removed
+
+
+def _validate_row(row: Any, line: int, source: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise DatasetError(f"each line must be a JSON object, got {type(row).__name__}", line, source)
+    params = row.get("responses_create_params")
+    if params is None:
+        raise DatasetError("the row has no 'responses_create_params'", line, source)
+    if not isinstance(params, dict):
+        raise DatasetError("'responses_create_params' must be a JSON object", line, source)
+    if "input" not in params:
+        raise DatasetError("'responses_create_params' has no 'input'", line, source)
+    if not isinstance(params["input"], (str, list)):
+        raise DatasetError("'responses_create_params.input' must be a string or a list of items", line, source)
+    tools = params.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise DatasetError("'responses_create_params.tools' must be a list", line, source)
+    for key in ("_ng_task_index", "_ng_rollout_index"):
+        if key in row and (isinstance(row[key], bool) or not isinstance(row[key], int)):
+            raise DatasetError(f"'{key}' must be an integer", line, source)
+    if "agent_ref" in row and not isinstance(row["agent_ref"], dict):
+        raise DatasetError("'agent_ref' must be a JSON object like {\"name\": \"...\"}", line, source)
+    return row
+
+
+def read_jsonl(stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], source: str = "", max_rows: Optional[int] = None) -> ParsedDataset:
+    """Read and validate a whole JSONL dataset; nothing is returned unless every line is good.
+
+    ``stream`` yields lines (bytes or text). Blank lines are skipped. Each row must be a JSON object
+    with ``responses_create_params`` (an object with ``input``). Stale result fields are stripped
+    (``RESULT_FIELDS``). ``max_rows`` stops reading after that many rows (for ``limit``).
+    Raises ``DatasetError`` with the line number for the first bad line, or for an empty file.
+    """
+    parsed = ParsedDataset()
+    digest = hashlib.sha256()
+    for number, raw in enumerate(stream, start=1):
+        if isinstance(raw, bytes):
+            digest.update(raw)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})", number, source) from None
+        else:
+            text = raw
+            digest.update(text.encode("utf-8", "surrogatepass"))
+        text = text.strip()
+        if text.startswith("\ufeff"):
+            text = text[1:]
+        if not text:
+            continue
+        if max_rows is not None and len(parsed.rows) >= max_rows:
+            break
+        try:
+            row = json.loads(text)
+        except ValueError as exc:
+            raise DatasetError(f"not valid JSON ({exc})", number, source) from None
+        row = _validate_row(row, number, source)
+        parsed.stripped_fields.update(strip_result_fields(row))
+        parsed.rows.append(row)
+        parsed.lines.append(number)
+        parsed.texts.append(text)
+    if not parsed.rows:
+        raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source)
+    parsed.sha256 = digest.hexdigest()
+    return parsed
+
+
+def merge_overrides(params: dict[str, Any], overrides: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """``params`` with ``overrides`` merged in: nested objects merge key by key, anything else
+    (lists included) is replaced. Returns a new dict; neither argument is changed."""
+    if not overrides:
+        return params
+    merged = dict(params)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_overrides(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@dataclass
+class MaterializedTask:
+    """One task of a run: ``row`` is the materialised row without ``_ng_rollout_index``;
+    ``rollout_indices`` the keys to run for it (0..k-1)."""
+
+    task_index: int
+    row: dict[str, Any]
+    rollout_indices: list[int]
+
+    def rollout_row(self, rollout_index: int) -> dict[str, Any]:
+        """The materialised row of one (task, rollout) key, as NeMo Gym writes it."""
+        row = dict(self.row)
+        row["_ng_rollout_index"] = rollout_index
+        return row
+
+
+def materialize(
+    parsed: ParsedDataset,
+    *,
+    agent_name: str = "remote_agent",
+    num_repeats: int = 1,
+    limit: Optional[int] = None,
+    overrides: Optional[dict[str, Any]] = None,
+) -> list[MaterializedTask]:
+    """Materialise a run from validated rows (NeMo Gym's rules, DESIGN.md "Datasets, runs and files").
+
+    - ``limit``: only the first N rows; ``num_repeats``: each row k times in a row (abc → aabbcc).
+    - ``_ng_task_index``: kept if the row has one; else rows with identical line text share one,
+      numbered in order of first appearance (skipping indices that rows carry themselves).
+    - ``_ng_rollout_index``: 0..k-1 per task, in order.
+    - ``agent_ref``: kept if the row has one, else ``{"name": agent_name}``.
+    - ``overrides`` merged into ``responses_create_params``.
+
+    Returns the tasks in order of first appearance. Raises ``ValueError`` for num_repeats < 1.
+    """
+    if num_repeats < 1:
+        raise ValueError("num_repeats must be at least 1")
+    count = len(parsed.rows) if limit is None else min(limit, len(parsed.rows))
+    explicit = {row["_ng_task_index"] for row in parsed.rows[:count] if "_ng_task_index" in row}
+    by_text: dict[str, int] = {}
+    tasks: dict[int, MaterializedTask] = {}
+    next_index = 0
+    for row, text in zip(parsed.rows[:count], parsed.texts[:count]):
+        if "_ng_task_index" in row:
+            task_index = row["_ng_task_index"]
+        elif text in by_text:
+            task_index = by_text[text]
+        else:
+            while next_index in explicit:
+                next_index += 1
+            task_index = by_text[text] = next_index
+            next_index += 1
+        task = tasks.get(task_index)
+        if task is None:
+            materialized = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
+            materialized["responses_create_params"] = merge_overrides(row["responses_create_params"], overrides)
+            materialized["agent_ref"] = row.get("agent_ref") or {"name": agent_name}
+            if "agent_ref" in row:  # keep the row's own key order where it had one
+                materialized = {**{k: v for k, v in materialized.items() if k != "agent_ref"}, "agent_ref": materialized["agent_ref"]}
+            materialized["_ng_task_index"] = task_index
+            task = tasks[task_index] = MaterializedTask(task_index, materialized, [])
+        for _ in range(num_repeats):
+            task.rollout_indices.append(len(task.rollout_indices))
+    return list(tasks.values())
+
+
+def iter_materialized_rows(tasks: Iterable[MaterializedTask]) -> Iterator[dict[str, Any]]:
+    """Every (task, rollout) row in NeMo Gym's order (aabbcc)."""
+    for task in tasks:
+        for rollout_index in task.rollout_indices:
+            yield task.rollout_row(rollout_index)

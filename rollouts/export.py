@@ -1,0 +1,164 @@
+"""NeMo Gym's output files, streamed from the database with constant memory (DESIGN.md, "Output").
+
+- ``rollouts.jsonl``: successes only; each row is the env's ``/verify`` reply as it came plus
+  ``_ng_task_index``, ``_ng_rollout_index`` and ``agent_ref``.
+- ``<stem>_failures.jsonl`` (the failures sidecar): one row per failed attempt: the materialised
+  row, ``reward: 0.0``, a placeholder ``response``, ``error``, ``_ng_failure_class``,
+  ``_ng_failure_terminal`` where terminal, the indices, ``agent_ref`` and gymweb's finer
+  ``_gymweb_failure_kind``.
+- ``<stem>_materialized_inputs.jsonl``: every (task, rollout) key's materialised row.
+
+Kill-shaped attempts (cancelled, interrupted) go in no file.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from django.db.models import QuerySet
+
+from .models import Rollout, Run, Task
+
+CHUNK = 500
+FAILURE_CLASS = "remote_agent_error"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def placeholder_response() -> dict[str, Any]:
+    """The ``response`` of a failure row, shaped like NeMo Gym's (an empty assistant message)."""
+    return {
+        "id": "remote_agent_failure",
+        "created_at": 0.0,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": None,
+        "model": "remote_agent",
+        "object": "response",
+        "output": [
+            {
+                "id": "msg_0",
+                "content": [{"annotations": [], "text": "", "type": "output_text", "logprobs": None}],
+                "role": "assistant",
+                "status": "completed",
+                "type": "message",
+            }
+        ],
+        "parallel_tool_calls": False,
+        "temperature": None,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": None,
+        "usage": None,
+    }
+
+
+def output_stems(output: Path) -> dict[str, Path]:
+    """The three file names NeMo Gym derives from ``OUT.jsonl``: successes, failures sidecar,
+    materialised inputs."""
+    output = Path(output)
+    stem = output.with_suffix("") if output.suffix == ".jsonl" else output
+    return {
+        "rollouts": output,
+        "failures": stem.parent / f"{stem.name}_failures.jsonl",
+        "materialized": stem.parent / f"{stem.name}_materialized_inputs.jsonl",
+    }
+
+
+def _agent_ref(task_row: dict[str, Any], run: Run) -> dict[str, Any]:
+    return task_row.get("agent_ref") or {"name": run.agent_name}
+
+
+def success_row(verify_json: str, task_index: int, rollout_index: int, agent_ref: dict[str, Any]) -> dict[str, Any]:
+    """One ``rollouts.jsonl`` row from a stored ``/verify`` reply."""
+    row = json.loads(verify_json)
+    row["_ng_task_index"] = task_index
+    row["_ng_rollout_index"] = rollout_index
+    row["agent_ref"] = agent_ref
+    return row
+
+
+def failure_row(task_row: dict[str, Any], rollout_index: int, error: str, terminal: bool, failure_kind: str) -> dict[str, Any]:
+    """One failures-sidecar row: the materialised row plus the failure fields."""
+    row = dict(task_row)
+    row["_ng_rollout_index"] = rollout_index
+    row["response"] = placeholder_response()
+    row["reward"] = 0.0
+    row["_ng_failure_class"] = FAILURE_CLASS
+    row["error"] = error
+    if terminal:
+        row["_ng_failure_terminal"] = True
+    row["_gymweb_failure_kind"] = failure_kind
+    return row
+
+
+def _task_rows(run: Run) -> dict[int, dict[str, Any]]:
+    # Tasks are few compared with rollouts (one per dataset row); their rows are needed for every
+    # failure row and for agent_ref. For huge datasets this is the one per-run map held in memory.
+    return {i: json.loads(t) for i, t in Task.objects.filter(run=run).values_list("task_index", "row_json").iterator()}
+
+
+def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
+    """Lines (without newline) of ``rollouts.jsonl`` for the run's succeeded attempts, optionally
+    restricted to a filtered queryset of its rollouts."""
+    qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.SUCCEEDED)
+    agent_refs: dict[int, dict[str, Any]] = {}
+    fetch = qs.order_by("task_index", "rollout_index", "id").values_list("task_index", "rollout_index", "verify_json", "task__row_json")
+    for task_index, rollout_index, verify_json, task_json in fetch.iterator(chunk_size=CHUNK):
+        ref = agent_refs.get(task_index)
+        if ref is None:
+            ref = agent_refs[task_index] = _agent_ref(json.loads(task_json), run)
+        yield _dumps(success_row(verify_json, task_index, rollout_index, ref))
+
+
+def iter_failures(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
+    """Lines of the failures sidecar: one per failed attempt (kill-shaped attempts excluded)."""
+    qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.FAILED)
+    fetch = qs.order_by("task_index", "rollout_index", "attempt", "id").values_list(
+        "task_index", "rollout_index", "error", "terminal", "failure_kind", "task__row_json"
+    )
+    for task_index, rollout_index, error, terminal, kind, task_json in fetch.iterator(chunk_size=CHUNK):
+        yield _dumps(failure_row(json.loads(task_json), rollout_index, error, terminal, kind))
+
+
+def iter_materialized(run: Run) -> Iterator[str]:
+    """Lines of ``<stem>_materialized_inputs.jsonl``: each key's materialised row, aabbcc order."""
+    keys = (
+        Rollout.objects.filter(run=run)
+        .order_by("task_index", "rollout_index")
+        .values_list("task_index", "rollout_index", "task__row_json")
+        .distinct()
+    )
+    for _task_index, rollout_index, task_json in keys.iterator(chunk_size=CHUNK):
+        row = json.loads(task_json)
+        row["_ng_rollout_index"] = rollout_index
+        yield _dumps(row)
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> int:
+    """Write lines to ``path`` atomically (a temp file renamed into place). Returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    n = 0
+    with tmp.open("w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(line)
+            fh.write("\n")
+            n += 1
+    tmp.replace(path)
+    return n
+
+
+def write_run_files(run: Run, output: Path) -> dict[str, int]:
+    """Write the run's three files next to ``output``; returns rows written per file."""
+    names = output_stems(output)
+    return {
+        "rollouts": write_lines(names["rollouts"], iter_successes(run)),
+        "failures": write_lines(names["failures"], iter_failures(run)),
+        "materialized": write_lines(names["materialized"], iter_materialized(run)),
+    }

@@ -1,0 +1,659 @@
+"""The loop of one rollout: seed → agent ⟲ gym-executed tools → verify (DESIGN.md, "Parties and the loop").
+
+A plain async module with no Django in it, so a test can drive it against two local HTTP servers.
+Persistence happens around it: the loop reports each step to an ``Observer`` as it happens and
+returns a ``RolloutOutcome``. Failures of the agent or the env are *data* (an outcome with a
+``failure_kind`` and an explained ``error``); the loop never raises for them. Only cancellation
+(``asyncio.CancelledError``) propagates, since a cancelled or killed rollout is not an attempt.
+
+Contract rules are numbered as in DESIGN.md ("Contract rules") and cited where they are applied.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.cookiejar
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+from .contract import (
+    InvalidReply,
+    add_usage,
+    arguments_problem,
+    find_asks,
+    has_assistant_message,
+    parse_reply,
+    tool_name_problem,
+)
+
+__all__ = [
+    "FailureKind",
+    "LoopSettings",
+    "Observer",
+    "RolloutOutcome",
+    "StepRecord",
+    "ItemRecord",
+    "make_client",
+    "run_rollout",
+    "validate_base_url",
+]
+
+# NeMo Gym keeps the first 500 characters of a failing reply's body (rule 2).
+BODY_EXCERPT_CHARS = 500
+DEFAULT_REMOTE_RESPONSES_TIMEOUT_S = 1800.0
+DEFAULT_RUN_TIMEOUT_S = 2100.0
+DEFAULT_CONCURRENCY = 32
+CONNECT_ATTEMPTS = 3
+
+
+class FailureKind:
+    """gymweb's finer failure classification (DESIGN.md, "Failure rows"). Values are stable strings."""
+
+    AGENT_UNREACHABLE = "agent_unreachable"
+    AGENT_TIMEOUT = "agent_timeout"
+    AGENT_HTTP_ERROR = "agent_http_error"
+    AGENT_REDIRECT = "agent_redirect"
+    AGENT_BAD_JSON = "agent_bad_json"
+    AGENT_INVALID_RESPONSE = "agent_invalid_response"
+    SEED_FAILED = "seed_failed"
+    TOOL_TRANSPORT_FAILED = "tool_transport_failed"
+    VERIFY_FAILED = "verify_failed"
+    ROLLOUT_TIMEOUT = "rollout_timeout"
+    INTERNAL_ERROR = "internal_error"
+
+    ALL = (
+        AGENT_UNREACHABLE,
+        AGENT_TIMEOUT,
+        AGENT_HTTP_ERROR,
+        AGENT_REDIRECT,
+        AGENT_BAD_JSON,
+        AGENT_INVALID_RESPONSE,
+        SEED_FAILED,
+        TOOL_TRANSPORT_FAILED,
+        VERIFY_FAILED,
+        ROLLOUT_TIMEOUT,
+        INTERNAL_ERROR,
+    )
+    # Only an invalid Responses object is terminal: retrying cannot fix it (rule 3).
+    TERMINAL = frozenset({AGENT_INVALID_RESPONSE})
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What one rollout needs to know about its run.
+
+    ``agent_base_url`` and ``env_base_url`` are absolute http(s) URLs without a trailing slash
+    (see ``validate_base_url``). ``max_steps``: agent calls per rollout, None or 0 = unbounded
+    (rule 10). Timeouts in seconds (rule 12). ``retry_pause_s``: pause between connection attempts
+    (rule 11).
+    """
+
+    agent_base_url: str
+    env_base_url: str
+    max_steps: Optional[int] = None
+    remote_responses_timeout_s: float = DEFAULT_REMOTE_RESPONSES_TIMEOUT_S
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    connect_attempts: int = CONNECT_ATTEMPTS
+    retry_pause_s: float = 0.5
+
+
+@dataclass
+class StepRecord:
+    """One agent call. ``index`` is 0-based; ``started_at`` epoch seconds; ``latency_ms`` wall time
+    of the call including connection retries; ``usage`` the reply's usage (tokens) or None;
+    ``error`` set when the call failed."""
+
+    index: int
+    started_at: float
+    latency_ms: float
+    http_status: Optional[int] = None
+    response_id: Optional[str] = None
+    model: Optional[str] = None
+    usage: Optional[dict[str, Any]] = None
+    incomplete_details: Any = None
+    num_asks: int = 0
+    error: Optional[str] = None
+
+
+@dataclass
+class ItemRecord:
+    """One item of the merged trajectory, in order (``seq`` 0-based).
+
+    ``origin`` is ``"agent"`` (an item of a reply) or ``"gym"`` (a ``function_call_output`` gymweb
+    added after executing an ask). For an agent ``function_call``: ``asked`` is True when it was an
+    unpaired ask (rule 4). For an agent ``function_call_output``: ``paired`` True (the agent's own
+    tool record). For a gym output: ``latency_ms`` of the env call, ``tool_status`` its HTTP status
+    (None when it was never sent, rules 5 and 6) and ``refused`` when gymweb did not send it.
+    """
+
+    seq: int
+    step: int
+    item: dict[str, Any]
+    origin: str
+    asked: bool = False
+    paired: bool = False
+    latency_ms: Optional[float] = None
+    tool_status: Optional[int] = None
+    refused: bool = False
+
+    @property
+    def kind(self) -> str:
+        return str(self.item.get("type") or "")
+
+
+class Observer(Protocol):
+    """Receives a rollout's steps as they happen. Methods must not block the event loop (queue the
+    work; see ``rollouts.dispatch``)."""
+
+    def on_seeded(self, latency_ms: float) -> None: ...
+
+    def on_step(self, step: StepRecord, items: list[ItemRecord]) -> None: ...
+
+    def on_items(self, items: list[ItemRecord]) -> None: ...
+
+
+class _NullObserver:
+    def on_seeded(self, latency_ms: float) -> None:
+        pass
+
+    def on_step(self, step: StepRecord, items: list[ItemRecord]) -> None:
+        pass
+
+    def on_items(self, items: list[ItemRecord]) -> None:
+        pass
+
+
+@dataclass
+class RolloutOutcome:
+    """The end of one rollout.
+
+    On success: ``reward`` (float), ``verify_response`` (the env's ``/verify`` reply as it came,
+    a dict), ``response`` (the merged Responses object, rule 9). On failure: ``failure_kind``
+    (a ``FailureKind`` value), ``error`` (the explained message), ``terminal``; ``response`` holds
+    the partial merged response when at least one agent reply came. ``usage`` is the summed usage
+    (rule 8) or None when the agent never reported any. Times in ms.
+    """
+
+    ok: bool
+    reward: Optional[float] = None
+    verify_response: Optional[dict[str, Any]] = None
+    response: Optional[dict[str, Any]] = None
+    usage: Optional[dict[str, Any]] = None
+    failure_kind: Optional[str] = None
+    error: Optional[str] = None
+    terminal: bool = False
+    num_agent_calls: int = 0
+    num_tool_calls: int = 0
+    seed_ms: Optional[float] = None
+    verify_ms: Optional[float] = None
+    total_ms: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Failure(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class InvalidBaseURL(ValueError):
+    """A base URL breaks rule 13. The message never echoes embedded credentials."""
+
+
+def validate_base_url(url: str, what: str = "agent_base_url") -> str:
+    """Check and normalise a service base URL (contract rule 13, DESIGN.md).
+
+    Returns the URL without its trailing slash. Raises ``InvalidBaseURL`` when it is not an
+    absolute http(s) URL with a host, or carries a query, a fragment or credentials (the message
+    then shows the URL with the credentials masked).
+    """
+    text = (url or "").strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # raises ValueError on a bad port
+    except ValueError as exc:
+        raise InvalidBaseURL(f"{what} is not a valid URL ({exc})") from None
+    del port
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        host = parts.netloc.rsplit("@", 1)[-1]
+        raise InvalidBaseURL(
+            f"{what} must not embed credentials (got {parts.scheme}://***@{host}{parts.path}); "
+            "gymweb sends no credential to the service"
+        )
+    if parts.scheme not in ("http", "https"):
+        raise InvalidBaseURL(f"{what} must be an absolute http:// or https:// URL (got {text!r})")
+    if not parts.hostname:
+        raise InvalidBaseURL(f"{what} has no host (got {text!r})")
+    if parts.query or text.endswith("?"):
+        raise InvalidBaseURL(f"{what} must not have a query string (got {text!r})")
+    if parts.fragment or "#" in text:
+        raise InvalidBaseURL(f"{what} must not have a fragment (got {text!r})")
+    return text.rstrip("/")
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """A jar that never stores anything: cookies live in each rollout's own jars, never in the
+    shared client, whose jar would not be scoped by port (DESIGN.md, known pitfalls)."""
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:  # noqa: D102
+        return None
+
+    def extract_cookies(self, response: Any, request: Any) -> None:  # noqa: D102
+        return None
+
+
+def make_client(concurrency: int = DEFAULT_CONCURRENCY) -> httpx.AsyncClient:
+    """One shared HTTP client for a worker process: httpx over the aiohttp transport.
+
+    The connection pool is sized for ``concurrency`` in-flight rollouts (agent + env connections;
+    aiohttp's default cap of 100 would throttle a larger run). Neither httpx nor aiohttp keeps
+    cookies, reads proxy variables (rule 14) or follows redirects (rule 1); no client-side timeout
+    is set because the loop bounds every call itself (rule 12). Must be created and used inside a
+    running event loop; close it with ``await client.aclose()``.
+    """
+    limit = max(4, 2 * int(concurrency) + 8)
+
+    def session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300)
+        return aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False
+        )
+
+    transport = AiohttpTransport(client=session, trust_env=False)
+    return httpx.AsyncClient(
+        transport=transport,
+        trust_env=False,
+        follow_redirects=False,
+        timeout=None,
+        cookies=_NoCookies(),
+    )
+
+
+class _Jar:
+    """One party's cookies for one rollout: name → value, kept up to date from every reply."""
+
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def update(self, response: httpx.Response) -> None:
+        for header in response.headers.get_list("set-cookie"):
+            first, _, attrs = header.partition(";")
+            name, eq, value = first.partition("=")
+            name = name.strip()
+            if not eq or not name:
+                continue
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            if _expired(attrs):
+                self.values.pop(name, None)
+            else:
+                self.values[name] = value
+
+    def headers(self) -> dict[str, str]:
+        if not self.values:
+            return _JSON_HEADERS
+        cookie = "; ".join(f"{k}={v}" for k, v in self.values.items())
+        return {**_JSON_HEADERS, "cookie": cookie}
+
+
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
+def _expired(attrs: str) -> bool:
+    for attr in attrs.split(";"):
+        key, _, val = attr.partition("=")
+        key = key.strip().lower()
+        if key == "max-age":
+            try:
+                return int(val.strip()) <= 0
+            except ValueError:
+                return False
+        if key == "expires":
+            try:
+                return http.cookiejar.http2time(val.strip()) < time.time()  # type: ignore[operator]
+            except TypeError:
+                return False
+    return False
+
+
+# Errors that mean "refused, reset or dropped before a reply" (rule 11). With the aiohttp transport
+# a reset or dropped connection surfaces as httpx.ConnectTimeout (aiohttp's ClientConnectionError
+# family); the loop sets no client timeouts, so that class here never means a real timeout.
+_CONNECTION_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.CloseError,
+)
+
+
+def _describe_exc(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    inner = cause if isinstance(cause, aiohttp.ClientError) else exc
+    text = str(inner) or inner.__class__.__name__
+    return f"{inner.__class__.__name__}: {text}"
+
+
+def _excerpt(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class _Rollout:
+    """State of one rollout: its two cookie jars, the conversation and the merged output."""
+
+    def __init__(self, client: httpx.AsyncClient, row: dict[str, Any], settings: LoopSettings, observer: Observer):
+        self.client = client
+        self.row = row
+        self.s = settings
+        self.obs = observer
+        self.env_jar = _Jar()
+        self.agent_jar = _Jar()
+        params = dict(row.get("responses_create_params") or {})
+        first_input = params.get("input", [])
+        if isinstance(first_input, str):  # rule 7
+            first_input = [{"type": "message", "role": "user", "content": first_input}]
+        self.params = params
+        self.input: list[Any] = list(first_input)
+        self.merged: list[dict[str, Any]] = []
+        self.usage: Optional[dict[str, Any]] = None
+        self.usage_seen = False
+        self.last_reply: Optional[dict[str, Any]] = None
+        self.agent_calls = 0
+        self.tool_calls = 0
+        self.outcome = RolloutOutcome(ok=False)
+
+    # -- env ---------------------------------------------------------------------------------
+    async def _post_env(self, route: str, payload: Any) -> httpx.Response:
+        """POST to the env with its cookies; connection errors retried (rule 15 via rule 11).
+        Bounded only by the rollout's own timeout. Raises _Failure(kind=None) on a dead env."""
+        url = f"{self.s.env_base_url}/{route}"
+        body = _dumps(payload)
+        last: Optional[BaseException] = None
+        for attempt in range(1, self.s.connect_attempts + 1):
+            try:
+                response = await self.client.post(url, content=body, headers=self.env_jar.headers())
+                await response.aread()
+            except _CONNECTION_ERRORS as exc:
+                last = exc
+                if attempt < self.s.connect_attempts:
+                    await asyncio.sleep(self.s.retry_pause_s)
+                continue
+            self.env_jar.update(response)
+            return response
+        raise _Failure(
+            "",
+            f"could not reach the environment after {self.s.connect_attempts} attempts ({_describe_exc(last)}). "
+            f"Is your resources server running at {self.s.env_base_url}?",
+        )
+
+    async def seed(self) -> None:
+        started = time.perf_counter()
+        try:
+            response = await self._post_env("seed_session", self.row)
+        except _Failure as exc:
+            raise _Failure(FailureKind.SEED_FAILED, f"seed_session failed: {exc.message}") from None
+        if not response.is_success:
+            raise _Failure(
+                FailureKind.SEED_FAILED,
+                f"seed_session failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
+            )
+        self.outcome.seed_ms = (time.perf_counter() - started) * 1000
+        self.obs.on_seeded(self.outcome.seed_ms)
+
+    async def run_tool(self, call: dict[str, Any], step: int) -> ItemRecord:
+        """Execute one ask against the env (rules 5, 6, 15); returns the gym's output record."""
+        name = call.get("name", "")
+        record = ItemRecord(seq=-1, step=step, item={}, origin="gym")
+        problem = tool_name_problem(name)
+        args = None
+        if problem is None:
+            args, problem = arguments_problem(call.get("arguments", ""))
+        if problem is not None:
+            output = f"Error: gymweb did not call tool {name!r}: {problem}."
+            record.refused = True
+        else:
+            started = time.perf_counter()
+            try:
+                response = await self._post_env(name, args)
+            except _Failure as exc:
+                raise _Failure(FailureKind.TOOL_TRANSPORT_FAILED, f"tool call {name!r} failed: {exc.message}") from None
+            record.latency_ms = (time.perf_counter() - started) * 1000
+            record.tool_status = response.status_code
+            # Any status: the body text is the call's output and the rollout goes on (rules 5, 15).
+            output = response.text
+            self.tool_calls += 1
+        record.item = {"type": "function_call_output", "call_id": call["call_id"], "output": output}
+        return record
+
+    async def verify(self) -> None:
+        body = dict(self.row)
+        body["response"] = self.merged_response()
+        started = time.perf_counter()
+        try:
+            response = await self._post_env("verify", body)
+        except _Failure as exc:
+            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: {exc.message}") from None
+        self.outcome.verify_ms = (time.perf_counter() - started) * 1000
+        if not response.is_success:
+            raise _Failure(
+                FailureKind.VERIFY_FAILED,
+                f"verify failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
+            )
+        try:
+            data = response.json()
+        except ValueError:
+            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: the reply is not JSON: {_excerpt(response.text)}") from None
+        if not isinstance(data, dict):
+            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: the reply is JSON but not an object: {_excerpt(response.text)}")
+        reward = data.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
+            raise _Failure(
+                FailureKind.VERIFY_FAILED,
+                f"verify failed: the reply has no numeric 'reward' (got {json.dumps(reward)[:100]})",
+            )
+        self.outcome.reward = float(reward)
+        self.outcome.verify_response = data
+
+    # -- agent -------------------------------------------------------------------------------
+    async def call_agent(self) -> tuple[dict[str, Any], StepRecord]:
+        """One agent call (rules 1, 2, 3, 11, 12). Returns the raw reply dict and its step record."""
+        index = self.agent_calls
+        self.agent_calls += 1
+        step = StepRecord(index=index, started_at=time.time(), latency_ms=0.0)
+        started = time.perf_counter()
+        params = dict(self.params)
+        params["input"] = self.input
+        body = _dumps(params)
+        url = f"{self.s.agent_base_url}/v1/responses"
+        timeout = self.s.remote_responses_timeout_s
+        try:
+            response = None
+            last: Optional[BaseException] = None
+            for attempt in range(1, self.s.connect_attempts + 1):
+                try:
+                    async with asyncio.timeout(timeout):
+                        response = await self.client.post(url, content=body, headers=self.agent_jar.headers())
+                        await response.aread()
+                    break
+                except TimeoutError:
+                    raise _Failure(
+                        FailureKind.AGENT_TIMEOUT,
+                        f"the agent service did not answer within {timeout:g} s "
+                        f"(remote_responses_timeout_s; NeMo Gym's remote_responses_timeout_secs) at {url}",
+                    ) from None
+                except _CONNECTION_ERRORS as exc:
+                    last = exc
+                    if attempt < self.s.connect_attempts:
+                        await asyncio.sleep(self.s.retry_pause_s)
+            if response is None:
+                raise _Failure(
+                    FailureKind.AGENT_UNREACHABLE,
+                    f"could not reach the agent service after {self.s.connect_attempts} attempts "
+                    f"({_describe_exc(last)}). Is your service running at {self.s.agent_base_url}?",
+                )
+            step.http_status = response.status_code
+            self.agent_jar.update(response)
+            if 300 <= response.status_code < 400:  # rule 1
+                location = response.headers.get("location", "(no Location header)")
+                raise _Failure(
+                    FailureKind.AGENT_REDIRECT,
+                    f"the agent service answered HTTP {response.status_code} redirecting to {location}; "
+                    "redirects are never followed: point agent_base_url at the final address",
+                )
+            if not response.is_success:  # rule 2
+                raise _Failure(
+                    FailureKind.AGENT_HTTP_ERROR,
+                    f"the agent service answered HTTP {response.status_code}: {_excerpt(response.text)}",
+                )
+            try:
+                data = json.loads(response.content)
+            except ValueError:
+                raise _Failure(
+                    FailureKind.AGENT_BAD_JSON, f"the agent service's reply is not JSON: {_excerpt(response.text)}"
+                ) from None
+            if not isinstance(data, dict):
+                raise _Failure(
+                    FailureKind.AGENT_BAD_JSON,
+                    f"the agent service's reply is JSON but not an object ({type(data).__name__}): {_excerpt(response.text)}",
+                )
+            try:
+                parse_reply(data)  # rule 3
+            except InvalidReply as exc:
+                raise _Failure(
+                    FailureKind.AGENT_INVALID_RESPONSE,
+                    f"the agent service returned an invalid Responses API object: {exc}",
+                ) from None
+            return data, step
+        except _Failure as exc:
+            step.error = exc.message
+            raise
+        finally:
+            step.latency_ms = (time.perf_counter() - started) * 1000
+            if step.error is not None:
+                self.obs.on_step(step, [])
+
+    # -- the loop ----------------------------------------------------------------------------
+    def merged_response(self) -> Optional[dict[str, Any]]:
+        """The last reply with every item of every step and the summed usage (rule 9)."""
+        if self.last_reply is None:
+            return None
+        merged = dict(self.last_reply)
+        merged["output"] = list(self.merged)
+        merged["usage"] = self.usage
+        return merged
+
+    async def drive(self) -> None:
+        await self.seed()
+        max_steps = self.s.max_steps or 0
+        while True:
+            reply, step = await self.call_agent()
+            self.last_reply = reply
+            output: list[dict[str, Any]] = reply.get("output") or []
+            if reply.get("usage") is not None:
+                self.usage_seen = True
+                self.usage = add_usage(self.usage, reply["usage"])  # rule 8
+            asks = find_asks(output)
+            ask_ids = {id(a) for a in asks}
+            answered = {i.get("call_id") for i in output if i.get("type") == "function_call_output"}
+            step.response_id = reply.get("id")
+            step.model = reply.get("model")
+            step.usage = reply.get("usage")
+            step.incomplete_details = reply.get("incomplete_details")
+            step.num_asks = len(asks)
+            records = []
+            for item in output:
+                kind = item.get("type")
+                records.append(
+                    ItemRecord(
+                        seq=len(self.merged),
+                        step=step.index,
+                        item=item,
+                        origin="agent",
+                        asked=kind == "function_call" and id(item) in ask_ids,
+                        paired=(kind == "function_call" and item.get("call_id") in answered)
+                        or kind == "function_call_output",
+                    )
+                )
+                self.merged.append(item)
+            self.input.extend(output)
+            self.obs.on_step(step, records)
+
+            # Asks run even when this is the last step (rule 10); one at a time, in order, because
+            # they share the env session and their order is the agent's intent.
+            for call in asks:
+                record = await self.run_tool(call, step.index)
+                record.seq = len(self.merged)
+                self.merged.append(record.item)
+                self.input.append(record.item)
+                self.obs.on_items([record])
+
+            if reply.get("incomplete_details"):
+                break
+            if not asks and has_assistant_message(output):
+                break
+            if max_steps and self.agent_calls >= max_steps:
+                break
+        await self.verify()
+
+
+async def run_rollout(
+    client: httpx.AsyncClient,
+    row: dict[str, Any],
+    settings: LoopSettings,
+    observer: Optional[Observer] = None,
+) -> RolloutOutcome:
+    """Run one rollout of ``row`` (a materialised task row with ``responses_create_params``).
+
+    The whole rollout (seed to verify) is bounded by ``settings.run_timeout_s`` (rule 12); the
+    caller starts the clock only once a concurrency slot is free. Never raises for failures of the
+    agent or the env: they come back as an outcome with ``failure_kind`` and ``error``. Raises
+    ``asyncio.CancelledError`` when cancelled.
+    """
+    started = time.perf_counter()
+    rollout = _Rollout(client, row, settings, observer or _NullObserver())
+    outcome = rollout.outcome
+    try:
+        async with asyncio.timeout(settings.run_timeout_s):
+            await rollout.drive()
+        outcome.ok = True
+    except _Failure as exc:
+        outcome.failure_kind = exc.kind
+        outcome.error = exc.message
+    except TimeoutError:
+        outcome.failure_kind = FailureKind.ROLLOUT_TIMEOUT
+        outcome.error = (
+            f"the rollout did not finish within {settings.run_timeout_s:g} s "
+            "(run_timeout_s; NeMo Gym's run_timeout_secs)"
+        )
+    except Exception as exc:  # a gymweb bug must still end as data, never crash the run
+        outcome.failure_kind = FailureKind.INTERNAL_ERROR
+        outcome.error = f"gymweb internal error: {exc.__class__.__name__}: {exc}"
+    outcome.terminal = outcome.failure_kind in FailureKind.TERMINAL
+    outcome.usage = rollout.usage
+    if not rollout.usage_seen and rollout.agent_calls:
+        outcome.warnings.append("the agent service reported no usage; token metrics are empty")
+    if not outcome.ok:
+        outcome.reward = None
+        outcome.verify_response = None
+    outcome.response = rollout.merged_response()
+    outcome.num_agent_calls = rollout.agent_calls
+    outcome.num_tool_calls = rollout.tool_calls
+    outcome.total_ms = (time.perf_counter() - started) * 1000
+    return outcome

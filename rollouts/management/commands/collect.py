@@ -1,0 +1,199 @@
+"""``python manage.py collect``: headless rollout collection, NeMo Gym's ``gym eval run`` equivalent.
+
+Same code path as the web (``rollouts.runs`` + ``rollouts.dispatch``); the work runs in this
+process, so no separate worker needs to be running.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from rollouts import runs
+from rollouts.datasets import DatasetError, read_jsonl
+from rollouts.dispatch import run_in_process
+from rollouts.export import output_stems, write_run_files
+from rollouts.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from rollouts.models import Rollout, Run
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"expected a number >= 0, got {number}")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise ValueError(f"expected a number of seconds > 0, got {value}")
+    return number
+
+
+def default_max_attempts() -> int:
+    """``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`` when set (NeMo Gym's knob), else 3."""
+    raw = os.environ.get("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "").strip()
+    if not raw:
+        return 3
+    try:
+        value = int(raw)
+    except ValueError:
+        raise CommandError(f"NEMO_GYM_MAX_ROLLOUT_ATTEMPTS must be a whole number >= 1, got {raw!r}") from None
+    if value < 1:
+        raise CommandError(f"NEMO_GYM_MAX_ROLLOUT_ATTEMPTS must be >= 1, got {value}")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Collect rollouts: drive the agent service at --agent-url through the tasks of --input against "
+        "the resources server at --env-url; write OUT.jsonl (successes), OUT_failures.jsonl and "
+        "OUT_materialized_inputs.jsonl in NeMo Gym's format."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--agent-url", required=True, help="agent service base URL (POST {URL}/v1/responses)")
+        parser.add_argument("--env-url", required=True, help="resources server base URL (/seed_session, tools, /verify)")
+        parser.add_argument("--input", required=True, help="input JSONL (one task per line, with responses_create_params)")
+        parser.add_argument("--output", required=True, help="output JSONL for successes; sidecars are written beside it")
+        parser.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once (default 32)")
+        parser.add_argument("--max-steps", type=_positive_int, default=None, help="agent calls per rollout (default: unbounded)")
+        parser.add_argument("--num-repeats", type=_positive_int, default=1, help="rollouts per task (default 1)")
+        parser.add_argument("--limit", type=_positive_int, default=None, help="only the first N rows of the input")
+        parser.add_argument("--max-attempts", type=_positive_int, default=None, help="attempts per key incl. retries (default 3, or $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS)")
+        parser.add_argument("--remote-responses-timeout-s", type=_positive_float, default=DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, help="per agent call timeout, seconds (default 1800)")
+        parser.add_argument("--run-timeout-s", type=_positive_float, default=DEFAULT_RUN_TIMEOUT_S, help="whole-rollout timeout, seconds (default 2100)")
+        parser.add_argument("--agent-name", default="remote_agent", help="agent_ref name written into rows (default remote_agent)")
+        parser.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
+        parser.add_argument("--name", default=None, help="run name shown in the dashboard (default: the input file name)")
+        parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def handle(self, *args, **opts) -> None:
+        try:
+            agent_url = validate_base_url(opts["agent_url"], "--agent-url")
+            env_url = validate_base_url(opts["env_url"], "--env-url")
+        except InvalidBaseURL as exc:
+            raise CommandError(str(exc)) from None
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if opts["num_repeats"] < 1:
+            raise CommandError("--num-repeats must be at least 1")
+        if opts["limit"] == 0:
+            raise CommandError("--limit must be at least 1 (leave it out for every row)")
+        max_attempts = opts["max_attempts"] if opts["max_attempts"] is not None else default_max_attempts()
+        if max_attempts < 1:
+            raise CommandError("--max-attempts must be at least 1")
+        if opts["run_timeout_s"] > runs.max_run_timeout_s():
+            raise CommandError(f"--run-timeout-s may be at most {runs.max_run_timeout_s():g} s (GYMWEB_MAX_RUN_TIMEOUT_S)")
+        output = Path(opts["output"]).expanduser().resolve()
+        if output.is_dir():
+            raise CommandError(f"--output {output} is a directory; give a file name like results/rollouts.jsonl")
+        input_path = Path(opts["input"]).expanduser()
+        try:
+            with input_path.open("rb") as fh:
+                parsed = read_jsonl(fh, source=str(input_path))
+        except FileNotFoundError:
+            raise CommandError(f"--input {input_path}: no such file") from None
+        except IsADirectoryError:
+            raise CommandError(f"--input {input_path} is a directory") from None
+        except PermissionError:
+            raise CommandError(f"--input {input_path}: permission denied") from None
+        except DatasetError as exc:
+            raise CommandError(str(exc)) from None
+        if parsed.stripped_fields:
+            self.stderr.write(f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}")
+
+        self._migrate()
+        run = None
+        if opts["resume"]:
+            run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
+            if run is None:
+                self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
+        if run is not None:
+            run.agent_url, run.env_url = agent_url, env_url
+            run.save(update_fields=["agent_url", "env_url"])
+            added = runs.resume(run, max_attempts=max_attempts, enqueue=False)
+            self.stdout.write(f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})")
+        else:
+            run = runs.create_run(
+                parsed,
+                name=opts["name"] or input_path.name,
+                agent_url=agent_url,
+                env_url=env_url,
+                agent_name=opts["agent_name"],
+                concurrency=opts["concurrency"],
+                max_steps=opts["max_steps"] or None,
+                num_repeats=opts["num_repeats"],
+                limit=opts["limit"],
+                max_attempts=max_attempts,
+                remote_responses_timeout_s=opts["remote_responses_timeout_s"],
+                run_timeout_s=opts["run_timeout_s"],
+                source_file=str(output),
+            )
+            runs.launch(run, enqueue=False)
+            self.stdout.write(f"run #{run.pk}: {run.num_tasks} task(s), {run.num_keys} rollout(s), concurrency {run.concurrency}")
+
+        pending = Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count()
+        interrupted = False
+        if pending:
+            interrupted = self._run(run, pending, show=not opts["no_progress"])
+        runs.finish_if_done(run.pk)
+        run.refresh_from_db()
+        written = write_run_files(run, output)
+        self._summary(run, written, output, interrupted)
+
+    def _migrate(self) -> None:
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            call_command("migrate", verbosity=0, interactive=False)
+
+    def _run(self, run: Run, total: int, show: bool) -> bool:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="rollout", disable=not show, file=sys.stderr, dynamic_ncols=True)
+
+        def progress(finished: int) -> None:
+            bar.update(finished)
+
+        try:
+            run_in_process(run.pk, on_progress=progress)
+        except KeyboardInterrupt:
+            bar.close()
+            self.stderr.write("interrupted: in-flight rollouts were released; run again with --resume to finish")
+            runs.cancel(run)
+            return True
+        bar.close()
+        return False
+
+    def _summary(self, run: Run, written: dict[str, int], output: Path, interrupted: bool) -> None:
+        latest = Rollout.objects.filter(run=run, status__in=[Rollout.Status.SUCCEEDED, Rollout.Status.FAILED])
+        kinds = Counter(latest.filter(status=Rollout.Status.FAILED).values_list("failure_kind", flat=True))
+        rewards = list(latest.filter(status=Rollout.Status.SUCCEEDED).values_list("reward", flat=True))
+        names = output_stems(output)
+        mean = sum(rewards) / len(rewards) if rewards else None
+        lines = [
+            f"run #{run.pk} {run.status}: {run.num_keys} rollout key(s), {len(rewards)} succeeded, {sum(kinds.values())} failed attempt(s)",
+            f"mean/reward (successes): {mean:.4f}" if mean is not None else "mean/reward: n/a (no successes)",
+            f"mean/reward (failures as 0): {sum(rewards) / run.num_keys:.4f}" if run.num_keys else "",
+        ]
+        if kinds:
+            lines.append("failures by kind: " + ", ".join(f"{k}={n}" for k, n in kinds.most_common()))
+        lines.append(f"wrote {written['rollouts']} row(s) to {names['rollouts']}")
+        lines.append(f"wrote {written['failures']} row(s) to {names['failures']}")
+        lines.append(f"wrote {written['materialized']} row(s) to {names['materialized']}")
+        if kinds and not interrupted:
+            lines.append("retry failed keys with the same command plus --resume")
+        self.stdout.write("\n".join(line for line in lines if line))

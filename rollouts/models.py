@@ -1,0 +1,245 @@
+"""Storage: runs, their tasks, rollouts (one row per attempt of a (task, rollout) key), the agent
+calls of each rollout and the ordered items of its trajectory.
+
+Counters that pages show often (done, succeeded, failed, in flight) are computed with SQL
+aggregates over indexed columns, never kept by hand, so they cannot drift.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.urls import reverse
+
+
+class Dataset(models.Model):
+    """An uploaded JSONL dataset, kept so later runs can reuse it. ``rows`` are the validated rows
+    (stale result fields already stripped), in file order."""
+
+    name = models.CharField(max_length=200)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    num_rows = models.PositiveIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.num_rows} rows)"
+
+
+class DatasetRow(models.Model):
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="rows")
+    line = models.PositiveIntegerField(help_text="1-based line number in the uploaded file")
+    # Raw JSON text, not a JSONField: PostgreSQL's jsonb would reorder keys, and files written
+    # from here should read like the files that came in.
+    data_json = models.TextField()
+
+    class Meta:
+        ordering = ["line"]
+        constraints = [models.UniqueConstraint(fields=["dataset", "line"], name="dataset_row_line_unique")]
+
+
+class Run(models.Model):
+    """One collection run: a dataset materialised into rollouts, driven against one agent and env."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"
+        RUNNING = "running", "running"
+        COMPLETED = "completed", "completed"
+        CANCELLED = "cancelled", "cancelled"
+        IMPORTED = "imported", "imported"
+
+    FINAL = (Status.COMPLETED, Status.CANCELLED, Status.IMPORTED)
+
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+
+    agent_url = models.CharField(max_length=2000, blank=True)
+    env_url = models.CharField(max_length=2000, blank=True)
+    agent_name = models.CharField(max_length=200, default="remote_agent")
+    concurrency = models.PositiveIntegerField(default=32)
+    max_steps = models.PositiveIntegerField(null=True, blank=True, help_text="agent calls per rollout; empty or 0 = unbounded")
+    num_repeats = models.PositiveIntegerField(default=1)
+    limit = models.PositiveIntegerField(null=True, blank=True)
+    max_attempts = models.PositiveIntegerField(default=3)
+    remote_responses_timeout_s = models.FloatField(default=1800.0)
+    run_timeout_s = models.FloatField(default=2100.0)
+    overrides = models.JSONField(default=dict, blank=True, help_text="merged into responses_create_params")
+    source_file = models.CharField(max_length=500, blank=True)
+    num_tasks = models.PositiveIntegerField(default=0)
+    num_keys = models.PositiveIntegerField(default=0, help_text="(task, rollout) keys = tasks × repeats")
+    aggregate_metrics = models.JSONField(null=True, blank=True, help_text="the env's /aggregate_metrics reply")
+    aggregate_metrics_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("run", args=[self.pk])
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in self.FINAL
+
+
+class Task(models.Model):
+    """One task of a run: the materialised row without ``_ng_rollout_index`` (DESIGN.md, "Datasets")."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")
+    task_index = models.IntegerField()
+    row_json = models.TextField(help_text="the materialised row as JSON text (key order kept)")
+
+    class Meta:
+        ordering = ["task_index"]
+        constraints = [models.UniqueConstraint(fields=["run", "task_index"], name="task_index_unique")]
+
+
+class Rollout(models.Model):
+    """One attempt of a (task, rollout) key.
+
+    ``status`` moves pending → running → succeeded | failed; ``cancelled`` and ``interrupted``
+    (its worker died) are kill-shaped: kept for inspection, written to no file, not an attempt
+    (DESIGN.md, "Failure rows"). A running row carries a lease (``lease_until``) that its worker
+    renews; an expired lease means the worker is gone and the key may be claimed again.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        RUNNING = "running", "running"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+        INTERRUPTED = "interrupted", "interrupted"
+
+    ACTIVE = (Status.PENDING, Status.RUNNING)
+    KILL_SHAPED = (Status.CANCELLED, Status.INTERRUPTED)
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rollouts")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="rollouts")
+    task_index = models.IntegerField()
+    rollout_index = models.IntegerField()
+    attempt = models.PositiveIntegerField(default=1, help_text="1-based; kill-shaped rows do not count")
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    worker = models.CharField(max_length=100, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+
+    reward = models.FloatField(null=True, blank=True)
+    failure_kind = models.CharField(max_length=40, blank=True)
+    error = models.TextField(blank=True)
+    terminal = models.BooleanField(default=False)
+    # The env's /verify reply as it came, JSON text (a success's rollouts.jsonl row before indices).
+    verify_json = models.TextField(blank=True)
+    # The merged response (rule 9) of a failed attempt, JSON text, for inspection; a success's is
+    # inside verify_json.
+    partial_response_json = models.TextField(blank=True)
+    warnings = models.JSONField(default=list, blank=True)
+
+    usage_reported = models.BooleanField(default=False)
+    input_tokens = models.BigIntegerField(null=True, blank=True)
+    output_tokens = models.BigIntegerField(null=True, blank=True)
+    total_tokens = models.BigIntegerField(null=True, blank=True)
+    cached_tokens = models.BigIntegerField(null=True, blank=True)
+    reasoning_tokens = models.BigIntegerField(null=True, blank=True)
+
+    num_agent_calls = models.PositiveIntegerField(default=0)
+    num_tool_calls = models.PositiveIntegerField(default=0)
+    num_items = models.PositiveIntegerField(default=0)
+    seed_ms = models.FloatField(null=True, blank=True)
+    verify_ms = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["task_index", "rollout_index", "attempt", "id"]
+        indexes = [
+            models.Index(fields=["run", "status"], name="rollout_run_status"),
+            models.Index(fields=["run", "task_index", "rollout_index"], name="rollout_run_key"),
+            models.Index(fields=["status", "lease_until"], name="rollout_status_lease"),
+            models.Index(fields=["run", "failure_kind"], name="rollout_run_kind"),
+        ]
+        constraints = [
+            # At most one live-or-succeeded attempt per key: a key can never run twice at once,
+            # and never again once it succeeded.
+            models.UniqueConstraint(
+                fields=["run", "task_index", "rollout_index"],
+                condition=Q(status__in=["pending", "running", "succeeded"]),
+                name="rollout_one_live_attempt_per_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} task {self.task_index} rollout {self.rollout_index} attempt {self.attempt}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("rollout", args=[self.run_id, self.pk])
+
+    @property
+    def key(self) -> str:
+        return f"{self.task_index}:{self.rollout_index}"
+
+
+class AgentCall(models.Model):
+    """One call to the agent service within a rollout (a step of the timeline). Times in ms."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="agent_calls")
+    index = models.PositiveIntegerField(help_text="0-based")
+    started = models.DateTimeField()
+    latency_ms = models.FloatField()
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_id = models.CharField(max_length=300, blank=True)
+    model = models.CharField(max_length=300, blank=True)
+    usage = models.JSONField(null=True, blank=True)
+    incomplete_details = models.JSONField(null=True, blank=True)
+    num_asks = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["rollout", "index"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "index"], name="agent_call_index_unique")]
+
+
+class TrajectoryItem(models.Model):
+    """One item of a rollout's merged trajectory, in order (``seq``).
+
+    ``origin``: ``agent`` (an item of a reply) or ``gym`` (a function_call_output gymweb added after
+    executing an ask). ``asked``: an unpaired function_call gymweb was asked to run (rule 4);
+    ``paired``: the agent's own tool record. ``latency_ms``/``tool_status``: the env call behind a
+    gym output; ``refused``: gymweb did not send it (rules 5, 6).
+    """
+
+    class Origin(models.TextChoices):
+        AGENT = "agent", "agent"
+        GYM = "gym", "gymweb"
+        IMPORTED = "imported", "imported"
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="items")
+    seq = models.PositiveIntegerField()
+    step = models.IntegerField(help_text="index of the agent call it came from or answered")
+    kind = models.CharField(max_length=40)
+    role = models.CharField(max_length=20, blank=True)
+    call_id = models.CharField(max_length=300, blank=True)
+    name = models.CharField(max_length=300, blank=True)
+    origin = models.CharField(max_length=10, choices=Origin.choices)
+    asked = models.BooleanField(default=False)
+    paired = models.BooleanField(default=False)
+    refused = models.BooleanField(default=False)
+    latency_ms = models.FloatField(null=True, blank=True)
+    tool_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    payload = models.JSONField()
+
+    class Meta:
+        ordering = ["rollout", "seq"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "seq"], name="item_seq_unique")]

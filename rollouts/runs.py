@@ -1,0 +1,193 @@
+"""A run's lifecycle in the database: create (materialise), resume (retry failed), cancel, finish.
+
+Views, the CLI and the workers all go through these functions, so there is one obvious place for
+each rule. Every function that writes does so in one short transaction: a bad input stores nothing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Optional
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Max, Q
+from django.utils import timezone
+
+from .datasets import ParsedDataset, materialize
+from .models import Dataset, DatasetRow, Rollout, Run, Task
+
+log = logging.getLogger("gymweb.runs")
+
+BULK = 2000
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def store_dataset(parsed: ParsedDataset, name: str, user=None) -> Dataset:
+    """Keep a validated dataset for reuse by later runs. Returns the new ``Dataset``."""
+    with transaction.atomic():
+        dataset = Dataset.objects.create(name=name[:200], created_by=user, num_rows=len(parsed.rows), sha256=parsed.sha256)
+        DatasetRow.objects.bulk_create(
+            (DatasetRow(dataset=dataset, line=line, data_json=_dumps(row)) for line, row in zip(parsed.lines, parsed.rows)),
+            batch_size=BULK,
+        )
+    return dataset
+
+
+def load_dataset(dataset: Dataset) -> ParsedDataset:
+    """A stored dataset back as a ``ParsedDataset`` (rows in file order)."""
+    parsed = ParsedDataset(sha256=dataset.sha256)
+    for line, text in dataset.rows.order_by("line").values_list("line", "data_json").iterator(chunk_size=BULK):
+        parsed.rows.append(json.loads(text))
+        parsed.lines.append(line)
+        parsed.texts.append(text)
+    return parsed
+
+
+def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Optional[Dataset] = None, **options: Any) -> Run:
+    """Materialise ``parsed`` into a new run with one pending rollout per (task, rollout) key.
+
+    ``options`` are ``Run`` fields: agent_url, env_url, agent_name, concurrency, max_steps,
+    num_repeats, limit, max_attempts, remote_responses_timeout_s, run_timeout_s, overrides,
+    source_file. The run is stored whole or not at all. It is not started: call ``launch``.
+    """
+    run = Run(name=name[:200], created_by=user, dataset=dataset, **options)
+    tasks = materialize(
+        parsed,
+        agent_name=run.agent_name,
+        num_repeats=run.num_repeats,
+        limit=run.limit,
+        overrides=run.overrides or None,
+    )
+    with transaction.atomic():
+        run.num_tasks = len(tasks)
+        run.num_keys = sum(len(t.rollout_indices) for t in tasks)
+        run.save()
+        task_rows = Task.objects.bulk_create(
+            [Task(run=run, task_index=t.task_index, row_json=_dumps(t.row)) for t in tasks], batch_size=BULK
+        )
+        if any(t.pk is None for t in task_rows):  # backends that do not return ids from bulk_create
+            ids = dict(Task.objects.filter(run=run).values_list("task_index", "id"))
+        else:
+            ids = {t.task_index: t.pk for t in task_rows}
+        Rollout.objects.bulk_create(
+            (
+                Rollout(run=run, task_id=ids[t.task_index], task_index=t.task_index, rollout_index=r, attempt=1)
+                for t in tasks
+                for r in t.rollout_indices
+            ),
+            batch_size=BULK,
+        )
+    return run
+
+
+def launch(run: Run, slices: Optional[int] = None, enqueue: bool = True) -> None:
+    """Mark the run running and hand it to the django-q2 workers (``slices`` tasks that share it;
+    default ``GYMWEB_SLICES_PER_RUN``). Workers claim rollouts atomically, so extra slices are
+    harmless. ``enqueue=False`` when the caller runs the work itself (the CLI)."""
+    from .dispatch import enqueue_slices
+
+    Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]).update(
+        status=Run.Status.RUNNING, started=timezone.now(), finished=None
+    )
+    run.refresh_from_db()
+    if enqueue:
+        transaction.on_commit(lambda: enqueue_slices(run.pk, slices))
+
+
+def retryable_keys(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:
+    """Keys that may get a new attempt: ``{(task, rollout): (task_id, next_attempt, kill_shaped)}``.
+
+    A key qualifies when it has no succeeded and no pending/running attempt and either its latest
+    row is kill-shaped (cancelled/interrupted: not an attempt, runs again with the same number) or
+    it failed non-terminally fewer than ``max_attempts`` times (DESIGN.md, "Retry"; terminal
+    failures are never retried).
+    """
+    rows = (
+        Rollout.objects.filter(run=run)
+        .values("task_index", "rollout_index", "task_id")
+        .annotate(
+            live=Count("id", filter=Q(status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING, Rollout.Status.SUCCEEDED])),
+            failed=Count("id", filter=Q(status=Rollout.Status.FAILED)),
+            terminal=Count("id", filter=Q(status=Rollout.Status.FAILED, terminal=True)),
+            last_attempt=Max("attempt"),
+        )
+        .filter(live=0, terminal=0)
+    )
+    out = {}
+    for r in rows:
+        failed = r["failed"]
+        if failed < r["last_attempt"]:  # the latest attempt number was not spent: kill-shaped
+            out[(r["task_index"], r["rollout_index"])] = (r["task_id"], r["last_attempt"], True)
+        elif failed < run.max_attempts:
+            out[(r["task_index"], r["rollout_index"])] = (r["task_id"], failed + 1, False)
+    return out
+
+
+def resume(run: Run, max_attempts: Optional[int] = None, enqueue: bool = True) -> int:
+    """Retry failed keys and re-run kill-shaped ones (the spec's resume); successes are kept.
+
+    ``max_attempts`` (optional) updates the run's attempt cap first. Returns how many new pending
+    attempts were created; launches the run when there are any (or when it has pending work).
+    """
+    with transaction.atomic():
+        if max_attempts is not None and max_attempts != run.max_attempts:
+            run.max_attempts = max_attempts
+            run.save(update_fields=["max_attempts"])
+        keys = retryable_keys(run)
+        Rollout.objects.bulk_create(
+            (
+                Rollout(run=run, task_id=task_id, task_index=t, rollout_index=r, attempt=attempt)
+                for (t, r), (task_id, attempt, _) in keys.items()
+            ),
+            batch_size=BULK,
+        )
+        pending = Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).exists()
+        if pending:
+            launch(run, enqueue=enqueue)
+    return len(keys)
+
+
+def cancel(run: Run) -> bool:
+    """Stop a run: no new claims from now on; pending attempts become ``cancelled`` at once and
+    in-flight ones end as ``cancelled`` within a few seconds (their workers poll the run status).
+    Returns False when the run was already final."""
+    with transaction.atomic():
+        changed = Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).update(
+            status=Run.Status.CANCELLED, finished=timezone.now()
+        )
+        if changed:
+            Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).update(
+                status=Rollout.Status.CANCELLED, finished=timezone.now()
+            )
+    run.refresh_from_db()
+    return bool(changed)
+
+
+def finish_if_done(run_id: int) -> bool:
+    """Mark a running run completed when no attempt is pending or running. Returns True when this
+    call finished it (exactly one caller wins)."""
+    with transaction.atomic():
+        busy = Rollout.objects.filter(run_id=run_id, status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING]).exists()
+        if busy:
+            return False
+        return bool(
+            Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.COMPLETED, finished=timezone.now())
+        )
+
+
+def counts(run: Run) -> dict[str, int]:
+    """Rollout rows by status, in one SQL aggregate: ``{"pending": n, "running": n, ...}``."""
+    result = {s: 0 for s in Rollout.Status.values}
+    for row in Rollout.objects.filter(run=run).values("status").annotate(n=Count("id")):
+        result[row["status"]] = row["n"]
+    return result
+
+
+def max_run_timeout_s() -> float:
+    """The largest ``run_timeout_s`` a run may have: django-q2's cluster timeout is derived from it
+    so a long rollout is never killed mid-flight (DESIGN.md, known pitfalls)."""
+    return float(settings.GYMWEB_MAX_RUN_TIMEOUT_S)
