@@ -1,0 +1,307 @@
+"""A NeMo Gym-compatible resources server for the stateful counter tasks (aiohttp, no Django).
+
+Behaves like NeMo Gym's `resources_servers/example_session_state_mgmt` ("add 1 then add 2 then
+get the count"; data in `examples/data/counter_tasks.jsonl`):
+
+    POST /seed_session       body: the task row; reads `initial_count` (default 0).
+                             Starts a fresh session, sets cookie `counter_session`. Reply `{}`.
+    POST /increment_counter  {"count": int}  -> {"success":true}
+    POST /get_counter_value  {}              -> {"count":N}
+    POST /verify             row + "response" -> the body echoed + "reward": 1.0 iff the session's
+                             counter equals the row's `expected_count`, else 0.0 (NeMo Gym compares
+                             the counter held in the session, not the answer text).
+    POST /aggregate_metrics  {"verify_responses": [rows]} -> {"group_level_metrics": [...],
+                             "agent_metrics": {...}, "key_metrics": {...}}
+    GET  /                   {"status":"ok"} (liveness, as NeMo Gym's servers answer)
+    anything else            404 {"detail":"Not Found"} (FastAPI's text)
+
+Cookies: like NeMo Gym's envs (Starlette's SessionMiddleware re-signs its cookie on every reply),
+every reply to a request that carries a valid session, tool calls and /verify included, sets
+`counter_session` again with a fresh value; all values issued for a session stay valid.
+
+Errors: a tool call without a `counter_session` cookie, or with one this process never issued
+(e.g. after a restart), is HTTP 400 `{"detail": "..."}` naming the problem. Arguments that do not
+validate are HTTP 422 in FastAPI's shape `{"detail": [{"type","loc","msg","input"}...]}`.
+/verify without a known session is not an error: reward 0.0, as in NeMo Gym (there the counter is
+simply absent), with a `failure_reason` saying why.
+
+Run:  python -m examples.counter_env --host 127.0.0.1 --port 9101
+      (prints "counter env listening on http://127.0.0.1:9101" when ready)
+In-process: `make_app()` returns the aiohttp Application.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import secrets
+import statistics
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from examples._serve import add_fallback_routes, json_error, json_response, read_json, serve_forever
+
+COOKIE_NAME = "counter_session"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9101
+# Oldest sessions are dropped past this many, so a long benchmark cannot grow memory without bound
+# (~150 bytes each; far above any realistic number of rollouts in flight at once).
+DEFAULT_MAX_SESSIONS = 200_000
+
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
+_STATS = ("mean", "max", "min", "median", "std")
+
+class _IncrementArgs(BaseModel):
+    # Extra keys are ignored, like NeMo Gym's pydantic request model.
+    count: int
+
+
+class _VerifyBody(BaseModel):
+    # Only checks the body; the reply echoes the raw body, so extra fields need not be kept here.
+    responses_create_params: dict[str, Any]
+    response: dict[str, Any]
+    expected_count: int
+
+
+class _AggregateBody(BaseModel):
+    verify_responses: list[dict[str, Any]]
+
+
+_int = TypeAdapter(int)
+
+
+def _validation_error(exc: ValidationError) -> web.Response:
+    """422 in FastAPI's shape: each error's `loc` starts with "body"."""
+    detail = [
+        {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"],
+         # invalid JSON reports the raw bytes as input; FastAPI shows {} there
+         "input": {} if e["type"] == "json_invalid" else e.get("input")}
+        for e in exc.errors(include_url=False, include_context=False)
+    ]
+    return json_error(422, detail)
+
+
+def _bad_json(message: str) -> web.Response:
+    return json_error(422, [{"type": "json_invalid", "loc": ["body"], "msg": message, "input": {}}])
+
+
+class _Sessions:
+    """In-memory session store: session id -> counter value (int).
+
+    Cookie values are "<session id>.<serial>"; the serial changes on every reply (the re-signing of
+    NeMo Gym's envs), the id is what is looked up. Ids are 128-bit random, so unguessable.
+    """
+
+    def __init__(self, max_sessions: int) -> None:
+        self.counters: dict[str, int] = {}
+        self.max_sessions = max_sessions
+        self._serial = itertools.count(1)
+
+    def create(self, initial_count: int) -> str:
+        sid = secrets.token_hex(16)
+        self.counters[sid] = initial_count
+        if len(self.counters) > self.max_sessions:
+            del self.counters[next(iter(self.counters))]  # dicts keep insertion order: oldest
+        return sid
+
+    def cookie_header(self, sid: str) -> str:
+        return f"{COOKIE_NAME}={sid}.{next(self._serial)}; HttpOnly; Path=/; SameSite=lax"
+
+    def lookup(self, request: web.Request) -> tuple[str | None, str | None]:
+        """(session id, None) for a known session, else (None, error text)."""
+        value = request.cookies.get(COOKIE_NAME)
+        if not value:
+            return None, f"no session: missing cookie {COOKIE_NAME!r}; call /seed_session first"
+        sid = value.partition(".")[0]
+        if sid not in self.counters:
+            return None, (
+                f"unknown session: cookie {COOKIE_NAME!r} does not name a live session "
+                "(expired, from another server process, or forged); call /seed_session first"
+            )
+        return sid, None
+
+
+SESSIONS_KEY = web.AppKey("counter_sessions", _Sessions)
+
+
+def _with_cookie(response: web.Response, sessions: _Sessions, sid: str) -> web.Response:
+    response.headers["Set-Cookie"] = sessions.cookie_header(sid)
+    return response
+
+
+async def seed_session(request: web.Request) -> web.Response:
+    """Start a fresh session from the task row; its `initial_count` (default 0) seeds the counter."""
+    sessions: _Sessions = request.app[SESSIONS_KEY]
+    body, error = await read_json(request)
+    if error:
+        return _bad_json(error)
+    if not isinstance(body, dict):
+        return json_error(422, [{"type": "model_type", "loc": ["body"],
+                                 "msg": "Input should be a valid dictionary", "input": body}])
+    try:
+        initial_count = _int.validate_python(body.get("initial_count", 0))
+    except ValidationError as exc:
+        return json_error(422, [{"type": e["type"], "loc": ["body", "initial_count"], "msg": e["msg"],
+                                 "input": e.get("input")}
+                                for e in exc.errors(include_url=False, include_context=False)])
+    sid = sessions.create(initial_count)
+    return _with_cookie(json_response({}), sessions, sid)
+
+
+async def increment_counter(request: web.Request) -> web.Response:
+    """Add `count` to the session's counter. -> {"success":true}."""
+    sessions: _Sessions = request.app[SESSIONS_KEY]
+    sid, error = sessions.lookup(request)
+    if error:
+        return json_error(400, error)
+    try:
+        args = _IncrementArgs.model_validate_json(await request.read() or b"null")
+    except ValidationError as exc:
+        return _with_cookie(_validation_error(exc), sessions, sid)
+    sessions.counters[sid] += args.count
+    return _with_cookie(json_response({"success": True}), sessions, sid)
+
+
+async def get_counter_value(request: web.Request) -> web.Response:
+    """The session's counter. -> {"count":N}. The body is ignored (the tool takes no arguments)."""
+    sessions: _Sessions = request.app[SESSIONS_KEY]
+    sid, error = sessions.lookup(request)
+    if error:
+        return json_error(400, error)
+    return _with_cookie(json_response({"count": sessions.counters[sid]}), sessions, sid)
+
+
+async def verify(request: web.Request) -> web.Response:
+    """Echo the body with `reward` = 1.0 iff the session's counter == `expected_count`.
+
+    Unlike NeMo Gym (whose pydantic response model drops unknown task fields), every field of the
+    request is echoed, so a rollouts.jsonl line keeps the whole task row.
+    """
+    sessions: _Sessions = request.app[SESSIONS_KEY]
+    body, error = await read_json(request)
+    if error:
+        return _bad_json(error)
+    try:
+        parsed = _VerifyBody.model_validate(body)
+    except ValidationError as exc:
+        return _validation_error(exc)
+    sid, session_error = sessions.lookup(request)
+    reply = dict(body)
+    reply.pop("reward", None)  # a stale reward in the row must not survive verification
+    if sid is None:
+        reply["reward"] = 0.0
+        reply["failure_reason"] = session_error
+        return json_response(reply)
+    reply["reward"] = 1.0 if sessions.counters[sid] == parsed.expected_count else 0.0
+    return _with_cookie(json_response(reply), sessions, sid)
+
+
+def _describe(values: list[float]) -> dict[str, float]:
+    """mean/max/min/median/std of the values; std has ddof=1 and is 0.0 for a single value."""
+    return {
+        "mean": statistics.fmean(values),
+        "max": max(values),
+        "min": min(values),
+        "median": statistics.median(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+    }
+
+
+def _numeric_fields(row: dict[str, Any]) -> dict[str, float]:
+    """The fields NeMo Gym's profiler describes: top-level numbers of the row (reward first) and of
+    `response.usage`; booleans and the index fields are left out."""
+    fields: dict[str, float] = {}
+    response = row.get("response")
+    usage = response.get("usage") if isinstance(response, dict) else None
+    merged = {"reward": row.get("reward"), **row, **(usage if isinstance(usage, dict) else {})}
+    for key, value in merged.items():
+        if key in (TASK_INDEX, ROLLOUT_INDEX) or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            fields[key] = value
+    return fields
+
+
+def _profile(rows: list[dict[str, float]]) -> dict[str, float]:
+    columns: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            columns.setdefault(key, []).append(value)
+    described = {key: _describe(values) for key, values in columns.items()}
+    # NeMo Gym's key order: all mean/* first, then max/*, min/*, median/*, std/*.
+    return {f"{stat}/{key}": described[key][stat] for stat in _STATS for key in described}
+
+
+def aggregate(verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
+    """NeMo Gym's /aggregate_metrics shape, computed from /verify replies.
+
+    Returns {"group_level_metrics": [{"_ng_task_index": i, "mean/reward": .., ..., "num_rollouts": n}
+    per task index, ascending], "agent_metrics": {"mean/reward": .., ...}, "key_metrics": the mean/*
+    entries}. Rows without `_ng_task_index` count as task 0 (NeMo Gym's default).
+    """
+    if not verify_responses:
+        return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
+    by_task: dict[Any, list[dict[str, float]]] = {}
+    all_rows = []
+    for row in verify_responses:
+        fields = _numeric_fields(row)
+        all_rows.append(fields)
+        by_task.setdefault(row.get(TASK_INDEX, 0), []).append(fields)
+    groups = []
+    try:
+        task_indices = sorted(by_task)
+    except TypeError:  # mixed index types: keep first-seen order
+        task_indices = list(by_task)
+    for task_index in task_indices:
+        rows = by_task[task_index]
+        groups.append({TASK_INDEX: task_index, **_profile(rows), "num_rollouts": len(rows)})
+    agent_metrics = _profile(all_rows)
+    key_metrics = {k: v for k, v in agent_metrics.items() if k.startswith("mean/")}
+    return {"group_level_metrics": groups, "agent_metrics": agent_metrics, "key_metrics": key_metrics}
+
+
+async def aggregate_metrics(request: web.Request) -> web.Response:
+    """POST {"verify_responses": [rows]} -> see `aggregate`."""
+    body, error = await read_json(request)
+    if error:
+        return _bad_json(error)
+    try:
+        parsed = _AggregateBody.model_validate(body)
+    except ValidationError as exc:
+        return _validation_error(exc)
+    return json_response(aggregate(parsed.verify_responses))
+
+
+async def liveness(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+def make_app(max_sessions: int = DEFAULT_MAX_SESSIONS) -> web.Application:
+    """The counter env as an aiohttp Application (sessions live in this app object's memory)."""
+    app = web.Application()
+    app[SESSIONS_KEY] = _Sessions(max_sessions)
+    app.router.add_post("/seed_session", seed_session)
+    app.router.add_post("/increment_counter", increment_counter)
+    app.router.add_post("/get_counter_value", get_counter_value)
+    app.router.add_post("/verify", verify)
+    app.router.add_post("/aggregate_metrics", aggregate_metrics)
+    app.router.add_get("/", liveness)
+    add_fallback_routes(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="NeMo Gym-compatible counter resources server")
+    parser.add_argument("--host", default=DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS)
+    args = parser.parse_args(argv)
+    serve_forever(make_app(args.max_sessions), args.host, args.port, "counter env")
+
+
+if __name__ == "__main__":
+    main()
