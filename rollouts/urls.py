@@ -1,10 +1,16 @@
-"""Dashboard routes."""
+"""Dashboard routes. Run pages live in ``views``; trajectory and import pages in ``trajectory_views``."""
 from django.urls import path
 
-from . import views
+from . import trajectory_views, views
 
 urlpatterns = [
     path("", views.runs_list, name="runs"),
+    path("runs/new/", views.run_new, name="run_new"),
     path("runs/<int:run_id>/", views.run_detail, name="run"),
-    path("runs/<int:run_id>/rollouts/<int:rollout_id>/", views.rollout_detail, name="rollout"),
+    path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
+    path("runs/<int:run_id>/retry/", views.run_retry, name="run_retry"),
+    path("runs/<int:run_id>/export/<str:kind>.jsonl", views.run_export, name="run_export"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/raw.json", trajectory_views.rollout_raw, name="rollout_raw"),
+    path("import/", trajectory_views.import_rollouts, name="import"),
 ]

@@ -1,0 +1,86 @@
+"""``manage.py collect``: the headless path, end to end against the example env and agent."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from rollouts.models import Rollout, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _read(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_it_collects_the_counter_tasks_with_reward_one(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys):
+    out = tmp_path / "results" / "rollouts.jsonl"
+    call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url,
+                 "--input", str(counter_tasks_path), "--output", str(out), "--no-progress")
+    rows = _read(out)
+    assert len(rows) == 5
+    assert all(r["reward"] == 1.0 for r in rows)
+    assert sorted(r["_ng_task_index"] for r in rows) == [0, 1, 2, 3, 4]
+    assert all(r["_ng_rollout_index"] == 0 and r["agent_ref"] == {"name": "remote_agent"} for r in rows)
+    for row in rows:
+        kinds = [item["type"] for item in row["response"]["output"]]
+        assert kinds[0] == "function_call" and kinds[-1] == "message"
+        assert "function_call_output" in kinds
+    assert _read(tmp_path / "results" / "rollouts_failures.jsonl") == []
+    materialized = _read(tmp_path / "results" / "rollouts_materialized_inputs.jsonl")
+    assert [(m["_ng_task_index"], m["_ng_rollout_index"]) for m in materialized] == [(i, 0) for i in range(5)]
+    summary = capsys.readouterr().out
+    assert "5 succeeded" in summary and "mean/reward (successes): 1.0000" in summary
+
+
+def test_it_writes_a_failure_row_per_attempt_when_the_agent_is_down(tmp_path, counter_env_url, counter_tasks_path):
+    out = tmp_path / "rollouts.jsonl"
+    call_command("collect", "--agent-url", "http://127.0.0.1:9", "--env-url", counter_env_url,
+                 "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "2")
+    failures = _read(tmp_path / "rollouts_failures.jsonl")
+    assert len(failures) == 2
+    for row in failures:
+        assert row["reward"] == 0.0
+        assert row["_ng_failure_class"] == "remote_agent_error"
+        assert row["_gymweb_failure_kind"] == "agent_unreachable"
+        assert "Is your service running at http://127.0.0.1:9" in row["error"]
+        assert "_ng_failure_terminal" not in row
+    assert _read(out) == []
+
+
+def test_resume_retries_failed_keys_and_keeps_successes(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+    out = tmp_path / "rollouts.jsonl"
+    args = ["--env-url", counter_env_url, "--input", str(counter_tasks_path), "--output", str(out), "--no-progress"]
+    call_command("collect", "--agent-url", "http://127.0.0.1:9", *args)
+    call_command("collect", "--agent-url", counter_agent_url, "--resume", *args)
+    assert len(_read(out)) == 5
+    assert len(_read(tmp_path / "rollouts_failures.jsonl")) == 5  # the first attempts stay on record
+    run = Run.objects.get()
+    assert set(Rollout.objects.filter(run=run).values_list("attempt", flat=True)) == {1, 2}
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "no rows"),
+        ('{"responses_create_params": {"input": "hi"}}\n{not json\n', "line 2: not valid JSON"),
+        ('{"foo": 1}\n', "line 1: the row has no 'responses_create_params'"),
+    ],
+)
+def test_it_rejects_bad_jsonl_and_creates_no_run(tmp_path, content, message):
+    src = tmp_path / "in.jsonl"
+    src.write_text(content)
+    with pytest.raises(CommandError, match=message):
+        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
+                     "--input", str(src), "--output", str(tmp_path / "o.jsonl"))
+    assert Run.objects.count() == 0
+
+
+def test_it_never_echoes_credentials_of_a_bad_agent_url(tmp_path, counter_tasks_path):
+    with pytest.raises(CommandError) as exc:
+        call_command("collect", "--agent-url", "http://bob:hunter2@127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
+                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"))
+    assert "credentials" in str(exc.value) and "hunter2" not in str(exc.value)
+    assert Run.objects.count() == 0
