@@ -78,7 +78,9 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
             },
-            "TEST": {"NAME": os.environ.get("GYMWEB_TEST_SQLITE_PATH", str(VAR_DIR / "test_gymweb.sqlite3"))},
+            # A file, not :memory:, so worker subprocesses in tests can share it; one per test
+            # process so two test sessions on one machine never clobber each other.
+            "TEST": {"NAME": os.environ.get("GYMWEB_TEST_SQLITE_PATH", str(VAR_DIR / f"test_gymweb_{os.getpid()}.sqlite3"))},
         }
     }
 
@@ -116,20 +118,23 @@ GYMWEB_HEARTBEAT_S = float(os.environ.get("GYMWEB_HEARTBEAT_S", 2))
 GYMWEB_POLL_S = float(os.environ.get("GYMWEB_POLL_S", 0.5))
 GYMWEB_FLUSH_S = float(os.environ.get("GYMWEB_FLUSH_S", 0.25))
 GYMWEB_CONNECT_RETRY_PAUSE_S = float(os.environ.get("GYMWEB_CONNECT_RETRY_PAUSE_S", 0.5))
-# How many django-q2 tasks share one run (set it to the number of worker processes, over all
-# machines, that should work on a run at once).
-GYMWEB_SLICES_PER_RUN = int(os.environ.get("GYMWEB_SLICES_PER_RUN", os.environ.get("GYMWEB_Q_WORKERS", 2)))
-# A slice claims new rollouts for this long, then hands over to a fresh task and only finishes
-# what it holds (at most the run's run_timeout_s).
-GYMWEB_SLICE_S = float(os.environ.get("GYMWEB_SLICE_S", 300))
-# The largest run_timeout_s a run may have. django-q2's cluster-wide `timeout` is derived from it,
-# so no slice is ever killed (and re-delivered) mid-rollout (DESIGN.md, known pitfalls).
-GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 4 * 3600))
+# Each django-q2 worker process runs one dispatcher thread that serves every running run
+# (rollouts.dispatch). It keeps at most this many rollouts in flight (a memory bound).
+GYMWEB_PROCESS_CAPACITY = int(os.environ.get("GYMWEB_PROCESS_CAPACITY", 2000))
+GYMWEB_DISPATCH_IN_WORKERS = os.environ.get("GYMWEB_DISPATCH_IN_WORKERS", "1") == "1"
+# On SIGTERM a worker releases its in-flight rollouts; this bounds how long that may take.
+GYMWEB_RELEASE_TIMEOUT_S = float(os.environ.get("GYMWEB_RELEASE_TIMEOUT_S", 20))
+# The largest run_timeout_s a run may have (form and CLI check it).
+GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 24 * 3600))
 
 _redis_url = os.environ.get("GYMWEB_REDIS_URL")
-_q_timeout = int(GYMWEB_SLICE_S + GYMWEB_MAX_RUN_TIMEOUT_S + 120)
+# How often (minutes) the supervisor revives runs whose workers died (rollouts.dispatch.supervise).
+GYMWEB_SUPERVISE_MINUTES = int(os.environ.get("GYMWEB_SUPERVISE_MINUTES", 1))
+# django-q2 tasks are short bookkeeping jobs (rollouts run in the dispatcher threads, not in
+# tasks), so ordinary bounds fit.
+_q_timeout = 600
 Q_CLUSTER = {
-    "name": "gymweb",
+    "name": os.environ.get("GYMWEB_Q_NAME", "gymweb"),
     "workers": int(os.environ.get("GYMWEB_Q_WORKERS", 2)),
     "timeout": _q_timeout,
     "retry": _q_timeout + 60,
@@ -139,7 +144,9 @@ Q_CLUSTER = {
     "label": "Django Q2",
     "poll": 0.2,
     "save_limit": 500,
-    "recycle": 50,
+    # A recycled worker process would take its dispatcher (and in-flight rollouts) with it.
+    "recycle": 10**9,
+    "log_level": os.environ.get("GYMWEB_Q_LOG_LEVEL", "WARNING"),
 }
 if _redis_url:
     Q_CLUSTER["redis"] = _redis_url

@@ -1,4 +1,35 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+def _ensure_supervisor(sender, **kwargs):
+    """Keep one django-q2 schedule that revives runs whose workers died (crash recovery)."""
+    from django.conf import settings
+    from django_q.models import Schedule
+
+    Schedule.objects.update_or_create(
+        name="gymweb-supervise",
+        defaults={
+            "func": "rollouts.dispatch.supervise",
+            "schedule_type": Schedule.MINUTES,
+            "minutes": settings.GYMWEB_SUPERVISE_MINUTES,
+            "repeats": -1,
+        },
+    )
+
+
+def _on_worker_spawn(sender, proc_name=None, **kwargs):
+    """Each django-q2 worker process runs a dispatcher thread (rollouts.dispatch), and first
+    requeues rollouts that died with an earlier worker instead of waiting for the schedule."""
+    import logging
+
+    from .dispatch import start_in_worker_process, supervise
+
+    try:
+        supervise()
+    except Exception:  # never keep a worker from starting
+        logging.getLogger("gymweb.dispatch").exception("supervise on spawn failed")
+    start_in_worker_process()
 
 
 class RolloutsConfig(AppConfig):
@@ -6,3 +37,9 @@ class RolloutsConfig(AppConfig):
 
     name = "rollouts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from django_q.signals import post_spawn
+
+        post_migrate.connect(_ensure_supervisor, sender=self)
+        post_spawn.connect(_on_worker_spawn, dispatch_uid="gymweb-worker-spawn")

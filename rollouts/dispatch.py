@@ -1,23 +1,30 @@
 """Workers: claim pending rollouts atomically, run them concurrently with asyncio, persist every step.
 
-A *slice* is one django-q2 task working on one run in one process. It claims rollouts while its
-run has room under ``concurrency`` (counted over all workers, under a lock on the run row), keeps
-them in flight on one event loop with one shared HTTP client, and writes to the database only from
-one dedicated thread, in batches, so the event loop never waits on the database (issue 4).
+One *dispatcher* per worker process (each ``qcluster`` worker process starts one when django-q2
+spawns it; the CLI runs one in-process). A dispatcher is a thread with one event loop and one
+shared HTTP client; it serves every running run, claiming rollouts while the run has room under its
+``concurrency`` (counted over all workers, under a lock on the run row) and while its own fair
+share (``concurrency`` / live dispatchers) is not used up, so several processes and machines share a
+run. The database is touched only from one dedicated thread, in short batched transactions, so the
+event loop never waits on it (issue 4; DESIGN.md, known pitfalls).
 
-Bounds (DESIGN.md, known pitfalls): a slice claims new work for at most ``GYMWEB_SLICE_S`` seconds,
-then enqueues a successor and only finishes what it holds, which takes at most the run's
-``run_timeout_s``; django-q2's cluster timeout is derived from the largest allowed
-``run_timeout_s``, so a slice is never killed mid-rollout. A claim carries a lease that the slice
-renews; if its process dies, the lease expires and any slice of the run (or the supervisor) marks
-the attempt ``interrupted`` (kill-shaped: not an attempt) and queues the key again.
+Rollouts do not run inside django-q2 tasks, so django-q2's cluster-wide ``timeout`` and ``retry``
+never cut a long rollout short or deliver it twice (DESIGN.md, known pitfalls); django-q2 supervises
+the processes (respawns a dead one) and runs the scheduled ``supervise`` job.
+
+A claim carries a lease that the dispatcher renews. If its process dies (SIGKILL), the lease expires
+and any dispatcher (or ``supervise``) marks the attempt ``interrupted`` — kill-shaped, not an
+attempt — and queues its key again. SIGTERM and a normal cluster stop release in-flight rollouts at
+once the same way.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -29,20 +36,19 @@ from typing import Any, Callable, Optional
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from . import runs
 from .loop import ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
-from .models import AgentCall, Rollout, Run, Task, TrajectoryItem
+from .models import AgentCall, Rollout, Run, TrajectoryItem, Worker
 
 log = logging.getLogger("gymweb.dispatch")
 
-__all__ = ["enqueue_slices", "run_slice", "work_on_run", "supervise", "claim", "reap_expired"]
+__all__ = ["Dispatcher", "claim", "reap_expired", "run_in_process", "start_in_worker_process", "supervise"]
 
 
-def worker_id() -> str:
-    """A name for this slice: host, pid and a random suffix (shown on running rollouts)."""
+def worker_name() -> str:
+    """A unique name for a dispatcher: host, pid and a random suffix (shown on running rollouts)."""
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
@@ -66,14 +72,14 @@ def reap_expired(run_id: int) -> int:
     Rollout.objects.filter(id__in=[e[0] for e in expired], status=Rollout.Status.RUNNING).update(
         status=Rollout.Status.INTERRUPTED,
         finished=now,
+        lease_until=None,
         error="the worker running this attempt stopped (its lease expired); the key runs again",
     )
-    run_status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-    if run_status == Run.Status.RUNNING:
+    if Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).exists():
         Rollout.objects.bulk_create(
             [Rollout(run_id=run_id, task_id=t, task_index=ti, rollout_index=ri, attempt=a) for _, t, ti, ri, a in expired]
         )
-    log.warning("run %s: %d rollout(s) interrupted by a dead worker were queued again", run_id, len(expired))
+    log.warning("run %s: %d rollout(s) of a dead worker were queued again", run_id, len(expired))
     return len(expired)
 
 
@@ -81,9 +87,9 @@ def claim(run_id: int, worker: str, want: int, lease_s: float) -> list[tuple[int
     """Atomically claim up to ``want`` pending rollouts of a running run, never letting the run's
     running attempts exceed its ``concurrency`` over all workers.
 
-    Returns ``[(rollout_id, materialised row JSON text, rollout_index)]``; empty when the run is not
-    running or has no room. The run row is locked for the check-and-update (``select_for_update`` on
-    PostgreSQL; SQLite's IMMEDIATE transactions serialise writers).
+    Returns ``[(rollout_id, materialised task row JSON text, rollout_index)]``; empty when the run is
+    not running or has no room. The run row is locked for the check-and-update
+    (``select_for_update`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers).
     """
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).values("status", "concurrency").first()
@@ -119,6 +125,7 @@ class _Batch:
     seeds: dict[int, float] = field(default_factory=dict)
     finished: list[tuple[int, RolloutOutcome]] = field(default_factory=list)
     killed: list[tuple[int, str]] = field(default_factory=list)
+    run_ids: set[int] = field(default_factory=set)  # runs whose rollouts ended in this batch
 
     def __bool__(self) -> bool:
         return bool(self.calls or self.items or self.seeds or self.finished or self.killed)
@@ -222,227 +229,322 @@ def write_batch(batch: _Batch, worker: str) -> None:
 class _Recorder:
     """The loop's observer for one rollout: queues rows for the next batch (never blocks)."""
 
-    __slots__ = ("rollout_id", "slice")
+    __slots__ = ("rollout_id", "dispatcher")
 
-    def __init__(self, rollout_id: int, slice_: "Slice"):
+    def __init__(self, rollout_id: int, dispatcher: "Dispatcher"):
         self.rollout_id = rollout_id
-        self.slice = slice_
+        self.dispatcher = dispatcher
 
     def on_seeded(self, latency_ms: float) -> None:
-        self.slice.batch.seeds[self.rollout_id] = latency_ms
+        self.dispatcher.batch.seeds[self.rollout_id] = latency_ms
 
     def on_step(self, step: StepRecord, items: list[ItemRecord]) -> None:
-        batch = self.slice.batch
+        batch = self.dispatcher.batch
         batch.calls.append(_call_row(self.rollout_id, step))
         batch.items.extend(_item_row(self.rollout_id, rec) for rec in items)
 
     def on_items(self, items: list[ItemRecord]) -> None:
-        self.slice.batch.items.extend(_item_row(self.rollout_id, rec) for rec in items)
+        self.dispatcher.batch.items.extend(_item_row(self.rollout_id, rec) for rec in items)
 
 
-class Slice:
-    """One process's share of one run. ``run()`` returns when the slice has nothing left to do."""
+@dataclass
+class _RunInfo:
+    """What a dispatcher needs of a running run (refreshed every poll)."""
 
-    def __init__(self, run_id: int, *, claim_for_s: Optional[float] = None, on_progress: Optional[Callable[[int], None]] = None):
-        self.run_id = run_id
-        self.worker = worker_id()
-        self.claim_for_s = settings.GYMWEB_SLICE_S if claim_for_s is None else claim_for_s
+    id: int
+    concurrency: int
+    settings: LoopSettings
+    pending: bool
+
+
+def _db_call(fn: Callable, *args: Any) -> Any:
+    # Long-lived threads must drop connections Django considers stale (CONN_MAX_AGE, errors).
+    close_old_connections()
+    return fn(*args)
+
+
+def _running_runs(only: Optional[set[int]]) -> list[dict[str, Any]]:
+    qs = Run.objects.filter(status=Run.Status.RUNNING)
+    if only is not None:
+        qs = qs.filter(pk__in=only)
+    fields = ("id", "concurrency", "agent_url", "env_url", "max_steps", "remote_responses_timeout_s", "run_timeout_s")
+    out = list(qs.values(*fields))
+    pending = set(
+        Rollout.objects.filter(run_id__in=[r["id"] for r in out], status=Rollout.Status.PENDING)
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    expired = set(
+        Rollout.objects.filter(run_id__in=[r["id"] for r in out], status=Rollout.Status.RUNNING, lease_until__lt=_now())
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    for r in out:
+        r["pending"] = r["id"] in pending or r["id"] in expired
+    return out
+
+
+def _heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float) -> tuple[int, dict[int, str]]:
+    """Renew this dispatcher's leases and its Worker row. Returns (live dispatchers, status of each
+    run it holds work of) — a cancel is noticed here."""
+    now = _now()
+    rollout_ids = list(inflight)
+    if rollout_ids:
+        Rollout.objects.filter(id__in=rollout_ids, worker=name, status=Rollout.Status.RUNNING).update(
+            lease_until=now + timedelta(seconds=lease_s)
+        )
+    Worker.objects.update_or_create(
+        name=name,
+        defaults={"host": name.split(":")[0], "pid": os.getpid(), "last_seen": now, "inflight": len(rollout_ids), "capacity": capacity},
+    )
+    Worker.objects.filter(last_seen__lt=now - timedelta(seconds=max(60.0, 10 * lease_s))).delete()
+    live = Worker.objects.filter(last_seen__gte=now - timedelta(seconds=lease_s)).count()
+    statuses = dict(Run.objects.filter(pk__in=set(inflight.values())).values_list("id", "status"))
+    return max(1, live), statuses
+
+
+def _retire(name: str) -> None:
+    Worker.objects.filter(name=name).delete()
+
+
+def _flush_and_claim(batch: _Batch, worker: str, wants: list[tuple[int, int]], lease_s: float) -> list[tuple[int, int, str, int]]:
+    if batch:
+        write_batch(batch, worker)
+    claimed = []
+    finished_runs = {rid for rid in batch.run_ids}
+    for run_id in finished_runs:
+        runs.finish_if_done(run_id)
+    for run_id, want in wants:
+        claimed.extend((run_id, *row) for row in claim(run_id, worker, want, lease_s))
+    return claimed
+
+
+class Dispatcher:
+    """Runs rollouts of every running run (or of ``only`` runs) in this process.
+
+    ``capacity``: most rollouts in flight in this process over all runs (memory bound; default
+    ``GYMWEB_PROCESS_CAPACITY``). ``exit_when_idle``: return once the runs it serves have nothing
+    pending or running (the CLI); otherwise it serves until ``stop()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        only: Optional[set[int]] = None,
+        exit_when_idle: bool = False,
+        capacity: Optional[int] = None,
+        on_progress: Optional[Callable[[int], None]] = None,
+    ):
+        self.name = worker_name()
+        self.only = only
+        self.exit_when_idle = exit_when_idle
+        self.capacity = capacity or settings.GYMWEB_PROCESS_CAPACITY
+        self.on_progress = on_progress
         self.lease_s = settings.GYMWEB_LEASE_S
         self.heartbeat_s = settings.GYMWEB_HEARTBEAT_S
         self.poll_s = settings.GYMWEB_POLL_S
         self.flush_s = settings.GYMWEB_FLUSH_S
         self.batch = _Batch()
-        self.inflight: dict[int, asyncio.Task] = {}
+        self.tasks: dict[int, asyncio.Task] = {}  # rollout id -> task
+        self.run_of: dict[int, int] = {}  # rollout id -> run id
+        self.cancelling: set[int] = set()  # runs whose in-flight rollouts end as `cancelled`
+        self.runs: dict[int, _RunInfo] = {}
+        self.live_workers = 1
         self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gymweb-db")
-        self.on_progress = on_progress
-        self.handed_over = False
-        self.cancelled = False
+        self._stop = threading.Event()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._wake: Optional[asyncio.Event] = None
 
+    # -- control from other threads -----------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the dispatcher to release what it holds and return (thread-safe)."""
+        self._stop.set()
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    # -- internals -----------------------------------------------------------------------------
     async def _db(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.db, _db_call, fn, *args)
 
-    async def _flush(self) -> None:
-        if self.batch:
-            batch, self.batch = self.batch, _Batch()
-            await self._db(write_batch, batch, self.worker)
-            if self.on_progress and batch.finished:
-                self.on_progress(len(batch.finished))
+    def _inflight_of(self, run_id: int) -> int:
+        return sum(1 for r in self.run_of.values() if r == run_id)
 
-    async def _run_one(self, rollout_id: int, row: dict[str, Any], loop_settings: LoopSettings, client) -> None:
-        try:
-            outcome = await run_rollout(client, row, loop_settings, _Recorder(rollout_id, self))
-        except asyncio.CancelledError:
-            status = Rollout.Status.CANCELLED if self.cancelled else Rollout.Status.INTERRUPTED
-            self.batch.killed.append((rollout_id, status))
-            raise
-        self.batch.finished.append((rollout_id, outcome))
+    def _wants(self) -> list[tuple[int, int]]:
+        if self._stop.is_set():
+            return []
+        free = self.capacity - len(self.tasks)
+        wants = []
+        for info in self.runs.values():
+            if free <= 0 or not info.pending or info.id in self.cancelling:
+                continue
+            share = math.ceil(info.concurrency / self.live_workers)
+            want = min(free, share - self._inflight_of(info.id))
+            if want > 0:
+                wants.append((info.id, want))
+                free -= want
+        return wants
 
-    async def _sync(self, want: int) -> list[tuple[int, str, int]]:
-        """Flush what is queued and claim up to ``want`` more, in one trip to the DB thread.
-        Flushing first matters: finished rollouts free their slots in the run's count."""
+    async def _sync(self) -> None:
+        """Flush what is queued and claim what there is room for, in one trip to the DB thread.
+        Flushing first matters: finished rollouts free their slots in the runs' counts."""
+        wants = self._wants()
+        if not self.batch and not wants:
+            return
         batch, self.batch = self.batch, _Batch()
-        claimed = await self._db(_flush_and_claim, batch, self.run_id, self.worker, want, self.lease_s)
+        claimed = await self._db(_flush_and_claim, batch, self.name, wants, self.lease_s)
         if self.on_progress and batch.finished:
             self.on_progress(len(batch.finished))
-        return claimed
+        for run_id, rollout_id, row_json, rollout_index in claimed:
+            row = json.loads(row_json)
+            row["_ng_rollout_index"] = rollout_index
+            self.run_of[rollout_id] = run_id
+            self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
 
-    async def run(self) -> None:
-        """Work on the run until it has nothing left for this slice (see the module docstring)."""
-        run = await self._db(lambda: Run.objects.filter(pk=self.run_id).first())
-        if run is None or run.status != Run.Status.RUNNING:
-            return
-        loop_settings = LoopSettings(
-            agent_base_url=run.agent_url,
-            env_base_url=run.env_url,
-            max_steps=run.max_steps or None,
-            remote_responses_timeout_s=run.remote_responses_timeout_s,
-            run_timeout_s=run.run_timeout_s,
-            retry_pause_s=settings.GYMWEB_CONNECT_RETRY_PAUSE_S,
-        )
-        client = make_client(run.concurrency)
-        claim_until = time.monotonic() + self.claim_for_s
-        next_beat = next_flush = time.monotonic()
+    async def _run_one(self, rollout_id: int, run_id: int, row: dict[str, Any]) -> None:
+        info = self.runs[run_id]
         try:
-            while True:
-                now = time.monotonic()
-                claiming = now < claim_until and not self.cancelled
-                want = run.concurrency - len(self.inflight) if claiming else 0
-                claimed = await self._sync(want) if (want > 0 or self.batch) else []
-                for rollout_id, row_json, rollout_index in claimed:
-                    row = json.loads(row_json)
-                    row["_ng_rollout_index"] = rollout_index
-                    self.inflight[rollout_id] = asyncio.create_task(self._run_one(rollout_id, row, loop_settings, client))
-                if not claiming and not self.handed_over and not self.cancelled:
-                    # Claiming time is up: a successor takes new work while we finish ours.
-                    self.handed_over = True
-                    await self._db(enqueue_slices, self.run_id, 1)
-                if not self.inflight:
-                    if not claiming:
-                        break
-                    state = await self._db(_run_state, self.run_id)
-                    if state["status"] != Run.Status.RUNNING or (state["pending"] == 0 and state["running"] == 0):
-                        break
-                    # No room now, or others hold the rest: wait, so an interrupted key or a
-                    # freed slot is picked up soon, without spinning on the database.
-                    await asyncio.sleep(self.poll_s)
-                    continue
-                timeout = max(0.0, min(self.poll_s, next_flush - time.monotonic()))
-                done, _ = await asyncio.wait(self.inflight.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if done:
-                    self.inflight = {k: v for k, v in self.inflight.items() if not v.done()}
-                now = time.monotonic()
-                if now >= next_flush:
-                    next_flush = now + self.flush_s
-                    if not done:  # a completion syncs at the top of the loop anyway
-                        batch, self.batch = self.batch, _Batch()
-                        if batch:
-                            await self._db(write_batch, batch, self.worker)
-                if now >= next_beat:
-                    next_beat = now + self.heartbeat_s
-                    status = await self._db(_heartbeat, self.run_id, self.worker, list(self.inflight), self.lease_s)
-                    if status != Run.Status.RUNNING:
-                        self.cancelled = status == Run.Status.CANCELLED
-                        await self._cancel_inflight()
-                        claim_until = 0.0
-            await self._flush()
+            outcome = await run_rollout(self.client, row, info.settings, _Recorder(rollout_id, self))
         except asyncio.CancelledError:
-            self.cancelled = False
-            await self._cancel_inflight()
-            await self._flush()
+            status = Rollout.Status.CANCELLED if run_id in self.cancelling else Rollout.Status.INTERRUPTED
+            self.batch.killed.append((rollout_id, status))
+            self.batch.run_ids.add(run_id)
             raise
-        finally:
-            await client.aclose()
-            await self._db(runs.finish_if_done, self.run_id)
-            self.db.shutdown(wait=True)
+        self.batch.finished.append((rollout_id, outcome))
+        self.batch.run_ids.add(run_id)
 
-    async def _cancel_inflight(self) -> None:
-        tasks = list(self.inflight.values())
+    async def _refresh_runs(self) -> None:
+        rows = await self._db(_running_runs, self.only)
+        fresh = {}
+        for r in rows:
+            known = self.runs.get(r["id"])
+            loop_settings = known.settings if known else LoopSettings(
+                agent_base_url=r["agent_url"],
+                env_base_url=r["env_url"],
+                max_steps=r["max_steps"] or None,
+                remote_responses_timeout_s=r["remote_responses_timeout_s"],
+                run_timeout_s=r["run_timeout_s"],
+                retry_pause_s=settings.GYMWEB_CONNECT_RETRY_PAUSE_S,
+            )
+            fresh[r["id"]] = _RunInfo(r["id"], r["concurrency"], loop_settings, r["pending"])
+        # Runs we still hold rollouts of stay known until those end.
+        for run_id in set(self.run_of.values()) - set(fresh):
+            fresh[run_id] = self.runs[run_id]
+            fresh[run_id].pending = False
+        self.runs = fresh
+
+    async def _cancel(self, rollout_ids: list[int]) -> None:
+        tasks = [self.tasks[r] for r in rollout_ids if r in self.tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.inflight.clear()
+        self._reap_done()
+
+    def _reap_done(self) -> None:
+        for rollout_id in [r for r, t in self.tasks.items() if t.done()]:
+            del self.tasks[rollout_id]
+            del self.run_of[rollout_id]
+
+    async def _beat(self) -> None:
+        self.live_workers, statuses = await self._db(_heartbeat, self.name, dict(self.run_of), self.capacity, self.lease_s)
+        stopped = [run_id for run_id, status in statuses.items() if status != Run.Status.RUNNING]
+        for run_id in stopped:
+            if statuses[run_id] == Run.Status.CANCELLED:
+                self.cancelling.add(run_id)
+            await self._cancel([r for r, rid in self.run_of.items() if rid == run_id])
+            # The run may be resumed later: only the rollouts just ended are "cancelled".
+            self.cancelling.discard(run_id)
+
+    async def run(self) -> None:
+        """Serve until stopped (or idle, with ``exit_when_idle``), then release and write what is held."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self.client = make_client(max(self.capacity, 32))
+        main_thread = threading.main_thread()
+        next_poll = next_beat = next_flush = 0.0
+        try:
+            while not self._stop.is_set():
+                if threading.current_thread() is not main_thread and not main_thread.is_alive():
+                    break  # the worker process is exiting (cluster stop): release and go
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.heartbeat_s
+                    await self._beat()
+                if now >= next_poll:
+                    next_poll = now + self.poll_s
+                    await self._refresh_runs()
+                    if self.exit_when_idle and not self.tasks and not any(i.pending for i in self.runs.values()):
+                        break
+                await self._sync()
+                if not self.tasks:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_poll - time.monotonic()))
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                timeout = max(0.0, min(next_poll, next_flush, next_beat) - time.monotonic())
+                done, _ = await asyncio.wait(self.tasks.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                self._reap_done()
+                if not done and time.monotonic() >= next_flush:
+                    next_flush = time.monotonic() + self.flush_s
+                    batch, self.batch = self.batch, _Batch()
+                    if batch:
+                        await self._db(write_batch, batch, self.name)
+        finally:
+            # Release: in-flight rollouts become `interrupted` (or `cancelled`) and their keys are
+            # queued again at once, without waiting for a lease to expire.
+            await self._cancel(list(self.tasks))
+            batch, self.batch = self.batch, _Batch()
+            await self._db(_flush_and_claim, batch, self.name, [], self.lease_s)
+            await self._db(_retire, self.name)
+            await self.client.aclose()
+            self.db.shutdown(wait=True)
 
 
-def _db_call(fn: Callable, *args: Any) -> Any:
-    close_old_connections()
-    return fn(*args)
+# -- entry points ------------------------------------------------------------------------------
+_process_dispatcher: Optional[Dispatcher] = None
 
 
-def _flush_and_claim(batch: _Batch, run_id: int, worker: str, want: int, lease_s: float) -> list[tuple[int, str, int]]:
-    if batch:
-        write_batch(batch, worker)
-    return claim(run_id, worker, want, lease_s) if want > 0 else []
+def start_in_worker_process() -> Optional[threading.Thread]:
+    """Start this process's dispatcher thread (called when django-q2 spawns a worker process).
+
+    The thread is not a daemon: when the worker process ends normally (cluster stop), the
+    dispatcher notices its main thread is gone and releases what it holds before the process exits.
+    SIGTERM does the same, then ends the process as SIGTERM would.
+    """
+    global _process_dispatcher
+    if _process_dispatcher is not None or not settings.GYMWEB_DISPATCH_IN_WORKERS:
+        return None
+    dispatcher = _process_dispatcher = Dispatcher()
+    thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), name="gymweb-dispatcher", daemon=False)
+    thread.start()
+
+    def on_sigterm(signum, frame):
+        dispatcher.stop()
+        thread.join(timeout=settings.GYMWEB_RELEASE_TIMEOUT_S)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+    return thread
 
 
-def _run_state(run_id: int) -> dict[str, Any]:
-    now = _now()
-    status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-    qs = Rollout.objects.filter(run_id=run_id)
-    return {
-        "status": status,
-        "pending": qs.filter(status=Rollout.Status.PENDING).count(),
-        "running": qs.filter(status=Rollout.Status.RUNNING).count(),
-        "expired": qs.filter(status=Rollout.Status.RUNNING, lease_until__lt=now).count(),
-    }
-
-
-def _heartbeat(run_id: int, worker: str, rollout_ids: list[int], lease_s: float) -> str:
-    """Renew our leases; return the run's status (a cancel is noticed here)."""
-    if rollout_ids:
-        Rollout.objects.filter(id__in=rollout_ids, worker=worker, status=Rollout.Status.RUNNING).update(
-            lease_until=_now() + timedelta(seconds=lease_s)
-        )
-    return Run.objects.filter(pk=run_id).values_list("status", flat=True).first() or ""
-
-
-# -- django-q2 entry points --------------------------------------------------------------------
-def work_on_run(run_id: int) -> str:
-    """django-q2 task: one slice of a run in this worker process. Returns a short summary."""
-    started = time.monotonic()
-    asyncio.run(Slice(run_id).run())
-    return f"run {run_id}: slice done in {time.monotonic() - started:.1f} s"
-
-
-def enqueue_slices(run_id: int, slices: Optional[int] = None) -> None:
-    """Queue ``slices`` django-q2 tasks for a run (default ``GYMWEB_SLICES_PER_RUN``)."""
-    from django_q.tasks import async_task
-
-    for _ in range(slices or settings.GYMWEB_SLICES_PER_RUN):
-        async_task("rollouts.dispatch.work_on_run", run_id, task_name=f"run-{run_id}-slice", group=f"run-{run_id}")
+def run_in_process(run_id: int, on_progress: Optional[Callable[[int], None]] = None) -> None:
+    """Run one run to its end in this process (the CLI's path: no separate worker needed). Ctrl-C
+    (KeyboardInterrupt) releases in-flight rollouts as ``interrupted`` before it propagates."""
+    dispatcher = Dispatcher(only={run_id}, exit_when_idle=True, on_progress=on_progress)
+    asyncio.run(dispatcher.run())
+    runs.finish_if_done(run_id)
 
 
 def supervise() -> str:
-    """django-q2 scheduled task: keep every running run moving.
-
-    Reaps expired leases and queues a slice for any running run that has pending work but no live
-    worker (no lease renewed recently), e.g. after its only worker was killed.
-    """
-    now = _now()
-    revived = 0
+    """django-q2 scheduled job (and on every worker spawn): reap expired leases of every running run
+    (their keys are queued again) and finish runs with nothing left to do."""
+    reaped = 0
     for run_id in Run.objects.filter(status=Run.Status.RUNNING).values_list("id", flat=True):
         with transaction.atomic():
             Run.objects.select_for_update().filter(pk=run_id).first()
-            reap_expired(run_id)
-        live = Rollout.objects.filter(run_id=run_id, status=Rollout.Status.RUNNING, lease_until__gte=now).exists()
-        pending = Rollout.objects.filter(run_id=run_id, status=Rollout.Status.PENDING).exists()
-        if pending and not live:
-            enqueue_slices(run_id, 1)
-            revived += 1
-        elif not pending and not live:
-            runs.finish_if_done(run_id)
-    return f"revived {revived} run(s)"
-
-
-def run_in_process(run_id: int, slices: int = 1, on_progress: Optional[Callable[[int], None]] = None) -> None:
-    """Run a whole run in this process (the CLI's path: no separate worker needed). Same slices as
-    the workers, several on one event loop when ``slices`` > 1."""
-
-    async def main() -> None:
-        while True:
-            await asyncio.gather(*(Slice(run_id, claim_for_s=float("inf"), on_progress=on_progress).run() for _ in range(slices)))
-            state = await asyncio.get_running_loop().run_in_executor(None, _db_call, _run_state, run_id)
-            if state["status"] != Run.Status.RUNNING or (state["pending"] == 0 and state["running"] == 0):
-                break
-            await asyncio.sleep(0.1)
-
-    asyncio.run(main())
+            reaped += reap_expired(run_id)
+        runs.finish_if_done(run_id)
+    return f"requeued {reaped} interrupted rollout(s)"

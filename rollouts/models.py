@@ -243,3 +243,19 @@ class TrajectoryItem(models.Model):
     class Meta:
         ordering = ["rollout", "seq"]
         constraints = [models.UniqueConstraint(fields=["rollout", "seq"], name="item_seq_unique")]
+
+
+class Worker(models.Model):
+    """A live dispatcher (one per worker process, or the CLI). Its heartbeat tells the others how
+    many share the runs, so each takes a fair share of a run's ``concurrency``."""
+
+    name = models.CharField(max_length=120, unique=True)
+    host = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField()
+    started = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField(db_index=True)
+    inflight = models.PositiveIntegerField(default=0)
+    capacity = models.PositiveIntegerField(default=0, help_text="most rollouts it keeps in flight")
+
+    def __str__(self) -> str:
+        return self.name

@@ -84,18 +84,13 @@ def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Optional
     return run
 
 
-def launch(run: Run, slices: Optional[int] = None, enqueue: bool = True) -> None:
-    """Mark the run running and hand it to the django-q2 workers (``slices`` tasks that share it;
-    default ``GYMWEB_SLICES_PER_RUN``). Workers claim rollouts atomically, so extra slices are
-    harmless. ``enqueue=False`` when the caller runs the work itself (the CLI)."""
-    from .dispatch import enqueue_slices
-
+def launch(run: Run) -> None:
+    """Mark the run running: every worker's dispatcher picks it up at its next poll
+    (``GYMWEB_POLL_S``) and claims rollouts atomically (``rollouts.dispatch``)."""
     Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]).update(
         status=Run.Status.RUNNING, started=timezone.now(), finished=None
     )
     run.refresh_from_db()
-    if enqueue:
-        transaction.on_commit(lambda: enqueue_slices(run.pk, slices))
 
 
 def retryable_keys(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:
@@ -127,7 +122,7 @@ def retryable_keys(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:
     return out
 
 
-def resume(run: Run, max_attempts: Optional[int] = None, enqueue: bool = True) -> int:
+def resume(run: Run, max_attempts: Optional[int] = None) -> int:
     """Retry failed keys and re-run kill-shaped ones (the spec's resume); successes are kept.
 
     ``max_attempts`` (optional) updates the run's attempt cap first. Returns how many new pending
@@ -147,7 +142,7 @@ def resume(run: Run, max_attempts: Optional[int] = None, enqueue: bool = True) -
         )
         pending = Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).exists()
         if pending:
-            launch(run, enqueue=enqueue)
+            launch(run)
     return len(keys)
 
 

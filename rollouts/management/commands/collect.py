@@ -125,7 +125,7 @@ class Command(BaseCommand):
         if run is not None:
             run.agent_url, run.env_url = agent_url, env_url
             run.save(update_fields=["agent_url", "env_url"])
-            added = runs.resume(run, max_attempts=max_attempts, enqueue=False)
+            added = runs.resume(run, max_attempts=max_attempts)
             self.stdout.write(f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})")
         else:
             run = runs.create_run(
@@ -143,7 +143,7 @@ class Command(BaseCommand):
                 run_timeout_s=opts["run_timeout_s"],
                 source_file=str(output),
             )
-            runs.launch(run, enqueue=False)
+            runs.launch(run)
             self.stdout.write(f"run #{run.pk}: {run.num_tasks} task(s), {run.num_keys} rollout(s), concurrency {run.concurrency}")
 
         pending = Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count()

@@ -1,0 +1,163 @@
+"""``python manage.py demo``: the whole product on the embedded default, in one command.
+
+Migrates, makes a sign-in user (printing how to sign in), starts the example counter env and agent,
+a django-q2 worker and the web server, launches a demo run on the real counter dataset, prints the
+URL, and stops everything cleanly on Ctrl-C.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from rollouts import runs
+from rollouts.datasets import read_jsonl
+
+REPO = Path(settings.BASE_DIR)
+COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
+_LISTENING = re.compile(r"listening on (http://\S+)")
+
+
+def _interrupt(signum, frame):
+    # SIGTERM stops the demo like Ctrl-C does: children are stopped in the finally block.
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    help = "Run gymweb with the example env and agent, a worker and a demo run; Ctrl-C stops everything."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1", help="web server address (default 127.0.0.1)")
+        parser.add_argument("--port", type=int, default=8000, help="web server port (default 8000)")
+        parser.add_argument("--user", default="demo", help="sign-in user to create or reset (default demo)")
+        parser.add_argument("--password", default=None, help="its password (default: a new random one, printed)")
+        parser.add_argument("--num-repeats", type=int, default=4, help="rollouts per counter task in the demo run (default 4)")
+        parser.add_argument("--no-run", action="store_true", help="start everything but launch no demo run")
+        parser.add_argument("--exit-when-done", action="store_true", help="stop once the demo run is final (for scripts and CI)")
+
+    def handle(self, *args, **opts):
+        self.children: list[subprocess.Popen] = []
+        self.names: list[str] = []
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self._main(opts)
+        except KeyboardInterrupt:
+            self.stdout.write("\nstopping…")
+        finally:
+            self._stop_children()
+            self.stdout.write("stopped.")
+
+    def _main(self, opts):
+        call_command("migrate", verbosity=0, interactive=False)
+        password = opts["password"] or secrets.token_urlsafe(9)
+        User = get_user_model()
+        user, created = User.objects.get_or_create(username=opts["user"], defaults={"is_staff": True, "is_superuser": True})
+        user.set_password(password)
+        user.save()
+
+        env_url = self._spawn("counter env", [sys.executable, "-m", "examples.counter_env", "--port", "0"])
+        agent_url = self._spawn("counter agent", [sys.executable, "-m", "examples.counter_agent", "--port", "0"])
+        self._spawn_plain("worker", [sys.executable, "manage.py", "qcluster"])
+        web_url = f"http://{opts['host']}:{opts['port']}"
+        self._spawn_plain("web", [sys.executable, "manage.py", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"])
+        self._wait_http(web_url + "/accounts/login/")
+
+        run = None
+        if not opts["no_run"]:
+            with COUNTER_TASKS.open("rb") as fh:
+                parsed = read_jsonl(fh, source=str(COUNTER_TASKS))
+            dataset = runs.store_dataset(parsed, "counter_tasks.jsonl", user)
+            run = runs.create_run(
+                parsed,
+                name="demo: counter tasks",
+                user=user,
+                dataset=dataset,
+                agent_url=agent_url,
+                env_url=env_url,
+                num_repeats=opts["num_repeats"],
+                max_steps=8,
+                concurrency=8,
+            )
+            runs.launch(run)
+
+        self.stdout.write(self.style.SUCCESS("\ngymweb is running"))
+        self.stdout.write(f"  open        {web_url}/" + (f"runs/{run.pk}/" if run else ""))
+        self.stdout.write(f"  sign in as  {opts['user']} / {password}")
+        self.stdout.write(f"  example env {env_url}   example agent {agent_url}")
+        self.stdout.write("  Ctrl-C stops everything.\n")
+
+        while True:
+            for name, proc in self._named:
+                if proc.poll() is not None:
+                    raise CommandError(f"the {name} process stopped (exit {proc.returncode})")
+            if opts["exit_when_done"] and run is not None:
+                run.refresh_from_db()
+                if run.is_final:
+                    counts = runs.counts(run)
+                    self.stdout.write(f"demo run {run.status}: {counts['succeeded']} succeeded, {counts['failed']} failed")
+                    return
+            time.sleep(0.5)
+
+    # -- child processes ---------------------------------------------------------------------
+    @property
+    def _named(self):
+        return list(zip(self.names, self.children))
+
+    def _popen(self, name, cmd, **kwargs):
+        proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, **kwargs)
+        self.children.append(proc)
+        self.names.append(name)
+        return proc
+
+    def _spawn(self, name, cmd) -> str:
+        """Start an example service on a free port; return its URL from its 'listening on' line."""
+        proc = self._popen(name, cmd, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            match = _LISTENING.search(line or "")
+            if match:
+                return match.group(1)
+        raise CommandError(f"the {name} did not start")
+
+    def _spawn_plain(self, name, cmd):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        return self._popen(name, cmd, env=env)
+
+    def _wait_http(self, url: str, timeout: float = 30) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url, timeout=2, trust_env=False)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise CommandError(f"the web server did not answer at {url}")
+
+    def _stop_children(self):
+        for proc in reversed(self.children):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for proc in self.children:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
