@@ -1,0 +1,1258 @@
+"""Reward profiling: a pure-Python reimplementation of NeMo Gym's ``gym eval profile``.
+
+Reference: ``nemo_gym/reward_profile.py`` and ``nemo_gym/cli/eval.py:reward_profile`` of nemo-gym 0.7.0
+(pandas + scipy there; plain Python here, no Django, no third-party imports). The three files it writes
+(``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``, ``<stem>_repeat_level_metrics.json``)
+are reproduced key for key, in the same key order and the same compact JSON layout (orjson's).
+
+What NeMo Gym computes, in short (every rule below is mirrored here):
+
+* Rollout rows (``rollouts.jsonl``) are joined to the materialised inputs on
+  ``(_ng_task_index, _ng_rollout_index)``. Duplicate keys on either side and rollout rows without a
+  materialised input are errors; inputs without a rollout are an error unless
+  ``allow_partial_rollouts`` (NeMo's ``++allow_partial_rollouts=True``).
+* Rollouts whose ``mask_sample`` field is truthy are *masked*: they (and their input rows) leave the
+  quality statistics, and the ``mask_sample`` field is stripped from the others. Agents with masked
+  rollouts get ``coverage/*`` keys in the agent metrics.
+* Profiled fields: every top-level field of a rollout row whose value is a number, plus every
+  top-level numeric field of ``response.usage`` (``input_tokens``, ``output_tokens``,
+  ``total_tokens``; the nested ``*_tokens_details`` are not numbers and are skipped). A usage field
+  overrides a same-named top-level field. Booleans count as 0/1. Fields whose name starts with ``_``
+  (``_ng_task_index``, ``_ng_rollout_index``, ``_ng_failure_*``, ...) are never profiled.
+* Per task (``*_reward_profiling.jsonl``) and per agent (``*_agent_metrics.json``): ``mean``, ``max``,
+  ``min``, ``median`` and ``std`` (ddof=1) of each field over the rollouts that have it; a statistic
+  that is undefined (NaN) is left out. Quirk: ``std`` of a single value is NaN, but when *every*
+  field's std is NaN (e.g. a task with one rollout), the fields present in every rollout of the group
+  get ``std = 0.0``. ``max``/``min`` are floats unless every profiled field is an integer field
+  (pandas' common dtype), then they are ints.
+* Per task also: ``sample`` (the materialised input of the lowest completed rollout index, without
+  the two indices), ``num_rollouts``, ``expected_num_rollouts``, ``missing_num_rollouts``,
+  ``reward_profile_completion_pct`` and ``rollout_infos`` (one compact record per rollout, sorted by
+  rollout index: ``rollout_id`` "task:rollout", the indices, the raw ``reward``, numeric usage fields,
+  then the other numeric top-level fields).
+* Per (agent, ``_ng_rollout_index``) — only for agents with at least two rollout indices —
+  (``*_repeat_level_metrics.json``): ``sample_count`` (tasks in this repeat), ``missing_count`` (tasks
+  the agent has in some other repeat but not this one) and, per field in sorted name order, ``mean``,
+  ``median``, ``std`` (ddof=1, 0.0 for one value), ``sem`` = std/sqrt(n), ``min``, ``max``, ``p25``,
+  ``p75`` (linear interpolation) and the Student-t 95% interval ``ci_low_95``/``ci_high_95`` (omitted
+  for n <= 1; collapses to (mean, mean) with a warning when sem == 0).
+* The per-repeat ``mean/<field>`` values are then summarised across repeats into the agent metrics:
+  ``{mean,median,std,min,max,se}_across_repeats/mean/<field>`` and the Student-t 95% interval
+  ``ci_{low,high}_95_across_repeats/mean/<field>`` (df = repeats - 1).
+* Under "fan-out" (one task index run by several agents / environment servers) tasks are profiled per
+  (task, agent) and each task row carries ``agent_ref``.
+
+gymweb's own extras (pass@k, pass@1[avg-of-k]) live in a separate file, ``<stem>_gymweb_pass_at_k.json``,
+never inside NeMo Gym's files.
+
+Memory: rollout rows are reduced to their numeric fields as they stream in (responses are not kept);
+materialised rows are reduced to their keys plus one representative row per task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Mapping as _MappingABC
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "ProfileResult",
+    "profile_rows",
+    "profile_files",
+    "write_profile_files",
+    "profile_file_paths",
+    "iter_jsonl",
+    "dumps_like_orjson",
+    "student_t_ppf",
+    "student_t_interval",
+    "pass_at_k",
+    "pass_at_1_avg_of_k",
+    "gymweb_extras",
+    "write_gymweb_extras",
+]
+
+TASK_INDEX_KEY_NAME = "_ng_task_index"
+ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
+ATTEMPT_INDEX_KEY_NAME = "_ng_attempt_index"
+AGENT_REF_KEY_NAME = "agent_ref"
+ENVIRONMENT_SERVER_STAMP_KEY_NAME = "_ng_environment_server"
+MASK_SAMPLE_FIELD = "mask_sample"
+
+_GROUP_STATS = ("mean", "max", "min", "median", "std")
+_NAN = float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Numerics that mirror numpy / pandas / scipy bit for bit where practical
+# ---------------------------------------------------------------------------------------------
+
+
+def _pairwise_sum(values: Sequence[float], start: int = 0, n: Optional[int] = None) -> float:
+    """numpy's pairwise summation (``DOUBLE_pairwise_sum``), so means match pandas to the last bit."""
+    if n is None:
+        n = len(values) - start
+    if n < 8:
+        res = -0.0
+        for i in range(start, start + n):
+            res += values[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3, r4, r5, r6, r7 = values[start : start + 8]
+        i = 8
+        stop = n - (n % 8)
+        while i < stop:
+            j = start + i
+            r0 += values[j]
+            r1 += values[j + 1]
+            r2 += values[j + 2]
+            r3 += values[j + 3]
+            r4 += values[j + 4]
+            r5 += values[j + 5]
+            r6 += values[j + 6]
+            r7 += values[j + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += values[start + i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(values, start, n2) + _pairwise_sum(values, start + n2, n - n2)
+
+
+def _np_sum(values: Sequence[float]) -> float:
+    """``np.add.reduce`` of a float64 vector: the identity 0.0 plus the pairwise sum."""
+    return 0.0 + _pairwise_sum(values)
+
+
+def _is_nan(x: Any) -> bool:
+    return isinstance(x, float) and x != x
+
+
+def _masked_mean(values: Sequence[Optional[float]], is_int: bool) -> float:
+    """pandas ``nanmean`` of one column: missing entries become 0.0 in the sum, count excludes them."""
+    present = [v for v in values if v is not None]
+    count = len(present)
+    if count == 0:
+        return _NAN
+    if is_int:
+        return float(sum(present)) / float(count)
+    return _np_sum([0.0 if v is None else float(v) for v in values]) / float(count)
+
+
+def _masked_std(values: Sequence[Optional[float]], ddof: int = 1) -> float:
+    """pandas ``nanstd`` (two-pass ``nanvar``) of one column; NaN when count <= ddof."""
+    count = sum(1 for v in values if v is not None)
+    if count <= ddof:
+        return _NAN
+    filled = [0.0 if v is None else float(v) for v in values]
+    avg = _np_sum(filled) / float(count)
+    squares = []
+    for v in values:
+        if v is None:
+            squares.append(0.0)
+        else:
+            d = avg - float(v)
+            squares.append(d * d)
+    return math.sqrt(_np_sum(squares) / float(count - ddof))
+
+
+def _median_sorted(sorted_values: Sequence[float]) -> float:
+    """numpy median of already-sorted values: the middle value, or the mean of the middle two."""
+    n = len(sorted_values)
+    if n == 0:
+        return _NAN
+    h = n // 2
+    if n % 2:
+        return float(sorted_values[h])
+    return (float(sorted_values[h - 1]) + float(sorted_values[h])) / 2.0
+
+
+def _quantile_linear_sorted(sorted_values: Sequence[float], q: float) -> float:
+    """numpy ``percentile(method="linear")`` on sorted values, including numpy's ``_lerp``."""
+    n = len(sorted_values)
+    if n == 0:
+        return _NAN
+    virtual = (n - 1) * q
+    if virtual >= n - 1:
+        return float(sorted_values[-1])
+    if virtual < 0:
+        return float(sorted_values[0])
+    previous = math.floor(virtual)
+    gamma = virtual - previous
+    a = float(sorted_values[int(previous)])
+    b = float(sorted_values[int(previous) + 1])
+    diff_b_a = b - a
+    if gamma >= 0.5:
+        return b - diff_b_a * (1 - gamma)
+    return a + diff_b_a * gamma
+
+
+# --- Student's t quantile ---------------------------------------------------------------------
+
+
+def _t_upper_tail(t: float, df: int) -> float:
+    """P(T > t) for t >= 0 and an integer df >= 1 (closed form, Abramowitz & Stegun 26.7.3/26.7.4).
+
+    The powers cos(theta)**(2j) are taken as exp(j * log(df / (df + t*t))) with the logarithm from
+    log1p, so their error does not grow with j (a plain running product would lose ~j ulps).
+    """
+    x = t * t
+    denom = df + x
+    log_c2 = -math.log1p(x / df)  # log(cos^2(theta)), theta = atan(t / sqrt(df))
+    s = t / math.sqrt(denom)  # sin(theta)
+    terms = [1.0]
+    if df % 2 == 0:
+        ratio = 1.0
+        for j in range(1, df // 2):
+            ratio *= (2 * j - 1) / (2 * j)
+            terms.append(ratio * math.exp(j * log_c2))
+        return (1.0 - s * math.fsum(terms)) / 2.0
+    if df == 1:
+        return math.atan2(1.0, t) / math.pi
+    ratio = 1.0
+    for j in range(1, (df - 1) // 2):
+        ratio *= (2 * j) / (2 * j + 1)
+        terms.append(ratio * math.exp(j * log_c2))
+    # 1 - A = (2/pi) * (pi/2 - theta - sin(theta)*cos(theta)*sum); pi/2 - theta = atan2(sqrt(df), t)
+    sin_cos = t * math.sqrt(df) / denom
+    return (math.atan2(math.sqrt(df), t) - sin_cos * math.fsum(terms)) / math.pi
+
+
+def _t_pdf(t: float, df: int) -> float:
+    log_c = math.lgamma((df + 1) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_c - (df + 1) / 2.0 * math.log1p(t * t / df))
+
+
+_T_PPF_CACHE: Dict[Tuple[float, int], float] = {}
+_T_SERIES_MAX_DF = 2000
+
+
+def _t_upper_quantile(p: float, df: int) -> float:
+    """The t with P(T > t) = p, for 0 < p < 0.5 and an integer df >= 1."""
+    key = (p, df)
+    cached = _T_PPF_CACHE.get(key)
+    if cached is not None:
+        return cached
+    if df == 1:
+        result = math.cos(math.pi * p) / math.sin(math.pi * p)
+    elif df == 2:
+        result = (1.0 - 2.0 * p) / math.sqrt(2.0 * p * (1.0 - p))
+    else:
+        z = statistics.NormalDist().inv_cdf(1.0 - p)
+        if df > _T_SERIES_MAX_DF:
+            # Cornish-Fisher expansion (A&S 26.7.5); its error is O(df**-5), below double precision here.
+            z2 = z * z
+            g1 = (z2 + 1) * z / 4
+            g2 = ((5 * z2 + 16) * z2 + 3) * z / 96
+            g3 = (((3 * z2 + 19) * z2 + 17) * z2 - 15) * z / 384
+            g4 = ((((79 * z2 + 776) * z2 + 1482) * z2 - 1920) * z2 - 945) * z / 92160
+            result = z + (g1 + (g2 + (g3 + g4 / df) / df) / df) / df
+        else:
+            # Newton's method from the normal quantile, which lies left of the root. The upper tail is
+            # convex for t > 0, so the iterates climb monotonically to the root.
+            t = z
+            for _ in range(100):
+                step = (_t_upper_tail(t, df) - p) / _t_pdf(t, df)
+                t += step
+                if abs(step) <= abs(t) * 1e-15:
+                    break
+            result = t
+    _T_PPF_CACHE[key] = result
+    return result
+
+
+def student_t_ppf(q: float, df: int) -> float:
+    """Quantile (inverse CDF) of Student's t distribution with an integer ``df`` >= 1.
+
+    Pure Python stand-in for ``scipy.stats.t.ppf`` (which NeMo Gym's reward_profile.py uses through
+    ``t.interval``): Newton's method on the closed-form CDF for integer degrees of freedom, a
+    Cornish-Fisher expansion above 200,000 df. Agrees with the exact quantile to ~1e-15 relative.
+
+    Args:
+        q: probability in (0, 1).
+        df: degrees of freedom, a positive integer (NeMo Gym only ever uses n - 1).
+    """
+    if isinstance(df, bool) or int(df) != df or df < 1:
+        raise ValueError(f"df must be a positive integer, got {df!r}")
+    df = int(df)
+    if not 0.0 < q < 1.0:
+        if q == 0.0:
+            return -math.inf
+        if q == 1.0:
+            return math.inf
+        raise ValueError(f"q must be in [0, 1], got {q!r}")
+    if q == 0.5:
+        return 0.0
+    if q > 0.5:
+        return _t_upper_quantile(1.0 - q, df)
+    return -_t_upper_quantile(q, df)
+
+
+def student_t_interval(confidence: float, df: int, loc: float, scale: float) -> Tuple[float, float]:
+    """``scipy.stats.t.interval(confidence, df, loc, scale)``: the central interval ``loc ± t*scale``.
+
+    Same arithmetic as scipy: q1 = (1 - confidence)/2, q2 = (1 + confidence)/2,
+    bounds = ppf(q) * scale + loc. ``scale`` must be > 0 (scipy returns NaN otherwise).
+    """
+    if not scale > 0:
+        return _NAN, _NAN
+    q1 = (1.0 - confidence) / 2
+    q2 = (1.0 + confidence) / 2
+    return student_t_ppf(q1, df) * scale + loc, student_t_ppf(q2, df) * scale + loc
+
+
+def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.95) -> Optional[Tuple[float, float]]:
+    """NeMo Gym's ``RewardProfiler._confidence_interval``: None for n <= 1, (mean, mean) for sem == 0."""
+    if n <= 1:
+        return None
+    if sem == 0:
+        warnings.warn(
+            f"Standard error is 0 (all {n} values are identical) -- confidence interval "
+            "collapses to a single point rather than being computed.",
+            stacklevel=3,
+        )
+        return mean, mean
+    low, high = student_t_interval(confidence, n - 1, mean, sem)
+    return float(low), float(high)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON in NeMo Gym's layout (orjson.dumps: compact, UTF-8, NaN/inf -> null)
+# ---------------------------------------------------------------------------------------------
+
+try:  # the C-accelerated string escaper of the standard library
+    from json.encoder import c_encode_basestring as _encode_str  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    from json.encoder import py_encode_basestring as _encode_str  # type: ignore[assignment]
+if _encode_str is None:  # pragma: no cover
+    from json.encoder import py_encode_basestring as _encode_str  # type: ignore[assignment]
+
+
+def _format_float(x: float) -> str:
+    if x != x or x in (math.inf, -math.inf):
+        return "null"
+    r = repr(x)
+    if "e" not in r:
+        return r
+    mantissa, exponent = r.split("e")
+    e = int(exponent)
+    if e == -5:
+        # orjson (ryu) prints 1e-5 <= |x| < 1e-4 in fixed notation, Python in scientific.
+        digits = mantissa.lstrip("-").replace(".", "")
+        return ("-" if x < 0 else "") + "0.0000" + digits
+    return f"{mantissa}e{'+' if e > 0 else '-'}{abs(e)}"
+
+
+def _dump_into(obj: Any, out: List[str]) -> None:
+    if isinstance(obj, str):
+        out.append(_encode_str(obj))
+    elif obj is None:
+        out.append("null")
+    elif obj is True:
+        out.append("true")
+    elif obj is False:
+        out.append("false")
+    elif isinstance(obj, int):
+        out.append(int.__repr__(obj))
+    elif isinstance(obj, float):
+        out.append(_format_float(obj))
+    elif isinstance(obj, (dict, _MappingABC)):
+        out.append("{")
+        first = True
+        for k, v in obj.items():
+            if not first:
+                out.append(",")
+            first = False
+            if not isinstance(k, str):
+                raise TypeError(f"Dict key must be str, got {type(k).__name__}")
+            out.append(_encode_str(k))
+            out.append(":")
+            _dump_into(v, out)
+        out.append("}")
+    elif isinstance(obj, (list, tuple)):
+        out.append("[")
+        first = True
+        for v in obj:
+            if not first:
+                out.append(",")
+            first = False
+            _dump_into(v, out)
+        out.append("]")
+    else:
+        raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+def dumps_like_orjson(obj: Any) -> bytes:
+    """Serialise like ``orjson.dumps`` (what NeMo Gym writes with): compact separators, UTF-8 (no
+    ASCII escaping), NaN/Infinity as ``null``, floats as shortest round-trip repr with orjson's
+    exponent style (``1e-6``, ``1e+16``, ``0.00001``). Returns bytes, no trailing newline."""
+    out: List[str] = []
+    _dump_into(obj, out)
+    return "".join(out).encode("utf-8")
+
+
+def iter_jsonl(path: Union[str, Path]) -> Iterator[dict]:
+    """Yield one parsed object per line of a JSONL file (blank lines skipped); a malformed line raises
+    ``ValueError`` naming the file and line number."""
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"Malformed JSON in '{path}' at line {line_no}: {e}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Run labels (nemo_gym/global_config.py: rollout_run_key / label_runs / rollout_run_labels)
+# ---------------------------------------------------------------------------------------------
+
+
+def _agent_ref_name(row: Mapping[str, Any]) -> Optional[str]:
+    ref = row.get(AGENT_REF_KEY_NAME)
+    return ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
+
+
+def _rollout_run_key(row: Mapping[str, Any]) -> Optional[str]:
+    server = row.get(ENVIRONMENT_SERVER_STAMP_KEY_NAME)
+    if server is not None:
+        return server
+    return _agent_ref_name(row)
+
+
+def _label_runs(agent_by_key: Mapping[Any, Optional[str]]) -> Dict[Any, Any]:
+    keys_by_agent: Dict[str, set] = defaultdict(set)
+    for key, agent_name in agent_by_key.items():
+        if agent_name is not None:
+            keys_by_agent[agent_name].add(key)
+    labels = {
+        key: agent_name if agent_name is not None and len(keys_by_agent[agent_name]) == 1 else key
+        for key, agent_name in agent_by_key.items()
+    }
+    while True:
+        counts = Counter(labels.values())
+        clashing = [key for key, label in labels.items() if counts[label] > 1 and label != key]
+        if not clashing:
+            return labels
+        for key in clashing:
+            labels[key] = key
+
+
+# --- nemo_gym/metrics_config.py: is_primary_metric -----------------------------------------------
+
+_STAT_NAMES = ("mean", "max", "min", "median", "std", "sem", "se", "p25", "p75", "ci_low_95", "ci_high_95", "histogram")
+_METRIC_EXCLUDED_PREFIXES = tuple(f"{s}/" for s in _STAT_NAMES if s != "mean")
+_METRIC_EXCLUDED_SUFFIXES = (
+    "/max",
+    "/min",
+    "/median",
+    "/p5",
+    "/p25",
+    "/p75",
+    "/p95",
+    "/ci_low_95",
+    "/ci_high_95",
+    "/ci_lower",
+    "/ci_upper",
+    "_ci_lower",
+    "_ci_upper",
+    "_ci95_lower",
+    "_ci95_upper",
+    f"/{ATTEMPT_INDEX_KEY_NAME}",
+    "/std_dev_across_runs",
+    "/std_err_across_runs",
+    "/avg_sample_std_dev",
+)
+_METRIC_EXCLUDED_NAMES = (
+    TASK_INDEX_KEY_NAME,
+    ROLLOUT_INDEX_KEY_NAME,
+    ATTEMPT_INDEX_KEY_NAME,
+    "sample_count",
+    "missing_count",
+    "num_repeats",
+    "token_usage_version",
+)
+
+
+def _is_repeat_aggregatable(name: str) -> bool:
+    return (
+        name not in _METRIC_EXCLUDED_NAMES
+        and not name.startswith(_METRIC_EXCLUDED_PREFIXES)
+        and not name.endswith(_METRIC_EXCLUDED_SUFFIXES)
+        and "_across_repeats/" not in name
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiling
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProfileResult:
+    """What ``gym eval profile`` computes, ready to write.
+
+    Attributes:
+        reward_profiling: one dict per task (per (task, agent) under fan-out), sorted by task index:
+            the lines of ``<stem>_reward_profiling.jsonl``.
+        agent_metrics: list of one dict per agent (sorted by agent label): ``<stem>_agent_metrics.json``.
+        repeat_level_metrics: list of one dict per (agent, ``_ng_rollout_index``):
+            ``<stem>_repeat_level_metrics.json`` (empty when no agent has two repeats).
+        completion_summary: NeMo Gym's printed completion summary (expected/completed/missing rollout
+            rows, complete/partial/missing input tasks); not written to any NeMo Gym file.
+        masked_rollouts: number of rollouts left out of the statistics because of ``mask_sample``.
+    """
+
+    reward_profiling: List[Dict[str, Any]] = field(default_factory=list)
+    agent_metrics: List[Dict[str, Any]] = field(default_factory=list)
+    repeat_level_metrics: List[Dict[str, Any]] = field(default_factory=list)
+    completion_summary: Dict[str, Any] = field(default_factory=dict)
+    masked_rollouts: int = 0
+
+
+class _Result:
+    """The part of one rollout row the profiler needs (the response itself is dropped)."""
+
+    __slots__ = ("key", "names", "values", "info", "masked", "task_for_coverage")
+
+    def __init__(self, key, names, values, info, masked, task_for_coverage):
+        self.key = key
+        self.names = names
+        self.values = values
+        self.info = info
+        self.masked = masked
+        self.task_for_coverage = task_for_coverage
+
+
+def _numeric(v: Any) -> Any:
+    """NeMo Gym's filter: bools become 0/1, ints and floats pass, anything else is not profiled."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return v
+    return None
+
+
+def _key_of(row: Mapping[str, Any], what: str, position: int) -> Tuple[Any, Any]:
+    try:
+        return row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"{what} #{position} has no {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}; "
+            "profiling joins inputs and rollouts on these two indices"
+        ) from None
+
+
+def _usage_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    response = result.get("response") or {}
+    usage = response.get("usage") if isinstance(response, (dict, _MappingABC)) else None
+    return usage if isinstance(usage, (dict, _MappingABC)) else {}
+
+
+def _reduce_result(result: Mapping[str, Any], key: Tuple[Any, Any], layouts: Dict[tuple, tuple]) -> _Result:
+    """Keep only what NeMo Gym's profiler reads from a rollout row (``rollout_info_from_result`` and the
+    numeric record of ``profile_from_data``)."""
+    masked = bool(result.get(MASK_SAMPLE_FIELD))
+    task_idx, rollout_idx = key
+    usage = _usage_of(result)
+
+    # rollout_info_from_result (mask_sample is stripped from measured rows before profiling).
+    info: Dict[str, Any] = {
+        "rollout_id": f"{task_idx}:{rollout_idx}",
+        TASK_INDEX_KEY_NAME: task_idx,
+        ROLLOUT_INDEX_KEY_NAME: rollout_idx,
+    }
+    if "reward" in result:
+        info["reward"] = result.get("reward")
+    for k, v in usage.items():
+        nv = _numeric(v)
+        if nv is not None:
+            info[k] = nv
+    for k, v in result.items():
+        if k.startswith("_") or k in ("reward", "response") or k == MASK_SAMPLE_FIELD:
+            continue
+        nv = _numeric(v)
+        if nv is not None:
+            info[k] = nv
+
+    # numeric record: (result | usage), "_"-prefixed keys skipped.
+    merged: Dict[str, Any] = {}
+    for k, v in result.items():
+        if k == MASK_SAMPLE_FIELD:
+            continue
+        merged[k] = v
+    for k, v in usage.items():
+        merged[k] = v
+    names: List[str] = []
+    values: List[Any] = []
+    for k, v in merged.items():
+        if k.startswith("_") or k == "agent_name":
+            # "agent_name" would clobber NeMo Gym's temporary grouping column; it is not profiled.
+            continue
+        nv = _numeric(v)
+        if nv is not None:
+            names.append(k)
+            values.append(nv)
+    names_t = tuple(names)
+    shared = layouts.get(names_t)
+    if shared is None:
+        layouts[names_t] = names_t
+        shared = names_t
+    task_for_coverage = result.get(TASK_INDEX_KEY_NAME, 0)
+    return _Result(key, shared, tuple(values), info, masked, task_for_coverage)
+
+
+def _describe(
+    rows: Sequence[Sequence[Optional[float]]],
+    columns: Sequence[str],
+    col_is_int: Sequence[bool],
+    all_int: bool,
+) -> Dict[str, Any]:
+    """``RewardProfiler.describe_dataframe`` for one group (rows = value vectors, None = missing)."""
+    ncols = len(columns)
+    stats: Dict[str, List[Any]] = {s: [_NAN] * ncols for s in _GROUP_STATS}
+    complete = [True] * ncols
+    for c in range(ncols):
+        col = [r[c] for r in rows]
+        present = [v for v in col if v is not None]
+        if len(present) != len(col):
+            complete[c] = False
+        if not present:
+            continue
+        stats["mean"][c] = _masked_mean(col, col_is_int[c])
+        hi = max(present)
+        lo = min(present)
+        stats["max"][c] = hi if all_int else float(hi)
+        stats["min"][c] = lo if all_int else float(lo)
+        present.sort()
+        stats["median"][c] = _median_sorted(present)
+        stats["std"][c] = _masked_std(col)
+    # "Std is more interpretable using 0 rather than NaN for no std": only when *every* std is NaN.
+    if all(_is_nan(v) for v in stats["std"]):
+        for c in range(ncols):
+            if complete[c]:
+                stats["std"][c] = 0.0
+    out: Dict[str, Any] = {}
+    for s in _GROUP_STATS:
+        values = stats[s]
+        for c in range(ncols):
+            v = values[c]
+            if v is None or _is_nan(v):
+                continue
+            out[f"{s}/{columns[c]}"] = v
+    return out
+
+
+def profile_rows(
+    materialized_rows: Iterable[Mapping[str, Any]],
+    rollout_rows: Iterable[Mapping[str, Any]],
+    *,
+    allow_partial_rollouts: bool = False,
+) -> ProfileResult:
+    """Profile rollouts exactly like NeMo Gym 0.7.0's ``gym eval profile`` (``nemo_gym/reward_profile.py``).
+
+    Args:
+        materialized_rows: the materialised inputs (``<stem>_materialized_inputs.jsonl`` rows): dicts with
+            ``_ng_task_index``, ``_ng_rollout_index`` and normally ``agent_ref``. Any iterable; consumed
+            once, after ``rollout_rows``.
+        rollout_rows: the rollouts (``rollouts.jsonl`` rows, successes only in NeMo Gym's convention): dicts
+            with the two indices, ``reward``, ``response`` (only ``response.usage`` is read) and any other
+            fields the env returned. Any order; consumed once, each row reduced to its numbers at once.
+        allow_partial_rollouts: NeMo Gym's ``++allow_partial_rollouts``. False (NeMo's default): every
+            materialised row needs a rollout, else ``ValueError``. True: inputs without a rollout (failed
+            or unfinished rollouts) are left out of the statistics but still count in
+            ``expected_num_rollouts``/``missing_num_rollouts``. gymweb runs that had failures need True.
+
+    Returns:
+        ProfileResult with the contents of NeMo Gym's three files (see ``write_profile_files``).
+
+    Raises:
+        ValueError: duplicate (task, rollout) keys, rollouts without a materialised input, rows without the
+            indices, or (strict mode) inputs without a rollout.
+    """
+    # 1. Rollouts first, reduced to numbers (the big file: full responses are never kept).
+    layouts: Dict[tuple, tuple] = {}
+    results: Dict[Tuple[Any, Any], _Result] = {}
+    duplicate_result_key = None
+    for position, result in enumerate(rollout_rows, 1):
+        key = _key_of(result, "rollout row", position)
+        if key in results:
+            if duplicate_result_key is None:
+                duplicate_result_key = key
+            continue
+        results[key] = _reduce_result(result, key, layouts)
+    masked_keys = {k for k, r in results.items() if r.masked}
+
+    # 2. Materialised rows, streamed: keys, run keys, one representative row per (task, run key).
+    row_keys: set = set()
+    duplicate_row_key = None
+    run_key_of: Dict[Tuple[Any, Any], Any] = {}
+    agent_name_of: Dict[Tuple[Any, Any], Any] = {}
+    interned: Dict[Any, Any] = {}
+    agent_by_run_key: Dict[Any, Optional[str]] = {}  # measured rows only (rollout_run_labels)
+    expected_measured: Counter = Counter()  # (task, run_key) -> measured input rows
+    expected_all: Counter = Counter()  # (task, run_key) -> all input rows (completion summary)
+    samples: Dict[Tuple[Any, Any], Tuple[Any, Dict[str, Any]]] = {}  # (task, run_key) -> (rollout, row)
+    for position, row in enumerate(materialized_rows, 1):
+        key = _key_of(row, "materialized input row", position)
+        if key in row_keys:
+            if duplicate_row_key is None:
+                duplicate_row_key = key
+            continue
+        row_keys.add(key)
+        run_key = _rollout_run_key(row)
+        run_key = interned.setdefault(run_key, run_key)
+        agent_name = _agent_ref_name(row)
+        agent_name = interned.setdefault(agent_name, agent_name)
+        run_key_of[key] = run_key
+        agent_name_of[key] = agent_name
+        task_idx, rollout_idx = key
+        expected_all[(task_idx, run_key)] += 1
+        if key in masked_keys:
+            continue
+        expected_measured[(task_idx, run_key)] += 1
+        if run_key is not None and run_key not in agent_by_run_key:
+            agent_by_run_key[run_key] = agent_name
+        if key in results:
+            group = (task_idx, run_key)
+            best = samples.get(group)
+            if best is None or rollout_idx < best[0]:
+                sample = dict(row)
+                sample.pop(TASK_INDEX_KEY_NAME)
+                sample.pop(ROLLOUT_INDEX_KEY_NAME)
+                samples[group] = (rollout_idx, sample)
+
+    # 3. NeMo Gym's alignment checks (align_rows_and_results), in its order.
+    if duplicate_row_key is not None:
+        raise ValueError(f"Duplicate materialized input row for rollout key {duplicate_row_key}")
+    if duplicate_result_key is not None:
+        raise ValueError(f"Duplicate result row for rollout key {duplicate_result_key}")
+    extra = sorted(k for k in results if k not in row_keys)
+    if extra:
+        raise ValueError(
+            "Rollout results contain rows with no matching materialized input rows. "
+            f"Found {len(extra)} extra rollout rows. Extra rollout keys: {extra[:10]}"
+        )
+    missing = sorted(k for k in row_keys if k not in results)
+    if missing and not allow_partial_rollouts:
+        raise ValueError(
+            "Materialized input rows and rollout results do not have matching rollout keys. "
+            f"Missing rollout results for {len(missing)} materialized input rows. "
+            f"Missing rollout keys: {missing[:10]}.\n\n"
+            "Pass allow_partial_rollouts=True (NeMo Gym: ++allow_partial_rollouts=True) to profile "
+            "completed rollouts from a partial collection."
+        )
+
+    # Completion summary (profile_completion_summary: all rows and results, masked ones included).
+    completed_all: Counter = Counter((k[0], run_key_of[k]) for k in results)
+    complete_inputs = partial_inputs = missing_inputs = 0
+    for group, expected_count in expected_all.items():
+        done = completed_all[group]
+        if done == expected_count:
+            complete_inputs += 1
+        elif done > 0:
+            partial_inputs += 1
+        else:
+            missing_inputs += 1
+    expected_rows = len(row_keys)
+    completion_summary = {
+        "expected_rollout_rows": expected_rows,
+        "completed_rollout_rows": len(results),
+        "missing_rollout_rows": expected_rows - len(results),
+        "extra_rollout_rows": 0,
+        "reward_profile_completion_pct": 100.0 if expected_rows == 0 else 100.0 * len(results) / expected_rows,
+        "total_input_rows": len(expected_all),
+        "complete_input_rows": complete_inputs,
+        "partial_input_rows": partial_inputs,
+        "missing_input_rows": missing_inputs,
+    }
+
+    # Coverage (coverage_by_agent): only when something was masked.
+    coverage: Dict[str, Dict[str, Any]] = {}
+    if masked_keys:
+        per_agent_results: Dict[str, List[_Result]] = defaultdict(list)
+        for key in sorted(results):
+            name = agent_name_of.get(key)
+            if name is not None:
+                per_agent_results[name].append(results[key])
+        for name, records in per_agent_results.items():
+            masked_records = [r for r in records if r.masked]
+            if not masked_records:
+                continue
+            scored = [r for r in records if not r.masked]
+            tasks_total = {r.task_for_coverage for r in records}
+            tasks_measured = {r.task_for_coverage for r in scored}
+            coverage[name] = {
+                "coverage/measured_rollouts": len(scored),
+                "coverage/masked_rollouts": len(masked_records),
+                "coverage/measured_tasks": len(tasks_measured),
+                "coverage/fully_masked_tasks": len(tasks_total - tasks_measured),
+            }
+
+    profile = ProfileResult(completion_summary=completion_summary, masked_rollouts=len(masked_keys))
+
+    # 4. Labels and fan-out detection over the measured rows.
+    labels = _label_runs(agent_by_run_key)
+
+    def label_of(run_key: Any) -> Any:
+        return labels.get(run_key)
+
+    tasks_measured_rows = {task for task, _ in expected_measured}
+    per_agent = len({(task, label_of(rk)) for task, rk in expected_measured}) > len(tasks_measured_rows)
+
+    aligned = sorted(k for k in results if k in row_keys and k not in masked_keys)
+    if aligned:
+        _profile_aligned(profile, aligned, results, run_key_of, label_of, per_agent, expected_measured, samples)
+    else:
+        results.clear()
+
+    # Coverage entries (nemo_gym/cli/eval.py): merged into the agent's entry, else appended.
+    for entry in profile.agent_metrics:
+        name = (entry.get(AGENT_REF_KEY_NAME) or {}).get("name")
+        if name in coverage:
+            entry.update(coverage.pop(name))
+    for name, entry_coverage in coverage.items():
+        profile.agent_metrics.append({AGENT_REF_KEY_NAME: {"name": name}, **entry_coverage})
+    return profile
+
+
+def _profile_aligned(
+    profile: ProfileResult,
+    aligned: List[Tuple[Any, Any]],
+    results: Dict[Tuple[Any, Any], _Result],
+    run_key_of: Dict[Tuple[Any, Any], Any],
+    label_of,
+    per_agent: bool,
+    expected_measured: Counter,
+    samples: Dict[Tuple[Any, Any], Tuple[Any, Dict[str, Any]]],
+) -> None:
+    # Columns in order of first appearance (DataFrame.from_records), with their pandas dtype.
+    col_index: Dict[str, int] = {}
+    columns: List[str] = []
+    for key in aligned:
+        for name in results[key].names:
+            if name not in col_index:
+                col_index[name] = len(columns)
+                columns.append(name)
+    ncols = len(columns)
+    col_is_int = [True] * ncols
+    matrix: List[List[Optional[float]]] = []
+    tasks: List[Any] = []
+    rollouts: List[Any] = []
+    agents: List[Any] = []
+    infos: List[Dict[str, Any]] = []
+    for key in aligned:
+        r = results.pop(key)
+        vec: List[Optional[float]] = [None] * ncols
+        for name, v in zip(r.names, r.values):
+            vec[col_index[name]] = v
+        matrix.append(vec)
+        tasks.append(key[0])
+        rollouts.append(key[1])
+        agents.append(label_of(run_key_of[key]))
+        infos.append(r.info)
+    for c in range(ncols):
+        for vec in matrix:
+            v = vec[c]
+            if v is None or not isinstance(v, int):
+                col_is_int[c] = False
+                break
+    all_int = all(col_is_int)
+
+    # --- group level (one row per task, or per (task, agent) under fan-out) ---
+    groups: Dict[Any, List[int]] = defaultdict(list)
+    for i in range(len(matrix)):
+        if per_agent:
+            if agents[i] is None:
+                continue  # pandas' groupby drops a NaN key
+            groups[(tasks[i], agents[i])].append(i)
+        else:
+            groups[tasks[i]].append(i)
+    # group key -> (task, run_key) groups it is made of, for samples and expected counts
+    parts: Dict[Any, List[Tuple[Any, Any]]] = defaultdict(list)
+    for task, run_key in expected_measured:
+        gk = (task, label_of(run_key)) if per_agent else task
+        parts[gk].append((task, run_key))
+
+    for gk in sorted(groups):
+        members = groups[gk]
+        entry: Dict[str, Any] = {TASK_INDEX_KEY_NAME: gk[0] if per_agent else gk}
+        entry.update(_describe([matrix[i] for i in members], columns, col_is_int, all_int))
+        if per_agent:
+            entry[AGENT_REF_KEY_NAME] = {"name": gk[1]}
+        best = None
+        for part in parts[gk]:
+            candidate = samples.get(part)
+            if candidate is not None and (best is None or candidate[0] < best[0]):
+                best = candidate
+        entry["sample"] = dict(best[1]) if best is not None else {}
+        num_rollouts = len(members)
+        expected = sum(expected_measured[p] for p in parts[gk])
+        entry["num_rollouts"] = num_rollouts
+        entry["expected_num_rollouts"] = expected
+        entry["missing_num_rollouts"] = expected - num_rollouts
+        entry["reward_profile_completion_pct"] = 100.0 if expected == 0 else 100.0 * num_rollouts / expected
+        entry["rollout_infos"] = sorted((infos[i] for i in members), key=lambda r: r[ROLLOUT_INDEX_KEY_NAME])
+        profile.reward_profiling.append(entry)
+
+    # --- agent level ---
+    by_agent: Dict[Any, List[int]] = defaultdict(list)
+    for i, agent in enumerate(agents):
+        if agent is not None:
+            by_agent[agent].append(i)
+    agent_entries: Dict[Any, Dict[str, Any]] = {}
+    for agent in sorted(by_agent):
+        entry = _describe([matrix[i] for i in by_agent[agent]], columns, col_is_int, all_int)
+        entry[AGENT_REF_KEY_NAME] = {"name": agent}
+        agent_entries[agent] = entry
+        profile.agent_metrics.append(entry)
+
+    # --- repeat level (agents with at least two rollout indices) ---
+    repeat_cols = sorted(range(ncols), key=lambda c: columns[c])
+    multi = [a for a in sorted(by_agent) if len({rollouts[i] for i in by_agent[a]}) > 1]
+    repeat_entries: List[Dict[str, Any]] = []
+    for agent in multi:
+        members = by_agent[agent]
+        total_tasks = len({tasks[i] for i in members})
+        by_rollout: Dict[Any, List[int]] = defaultdict(list)
+        for i in members:
+            by_rollout[rollouts[i]].append(i)
+        for rollout_idx in sorted(by_rollout):
+            group = by_rollout[rollout_idx]
+            present_tasks = len({tasks[i] for i in group})
+            entry = {
+                AGENT_REF_KEY_NAME: {"name": agent},
+                ROLLOUT_INDEX_KEY_NAME: int(rollout_idx),
+                "sample_count": present_tasks,
+                "missing_count": total_tasks - present_tasks,
+            }
+            for c in repeat_cols:
+                values = [matrix[i][c] for i in group if matrix[i][c] is not None]
+                n = len(values)
+                if n == 0:
+                    continue
+                col = columns[c]
+                floats = [float(v) for v in values]
+                if col_is_int[c]:
+                    mean = float(sum(values)) / n
+                else:
+                    mean = _np_sum(floats) / n
+                std = _masked_std(floats) if n > 1 else 0.0
+                sem = std / n**0.5
+                floats.sort()
+                entry[f"mean/{col}"] = mean
+                entry[f"median/{col}"] = _median_sorted(floats)
+                entry[f"std/{col}"] = std
+                entry[f"sem/{col}"] = sem
+                entry[f"min/{col}"] = floats[0]
+                entry[f"max/{col}"] = floats[-1]
+                entry[f"p25/{col}"] = _quantile_linear_sorted(floats, 0.25)
+                entry[f"p75/{col}"] = _quantile_linear_sorted(floats, 0.75)
+                ci = _confidence_interval(mean, sem, n)
+                if ci:
+                    entry[f"ci_low_95/{col}"], entry[f"ci_high_95/{col}"] = ci
+            repeat_entries.append(entry)
+    incomplete = [e for e in repeat_entries if e["missing_count"] > 0]
+    if incomplete:
+        warnings.warn(
+            f"{len(incomplete)} repeat(s) are missing rollouts for some tasks "
+            f"(e.g. agent={incomplete[0][AGENT_REF_KEY_NAME]['name']!r}, "
+            f"{ROLLOUT_INDEX_KEY_NAME}={incomplete[0][ROLLOUT_INDEX_KEY_NAME]}, "
+            f"missing_count={incomplete[0]['missing_count']}). "
+            "repeat_level_metrics statistics were computed from unequal sample sizes across "
+            "repeats and may not be directly comparable, and agent_level_metrics may be biased "
+            "toward whichever tasks happened to complete. Consider obtaining the missing rollouts "
+            "before drawing conclusions from these metrics.",
+            stacklevel=3,
+        )
+    profile.repeat_level_metrics = repeat_entries
+
+    # --- across repeats, merged into the agent entries ---
+    if repeat_entries:
+        across_cols: List[str] = []
+        seen = set()
+        for e in repeat_entries:
+            for k, v in e.items():
+                if k in seen:
+                    continue
+                seen.add(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and _is_repeat_aggregatable(k):
+                    across_cols.append(k)
+        per_agent_entries: Dict[Any, List[Dict[str, Any]]] = defaultdict(list)
+        for e in repeat_entries:
+            per_agent_entries[e[AGENT_REF_KEY_NAME]["name"]].append(e)
+        for agent in sorted(per_agent_entries):
+            target = agent_entries.get(agent)
+            if target is None:
+                continue
+            for col in across_cols:
+                values = [float(e[col]) for e in per_agent_entries[agent] if col in e and not _is_nan(e[col])]
+                n = len(values)
+                if n == 0:
+                    continue
+                mean = _np_sum(values) / n
+                std = _masked_std(values) if n > 1 else 0.0
+                se = std / n**0.5
+                ordered = sorted(values)
+                target[f"mean_across_repeats/{col}"] = mean
+                target[f"median_across_repeats/{col}"] = _median_sorted(ordered)
+                target[f"std_across_repeats/{col}"] = std
+                target[f"min_across_repeats/{col}"] = ordered[0]
+                target[f"max_across_repeats/{col}"] = ordered[-1]
+                target[f"se_across_repeats/{col}"] = se
+                ci = _confidence_interval(mean, se, n)
+                if ci:
+                    target[f"ci_low_95_across_repeats/{col}"], target[f"ci_high_95_across_repeats/{col}"] = ci
+
+
+def profile_files(
+    materialized_inputs_path: Union[str, Path],
+    rollouts_path: Union[str, Path],
+    *,
+    allow_partial_rollouts: bool = False,
+) -> ProfileResult:
+    """``gym eval profile --inputs <materialized_inputs_path> --rollouts <rollouts_path>`` without writing:
+    streams both JSONL files through ``profile_rows``."""
+    return profile_rows(
+        iter_jsonl(materialized_inputs_path),
+        iter_jsonl(rollouts_path),
+        allow_partial_rollouts=allow_partial_rollouts,
+    )
+
+
+def _with_suffix_name(output_stem: Union[str, Path], tail: str, suffix: str) -> Path:
+    p = Path(output_stem)
+    if p.suffix == ".jsonl":
+        # NeMo Gym: base_output_fpath.with_stem(stem + tail).with_suffix(suffix), base = rollouts.jsonl
+        return p.with_stem(p.stem + tail).with_suffix(suffix)
+    return p.with_name(p.name + tail + suffix)
+
+
+def profile_file_paths(output_stem: Union[str, Path]) -> Tuple[Path, Path, Path]:
+    """The three NeMo Gym file paths for a stem: ``out/rollouts`` (or ``out/rollouts.jsonl``, as NeMo
+    Gym takes it) gives ``out/rollouts_reward_profiling.jsonl``, ``out/rollouts_agent_metrics.json``,
+    ``out/rollouts_repeat_level_metrics.json``."""
+    return (
+        _with_suffix_name(output_stem, "_reward_profiling", ".jsonl"),
+        _with_suffix_name(output_stem, "_agent_metrics", ".json"),
+        _with_suffix_name(output_stem, "_repeat_level_metrics", ".json"),
+    )
+
+
+def write_profile_files(result: ProfileResult, output_stem: Union[str, Path]) -> Tuple[Path, Path, Path]:
+    """Write NeMo Gym's three profile files, byte-compatible in layout with ``RewardProfiler.write_to_disk``.
+
+    ``<stem>_reward_profiling.jsonl``: one compact JSON object per line, each line ending in ``\\n``.
+    ``<stem>_agent_metrics.json`` and ``<stem>_repeat_level_metrics.json``: one compact JSON array, no
+    trailing newline. Serialisation follows orjson (see ``dumps_like_orjson``).
+
+    Returns the three paths (reward profiling, agent metrics, repeat-level metrics).
+    """
+    reward_path, agent_path, repeat_path = profile_file_paths(output_stem)
+    reward_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(reward_path, "wb") as f:
+        for row in result.reward_profiling:
+            f.write(dumps_like_orjson(row) + b"\n")
+    agent_path.write_bytes(dumps_like_orjson(result.agent_metrics))
+    repeat_path.write_bytes(dumps_like_orjson(result.repeat_level_metrics))
+    return reward_path, agent_path, repeat_path
+
+
+# ---------------------------------------------------------------------------------------------
+# gymweb extras: pass@k (never inside NeMo Gym's files)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_rewards(rewards: Sequence[Any], k: int, what: str) -> List[float]:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise ValueError(f"{what}: k must be an integer, got {k!r}")
+    values: List[float] = []
+    for r in rewards:
+        if isinstance(r, bool):
+            values.append(float(r))
+        elif isinstance(r, (int, float)) and math.isfinite(r):
+            values.append(float(r))
+        else:
+            raise ValueError(f"{what}: rewards must be finite numbers, got {r!r}")
+    n = len(values)
+    if k < 1:
+        raise ValueError(f"{what}: k must be >= 1, got k={k}")
+    if n == 0:
+        raise ValueError(f"{what}: no rewards (n=0)")
+    if k > n:
+        raise ValueError(f"{what}: k={k} is larger than the number of rollouts n={n}; it needs k <= n")
+    return values
+
+
+def _is_binary(values: Sequence[float]) -> bool:
+    return all(v == 0.0 or v == 1.0 for v in values)
+
+
+def pass_at_k(rewards: Sequence[float], k: int, *, continuous: str = "expected_max") -> float:
+    """pass@k of one task from its n rollout rewards, as a fraction in [0, 1].
+
+    * Binary rewards (every value 0 or 1, bools allowed): the unbiased combinatorial estimator
+      ``1 - C(n-c, k) / C(n, k)`` with c = number of 1s (Chen et al. 2021; the same formula as NeMo Gym's
+      ``compute_pass_majority_metrics``, which reports it in percent).
+    * Continuous rewards, ``continuous="expected_max"`` (default, gymweb's choice): the expected maximum
+      of k rewards drawn without replacement, ``sum_i r_(i) * C(i-1, k-1) / C(n, k)`` over the rewards
+      sorted ascending. It does not depend on rollout order and equals the binary estimator on 0/1 data.
+    * ``continuous="first_k"``: max of the first k rewards, NeMo Gym's convention for non-binary scores
+      (order-dependent: pass the rewards in ``_ng_rollout_index`` order).
+
+    Raises:
+        ValueError: k < 1, k > n (``k=5 is larger than the number of rollouts n=4``), no rewards, a
+            non-numeric or non-finite reward, or an unknown ``continuous`` mode.
+    """
+    values = _check_rewards(rewards, k, "pass_at_k")
+    n = len(values)
+    if _is_binary(values):
+        c = sum(1 for v in values if v == 1.0)
+        if n - c < k:
+            return 1.0
+        return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    if continuous == "first_k":
+        return max(values[:k])
+    if continuous != "expected_max":
+        raise ValueError(f"pass_at_k: continuous must be 'expected_max' or 'first_k', got {continuous!r}")
+    ordered = sorted(values)
+    total = math.comb(n, k)
+    return math.fsum(v * (math.comb(i, k - 1) / total) for i, v in enumerate(ordered) if i >= k - 1)
+
+
+def pass_at_1_avg_of_k(rewards: Sequence[float], k: int) -> float:
+    """pass@1[avg-of-k]: the mean reward of the first k rollouts (pass them in ``_ng_rollout_index``
+    order), as in NeMo Gym's ``compute_pass_majority_metrics`` (which reports percent; this is a
+    fraction). Raises ValueError for k < 1 or k > n, like ``pass_at_k``."""
+    values = _check_rewards(rewards, k, "pass_at_1_avg_of_k")
+    return math.fsum(values[:k]) / k
+
+
+def _extras_groups(source: Union[ProfileResult, Iterable[Mapping[str, Any]]]) -> List[Tuple[Any, Optional[str], List[Any]]]:
+    """(task, agent name, rewards in rollout-index order) per task."""
+    groups: List[Tuple[Any, Optional[str], List[Any]]] = []
+    if isinstance(source, ProfileResult):
+        for row in source.reward_profiling:
+            agent = (row.get(AGENT_REF_KEY_NAME) or {}).get("name")
+            if agent is None:
+                agent = _agent_ref_name(row.get("sample") or {})
+            infos = sorted(row.get("rollout_infos") or [], key=lambda r: r[ROLLOUT_INDEX_KEY_NAME])
+            groups.append((row[TASK_INDEX_KEY_NAME], agent, [info.get("reward") for info in infos]))
+        return groups
+    collected: Dict[Tuple[Any, Optional[str]], List[Tuple[Any, Any]]] = defaultdict(list)
+    for position, row in enumerate(source, 1):
+        task_idx, rollout_idx = _key_of(row, "rollout row", position)
+        collected[(task_idx, _agent_ref_name(row))].append((rollout_idx, row.get("reward")))
+    for (task_idx, agent) in sorted(collected, key=lambda g: (g[0], "" if g[1] is None else g[1])):
+        pairs = sorted(collected[(task_idx, agent)], key=lambda p: p[0])
+        groups.append((task_idx, agent, [r for _, r in pairs]))
+    return groups
+
+
+def gymweb_extras(
+    source: Union[ProfileResult, Iterable[Mapping[str, Any]]], *, continuous: str = "expected_max"
+) -> Dict[str, Any]:
+    """gymweb's own per-task and overall pass@k, for k = 1..n (fractions in [0, 1]).
+
+    Args:
+        source: a ``ProfileResult`` (successful rollouts, from their ``rollout_infos``) or rollout rows
+            (dicts with ``_ng_task_index``, ``_ng_rollout_index``, ``reward`` and optionally ``agent_ref``).
+            Pass the failures sidecar rows too (reward 0.0) to count failures as 0.
+        continuous: how non-binary rewards are scored (see ``pass_at_k``).
+
+    Returns:
+        ``{"estimator": {...}, "per_task": [...], "overall": [...]}``. Each per-task entry has
+        ``_ng_task_index``, ``agent_ref`` (when known), ``num_rollouts``, ``binary``, ``num_passed``
+        (binary only), ``skipped_rewards`` (non-numeric rewards left out), ``pass@k`` and
+        ``pass@1[avg-of-k]`` for k = 1..num_rollouts. Each overall entry (one per agent) has ``num_tasks``
+        and, for each k, the mean over the tasks with at least k rollouts (``pass@k``,
+        ``pass@1[avg-of-k]``) and how many tasks that was (``num_tasks@k``).
+    """
+    per_task: List[Dict[str, Any]] = []
+    sums: Dict[Optional[str], Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
+    avg_sums: Dict[Optional[str], Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
+    task_counts: Counter = Counter()
+    agent_order: List[Optional[str]] = []
+    for task_idx, agent, raw in _extras_groups(source):
+        rewards = [
+            float(r) for r in raw if isinstance(r, (int, float)) and (isinstance(r, bool) or math.isfinite(r))
+        ]
+        entry: Dict[str, Any] = {TASK_INDEX_KEY_NAME: task_idx}
+        if agent is not None:
+            entry[AGENT_REF_KEY_NAME] = {"name": agent}
+        n = len(rewards)
+        binary = n > 0 and _is_binary(rewards)
+        entry["num_rollouts"] = n
+        entry["binary"] = binary
+        if binary:
+            entry["num_passed"] = sum(1 for r in rewards if r == 1.0)
+        entry["skipped_rewards"] = len(raw) - n
+        if agent not in task_counts:
+            agent_order.append(agent)
+        task_counts[agent] += 1
+        for k in range(1, n + 1):
+            value = pass_at_k(rewards, k, continuous=continuous)
+            entry[f"pass@{k}"] = value
+            sums[agent][k].append(value)
+        for k in range(1, n + 1):
+            value = pass_at_1_avg_of_k(rewards, k)
+            entry[f"pass@1[avg-of-{k}]"] = value
+            avg_sums[agent][k].append(value)
+        per_task.append(entry)
+    overall: List[Dict[str, Any]] = []
+    for agent in sorted(agent_order, key=lambda a: "" if a is None else a):
+        entry = {}
+        if agent is not None:
+            entry[AGENT_REF_KEY_NAME] = {"name": agent}
+        entry["num_tasks"] = task_counts[agent]
+        for k in sorted(sums[agent]):
+            values = sums[agent][k]
+            entry[f"pass@{k}"] = math.fsum(values) / len(values)
+        for k in sorted(avg_sums[agent]):
+            values = avg_sums[agent][k]
+            entry[f"pass@1[avg-of-{k}]"] = math.fsum(values) / len(values)
+        for k in sorted(sums[agent]):
+            entry[f"num_tasks@{k}"] = len(sums[agent][k])
+        overall.append(entry)
+    return {
+        "estimator": {
+            "binary": "unbiased 1 - C(n-c,k)/C(n,k)",
+            "continuous": (
+                "expected max of k rewards drawn without replacement"
+                if continuous == "expected_max"
+                else "max of the first k rewards (NeMo Gym's convention)"
+            ),
+            "pass@1[avg-of-k]": "mean reward of the first k rollouts",
+            "units": "fraction in [0, 1]",
+            "overall": "mean over the tasks with at least k rollouts",
+        },
+        "per_task": per_task,
+        "overall": overall,
+    }
+
+
+def write_gymweb_extras(
+    source: Union[ProfileResult, Iterable[Mapping[str, Any]], Dict[str, Any]],
+    output_stem: Union[str, Path],
+    *,
+    continuous: str = "expected_max",
+) -> Path:
+    """Write gymweb's pass@k extras to ``<stem>_gymweb_pass_at_k.json`` (same stem rules and compact
+    layout as ``write_profile_files``). ``source`` is whatever ``gymweb_extras`` takes, or its result."""
+    if isinstance(source, dict) and "per_task" in source and "overall" in source:
+        extras = source
+    else:
+        extras = gymweb_extras(source, continuous=continuous)
+    path = _with_suffix_name(output_stem, "_gymweb_pass_at_k", ".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(dumps_like_orjson(extras))
+    return path
