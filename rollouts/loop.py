@@ -207,6 +207,17 @@ class InvalidBaseURL(ValueError):
     """A base URL breaks rule 13. The message never echoes embedded credentials."""
 
 
+def _mask_credentials(text: str) -> str:
+    """``text`` with anything that may be a credential (up to the last ``@``) masked, for messages."""
+    if "@" not in text:
+        return text
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    masked = "***@" + rest.rsplit("@", 1)[-1]
+    return f"{scheme}://{masked}" if sep else masked
+
+
 def validate_base_url(url: str, what: str = "agent_base_url") -> str:
     """Check and normalise a service base URL (contract rule 13, DESIGN.md).
 
@@ -215,11 +226,13 @@ def validate_base_url(url: str, what: str = "agent_base_url") -> str:
     then shows the URL with the credentials masked).
     """
     text = (url or "").strip()
+    shown = _mask_credentials(text)  # a password may hold '/', '#' or '?': never echo raw text
     try:
         parts = urlsplit(text)
         port = parts.port  # raises ValueError on a bad port
     except ValueError as exc:
-        raise InvalidBaseURL(f"{what} is not a valid URL ({exc})") from None
+        detail = f"{exc}; " if "@" not in text else ""
+        raise InvalidBaseURL(f"{what} is not a valid URL ({detail}got {shown!r})") from None
     del port
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         host = parts.netloc.rsplit("@", 1)[-1]
@@ -228,13 +241,13 @@ def validate_base_url(url: str, what: str = "agent_base_url") -> str:
             "gymweb sends no credential to the service"
         )
     if parts.scheme not in ("http", "https"):
-        raise InvalidBaseURL(f"{what} must be an absolute http:// or https:// URL (got {text!r})")
+        raise InvalidBaseURL(f"{what} must be an absolute http:// or https:// URL (got {shown!r})")
     if not parts.hostname:
-        raise InvalidBaseURL(f"{what} has no host (got {text!r})")
+        raise InvalidBaseURL(f"{what} has no host (got {shown!r})")
     if parts.query or text.endswith("?"):
-        raise InvalidBaseURL(f"{what} must not have a query string (got {text!r})")
+        raise InvalidBaseURL(f"{what} must not have a query string (got {shown!r})")
     if parts.fragment or "#" in text:
-        raise InvalidBaseURL(f"{what} must not have a fragment (got {text!r})")
+        raise InvalidBaseURL(f"{what} must not have a fragment (got {shown!r})")
     return text.rstrip("/")
 
 
@@ -339,6 +352,12 @@ _CONNECTION_ERRORS = (
 )
 
 
+# Any other transport error means the peer answered with something that is not HTTP (for example
+# aiohttp's "Bad status line", raised unmapped through the httpx-aiohttp transport). Without this a
+# service speaking another protocol ended as gymweb's own "internal_error".
+_PROTOCOL_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
+
+
 def _describe_exc(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     inner = cause if isinstance(cause, aiohttp.ClientError) else exc
@@ -395,6 +414,8 @@ class _Rollout:
                 if attempt < self.s.connect_attempts:
                     await asyncio.sleep(self.s.retry_pause_s)
                 continue
+            except _PROTOCOL_ERRORS as exc:  # answered, but not with HTTP: not retried (rule 11)
+                raise _Failure("", f"the environment at {url} did not answer with valid HTTP ({_describe_exc(exc)})") from None
             self.env_jar.update(response)
             return response
         raise _Failure(
@@ -502,6 +523,11 @@ class _Rollout:
                     last = exc
                     if attempt < self.s.connect_attempts:
                         await asyncio.sleep(self.s.retry_pause_s)
+                except _PROTOCOL_ERRORS as exc:  # answered, but not with HTTP: fails at once (rule 11)
+                    raise _Failure(
+                        FailureKind.AGENT_HTTP_ERROR,
+                        f"the agent service at {url} did not answer with valid HTTP ({_describe_exc(exc)})",
+                    ) from None
             if response is None:
                 raise _Failure(
                     FailureKind.AGENT_UNREACHABLE,

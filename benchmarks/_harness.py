@@ -1,0 +1,93 @@
+"""Shared set-up for the benchmarks: a fresh database, the fast services, a dataset, a run."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def setup_django(db: str) -> str:
+    """Point Django at a fresh database (``sqlite`` in a temp dir, or ``postgres`` — a new database
+    on 127.0.0.1:5432) and migrate it. Returns a description. Call before importing models."""
+    sys.path.insert(0, str(REPO))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gymweb.settings")
+    os.environ["GYMWEB_DISPATCH_IN_WORKERS"] = "0"
+    if db == "sqlite":
+        tmp = tempfile.mkdtemp(prefix="gymweb-bench-")
+        os.environ["GYMWEB_VAR_DIR"] = tmp
+        os.environ.pop("DATABASE_URL", None)
+        where = f"SQLite in {tmp}"
+    else:
+        import psycopg
+
+        name = f"gymweb_bench_{os.getpid()}"
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{name}"
+        where = f"PostgreSQL database {name}"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return where
+
+
+def start_services(calls: int, latency_ms: float = 0.0):
+    """Start the fast agent and env, each in its own process. Returns (agent_url, env_url, procs)."""
+    procs, urls = [], {}
+    for only in ("agent", "env"):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.fast_services", "--only", only, "--calls", str(calls), "--latency-ms", str(latency_ms)],
+            cwd=REPO, stdout=subprocess.PIPE, text=True,
+        )
+        line = proc.stdout.readline()
+        urls[only] = re.search(r"listening on (\S+)", line).group(1)
+        procs.append(proc)
+    return urls["agent"], urls["env"], procs
+
+
+def stop(procs) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=10)
+
+
+def make_run(n: int, agent_url: str, env_url: str, concurrency: int, **options):
+    """A run of ``n`` distinct tasks (one rollout each)."""
+    from rollouts import runs
+    from rollouts.datasets import read_jsonl
+
+    tools = [{"type": "function", "name": "increment_counter", "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}}}]
+    lines = [
+        json.dumps({"responses_create_params": {"input": [{"role": "user", "content": f"task {i}: add 1 three times"}], "tools": tools}, "expected_count": 3})
+        for i in range(n)
+    ]
+    parsed = read_jsonl(lines)
+    run = runs.create_run(parsed, name="bench", agent_url=agent_url, env_url=env_url, concurrency=concurrency, **options)
+    runs.launch(run)
+    return run
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d')}"

@@ -1,0 +1,112 @@
+"""Minimal, fast agent and env for the benchmarks, so they are not the bottleneck.
+
+The agent answers each rollout in ``--calls`` agent calls: calls 1..k-1 each ask one
+``increment_counter`` (an unpaired function_call), the last returns an assistant message.
+``--latency-ms`` sleeps per agent call (the latency-bound benchmark). The env seeds a session
+cookie, counts, and verifies reward 1.0. Both print ``… listening on URL`` lines.
+
+    python -m benchmarks.fast_services --calls 4 --latency-ms 0
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+
+from aiohttp import web
+
+USAGE = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+         "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+_ids = itertools.count()
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _reply(output):
+    return {"id": f"r{next(_ids)}", "created_at": 0.0, "model": "fast", "object": "response", "output": output,
+            "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "usage": USAGE}
+
+
+def make_agent(calls: int, latency_s: float) -> web.Application:
+    async def responses(request: web.Request) -> web.Response:
+        body = await request.read()
+        # Count tool results without a full parse: the benchmark is about gymweb, not this agent.
+        done = body.count(b'"function_call_output"')
+        if latency_s:
+            await asyncio.sleep(latency_s)
+        if done < calls - 1:
+            n = next(_ids)
+            out = [{"type": "function_call", "call_id": f"c{n}", "name": "increment_counter", "arguments": '{"count":1}'}]
+        else:
+            out = [{"type": "message", "role": "assistant", "id": "m", "content": [{"type": "output_text", "text": "done", "annotations": []}]}]
+        return web.Response(body=_dumps(_reply(out)), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", responses)
+    return app
+
+
+def make_env() -> web.Application:
+    sessions: dict[str, int] = {}
+
+    async def seed(request: web.Request) -> web.Response:
+        await request.read()
+        sid = str(next(_ids))
+        sessions[sid] = 0
+        resp = web.Response(body=b"{}", content_type="application/json")
+        resp.headers["Set-Cookie"] = f"s={sid}; Path=/"
+        return resp
+
+    async def increment(request: web.Request) -> web.Response:
+        await request.read()
+        sid = request.cookies.get("s")
+        sessions[sid] = sessions.get(sid, 0) + 1
+        return web.Response(body=b'{"success":true}', content_type="application/json")
+
+    async def verify(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        sessions.pop(request.cookies.get("s"), None)
+        body["reward"] = 1.0
+        return web.Response(body=_dumps(body), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/seed_session", seed)
+    app.router.add_post("/increment_counter", increment)
+    app.router.add_post("/verify", verify)
+    return app
+
+
+async def _serve(app: web.Application, port: int, label: str) -> None:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+    await site.start()
+    real = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(f"{label} listening on http://127.0.0.1:{real}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--agent-port", type=int, default=0)
+    parser.add_argument("--env-port", type=int, default=0)
+    parser.add_argument("--only", choices=["agent", "env"], default=None)
+    args = parser.parse_args()
+
+    async def run() -> None:
+        if args.only in (None, "env"):
+            await _serve(make_env(), args.env_port, "env")
+        if args.only in (None, "agent"):
+            await _serve(make_agent(args.calls, args.latency_ms / 1000), args.agent_port, "agent")
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
