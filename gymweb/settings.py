@@ -13,7 +13,9 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GYMWEB_VAR_DIR", BASE_DIR / "var"))
 
 SECRET_KEY = os.environ.get("GYMWEB_SECRET_KEY", "dev-insecure-change-me-gymweb")
-DEBUG = os.environ.get("GYMWEB_DEBUG", "1") == "1"
+# Off by default: with DEBUG on, Django records every SQL query of long-lived worker threads
+# (memory grows without bound) and spends more CPU per query than the query itself.
+DEBUG = os.environ.get("GYMWEB_DEBUG", "0") == "1"
 ALLOWED_HOSTS = [h for h in os.environ.get("GYMWEB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
 
 INSTALLED_APPS = [

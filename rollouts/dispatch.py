@@ -26,6 +26,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -83,7 +84,7 @@ def reap_expired(run_id: int) -> int:
     return len(expired)
 
 
-def claim(run_id: int, worker: str, want: int, lease_s: float) -> list[tuple[int, str, int]]:
+def claim(run_id: int, worker: str, want: int, lease_s: float, reap: bool = True) -> list[tuple[int, str, int]]:
     """Atomically claim up to ``want`` pending rollouts of a running run, never letting the run's
     running attempts exceed its ``concurrency`` over all workers.
 
@@ -95,7 +96,8 @@ def claim(run_id: int, worker: str, want: int, lease_s: float) -> list[tuple[int
         run = Run.objects.select_for_update().filter(pk=run_id).values("status", "concurrency").first()
         if not run or run["status"] != Run.Status.RUNNING:
             return []
-        reap_expired(run_id)
+        if reap:
+            reap_expired(run_id)
         running = Rollout.objects.filter(run_id=run_id, status=Rollout.Status.RUNNING).count()
         room = min(want, run["concurrency"] - running)
         if room <= 0:
@@ -307,16 +309,20 @@ def _retire(name: str) -> None:
     Worker.objects.filter(name=name).delete()
 
 
-def _flush_and_claim(batch: _Batch, worker: str, wants: list[tuple[int, int]], lease_s: float) -> list[tuple[int, int, str, int]]:
+def _flush_and_claim(
+    batch: _Batch, worker: str, wants: list[tuple[int, int]], lease_s: float, reap: bool = False
+) -> list[tuple[int, int, str, int]]:
     if batch:
         write_batch(batch, worker)
     claimed = []
-    finished_runs = {rid for rid in batch.run_ids}
-    for run_id in finished_runs:
-        runs.finish_if_done(run_id)
     for run_id, want in wants:
-        claimed.extend((run_id, *row) for row in claim(run_id, worker, want, lease_s))
+        claimed.extend((run_id, *row) for row in claim(run_id, worker, want, lease_s, reap=reap))
     return claimed
+
+
+def _finish_idle(run_ids: list[int]) -> None:
+    for run_id in run_ids:
+        runs.finish_if_done(run_id)
 
 
 class Dispatcher:
@@ -350,6 +356,7 @@ class Dispatcher:
         self.cancelling: set[int] = set()  # runs whose in-flight rollouts end as `cancelled`
         self.runs: dict[int, _RunInfo] = {}
         self.live_workers = 1
+        self._reap_due = True
         self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gymweb-db")
         self._stop = threading.Event()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -391,7 +398,9 @@ class Dispatcher:
         if not self.batch and not wants:
             return
         batch, self.batch = self.batch, _Batch()
-        claimed = await self._db(_flush_and_claim, batch, self.name, wants, self.lease_s)
+        # Expired leases are looked for once per poll, not on every claim: claims are frequent.
+        reap, self._reap_due = self._reap_due, False
+        claimed = await self._db(_flush_and_claim, batch, self.name, wants, self.lease_s, reap)
         if self.on_progress and batch.finished:
             self.on_progress(len(batch.finished))
         for run_id, rollout_id, row_json, rollout_index in claimed:
@@ -431,6 +440,11 @@ class Dispatcher:
             fresh[run_id] = self.runs[run_id]
             fresh[run_id].pending = False
         self.runs = fresh
+        self._reap_due = True
+        held = set(self.run_of.values())
+        idle = [run_id for run_id, info in fresh.items() if not info.pending and run_id not in held]
+        if idle:
+            await self._db(_finish_idle, idle)
 
     async def _cancel(self, rollout_ids: list[int]) -> None:
         tasks = [self.tasks[r] for r in rollout_ids if r in self.tasks]
@@ -458,6 +472,9 @@ class Dispatcher:
         """Serve until stopped (or idle, with ``exit_when_idle``), then release and write what is held."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        # The DB thread's ORM work holds the GIL in 5 ms slices by default, which adds up to that
+        # much latency to every HTTP step of every in-flight rollout; hand the GIL over sooner.
+        sys.setswitchinterval(0.0005)
         self.client = make_client(max(self.capacity, 32))
         main_thread = threading.main_thread()
         next_poll = next_beat = next_flush = 0.0
@@ -496,6 +513,7 @@ class Dispatcher:
             await self._cancel(list(self.tasks))
             batch, self.batch = self.batch, _Batch()
             await self._db(_flush_and_claim, batch, self.name, [], self.lease_s)
+            await self._db(_finish_idle, sorted(batch.run_ids))
             await self._db(_retire, self.name)
             await self.client.aclose()
             self.db.shutdown(wait=True)

@@ -69,7 +69,7 @@ class Command(BaseCommand):
         agent_url = self._spawn("counter agent", [sys.executable, "-m", "examples.counter_agent", "--port", "0"])
         self._spawn_plain("worker", [sys.executable, "manage.py", "qcluster"])
         web_url = f"http://{opts['host']}:{opts['port']}"
-        self._spawn_plain("web", [sys.executable, "manage.py", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"])
+        self._spawn_plain("web", [sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"{opts['host']}:{opts['port']}"])
         self._wait_http(web_url + "/accounts/login/")
 
         run = None

@@ -1,0 +1,67 @@
+"""Template helpers for trajectory pages. Everything shown here is untrusted text from agents and
+envs: filters return escaped strings (``django.utils.html.escape``) and never mark raw data safe."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+from django.utils.html import escape
+
+register = template.Library()
+
+
+def pretty_json_text(value: Any) -> tuple[str, bool]:
+    """``(text, is_json)``: a JSON string or value pretty-printed (2-space indent, non-ASCII kept);
+    a string that is not JSON comes back as it is with ``is_json`` False."""
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return value, False
+        if not isinstance(parsed, (dict, list)):
+            return value, True  # a bare JSON scalar reads best as written
+        value = parsed
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str), True
+    except (TypeError, ValueError):
+        return str(value), False
+
+
+@register.filter(name="pretty_json", is_safe=False)
+def pretty_json(value: Any) -> str:
+    """A JSON string or value, pretty-printed and HTML-escaped; other text escaped as it is."""
+    text, _ = pretty_json_text(value)
+    return escape(text)
+
+
+@register.filter(name="ms")
+def ms(value: Any) -> str:
+    """Milliseconds for display: ``"12.3 ms"``, ``"1.24 s"``; empty for None."""
+    if value is None or value == "":
+        return ""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return ""
+    if number >= 1000:
+        return f"{number / 1000:.2f} s"
+    if number >= 100:
+        return f"{number:.0f} ms"
+    return f"{number:.1f} ms"
+
+
+@register.filter(name="num")
+def num(value: Any) -> str:
+    """A number for display: integers as they are, floats with up to 4 decimals."""
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value == int(value) and abs(value) < 1e15:
+            return f"{value:.1f}"
+        return f"{value:.4f}".rstrip("0").rstrip(".")
+    return str(value)

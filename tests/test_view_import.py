@@ -1,0 +1,107 @@
+"""The import page: upload a rollouts.jsonl (and its failures sidecar) into an ``imported`` run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from rollouts.models import Rollout, Run, TrajectoryItem
+
+pytestmark = pytest.mark.django_db
+
+ROW = {"responses_create_params": {"input": "count"}, "response": {"id": "r", "output": []}, "reward": 1.0}
+
+
+def upload(name, text):
+    return SimpleUploadedFile(name, text.encode() if isinstance(text, str) else text, content_type="application/jsonl")
+
+
+def test_it_requires_login(client):
+    response = client.get(reverse("import"))
+    assert response.status_code == 302 and reverse("login") in response["Location"]
+    response = client.post(reverse("import"), {"rollouts": upload("r.jsonl", json.dumps(ROW))})
+    assert response.status_code == 302 and reverse("login") in response["Location"]
+    assert Run.objects.count() == 0
+
+
+def test_it_shows_an_upload_form(signed_in):
+    response = signed_in.get(reverse("import"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert 'enctype="multipart/form-data"' in html
+    assert 'name="rollouts"' in html and 'name="failures"' in html and 'name="name"' in html
+
+
+def test_it_imports_a_file_and_its_sidecar_and_redirects_to_the_run(signed_in, shared_data, user):
+    folder = shared_data / "collect_outputs" / "mixed"
+    response = signed_in.post(reverse("import"), {
+        "rollouts": upload("rollouts.jsonl", (folder / "rollouts.jsonl").read_bytes()),
+        "failures": upload("rollouts_failures.jsonl", (folder / "rollouts_failures.jsonl").read_bytes()),
+        "name": "mixed from NeMo Gym",
+    })
+    run = Run.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("run", args=[run.pk])
+    assert run.name == "mixed from NeMo Gym" and run.status == Run.Status.IMPORTED and run.created_by == user
+    assert run.source_file == "rollouts.jsonl + rollouts_failures.jsonl"
+    assert Rollout.objects.filter(run=run, status="succeeded").count() == 4
+    assert Rollout.objects.filter(run=run, status="failed", terminal=True).count() == 1
+    assert TrajectoryItem.objects.filter(rollout__run=run).count() == 28
+
+
+def test_the_run_is_named_after_the_file_by_default(signed_in, shared_data):
+    path = shared_data / "mini_swe_agent_2" / "example_rollouts.jsonl"
+    signed_in.post(reverse("import"), {"rollouts": upload("example_rollouts.jsonl", path.read_bytes())})
+    run = Run.objects.get()
+    assert run.name == "example_rollouts.jsonl" and run.rollouts.count() == 5
+
+
+def test_a_success_message_tells_what_was_imported(signed_in):
+    response = signed_in.post(reverse("import"), {"rollouts": upload("r.jsonl", json.dumps(ROW))}, follow=False)
+    assert response.status_code == 302
+    html = signed_in.get(reverse("import")).content.decode()  # the next page shows the flash message
+    assert "Imported 1 rollout(s)" in html and "1 succeeded" in html
+
+
+def test_a_bad_line_is_a_field_error_with_its_line_number_and_nothing_is_stored(signed_in):
+    text = json.dumps(ROW) + "\n\n" + "{broken\n"
+    response = signed_in.post(reverse("import"), {"rollouts": upload("mine.jsonl", text)})
+    assert response.status_code == 400
+    form = response.context["form"]
+    assert "mine.jsonl, line 3: not valid JSON" in form.errors["rollouts"][0]
+    assert "mine.jsonl, line 3: not valid JSON" in response.content.decode()
+    assert Run.objects.count() == 0 and Rollout.objects.count() == 0
+
+
+def test_a_bad_line_in_the_sidecar_is_an_error_on_the_sidecar_field(signed_in):
+    response = signed_in.post(reverse("import"), {
+        "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
+        "failures": upload("rollouts_failures.jsonl", json.dumps(ROW) + "\n[]\n"),
+    })
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "rollouts_failures.jsonl, line 2: each line must be a JSON object" in errors["failures"][0]
+    assert "rollouts" not in errors
+    assert Run.objects.count() == 0
+
+
+def test_a_missing_file_is_a_field_error(signed_in):
+    response = signed_in.post(reverse("import"), {"name": "nothing"})
+    assert response.status_code == 400 and "rollouts" in response.context["form"].errors
+    assert Run.objects.count() == 0
+
+
+def test_an_empty_file_is_an_error(signed_in):
+    response = signed_in.post(reverse("import"), {"rollouts": upload("empty.jsonl", "\n\n")})
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert any("no rows" in e or "empty" in e for e in errors["rollouts"])
+    assert Run.objects.count() == 0
+
+
+def test_a_file_over_the_upload_limit_is_refused(signed_in, settings):
+    settings.GYMWEB_MAX_UPLOAD_BYTES = 10
+    response = signed_in.post(reverse("import"), {"rollouts": upload("big.jsonl", json.dumps(ROW))})
+    assert response.status_code == 400 and "upload limit" in response.context["form"].errors["rollouts"][0]
+    assert Run.objects.count() == 0

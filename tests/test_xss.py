@@ -1,0 +1,123 @@
+"""Everything in a trajectory is untrusted text: pages that show it must stay inert."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from rollouts.models import Rollout, Run
+from rollouts.templatetags.gymweb_tags import pretty_json
+from tests.test_view_rollout_detail import call, make_rollout, make_run, make_task, msg, out
+
+SCRIPT = "<script>alert(1)</script>"
+IMG = '"><img src=x onerror=alert(1)>'
+HX = '" hx-get="/x" hx-trigger="load'
+RAW_HX = '<div hx-get="/x" hx-trigger="load">'
+EVIL = f"{SCRIPT} {IMG} {HX} {RAW_HX}"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def assert_inert(html: str) -> None:
+    assert "<script>alert" not in html
+    assert "<img src=x onerror" not in html
+    assert 'hx-get="/x"' not in html and "hx-get='/x'" not in html
+    assert 'hx-trigger="load' not in html
+    # the only scripts are the page's own
+    assert re.findall(r"<script[^>]*>", html) == [s for s in re.findall(r"<script[^>]*>", html) if "src=\"/static/" in s]
+
+
+def evil_rollout(status=Rollout.Status.FAILED) -> Rollout:
+    run = make_run(f"run {EVIL}")
+    task = make_task(run, row={
+        "responses_create_params": {"input": [{"role": "user", "content": EVIL}, {"role": EVIL, "content": [{"type": "input_text", "text": EVIL}]}],
+                                    "instructions": EVIL, "tools": [{"type": "function", "name": EVIL}]},
+        "agent_ref": {"name": EVIL},
+    })
+    items = [
+        (0, {"type": "reasoning", "summary": [{"type": "summary_text", "text": EVIL}]}, {}),
+        (0, call(EVIL, EVIL, json.dumps({"cmd": EVIL})), {"asked": True}),
+        (0, call("c2", EVIL, EVIL), {"asked": True}),
+        (0, call("c3", "agent_tool", "{}"), {"paired": True}),
+        (0, out("c3", [{"type": "input_text", "text": EVIL}, {"type": EVIL, "x": EVIL}]), {"paired": True}),
+        (0, out(EVIL, json.dumps({"stdout": EVIL})), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200}),
+        (0, out("c2", f"Error: gymweb did not call tool {EVIL!r}"), {"origin": "gym", "refused": True}),
+        (1, {"type": EVIL, "name": EVIL, "data": EVIL}, {}),
+        (1, {"type": "message", "role": "assistant", "id": EVIL, "content": [{"type": "refusal", "refusal": EVIL}]}, {}),
+        (1, msg(EVIL), {}),
+        (1, msg(EVIL, role=EVIL), {}),
+    ]
+    calls = [{"model": EVIL, "usage": {"input_tokens": EVIL, "output_tokens": 1}, "incomplete_details": {"reason": EVIL}},
+             {"error": EVIL, "http_status": 500}]
+    verify = {"reward": 1.0, EVIL: 2.0, "note": EVIL, "reward_components": {EVIL: 1.0, "why": EVIL}}
+    rollout = make_rollout(run, task, status=status, failure_kind=EVIL[:40] if status == "failed" else "", error=EVIL,
+                           verify=verify if status == "succeeded" else None, calls=calls, items=items, warnings=[EVIL])
+    return rollout
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", [Rollout.Status.FAILED, Rollout.Status.SUCCEEDED])
+def test_the_rollout_page_is_inert_whatever_the_trajectory_holds(signed_in, status):
+    rollout = evil_rollout(status)
+    make_rollout(rollout.run, rollout.task, attempt=2 if status == "failed" else 0, status=Rollout.Status.FAILED,
+                 failure_kind=EVIL[:40], error=EVIL)  # another attempt, linked from the page
+    response = signed_in.get(reverse("rollout", args=[rollout.run_id, rollout.pk]) + "?status=" + "%3Cscript%3E&sort=%22%3E%3Cimg")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # shown, as text
+    assert_inert(html)
+
+
+@pytest.mark.django_db
+def test_the_raw_view_is_json_that_browsers_will_not_sniff_as_html(signed_in):
+    rollout = evil_rollout(Rollout.Status.SUCCEEDED)
+    response = signed_in.get(reverse("rollout_raw", args=[rollout.run_id, rollout.pk]))
+    assert response["Content-Type"].startswith("application/json")
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert json.loads(response.content)[EVIL] == 2.0
+
+
+@pytest.mark.django_db
+def test_the_import_page_and_its_result_are_inert(signed_in):
+    row = {"responses_create_params": {"input": EVIL}, "reward": 1.0,
+           "response": {"id": EVIL, "model": EVIL, "output": [msg(EVIL), call(EVIL, EVIL, EVIL), {"type": EVIL}]}, EVIL: EVIL}
+    upload = SimpleUploadedFile(f"{EVIL}.jsonl", json.dumps(row).encode())
+    response = signed_in.post(reverse("import"), {"rollouts": upload, "name": EVIL})
+    assert response.status_code == 302
+    run = Run.objects.get()
+    assert run.name == EVIL[:200]
+    html = signed_in.get(reverse("import")).content.decode()  # shows the success message with the run name
+    assert "Imported 1 rollout(s)" in html
+    assert_inert(html)
+    html = signed_in.get(reverse("rollout", args=[run.pk, run.rollouts.get().pk])).content.decode()
+    assert_inert(html)
+
+
+@pytest.mark.django_db
+def test_an_import_error_naming_an_evil_file_is_inert(signed_in):
+    upload = SimpleUploadedFile(f"{EVIL}.jsonl", f'{{"responses_create_params": {{"input": "x"}}, "reward": "{SCRIPT}"}}\n'.encode())
+    response = signed_in.post(reverse("import"), {"rollouts": upload, "name": EVIL})
+    html = response.content.decode()
+    assert response.status_code == 400 and "line 1" in html
+    assert_inert(html)
+    assert Run.objects.count() == 0
+
+
+def test_the_pretty_json_filter_escapes_what_it_returns():
+    assert "<script>" not in pretty_json(json.dumps({"a": SCRIPT}))
+    assert "&lt;img src=x onerror" in pretty_json(IMG)
+    assert "&quot;" in pretty_json({"k": '"'})
+
+
+def test_no_template_or_view_of_the_trajectory_marks_data_safe():
+    files = [REPO / "rollouts" / "trajectory_views.py", REPO / "rollouts" / "importer.py",
+             REPO / "rollouts" / "templatetags" / "gymweb_tags.py", REPO / "templates" / "rollouts" / "rollout_detail.html",
+             REPO / "templates" / "rollouts" / "import.html", *sorted((REPO / "templates" / "rollouts" / "partials").glob("item_*.html")),
+             *sorted((REPO / "templates" / "rollouts" / "partials").glob("rollout_*.html"))]
+    for path in files:
+        text = path.read_text()
+        for bad in ("|safe", "mark_safe", "autoescape off", "safeseq", "SafeString"):
+            assert bad not in text, f"{path.name} uses {bad}"
