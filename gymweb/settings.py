@@ -126,6 +126,9 @@ GYMWEB_PROCESS_CAPACITY = int(os.environ.get("GYMWEB_PROCESS_CAPACITY", 2000))
 GYMWEB_DISPATCH_IN_WORKERS = os.environ.get("GYMWEB_DISPATCH_IN_WORKERS", "1") == "1"
 # On SIGTERM a worker releases its in-flight rollouts; this bounds how long that may take.
 GYMWEB_RELEASE_TIMEOUT_S = float(os.environ.get("GYMWEB_RELEASE_TIMEOUT_S", 20))
+# /aggregate_metrics is called once a run completes, with at most this many rows and this timeout.
+GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 20000))
+GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))
 # The largest run_timeout_s a run may have (form and CLI check it).
 GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 24 * 3600))
 

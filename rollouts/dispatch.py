@@ -320,9 +320,13 @@ def _flush_and_claim(
     return claimed
 
 
-def _finish_idle(run_ids: list[int]) -> None:
+def _finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
+    """Complete runs that have nothing left; a worker then queues the /aggregate_metrics call."""
+    from django_q.tasks import async_task
+
     for run_id in run_ids:
-        runs.finish_if_done(run_id)
+        if runs.finish_if_done(run_id) and after_finish:
+            async_task("rollouts.aggregate.fetch_aggregate_metrics", run_id, task_name=f"run-{run_id}-aggregate")
 
 
 class Dispatcher:
@@ -444,7 +448,7 @@ class Dispatcher:
         held = set(self.run_of.values())
         idle = [run_id for run_id, info in fresh.items() if not info.pending and run_id not in held]
         if idle:
-            await self._db(_finish_idle, idle)
+            await self._db(_finish_idle, idle, not self.exit_when_idle)
 
     async def _cancel(self, rollout_ids: list[int]) -> None:
         tasks = [self.tasks[r] for r in rollout_ids if r in self.tasks]
@@ -513,7 +517,7 @@ class Dispatcher:
             await self._cancel(list(self.tasks))
             batch, self.batch = self.batch, _Batch()
             await self._db(_flush_and_claim, batch, self.name, [], self.lease_s)
-            await self._db(_finish_idle, sorted(batch.run_ids))
+            await self._db(_finish_idle, sorted(batch.run_ids), not self.exit_when_idle)
             await self._db(_retire, self.name)
             await self.client.aclose()
             self.db.shutdown(wait=True)

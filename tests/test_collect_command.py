@@ -84,3 +84,12 @@ def test_it_never_echoes_credentials_of_a_bad_agent_url(tmp_path, counter_tasks_
                      "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"))
     assert "credentials" in str(exc.value) and "hunter2" not in str(exc.value)
     assert Run.objects.count() == 0
+
+
+def test_it_stores_the_envs_aggregate_metrics_when_the_run_completes(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+    call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url,
+                 "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--no-progress")
+    run = Run.objects.get()
+    assert run.aggregate_metrics_error == ""
+    assert run.aggregate_metrics["agent_metrics"]["mean/reward"] == 1.0
+    assert len(run.aggregate_metrics["group_level_metrics"]) == 5

@@ -16,6 +16,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from rollouts import runs
+from rollouts.aggregate import fetch_aggregate_metrics
 from rollouts.datasets import DatasetError, read_jsonl
 from rollouts.dispatch import run_in_process
 from rollouts.export import output_stems, write_run_files
@@ -152,6 +153,11 @@ class Command(BaseCommand):
             interrupted = self._run(run, pending, show=not opts["no_progress"])
         runs.finish_if_done(run.pk)
         run.refresh_from_db()
+        if run.status == Run.Status.COMPLETED and not interrupted:
+            note = fetch_aggregate_metrics(run.pk)
+            run.refresh_from_db()
+            if run.aggregate_metrics is None:
+                self.stderr.write(f"aggregate metrics: {note}")
         written = write_run_files(run, output)
         self._summary(run, written, output, interrupted)
 
