@@ -126,6 +126,8 @@ GYMWEB_PROCESS_CAPACITY = int(os.environ.get("GYMWEB_PROCESS_CAPACITY", 2000))
 GYMWEB_DISPATCH_IN_WORKERS = os.environ.get("GYMWEB_DISPATCH_IN_WORKERS", "1") == "1"
 # On SIGTERM a worker releases its in-flight rollouts; this bounds how long that may take.
 GYMWEB_RELEASE_TIMEOUT_S = float(os.environ.get("GYMWEB_RELEASE_TIMEOUT_S", 20))
+# The run page caches aggregates over finished attempts (keyed by their counts, so never stale).
+GYMWEB_SUMMARY_CACHE_S = float(os.environ.get("GYMWEB_SUMMARY_CACHE_S", 600))
 # /aggregate_metrics is called once a run completes, with at most this many rows and this timeout.
 GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 20000))
 GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))

@@ -169,6 +169,15 @@ class Rollout(models.Model):
             models.Index(fields=["run", "task_index", "rollout_index"], name="rollout_run_key"),
             models.Index(fields=["status", "lease_until"], name="rollout_status_lease"),
             models.Index(fields=["run", "failure_kind"], name="rollout_run_kind"),
+            # The run page's reward statistics and histogram read only this index.
+            models.Index(fields=["run", "status", "reward"], name="rollout_run_status_reward"),
+            # Token and duration totals, read from the index alone: on SQLite these columns sit
+            # behind the large verify_json text, whose overflow pages a table scan would walk.
+            models.Index(
+                fields=["run", "status", "usage_reported", "input_tokens", "output_tokens", "total_tokens",
+                        "cached_tokens", "reasoning_tokens", "duration_ms"],
+                name="rollout_run_usage",
+            ),
         ]
         constraints = [
             # At most one live-or-succeeded attempt per key: a key can never run twice at once,

@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.runs_list, name="runs"),
     path("runs/new/", views.run_new, name="run_new"),
     path("runs/<int:run_id>/", views.run_detail, name="run"),
+    path("runs/<int:run_id>/live/", views.run_live, name="run_live"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run_retry"),
     path("runs/<int:run_id>/export/<str:kind>.jsonl", views.run_export, name="run_export"),

@@ -1,33 +1,240 @@
-"""Run pages: list, new-run form, detail (live), cancel, retry, export. (Being built.)"""
+"""Run pages: the runs list, the new-run form, a run's page (live while it runs), cancel, retry, export.
+
+Plain function views. Pages render whole for a normal request and as a named partial for an HTMX
+request (except a history restore, which needs the whole page); such responses carry
+``Vary: HX-Request``. Aggregates come from ``metrics`` (SQL only). Access goes through
+``_run_for`` so the rule lives in one place: every signed-in user sees every run (one team per
+instance).
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models.functions import Substr
+from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
+
+from . import metrics, runs
+from .export import iter_failures, iter_materialized, iter_successes
+from .forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, filtered_rollouts
+from .models import Rollout, Run
+
+RUNS_PER_PAGE = 25
+ROLLOUTS_PER_PAGE = 50
+EXPORT_KINDS = {
+    "rollouts": "successes: the env's /verify replies plus indices and agent_ref (NeMo Gym's rollouts.jsonl)",
+    "rollouts_failures": "one row per failed attempt (NeMo Gym's failures sidecar)",
+    "rollouts_materialized_inputs": "the materialised input row of every key",
+}
 
 
+# -- helpers ---------------------------------------------------------------------------------------
+def _run_for(request, run_id: int) -> Run:
+    """The run, if this user may see it (every signed-in user may; one place to change that)."""
+    return get_object_or_404(Run.objects.select_related("dataset", "created_by"), pk=run_id)
+
+
+def _wants_partial(request) -> bool:
+    """An HTMX request that swaps part of the page (a history restore needs the whole page)."""
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request
+
+
+def _vary(response):
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+# -- runs list ---------------------------------------------------------------------------------------
 @login_required
+@require_safe
 def runs_list(request):
-    return HttpResponse("runs")
+    page = Paginator(Run.objects.select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    progress = metrics.progress_for_runs(page.object_list)
+    rows = [(run, progress[run.pk]) for run in page.object_list]
+    context = {"page": page, "rows": rows, "any_active": any(not run.is_final for run, _ in rows)}
+    template = "rollouts/partials/run_list_table.html" if _wants_partial(request) else "rollouts/runs_list.html"
+    return _vary(render(request, template, context))
 
 
+# -- new run -----------------------------------------------------------------------------------------
 @login_required
+@csrf_exempt  # only so the upload size limit is in place before the body is read; CSRF is checked below
+@require_http_methods(["GET", "POST"])
 def run_new(request):
-    return HttpResponse("new")
+    if request.method == "POST":
+        request.upload_handlers.insert(0, SizeLimitUploadHandler(request, int(settings.GYMWEB_MAX_UPLOAD_BYTES)))
+    return _run_new(request)
+
+
+@csrf_protect
+def _run_new(request):
+    if request.method == "POST":
+        form = RunForm(request.POST, request.FILES, too_large_uploads=getattr(request, "gymweb_too_large_uploads", None))
+        if form.is_valid():
+            run = _launch_from_form(form, request.user)
+            messages.success(request, f"Run “{run.name}” started: {run.num_keys} rollouts.")
+            return redirect("run", run.pk)
+    else:
+        form = RunForm()
+    context = {"form": form, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
+    return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
+
+
+def _launch_from_form(form: RunForm, user) -> Run:
+    """Store the dataset (for an upload) and the run, and launch it: all or nothing."""
+    with transaction.atomic():
+        if form.parsed is not None:
+            dataset = runs.store_dataset(form.parsed, form.dataset_name(), user=user)
+            parsed = form.parsed
+        else:
+            dataset = form.cleaned_data["dataset"]
+            parsed = runs.load_dataset(dataset)
+        run = runs.create_run(
+            parsed, name=form.cleaned_data["name"] or form.dataset_name(), user=user, dataset=dataset, **form.run_options()
+        )
+        runs.launch(run)  # marked running: the workers pick it up
+    return run
+
+
+# -- run page ----------------------------------------------------------------------------------------
+def _table_context(request, run: Run, kinds: list[str]) -> dict:
+    qs, filt = filtered_rollouts(run, request.GET, kinds=kinds)
+    # Page over ids only (the sort reads a few columns), then load that page's 50 rows: a deep
+    # page never drags every row's wide columns through the sort.
+    page = Paginator(qs.values_list("id", flat=True), ROLLOUTS_PER_PAGE).get_page(request.GET.get("page"))
+    ids = list(page.object_list)
+    loaded = Rollout.objects.filter(id__in=ids).only(
+        "id", "run_id", "task_index", "rollout_index", "attempt", "status", "reward", "failure_kind", "terminal",
+        "duration_ms", "num_agent_calls", "num_tool_calls", "total_tokens", "usage_reported",
+    ).annotate(error_head=Substr("error", 1, 160)).in_bulk()
+    qs_text = filt.querystring()
+    rollout_suffix = f"?{qs_text}" if qs_text else ""
+    base = reverse("run", args=[run.pk])
+    rows = [(loaded[i], reverse("rollout", args=[run.pk, i]) + rollout_suffix) for i in ids if i in loaded]
+    here = base + "?" + "&".join(p for p in (qs_text, f"page={page.number}" if page.number > 1 else "") if p)
+    return {
+        "filter": filt,
+        "page": page,
+        "rows": rows,
+        "table_url": here.rstrip("?"),
+        "filter_qs": qs_text,
+        "sort_links": _sort_links(filt, base),
+        "page_qs": qs_text,
+    }
+
+
+def _sort_links(filt: RolloutFilterForm, base: str) -> dict[str, dict]:
+    """Per sortable column: the URL that sorts by it (toggling direction) and its current arrow."""
+    current = filt.sort_key
+    out = {}
+    for column in ("task", "reward", "duration", "calls"):
+        if current == column:
+            target, arrow = f"-{column}", "↑"
+        elif current == f"-{column}":
+            target, arrow = column, "↓"
+        else:
+            target, arrow = column if column == "task" else f"-{column}", ""
+        qs = filt.querystring(sort=target)
+        out[column] = {"url": f"{base}?{qs}" if qs else base, "arrow": arrow}
+    return out
+
+
+def _live_context(run: Run) -> dict:
+    summary = metrics.run_summary(run)
+    p = summary.progress
+    return {
+        "run": run,
+        "s": summary,
+        "p": p,
+        "signature": f"{summary.signature}.{run.status}",
+        "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
+        "export_kinds": EXPORT_KINDS,
+    }
 
 
 @login_required
+@require_safe
 def run_detail(request, run_id):
-    return HttpResponse("run")
+    run = _run_for(request, run_id)
+    if _wants_partial(request):
+        # The rollout table (filter, sort, page changes and live refreshes).
+        context = {"run": run, **_table_context(request, run, metrics.failure_kinds(run))}
+        return _vary(render(request, "rollouts/partials/run_rollouts.html", context))
+    live = _live_context(run)
+    kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
+    context = {**live, **_table_context(request, run, kinds)}
+    return _vary(render(request, "rollouts/run_detail.html", context))
 
 
 @login_required
+@require_safe
+@never_cache
+def run_live(request, run_id):
+    """The live part of a run's page (progress, aggregates, actions). Its markup polls itself
+    while the run is not final; once final, the returned markup has no trigger and polling stops.
+    ``seen`` is the state signature the client last rendered: when it changed, the response asks
+    the page to refresh its rollout table too (``HX-Trigger: rollouts-changed``)."""
+    run = _run_for(request, run_id)
+    context = _live_context(run)
+    response = render(request, "rollouts/partials/run_live.html", context)
+    seen = request.GET.get("seen")
+    if seen is not None and seen != context["signature"]:
+        response["HX-Trigger"] = "rollouts-changed"
+    return response
+
+
+# -- actions -----------------------------------------------------------------------------------------
+@login_required
+@require_POST
 def run_cancel(request, run_id):
-    return HttpResponse("cancel")
+    run = _run_for(request, run_id)
+    if runs.cancel(run):
+        messages.success(request, "Run cancelled. Rollouts in flight stop within a few seconds; resume with “Retry”.")
+    else:
+        messages.info(request, f"The run was already {run.status}.")
+    return HttpResponseRedirect(reverse("run", args=[run.pk]))
 
 
 @login_required
+@require_POST
 def run_retry(request, run_id):
-    return HttpResponse("retry")
+    run = _run_for(request, run_id)
+    if run.status == Run.Status.IMPORTED:
+        messages.error(request, "An imported run has no services to run against.")
+        return HttpResponseRedirect(reverse("run", args=[run.pk]))
+    n = runs.resume(run)
+    if n:
+        messages.success(request, f"Retrying {n} rollout{'s' if n != 1 else ''}.")
+    else:
+        messages.info(request, "Nothing to retry: no failed rollout has attempts left (terminal failures are never retried).")
+    return HttpResponseRedirect(reverse("run", args=[run.pk]))
 
 
+# -- export ------------------------------------------------------------------------------------------
 @login_required
+@require_safe
 def run_export(request, run_id, kind):
-    return HttpResponse("export")
+    if kind not in EXPORT_KINDS:
+        raise Http404("unknown export")
+    run = _run_for(request, run_id)
+    filt = RolloutFilterForm(request.GET)
+    subset = filt.filter(Rollout.objects.filter(run=run)) if filt.active else None
+    if kind == "rollouts":
+        lines = iter_successes(run, subset)
+    elif kind == "rollouts_failures":
+        lines = iter_failures(run, subset)
+    else:
+        lines = iter_materialized(run)
+    response = StreamingHttpResponse((line + "\n" for line in lines), content_type="application/jsonl; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{kind}.jsonl"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response

@@ -1,0 +1,320 @@
+"""Forms of the run pages: the new-run form and the rollout-table filter (also used by exports and,
+through ``RolloutFilterForm``, by any page that walks the filtered list, e.g. prev/next)."""
+from __future__ import annotations
+
+import json
+from pathlib import PurePath
+from typing import Any, Optional
+from urllib.parse import urlencode, urlsplit
+
+from django import forms
+from django.conf import settings
+from django.core.files.uploadhandler import FileUploadHandler, SkipFile
+from django.db.models import F, QuerySet
+
+from .datasets import DatasetError, ParsedDataset, read_jsonl
+from .loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from .models import Dataset, Rollout
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}".replace(".0 ", " ")
+        n /= 1024
+    return f"{n} bytes"  # pragma: no cover
+
+
+def upload_limit_message(limit: int) -> str:
+    return (
+        f"The file is larger than the upload limit of {human_bytes(limit)} "
+        "(GYMWEB_MAX_UPLOAD_BYTES). Split it, or ask the administrator to raise the limit."
+    )
+
+
+class SizeLimitUploadHandler(FileUploadHandler):
+    """Stops storing an uploaded file once it passes ``limit`` bytes (the rest of that file is read
+    and dropped, the other form fields still arrive) and marks the request, so the form can say so.
+    Install it before the request body is read (see ``views.run_new``)."""
+
+    def __init__(self, request, limit: int):
+        super().__init__(request)
+        self.limit = limit
+
+    def receive_data_chunk(self, raw_data, start):
+        if start + len(raw_data) > self.limit:
+            too_large = getattr(self.request, "gymweb_too_large_uploads", set())
+            too_large.add(self.field_name)
+            self.request.gymweb_too_large_uploads = too_large
+            raise SkipFile()
+        return raw_data
+
+    def file_complete(self, file_size):
+        return None  # the next handler stores the file
+
+
+class RunForm(forms.Form):
+    """Launch a run: a dataset (a new JSONL upload or an earlier one), the two services and the
+    knobs of ``Run``. Validation parses the whole dataset, so a valid form can be stored in one go
+    and an invalid one stores nothing."""
+
+    name = forms.CharField(max_length=200, required=False, help_text="Defaults to the dataset's name.")
+    dataset_file = forms.FileField(
+        required=False,
+        label="Upload a JSONL dataset",
+        help_text="One task per line, each with responses_create_params. Rows of an earlier rollouts file work too.",
+        widget=forms.ClearableFileInput(attrs={"accept": ".jsonl,.json,.ndjson,application/jsonl,application/x-ndjson"}),
+    )
+    dataset = forms.ModelChoiceField(
+        queryset=Dataset.objects.order_by("-created", "-id"),
+        required=False,
+        label="…or reuse an earlier dataset",
+        empty_label="(none)",
+    )
+    agent_url = forms.CharField(
+        label="Agent base URL",
+        max_length=2000,
+        help_text="Your service: gymweb POSTs to {agent_url}/v1/responses.",
+        widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:9102", "size": 48, "autocomplete": "off"}),
+    )
+    env_url = forms.CharField(
+        label="Environment base URL",
+        max_length=2000,
+        help_text="A NeMo Gym resources server: /seed_session, one route per tool, /verify.",
+        widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:9101", "size": 48, "autocomplete": "off"}),
+    )
+    agent_name = forms.CharField(max_length=200, initial="remote_agent", help_text="agent_ref.name in the output rows.")
+    concurrency = forms.IntegerField(min_value=1, max_value=4096, initial=DEFAULT_CONCURRENCY, help_text="Rollouts in flight at once.")
+    max_steps = forms.IntegerField(min_value=0, required=False, help_text="Agent calls per rollout; empty or 0 = unbounded.")
+    num_repeats = forms.IntegerField(min_value=1, max_value=100000, initial=1, help_text="Rollouts per task.")
+    limit = forms.IntegerField(min_value=1, required=False, help_text="Only the first N rows of the dataset.")
+    remote_responses_timeout_s = forms.FloatField(
+        label="Per-call timeout (s)", min_value=0.001, initial=DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
+        help_text="remote_responses_timeout_s: one agent call.",
+    )
+    run_timeout_s = forms.FloatField(
+        label="Whole-rollout timeout (s)", min_value=0.001, help_text="run_timeout_s: one rollout, all calls included.",
+    )
+    max_attempts = forms.IntegerField(min_value=1, max_value=100, initial=3, help_text="Attempts per key in all, retries included.")
+    overrides = forms.CharField(
+        required=False,
+        label="Overrides (JSON object)",
+        help_text='Merged into every row\'s responses_create_params, e.g. {"temperature": 0.2, "model": "my-model"}.',
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
+    )
+
+    def __init__(self, *args: Any, too_large_uploads: Optional[set] = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.too_large_uploads = too_large_uploads or set()
+        self.max_run_timeout_s = float(settings.GYMWEB_MAX_RUN_TIMEOUT_S)
+        self.fields["run_timeout_s"].initial = min(DEFAULT_RUN_TIMEOUT_S, self.max_run_timeout_s)
+        self.fields["run_timeout_s"].help_text += f" At most {self.max_run_timeout_s:g} s."
+        self.fields["run_timeout_s"].widget.attrs["max"] = f"{self.max_run_timeout_s:g}"
+        self.max_upload_bytes = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
+        self.fields["dataset_file"].help_text += f" Up to {human_bytes(self.max_upload_bytes)}."
+        self.parsed: Optional[ParsedDataset] = None
+
+    # -- services --------------------------------------------------------------------------------
+    def _forget(self, name: str) -> None:
+        """Do not render a submitted value back (it may hold a password)."""
+        if self.data is not None and name in self.data:
+            self.data = self.data.copy()
+            self.data[name] = ""
+
+    def _clean_base_url(self, name: str, what: str) -> str:
+        raw = self.cleaned_data.get(name, "")
+        if "@" in raw:
+            self._forget(name)
+        try:
+            url = validate_base_url(raw, what)
+        except InvalidBaseURL as exc:
+            raise forms.ValidationError(str(exc), code="invalid_url") from None
+        allowed = [h.strip().lower() for h in getattr(settings, "GYMWEB_ALLOWED_TARGET_HOSTS", []) if h.strip()]
+        host = (urlsplit(url).hostname or "").lower()
+        if allowed and host not in allowed:
+            raise forms.ValidationError(
+                f"{what}: host {host!r} is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: {', '.join(allowed)}).",
+                code="host_not_allowed",
+            )
+        return url
+
+    def clean_agent_url(self) -> str:
+        return self._clean_base_url("agent_url", "agent URL")
+
+    def clean_env_url(self) -> str:
+        return self._clean_base_url("env_url", "environment URL")
+
+    # -- knobs -----------------------------------------------------------------------------------
+    def clean_run_timeout_s(self) -> float:
+        value = self.cleaned_data["run_timeout_s"]
+        if value > self.max_run_timeout_s:
+            raise forms.ValidationError(
+                f"At most {self.max_run_timeout_s:g} s on this server (GYMWEB_MAX_RUN_TIMEOUT_S).", code="max_value"
+            )
+        return value
+
+    def clean_overrides(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("overrides") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc}.", code="invalid_json") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError(
+                f"Must be a JSON object like {{\"temperature\": 0.2}}, not a {type(value).__name__}.", code="not_object"
+            )
+        return value
+
+    # -- dataset ---------------------------------------------------------------------------------
+    def clean_dataset_file(self):
+        upload = self.cleaned_data.get("dataset_file")
+        if "dataset_file" in self.too_large_uploads or (upload is not None and upload.size > self.max_upload_bytes):
+            raise forms.ValidationError(upload_limit_message(self.max_upload_bytes), code="too_large")
+        if upload is None:
+            return None
+        try:
+            upload.seek(0)
+            self.parsed = read_jsonl(upload, source=upload.name)
+        except DatasetError as exc:
+            raise forms.ValidationError(str(exc), code="bad_dataset") from None
+        return upload
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        upload, dataset = data.get("dataset_file"), data.get("dataset")
+        if "dataset_file" in self.errors:
+            return data
+        if upload and dataset:
+            self.add_error("dataset", "Choose either an upload or an earlier dataset, not both.")
+        elif not upload and not dataset:
+            self.add_error("dataset_file", "Upload a JSONL dataset or choose an earlier one.")
+        return data
+
+    def dataset_name(self) -> str:
+        upload = self.cleaned_data.get("dataset_file")
+        if upload:
+            return PurePath(upload.name).name
+        return self.cleaned_data["dataset"].name
+
+    def run_options(self) -> dict[str, Any]:
+        """``Run`` fields for ``runs.create_run``."""
+        d = self.cleaned_data
+        return {
+            "agent_url": d["agent_url"],
+            "env_url": d["env_url"],
+            "agent_name": d["agent_name"],
+            "concurrency": d["concurrency"],
+            "max_steps": d["max_steps"] or None,
+            "num_repeats": d["num_repeats"],
+            "limit": d["limit"],
+            "max_attempts": d["max_attempts"],
+            "remote_responses_timeout_s": d["remote_responses_timeout_s"],
+            "run_timeout_s": d["run_timeout_s"],
+            "overrides": d["overrides"],
+            "source_file": self.dataset_name()[:500],
+        }
+
+
+# -- the rollout table's filter ------------------------------------------------------------------
+TASK_ORDER = ("task_index", "rollout_index", "attempt", "id")
+SORTS = {  # the primary term; ties always break in task order
+    "task": (),
+    "reward": (F("reward").asc(nulls_last=True),),
+    "duration": (F("duration_ms").asc(nulls_last=True),),
+    "calls": (F("num_agent_calls").asc(),),
+}
+SORT_CHOICES = [
+    ("task", "task ↑"), ("-task", "task ↓"),
+    ("reward", "reward ↑"), ("-reward", "reward ↓"),
+    ("duration", "duration ↑"), ("-duration", "duration ↓"),
+    ("calls", "agent calls ↑"), ("-calls", "agent calls ↓"),
+]
+FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "sort")
+
+
+def _descending(term):
+    return F(term.expression.name).desc(nulls_last=True)
+
+
+class RolloutFilterForm(forms.Form):
+    """Filters of a run's rollout table, read from the querystring (so a filtered view is a
+    permalink). Invalid values are reported on the field and ignored; the valid ones still apply."""
+
+    status = forms.ChoiceField(choices=[("", "any status")] + list(Rollout.Status.choices), required=False)
+    kind = forms.ChoiceField(label="failure kind", choices=[("", "any failure kind")], required=False)
+    reward_min = forms.FloatField(label="reward ≥", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5}))
+    reward_max = forms.FloatField(label="reward ≤", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5}))
+    task = forms.IntegerField(label="task", required=False, widget=forms.NumberInput(attrs={"size": 5}))
+    sort = forms.ChoiceField(choices=SORT_CHOICES, required=False)
+
+    def __init__(self, data=None, *, kinds: Optional[list[str]] = None, **kwargs: Any):
+        super().__init__(data if data is not None else {}, **kwargs)
+        choices = [("", "any failure kind")] + [(k, k) for k in kinds or []]
+        wanted = (data or {}).get("kind")
+        if wanted and wanted not in dict(choices):  # a permalink to a kind this run lacks: empty result, not an error
+            choices.append((wanted, wanted))
+        self.fields["kind"].choices = choices
+        self.is_valid()  # fills cleaned_data with the valid fields
+
+    def value(self, name: str) -> Any:
+        return self.cleaned_data.get(name) if hasattr(self, "cleaned_data") else None
+
+    @property
+    def sort_key(self) -> str:
+        return self.value("sort") or "task"
+
+    def filter(self, qs: QuerySet) -> QuerySet:
+        """``qs`` (a run's rollouts) restricted by the valid filters (not sorted)."""
+        if self.value("status"):
+            qs = qs.filter(status=self.value("status"))
+        if self.value("kind"):
+            qs = qs.filter(failure_kind=self.value("kind"))
+        if self.value("reward_min") is not None:
+            qs = qs.filter(reward__gte=self.value("reward_min"))
+        if self.value("reward_max") is not None:
+            qs = qs.filter(reward__lte=self.value("reward_max"))
+        if self.value("task") is not None:
+            qs = qs.filter(task_index=self.value("task"))
+        return qs
+
+    def order(self, qs: QuerySet) -> QuerySet:
+        key = self.sort_key
+        column = key.lstrip("-")
+        if column == "task":
+            terms = tuple(F(t).desc() for t in TASK_ORDER) if key.startswith("-") else TASK_ORDER
+        else:
+            terms = tuple(_descending(t) for t in SORTS[column]) if key.startswith("-") else SORTS[column]
+            terms += TASK_ORDER
+        return qs.order_by(*terms)
+
+    def apply(self, qs: QuerySet) -> QuerySet:
+        return self.order(self.filter(qs))
+
+    @property
+    def active(self) -> bool:
+        """True when any filter (not the sort) restricts the list."""
+        return any(self.value(n) not in (None, "") for n in FILTER_FIELDS if n != "sort")
+
+    def params(self, **changes: Any) -> dict[str, str]:
+        """The valid filter values as querystring parameters, with ``changes`` applied."""
+        out = {}
+        for name in FILTER_FIELDS:
+            value = changes[name] if name in changes else self.value(name)
+            if name == "sort" and value == "task":
+                continue
+            if value not in (None, ""):
+                out[name] = str(value)
+        return out
+
+    def querystring(self, **changes: Any) -> str:
+        return urlencode(self.params(**changes))
+
+
+def filtered_rollouts(run, data, kinds: Optional[list[str]] = None) -> tuple[QuerySet, RolloutFilterForm]:
+    """A run's rollouts filtered and sorted by querystring ``data`` (a QueryDict or dict), and the
+    form that read it. Other pages (a rollout's prev/next) can call this with the querystring
+    that the run page put on their link."""
+    form = RolloutFilterForm(data, kinds=kinds)
+    return form.apply(Rollout.objects.filter(run=run)), form
