@@ -289,8 +289,9 @@ def make_client(concurrency: int = DEFAULT_CONCURRENCY) -> httpx.AsyncClient:
     )
 
 
-class _Jar:
-    """One party's cookies for one rollout: name → value, kept up to date from every reply."""
+class SessionJar:
+    """One party's cookies for one rollout: name → value, kept up to date from every reply
+    (``update``), sent back as one ``Cookie`` header (``headers``). DESIGN.md, "Cookies"."""
 
     __slots__ = ("values",)
 
@@ -382,8 +383,8 @@ class _Rollout:
         self.row = row
         self.s = settings
         self.obs = observer
-        self.env_jar = _Jar()
-        self.agent_jar = _Jar()
+        self.env_jar = SessionJar()
+        self.agent_jar = SessionJar()
         params = dict(row.get("responses_create_params") or {})
         first_input = params.get("input", [])
         if isinstance(first_input, str):  # rule 7

@@ -152,3 +152,16 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str 
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Django drops the SQLite test database file but not its WAL and shared-memory files.
+    from django.conf import settings as dj
+
+    try:
+        name = dj.DATABASES["default"].get("TEST", {}).get("NAME")
+    except Exception:
+        return
+    if name and dj.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        for suffix in ("-wal", "-shm"):
+            Path(str(name) + suffix).unlink(missing_ok=True)

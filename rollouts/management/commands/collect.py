@@ -5,6 +5,7 @@ process, so no separate worker needs to be running.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections import Counter
@@ -28,9 +29,9 @@ def _positive_int(value: str) -> int:
     try:
         number = int(value)
     except ValueError:
-        raise ValueError(f"expected a whole number, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
     if number < 0:
-        raise ValueError(f"expected a number >= 0, got {number}")
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {number}")
     return number
 
 
@@ -38,9 +39,9 @@ def _positive_float(value: str) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise ValueError(f"expected a number of seconds, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
     if not number > 0:
-        raise ValueError(f"expected a number of seconds > 0, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value}")
     return number
 
 

@@ -1,0 +1,722 @@
+"""Agent conformance check: probe an agent service and report every breach of the contract.
+
+``check_agent(base_url)`` sends a few probe conversations to ``{base_url}/v1/responses``, the way a
+rollout would, and returns a ``Report`` listing each breach found as a ``Finding`` with what was
+sent, what came back, and how to fix it. It never follows redirects, sends no credentials, keeps no
+client cookie jar (``loop.make_client``; the service's own cookies are echoed back only within one
+probe conversation, as in a rollout) and needs no environment: tool outputs are simulated.
+
+The probes (in order):
+
+1. ``counter_task``: a counter task as in NeMo Gym's ``example_session_state_mgmt`` dataset, with
+   its two declared tools (``increment_counter``, ``get_counter_value``).
+2. ``follow_up``: the same conversation one turn later: probe 1's output items, then one
+   ``function_call_output`` per ask of probe 1 (the agent's own calls; simulated env outputs,
+   refusals as gymweb writes them). The service's cookies from probe 1 are sent back. When probe 1
+   asked for nothing usable, a synthetic ``increment_counter`` call and its output stand in.
+3. ``string_input``: ``input`` given as a string (a Responses client may send one; gymweb itself
+   turns it into a user message first, contract rule 7).
+4. ``no_tools``: a plain question with ``tools: []``: any ask is for an undeclared tool.
+
+Findings (code → severity; rules cite DESIGN.md, "Contract rules", and the seed's "Expectations"):
+``unreachable``, ``connection_dropped``, ``not_http``, ``timeout`` (rules 11, 12), ``redirect``
+(rule 1), ``http_error``, ``not_json``, ``not_object`` (rule 2), ``invalid_response``,
+``invalid_output_item``, ``partial_usage`` (rule 3) are errors, as they fail a rollout.
+``undeclared_tool`` (rule 5), ``unsafe_tool_name``, ``reserved_tool_name`` (rule 5),
+``duplicate_call_id``, ``orphan_call_output`` (rule 4) are errors: the rollout goes on but the
+agent broke the contract. ``no_usage`` (rule 3), ``arguments_not_json`` (rule 6),
+``repeated_call_id`` (rule 4), ``no_progress`` (rule 10), ``slow`` (rule 12) are warnings.
+Each code's advice is in ``CHECKS``.
+
+No Django here: a view, the ``check_agent`` command or a test can call it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import aiohttp
+import httpx
+from pydantic import ValidationError
+
+from .contract import (
+    RESERVED_ENV_ROUTES,
+    InvalidReply,
+    Usage,
+    arguments_problem,
+    find_asks,
+    has_assistant_message,
+    parse_reply,
+    tool_name_problem,
+)
+from .loop import BODY_EXCERPT_CHARS, SessionJar, make_client, validate_base_url
+
+__all__ = [
+    "CHECKS",
+    "DEFAULT_SLOW_S",
+    "DEFAULT_TIMEOUT_S",
+    "ERROR",
+    "WARNING",
+    "Check",
+    "Finding",
+    "ProbeResult",
+    "Report",
+    "check_agent",
+    "check_agent_sync",
+    "check_reply",
+]
+
+ERROR = "error"
+WARNING = "warning"
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_SLOW_S = 10.0
+SENT_CHARS = 2000  # a finding's copy of the request body is cut here
+RECEIVED_CHARS = BODY_EXCERPT_CHARS  # NeMo Gym keeps the first 500 characters of a bad reply (rule 2)
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a finding code means: its severity, the rule it comes from and how to fix it."""
+
+    severity: str
+    rule: str
+    how_to_fix: str
+
+
+_TOP_LEVEL = (
+    "id (string), created_at (number, seconds), model (string), object: \"response\", output (list), "
+    "parallel_tool_calls (bool), tool_choice (\"auto\" or an object) and tools (list)"
+)
+
+CHECKS: dict[str, Check] = {
+    "unreachable": Check(
+        ERROR,
+        "contract rule 11, DESIGN.md",
+        "Start the service and check the URL: gymweb POSTs to {base_url}/v1/responses. It tries 3 times, then "
+        "fails the rollout with \"is your service running at ...?\". Mind that HTTP_PROXY/HTTPS_PROXY are ignored.",
+    ),
+    "connection_dropped": Check(
+        ERROR,
+        "contract rule 11, DESIGN.md",
+        "The service accepted the connection but closed it without an HTTP reply. Look for a crash in its logs "
+        "(an exception in the handler, a worker killed for memory). gymweb retries 3 times, then fails the rollout.",
+    ),
+    "not_http": Check(
+        ERROR,
+        "contract rule 11, DESIGN.md",
+        "Something answered that does not speak HTTP/1.1 at this address: check the port, and use https:// when "
+        "the service expects TLS. The rollout fails at once.",
+    ),
+    "timeout": Check(
+        ERROR,
+        "contract rule 12, DESIGN.md",
+        "Answer sooner, or raise the per-call timeout: remote_responses_timeout_s (NeMo Gym's "
+        "remote_responses_timeout_secs, default 1800 s) for runs, --timeout for this check.",
+    ),
+    "redirect": Check(
+        ERROR,
+        "contract rule 1, DESIGN.md; the seed's \"Gotchas\"",
+        "Point agent_base_url at the final address (the Location shown). Redirects are never followed: a "
+        "301/302/303 would turn the POST into a body-less GET, a 307/308 would send the task somewhere you never "
+        "configured.",
+    ),
+    "http_error": Check(
+        ERROR,
+        "contract rule 2, DESIGN.md",
+        "Answer every POST /v1/responses with HTTP 200 and a Responses object. The start of the body is shown; "
+        "the service's logs say more. An error status fails the rollout (it is retried on resume).",
+    ),
+    "not_json": Check(
+        ERROR,
+        "contract rule 2, DESIGN.md",
+        "Return the Responses object as JSON (Content-Type: application/json), not HTML or plain text.",
+    ),
+    "not_object": Check(
+        ERROR,
+        "contract rule 2, DESIGN.md",
+        "Return one JSON object (the Responses object), not a list, a string or a number.",
+    ),
+    "invalid_response": Check(
+        ERROR,
+        "contract rule 3, DESIGN.md (NeMo Gym's NeMoGymResponse)",
+        f"Return every required top-level field with its type: {_TOP_LEVEL}. Extra fields are fine. An invalid "
+        "object is a terminal failure: the rollout is never retried.",
+    ),
+    "invalid_output_item": Check(
+        ERROR,
+        "contract rule 3, DESIGN.md (NeMo Gym's NeMoGymResponse)",
+        "Give every output item a known type and its fields: message {id, role: \"assistant\", content: "
+        "[{type: \"output_text\", text, annotations: []}]}; function_call {call_id, name, arguments: a JSON "
+        "*string*}; function_call_output {call_id, output: a string}; reasoning {id, summary: []}. An invalid "
+        "object is a terminal failure.",
+    ),
+    "partial_usage": Check(
+        ERROR,
+        "contract rule 3, DESIGN.md; the seed's \"Gotchas\"",
+        "Report the full usage object (input_tokens, output_tokens, total_tokens, input_tokens_details: "
+        "{cached_tokens}, output_tokens_details: {reasoning_tokens}) or leave usage out entirely. A partial "
+        "usage is an invalid object: a terminal failure.",
+    ),
+    "no_usage": Check(
+        WARNING,
+        "contract rule 3, DESIGN.md; the seed's \"Your service is responsible for\" 4",
+        "Report usage (input_tokens, output_tokens, total_tokens, input_tokens_details.cached_tokens, "
+        "output_tokens_details.reasoning_tokens) to get token metrics. Leaving it out is allowed; the run's "
+        "token metrics are then empty.",
+    ),
+    "undeclared_tool": Check(
+        ERROR,
+        "contract rule 5, DESIGN.md; the seed's \"Expectations\" 1",
+        "Ask only for tools the request's `tools` declared, by their exact name. gymweb still sends such a call to "
+        "the environment and returns whatever it answers (usually a 404 text) as the output: a wasted step.",
+    ),
+    "unsafe_tool_name": Check(
+        ERROR,
+        "contract rule 5, DESIGN.md",
+        "Use tool names that are one URL path segment (letters, digits, _ - . ~; no /, .., ?, #, %, spaces). "
+        "gymweb never sends such a call; its output is an error text.",
+    ),
+    "reserved_tool_name": Check(
+        ERROR,
+        "contract rule 5, DESIGN.md",
+        f"{', '.join(sorted(RESERVED_ENV_ROUTES))} are the environment's own routes: an agent may not call them "
+        "(it could re-seed its session or verify itself). gymweb never sends such a call; its output is an error text.",
+    ),
+    "duplicate_call_id": Check(
+        ERROR,
+        "contract rule 4, DESIGN.md",
+        "Give each function_call its own call_id (e.g. call_<random hex>). When asks share one, gymweb runs only "
+        "the last of them, once.",
+    ),
+    "orphan_call_output": Check(
+        ERROR,
+        "contract rule 4, DESIGN.md; the seed's \"Expectations\" 3",
+        "Only return a function_call_output together with the function_call of the same call_id (your own tool's "
+        "record, paired in the same reply). Never answer a call nobody made; gymweb adds the outputs of the calls "
+        "it runs itself.",
+    ),
+    "repeated_call_id": Check(
+        WARNING,
+        "contract rule 4, DESIGN.md",
+        "Use a fresh call_id for every new ask. Pairing is judged within one reply, so an ask that reuses a "
+        "call_id from earlier in the conversation is run again, and the conversation then holds two outputs "
+        "for one call_id.",
+    ),
+    "arguments_not_json": Check(
+        WARNING,
+        "contract rule 6, DESIGN.md; the seed's \"Expectations\" 2",
+        "Send arguments as a JSON-encoded string, e.g. json.dumps({\"count\": 1}). gymweb does not call the tool; "
+        "the call's output is an error text naming the parse error, and the rollout goes on.",
+    ),
+    "no_progress": Check(
+        WARNING,
+        "contract rule 10, DESIGN.md",
+        "End every reply with unpaired function_call asks (\"run these tools\") or an assistant message "
+        "(\"finished\"). With neither, gymweb calls again at once; a service that never ends loops until "
+        "max_steps or run_timeout_s.",
+    ),
+    "slow": Check(
+        WARNING,
+        "contract rule 12, DESIGN.md",
+        "Every call counts against remote_responses_timeout_s (per call) and run_timeout_s (whole rollout, "
+        "default 2100 s). Slow replies also bound how many rollouts a run finishes per hour; raise the run's "
+        "concurrency, or the timeouts, when this is expected.",
+    ),
+}
+
+
+@dataclass
+class Finding:
+    """One breach of the contract.
+
+    ``code``: a key of ``CHECKS``; ``severity``: ``"error"`` (a rollout fails, or the agent broke a
+    rule gymweb repairs) or ``"warning"``; ``title``: one line saying what was found; ``sent``: the
+    request body (JSON, cut at ``SENT_CHARS``); ``received``: the status and the start of the body
+    (``RECEIVED_CHARS``), or the transport error; ``how_to_fix``: advice; ``rule``: where the rule
+    is written; ``probes``: names of the probes where it showed (the first one's sent/received are
+    kept).
+    """
+
+    code: str
+    severity: str
+    title: str
+    sent: str
+    received: str
+    how_to_fix: str
+    rule: str = ""
+    probes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ProbeResult:
+    """One probe request and what came back. ``latency_ms``: wall time of the call (ms);
+    ``status``: HTTP status or None; ``error``: transport problem or None; ``received``: status and
+    start of the body; ``findings``: codes found in this probe."""
+
+    name: str
+    purpose: str
+    url: str
+    request: dict[str, Any]
+    sent: str
+    status: Optional[int] = None
+    received: str = ""
+    latency_ms: Optional[float] = None
+    error: Optional[str] = None
+    findings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["request"]  # ``sent`` holds it, cut to size
+        return out
+
+
+@dataclass
+class Report:
+    """The result of ``check_agent``: ``ok`` when there is no error (warnings allowed)."""
+
+    base_url: str
+    url: str
+    findings: list[Finding] = field(default_factory=list)
+    probes: list[ProbeResult] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def codes(self, severity: Optional[str] = None) -> set[str]:
+        """The finding codes, optionally of one severity."""
+        return {f.code for f in self.findings if severity is None or f.severity == severity}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{ok, base_url, url, errors, warnings, findings: [...], probes: [...]}``."""
+        return {
+            "ok": self.ok,
+            "base_url": self.base_url,
+            "url": self.url,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "findings": [f.to_dict() for f in self.findings],
+            "probes": [p.to_dict() for p in self.probes],
+        }
+
+    def to_text(self, excerpt_chars: int = 300) -> str:
+        """A report for a terminal. Text from the service is shown with control characters escaped,
+        so a reply cannot move the cursor or recolour the terminal."""
+        lines = [f"Agent conformance check of {self.url}", "", "Probes:"]
+        width = max((len(p.name) for p in self.probes), default=0)
+        for p in self.probes:
+            if p.status is not None:
+                outcome = f"HTTP {p.status}"
+            else:
+                outcome = "no reply"
+            latency = f"{p.latency_ms:,.0f} ms" if p.latency_ms is not None else ""
+            found = f"  -> {', '.join(p.findings)}" if p.findings else ""
+            lines.append(f"  {p.name:<{width}}  {outcome:<9} {latency:>9}  {p.purpose}{found}")
+        lines.append("")
+        if not self.findings:
+            lines.append("No breach of the contract found.")
+        for f in self.findings:
+            where = ", ".join(f.probes)
+            lines.append(f"{f.severity.upper():<7} {f.code}: {_printable(f.title)}  [{where}]")
+            lines.append(f"        rule: {f.rule}")
+            lines.append(f"        sent: {_printable(_cut(f.sent, excerpt_chars))}")
+            lines.append(f"        received: {_printable(_cut(f.received, excerpt_chars))}")
+            lines.append(f"        how to fix: {f.how_to_fix}")
+            lines.append("")
+        n_err, n_warn = len(self.errors), len(self.warnings)
+        verdict = "PASS" if self.ok else "FAIL"
+        lines.append(f"{verdict}: {n_err} error(s), {n_warn} warning(s)")
+        return "\n".join(lines)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The probes' requests
+# ---------------------------------------------------------------------------------------------
+
+# NeMo Gym's counter dataset (example_session_state_mgmt): the tools as its rows declare them.
+PROBE_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "name": "increment_counter",
+        "description": "Add count to the session's counter.",
+        "parameters": {
+            "type": "object",
+            "properties": {"count": {"type": "integer", "description": ""}},
+            "required": ["count"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+    {
+        "type": "function",
+        "name": "get_counter_value",
+        "description": "Return the session's counter.",
+        "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+        "strict": True,
+    },
+]
+COUNTER_TASK = "add 1 then add 2 then get the count"
+STRING_TASK = "add 4 then get the count"
+NO_TOOLS_TASK = "Reply with one short sentence: what is the capital of France?"
+SYNTHETIC_CALL_ID = "call_gymweb_check_1"
+
+
+def _counter_request() -> dict[str, Any]:
+    return {"input": [{"role": "user", "content": COUNTER_TASK}], "tools": PROBE_TOOLS}
+
+
+def _simulated_output(call: dict[str, Any]) -> str:
+    """What gymweb would append for one ask, with a counter env behind it (rules 5, 6)."""
+    name = call.get("name") if isinstance(call.get("name"), str) else ""
+    problem = tool_name_problem(name)
+    if problem is None:
+        args = call.get("arguments")
+        _, problem = arguments_problem(args if isinstance(args, str) else "")
+    if problem is not None:
+        return f"Error: gymweb did not call tool {name!r}: {problem}."
+    if name == "increment_counter":
+        return '{"success":true}'
+    if name == "get_counter_value":
+        return '{"count":3}'
+    return '{"detail":"Not Found"}'
+
+
+def _follow_up_request(first: dict[str, Any], reply: Optional[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """Probe 2's request: probe 1's conversation one turn later. Returns (request, purpose)."""
+    output = reply.get("output") if isinstance(reply, dict) else None
+    items = _usable_items(output) if isinstance(output, list) else []
+    asks = [a for a in find_asks(items) if isinstance(a.get("name"), str)] if items else []
+    request = dict(first)
+    if asks:
+        outputs = [{"type": "function_call_output", "call_id": a["call_id"], "output": _simulated_output(a)} for a in asks]
+        request["input"] = list(first["input"]) + items + outputs
+        return request, f"the conversation after {len(asks)} of its own ask(s) ran (cookies echoed)"
+    call = {
+        "type": "function_call",
+        "id": "fc_gymweb_check_1",
+        "call_id": SYNTHETIC_CALL_ID,
+        "name": "increment_counter",
+        "arguments": '{"count":1}',
+        "status": "completed",
+    }
+    result = {"type": "function_call_output", "call_id": SYNTHETIC_CALL_ID, "output": '{"success":true}'}
+    request["input"] = list(first["input"]) + [call, result]
+    return request, "a conversation with one executed call (synthetic: the first probe asked for none)"
+
+
+def _usable_items(output: list[Any]) -> list[dict[str, Any]]:
+    """Output items the semantic checks can read: dicts, with a string ``call_id`` on call items."""
+    usable = []
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") in ("function_call", "function_call_output") and not isinstance(item.get("call_id"), str):
+            continue
+        usable.append(item)
+    return usable
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking one reply (no I/O)
+# ---------------------------------------------------------------------------------------------
+
+_PREFIX = re.compile(r"^\d+ validation error\(s\): ")
+_ENVELOPE = {
+    "id": "resp_check",
+    "created_at": 0.0,
+    "model": "check",
+    "object": "response",
+    "output": [],
+    "parallel_tool_calls": False,
+    "tool_choice": "auto",
+    "tools": [],
+}
+
+
+def _declared_tools(request: dict[str, Any]) -> set[str]:
+    names = set()
+    for tool in request.get("tools") or []:
+        if isinstance(tool, dict):
+            name = tool.get("name")
+            if name is None and isinstance(tool.get("function"), dict):
+                name = tool["function"].get("name")  # Chat Completions style, tolerated
+            if isinstance(name, str):
+                names.add(name)
+    return names
+
+
+def _input_call_ids(request: dict[str, Any]) -> set[str]:
+    items = request.get("input")
+    if not isinstance(items, list):
+        return set()
+    return {i["call_id"] for i in items if isinstance(i, dict) and i.get("type") == "function_call" and isinstance(i.get("call_id"), str)}
+
+
+def _usage_problem(usage: Any) -> Optional[str]:
+    try:
+        Usage.model_validate(usage)
+    except ValidationError as exc:
+        return "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'usage'}: {err['msg']}" for err in exc.errors()[:8]
+        )
+    return None
+
+
+def check_reply(request: dict[str, Any], data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every contract breach in one decoded reply object ``data`` to ``request`` (the body sent).
+
+    Returns ``[(code, title), ...]`` in a stable order (codes are keys of ``CHECKS``). Shape errors
+    use ``contract.parse_reply``'s messages: one ``invalid_response`` for the top level and one
+    ``invalid_output_item`` per bad item, plus ``partial_usage``; the semantic checks (asks, call
+    ids, tool names, arguments, progress) read the raw items that have a usable shape.
+    """
+    found: list[tuple[str, str]] = []
+
+    # Shape (rule 3): usage, top level, then each item, so every breach gets its own line.
+    usage = data.get("usage")
+    if usage is None:
+        found.append(("no_usage", "the reply has no usage (omitted or null): token metrics will be empty"))
+    else:
+        problem = _usage_problem(usage)
+        if problem:
+            found.append(("partial_usage", f"usage is incomplete or mistyped: {problem}"))
+    top = {k: v for k, v in data.items() if k != "usage"}
+    output = data.get("output")
+    if isinstance(output, list):
+        top["output"] = []
+    try:
+        parse_reply(top)
+    except InvalidReply as exc:
+        found.append(("invalid_response", f"not a valid Responses object: {_PREFIX.sub('', str(exc))}"))
+    if isinstance(output, list):
+        for index, item in enumerate(output):
+            try:
+                parse_reply({**_ENVELOPE, "output": [item]})
+            except InvalidReply as exc:
+                kind = item.get("type") if isinstance(item, dict) else None
+                detail = _PREFIX.sub("", str(exc)).replace("output.0", f"output.{index}")
+                label = f"output[{index}] ({kind})" if isinstance(kind, str) else f"output[{index}]"
+                found.append(("invalid_output_item", f"{label} is not a valid item: {detail}"))
+    if not any(code in ("partial_usage", "invalid_response", "invalid_output_item") for code, _ in found):
+        try:  # a safety net: whatever the whole-object validation rejects is reported
+            parse_reply(data)
+        except InvalidReply as exc:
+            found.append(("invalid_response", f"not a valid Responses object: {_PREFIX.sub('', str(exc))}"))
+    if not isinstance(output, list):
+        return found
+
+    # Semantics (rules 4, 5, 6, 10) on the usable items.
+    items = _usable_items(output)
+    declared = _declared_tools(request)
+    earlier_ids = _input_call_ids(request)
+    answered = {i["call_id"] for i in items if i.get("type") == "function_call_output"}
+    calls_here = {i["call_id"] for i in items if i.get("type") == "function_call"}
+    unpaired = [i for i in items if i.get("type") == "function_call" and i["call_id"] not in answered]
+    for call_id, n in Counter(i["call_id"] for i in unpaired).items():
+        if n > 1:
+            found.append(("duplicate_call_id", f"{n} asks share call_id {call_id!r}: gymweb runs only the last of them"))
+    asks = find_asks(items)
+    for ask in asks:
+        name = ask.get("name")
+        if not isinstance(name, str):
+            continue  # reported as an invalid item
+        problem = tool_name_problem(name)
+        if problem is not None:
+            code = "reserved_tool_name" if name in RESERVED_ENV_ROUTES else "unsafe_tool_name"
+            found.append((code, f"asked for tool {name!r}: {problem}; gymweb will not send it"))
+        if name not in declared:
+            shown = ", ".join(sorted(declared)) if declared else "none (tools: [])"
+            found.append(("undeclared_tool", f"asked for tool {name!r}, which the request does not declare (declared: {shown})"))
+        arguments = ask.get("arguments")
+        if isinstance(arguments, str):
+            _, problem = arguments_problem(arguments)
+            if problem is not None:
+                found.append(("arguments_not_json", f"the arguments of the ask for {name!r} (call_id {ask['call_id']!r}) are not valid JSON: {arguments[:100]!r}"))
+        if ask["call_id"] in earlier_ids:
+            found.append(("repeated_call_id", f"the ask for {name!r} reuses call_id {ask['call_id']!r} from earlier in the conversation"))
+    for item in items:
+        if item.get("type") == "function_call_output" and item["call_id"] not in calls_here | earlier_ids:
+            found.append(("orphan_call_output", f"a function_call_output answers call_id {item['call_id']!r}, which no function_call made (neither in this reply nor in the input)"))
+    shape_errors = any(code in ("partial_usage", "invalid_response", "invalid_output_item") for code, _ in found)
+    # An invalid reply fails the rollout before the loop looks at it: "calls again" would not be true.
+    if not shape_errors and not asks and not has_assistant_message(items) and not data.get("incomplete_details"):
+        kinds = ", ".join(sorted({str(i.get("type")) for i in items})) or "no items"
+        found.append(("no_progress", f"the reply has neither an ask nor an assistant message ({kinds}): gymweb would call again at once"))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Talking to the service
+# ---------------------------------------------------------------------------------------------
+
+
+class _Run:
+    """One check: the client, the findings so far (merged by code and title)."""
+
+    def __init__(self, client: httpx.AsyncClient, base_url: str, timeout_s: float, slow_s: float):
+        self.client = client
+        self.base_url = base_url
+        self.url = f"{base_url}/v1/responses"
+        self.timeout_s = timeout_s
+        self.slow_s = slow_s
+        self.report = Report(base_url=base_url, url=self.url)
+        self._by_key: dict[tuple[str, str], Finding] = {}
+        self.unreachable = False
+
+    def add(self, probe: ProbeResult, code: str, title: str) -> None:
+        check = CHECKS[code]
+        if code not in probe.findings:
+            probe.findings.append(code)
+        existing = self._by_key.get((code, title))
+        if existing is not None:
+            if probe.name not in existing.probes:
+                existing.probes.append(probe.name)
+            return
+        finding = Finding(
+            code=code,
+            severity=check.severity,
+            title=title,
+            sent=probe.sent,
+            received=probe.received,
+            how_to_fix=check.how_to_fix.replace("{base_url}", self.base_url),
+            rule=check.rule,
+            probes=[probe.name],
+        )
+        self._by_key[(code, title)] = finding
+        self.report.findings.append(finding)
+
+    async def probe(self, name: str, purpose: str, request: dict[str, Any], jar: SessionJar) -> Optional[dict[str, Any]]:
+        """Send one probe; record it and its findings. Returns the reply object when it is one."""
+        body = _dumps(request)
+        probe = ProbeResult(name=name, purpose=purpose, url=self.url, request=request, sent=_cut(body, SENT_CHARS))
+        self.report.probes.append(probe)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                response = await self.client.post(self.url, content=body.encode(), headers=jar.headers())
+                await response.aread()
+        except TimeoutError:
+            probe.latency_ms = (time.perf_counter() - started) * 1000
+            probe.error = probe.received = f"no reply within {self.timeout_s:g} s"
+            self.add(probe, "timeout", f"no reply within {self.timeout_s:g} s")
+            return None
+        except (httpx.HTTPError, aiohttp.ClientError) as exc:
+            probe.latency_ms = (time.perf_counter() - started) * 1000
+            cause = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError) else exc
+            probe.error = probe.received = f"{cause.__class__.__name__}: {cause}"
+            if isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
+                self.unreachable = True
+                self.add(probe, "unreachable", f"could not connect to {self.url}: is your service running at {self.base_url}?")
+            elif isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) or isinstance(
+                exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectTimeout)
+            ):
+                self.add(probe, "connection_dropped", f"the connection to {self.url} closed without an HTTP reply")
+            else:
+                self.add(probe, "not_http", f"the service at {self.url} did not answer with valid HTTP")
+            return None
+        probe.latency_ms = (time.perf_counter() - started) * 1000
+        jar.update(response)
+        probe.status = response.status_code
+        text = response.content.decode("utf-8", errors="replace")
+        probe.received = f"HTTP {response.status_code}: {_cut(text.strip(), RECEIVED_CHARS)}"
+        if probe.latency_ms > self.slow_s * 1000:
+            self.add(probe, "slow", f"the reply took {probe.latency_ms / 1000:.1f} s (more than {self.slow_s:g} s)")
+        if 300 <= response.status_code < 400:
+            location = response.headers.get("location", "(no Location header)")
+            self.add(probe, "redirect", f"HTTP {response.status_code} redirect to {location} (not followed)")
+            return None
+        if not response.is_success:
+            self.add(probe, "http_error", f"HTTP {response.status_code} instead of 200")
+            return None
+        try:
+            data = json.loads(response.content)
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            self.add(probe, "not_json", f"the body is not JSON ({kind})")
+            return None
+        if not isinstance(data, dict):
+            self.add(probe, "not_object", f"the body is JSON but a {type(data).__name__}, not an object")
+            return None
+        for code, title in check_reply(request, data):
+            self.add(probe, code, title)
+        return data
+
+
+async def check_agent(
+    base_url: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    slow_s: float = DEFAULT_SLOW_S,
+    client: Optional[httpx.AsyncClient] = None,
+) -> Report:
+    """Probe the agent service at ``base_url`` and report every breach of the contract found.
+
+    ``base_url``: the agent's base URL (``validate_base_url``, contract rule 13: absolute http(s),
+    no query, fragment or credentials; a trailing slash is dropped). ``timeout_s``: per probe
+    (seconds). ``slow_s``: replies slower than this get a ``slow`` warning. ``client``: an
+    ``httpx.AsyncClient`` from ``loop.make_client`` to reuse (default: a fresh one, closed after).
+
+    Returns a ``Report`` (module docstring: probes and codes). A refused connection (or an unknown
+    host) ends the check with one ``unreachable`` finding. Raises ``loop.InvalidBaseURL`` for a bad
+    URL (its message never echoes credentials); never raises for the service's behaviour.
+    """
+    base = validate_base_url(base_url)
+    own = client is None
+    client = client or make_client(1)
+    run = _Run(client, base, float(timeout_s), float(slow_s))
+    try:
+        first = _counter_request()
+        jar = SessionJar()  # probes 1 and 2 are one conversation: the service's cookies come back
+        reply = await run.probe("counter_task", "a counter task with two declared tools", first, jar)
+        if run.unreachable:
+            return run.report
+        follow_up, purpose = _follow_up_request(first, reply)
+        await run.probe("follow_up", purpose, follow_up, jar)
+        await run.probe("string_input", "input given as a string", {"input": STRING_TASK, "tools": PROBE_TOOLS}, SessionJar())
+        await run.probe(
+            "no_tools",
+            "a plain question with tools: []",
+            {"input": [{"role": "user", "content": NO_TOOLS_TASK}], "tools": []},
+            SessionJar(),
+        )
+        return run.report
+    finally:
+        if own:
+            await client.aclose()
+
+
+def check_agent_sync(base_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, slow_s: float = DEFAULT_SLOW_S) -> Report:
+    """``check_agent`` for synchronous callers (a view, a command): runs it in a new event loop.
+    Must not be called from inside a running event loop. Raises ``loop.InvalidBaseURL`` like it."""
+    return asyncio.run(check_agent(base_url, timeout_s=timeout_s, slow_s=slow_s))

@@ -1,0 +1,61 @@
+"""``python manage.py check_agent URL [--timeout S] [--slow S] [--json]``: the agent conformance check.
+
+Sends the probe conversations of ``rollouts.conformance`` to ``URL/v1/responses`` and prints the
+report: a readable text (default) or its JSON form (``--json``, ``Report.to_dict()``). Needs no
+database and no environment.
+
+Exit status: 0 when no error was found (warnings allowed), 1 when there are errors (the service
+breaks the contract, or cannot be reached), 2 for an unusable URL (contract rule 13: absolute
+http(s), no query, fragment or credentials; the message never echoes credentials).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from rollouts.conformance import DEFAULT_SLOW_S, DEFAULT_TIMEOUT_S, check_agent_sync
+from rollouts.loop import InvalidBaseURL, validate_base_url
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Check that the agent service at URL follows the /v1/responses contract: sends a few probe "
+        "conversations and reports every breach with how to fix it. Exit status 0 = no errors, "
+        "1 = errors, 2 = bad URL."
+    )
+    requires_system_checks: list = []  # no database, no models: runs anywhere
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("url", help="the agent service's base URL (gymweb POSTs to URL/v1/responses)")
+        parser.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help=f"seconds per probe (default {DEFAULT_TIMEOUT_S:g})")
+        parser.add_argument("--slow", type=_seconds, default=DEFAULT_SLOW_S, help=f"warn about replies slower than this, seconds (default {DEFAULT_SLOW_S:g})")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def handle(self, *args, **opts) -> None:
+        try:
+            url = validate_base_url(opts["url"], "URL")
+        except InvalidBaseURL as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        report = check_agent_sync(url, timeout_s=opts["timeout"], slow_s=opts["slow"])
+        if opts["json"]:
+            self.stdout.write(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+        else:
+            self.stdout.write(report.to_text())
+        if not report.ok:
+            raise CommandError(
+                f"the agent service at {url} breaks the contract: {len(report.errors)} error(s), "
+                f"{len(report.warnings)} warning(s)",
+                returncode=1,
+            )
