@@ -70,15 +70,21 @@ def seed(total: int, items_per: int):
     return user, big_run, long
 
 
-def timed(client, url: str, repeat: int) -> tuple[float, int]:
-    client.get(url)  # warm caches
+def timed(client, url: str, repeat: int, cold: bool) -> float:
+    """Median server time (ms) of GET ``url``; ``cold`` clears Django's cache before each request
+    (the run page caches aggregates of finished attempts), so it is a first view every time."""
+    from django.core.cache import cache
+
+    client.get(url)  # warm the database's own caches
     times = []
     for _ in range(repeat):
+        if cold:
+            cache.clear()
         t0 = time.perf_counter()
         response = client.get(url)
         times.append((time.perf_counter() - t0) * 1000)
         assert response.status_code == 200, (url, response.status_code)
-    return statistics.median(times), response.status_code
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -113,9 +119,10 @@ def main() -> None:
         pages.append(("profile page (biggest run)", reverse("run_profile", args=[run.pk]), 300))
     except Exception:
         pass
+    print(f"  {'page (median of ' + str(args.repeat) + ')':48s} {'first view':>12s} {'cached':>10s}   target")
     for label, url, target in pages:
-        ms, _ = timed(client, url, args.repeat)
-        print(f"  {label:48s} {ms:8.1f} ms (median of {args.repeat}; target < {target} ms) {'ok' if ms < target else 'MISS'}")
+        cold, warm = timed(client, url, args.repeat, True), timed(client, url, args.repeat, False)
+        print(f"  {label:48s} {cold:9.1f} ms {warm:7.1f} ms   < {target} ms {'ok' if cold < target else 'MISS'}")
 
     url = reverse("run_export", args=[run.pk, "rollouts"])
     t0 = time.perf_counter()

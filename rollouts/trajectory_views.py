@@ -18,7 +18,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, F, Max, QuerySet, Window
+from django.db.models import Count, F, Max, OrderBy, Q, QuerySet, Window
 from django.db.models.functions import Lag, Lead, RowNumber
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -55,12 +55,54 @@ def filter_rollouts(run: Run, params: Mapping[str, Any]) -> QuerySet:
     return qs
 
 
+def _after(order: list[str], values: dict[str, Any], forward: bool) -> Q:
+    """Rows strictly after (or before) ``values`` in ``order`` (keyset comparison, no NULLs)."""
+    result, equal = Q(), Q()
+    for key in order:
+        field = key.lstrip("-")
+        ascending = not key.startswith("-")
+        op = "gt" if ascending == forward else "lt"
+        result |= equal & Q(**{f"{field}__{op}": values[field]})
+        equal &= Q(**{field: values[field]})
+    return result
+
+
+def _order_key(term: Any) -> str:
+    """An order_by term (``"-reward"``, ``F("reward")``, ``F("reward").desc()``) as ``"-reward"``."""
+    if isinstance(term, str):
+        return term
+    if isinstance(term, OrderBy):
+        return ("-" if term.descending else "") + term.expression.name
+    return term.name
+
+
 def neighbours(rollout: Rollout, params: Mapping[str, Any]) -> dict[str, Any]:
     """Previous/next rollout ids of ``rollout`` in its run's filtered, sorted list, its 1-based
-    position and the list's length, in one SQL query (window functions over the same filter and
-    order). ``position`` is None when the rollout is not in the filtered list."""
+    position and the list's length. ``position`` is None when the rollout is not in the list.
+
+    Keyset queries on the run's indexes (a handful of small queries), so a run of 50,000 rollouts
+    costs what a run of 50 does; a window-function query over the whole list is the fallback when
+    a sort key of this rollout is NULL (keyset comparisons cannot order NULLs).
+    """
     qs = filter_rollouts(rollout.run, params)
-    order = list(qs.query.order_by) or ["task_index", "rollout_index", "attempt", "id"]
+    order = [_order_key(o) for o in (qs.query.order_by or ["task_index", "rollout_index", "attempt", "id"])]
+    if not any(o.lstrip("-") == "id" for o in order):
+        order.append("id")
+    values = {o.lstrip("-"): getattr(rollout, o.lstrip("-")) for o in order}
+    if any(v is None for v in values.values()):
+        return _neighbours_by_window(qs, list(qs.query.order_by) or order, rollout.pk)
+    counts = qs.order_by().aggregate(
+        total=Count("id"), here=Count("id", filter=Q(pk=rollout.pk)), before=Count("id", filter=_after(order, values, False))
+    )
+    if not counts["here"]:
+        return {"prev_id": None, "next_id": None, "position": None, "total": counts["total"]}
+    reverse_order = [o[1:] if o.startswith("-") else f"-{o}" for o in order]
+    next_id = qs.filter(_after(order, values, True)).order_by(*order).values_list("id", flat=True).first()
+    prev_id = qs.filter(_after(order, values, False)).order_by(*reverse_order).values_list("id", flat=True).first()
+    return {"prev_id": prev_id, "next_id": next_id, "position": counts["before"] + 1, "total": counts["total"]}
+
+
+def _neighbours_by_window(qs: QuerySet, order: list[str], rollout_id: int) -> dict[str, Any]:
     row = (
         qs.order_by()
         .annotate(
@@ -72,7 +114,7 @@ def neighbours(rollout: Rollout, params: Mapping[str, Any]) -> dict[str, Any]:
             # window (equal to id) makes Django filter the windowed rows instead.
             this_id=Window(Max("id"), partition_by=[F("id")]),
         )
-        .filter(this_id=rollout.pk)
+        .filter(this_id=rollout_id)
         .values("prev_id", "next_id", "position", "total")
         .first()
     )
