@@ -95,23 +95,29 @@ def _worker_env(extra: dict | None = None) -> dict:
 class Workers:
     """``manage.py qcluster`` subprocesses on the test database (start, SIGKILL, SIGTERM)."""
 
-    def __init__(self):
+    def __init__(self, log_dir: Path):
         self.procs = []
+        self.log_dir = log_dir
 
     def start(self, workers: int = 1, **extra_env):
         import subprocess
         import sys
 
+        log = (self.log_dir / f"qcluster-{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, str(REPO / "manage.py"), "qcluster"],
             cwd=REPO,
             env=_worker_env({"GYMWEB_Q_WORKERS": str(workers), **{k: str(v) for k, v in extra_env.items()}}),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,  # a file, not a pipe: an unread pipe would block the worker
             start_new_session=True,  # its own process group: a kill reaches every worker process
         )
+        log.close()
         self.procs.append(proc)
         return proc
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("qcluster-*.log")))
 
     @staticmethod
     def kill(proc, sig=None):
@@ -134,11 +140,15 @@ class Workers:
 
 
 @pytest.fixture
-def workers(transactional_db):
-    """Start django-q2 clusters in other processes against this test's (file-backed) database."""
-    pool = Workers()
+def workers(transactional_db, tmp_path):
+    """Start django-q2 clusters in other processes against this test's (file-backed) database.
+    Afterwards, fails the test if any worker logged a locked database or a traceback."""
+    pool = Workers(tmp_path)
     yield pool
     pool.stop_all()
+    logs = pool.logs()
+    assert "database is locked" not in logs, logs[-3000:]
+    assert "Traceback" not in logs, logs[-3000:]
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
