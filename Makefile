@@ -18,3 +18,15 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
+
+# Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
+DB ?= sqlite
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight
+bench-overhead: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
+bench-latency: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_latency --db $(DB)
+bench-storage: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_storage --db $(DB)
+bench-inflight: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_inflight --db $(DB)

@@ -96,22 +96,16 @@ def failure_row(task_row: dict[str, Any], rollout_index: int, error: str, termin
     return row
 
 
-def _task_rows(run: Run) -> dict[int, dict[str, Any]]:
-    # Tasks are few compared with rollouts (one per dataset row); their rows are needed for every
-    # failure row and for agent_ref. For huge datasets this is the one per-run map held in memory.
-    return {i: json.loads(t) for i, t in Task.objects.filter(run=run).values_list("task_index", "row_json").iterator()}
-
-
 def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
     """Lines (without newline) of ``rollouts.jsonl`` for the run's succeeded attempts, optionally
     restricted to a filtered queryset of its rollouts."""
     qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.SUCCEEDED)
-    agent_refs: dict[int, dict[str, Any]] = {}
+    # Rows come ordered by task, so remembering the last task's agent_ref keeps memory constant.
+    last_task, ref = None, None
     fetch = qs.order_by("task_index", "rollout_index", "id").values_list("task_index", "rollout_index", "verify_json", "task__row_json")
     for task_index, rollout_index, verify_json, task_json in fetch.iterator(chunk_size=CHUNK):
-        ref = agent_refs.get(task_index)
-        if ref is None:
-            ref = agent_refs[task_index] = _agent_ref(json.loads(task_json), run)
+        if task_index != last_task:
+            last_task, ref = task_index, _agent_ref(json.loads(task_json), run)
         yield _dumps(success_row(verify_json, task_index, rollout_index, ref))
 
 
