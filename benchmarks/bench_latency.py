@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
 
     where = h.setup_django(args.db)
-    from django.db.models import Max, Min
+    from django.db.models import Min
 
     from rollouts.dispatch import run_in_process
     from rollouts.models import AgentCall, Rollout

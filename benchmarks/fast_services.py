@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
 
 from aiohttp import web
 

@@ -131,6 +131,9 @@ GYMWEB_SUMMARY_CACHE_S = float(os.environ.get("GYMWEB_SUMMARY_CACHE_S", 600))
 # /aggregate_metrics is called once a run completes, with at most this many rows and this timeout.
 GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 20000))
 GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))
+# Most (task, rollout) keys in one run: a run is created in one transaction (all or nothing),
+# which holds SQLite's write lock while it lasts (200,000 keys: a few seconds).
+GYMWEB_MAX_KEYS_PER_RUN = int(os.environ.get("GYMWEB_MAX_KEYS_PER_RUN", 200_000))
 # The largest run_timeout_s a run may have (form and CLI check it).
 GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 24 * 3600))
 

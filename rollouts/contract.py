@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 __all__ = [
     "AgentReply",
+    "NotJSON",
+    "strict_loads",
     "InvalidReply",
     "RESERVED_ENV_ROUTES",
     "Usage",
@@ -165,20 +167,24 @@ OutputItem = Annotated[
 ]
 
 
+# Token counts are counts: negative or absurd values (beyond a 64-bit column) are invalid.
+TokenCount = Annotated[int, Field(ge=0, lt=2**63)]
+
+
 class InputTokensDetails(_Loose):
-    cached_tokens: int
+    cached_tokens: TokenCount
 
 
 class OutputTokensDetails(_Loose):
-    reasoning_tokens: int
+    reasoning_tokens: TokenCount
 
 
 class Usage(_Loose):
     """Complete token usage of one reply (rule 3: partial usage is invalid). Units: tokens."""
 
-    input_tokens: int
-    output_tokens: int
-    total_tokens: int
+    input_tokens: TokenCount
+    output_tokens: TokenCount
+    total_tokens: TokenCount
     input_tokens_details: InputTokensDetails
     output_tokens_details: OutputTokensDetails
 
@@ -196,6 +202,40 @@ class AgentReply(_Loose):
     tools: list[Any]
     usage: Optional[Usage] = None
     incomplete_details: Optional[Any] = None
+
+
+class NotJSON(ValueError):
+    """Text that is not strict JSON; ``str(exc)`` says why."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise NotJSON(f"{name} is not a JSON value")
+
+
+def strict_loads(text: "str | bytes") -> Any:
+    """``json.loads`` that accepts only what every JSON reader accepts and gymweb can store.
+
+    Rejects NaN/Infinity (Python's json reads them; NeMo Gym's files must not carry them), nesting
+    deeper than Python can handle, and unpaired UTF-16 surrogates (``"\\ud800"``), which cannot be
+    written as UTF-8. Raises ``NotJSON`` with the reason; returns the decoded value.
+    """
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise NotJSON("nested too deeply") from None
+    except NotJSON:
+        raise
+    except ValueError as exc:
+        raise NotJSON(str(exc)) from None
+    raw = text if isinstance(text, str) else text.decode("utf-8", "replace")
+    if "\\u" in raw:  # only an escape can spell a lone surrogate; check the decoded value then
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NotJSON("it contains an unpaired UTF-16 surrogate escape (like \\ud800), which is not text") from None
+        except RecursionError:
+            raise NotJSON("nested too deeply") from None
+    return value
 
 
 class InvalidReply(Exception):

@@ -5,9 +5,10 @@ No Django here. Rules from DESIGN.md, "Datasets, runs and files".
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable, Iterator, Optional, TextIO, Union
+
+from .contract import NotJSON, strict_loads
 
 __all__ = [
     "DatasetError",
@@ -18,7 +19,12 @@ __all__ = [
     "merge_overrides",
     "read_jsonl",
     "strip_result_fields",
+    "validate_overrides",
+    "validate_row",
 ]
+
+# Task and rollout indices are stored in 32-bit integer columns.
+MAX_INDEX = 2**31 - 1
 
 # Result fields of an earlier output file; stripped on the way in so a stale result can neither
 # collide with nor leak into the new run's output (seed, "Gotchas"; DESIGN.md).
@@ -57,24 +63,48 @@ def strip_result_fields(row: dict[str, Any]) -> list[str]:
     return removed
 
 
-def _validate_row(row: Any, line: int, source: str) -> dict[str, Any]:
+def _check_params(params: Any) -> Optional[str]:
+    """Why ``responses_create_params`` cannot be sent, or None."""
+    if not isinstance(params, dict):
+        return "'responses_create_params' must be a JSON object"
+    if "input" not in params:
+        return "'responses_create_params' has no 'input'"
+    if not isinstance(params["input"], (str, list)):
+        return "'responses_create_params.input' must be a string or a list of items"
+    tools = params.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        return "'responses_create_params.tools' must be a list"
+    return None
+
+
+def validate_overrides(overrides: Any) -> dict[str, Any]:
+    """Check overrides meant to be merged into every row's ``responses_create_params``: a JSON
+    object whose ``input`` (if any) is a string or list and whose ``tools`` (if any) is a list.
+    Returns it; raises ``ValueError`` saying what is wrong."""
+    if not isinstance(overrides, dict):
+        raise ValueError(f"overrides must be a JSON object like {{\"temperature\": 0.2}}, not {type(overrides).__name__}")
+    if "input" in overrides and not isinstance(overrides["input"], (str, list)):
+        raise ValueError("overrides: 'input' must be a string or a list of items")
+    if "tools" in overrides and not isinstance(overrides["tools"], list):
+        raise ValueError("overrides: 'tools' must be a list")
+    return overrides
+
+
+def validate_row(row: Any, line: int, source: str) -> dict[str, Any]:
+    """Check one dataset row (DESIGN.md, "Datasets"); returns it or raises ``DatasetError``."""
     if not isinstance(row, dict):
         raise DatasetError(f"each line must be a JSON object, got {type(row).__name__}", line, source)
     params = row.get("responses_create_params")
     if params is None:
         raise DatasetError("the row has no 'responses_create_params'", line, source)
-    if not isinstance(params, dict):
-        raise DatasetError("'responses_create_params' must be a JSON object", line, source)
-    if "input" not in params:
-        raise DatasetError("'responses_create_params' has no 'input'", line, source)
-    if not isinstance(params["input"], (str, list)):
-        raise DatasetError("'responses_create_params.input' must be a string or a list of items", line, source)
-    tools = params.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise DatasetError("'responses_create_params.tools' must be a list", line, source)
+    problem = _check_params(params)
+    if problem:
+        raise DatasetError(problem, line, source)
     for key in ("_ng_task_index", "_ng_rollout_index"):
         if key in row and (isinstance(row[key], bool) or not isinstance(row[key], int)):
             raise DatasetError(f"'{key}' must be an integer", line, source)
+        if key in row and not 0 <= row[key] <= MAX_INDEX:
+            raise DatasetError(f"'{key}' must be between 0 and {MAX_INDEX} (got {row[key]})", line, source)
     if "agent_ref" in row and not isinstance(row["agent_ref"], dict):
         raise DatasetError("'agent_ref' must be a JSON object like {\"name\": \"...\"}", line, source)
     return row
@@ -108,10 +138,10 @@ def read_jsonl(stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], sou
         if max_rows is not None and len(parsed.rows) >= max_rows:
             break
         try:
-            row = json.loads(text)
-        except ValueError as exc:
+            row = strict_loads(text)
+        except NotJSON as exc:
             raise DatasetError(f"not valid JSON ({exc})", number, source) from None
-        row = _validate_row(row, number, source)
+        row = validate_row(row, number, source)
         parsed.stripped_fields.update(strip_result_fields(row))
         parsed.rows.append(row)
         parsed.lines.append(number)

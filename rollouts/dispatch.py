@@ -36,11 +36,11 @@ from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any, Callable, Optional
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
 from . import runs
-from .loop import ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
+from .loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
 from .models import AgentCall, Rollout, Run, TrajectoryItem, Worker
 
 log = logging.getLogger("gymweb.dispatch")
@@ -132,6 +132,16 @@ class _Batch:
     def __bool__(self) -> bool:
         return bool(self.calls or self.items or self.seeds or self.finished or self.killed)
 
+    def absorb(self, newer: "_Batch") -> "_Batch":
+        """This (older, unwritten) batch followed by ``newer``: nothing is lost or reordered."""
+        self.calls += newer.calls
+        self.items += newer.items
+        self.seeds.update(newer.seeds)
+        self.finished += newer.finished
+        self.killed += newer.killed
+        self.run_ids |= newer.run_ids
+        return self
+
 
 def _item_row(rollout_id: int, rec: ItemRecord) -> TrajectoryItem:
     item = rec.item
@@ -183,7 +193,58 @@ def _usage_fields(usage: Optional[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_batch(batch: _Batch, worker: str) -> None:
-    """Persist one batch in one short transaction (the DB thread only)."""
+    """Persist one batch in one short transaction (the DB thread only).
+
+    A database that is busy or unreachable (``OperationalError``, ``InterfaceError``) raises: the
+    caller keeps the batch and writes it again later. Any other error means something in the batch
+    cannot be stored (e.g. a value out of a column's range); then the batch is written piece by
+    piece, and a rollout whose result cannot be stored ends as ``failed`` with an
+    ``internal_error`` that says why, so one bad reply never stops a worker.
+    """
+    try:
+        _write_batch(batch, worker)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception as exc:
+        log.warning("a batch could not be stored whole (%s: %s); storing it piece by piece", exc.__class__.__name__, exc)
+        _write_piecewise(batch, worker)
+
+
+def _write_piecewise(batch: _Batch, worker: str) -> None:
+    def attempt(what: str, fn: Callable[[], Any]) -> Optional[Exception]:
+        try:
+            with transaction.atomic():
+                fn()
+            return None
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as exc:
+            log.warning("could not store %s: %s: %s", what, exc.__class__.__name__, exc)
+            return exc
+
+    for call in batch.calls:
+        attempt(f"agent call {call.index} of rollout {call.rollout_id}", lambda call=call: AgentCall.objects.bulk_create([call], ignore_conflicts=True))
+    for item in batch.items:
+        attempt(f"item {item.seq} of rollout {item.rollout_id}", lambda item=item: TrajectoryItem.objects.bulk_create([item], ignore_conflicts=True))
+    for rollout_id, out in batch.finished:
+        one = _Batch(finished=[(rollout_id, out)], seeds={k: v for k, v in batch.seeds.items() if k == rollout_id})
+        error = attempt(f"the result of rollout {rollout_id}", lambda one=one: _write_batch(one, worker))
+        if error is not None:
+            failed = RolloutOutcome(
+                ok=False,
+                failure_kind=FailureKind.INTERNAL_ERROR,
+                error=f"gymweb could not store this rollout's result ({error.__class__.__name__}: {error}); "
+                f"the agent or env sent a value the database cannot hold. First: {out.failure_kind or 'success'}"
+                + (f": {out.error}" if out.error else ""),
+                num_agent_calls=out.num_agent_calls,
+                num_tool_calls=out.num_tool_calls,
+                total_ms=out.total_ms,
+            )
+            attempt(f"the failure of rollout {rollout_id}", lambda f=failed: _write_batch(_Batch(finished=[(rollout_id, f)]), worker))
+    attempt("released rollouts", lambda: _write_batch(_Batch(killed=batch.killed), worker))
+
+
+def _write_batch(batch: _Batch, worker: str) -> None:
     now = _now()
     with transaction.atomic():
         if batch.calls:
@@ -404,7 +465,11 @@ class Dispatcher:
         batch, self.batch = self.batch, _Batch()
         # Expired leases are looked for once per poll, not on every claim: claims are frequent.
         reap, self._reap_due = self._reap_due, False
-        claimed = await self._db(_flush_and_claim, batch, self.name, wants, self.lease_s, reap)
+        try:
+            claimed = await self._db(_flush_and_claim, batch, self.name, wants, self.lease_s, reap)
+        except Exception:
+            self.batch = batch.absorb(self.batch)  # written again at the next sync
+            raise
         if self.on_progress and batch.finished:
             self.on_progress(len(batch.finished))
         for run_id, rollout_id, row_json, rollout_index in claimed:
@@ -417,6 +482,9 @@ class Dispatcher:
         info = self.runs[run_id]
         try:
             outcome = await run_rollout(self.client, row, info.settings, _Recorder(rollout_id, self))
+        except Exception as exc:  # the loop turns failures into outcomes; this is the last guard
+            log.exception("rollout %s crashed", rollout_id)
+            outcome = RolloutOutcome(ok=False, failure_kind=FailureKind.INTERNAL_ERROR, error=f"gymweb internal error: {exc.__class__.__name__}: {exc}")
         except asyncio.CancelledError:
             status = Rollout.Status.CANCELLED if run_id in self.cancelling else Rollout.Status.INTERRUPTED
             self.batch.killed.append((rollout_id, status))
@@ -473,54 +541,80 @@ class Dispatcher:
             self.cancelling.discard(run_id)
 
     async def run(self) -> None:
-        """Serve until stopped (or idle, with ``exit_when_idle``), then release and write what is held."""
+        """Serve until stopped (or idle, with ``exit_when_idle``), then release and write what is
+        held. An error in one step (a locked or unreachable database, a bug) is logged and the step
+        is tried again: no failure stops a worker (DESIGN.md, "Failure rows")."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         # The DB thread's ORM work holds the GIL in 5 ms slices by default, which adds up to that
         # much latency to every HTTP step of every in-flight rollout; hand the GIL over sooner.
         sys.setswitchinterval(0.0005)
         self.client = make_client(max(self.capacity, 32))
-        main_thread = threading.main_thread()
-        next_poll = next_beat = next_flush = 0.0
+        self._next_poll = self._next_beat = self._next_flush = 0.0
         try:
             while not self._stop.is_set():
-                if threading.current_thread() is not main_thread and not main_thread.is_alive():
-                    break  # the worker process is exiting (cluster stop): release and go
-                now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + self.heartbeat_s
-                    await self._beat()
-                if now >= next_poll:
-                    next_poll = now + self.poll_s
-                    await self._refresh_runs()
-                    if self.exit_when_idle and not self.tasks and not any(i.pending for i in self.runs.values()):
+                try:
+                    if await self._step():
                         break
-                await self._sync()
-                if not self.tasks:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_poll - time.monotonic()))
-                    except asyncio.TimeoutError:
-                        pass
-                    continue
-                timeout = max(0.0, min(next_poll, next_flush, next_beat) - time.monotonic())
-                done, _ = await asyncio.wait(self.tasks.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                self._reap_done()
-                if not done and time.monotonic() >= next_flush:
-                    next_flush = time.monotonic() + self.flush_s
-                    batch, self.batch = self.batch, _Batch()
-                    if batch:
-                        await self._db(write_batch, batch, self.name)
+                except Exception:
+                    log.exception("dispatcher %s: a step failed; trying again in %.1f s", self.name, self.poll_s)
+                    await asyncio.sleep(self.poll_s)
         finally:
-            # Release: in-flight rollouts become `interrupted` (or `cancelled`) and their keys are
-            # queued again at once, without waiting for a lease to expire.
-            await self._cancel(list(self.tasks))
+            await self._release()
+
+    async def _step(self) -> bool:
+        """One turn of the loop; True when the dispatcher should stop."""
+        main_thread = threading.main_thread()
+        if threading.current_thread() is not main_thread and not main_thread.is_alive():
+            return True  # the worker process is exiting (cluster stop): release and go
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_s
+            await self._beat()
+        if now >= self._next_poll:
+            self._next_poll = now + self.poll_s
+            await self._refresh_runs()
+            if self.exit_when_idle and not self.tasks and not any(i.pending for i in self.runs.values()):
+                return True
+        await self._sync()
+        if not self.tasks:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, self._next_poll - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
+            return False
+        timeout = max(0.0, min(self._next_poll, self._next_flush, self._next_beat) - time.monotonic())
+        done, _ = await asyncio.wait(self.tasks.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        self._reap_done()
+        if not done and time.monotonic() >= self._next_flush:
+            self._next_flush = time.monotonic() + self.flush_s
             batch, self.batch = self.batch, _Batch()
-            await self._db(_flush_and_claim, batch, self.name, [], self.lease_s)
-            await self._db(_finish_idle, sorted(batch.run_ids), not self.exit_when_idle)
-            await self._db(_retire, self.name)
-            await self.client.aclose()
-            self.db.shutdown(wait=True)
+            if batch:
+                try:
+                    await self._db(write_batch, batch, self.name)
+                except Exception:
+                    self.batch = batch.absorb(self.batch)
+                    raise
+        return False
+
+    async def _release(self) -> None:
+        """In-flight rollouts become ``interrupted`` (or ``cancelled``) and their keys are queued
+        again at once, without waiting for a lease to expire; what is held is written."""
+        await self._cancel(list(self.tasks))
+        for attempt in range(5):
+            batch, self.batch = self.batch, _Batch()
+            try:
+                await self._db(_flush_and_claim, batch, self.name, [], self.lease_s)
+                await self._db(_finish_idle, sorted(batch.run_ids), not self.exit_when_idle)
+                await self._db(_retire, self.name)
+                break
+            except Exception:
+                self.batch = batch.absorb(self.batch)
+                log.exception("dispatcher %s: could not write what it holds (attempt %d of 5)", self.name, attempt + 1)
+                await asyncio.sleep(1.0)
+        await self.client.aclose()
+        self.db.shutdown(wait=True)
 
 
 # -- entry points ------------------------------------------------------------------------------
@@ -538,11 +632,27 @@ def start_in_worker_process() -> Optional[threading.Thread]:
     if _process_dispatcher is not None or not settings.GYMWEB_DISPATCH_IN_WORKERS:
         return None
     dispatcher = _process_dispatcher = Dispatcher()
-    thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()), name="gymweb-dispatcher", daemon=False)
+
+    def serve() -> None:
+        # Dispatcher.run already survives failing steps; this also survives a failing start or
+        # release, so the worker process never keeps running without its dispatcher.
+        nonlocal dispatcher
+        global _process_dispatcher
+        while True:
+            try:
+                asyncio.run(dispatcher.run())
+            except Exception:
+                log.exception("the dispatcher stopped with an error; starting a new one")
+            if dispatcher._stop.is_set() or not threading.main_thread().is_alive():
+                return
+            time.sleep(1.0)
+            dispatcher = _process_dispatcher = Dispatcher()
+
+    thread = threading.Thread(target=serve, name="gymweb-dispatcher", daemon=False)
     thread.start()
 
     def on_sigterm(signum, frame):
-        dispatcher.stop()
+        (_process_dispatcher or dispatcher).stop()
         thread.join(timeout=settings.GYMWEB_RELEASE_TIMEOUT_S)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

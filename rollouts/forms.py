@@ -2,7 +2,6 @@
 through ``RolloutFilterForm``, by any page that walks the filtered list, e.g. prev/next)."""
 from __future__ import annotations
 
-import json
 from pathlib import PurePath
 from typing import Any, Optional
 from urllib.parse import urlencode, urlsplit
@@ -12,7 +11,9 @@ from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 from django.db.models import F, QuerySet
 
-from .datasets import DatasetError, ParsedDataset, read_jsonl
+from .contract import NotJSON, strict_loads
+from .datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
+from .runs import RunTooLarge, check_size
 from .loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
 from .models import Dataset, Rollout
 
@@ -158,14 +159,17 @@ class RunForm(forms.Form):
         if not text:
             return {}
         try:
-            value = json.loads(text)
-        except ValueError as exc:
+            value = strict_loads(text)
+        except NotJSON as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc}.", code="invalid_json") from None
         if not isinstance(value, dict):
             raise forms.ValidationError(
                 f"Must be a JSON object like {{\"temperature\": 0.2}}, not a {type(value).__name__}.", code="not_object"
             )
-        return value
+        try:
+            return validate_overrides(value)
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.", code="invalid_overrides") from None
 
     # -- dataset ---------------------------------------------------------------------------------
     def clean_dataset_file(self):
@@ -190,6 +194,12 @@ class RunForm(forms.Form):
             self.add_error("dataset", "Choose either an upload or an earlier dataset, not both.")
         elif not upload and not dataset:
             self.add_error("dataset_file", "Upload a JSONL dataset or choose an earlier one.")
+        elif data.get("num_repeats"):
+            rows = len(self.parsed.rows) if upload and self.parsed else (dataset.num_rows if dataset else 0)
+            try:
+                check_size(rows, data["num_repeats"], data.get("limit"))
+            except RunTooLarge as exc:
+                self.add_error("num_repeats", str(exc).replace("--limit/num_repeats", "the limit or num repeats"))
         return data
 
     def dataset_name(self) -> str:

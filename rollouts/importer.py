@@ -42,7 +42,8 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from .contract import Usage
-from .datasets import DatasetError, _validate_row, strip_result_fields
+from .contract import NotJSON, strict_loads
+from .datasets import DatasetError, strip_result_fields, validate_row
 from .models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 __all__ = ["ImportSummary", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND", "NOT_RUN_ERROR"]
@@ -50,7 +51,6 @@ __all__ = ["ImportSummary", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_
 IMPORTED_FAILURE_KIND = "imported_failure"
 NOT_RUN_ERROR = "imported without a result: the row is an input that was never run"
 PLACEHOLDER_RESPONSE_ID = "remote_agent_failure"  # NeMo Gym's (and gymweb's) failure-row response
-INDEX_MIN, INDEX_MAX = -(2**31), 2**31 - 1  # task/rollout indices are 32-bit integer columns
 TOKENS_MAX = 2**63 - 1
 ROWS_PER_BATCH = 200
 ITEMS_PER_BATCH = 5000
@@ -92,19 +92,10 @@ def _iter_rows(stream: Lines, source: str) -> Iterator[tuple[int, dict[str, Any]
         if not text:
             continue
         try:
-            row = json.loads(text, parse_constant=_reject_constant)
-        except ValueError as exc:
+            row = strict_loads(text)
+        except NotJSON as exc:
             raise DatasetError(f"not valid JSON ({exc})", number, source) from None
-        row = _validate_row(row, number, source)
-        for key in ("_ng_task_index", "_ng_rollout_index"):
-            if key in row and not INDEX_MIN <= row[key] <= INDEX_MAX:
-                raise DatasetError(f"'{key}' is out of range ({row[key]})", number, source)
-        yield number, row
-
-
-def _reject_constant(name: str) -> Any:
-    # Python's json reads NaN and Infinity, which are not JSON: nothing downstream could read them.
-    raise ValueError(f"{name} is not a JSON value")
+        yield number, validate_row(row, number, source)
 
 
 def infer_steps(output: list[dict[str, Any]]) -> list[int]:

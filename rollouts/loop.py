@@ -24,6 +24,8 @@ from httpx_aiohttp import AiohttpTransport
 
 from .contract import (
     InvalidReply,
+    NotJSON,
+    strict_loads,
     add_usage,
     arguments_problem,
     find_asks,
@@ -479,9 +481,9 @@ class _Rollout:
                 f"verify failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
             )
         try:
-            data = response.json()
-        except ValueError:
-            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: the reply is not JSON: {_excerpt(response.text)}") from None
+            data = strict_loads(response.content)
+        except NotJSON as exc:
+            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: the reply is not JSON ({exc}): {_excerpt(response.text)}") from None
         if not isinstance(data, dict):
             raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: the reply is JSON but not an object: {_excerpt(response.text)}")
         reward = data.get("reward")
@@ -550,10 +552,10 @@ class _Rollout:
                     f"the agent service answered HTTP {response.status_code}: {_excerpt(response.text)}",
                 )
             try:
-                data = json.loads(response.content)
-            except ValueError:
+                data = strict_loads(response.content)
+            except NotJSON as exc:
                 raise _Failure(
-                    FailureKind.AGENT_BAD_JSON, f"the agent service's reply is not JSON: {_excerpt(response.text)}"
+                    FailureKind.AGENT_BAD_JSON, f"the agent service's reply is not JSON ({exc}): {_excerpt(response.text)}"
                 ) from None
             if not isinstance(data, dict):
                 raise _Failure(
@@ -654,7 +656,15 @@ async def run_rollout(
     ``asyncio.CancelledError`` when cancelled.
     """
     started = time.perf_counter()
-    rollout = _Rollout(client, row, settings, observer or _NullObserver())
+    try:
+        rollout = _Rollout(client, row, settings, observer or _NullObserver())
+    except Exception as exc:  # a row the loop cannot use is a failure of this rollout, not a crash
+        return RolloutOutcome(
+            ok=False,
+            failure_kind=FailureKind.INTERNAL_ERROR,
+            error=f"gymweb could not start this rollout from its row: {exc.__class__.__name__}: {exc}",
+            total_ms=(time.perf_counter() - started) * 1000,
+        )
     outcome = rollout.outcome
     try:
         async with asyncio.timeout(settings.run_timeout_s):

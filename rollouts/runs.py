@@ -47,14 +47,33 @@ def load_dataset(dataset: Dataset) -> ParsedDataset:
     return parsed
 
 
+class RunTooLarge(ValueError):
+    """A run would have more (task, rollout) keys than ``GYMWEB_MAX_KEYS_PER_RUN`` allows."""
+
+
+def check_size(num_rows: int, num_repeats: int, limit: Optional[int]) -> int:
+    """The number of keys a run would have; raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN``
+    (one run is created in one transaction, which holds SQLite's write lock while it lasts)."""
+    keys = (min(num_rows, limit) if limit else num_rows) * num_repeats
+    cap = settings.GYMWEB_MAX_KEYS_PER_RUN
+    if keys > cap:
+        raise RunTooLarge(
+            f"this run would have {keys:,} rollouts ({min(num_rows, limit or num_rows):,} rows × {num_repeats} repeats); "
+            f"the limit is {cap:,} per run (GYMWEB_MAX_KEYS_PER_RUN): use --limit/num_repeats or several runs"
+        )
+    return keys
+
+
 def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Optional[Dataset] = None, **options: Any) -> Run:
     """Materialise ``parsed`` into a new run with one pending rollout per (task, rollout) key.
 
     ``options`` are ``Run`` fields: agent_url, env_url, agent_name, concurrency, max_steps,
     num_repeats, limit, max_attempts, remote_responses_timeout_s, run_timeout_s, overrides,
     source_file. The run is stored whole or not at all. It is not started: call ``launch``.
+    Raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN`` keys.
     """
     run = Run(name=name[:200], created_by=user, dataset=dataset, **options)
+    check_size(len(parsed.rows), run.num_repeats, run.limit)
     tasks = materialize(
         parsed,
         agent_name=run.agent_name,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 from collections import Counter
 
-import pytest
 from django.db.models import Count
 
 from examples._serve import BackgroundServer

@@ -223,7 +223,7 @@ GOOD = json.dumps(_result_row())
         ([GOOD, GOOD.replace('"reward"', '"_ng_task_index": 0, "reward"')], "line 2: a second result for task 0, rollout 0 (the first is at rollouts.jsonl, line 1)"),
         ([], "rollouts.jsonl: the file has no rows"),
         ([GOOD.replace('"reward": 1.0', '"reward": NaN')], "line 1: not valid JSON (NaN is not a JSON value)"),
-        ([json.dumps(_result_row(_ng_task_index=2**40))], "line 1: '_ng_task_index' is out of range"),
+        ([json.dumps(_result_row(_ng_task_index=2**40))], "line 1: '_ng_task_index' must be between 0 and 2147483647"),
     ],
 )
 def test_bad_lines_are_rejected_with_the_file_and_line_and_nothing_is_stored(lines, message):

@@ -1,7 +1,6 @@
 """Runs launched for the workers complete through real ``qcluster`` processes."""
 from __future__ import annotations
 
-import pytest
 
 from rollouts import runs
 from rollouts.datasets import read_jsonl

@@ -18,7 +18,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 from rollouts import runs
 from rollouts.aggregate import fetch_aggregate_metrics
-from rollouts.datasets import DatasetError, read_jsonl
+from rollouts.contract import NotJSON, strict_loads
+from rollouts.datasets import DatasetError, read_jsonl, validate_overrides
 from rollouts.dispatch import run_in_process
 from rollouts.export import output_stems, write_run_files
 from rollouts.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
@@ -40,8 +41,8 @@ def _positive_float(value: str) -> float:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value}")
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {value}")
     return number
 
 
@@ -80,6 +81,7 @@ class Command(BaseCommand):
         parser.add_argument("--run-timeout-s", type=_positive_float, default=DEFAULT_RUN_TIMEOUT_S, help="whole-rollout timeout, seconds (default 2100)")
         parser.add_argument("--agent-name", default="remote_agent", help="agent_ref name written into rows (default remote_agent)")
         parser.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
+        parser.add_argument("--overrides", default=None, help='JSON object merged into every row\'s responses_create_params, e.g. \'{"temperature": 0.2}\'')
         parser.add_argument("--name", default=None, help="run name shown in the dashboard (default: the input file name)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -100,10 +102,15 @@ class Command(BaseCommand):
             raise CommandError("--max-attempts must be at least 1")
         if opts["run_timeout_s"] > runs.max_run_timeout_s():
             raise CommandError(f"--run-timeout-s may be at most {runs.max_run_timeout_s():g} s (GYMWEB_MAX_RUN_TIMEOUT_S)")
+        overrides = {}
+        if opts["overrides"]:
+            try:
+                overrides = validate_overrides(strict_loads(opts["overrides"]))
+            except (NotJSON, ValueError) as exc:
+                raise CommandError(f"--overrides: {exc}") from None
         output = Path(opts["output"]).expanduser().resolve()
-        if output.is_dir():
-            raise CommandError(f"--output {output} is a directory; give a file name like results/rollouts.jsonl")
         input_path = Path(opts["input"]).expanduser()
+        self._check_output(output, input_path)
         try:
             with input_path.open("rb") as fh:
                 parsed = read_jsonl(fh, source=str(input_path))
@@ -130,6 +137,10 @@ class Command(BaseCommand):
             added = runs.resume(run, max_attempts=max_attempts)
             self.stdout.write(f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})")
         else:
+            try:
+                runs.check_size(len(parsed.rows), opts["num_repeats"], opts["limit"])
+            except runs.RunTooLarge as exc:
+                raise CommandError(str(exc)) from None
             run = runs.create_run(
                 parsed,
                 name=opts["name"] or input_path.name,
@@ -143,6 +154,7 @@ class Command(BaseCommand):
                 max_attempts=max_attempts,
                 remote_responses_timeout_s=opts["remote_responses_timeout_s"],
                 run_timeout_s=opts["run_timeout_s"],
+                overrides=overrides,
                 source_file=str(output),
             )
             runs.launch(run)
@@ -161,6 +173,25 @@ class Command(BaseCommand):
                 self.stderr.write(f"aggregate metrics: {note}")
         written = write_run_files(run, output)
         self._summary(run, written, output, interrupted)
+
+    def _check_output(self, output: Path, input_path: Path) -> None:
+        """Fail before any work when the output files cannot be written where asked."""
+        if output.is_dir():
+            raise CommandError(f"--output {output} is a directory; give a file name like results/rollouts.jsonl")
+        if input_path.exists() and output.exists() and output.samefile(input_path):
+            raise CommandError("--output is the --input file; writing it would destroy the input")
+        for parent in [output.parent, *output.parent.parents]:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise CommandError(f"--output {output}: {parent} is a file, not a directory")
+                break
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            probe = output.parent / f".{output.name}.gymweb-write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise CommandError(f"--output {output}: cannot write there ({exc.strerror or exc})") from None
 
     def _migrate(self) -> None:
         executor = MigrationExecutor(connection)
