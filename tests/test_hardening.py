@@ -1,0 +1,117 @@
+"""Bad input found by a hostile test: each becomes a clear error or a failure row, never a crash,
+a half-stored run or a dead worker."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from rollouts import runs
+from rollouts.datasets import DatasetError, read_jsonl
+from rollouts.dispatch import _Batch, write_batch
+from rollouts.loop import FailureKind, RolloutOutcome
+from rollouts.models import Rollout, Run
+
+from .servers import AgentService, EnvService, Reply, async_test, drive, message, reply, task_row
+
+GOOD = '{"responses_create_params": {"input": "hi"}}'
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ('{"responses_create_params": {"input": "hi"}, "x": NaN}', "NaN is not a JSON value"),
+        ('{"responses_create_params": {"input": "hi"}, "x": Infinity}', "Infinity is not a JSON value"),
+        ('{"responses_create_params": {"input": "\\ud800"}}', "unpaired UTF-16 surrogate"),
+        ("[" * 50000 + "]" * 50000, "nested too deeply"),
+        ('{"responses_create_params": {"input": "hi"}, "_ng_task_index": 99999999999999999999}', "must be between 0 and"),
+        ('{"responses_create_params": {"input": "hi"}, "_ng_task_index": -1}', "must be between 0 and"),
+    ],
+)
+def test_it_rejects_rows_that_are_not_storable_json_with_their_line(line, reason):
+    with pytest.raises(DatasetError, match=reason) as exc:
+        read_jsonl([GOOD, line], source="tasks.jsonl")
+    assert "tasks.jsonl, line 2" in str(exc.value)
+
+
+@async_test
+async def test_an_agent_reply_with_nan_is_bad_json_not_a_row_with_nan():
+    body = json.dumps({**reply(message()), "created_at": float("nan")})  # Python writes NaN
+    assert "NaN" in body
+    async with EnvService() as env, AgentService(Reply(raw=body.encode())) as agent:
+        outcome = await drive(agent, env)
+    assert outcome.failure_kind == FailureKind.AGENT_BAD_JSON
+    assert "NaN is not a JSON value" in outcome.error
+
+
+@async_test
+async def test_absurd_token_counts_make_an_invalid_responses_object():
+    bad_usage = {"input_tokens": 10**30, "output_tokens": -1, "total_tokens": 5,
+                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    async with EnvService() as env, AgentService(reply(message(), use=bad_usage)) as agent:
+        outcome = await drive(agent, env)
+    assert outcome.failure_kind == FailureKind.AGENT_INVALID_RESPONSE and outcome.terminal
+    assert "usage.input_tokens" in outcome.error and "usage.output_tokens" in outcome.error
+
+
+@async_test
+async def test_a_row_the_loop_cannot_use_fails_the_rollout_instead_of_crashing_it():
+    async with EnvService() as env, AgentService(reply(message())) as agent:
+        outcome = await drive(agent, env, row={"responses_create_params": {"input": 5}})
+    assert not outcome.ok and outcome.failure_kind == FailureKind.INTERNAL_ERROR
+    assert "could not start this rollout" in outcome.error
+
+
+def _one_running_rollout():
+    parsed = read_jsonl([GOOD])
+    run = runs.create_run(parsed, name="t", agent_url="http://127.0.0.1:1", env_url="http://127.0.0.1:2")
+    runs.launch(run)
+    rollout = Rollout.objects.get(run=run)
+    Rollout.objects.filter(pk=rollout.pk).update(status="running", worker="w")
+    return run, rollout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_result_the_database_cannot_hold_becomes_an_internal_error_row():
+    run, rollout = _one_running_rollout()
+    huge = {"input_tokens": 10**30, "output_tokens": 1, "total_tokens": 1,
+            "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    outcome = RolloutOutcome(ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": []}, usage=huge)
+    write_batch(_Batch(finished=[(rollout.pk, outcome)]), "w")
+    rollout.refresh_from_db()
+    assert rollout.status == Rollout.Status.FAILED
+    assert rollout.failure_kind == FailureKind.INTERNAL_ERROR
+    assert "could not store this rollout's result" in rollout.error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_overrides_that_break_the_rows_are_refused_by_the_cli(tmp_path, counter_tasks_path):
+    with pytest.raises(CommandError, match="'input' must be a string or a list"):
+        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
+                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--overrides", '{"input": 5}')
+    with pytest.raises(CommandError, match="NaN is not a JSON value"):
+        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
+                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--overrides", '{"temperature": NaN}')
+    assert Run.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cli_refuses_an_output_it_could_not_write_before_doing_any_work(tmp_path, counter_tasks_path):
+    blocker = tmp_path / "file.jsonl"
+    blocker.write_text("x")
+    base = ["--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2", "--input", str(counter_tasks_path)]
+    with pytest.raises(CommandError, match="is a file, not a directory"):
+        call_command("collect", *base, "--output", str(blocker / "rollouts.jsonl"))
+    with pytest.raises(CommandError, match="would destroy the input"):
+        call_command("collect", *base, "--output", str(counter_tasks_path))
+    assert Run.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_over_the_size_cap_is_refused_and_nothing_is_stored(settings, tmp_path, counter_tasks_path):
+    settings.GYMWEB_MAX_KEYS_PER_RUN = 12
+    with pytest.raises(CommandError, match="would have 15 rollouts"):
+        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
+                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--num-repeats", "3")
+    assert Run.objects.count() == 0
