@@ -58,6 +58,7 @@ class Command(BaseCommand):
             self.stdout.write("stopped.")
 
     def _main(self, opts):
+        self._check_port_free(opts["host"], opts["port"])
         call_command("migrate", verbosity=0, interactive=False)
         password = opts["password"] or secrets.token_urlsafe(9)
         User = get_user_model()
@@ -135,6 +136,22 @@ class Command(BaseCommand):
     def _spawn_plain(self, name, cmd):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         return self._popen(name, cmd, env=env)
+
+    @staticmethod
+    def _check_port_free(host: str, port: int) -> None:
+        """Fail before touching anything (users, runs) when the web port is taken, e.g. by another
+        demo: otherwise its health check would reach the other server."""
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise CommandError(
+                    f"{host}:{port} is already in use ({exc.strerror}); is another gymweb running? "
+                    f"Pick another port: python manage.py demo --port {port + 1}"
+                ) from None
 
     def _wait_http(self, url: str, timeout: float = 30) -> None:
         import httpx
