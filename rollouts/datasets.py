@@ -19,6 +19,7 @@ __all__ = [
     "merge_overrides",
     "read_jsonl",
     "strip_result_fields",
+    "iter_rows",
     "validate_overrides",
     "validate_row",
 ]
@@ -110,6 +111,34 @@ def validate_row(row: Any, line: int, source: str) -> dict[str, Any]:
     return row
 
 
+def iter_rows(
+    stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], source: str = "", digest: Any = None
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """``(line number, line text, row)`` for every non-blank line of a JSONL stream, each row strict
+    JSON (``contract.strict_loads``) and valid (``validate_row``). ``digest`` (a hashlib object), if
+    given, is fed every line as read. Raises ``DatasetError`` naming the first bad line."""
+    for number, raw in enumerate(stream, start=1):
+        if isinstance(raw, bytes):
+            if digest is not None:
+                digest.update(raw)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})", number, source) from None
+        else:
+            text = raw
+            if digest is not None:
+                digest.update(text.encode("utf-8", "surrogatepass"))
+        text = text.strip().removeprefix("\ufeff").strip()
+        if not text:
+            continue
+        try:
+            row = strict_loads(text)
+        except NotJSON as exc:
+            raise DatasetError(f"not valid JSON ({exc})", number, source) from None
+        yield number, text, validate_row(row, number, source)
+
+
 def read_jsonl(stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], source: str = "", max_rows: Optional[int] = None) -> ParsedDataset:
     """Read and validate a whole JSONL dataset; nothing is returned unless every line is good.
 
@@ -120,32 +149,13 @@ def read_jsonl(stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], sou
     """
     parsed = ParsedDataset()
     digest = hashlib.sha256()
-    for number, raw in enumerate(stream, start=1):
-        if isinstance(raw, bytes):
-            digest.update(raw)
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DatasetError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})", number, source) from None
-        else:
-            text = raw
-            digest.update(text.encode("utf-8", "surrogatepass"))
-        text = text.strip()
-        if text.startswith("\ufeff"):
-            text = text[1:]
-        if not text:
-            continue
-        if max_rows is not None and len(parsed.rows) >= max_rows:
-            break
-        try:
-            row = strict_loads(text)
-        except NotJSON as exc:
-            raise DatasetError(f"not valid JSON ({exc})", number, source) from None
-        row = validate_row(row, number, source)
+    for number, text, row in iter_rows(stream, source, digest):
         parsed.stripped_fields.update(strip_result_fields(row))
         parsed.rows.append(row)
         parsed.lines.append(number)
         parsed.texts.append(text)
+        if max_rows is not None and len(parsed.rows) >= max_rows:
+            break
     if not parsed.rows:
         raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source)
     parsed.sha256 = digest.hexdigest()

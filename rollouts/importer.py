@@ -42,8 +42,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from .contract import Usage
-from .contract import NotJSON, strict_loads
-from .datasets import DatasetError, strip_result_fields, validate_row
+from .datasets import DatasetError, iter_rows, strip_result_fields
 from .models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 __all__ = ["ImportSummary", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND", "NOT_RUN_ERROR"]
@@ -78,24 +77,8 @@ def _dumps(obj: Any) -> str:
 
 def _iter_rows(stream: Lines, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, row)`` for every non-blank line; raises ``DatasetError`` on a bad line."""
-    for number, raw in enumerate(stream, start=1):
-        if isinstance(raw, bytes):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DatasetError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})", number, source) from None
-        else:
-            text = raw
-        text = text.strip()
-        if text.startswith("\ufeff"):
-            text = text[1:].strip()
-        if not text:
-            continue
-        try:
-            row = strict_loads(text)
-        except NotJSON as exc:
-            raise DatasetError(f"not valid JSON ({exc})", number, source) from None
-        yield number, validate_row(row, number, source)
+    for number, _text, row in iter_rows(stream, source):
+        yield number, row
 
 
 def infer_steps(output: list[dict[str, Any]]) -> list[int]:
