@@ -402,30 +402,46 @@ class _Rollout:
         self.outcome = RolloutOutcome(ok=False)
 
     # -- env ---------------------------------------------------------------------------------
-    async def _post_env(self, route: str, payload: Any) -> httpx.Response:
-        """POST to the env with its cookies; connection errors retried (rule 15 via rule 11).
-        Bounded only by the rollout's own timeout. Raises _Failure(kind=None) on a dead env."""
-        url = f"{self.s.env_base_url}/{route}"
-        body = _dumps(payload)
+    async def _post(self, url: str, body: bytes, jar: SessionJar, party: str, timeout_s: Optional[float] = None) -> httpx.Response:
+        """POST ``body`` to ``url`` with one party's cookies and read the whole reply.
+
+        Connection refused, reset or dropped before a reply: ``connect_attempts`` tries with a pause
+        between, then a failure naming the URL (rule 11; rule 15 for the env). A peer that answers
+        with something other than HTTP fails at once. ``timeout_s`` bounds each try (rule 12; None:
+        only the rollout's own timeout). Raises ``_Failure`` with kind ``unreachable``, ``not_http``
+        or ``timeout``; callers turn that into their own failure kind.
+        """
+        who = "the agent service" if party == "agent" else "the environment"
         last: Optional[BaseException] = None
         for attempt in range(1, self.s.connect_attempts + 1):
             try:
-                response = await self.client.post(url, content=body, headers=self.env_jar.headers())
-                await response.aread()
+                async with asyncio.timeout(timeout_s):
+                    response = await self.client.post(url, content=body, headers=jar.headers())
+                    await response.aread()
+            except TimeoutError:
+                raise _Failure("timeout", f"{who} did not answer within {timeout_s:g} s") from None
             except _CONNECTION_ERRORS as exc:
                 last = exc
                 if attempt < self.s.connect_attempts:
                     await asyncio.sleep(self.s.retry_pause_s)
                 continue
             except _PROTOCOL_ERRORS as exc:  # answered, but not with HTTP: not retried (rule 11)
-                raise _Failure("", f"the environment at {url} did not answer with valid HTTP ({_describe_exc(exc)})") from None
-            self.env_jar.update(response)
+                raise _Failure("not_http", f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})") from None
+            jar.update(response)
             return response
-        raise _Failure(
-            "",
-            f"could not reach the environment after {self.s.connect_attempts} attempts ({_describe_exc(last)}). "
-            f"Is your resources server running at {self.s.env_base_url}?",
+        hint = (
+            f"Is your service running at {self.s.agent_base_url}?"
+            if party == "agent"
+            else f"Is your resources server running at {self.s.env_base_url}?"
         )
+        raise _Failure(
+            "unreachable", f"could not reach {who} after {self.s.connect_attempts} attempts ({_describe_exc(last)}). {hint}"
+        )
+
+    async def _post_env(self, route: str, payload: Any) -> httpx.Response:
+        """POST to the env with its cookies (rule 15), bounded only by the rollout's own timeout.
+        Raises ``_Failure`` on a dead env; the caller names the failure kind."""
+        return await self._post(f"{self.s.env_base_url}/{route}", _dumps(payload), self.env_jar, "env")
 
     async def seed(self) -> None:
         started = time.perf_counter()
@@ -508,37 +524,18 @@ class _Rollout:
         url = f"{self.s.agent_base_url}/v1/responses"
         timeout = self.s.remote_responses_timeout_s
         try:
-            response = None
-            last: Optional[BaseException] = None
-            for attempt in range(1, self.s.connect_attempts + 1):
-                try:
-                    async with asyncio.timeout(timeout):
-                        response = await self.client.post(url, content=body, headers=self.agent_jar.headers())
-                        await response.aread()
-                    break
-                except TimeoutError:
+            try:
+                response = await self._post(url, body, self.agent_jar, "agent", timeout)
+            except _Failure as exc:
+                if exc.kind == "timeout":
                     raise _Failure(
                         FailureKind.AGENT_TIMEOUT,
                         f"the agent service did not answer within {timeout:g} s "
                         f"(remote_responses_timeout_s; NeMo Gym's remote_responses_timeout_secs) at {url}",
                     ) from None
-                except _CONNECTION_ERRORS as exc:
-                    last = exc
-                    if attempt < self.s.connect_attempts:
-                        await asyncio.sleep(self.s.retry_pause_s)
-                except _PROTOCOL_ERRORS as exc:  # answered, but not with HTTP: fails at once (rule 11)
-                    raise _Failure(
-                        FailureKind.AGENT_HTTP_ERROR,
-                        f"the agent service at {url} did not answer with valid HTTP ({_describe_exc(exc)})",
-                    ) from None
-            if response is None:
-                raise _Failure(
-                    FailureKind.AGENT_UNREACHABLE,
-                    f"could not reach the agent service after {self.s.connect_attempts} attempts "
-                    f"({_describe_exc(last)}). Is your service running at {self.s.agent_base_url}?",
-                )
+                kind = FailureKind.AGENT_UNREACHABLE if exc.kind == "unreachable" else FailureKind.AGENT_HTTP_ERROR
+                raise _Failure(kind, exc.message) from None
             step.http_status = response.status_code
-            self.agent_jar.update(response)
             if 300 <= response.status_code < 400:  # rule 1
                 location = response.headers.get("location", "(no Location header)")
                 raise _Failure(
