@@ -1,7 +1,7 @@
 """Dashboard routes. Run pages live in ``views``; trajectory and import pages in ``trajectory_views``."""
 from django.urls import path
 
-from . import trajectory_views, views
+from . import analysis_views, trajectory_views, views
 
 urlpatterns = [
     path("", views.runs_list, name="runs"),
@@ -14,4 +14,9 @@ urlpatterns = [
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/raw.json", trajectory_views.rollout_raw, name="rollout_raw"),
     path("import/", trajectory_views.import_rollouts, name="import"),
+    path("runs/<int:run_id>/profile/", analysis_views.run_profile, name="run_profile"),
+    path("runs/<int:run_id>/profile/files/<str:kind>", analysis_views.run_profile_file, name="run_profile_file"),
+    path("runs/<int:run_id>/charts/", analysis_views.run_charts, name="run_charts"),
+    path("compare/", analysis_views.compare, name="compare"),
+    path("check/", analysis_views.check_agent, name="check_agent"),
 ]
