@@ -28,8 +28,8 @@ from typing import Any, Iterable, Optional
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Avg, Count, Exists, F, FloatField, IntegerField, Max, Min, OuterRef, Q, Sum
-from django.db.models.functions import Cast
+from django.db.models import Avg, Count, Exists, F, FloatField, Max, Min, OuterRef, Q, Sum
+from django.db.models.functions import Floor
 from django.utils import timezone
 
 from .models import Rollout, Run
@@ -213,7 +213,7 @@ def _median(qs, n: int) -> Optional[float]:
 
 
 def _histogram(qs, lo: Optional[float], hi: Optional[float], bins: int = HISTOGRAM_BINS) -> list[Bin]:
-    """Equal-width bins over [lo, hi] by SQL bucketing (CAST of the scaled reward; the top edge
+    """Equal-width bins over [lo, hi] by SQL bucketing (FLOOR of the scaled reward; the top edge
     joins the last bin). One bin when every reward is equal."""
     if lo is None or hi is None:
         return []
@@ -221,7 +221,8 @@ def _histogram(qs, lo: Optional[float], hi: Optional[float], bins: int = HISTOGR
         n = qs.count()
         return [Bin(lo, hi, n, 100.0)] if n else []
     width = (hi - lo) / bins
-    bucket = Cast((F("reward") - lo) / width, IntegerField())
+    # Floor, not a cast to integer: PostgreSQL's cast rounds where SQLite's truncates.
+    bucket = Floor((F("reward") - lo) / width)
     counts = [0] * bins
     for row in qs.annotate(bucket=bucket).values("bucket").annotate(n=Count("id")).order_by():
         index = min(max(int(row["bucket"] or 0), 0), bins - 1)
