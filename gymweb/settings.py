@@ -136,6 +136,10 @@ GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 
 GYMWEB_MAX_KEYS_PER_RUN = int(os.environ.get("GYMWEB_MAX_KEYS_PER_RUN", 200_000))
 # The largest run_timeout_s a run may have (form and CLI check it).
 GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 24 * 3600))
+# The trajectory page shows at most this many characters of one item's text (message, arguments,
+# tool output, reasoning, JSON; a note links to the raw JSON) and this many items of one step.
+GYMWEB_DISPLAY_MAX_CHARS = int(os.environ.get("GYMWEB_DISPLAY_MAX_CHARS", 20_000))
+GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP = int(os.environ.get("GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP", 500))
 
 _redis_url = os.environ.get("GYMWEB_REDIS_URL")
 # How often (minutes) the supervisor revives runs whose workers died (rollouts.dispatch.supervise).

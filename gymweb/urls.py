@@ -1,11 +1,25 @@
 """URL routes: the dashboard lives in the rollouts app; auth uses Django's own views."""
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
+
+
+class FaviconView(RedirectView):
+    """``/favicon.ico`` (which browsers ask for on every page) → the static SVG icon."""
+
+    permanent = False
+
+    def get_redirect_url(self, *args, **kwargs):
+        return static("gymweb/favicon.svg")
+
 
 urlpatterns = [
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    # A signed-in user who opens the sign-in page goes to the runs list (or to ``next``).
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("favicon.ico", FaviconView.as_view(), name="favicon"),
     path("", include("rollouts.urls")),
 ]

@@ -45,7 +45,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 from . import charts
 from .compare import compare_runs, pick_pair
 from .conformance import DEFAULT_SLOW_S, check_agent_sync
-from .forms import RunForm
+from .forms import clean_target_url
 from .loop import InvalidBaseURL
 from .models import AgentCall, Rollout, Run
 from .run_profile import RUN_STEM, profile_run, write_profile
@@ -634,6 +634,7 @@ def _side(run: Run, rollout: Optional[Rollout]) -> dict[str, Any]:
         "task_input": _task_input(task_row),
         "tools": [t.get("name") for t in (task_row.get("responses_create_params") or {}).get("tools") or [] if isinstance(t, dict)],
         "url": reverse("rollout", args=[run.pk, rollout.pk]),
+        "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
     })
     return side
 
@@ -698,8 +699,8 @@ def compare(request):
 class CheckAgentForm(forms.Form):
     """The agent to probe. The URL is validated exactly like the new-run form's agent URL
     (``loop.validate_base_url``: http(s), no credentials, query or fragment; and
-    ``GYMWEB_ALLOWED_TARGET_HOSTS``), by borrowing ``RunForm``'s own validator; a value holding
-    ``@`` is never rendered back."""
+    ``GYMWEB_ALLOWED_TARGET_HOSTS``), with the same helper (``forms.clean_target_url``); a value
+    holding ``@`` is never rendered back."""
 
     agent_url = forms.CharField(
         label="Agent base URL",
@@ -717,11 +718,8 @@ class CheckAgentForm(forms.Form):
         widget=forms.NumberInput(attrs={"step": "any", "size": 6}),
     )
 
-    _forget = RunForm._forget
-    _clean_base_url = RunForm._clean_base_url
-
     def clean_agent_url(self) -> str:
-        return self._clean_base_url("agent_url", "agent URL")
+        return clean_target_url(self, "agent_url", "agent URL")
 
 
 def _report_view(report) -> dict[str, Any]:

@@ -205,7 +205,15 @@ class AgentReply(_Loose):
 
 
 class NotJSON(ValueError):
-    """Text that is not strict JSON; ``str(exc)`` says why."""
+    """Text that is not strict JSON; ``str(exc)`` says why. For a syntax error, ``reason`` is the
+    parser's message without its position (``"Expecting ',' delimiter"``) and ``line``/``column``
+    (1-based) say where; all three are None for the other reasons (NaN, nesting, surrogates)."""
+
+    def __init__(self, message: str, *, reason: Optional[str] = None, line: Optional[int] = None, column: Optional[int] = None):
+        super().__init__(message)
+        self.reason = reason
+        self.line = line
+        self.column = column
 
 
 def _reject_constant(name: str) -> Any:
@@ -225,6 +233,8 @@ def strict_loads(text: "str | bytes") -> Any:
         raise NotJSON("nested too deeply") from None
     except NotJSON:
         raise
+    except json.JSONDecodeError as exc:
+        raise NotJSON(str(exc), reason=exc.msg, line=exc.lineno, column=exc.colno) from None
     except ValueError as exc:
         raise NotJSON(str(exc)) from None
     raw = text if isinstance(text, str) else text.decode("utf-8", "replace")

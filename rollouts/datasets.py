@@ -34,7 +34,8 @@ RESULT_FIELDS = ("reward", "response", "error", "_ng_failure_class", "_ng_failur
 
 class DatasetError(ValueError):
     """A dataset cannot be used. ``line`` is the 1-based line number (None for whole-file problems);
-    ``str(exc)`` says what and where, e.g. ``"tasks.jsonl, line 3: not valid JSON (...)"``."""
+    ``str(exc)`` says what and where, e.g.
+    ``"tasks.jsonl, line 3: not valid JSON (Expecting ',' delimiter at column 43)"``."""
 
     def __init__(self, message: str, line: Optional[int] = None, source: str = ""):
         self.line = line
@@ -111,6 +112,14 @@ def validate_row(row: Any, line: int, source: str) -> dict[str, Any]:
     return row
 
 
+def _json_problem(exc: NotJSON, indent: int = 0) -> str:
+    """A JSON error of one line without the parser's own "line 1 column 43 (char 42)", which
+    would read as a second line number: ``"Expecting ',' delimiter at column 43"``."""
+    if exc.reason and exc.column is not None and exc.line == 1:
+        return f"{exc.reason} at column {exc.column + indent}"
+    return str(exc)
+
+
 def iter_rows(
     stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], source: str = "", digest: Any = None
 ) -> Iterator[tuple[int, str, dict[str, Any]]]:
@@ -129,13 +138,15 @@ def iter_rows(
             text = raw
             if digest is not None:
                 digest.update(text.encode("utf-8", "surrogatepass"))
-        text = text.strip().removeprefix("\ufeff").strip()
+        body = text.lstrip()
+        indent = len(text) - len(body)  # columns are counted in the line as written
+        text = body.rstrip().removeprefix("\ufeff").strip()
         if not text:
             continue
         try:
             row = strict_loads(text)
         except NotJSON as exc:
-            raise DatasetError(f"not valid JSON ({exc})", number, source) from None
+            raise DatasetError(f"not valid JSON ({_json_problem(exc, indent)})", number, source) from None
         yield number, text, validate_row(row, number, source)
 
 

@@ -10,6 +10,7 @@ from django import forms
 from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 from django.db.models import F, QuerySet
+from django.utils import timezone
 
 from .contract import NotJSON, strict_loads
 from .datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
@@ -54,6 +55,47 @@ class SizeLimitUploadHandler(FileUploadHandler):
         return None  # the next handler stores the file
 
 
+def forget_value(form: forms.Form, name: str) -> None:
+    """Do not render ``form``'s submitted value of field ``name`` back (it may hold a password)."""
+    if form.data is not None and name in form.data:
+        form.data = form.data.copy()
+        form.data[name] = ""
+
+
+def clean_target_url(form: forms.Form, name: str, what: str) -> str:
+    """The cleaned value of a URL field that gymweb will send requests to (an agent or an env),
+    for any form's ``clean_<name>``: ``loop.validate_base_url`` (absolute http(s), no credentials,
+    query or fragment; trailing slash dropped) and ``GYMWEB_ALLOWED_TARGET_HOSTS``. A submitted
+    value holding ``@`` is never rendered back, and error messages never echo credentials."""
+    raw = form.cleaned_data.get(name, "")
+    if "@" in raw:
+        forget_value(form, name)
+    try:
+        url = validate_base_url(raw, what)
+    except InvalidBaseURL as exc:
+        raise forms.ValidationError(str(exc), code="invalid_url") from None
+    allowed = [h.strip().lower() for h in getattr(settings, "GYMWEB_ALLOWED_TARGET_HOSTS", []) if h.strip()]
+    host = (urlsplit(url).hostname or "").lower()
+    if allowed and host not in allowed:
+        raise forms.ValidationError(
+            f"{what}: host {host!r} is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: {', '.join(allowed)}).",
+            code="host_not_allowed",
+        )
+    return url
+
+
+def dataset_label(dataset: Dataset) -> str:
+    """How a stored dataset reads in a list: ``#12 good.jsonl · 5 rows · 2026-11-29 09:12``."""
+    rows = dataset.num_rows
+    created = timezone.localtime(dataset.created).strftime("%Y-%m-%d %H:%M") if dataset.created else ""
+    return " · ".join(p for p in (f"#{dataset.pk} {dataset.name}", f"{rows:,} row{'' if rows == 1 else 's'}", created) if p)
+
+
+class DatasetChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Dataset) -> str:
+        return dataset_label(obj)
+
+
 class RunForm(forms.Form):
     """Launch a run: a dataset (a new JSONL upload or an earlier one), the two services and the
     knobs of ``Run``. Validation parses the whole dataset, so a valid form can be stored in one go
@@ -66,7 +108,7 @@ class RunForm(forms.Form):
         help_text="One task per line, each with responses_create_params. Rows of an earlier rollouts file work too.",
         widget=forms.ClearableFileInput(attrs={"accept": ".jsonl,.json,.ndjson,application/jsonl,application/x-ndjson"}),
     )
-    dataset = forms.ModelChoiceField(
+    dataset = DatasetChoiceField(
         queryset=Dataset.objects.order_by("-created", "-id"),
         required=False,
         label="…or reuse an earlier dataset",
@@ -116,34 +158,11 @@ class RunForm(forms.Form):
         self.parsed: Optional[ParsedDataset] = None
 
     # -- services --------------------------------------------------------------------------------
-    def _forget(self, name: str) -> None:
-        """Do not render a submitted value back (it may hold a password)."""
-        if self.data is not None and name in self.data:
-            self.data = self.data.copy()
-            self.data[name] = ""
-
-    def _clean_base_url(self, name: str, what: str) -> str:
-        raw = self.cleaned_data.get(name, "")
-        if "@" in raw:
-            self._forget(name)
-        try:
-            url = validate_base_url(raw, what)
-        except InvalidBaseURL as exc:
-            raise forms.ValidationError(str(exc), code="invalid_url") from None
-        allowed = [h.strip().lower() for h in getattr(settings, "GYMWEB_ALLOWED_TARGET_HOSTS", []) if h.strip()]
-        host = (urlsplit(url).hostname or "").lower()
-        if allowed and host not in allowed:
-            raise forms.ValidationError(
-                f"{what}: host {host!r} is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: {', '.join(allowed)}).",
-                code="host_not_allowed",
-            )
-        return url
-
     def clean_agent_url(self) -> str:
-        return self._clean_base_url("agent_url", "agent URL")
+        return clean_target_url(self, "agent_url", "agent URL")
 
     def clean_env_url(self) -> str:
-        return self._clean_base_url("env_url", "environment URL")
+        return clean_target_url(self, "env_url", "environment URL")
 
     # -- knobs -----------------------------------------------------------------------------------
     def clean_run_timeout_s(self) -> float:

@@ -123,32 +123,112 @@ def _neighbours_by_window(qs: QuerySet, order: list[str], rollout_id: int) -> di
     return row
 
 
+# -- display limits -------------------------------------------------------------------------------
+# One agent can write a 30 MB message or 5,000 tool calls in one reply: the page shows at most
+# ``GYMWEB_DISPLAY_MAX_CHARS`` characters of each item's text (a note links to the item's raw JSON)
+# and at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step.
+DEFAULT_DISPLAY_MAX_CHARS = 20_000
+DEFAULT_DISPLAY_MAX_ITEMS_PER_STEP = 500
+# Pretty-printing millions of small JSON values is slow (the indenting encoder is pure Python):
+# longer JSON is shown as it came (compact), cut like any other text.
+PRETTY_MAX_CHARS = 1_000_000
+SHORT_MAX_CHARS = 300  # names, call ids, roles, labels
+
+
+def display_max_chars() -> int:
+    return max(1, int(getattr(settings, "GYMWEB_DISPLAY_MAX_CHARS", DEFAULT_DISPLAY_MAX_CHARS)))
+
+
+def display_max_items() -> int:
+    return max(1, int(getattr(settings, "GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP", DEFAULT_DISPLAY_MAX_ITEMS_PER_STEP)))
+
+
+def _more_text(more: int) -> str:
+    """The note of a cut text: ``"… 1,234 more characters"``; ``""`` when nothing was cut."""
+    return f"… {more:,} more character{'' if more == 1 else 's'}" if more > 0 else ""
+
+
+class _Budget:
+    """The characters one item may still show: each text takes what is left; the rest is cut."""
+
+    def __init__(self, limit: int):
+        self.left = limit
+
+    @property
+    def spent(self) -> bool:
+        return self.left <= 0
+
+    def clip(self, text: str) -> tuple[str, str]:
+        """``(shown text, note)``; the note is ``""`` when the whole text fits."""
+        if len(text) <= self.left:
+            self.left -= len(text)
+            return text, ""
+        shown, more = text[: self.left], len(text) - self.left
+        self.left = 0
+        return shown, _more_text(more)
+
+
+def _short(value: Any, limit: int = SHORT_MAX_CHARS) -> str:
+    """A name, call id or label for display, at most ``limit`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _json_text(value: Any) -> tuple[str, bool]:
+    """``pretty_json_text``, except that JSON longer than ``PRETTY_MAX_CHARS`` comes back compact
+    (as it came, for a string) instead of being pretty-printed."""
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        if len(value) <= PRETTY_MAX_CHARS:
+            return pretty_json_text(value)
+        try:
+            json.loads(value)
+        except ValueError:
+            return value, False
+        return value, True
+    try:
+        compact = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value), False
+    return (compact, True) if len(compact) > PRETTY_MAX_CHARS else pretty_json_text(value)
+
+
 # -- view models of trajectory items ----------------------------------------------------------
-def _content_parts(content: Any) -> list[dict[str, Any]]:
-    """A message's content as display parts: ``{"kind": "text"|"refusal"|"json", "text": ...}``."""
+def _content_parts(content: Any, budget: Optional[_Budget] = None) -> tuple[list[dict[str, Any]], int]:
+    """A message's content as display parts: ``{"kind": "text"|"refusal"|"json", "label", "text",
+    "cut"}`` (``cut``: the note of a text cut to the item's budget), and the number of parts left
+    out once the budget was spent."""
+    budget = budget or _Budget(display_max_chars())
     if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"kind": "text", "label": "", "text": content}]
-    if not isinstance(content, list):
-        return [{"kind": "json", "label": "content", "text": pretty_json_text(content)[0]}]
-    parts = []
-    for part in content:
+        return [], 0
+    if not isinstance(content, list):  # a string, or a value of a shape the contract does not know
+        if isinstance(content, str):
+            return [_part(budget, "text", "", content)], 0
+        return [_part(budget, "json", "content", _json_text(content)[0])], 0
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(content):
+        if budget.spent:
+            return parts, len(content) - i
         if isinstance(part, str):
-            parts.append({"kind": "text", "label": "", "text": part})
-            continue
-        if not isinstance(part, dict):
-            parts.append({"kind": "json", "label": "", "text": pretty_json_text(part)[0]})
-            continue
-        ptype = part.get("type")
-        if ptype == "refusal" or (ptype is None and isinstance(part.get("refusal"), str)):
-            parts.append({"kind": "refusal", "label": "refusal", "text": str(part.get("refusal") or "")})
-        elif isinstance(part.get("text"), str):
-            label = "" if ptype in ("output_text", "input_text", "text", None) else str(ptype)
-            parts.append({"kind": "text", "label": label, "text": part["text"]})
+            parts.append(_part(budget, "text", "", part))
+        elif not isinstance(part, dict):
+            parts.append(_part(budget, "json", "", _json_text(part)[0]))
         else:
-            parts.append({"kind": "json", "label": str(ptype or "part"), "text": pretty_json_text(part)[0]})
-    return parts
+            ptype = part.get("type")
+            if ptype == "refusal" or (ptype is None and isinstance(part.get("refusal"), str)):
+                parts.append(_part(budget, "refusal", "refusal", str(part.get("refusal") or "")))
+            elif isinstance(part.get("text"), str):
+                label = "" if ptype in ("output_text", "input_text", "text", None) else _short(ptype)
+                parts.append(_part(budget, "text", label, part["text"]))
+            else:
+                parts.append(_part(budget, "json", _short(ptype or "part"), _json_text(part)[0]))
+    return parts, 0
+
+
+def _part(budget: _Budget, kind: str, label: str, text: str) -> dict[str, Any]:
+    shown, cut = budget.clip(text)
+    return {"kind": kind, "label": label, "text": shown, "cut": cut}
 
 
 def _badge(cls: str, text: str, title: str = "") -> dict[str, str]:
@@ -157,11 +237,14 @@ def _badge(cls: str, text: str, title: str = "") -> dict[str, str]:
 
 def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", asked: bool = False, paired: bool = False,
               refused: bool = False, latency_ms: Optional[float] = None, tool_status: Optional[int] = None,
-              call_names: Optional[dict[str, str]] = None) -> dict[str, Any]:
+              call_names: Optional[dict[str, str]] = None, max_chars: Optional[int] = None) -> dict[str, Any]:
     """One item (a reply item, a gym output or a task input item) as a dict for its partial.
 
     Display strings (``seq``, badges, latency) are computed here rather than in the template: a
-    500-item trajectory must render fast, and Python is much cheaper than template logic."""
+    500-item trajectory must render fast, and Python is much cheaper than template logic. The
+    item's texts together show at most ``max_chars`` characters (``GYMWEB_DISPLAY_MAX_CHARS``);
+    each cut text carries a note (``cut``) and the template links it to the item's raw JSON."""
+    budget = _Budget(max_chars or display_max_chars())
     item = payload if isinstance(payload, dict) else {"type": None, "value": payload}
     kind = item.get("type")
     if kind is None and "role" in item and "content" in item:
@@ -170,22 +253,24 @@ def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", aske
     view: dict[str, Any] = {
         "seq": "" if seq is None else str(seq),
         "n": seq,
-        "kind": kind if isinstance(kind, str) else "",
+        "raw_q": "item=input" if seq is None else f"item={seq}",
+        "kind": _short(kind) if isinstance(kind, str) else "",
         "origin": origin,
         "asked": asked,
         "paired": paired,
         "refused": refused,
-        "call_id": call_id,
-        "name": str(item.get("name") or ""),
+        "call_id": _short(call_id),
+        "name": _short(item.get("name") or ""),
         "badges": [],
         "imported": origin == TrajectoryItem.Origin.IMPORTED,
+        "parts_more": 0,
     }
     if kind == "message":
         view["template"] = "rollouts/partials/item_message.html"
         role = str(item.get("role") or "")
-        view["role"] = role
+        view["role"] = _short(role)
         view["role_cls"] = role if role in ("assistant", "user", "system", "developer", "instructions") else "other"
-        view["parts"] = _content_parts(item.get("content"))
+        view["parts"], view["parts_more"] = _content_parts(item.get("content"), budget)
     elif kind == "reasoning":
         view["template"] = "rollouts/partials/item_reasoning.html"
         texts = []
@@ -199,31 +284,33 @@ def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", aske
         for part in content if isinstance(content, list) else []:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 texts.append(part["text"])
-        view["texts"] = texts
+        view["texts"], view["parts_more"] = _content_parts(texts, budget)
         view["empty_note"] = "(no summary; content encrypted)" if item.get("encrypted_content") else "(no summary)"
     elif kind == "function_call":
         view["template"] = "rollouts/partials/item_function_call.html"
         arguments = item.get("arguments")
-        text, is_json = pretty_json_text(arguments)
-        view["arguments"] = text
+        text, is_json = _json_text(arguments)
+        view["arguments"], view["arguments_cut"] = budget.clip(text)
         view["arguments_note"] = ""
         if not isinstance(arguments, str):
             view["arguments_note"] = f"arguments are a {type(arguments).__name__}, not a JSON string: shown as they came"
         elif not is_json:
             view["arguments_note"] = "arguments are not valid JSON: shown raw"
         view["answered_by"] = None
+        view["answer_refused"] = False
         view["unanswered"] = False
     elif kind == "function_call_output":
         view["template"] = "rollouts/partials/item_function_call_output.html"
-        view["name"] = (call_names or {}).get(call_id, "")
+        view["name"] = _short((call_names or {}).get(call_id, ""))
         view["answers"] = ""
         output = item.get("output")
         if isinstance(output, list):
-            view["parts"] = _content_parts(output)
+            view["parts"], view["parts_more"] = _content_parts(output, budget)
             view["text"] = None
         else:
             view["parts"] = None
-            view["text"], view["is_json"] = pretty_json_text(output)
+            text, view["is_json"] = _json_text(output)
+            view["text"], view["text_cut"] = budget.clip(text)
         if origin == TrajectoryItem.Origin.GYM:
             if refused:
                 view["badges"].append(_badge("failed", "refused · not sent", "gymweb did not send this call to the env"))
@@ -239,12 +326,16 @@ def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", aske
             view["badges"].append(_badge("unpaired", "orphan output", "no earlier function_call with this call_id"))
     else:
         view["template"] = "rollouts/partials/item_generic.html"
-        view["json"] = pretty_json_text(item)[0]
+        view["json"], view["json_cut"] = budget.clip(_json_text(item)[0])
+    if view["parts_more"]:
+        n = view["parts_more"]
+        view["parts_more"] = f"… {n:,} more part{'' if n == 1 else 's'}"
     return view
 
 
 def _call_badges(view: dict[str, Any]) -> None:
-    """Badges of a function_call, once we know whether an output answered it."""
+    """Badges of a function_call, once we know whether an output answered it (and whether that
+    output is gymweb's refusal: a call it never sent)."""
     answered = view["answered_by"]
     origin = view["origin"]
     if origin == "input":
@@ -258,7 +349,12 @@ def _call_badges(view: dict[str, Any]) -> None:
             view["unanswered"] = True
             view["badges"].append(_badge("unpaired", "never answered", "no function_call_output with this call_id in the trajectory"))
     elif view["asked"]:
-        view["badges"].append(_badge("asked", "asked · run by gymweb", "an unpaired call: gymweb ran it against the env"))
+        if view["answer_refused"]:
+            view["badges"].append(_badge("failed", "asked · refused, not sent",
+                                         "an unpaired call gymweb refused to send to the env (a tool name it may not call, "
+                                         "or arguments that are not JSON): its output says why"))
+        else:
+            view["badges"].append(_badge("asked", "asked · run by gymweb", "an unpaired call: gymweb ran it against the env"))
         if answered is None:
             view["unanswered"] = True
             view["badges"].append(_badge("unpaired", "no output (the rollout stopped first)"))
@@ -271,30 +367,55 @@ def _call_badges(view: dict[str, Any]) -> None:
                                      "a later ask with the same call_id replaced it, or it was never answered"))
 
 
+def _cap_items(views: list[dict[str, Any]], max_items: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """At most ``max_items`` of ``views``: ``(head, tail, note)``: the first ones, the last few (a
+    step usually ends with what matters) and a note on how many were left out between them."""
+    if len(views) <= max_items:
+        return views, [], ""
+    tail_n = max(1, max_items // 10) if max_items > 1 else 0
+    hidden = len(views) - max_items
+    head = views[: max_items - tail_n]
+    tail = views[len(views) - tail_n:] if tail_n else []
+    left_out = views[len(head): len(views) - len(tail)]
+    span = f"#{left_out[0]['seq']}–#{left_out[-1]['seq']}" if left_out[0]["seq"] and left_out[-1]["seq"] else ""
+    note = f"… {hidden:,} more item{'' if hidden == 1 else 's'} of this step not shown{f' ({span})' if span else ''}, at most {max_items:,} per step"
+    return head, tail, note
+
+
 def _task_input(task_row: dict[str, Any]) -> list[dict[str, Any]]:
     params = task_row.get("responses_create_params") or {}
+    max_chars, max_items = display_max_chars(), display_max_items()
     views = []
     instructions = params.get("instructions")
     if isinstance(instructions, str) and instructions:
-        views.append(item_view({"type": "message", "role": "instructions", "content": instructions}, origin="input"))
+        views.append(item_view({"type": "message", "role": "instructions", "content": instructions}, origin="input", max_chars=max_chars))
     first = params.get("input")
     if isinstance(first, str):
         first = [{"type": "message", "role": "user", "content": first}]
+    first = first if isinstance(first, list) else []
     call_names: dict[str, str] = {}
-    for item in first if isinstance(first, list) else []:
+    for item in first[:max_items]:
         if isinstance(item, dict) and item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
             call_names[item["call_id"]] = str(item.get("name") or "")
-        views.append(item_view(item, origin="input", call_names=call_names))
+        views.append(item_view(item, origin="input", call_names=call_names, max_chars=max_chars))
+    if len(first) > max_items:
+        hidden = len(first) - max_items
+        views.append({"template": "rollouts/partials/item_note.html",
+                      "note": f"… {hidden:,} more input item{'' if hidden == 1 else 's'} not shown (at most {max_items:,})"})
     return views
 
 
 def _verify_view(verify_json: str) -> Optional[dict[str, Any]]:
+    """The verify panel: reward, the other numeric fields, reward components and the rest (each
+    text cut to ``GYMWEB_DISPLAY_MAX_CHARS``, with a note)."""
     if not verify_json:
         return None
+    max_chars = display_max_chars()
     try:
         data = json.loads(verify_json)
     except ValueError:
-        return {"reward": None, "numbers": [], "components": None, "others": [], "invalid": verify_json}
+        text, cut = _Budget(max_chars).clip(verify_json)
+        return {"reward": None, "numbers": [], "components": None, "others": [], "invalid": text, "invalid_cut": cut}
     if not isinstance(data, dict):
         return None
     numbers, others = [], []
@@ -302,20 +423,30 @@ def _verify_view(verify_json: str) -> Optional[dict[str, Any]]:
         if key in ("reward", "response", "responses_create_params", "reward_components") or key.startswith("_ng_"):
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            numbers.append((key, value))
+            numbers.append((_short(key), value))
         else:
-            others.append((key, pretty_json_text(value)[0]))
+            others.append((_short(key), *_Budget(max_chars).clip(_json_text(value)[0])))
     components = data.get("reward_components")
+    # (key, value or display text, cut note, numeric)
     if isinstance(components, dict):
-        components = [(k, v, isinstance(v, (int, float)) and not isinstance(v, bool)) for k, v in components.items()]
+        rows = []
+        for k, v in components.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                rows.append((_short(k), v, "", True))
+            else:
+                rows.append((_short(k), *_Budget(max_chars).clip(_json_text(v)[0]), False))
+        components = rows
     elif components is not None:
-        components = [("reward_components", pretty_json_text(components)[0], False)]
+        components = [("reward_components", *_Budget(max_chars).clip(_json_text(components)[0]), False)]
     return {"reward": data.get("reward"), "numbers": numbers, "components": components, "others": others, "invalid": None}
 
 
 def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
-    """Steps in order: ``{"call": AgentCall|None, "index": n, "items": [view, ...]}``. One query
+    """Steps in order: ``{"call": AgentCall|None, "index": n, "items": [view, ...], "tail": [view, ...],
+    "hidden": note}``: at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step are shown (its
+    first ones and its last few; ``hidden`` says how many are left out between them). One query
     for the items and one for the agent calls."""
+    max_chars, max_items = display_max_chars(), display_max_items()
     calls = list(AgentCall.objects.filter(rollout=rollout).order_by("index"))
     rows = TrajectoryItem.objects.filter(rollout=rollout).order_by("seq").values_list(
         "seq", "step", "kind", "call_id", "origin", "asked", "paired", "refused", "latency_ms", "tool_status", "payload"
@@ -332,7 +463,7 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
         if kind == "function_call" and call_id and isinstance(payload, dict):
             call_names[call_id] = str(payload.get("name") or "")
         view = item_view(payload, seq=seq, origin=origin, asked=asked, paired=paired, refused=refused,
-                         latency_ms=latency_ms, tool_status=tool_status, call_names=call_names)
+                         latency_ms=latency_ms, tool_status=tool_status, call_names=call_names, max_chars=max_chars)
         if kind == "function_call":
             calls_by_id.setdefault(call_id, []).append(view)
             call_views.append(view)
@@ -340,6 +471,8 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
             for call_view in reversed(calls_by_id.get(call_id, ())):  # a repeated call_id: the last ask ran
                 if call_view["answered_by"] is None:
                     call_view["answered_by"] = seq
+                    # gymweb's own output saying it did not send the call (rules 5, 6)
+                    call_view["answer_refused"] = bool(refused) and origin == TrajectoryItem.Origin.GYM
                     view["answers"] = str(call_view["n"])
                     break
         if step not in steps:
@@ -347,6 +480,10 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
         steps[step]["items"].append(view)
     for view in call_views:
         _call_badges(view)
+    for step in steps.values():
+        step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
+        details = step["call"].incomplete_details if step["call"] is not None else None
+        step["incomplete"] = _short(_json_text(details)[0], 500) if details else ""
     return [steps[k] for k in sorted(steps)], count
 
 
@@ -385,6 +522,7 @@ def rollout_detail(request, run_id, rollout_id):
         "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
         "kill_shaped": rollout.status in Rollout.KILL_SHAPED,
     }
+    context["error_text"], context["error_cut"] = _Budget(display_max_chars()).clip(rollout.error or "")
     return render(request, "rollouts/rollout_detail.html", context)
 
 
@@ -402,12 +540,38 @@ def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
 
 @login_required
 def rollout_raw(request, run_id, rollout_id):
+    """The attempt's output-file row (``raw_row``) as JSON. ``?item=N`` gives trajectory item N
+    whole instead, and ``?item=input`` the task's materialised row (what the trajectory page links
+    to when it cuts a long text), for attempts of any status."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    which = request.GET.get("item")
+    if which is not None:
+        return _raw_item(rollout, which)
     row = raw_row(rollout)
     if row is None:
         body = {"error": f"this attempt is {rollout.status}: it is written to no output file, so it has no row"}
         return HttpResponse(json.dumps(body, indent=2), status=404, content_type="application/json; charset=utf-8")
     return HttpResponse(json.dumps(row, indent=2, ensure_ascii=False), content_type="application/json; charset=utf-8")
+
+
+def _json_response(body: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(json.dumps(body, indent=2, ensure_ascii=False), status=status, content_type="application/json; charset=utf-8")
+
+
+def _raw_item(rollout: Rollout, which: str) -> HttpResponse:
+    if which == "input":
+        try:
+            return _json_response(json.loads(rollout.task.row_json))
+        except ValueError:
+            return HttpResponse(rollout.task.row_json, content_type="text/plain; charset=utf-8")
+    try:
+        seq = int(which)
+    except ValueError:
+        return _json_response({"error": "item must be an item number (#N on the page) or 'input'"}, status=404)
+    row = TrajectoryItem.objects.filter(rollout=rollout, seq=seq).values("seq", "step", "origin", "payload").first()
+    if row is None:
+        return _json_response({"error": f"this attempt has no item #{seq}"}, status=404)
+    return _json_response(row["payload"])
 
 
 # -- import ------------------------------------------------------------------------------------

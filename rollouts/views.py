@@ -8,6 +8,9 @@ instance).
 """
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Optional
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -17,6 +20,7 @@ from django.db.models.functions import Substr
 from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
@@ -25,7 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from . import metrics, runs
 from .export import iter_failures, iter_materialized, iter_successes
 from .forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, filtered_rollouts
-from .models import Rollout, Run
+from .models import Dataset, Rollout, Run, Worker
 
 RUNS_PER_PAGE = 25
 ROLLOUTS_PER_PAGE = 50
@@ -80,8 +84,9 @@ def _run_new(request):
     if request.method == "POST":
         form = RunForm(request.POST, request.FILES, too_large_uploads=getattr(request, "gymweb_too_large_uploads", None))
         if form.is_valid():
-            run = _launch_from_form(form, request.user)
-            messages.success(request, f"Run “{run.name}” started: {run.num_keys} rollouts.")
+            run, reused = _launch_from_form(form, request.user)
+            note = f" The file was uploaded before: dataset #{run.dataset_id} reused." if reused else ""
+            messages.success(request, f"Run “{run.name}” started: {run.num_keys} rollouts.{note}")
             return redirect("run", run.pk)
     else:
         form = RunForm()
@@ -89,11 +94,17 @@ def _run_new(request):
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
 
 
-def _launch_from_form(form: RunForm, user) -> Run:
-    """Store the dataset (for an upload) and the run, and launch it: all or nothing."""
+def _launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
+    """Store the dataset (for an upload; an identical earlier upload of the same user is reused
+    instead) and the run, and launch it: all or nothing. Returns the run and whether an earlier
+    upload was reused."""
+    reused = False
     with transaction.atomic():
         if form.parsed is not None:
-            dataset = runs.store_dataset(form.parsed, form.dataset_name(), user=user)
+            dataset = _same_dataset(form.parsed, form.dataset_name(), user)
+            reused = dataset is not None
+            if dataset is None:
+                dataset = runs.store_dataset(form.parsed, form.dataset_name(), user=user)
             parsed = form.parsed
         else:
             dataset = form.cleaned_data["dataset"]
@@ -102,7 +113,19 @@ def _launch_from_form(form: RunForm, user) -> Run:
             parsed, name=form.cleaned_data["name"] or form.dataset_name(), user=user, dataset=dataset, **form.run_options()
         )
         runs.launch(run)  # marked running: the workers pick it up
-    return run
+    return run, reused
+
+
+def _same_dataset(parsed, name: str, user) -> Optional[Dataset]:
+    """An earlier upload of the same file (same bytes, same name, same user), to reuse instead of
+    storing a copy; None when there is none."""
+    if not parsed.sha256 or user is None or not getattr(user, "pk", None):
+        return None
+    return (
+        Dataset.objects.filter(created_by=user, sha256=parsed.sha256, name=name[:200], num_rows=len(parsed.rows))
+        .order_by("-id")
+        .first()
+    )
 
 
 # -- run page ----------------------------------------------------------------------------------------
@@ -148,10 +171,21 @@ def _sort_links(filt: RolloutFilterForm, base: str) -> dict[str, dict]:
     return out
 
 
+def _live_workers() -> int:
+    """Dispatchers whose heartbeat is recent (within ``GYMWEB_LEASE_S``): one indexed count."""
+    since = timezone.now() - timedelta(seconds=float(settings.GYMWEB_LEASE_S))
+    return Worker.objects.filter(last_seen__gte=since).count()
+
+
 def _live_context(run: Run) -> dict:
     summary = metrics.run_summary(run)
     p = summary.progress
+    live_workers = None if run.is_final else _live_workers()
     return {
+        "live_workers": live_workers,
+        "lease_s": float(settings.GYMWEB_LEASE_S),
+        # Work waits and nobody is there to do it: say so, and how to start a worker.
+        "no_worker": live_workers == 0 and bool(p.active),
         "run": run,
         "s": summary,
         "p": p,

@@ -72,6 +72,34 @@ def _one_running_rollout():
     return run, rollout
 
 
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ('{"responses_create_params": {"input": "hi"} "x": 1}', "Expecting ',' delimiter at column 45"),
+        ('{"responses_create_params": {"input": "hi"}, }', "Expecting property name enclosed in double quotes at column 46"),
+        ('{"responses_create_params": {"input": "hi"}} trailing', "Extra data at column 46"),
+        ("\t {not json", "Expecting property name enclosed in double quotes at column 4"),
+    ],
+)
+def test_a_json_syntax_error_names_the_file_line_once_and_the_column(line, reason):
+    with pytest.raises(DatasetError) as caught:
+        read_jsonl([GOOD, line], source="tasks.jsonl")
+    assert str(caught.value) == f"tasks.jsonl, line 2: not valid JSON ({reason})"
+    assert caught.value.line == 2
+
+
+def test_strict_loads_still_says_where_in_its_own_message_and_gives_the_parts():
+    from rollouts.contract import NotJSON, strict_loads
+
+    with pytest.raises(NotJSON) as caught:
+        strict_loads('{"a": 1 "b": 2}')
+    assert str(caught.value) == "Expecting ',' delimiter: line 1 column 9 (char 8)"
+    assert (caught.value.reason, caught.value.line, caught.value.column) == ("Expecting ',' delimiter", 1, 9)
+    with pytest.raises(NotJSON) as caught:
+        strict_loads('[NaN]')
+    assert str(caught.value) == "NaN is not a JSON value" and caught.value.column is None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_result_the_database_cannot_hold_becomes_an_internal_error_row():
     run, rollout = _one_running_rollout()

@@ -124,6 +124,32 @@ def test_the_allowed_target_hosts_setting_is_respected(signed_in, settings):
     assert "is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: agent.internal)" in response.content.decode()
 
 
+def test_the_check_form_and_the_run_form_share_one_standalone_url_helper(settings):
+    from django import forms
+
+    from rollouts import forms as run_forms
+    from rollouts.analysis_views import CheckAgentForm
+
+    # no borrowed methods: a plain function any form can call from its clean_<field>
+    assert not hasattr(run_forms.RunForm, "_clean_base_url") and "_clean_base_url" not in vars(CheckAgentForm)
+
+    class TargetForm(forms.Form):
+        url = forms.CharField()
+
+        def clean_url(self):
+            return run_forms.clean_target_url(self, "url", "target URL")
+
+    good = TargetForm({"url": "http://127.0.0.1:9102/"})
+    assert good.is_valid() and good.cleaned_data["url"] == "http://127.0.0.1:9102"
+    secret = TargetForm({"url": "http://bob:hunter2@127.0.0.1:9102"})
+    assert not secret.is_valid() and "credentials" in secret.errors["url"][0]
+    assert secret.data["url"] == "" and "hunter2" not in str(secret)
+    settings.GYMWEB_ALLOWED_TARGET_HOSTS = ["agent.internal"]
+    elsewhere = TargetForm({"url": "http://127.0.0.1:9102"})
+    assert not elsewhere.is_valid()
+    assert elsewhere.errors["url"] == ["target URL: host '127.0.0.1' is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: agent.internal)."]
+
+
 @pytest.mark.parametrize("timeout", ["0", "61", "soon"])
 def test_the_timeout_is_bounded(signed_in, timeout):
     response = signed_in.post(URL, {"agent_url": "http://127.0.0.1:9102", "timeout_s": timeout})

@@ -188,6 +188,17 @@ def test_side_by_side_renders_both_trajectories_with_the_trajectory_partials(sig
     assert f'href="{reverse("rollout", args=[b.pk, key(b, 1).pk])}"' in second
 
 
+def test_side_by_side_gives_every_element_id_once_and_each_side_links_its_own_items(signed_in, pair):
+    a, b = pair
+    html = signed_in.get(_url(a=a.pk, b=b.pk, task=1)).content.decode()
+    ids = re.findall(r'\sid="([^"]+)"', html)
+    assert ids and len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    first, second = html.split('<div class="side" aria-label="run B">')
+    assert 'id="a-item-0"' in first and 'href="#a-item-0"' in first and 'id="a-step-0"' in first
+    assert 'id="b-item-0"' in second and 'href="#b-item-0"' in second and 'id="b-step-0"' in second
+    assert 'answers <a href="#b-item-0">' in second
+
+
 def test_side_by_side_shows_a_failed_attempt_and_says_when_a_run_has_none(signed_in, pair):
     a, b = pair
     html = signed_in.get(_url(a=a.pk, b=b.pk, task=0)).content.decode()

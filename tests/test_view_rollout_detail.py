@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from urllib.parse import parse_qs, urlsplit
 
@@ -55,8 +56,9 @@ def make_rollout(run: Run, task: Task, rollout_index=0, attempt=1, status=Rollou
     )
     TrajectoryItem.objects.bulk_create(
         TrajectoryItem(
-            rollout=rollout, seq=seq, step=step, kind=payload.get("type", ""), role=payload.get("role", ""),
-            call_id=payload.get("call_id", ""), name=payload.get("name", ""), payload=payload,
+            # Cut to the columns' sizes as the dispatcher does (PostgreSQL enforces them).
+            rollout=rollout, seq=seq, step=step, kind=payload.get("type", "")[:40], role=payload.get("role", "")[:20],
+            call_id=payload.get("call_id", "")[:300], name=payload.get("name", "")[:300], payload=payload,
             **{"origin": TrajectoryItem.Origin.AGENT, **extra},
         )
         for seq, (step, payload, extra) in enumerate(items)
@@ -165,6 +167,42 @@ def test_it_shows_gym_outputs_with_tool_latency_and_status_and_flags_refused_one
     assert "asked · run by gymweb" in html
 
 
+def _item(html: str, seq: int) -> str:
+    """The markup of item ``#seq`` (up to the next item)."""
+    start = html.index(f'id="item-{seq}"')
+    start = html.rindex("<div", 0, start)
+    end = html.find('<div class="item ', start + 1)
+    return html[start:end if end != -1 else len(html)]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, arguments, why", [
+    ("../verify", "{}", "not a safe URL path segment"),
+    ("seed_session", "{}", "one of the environment's own routes"),
+    ("increment_counter", "{not json", "arguments are not valid JSON"),
+])
+def test_a_refused_ask_reads_as_asked_but_refused_never_as_run_by_gymweb(signed_in, name, arguments, why):
+    run = make_run()
+    rollout = make_rollout(run, make_task(run), calls=[{}, {}], items=[
+        (0, call("c1", name, arguments), {"asked": True}),
+        (0, out("c1", f"Error: gymweb did not call tool {name!r}: {why}."), {"origin": "gym", "refused": True}),
+        (1, msg("done"), {}),
+    ])
+    html = page(signed_in, rollout)
+    asked, output = _item(html, 0), _item(html, 1)
+    assert "asked · refused, not sent" in asked
+    assert "run by gymweb" not in asked and "run by gymweb" not in output
+    assert "refused · not sent" in output
+    assert "run by gymweb" not in html
+
+
+@pytest.mark.django_db
+def test_an_ask_gymweb_ran_still_reads_run_by_gymweb_beside_a_refused_one(signed_in):
+    html = page(signed_in, rich_rollout())
+    assert "asked · run by gymweb" in _item(html, 1)  # increment_counter, run
+    assert "asked · refused, not sent" in _item(html, 4) and "run by gymweb" not in _item(html, 4)  # ../verify
+
+
 @pytest.mark.django_db
 def test_it_marks_agent_internal_paired_calls(signed_in):
     html = page(signed_in, rich_rollout())
@@ -208,7 +246,93 @@ def test_a_string_input_is_shown_as_one_user_message(signed_in):
     assert "role-user" in html and "role-instructions" in html
 
 
-# -- verify and failures -------------------------------------------------------------------------
+# -- huge content ------------------------------------------------------------------------------
+def _notes(html: str) -> list[str]:
+    return re.findall(r'<div class="clip-note">(.*?)</div>', html, re.S)
+
+
+@pytest.mark.django_db
+def test_a_huge_assistant_message_is_cut_with_a_note_linking_to_its_raw_json(signed_in, settings):
+    settings.GYMWEB_DISPLAY_MAX_CHARS = 1000
+    run = make_run()
+    rollout = make_rollout(run, make_task(run), calls=[{}], items=[(0, msg("<b>" + "x" * 49_997), {})])
+    html = page(signed_in, rollout)
+    assert len(html) < 20_000
+    note = _notes(html)[0]
+    assert "… 49,000 more characters — " in note and "see the raw JSON" in note
+    raw = reverse("rollout_raw", args=[run.pk, rollout.pk]) + "?item=0"
+    assert f'href="{raw}"' in note
+    assert "&lt;b&gt;" + "x" * 997 + "</div>" in html  # cut, still escaped
+    whole = signed_in.get(raw)
+    assert whole.status_code == 200 and len(json.loads(whole.content)["content"][0]["text"]) == 50_000
+
+
+@pytest.mark.django_db
+def test_long_arguments_tool_outputs_reasoning_generic_items_and_input_are_cut_too(signed_in, settings):
+    settings.GYMWEB_DISPLAY_MAX_CHARS = 500
+    run = make_run()
+    task = make_task(run, row={"responses_create_params": {"input": "y" * 3000}})
+    rollout = make_rollout(run, task, calls=[{}, {}], items=[
+        (0, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r" * 2000}]}, {}),
+        (0, call("c1", "increment_counter", json.dumps({"blob": "a" * 2000})), {"asked": True}),
+        (0, out("c1", "o" * 2000), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200}),
+        (0, {"type": "web_search_call", "id": "ws", "action": {"query": "q" * 2000}}, {}),
+        (1, {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "p" * 300}] * 100}, {}),
+    ])
+    html = page(signed_in, rollout)
+    assert len(html) < 30_000
+    notes = _notes(html)
+    assert sum("more characters" in n for n in notes) == 6  # input, reasoning, arguments, output, generic, message
+    assert any("… 98 more parts" in n for n in notes)  # the message's budget is spent after 2 parts
+    for seq in range(5):
+        assert f"?item={seq}" in html
+    assert "?item=input" in html
+    assert "r" * 501 not in html and "o" * 501 not in html and "q" * 501 not in html and "y" * 501 not in html
+
+
+@pytest.mark.django_db
+def test_a_step_with_more_items_than_the_cap_shows_its_first_and_last_items_and_a_note(signed_in, settings):
+    settings.GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP = 20
+    run = make_run()
+    items = [(0, call(f"c{i}", "increment_counter", "{}"), {"asked": True}) for i in range(100)]
+    items += [(0, out(f"c{i}", "ok"), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200}) for i in range(100)]
+    items += [(1, msg("The count is 100."), {})]
+    rollout = make_rollout(run, make_task(run), calls=[{}, {}], items=items)
+    html = page(signed_in, rollout)
+    step1 = html[html.index('id="step-0"'):html.index('id="step-1"')]
+    assert step1.count('class="item item-') == 20
+    assert 'id="item-0"' in step1 and 'id="item-17"' in step1 and 'id="item-18"' not in step1
+    assert 'id="item-198"' in step1 and 'id="item-199"' in step1  # the step's last items
+    assert "… 180 more items of this step not shown (#18–#197), at most 20 per step" in step1
+    assert "The count is 100." in html
+
+
+@pytest.mark.django_db
+def test_5000_tool_calls_in_one_step_make_a_page_of_bounded_size(signed_in):
+    run = make_run()
+    items = [(0, call(f"c{i}", "increment_counter", '{"count": 1}'), {"asked": True}) for i in range(5000)]
+    items += [(0, out(f"c{i}", '{"success": true}'), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200})
+              for i in range(5000)]
+    rollout = make_rollout(run, make_task(run), calls=[{}], items=items)
+    html = page(signed_in, rollout)
+    assert html.count('class="item item-function_call') == 500
+    assert "9,500 more items of this step not shown" in html
+    assert len(html) < 600_000
+
+
+@pytest.mark.django_db
+def test_a_3_mb_message_and_a_huge_tool_name_make_a_small_page(signed_in):
+    run = make_run()
+    rollout = make_rollout(run, make_task(run), calls=[{}], items=[
+        (0, call("c1", "n" * 100_000, '{"count": 1}'), {"asked": True}),
+        (0, msg("z" * 3_000_000), {}),
+    ])
+    html = page(signed_in, rollout)
+    assert len(html) < 60_000
+    assert "… 2,980,000 more characters" in html
+
+
+# -- verify and failures ---# -- verify and failures -------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_it_shows_the_reward_extra_numeric_fields_and_reward_components(signed_in):
     html = page(signed_in, rich_rollout())
@@ -399,6 +523,21 @@ def test_the_raw_view_of_an_attempt_written_to_no_file_is_not_found(signed_in):
     rollout = make_rollout(run, make_task(run), status=Rollout.Status.CANCELLED)
     response = signed_in.get(reverse("rollout_raw", args=[run.pk, rollout.pk]))
     assert response.status_code == 404 and "written to no output file" in json.loads(response.content)["error"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", [Rollout.Status.SUCCEEDED, Rollout.Status.FAILED, Rollout.Status.RUNNING,
+                                    Rollout.Status.CANCELLED])
+def test_the_raw_view_gives_one_item_or_the_task_input_whole_for_an_attempt_of_any_status(signed_in, status):
+    rollout = rich_rollout()
+    Rollout.objects.filter(pk=rollout.pk).update(status=status)
+    url = reverse("rollout_raw", args=[rollout.run_id, rollout.pk])
+    item = signed_in.get(url + "?item=9")
+    assert item.status_code == 200 and json.loads(item.content) == msg("The count is 4.")
+    task_input = signed_in.get(url + "?item=input")
+    assert json.loads(task_input.content)["responses_create_params"] == TASK_ROW["responses_create_params"]
+    assert signed_in.get(url + "?item=99").status_code == 404
+    assert signed_in.get(url + "?item=x").status_code == 404
 
 
 # -- a real gymweb rollout -----------------------------------------------------------------------

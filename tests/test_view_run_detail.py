@@ -155,7 +155,104 @@ def test_the_page_of_a_run_with_no_rollouts_finished_yet_renders(signed_in, db):
     assert "No finished rollouts yet" in body and "No failures" in body and "<strong>0</strong> / 3 done" in body
 
 
-# -- live updates ------------------------------------------------------------------------------------
+def _tokens_card(body: str) -> str:
+    start = body.index('<div class="label">tokens</div>')
+    return body[start:body.index('<div class="grid two">', start)]
+
+
+def test_the_tokens_card_says_not_reported_when_no_attempt_reported_usage(signed_in, db):
+    run = make_run(3, status=Run.Status.RUNNING)
+    finish(key(run, 0), S.SUCCEEDED, 1.0)  # no usage
+    finish(key(run, 1), S.FAILED, kind="agent_timeout")
+    card = _tokens_card(signed_in.get(_url(run)).content.decode())
+    assert "None" not in card
+    assert "not reported" in card and "none of 2 finished attempts reported usage" in card
+
+
+def test_the_tokens_card_shows_reported_numbers_with_thousands_separators(signed_in, db):
+    run = make_run(2)
+    finish(key(run, 0), S.SUCCEEDED, 1.0, tokens=10_000)
+    finish(key(run, 1), S.SUCCEEDED, 1.0)  # this one reported nothing
+    card = _tokens_card(signed_in.get(_url(run)).content.decode())
+    assert 'id="tokens-total">15,000<' in card
+    assert "in 10,000 (cached 0) · out 5,000 (reasoning 1)" in card
+    assert "usage reported by 1 of 2 attempts" in card and "None" not in card
+
+
+# -- workers -----------------------------------------------------------------------------------------
+def _worker(name: str, seconds_ago: float):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from rollouts.models import Worker
+
+    return Worker.objects.create(name=name, host="h", pid=1, last_seen=timezone.now() - timedelta(seconds=seconds_ago))
+
+
+def _live(client, run) -> str:
+    return client.get(reverse("run_live", args=[run.pk]), HTTP_HX_REQUEST="true").content.decode()
+
+
+def test_a_running_run_with_pending_work_and_no_live_worker_says_how_to_start_one(signed_in, mixed_run, settings):
+    settings.GYMWEB_LEASE_S = 30
+    _worker("dead:1", seconds_ago=31)  # its heartbeat stopped: not live
+    for body in (signed_in.get(_url(mixed_run)).content.decode(), _live(signed_in, mixed_run)):
+        assert 'id="no-worker"' in body
+        text = re.sub(r"<[^>]+>", "", body)
+        assert "No worker is running: start one with python manage.py qcluster (see README)" in text
+        assert "0 workers live" in text
+
+
+def test_the_live_part_counts_live_workers_and_has_no_warning_while_one_is_live(signed_in, mixed_run, settings):
+    settings.GYMWEB_LEASE_S = 30
+    _worker("a:1", seconds_ago=1)
+    _worker("b:2", seconds_ago=60)
+    body = _live(signed_in, mixed_run)
+    assert 'id="live-workers"' in body and "1 worker live" in body
+    assert "No worker is running" not in body
+    _worker("c:3", seconds_ago=2)
+    assert "2 workers live" in _live(signed_in, mixed_run)
+
+
+def test_no_worker_warning_when_nothing_waits_or_the_run_is_final(signed_in, db):
+    done = make_run(1, status=Run.Status.RUNNING)
+    finish(key(done, 0), S.SUCCEEDED, 1.0)  # running, nothing pending (about to complete)
+    assert "No worker is running" not in _live(signed_in, done)
+    final = make_run(2, status=Run.Status.COMPLETED)
+    body = _live(signed_in, final)
+    assert "No worker is running" not in body and "live-workers" not in body
+
+
+def test_the_live_part_takes_one_query_more_for_the_workers_however_many_there_are(signed_in, mixed_run):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def count():
+        with CaptureQueriesContext(connection) as ctx:
+            _live(signed_in, mixed_run)
+        return len(ctx.captured_queries)
+
+    count()  # warms the cache of finished aggregates
+    before = count()
+    for i in range(20):
+        _worker(f"w:{i}", seconds_ago=1)
+    assert count() == before
+    with CaptureQueriesContext(connection) as ctx:
+        _live(signed_in, mixed_run)
+    assert sum("rollouts_worker" in q["sql"] for q in ctx.captured_queries) == 1
+
+
+# -- imported runs -----------------------------------------------------------------------------------
+def test_an_imported_run_shows_its_agent_name_and_that_it_has_no_agent_url(signed_in, db):
+    run = Run.objects.create(name="imp", status=Run.Status.IMPORTED, agent_name="my_agent")
+    body = signed_in.get(_url(run)).content.decode()
+    summary = body[body.index('<details class="card settings">'):body.index("</summary>")]
+    assert "my_agent" in summary and "imported (no agent URL)" in summary
+    assert "(no agent)" not in summary and "(no env)" not in summary
+
+
+# -- live updates ---# -- live updates ------------------------------------------------------------------------------------
 def test_the_live_part_polls_while_the_run_is_running(signed_in, mixed_run):
     body = signed_in.get(_url(mixed_run)).content.decode()
     live = re.search(r'<section id="run-live"[^>]*>', body).group(0)

@@ -94,6 +94,35 @@ def test_it_reuses_an_earlier_dataset(signed_in):
     assert Dataset.objects.count() == 1  # reusing stores no copy
 
 
+def test_earlier_datasets_read_apart_with_id_count_and_date(signed_in):
+    from django.utils import timezone
+
+    one = runs.store_dataset(read_jsonl(dataset_lines(1)), "good.jsonl")
+    five = runs.store_dataset(read_jsonl(dataset_lines(5)), "good.jsonl")
+    other = runs.store_dataset(read_jsonl(dataset_lines(1200)), "good.jsonl")
+    body = signed_in.get(URL).content.decode()
+    for dataset, count in ((one, "1 row"), (five, "5 rows"), (other, "1,200 rows")):
+        when = timezone.localtime(dataset.created).strftime("%Y-%m-%d %H:%M")
+        assert f'<option value="{dataset.pk}">#{dataset.pk} good.jsonl · {count} · {when}</option>' in body
+    assert "1 rows" not in body
+
+
+def test_uploading_the_same_file_again_reuses_the_stored_dataset(signed_in, user, django_user_model):
+    signed_in.post(URL, _data(dataset_file=_upload(_good_jsonl(), "same.jsonl")))
+    response = signed_in.post(URL, _data(dataset_file=_upload(_good_jsonl(), "same.jsonl")), follow=True)
+    first, second = Run.objects.order_by("id")
+    assert f"The file was uploaded before: dataset #{first.dataset_id} reused." in response.content.decode()
+    assert Dataset.objects.count() == 1 and first.dataset == second.dataset
+    assert second.num_keys == 6 and Rollout.objects.filter(run=second).count() == 6
+    # another name, other bytes or another user: a dataset of its own
+    signed_in.post(URL, _data(dataset_file=_upload(_good_jsonl(), "renamed.jsonl")))
+    signed_in.post(URL, _data(dataset_file=_upload(_good_jsonl(4), "same.jsonl")))
+    assert Dataset.objects.count() == 3
+    signed_in.force_login(django_user_model.objects.create_user("bob", password="x" * 12))
+    signed_in.post(URL, _data(dataset_file=_upload(_good_jsonl(), "same.jsonl")))
+    assert Dataset.objects.count() == 4 and Dataset.objects.filter(name="same.jsonl", created_by__username="bob").count() == 1
+
+
 def test_it_merges_the_overrides_into_responses_create_params(signed_in):
     signed_in.post(URL, _data(overrides='{"temperature": 0.2, "model": "m"}'))
     run = Run.objects.get()
@@ -156,6 +185,16 @@ def test_it_reports_a_bad_jsonl_line_with_its_number(signed_in):
     assert any("line 3" in e and "not valid JSON" in e and "broken.jsonl" in e for e in errors), errors
     assert "line 3" in response.content.decode()
     assert _nothing_stored()
+
+
+def test_a_bad_jsonl_line_is_reported_with_one_line_number_and_its_column(signed_in):
+    lines = dataset_lines(4)
+    lines[2] = '  {"responses_create_params": {"input": "x"} "expected": 2}'
+    response = signed_in.post(URL, _data(dataset_file=_upload("\n".join(lines), "broken.jsonl")))
+    errors = _errors(response, "dataset_file")
+    assert errors == ["broken.jsonl, line 3: not valid JSON (Expecting ',' delimiter at column 46)"], errors
+    assert lines[2].index('"expected') == 45  # column 46, 1-based, in the line as written
+    assert "line 1 column" not in response.content.decode() and "char " not in response.content.decode()
 
 
 def test_it_reports_a_row_without_responses_create_params(signed_in):

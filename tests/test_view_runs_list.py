@@ -100,3 +100,41 @@ def test_the_query_count_does_not_grow_with_runs_or_rollouts(signed_in):
         for r in Rollout.objects.filter(run=run, task_index__lt=10):
             finish(r, S.SUCCEEDED, 1.0)
     assert queries() == few
+
+
+def test_an_imported_run_shows_its_agent_name_and_imported_instead_of_a_dash(signed_in):
+    run = Run.objects.create(name="from a file", status=Run.Status.IMPORTED, agent_name="my_agent")
+    row = _row(signed_in.get(URL).content.decode(), run)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+    agent, env = cells[5], cells[6]
+    assert "my_agent" in agent and "imported (no agent URL)" in agent and "—" not in agent
+    assert "imported (no env URL)" in env and "—" not in env
+
+
+# -- every page ------------------------------------------------------------------------------------
+def test_a_signed_in_user_who_opens_the_sign_in_page_goes_to_the_runs_list(signed_in):
+    response = signed_in.get(reverse("login"))
+    assert response.status_code == 302 and response["Location"] == URL
+    response = signed_in.get(reverse("login") + "?next=/runs/new/")
+    assert response.status_code == 302 and response["Location"] == "/runs/new/"
+    response = signed_in.get(reverse("login") + "?next=https://evil.example/")
+    assert response.status_code == 302 and response["Location"] == URL
+
+
+def test_the_sign_in_page_is_still_shown_to_a_visitor(client, db):
+    response = client.get(reverse("login"))
+    assert response.status_code == 200 and 'name="username"' in response.content.decode()
+
+
+def test_every_page_links_a_favicon_and_favicon_ico_is_no_404(signed_in):
+    from django.contrib.staticfiles import finders
+    from django.test import Client
+
+    visitor = Client()
+    for page in (signed_in.get(URL), visitor.get(reverse("login"))):
+        assert '<link rel="icon" href="/static/gymweb/favicon.svg" type="image/svg+xml">' in page.content.decode()
+    path = finders.find("gymweb/favicon.svg")
+    assert path and open(path).read().lstrip().startswith("<svg")
+    for who in (visitor, signed_in):
+        response = who.get("/favicon.ico")
+        assert response.status_code in (301, 302) and response["Location"] == "/static/gymweb/favicon.svg"

@@ -121,3 +121,19 @@ def test_no_template_or_view_of_the_trajectory_marks_data_safe():
         text = path.read_text()
         for bad in ("|safe", "mark_safe", "autoescape off", "safeseq", "SafeString"):
             assert bad not in text, f"{path.name} uses {bad}"
+
+
+@pytest.mark.django_db
+def test_texts_cut_for_display_stay_escaped_wherever_the_cut_falls(signed_in, settings):
+    settings.GYMWEB_DISPLAY_MAX_CHARS = 40
+    run = make_run(EVIL)
+    task = make_task(run, row={"responses_create_params": {"input": "x" * 38 + EVIL}})
+    items = [(0, msg("y" * (40 - k) + EVIL), {}) for k in range(1, 12)]
+    items += [(0, call("c1", EVIL * 50, EVIL * 10), {"asked": True}), (0, out("c1", EVIL * 10), {"origin": "gym", "refused": True}),
+              (1, {"type": EVIL, "data": EVIL * 10}, {})]
+    rollout = make_rollout(run, task, status=Rollout.Status.SUCCEEDED, calls=[{}, {}], items=items,
+                           verify={"reward": 1.0, "note": EVIL * 10, "reward_components": {"why": EVIL * 10}})
+    html = signed_in.get(reverse("rollout", args=[run.pk, rollout.pk])).content.decode()
+    assert "more characters" in html and "&lt;" in html
+    assert_inert(html)
+    assert "<scr" not in html.replace('<script src="/static/', "")
