@@ -3,8 +3,10 @@ the pages (server time through Django's full request path) and the export.
 
     python -m benchmarks.bench_storage [--rollouts 100000] [--items-per-rollout 10] [--db sqlite|postgres] [--repeat 5]
 
-Targets: runs list and run detail < 300 ms, a rollout with 500 items < 150 ms, export ≥ 5,000
-rows/s with flat memory. The biggest run holds half the rollouts (the worst case for its pages).
+Targets: runs list and run detail < 300 ms, a rollout with 500 items < 150 ms, the profile page's
+first view < 1 s (NeMo Gym's profile of the biggest run's 45,000 successes; cached afterwards),
+export ≥ 5,000 rows/s with flat memory. The biggest run holds half the rollouts (the worst case for
+its pages). Successes are seeded as the dispatcher stores them, ``profile_json`` included.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def seed(total: int, items_per: int):
     from django.utils import timezone
 
     from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
+    from rollouts.run_profile import profile_json_for_verify
 
     user = get_user_model().objects.create_user("bench", password="bench-password")
     sizes = [total // 2] + [total // 2 // 19] * 19
@@ -34,8 +37,11 @@ def seed(total: int, items_per: int):
         {"type": "function_call_output", "call_id": "c1", "output": '{"success": true}'},
         {"type": "message", "role": "assistant", "id": "m", "content": [{"type": "output_text", "text": "The count is 3.", "annotations": []}]},
     ]
-    verify = json.dumps({**row, "response": {"id": "r", "created_at": 0.0, "model": "m", "object": "response", "output": output,
-                                           "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "usage": None}, "reward": 1.0})
+    verify_reply = {**row, "response": {"id": "r", "created_at": 0.0, "model": "m", "object": "response", "output": output,
+                                        "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "usage": None}, "reward": 1.0}
+    verify = json.dumps(verify_reply)
+    # What the dispatcher stores beside a success's verify_json (the numbers its profile reads).
+    profile_json = profile_json_for_verify(verify_reply)
     big_run = None
     for n, size in enumerate(sizes):
         with transaction.atomic():
@@ -51,7 +57,7 @@ def seed(total: int, items_per: int):
                     chunk.append(Rollout(run=run, task_id=task_ids[k // 4], task_index=k // 4, rollout_index=k % 4, attempt=1,
                                          status="failed" if failed else "succeeded", reward=0.0 if failed else float(k % 3 != 0),
                                          failure_kind="agent_timeout" if failed else "", error="timed out" if failed else "",
-                                         verify_json="" if failed else verify, finished=now, started=now, duration_ms=800.0 + k % 50,
+                                         verify_json="" if failed else verify, profile_json="" if failed else profile_json, finished=now, started=now, duration_ms=800.0 + k % 50,
                                          num_agent_calls=4, num_tool_calls=3, num_items=items_per, usage_reported=True,
                                          input_tokens=100, output_tokens=20, total_tokens=120, cached_tokens=0, reasoning_tokens=0))
                 made = Rollout.objects.bulk_create(chunk, batch_size=5000)
@@ -87,6 +93,22 @@ def timed(client, url: str, repeat: int, cold: bool) -> float:
     return statistics.median(times)
 
 
+def profile_run_ms(run, repeat: int) -> float:
+    """Median time (ms) of ``run_profile.profile_run(run)``: the profile page's computation alone."""
+    import warnings
+
+    from rollouts.run_profile import profile_run
+
+    times = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NeMo Gym's notes about the repeats
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            profile_run(run)
+            times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rollouts", type=int, default=100_000)
@@ -114,15 +136,15 @@ def main() -> None:
         ("run detail (biggest run)", reverse("run", args=[run.pk]), 300),
         ("run detail, filtered failed + sorted by reward", reverse("run", args=[run.pk]) + "?status=failed&sort=-reward", 300),
         ("rollout with 500 items", reverse("rollout", args=[run.pk, long.pk]), 150),
+        # NeMo Gym's profile of 45,000 success rows: a first view computes it (profile_run), then
+        # it is cached under the run's finished counts.
+        ("profile page (biggest run)", reverse("run_profile", args=[run.pk]), 1000),
     ]
-    try:
-        pages.append(("profile page (biggest run)", reverse("run_profile", args=[run.pk]), 300))
-    except Exception:
-        pass
-    print(f"  {'page (median of ' + str(args.repeat) + ')':48s} {'first view':>12s} {'cached':>10s}   target")
+    print(f"  {'page (median of ' + str(args.repeat) + ')':48s} {'first view':>12s} {'cached':>10s}   target (first view)")
     for label, url, target in pages:
         cold, warm = timed(client, url, args.repeat, True), timed(client, url, args.repeat, False)
         print(f"  {label:48s} {cold:9.1f} ms {warm:7.1f} ms   < {target} ms {'ok' if cold < target else 'MISS'}")
+    print(f"  profile_run (biggest run), median of {args.repeat}: {profile_run_ms(run, args.repeat):,.0f} ms")
 
     url = reverse("run_export", args=[run.pk, "rollouts"])
     t0 = time.perf_counter()

@@ -245,6 +245,8 @@ def _write_piecewise(batch: _Batch, worker: str) -> None:
 
 
 def _write_batch(batch: _Batch, worker: str) -> None:
+    from .run_profile import profile_json_for_verify
+
     now = _now()
     with transaction.atomic():
         if batch.calls:
@@ -263,6 +265,8 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 error=out.error or "",
                 terminal=out.terminal,
                 verify_json=json.dumps(out.verify_response, ensure_ascii=False) if out.ok else "",
+                # The numbers the run's profile reads, so it never parses verify_json (run_profile).
+                profile_json=profile_json_for_verify(out.verify_response) if out.ok else "",
                 partial_response_json=""
                 if out.ok or out.response is None
                 else json.dumps(out.response, ensure_ascii=False),

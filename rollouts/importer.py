@@ -12,11 +12,12 @@ Rules:
   ``_ng_rollout_index``, with ``_ng_task_index`` set; the first row seen of a task decides it.
 - A *result row* (numeric ``reward``, no ``_ng_failure_class``) is a success: ``verify_json`` is
   the row without ``_ng_task_index``/``_ng_rollout_index``/``agent_ref`` (``export.success_row``
-  adds them back). Rows of the failures sidecar, and any row with ``_ng_failure_class``, are failed
-  attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``, ``failure_kind`` from
-  ``_gymweb_failure_kind`` (else ``"imported_failure"``). A row with no result at all (an input row,
-  e.g. ``*_materialized_inputs.jsonl``) is kept as a ``cancelled`` attempt (kill-shaped: shown,
-  written to no file) explained as never run.
+  adds them back) and ``profile_json`` the numbers NeMo Gym's profiler reads from that exported row
+  (``run_profile.profile_json_for_verify``). Rows of the failures sidecar, and any row with
+  ``_ng_failure_class``, are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
+  ``failure_kind`` from ``_gymweb_failure_kind`` (else ``"imported_failure"``). A row with no
+  result at all (an input row, e.g. ``*_materialized_inputs.jsonl``) is kept as a ``cancelled``
+  attempt (kill-shaped: shown, written to no file) explained as never run.
 - The sidecar is read first, so a key's failed attempts come before its success (resume order).
 - Items come from the row's merged ``response.output``, origin ``imported``. Step boundaries are
   inferred: a new agent call starts when an item other than a ``function_call_output`` follows a
@@ -44,6 +45,7 @@ from pydantic import ValidationError
 from .contract import Usage
 from .datasets import DatasetError, iter_rows, strip_result_fields
 from .models import AgentCall, Rollout, Run, Task, TrajectoryItem
+from .run_profile import profile_json_for_verify
 
 __all__ = ["ImportSummary", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND", "NOT_RUN_ERROR"]
 
@@ -207,6 +209,8 @@ class _Importer:
             rollout.status = Rollout.Status.SUCCEEDED
             rollout.reward = float(reward)
             rollout.verify_json = _dumps(verify)
+            # the exported row's agent_ref is an object (iter_rows checks every row's)
+            rollout.profile_json = profile_json_for_verify(verify)
             self.summary.succeeded += 1
         else:
             rollout.status = Rollout.Status.CANCELLED

@@ -143,6 +143,10 @@ class Rollout(models.Model):
     terminal = models.BooleanField(default=False)
     # The env's /verify reply as it came, JSON text (a success's rollouts.jsonl row before indices).
     verify_json = models.TextField(blank=True)
+    # What NeMo Gym's profiler reads from a success's rollouts.jsonl row (profile.profile_numbers),
+    # compact JSON text, so a run's profile never parses the responses; blank = not stored (the
+    # profile then reads verify_json).
+    profile_json = models.TextField(blank=True)
     # The merged response (rule 9) of a failed attempt, JSON text, for inspection; a success's is
     # inside verify_json.
     partial_response_json = models.TextField(blank=True)

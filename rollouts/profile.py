@@ -47,23 +47,35 @@ never inside NeMo Gym's files.
 
 Memory: rollout rows are reduced to their numeric fields as they stream in (responses are not kept);
 materialised rows are reduced to their keys plus one representative row per task.
+
+Stored numbers: ``profile_numbers(row)`` is that reduction of one rollout row (everything the profiler
+reads from it apart from its key), small enough to store beside the row; ``profile_rows`` takes
+``ReducedRollout(task, rollout, numbers)`` in place of the row, with the same results. gymweb stores
+it per success (``Rollout.profile_json``), so profiling a stored run never parses a response.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import operator
 import statistics
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Mapping as _MappingABC
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "ProfileResult",
     "profile_rows",
+    "profile_numbers",
+    "dumps_profile_numbers",
+    "loads_profile_numbers",
+    "ReducedRollout",
+    "PROFILE_NUMBERS_VERSION",
+    "PROFILE_NUMBERS_PREFIX",
     "profile_files",
     "write_profile_files",
     "profile_file_paths",
@@ -558,19 +570,16 @@ def _usage_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
     return usage if isinstance(usage, (dict, _MappingABC)) else {}
 
 
-def _reduce_result(result: Mapping[str, Any], key: Tuple[Any, Any], layouts: Dict[tuple, tuple]) -> _Result:
-    """Keep only what NeMo Gym's profiler reads from a rollout row (``rollout_info_from_result`` and the
-    numeric record of ``profile_from_data``)."""
+def _row_numbers(result: Mapping[str, Any]) -> Tuple[bool, List[str], List[Any], Dict[str, Any]]:
+    """Everything NeMo Gym's profiler reads from a rollout row apart from its key: ``(masked, names,
+    values, info)``, i.e. ``mask_sample``'s truth, the numeric record of ``profile_from_data``
+    (field names and values in column order) and the row's part of ``rollout_info_from_result``
+    (``rollout_id`` and the two indices come first, from the key: ``_result_of``)."""
     masked = bool(result.get(MASK_SAMPLE_FIELD))
-    task_idx, rollout_idx = key
     usage = _usage_of(result)
 
     # rollout_info_from_result (mask_sample is stripped from measured rows before profiling).
-    info: Dict[str, Any] = {
-        "rollout_id": f"{task_idx}:{rollout_idx}",
-        TASK_INDEX_KEY_NAME: task_idx,
-        ROLLOUT_INDEX_KEY_NAME: rollout_idx,
-    }
+    info: Dict[str, Any] = {}
     if "reward" in result:
         info["reward"] = result.get("reward")
     for k, v in usage.items():
@@ -602,13 +611,127 @@ def _reduce_result(result: Mapping[str, Any], key: Tuple[Any, Any], layouts: Dic
         if nv is not None:
             names.append(k)
             values.append(nv)
+    return masked, names, values, info
+
+
+def _result_of(
+    key: Tuple[Any, Any],
+    masked: bool,
+    names: Iterable[str],
+    values: Iterable[Any],
+    row_info: Mapping[str, Any],
+    layouts: Dict[tuple, tuple],
+) -> _Result:
+    """A ``_Result`` from a row's key and ``_row_numbers``. The info record starts with the key's
+    ``rollout_id`` and indices, then takes the row's fields in order (a row field of the same name
+    overrides a key field in place, as NeMo Gym's successive assignments do)."""
+    task_idx, rollout_idx = key
+    info: Dict[str, Any] = {
+        "rollout_id": f"{task_idx}:{rollout_idx}",
+        TASK_INDEX_KEY_NAME: task_idx,
+        ROLLOUT_INDEX_KEY_NAME: rollout_idx,
+    }
+    info.update(row_info)
     names_t = tuple(names)
     shared = layouts.get(names_t)
     if shared is None:
         layouts[names_t] = names_t
         shared = names_t
-    task_for_coverage = result.get(TASK_INDEX_KEY_NAME, 0)
-    return _Result(key, shared, tuple(values), info, masked, task_for_coverage)
+    # NeMo Gym counts coverage tasks by the row's own _ng_task_index: the key's first part.
+    return _Result(key, shared, tuple(values), info, masked, task_idx)
+
+
+def _reduce_result(result: Mapping[str, Any], key: Tuple[Any, Any], layouts: Dict[tuple, tuple]) -> _Result:
+    """Keep only what NeMo Gym's profiler reads from a rollout row (``rollout_info_from_result`` and the
+    numeric record of ``profile_from_data``)."""
+    masked, names, values, info = _row_numbers(result)
+    return _result_of(key, masked, names, values, info, layouts)
+
+
+# --- a rollout row reduced to its numbers, to store beside the row -------------------------------
+
+# Bump it whenever _row_numbers changes what it takes from a row: records stored with another version
+# are then ignored (profile_run reads verify_json for them, with the right result, only slower) until
+# a data migration like rollouts/migrations/0005 stores them again.
+PROFILE_NUMBERS_VERSION = 1
+# How an encoded record starts (``dumps_profile_numbers``): a stored record without it is stale.
+PROFILE_NUMBERS_PREFIX = '{"v":%d,' % PROFILE_NUMBERS_VERSION
+
+
+def profile_numbers(row: Mapping[str, Any]) -> Dict[str, Any]:
+    """What ``profile_rows`` reads from one rollout row, apart from the row's key: a small dict to
+    store beside the row and profile later without the row (``ReducedRollout``).
+
+    ``{"v": PROFILE_NUMBERS_VERSION, "masked": bool, "numbers": {field: value}, "info": {field: value}}``:
+    ``masked`` is ``mask_sample``'s truth, ``numbers`` the profiled fields in column order (numeric
+    top-level fields, then ``response.usage``'s; bools as 0/1) and ``info`` the row's part of its
+    ``rollout_infos`` record (raw ``reward``, usage numbers, other numbers). Computed by the very
+    code that reduces full rows in ``profile_rows``, so the two cannot differ. It does not depend on
+    the values of the row's ``_ng_task_index``/``_ng_rollout_index`` (the key is joined back when
+    profiling); it does depend on every other field, ``agent_ref`` included (its position and, when
+    it is not an object, its value), so compute it from the row as ``rollouts.jsonl`` carries it.
+    JSON-safe for rows parsed from JSON (``dumps_profile_numbers``).
+    """
+    masked, names, values, info = _row_numbers(row)
+    return {"v": PROFILE_NUMBERS_VERSION, "masked": masked, "numbers": dict(zip(names, values)), "info": info}
+
+
+_encode_compact = json.JSONEncoder(separators=(",", ":")).encode
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def dumps_profile_numbers(numbers: Mapping[str, Any]) -> str:
+    """``profile_numbers(row)`` as compact ASCII JSON text starting with ``PROFILE_NUMBERS_PREFIX``
+    (floats round-trip exactly). ``info`` is left out when it encodes exactly like ``numbers`` (the
+    usual case: reward, then the usage numbers); ``loads_profile_numbers`` puts it back."""
+    record = _encode_compact(numbers["numbers"])
+    info = _encode_compact(numbers["info"])
+    masked = "true" if numbers["masked"] else "false"
+    text = f'{PROFILE_NUMBERS_PREFIX}"masked":{masked},"numbers":{record}'
+    return text + ("}" if info == record else f',"info":{info}}}')
+
+
+def loads_profile_numbers(text: str) -> Optional[Dict[str, Any]]:
+    """The ``profile_numbers`` record ``dumps_profile_numbers`` wrote (its ``info`` may be the same
+    dict as its ``numbers``: read only), or None when ``text`` is blank, of another version or not
+    such a record (the caller then reduces the full row instead)."""
+    if not text or not text.startswith(PROFILE_NUMBERS_PREFIX):
+        return None
+    try:
+        numbers, end = _raw_decode(text)  # json.loads without its per-call overhead
+    except ValueError:
+        return None
+    if end != len(text):
+        return None
+    if not (
+        isinstance(numbers, dict)
+        and numbers.get("v") == PROFILE_NUMBERS_VERSION
+        and isinstance(numbers.get("masked"), bool)
+        and isinstance(numbers.get("numbers"), dict)
+    ):
+        return None
+    info = numbers.setdefault("info", numbers["numbers"])
+    return numbers if isinstance(info, dict) else None
+
+
+class ReducedRollout(NamedTuple):
+    """A rollout row given to ``profile_rows`` as its key and ``profile_numbers(row)``: profiles
+    exactly like the row itself."""
+
+    task_index: Any
+    rollout_index: Any
+    numbers: Mapping[str, Any]
+
+
+def _reduce_numbers(reduced: ReducedRollout, key: Tuple[Any, Any], layouts: Dict[tuple, tuple]) -> _Result:
+    numbers = reduced.numbers
+    record = numbers["numbers"]
+    return _result_of(key, numbers["masked"], record.keys(), record.values(), numbers["info"], layouts)
+
+
+def _stat_keys(columns: Sequence[str]) -> Dict[str, List[str]]:
+    """The output keys of ``_describe``: ``{stat: ["stat/column", ...]}``."""
+    return {s: [f"{s}/{col}" for col in columns] for s in _GROUP_STATS}
 
 
 def _describe(
@@ -616,45 +739,91 @@ def _describe(
     columns: Sequence[str],
     col_is_int: Sequence[bool],
     all_int: bool,
+    keys: Optional[Dict[str, List[str]]] = None,
+    out: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """``RewardProfiler.describe_dataframe`` for one group (rows = value vectors, None = missing)."""
+    """``RewardProfiler.describe_dataframe`` for one group (rows = value vectors, None = missing).
+
+    ``keys``: ``_stat_keys(columns)``, computed once by callers that describe many groups. ``out``:
+    the dict to add the statistics to (returned), else a new one."""
     ncols = len(columns)
+    n = len(rows)
     stats: Dict[str, List[Any]] = {s: [_NAN] * ncols for s in _GROUP_STATS}
+    means, maxs, mins, medians, stds = (stats[s] for s in _GROUP_STATS)
     complete = [True] * ncols
-    for c in range(ncols):
-        col = [r[c] for r in rows]
-        present = [v for v in col if v is not None]
-        if len(present) != len(col):
+    for c, col in enumerate(zip(*rows)):
+        is_int = col_is_int[c]
+        if None in col:
             complete[c] = False
-        if not present:
+            present = [v for v in col if v is not None]
+            if not present:
+                continue
+            means[c] = _masked_mean(col, is_int)
+            hi = max(present)
+            lo = min(present)
+            maxs[c] = hi if all_int else float(hi)
+            mins[c] = lo if all_int else float(lo)
+            present.sort()
+            medians[c] = _median_sorted(present)
+            stds[c] = _masked_std(col)
             continue
-        stats["mean"][c] = _masked_mean(col, col_is_int[c])
-        hi = max(present)
-        lo = min(present)
-        stats["max"][c] = hi if all_int else float(hi)
-        stats["min"][c] = lo if all_int else float(lo)
-        present.sort()
-        stats["median"][c] = _median_sorted(present)
-        stats["std"][c] = _masked_std(col)
+        # A complete column (the common case): the arithmetic of _masked_mean, _median_sorted and
+        # _masked_std, bit for bit, without their bookkeeping for missing values.
+        hi = max(col)
+        lo = min(col)
+        maxs[c] = hi if all_int else float(hi)
+        mins[c] = lo if all_int else float(lo)
+        ordered = sorted(col)
+        h = n // 2
+        medians[c] = float(ordered[h]) if n % 2 else (float(ordered[h - 1]) + float(ordered[h])) / 2.0
+        if is_int:
+            means[c] = float(sum(col)) / float(n)
+            if n <= 1:
+                continue
+        floats = [float(v) for v in col]
+        if n < 8:
+            acc = -0.0
+            for v in floats:
+                acc += v
+            avg = (0.0 + acc) / float(n)
+        else:
+            avg = _np_sum(floats) / float(n)
+        if not is_int:
+            means[c] = avg
+        if n <= 1:
+            continue
+        squares = []
+        for v in floats:
+            d = avg - v
+            squares.append(d * d)
+        if n < 8:
+            acc = -0.0
+            for v in squares:
+                acc += v
+            total = 0.0 + acc
+        else:
+            total = _np_sum(squares)
+        stds[c] = math.sqrt(total / float(n - 1))
     # "Std is more interpretable using 0 rather than NaN for no std": only when *every* std is NaN.
-    if all(_is_nan(v) for v in stats["std"]):
+    if all(v != v for v in stds):
         for c in range(ncols):
             if complete[c]:
-                stats["std"][c] = 0.0
-    out: Dict[str, Any] = {}
+                stds[c] = 0.0
+    if keys is None:
+        keys = _stat_keys(columns)
+    if out is None:
+        out = {}
     for s in _GROUP_STATS:
-        values = stats[s]
-        for c in range(ncols):
-            v = values[c]
-            if v is None or _is_nan(v):
-                continue
-            out[f"{s}/{columns[c]}"] = v
+        names = keys[s]
+        for c, v in enumerate(stats[s]):
+            if v == v:  # not NaN (every statistic is a number)
+                out[names[c]] = v
     return out
 
 
 def profile_rows(
     materialized_rows: Iterable[Mapping[str, Any]],
-    rollout_rows: Iterable[Mapping[str, Any]],
+    rollout_rows: Iterable[Union[Mapping[str, Any], "ReducedRollout"]],
     *,
     allow_partial_rollouts: bool = False,
 ) -> ProfileResult:
@@ -666,7 +835,9 @@ def profile_rows(
             once, after ``rollout_rows``.
         rollout_rows: the rollouts (``rollouts.jsonl`` rows, successes only in NeMo Gym's convention): dicts
             with the two indices, ``reward``, ``response`` (only ``response.usage`` is read) and any other
-            fields the env returned. Any order; consumed once, each row reduced to its numbers at once.
+            fields the env returned. Any order; consumed once, each row reduced to its numbers at once. A
+            ``ReducedRollout`` (a row's key and ``profile_numbers(row)``) stands for its row: the results
+            are the same, and rows and reduced rows may be mixed.
         allow_partial_rollouts: NeMo Gym's ``++allow_partial_rollouts``. False (NeMo's default): every
             materialised row needs a rollout, else ``ValueError``. True: inputs without a rollout (failed
             or unfinished rollouts) are left out of the statistics but still count in
@@ -684,12 +855,13 @@ def profile_rows(
     results: Dict[Tuple[Any, Any], _Result] = {}
     duplicate_result_key = None
     for position, result in enumerate(rollout_rows, 1):
-        key = _key_of(result, "rollout row", position)
+        reduced = isinstance(result, ReducedRollout)
+        key = (result.task_index, result.rollout_index) if reduced else _key_of(result, "rollout row", position)
         if key in results:
             if duplicate_result_key is None:
                 duplicate_result_key = key
             continue
-        results[key] = _reduce_result(result, key, layouts)
+        results[key] = _reduce_numbers(result, key, layouts) if reduced else _reduce_result(result, key, layouts)
     masked_keys = {k for k, r in results.items() if r.masked}
 
     # 2. Materialised rows, streamed: keys, run keys, one representative row per (task, run key).
@@ -702,28 +874,39 @@ def profile_rows(
     expected_measured: Counter = Counter()  # (task, run_key) -> measured input rows
     expected_all: Counter = Counter()  # (task, run_key) -> all input rows (completion summary)
     samples: Dict[Tuple[Any, Any], Tuple[Any, Dict[str, Any]]] = {}  # (task, run_key) -> (rollout, row)
+    completed_all: Counter = Counter()  # (task, run_key) -> rollouts (completion summary)
     for position, row in enumerate(materialized_rows, 1):
-        key = _key_of(row, "materialized input row", position)
+        try:
+            key = (row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME])
+        except (KeyError, TypeError):
+            key = _key_of(row, "materialized input row", position)  # raises
         if key in row_keys:
             if duplicate_row_key is None:
                 duplicate_row_key = key
             continue
         row_keys.add(key)
-        run_key = _rollout_run_key(row)
+        # _rollout_run_key and _agent_ref_name, inlined (this loop sees every key)
+        ref = row.get(AGENT_REF_KEY_NAME)
+        agent_name = ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
+        run_key = row.get(ENVIRONMENT_SERVER_STAMP_KEY_NAME)
+        if run_key is None:
+            run_key = agent_name
         run_key = interned.setdefault(run_key, run_key)
-        agent_name = _agent_ref_name(row)
         agent_name = interned.setdefault(agent_name, agent_name)
         run_key_of[key] = run_key
         agent_name_of[key] = agent_name
         task_idx, rollout_idx = key
-        expected_all[(task_idx, run_key)] += 1
+        group = (task_idx, run_key)
+        expected_all[group] += 1
+        completed = key in results
+        if completed:
+            completed_all[group] += 1
         if key in masked_keys:
             continue
-        expected_measured[(task_idx, run_key)] += 1
+        expected_measured[group] += 1
         if run_key is not None and run_key not in agent_by_run_key:
             agent_by_run_key[run_key] = agent_name
-        if key in results:
-            group = (task_idx, run_key)
+        if completed:
             best = samples.get(group)
             if best is None or rollout_idx < best[0]:
                 sample = dict(row)
@@ -736,13 +919,13 @@ def profile_rows(
         raise ValueError(f"Duplicate materialized input row for rollout key {duplicate_row_key}")
     if duplicate_result_key is not None:
         raise ValueError(f"Duplicate result row for rollout key {duplicate_result_key}")
-    extra = sorted(k for k in results if k not in row_keys)
+    extra = sorted(results.keys() - row_keys)
     if extra:
         raise ValueError(
             "Rollout results contain rows with no matching materialized input rows. "
             f"Found {len(extra)} extra rollout rows. Extra rollout keys: {extra[:10]}"
         )
-    missing = sorted(k for k in row_keys if k not in results)
+    missing = sorted(row_keys - results.keys())
     if missing and not allow_partial_rollouts:
         raise ValueError(
             "Materialized input rows and rollout results do not have matching rollout keys. "
@@ -752,8 +935,8 @@ def profile_rows(
             "completed rollouts from a partial collection."
         )
 
-    # Completion summary (profile_completion_summary: all rows and results, masked ones included).
-    completed_all: Counter = Counter((k[0], run_key_of[k]) for k in results)
+    # Completion summary (profile_completion_summary: all rows and results, masked ones included;
+    # completed_all was counted with the rows, every result having its row by now).
     complete_inputs = partial_inputs = missing_inputs = 0
     for group, expected_count in expected_all.items():
         done = completed_all[group]
@@ -809,7 +992,7 @@ def profile_rows(
     tasks_measured_rows = {task for task, _ in expected_measured}
     per_agent = len({(task, label_of(rk)) for task, rk in expected_measured}) > len(tasks_measured_rows)
 
-    aligned = sorted(k for k in results if k in row_keys and k not in masked_keys)
+    aligned = sorted((results.keys() & row_keys) - masked_keys)
     if aligned:
         _profile_aligned(profile, aligned, results, run_key_of, label_of, per_agent, expected_measured, samples)
     else:
@@ -825,6 +1008,9 @@ def profile_rows(
     return profile
 
 
+_by_rollout_index = operator.itemgetter(ROLLOUT_INDEX_KEY_NAME)
+
+
 def _profile_aligned(
     profile: ProfileResult,
     aligned: List[Tuple[Any, Any]],
@@ -838,8 +1024,13 @@ def _profile_aligned(
     # Columns in order of first appearance (DataFrame.from_records), with their pandas dtype.
     col_index: Dict[str, int] = {}
     columns: List[str] = []
+    previous = None
     for key in aligned:
-        for name in results[key].names:
+        names = results[key].names
+        if names is previous:  # rows share their layout tuple (profile_rows interns it)
+            continue
+        previous = names
+        for name in names:
             if name not in col_index:
                 col_index[name] = len(columns)
                 columns.append(name)
@@ -850,15 +1041,31 @@ def _profile_aligned(
     rollouts: List[Any] = []
     agents: List[Any] = []
     infos: List[Dict[str, Any]] = []
+    # Each layout's column positions; None for the layout that is all the columns in order.
+    full_layout = tuple(columns)
+    positions: Dict[tuple, Optional[List[int]]] = {full_layout: None}
+    label_by_run_key: Dict[Any, Any] = {}
     for key in aligned:
         r = results.pop(key)
-        vec: List[Optional[float]] = [None] * ncols
-        for name, v in zip(r.names, r.values):
-            vec[col_index[name]] = v
+        names = r.names
+        if names in positions:
+            where = positions[names]
+        else:
+            where = positions[names] = [col_index[name] for name in names]
+        if where is None:
+            vec: List[Optional[float]] = list(r.values)
+        else:
+            vec = [None] * ncols
+            for c, v in zip(where, r.values):
+                vec[c] = v
         matrix.append(vec)
         tasks.append(key[0])
         rollouts.append(key[1])
-        agents.append(label_of(run_key_of[key]))
+        run_key = run_key_of[key]
+        if run_key in label_by_run_key:
+            agents.append(label_by_run_key[run_key])
+        else:
+            agents.append(label_by_run_key.setdefault(run_key, label_of(run_key)))
         infos.append(r.info)
     for c in range(ncols):
         for vec in matrix:
@@ -867,6 +1074,7 @@ def _profile_aligned(
                 col_is_int[c] = False
                 break
     all_int = all(col_is_int)
+    stat_keys = _stat_keys(columns)
 
     # --- group level (one row per task, or per (task, agent) under fan-out) ---
     groups: Dict[Any, List[int]] = defaultdict(list)
@@ -886,22 +1094,23 @@ def _profile_aligned(
     for gk in sorted(groups):
         members = groups[gk]
         entry: Dict[str, Any] = {TASK_INDEX_KEY_NAME: gk[0] if per_agent else gk}
-        entry.update(_describe([matrix[i] for i in members], columns, col_is_int, all_int))
+        _describe([matrix[i] for i in members], columns, col_is_int, all_int, stat_keys, entry)
         if per_agent:
             entry[AGENT_REF_KEY_NAME] = {"name": gk[1]}
         best = None
+        expected = 0
         for part in parts[gk]:
+            expected += expected_measured[part]
             candidate = samples.get(part)
             if candidate is not None and (best is None or candidate[0] < best[0]):
                 best = candidate
         entry["sample"] = dict(best[1]) if best is not None else {}
         num_rollouts = len(members)
-        expected = sum(expected_measured[p] for p in parts[gk])
         entry["num_rollouts"] = num_rollouts
         entry["expected_num_rollouts"] = expected
         entry["missing_num_rollouts"] = expected - num_rollouts
         entry["reward_profile_completion_pct"] = 100.0 if expected == 0 else 100.0 * num_rollouts / expected
-        entry["rollout_infos"] = sorted((infos[i] for i in members), key=lambda r: r[ROLLOUT_INDEX_KEY_NAME])
+        entry["rollout_infos"] = sorted([infos[i] for i in members], key=_by_rollout_index)
         profile.reward_profiling.append(entry)
 
     # --- agent level ---
@@ -911,7 +1120,7 @@ def _profile_aligned(
             by_agent[agent].append(i)
     agent_entries: Dict[Any, Dict[str, Any]] = {}
     for agent in sorted(by_agent):
-        entry = _describe([matrix[i] for i in by_agent[agent]], columns, col_is_int, all_int)
+        entry = _describe([matrix[i] for i in by_agent[agent]], columns, col_is_int, all_int, stat_keys)
         entry[AGENT_REF_KEY_NAME] = {"name": agent}
         agent_entries[agent] = entry
         profile.agent_metrics.append(entry)
@@ -1114,12 +1323,18 @@ def pass_at_k(rewards: Sequence[float], k: int, *, continuous: str = "expected_m
             non-numeric or non-finite reward, or an unknown ``continuous`` mode.
     """
     values = _check_rewards(rewards, k, "pass_at_k")
+    binary = _is_binary(values)
+    return _pass_at_k_of(values, k, continuous, binary, sum(1 for v in values if v == 1.0) if binary else 0)
+
+
+def _pass_at_k_of(values: Sequence[float], k: int, continuous: str, binary: bool, passed: int) -> float:
+    """``pass_at_k`` of checked rewards (floats, 1 <= k <= n), given ``_is_binary(values)`` and, when
+    binary, the number of 1s: computed once per task by ``gymweb_extras`` for every k."""
     n = len(values)
-    if _is_binary(values):
-        c = sum(1 for v in values if v == 1.0)
-        if n - c < k:
+    if binary:
+        if n - passed < k:
             return 1.0
-        return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+        return 1.0 - math.comb(n - passed, k) / math.comb(n, k)
     if continuous == "first_k":
         return max(values[:k])
     if continuous != "expected_max":
@@ -1150,12 +1365,28 @@ def _extras_groups(source: Union[ProfileResult, Iterable[Mapping[str, Any]]]) ->
         return groups
     collected: Dict[Tuple[Any, Optional[str]], List[Tuple[Any, Any]]] = defaultdict(list)
     for position, row in enumerate(source, 1):
-        task_idx, rollout_idx = _key_of(row, "rollout row", position)
-        collected[(task_idx, _agent_ref_name(row))].append((rollout_idx, row.get("reward")))
+        try:
+            task_idx, rollout_idx = row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
+        except (KeyError, TypeError):
+            task_idx, rollout_idx = _key_of(row, "rollout row", position)  # raises
+        ref = row.get(AGENT_REF_KEY_NAME)  # _agent_ref_name, inlined
+        agent = ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
+        collected[(task_idx, agent)].append((rollout_idx, row.get("reward")))
+    first = operator.itemgetter(0)
     for (task_idx, agent) in sorted(collected, key=lambda g: (g[0], "" if g[1] is None else g[1])):
-        pairs = sorted(collected[(task_idx, agent)], key=lambda p: p[0])
+        pairs = sorted(collected[(task_idx, agent)], key=first)
         groups.append((task_idx, agent, [r for _, r in pairs]))
     return groups
+
+
+_PASS_AT_LABELS: List[Tuple[str, str]] = []  # k - 1 -> ("pass@k", "pass@1[avg-of-k]")
+
+
+def _pass_at_labels(n: int) -> List[Tuple[str, str]]:
+    while len(_PASS_AT_LABELS) < n:
+        k = len(_PASS_AT_LABELS) + 1
+        _PASS_AT_LABELS.append((f"pass@{k}", f"pass@1[avg-of-{k}]"))
+    return _PASS_AT_LABELS
 
 
 def gymweb_extras(
@@ -1193,20 +1424,25 @@ def gymweb_extras(
         binary = n > 0 and _is_binary(rewards)
         entry["num_rollouts"] = n
         entry["binary"] = binary
+        passed = sum(1 for r in rewards if r == 1.0) if binary else 0
         if binary:
-            entry["num_passed"] = sum(1 for r in rewards if r == 1.0)
+            entry["num_passed"] = passed
         entry["skipped_rewards"] = len(raw) - n
         if agent not in task_counts:
             agent_order.append(agent)
         task_counts[agent] += 1
+        # rewards are finite floats and 1 <= k <= n: pass_at_k's and pass_at_1_avg_of_k's checks hold
+        labels = _pass_at_labels(n)
+        agent_sums = sums[agent]
         for k in range(1, n + 1):
-            value = pass_at_k(rewards, k, continuous=continuous)
-            entry[f"pass@{k}"] = value
-            sums[agent][k].append(value)
+            value = _pass_at_k_of(rewards, k, continuous, binary, passed)
+            entry[labels[k - 1][0]] = value
+            agent_sums[k].append(value)
+        agent_avg_sums = avg_sums[agent]
         for k in range(1, n + 1):
-            value = pass_at_1_avg_of_k(rewards, k)
-            entry[f"pass@1[avg-of-{k}]"] = value
-            avg_sums[agent][k].append(value)
+            value = math.fsum(rewards[:k]) / k
+            entry[labels[k - 1][1]] = value
+            agent_avg_sums[k].append(value)
         per_task.append(entry)
     overall: List[Dict[str, Any]] = []
     for agent in sorted(agent_order, key=lambda a: "" if a is None else a):

@@ -19,16 +19,29 @@ rollouts file's own (``results/foo.jsonl`` → ``results/foo_reward_profiling.js
 """
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import math
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
-from django.db.models import Count, Max, Q
-
-from .export import iter_materialized, iter_successes
+from .export import CHUNK, iter_successes
 from .models import Rollout, Run, Task
-from .profile import ProfileResult, gymweb_extras, profile_rows, write_gymweb_extras, write_profile_files
+from .profile import (
+    ProfileResult,
+    ReducedRollout,
+    dumps_profile_numbers,
+    gymweb_extras,
+    loads_profile_numbers,
+    profile_numbers,
+    profile_rows,
+    write_gymweb_extras,
+    write_profile_files,
+)
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ProfileInputError",
@@ -39,7 +52,10 @@ __all__ = [
     "iter_jsonl_objects",
     "merge_failures_as_zero",
     "output_stem_for",
+    "profile_json_for_verify",
     "profile_run",
+    "run_materialized_rows",
+    "run_success_rows",
     "summary_lines",
     "write_files_profile",
     "write_profile",
@@ -63,44 +79,79 @@ class ProfileInputError(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
+Key = tuple[int, int]  # (task_index, rollout_index)
+
+
+def _agent_name(task_row: Mapping[str, Any], run: Run) -> str:
+    """A task's ``agent_ref`` name (the materialised row's, else the run's agent name, like ``export``)."""
+    ref = task_row.get("agent_ref")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) else run.agent_name
+
+
 def _agent_names(run: Run) -> dict[int, str]:
-    """``{task_index: agent_ref name}`` (the materialised row's ``agent_ref``, else the run's agent
-    name, like ``export``). One entry per task, not per rollout."""
+    """``{task_index: agent_ref name}`` of the run's tasks (``_agent_name``). One entry per task, not
+    per rollout."""
     names: dict[int, str] = {}
     for task_index, row_json in Task.objects.filter(run=run).values_list("task_index", "row_json").iterator(chunk_size=500):
-        ref = json.loads(row_json).get("agent_ref")
-        name = ref.get("name") if isinstance(ref, dict) else None
-        names[task_index] = name if isinstance(name, str) else run.agent_name
+        names[task_index] = _agent_name(json.loads(row_json), run)
     return names
 
 
-def failures_as_zero_rows(run: Run) -> Iterator[dict[str, Any]]:
+def _success_rewards(run: Run) -> dict[Key, Optional[float]]:
+    """``{(task_index, rollout_index): reward}`` of the run's succeeded attempts (the highest
+    non-null one should a key have several, like SQL's ``MAX``)."""
+    rewards: dict[Key, Optional[float]] = {}
+    fetch = (
+        Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED)
+        .order_by("task_index", "rollout_index")
+        .values_list("task_index", "rollout_index", "reward")
+    )
+    for task_index, rollout_index, reward in fetch.iterator(chunk_size=2000):
+        _keep_max(rewards, (task_index, rollout_index), reward)
+    return rewards
+
+
+def _keep_max(rewards: dict[Key, Optional[float]], key: Key, reward: Optional[float]) -> None:
+    if key not in rewards or (reward is not None and (rewards[key] is None or reward > rewards[key])):
+        rewards[key] = reward
+
+
+def failures_as_zero_rows(
+    run: Run,
+    *,
+    success_rewards: Optional[Mapping[Key, Optional[float]]] = None,
+    agent_names: Optional[Mapping[int, str]] = None,
+) -> Iterator[dict[str, Any]]:
     """One row per finished key of ``run``, for gymweb's pass@k with failures counted as 0.
 
     Yields ``{"_ng_task_index", "_ng_rollout_index", "reward", "agent_ref": {"name"}}`` in key order,
     with ``reward`` the key's success reward, or 0.0 when it only failed (see the module docstring).
-    One SQL aggregate grouped by key; the response texts are never read.
+    The response texts are never read: the succeeded attempts' ``reward`` column, the keys of the
+    failed ones and the tasks' agent names. ``success_rewards`` (as ``_success_rewards``) and
+    ``agent_names`` (as ``_agent_names``, or any mapping with the run's task indices) are taken as
+    given when the caller has read them already (``profile_run``).
     """
-    S = Rollout.Status
-    keys = (
-        Rollout.objects.filter(run=run)
-        .values("task_index", "rollout_index")
-        .annotate(
-            success_reward=Max("reward", filter=Q(status=S.SUCCEEDED)),
-            succeeded=Count("id", filter=Q(status=S.SUCCEEDED)),
-            failed=Count("id", filter=Q(status=S.FAILED)),
-        )
-        .filter(Q(succeeded__gt=0) | Q(failed__gt=0))
-        .order_by("task_index", "rollout_index")
+    if success_rewards is None:
+        success_rewards = _success_rewards(run)
+    failed = (
+        Rollout.objects.filter(run=run, status=Rollout.Status.FAILED)
+        .order_by()
+        .values_list("task_index", "rollout_index")
+        .distinct()
     )
-    names = _agent_names(run)
-    for key in keys.iterator(chunk_size=2000):
-        reward = key["success_reward"] if key["succeeded"] else 0.0
+    keys = list(success_rewards)  # in key order already when read in key order: a cheap sort
+    keys.extend(key for key in failed.iterator(chunk_size=2000) if key not in success_rewards)
+    keys.sort()
+    names = _agent_names(run) if agent_names is None else agent_names
+    for key in keys:
+        reward = success_rewards[key] if key in success_rewards else 0.0
+        name = names.get(key[0], run.agent_name)
         yield {
-            "_ng_task_index": key["task_index"],
-            "_ng_rollout_index": key["rollout_index"],
+            "_ng_task_index": key[0],
+            "_ng_rollout_index": key[1],
             "reward": float(reward) if reward is not None else 0.0,
-            "agent_ref": {"name": names.get(key["task_index"], run.agent_name)},
+            "agent_ref": {"name": name},
         }
 
 
@@ -108,6 +159,113 @@ def _extras(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     extras = gymweb_extras(rows)
     extras["estimator"]["failures"] = EXTRAS_FAILURES_NOTE
     return extras
+
+
+def profile_json_for_verify(verify: Mapping[str, Any], agent_ref: Any = None) -> str:
+    """``Rollout.profile_json`` of a success whose env ``/verify`` reply is ``verify`` (a dict, as
+    parsed from JSON): ``profile.profile_numbers`` of its ``rollouts.jsonl`` row, encoded.
+
+    The row is built the way ``export.success_row`` builds it: the reply, then ``_ng_task_index``,
+    ``_ng_rollout_index`` (their values are not part of the numbers, so placeholders do) and
+    ``agent_ref``. ``agent_ref`` is the value the export writes there (the task row's, else
+    ``{"name": run.agent_name}``); None stands for an object, which it always is for the runs gymweb
+    stores (``datasets.validate_row`` requires an object for collected and imported rows alike):
+    only a non-object value would be profiled. Returns "" (unknown: ``profile_run`` then reads
+    ``verify_json``) if the numbers cannot be computed, so storing a result never fails because of
+    them.
+    """
+    row = dict(verify)
+    row["_ng_task_index"] = 0
+    row["_ng_rollout_index"] = 0
+    row["agent_ref"] = {} if agent_ref is None else agent_ref
+    try:
+        return dumps_profile_numbers(profile_numbers(row))
+    except Exception as exc:  # pragma: no cover - a reply parsed from JSON always encodes
+        log.warning("profile numbers not stored (%s: %s); the profile will read the full reply", exc.__class__.__name__, exc)
+        return ""
+
+
+def run_success_rows(
+    run: Run, success_rewards: Optional[dict[Key, Optional[float]]] = None
+) -> Iterator[Union[ReducedRollout, dict[str, Any]]]:
+    """The run's ``rollouts.jsonl`` rows for ``profile.profile_rows``, in key order: a
+    ``ReducedRollout`` (key and stored ``profile_json``) for each success that has its numbers, and
+    after them the full row (``export.iter_successes``, parsing ``verify_json``) of the others (stored
+    before ``profile_json`` existed, or with numbers of another version). Same profile either way.
+
+    ``success_rewards``: a dict to fill with the successes' ``reward`` column, as
+    ``failures_as_zero_rows`` takes it (one read for both)."""
+    succeeded = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED)
+    # Ordered by the key only (no ``id``): unique for successes, and an index on (run, status, task,
+    # rollout, profile_json) could then serve the whole read.
+    stored = succeeded.order_by("task_index", "rollout_index").values_list(
+        "id", "task_index", "rollout_index", "reward", "profile_json"
+    )
+    unread: list[int] = []
+    for pk, task_index, rollout_index, reward, text in stored.iterator(chunk_size=2000):
+        if success_rewards is not None:
+            _keep_max(success_rewards, (task_index, rollout_index), reward)
+        numbers = loads_profile_numbers(text)
+        if numbers is None:
+            unread.append(pk)
+        else:
+            yield ReducedRollout(task_index, rollout_index, numbers)
+    for start in range(0, len(unread), CHUNK):
+        for line in iter_successes(run, succeeded.filter(id__in=unread[start : start + CHUNK])):
+            yield json.loads(line)
+
+
+def run_materialized_rows(run: Run, agent_names: Optional[dict[int, str]] = None) -> Iterator[dict[str, Any]]:
+    """The run's ``<stem>_materialized_inputs.jsonl`` rows as dicts, equal to those of
+    ``export.iter_materialized``: each (task, rollout) key's task row plus ``_ng_rollout_index``, in
+    key order. Faster: the keys come from an index alone and the task rows are read beside them
+    (both in task order), each parsed once instead of once per rollout. A key's task row is its
+    run's task of that index, which is the rollouts' task in every run gymweb makes (``create_run``,
+    the dispatcher's re-queued attempts and the importer all set both); a key without such a task
+    takes its rollouts' as the export does. Rows of one task share the task row's nested values:
+    read only.
+
+    ``agent_names``: a dict to fill with ``{task_index: agent name}`` of the tasks read, as
+    ``failures_as_zero_rows`` takes it (``_agent_names``, without parsing the task rows again)."""
+    keys = (
+        Rollout.objects.filter(run=run)
+        .order_by("task_index", "rollout_index")
+        .values_list("task_index", "rollout_index")
+        .distinct()
+    )
+    tasks = Task.objects.filter(run=run).order_by("task_index").values_list("task_index", "row_json").iterator(chunk_size=CHUNK)
+    current = next(tasks, None)
+    parsed_index, task_row = None, None
+    for task_index, rollout_index in keys.iterator(chunk_size=2000):
+        if task_index != parsed_index:
+            while current is not None and current[0] < task_index:
+                current = next(tasks, None)
+            if current is not None and current[0] == task_index:
+                parsed_index, task_row = task_index, json.loads(current[1])
+                if agent_names is not None:
+                    agent_names[task_index] = _agent_name(task_row, run)
+            else:
+                parsed_index, task_row = None, None
+        if task_row is None:  # no task of this index in the run: not made by gymweb
+            for line in _iter_materialized_key(run, task_index, rollout_index):
+                yield json.loads(line)
+            continue
+        row = dict(task_row)
+        row["_ng_rollout_index"] = rollout_index
+        yield row
+
+
+def _iter_materialized_key(run: Run, task_index: int, rollout_index: int) -> Iterator[str]:
+    """``export.iter_materialized``'s lines for one key (its rollouts' distinct task rows)."""
+    fetch = (
+        Rollout.objects.filter(run=run, task_index=task_index, rollout_index=rollout_index)
+        .values_list("task__row_json", flat=True)
+        .distinct()
+    )
+    for task_json in fetch:
+        row = json.loads(task_json)
+        row["_ng_rollout_index"] = rollout_index
+        yield json.dumps(row, ensure_ascii=False)
 
 
 def profile_run(run: Run) -> tuple[ProfileResult, dict[str, Any]]:
@@ -119,15 +277,39 @@ def profile_run(run: Run) -> tuple[ProfileResult, dict[str, Any]]:
     ``profile.gymweb_extras`` over ``failures_as_zero_rows(run)`` (pass@k with failures as 0), with
     ``extras["estimator"]["failures"]`` saying so.
 
-    Both streams are read once from the database (responses are reduced to numbers as they come).
-    May emit NeMo Gym's ``UserWarning`` about repeats with missing rollouts.
+    The database is read once: a success row is read as its stored numbers
+    (``Rollout.profile_json``), never parsing its response, unless it has none: then its
+    ``verify_json`` is parsed (``run_success_rows``); each task row is parsed once
+    (``run_materialized_rows``), and the success rewards and agent names read on the way serve
+    ``failures_as_zero_rows``. May emit NeMo Gym's ``UserWarning`` about repeats with missing
+    rollouts.
     """
-    result = profile_rows(
-        (json.loads(line) for line in iter_materialized(run)),
-        (json.loads(line) for line in iter_successes(run)),
-        allow_partial_rollouts=True,
-    )
-    return result, _extras(failures_as_zero_rows(run))
+    with _gc_paused():
+        rewards: dict[Key, Optional[float]] = {}
+        names: dict[int, str] = {}
+        result = profile_rows(
+            run_materialized_rows(run, names), run_success_rows(run, rewards), allow_partial_rollouts=True
+        )
+        extras = _extras(failures_as_zero_rows(run, success_rewards=rewards, agent_names=names))
+        del rewards, names  # freed now, so the collector never has to look at them
+    return result, extras
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (if it was on). Profiling a big run
+    allocates a few hundred thousand long-lived objects that form no cycles; the collector would
+    scan them again and again as they pile up (a third more time at 50,000 rollouts: 1,060 ms
+    instead of 727 in benchmarks/bench_storage.py's run). Reference counting still frees
+    everything as usual; the survivors are scanned once, when the collector is back on."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def write_profile(result: ProfileResult, extras: dict[str, Any], stem: Union[str, Path]) -> list[Path]:

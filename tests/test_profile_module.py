@@ -5,8 +5,10 @@ tests/data/profile_fixture/ is preferred so a lone clone (no ../shared) still ru
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import random
 import warnings
 from pathlib import Path
 
@@ -413,3 +415,79 @@ def test_gymweb_extras_from_rows_can_count_failures_as_zero():
     assert with_failures["pass@1"] == pytest.approx(2 / 3)
     assert with_failures["pass@1[avg-of-2]"] == 0.5  # rollouts 0 and 1, in rollout-index order
     assert "pass@4" not in with_failures and with_failures["num_tasks@3"] == 1
+
+
+# --- byte for byte what it was: random inputs against digests of the first implementation ---------
+#
+# profile_rows/_describe/gymweb_extras were sped up (fewer calls, same arithmetic). These digests were
+# taken from the implementation before that (commit 8751fe2) over NeMo Gym's three files, the
+# completion summary and gymweb's extras of random inputs: any change to a byte of them, or to a
+# float's last bit, shows here. Update them only for a deliberate change of the output.
+
+
+def golden_case(seed):
+    """A random but reproducible profiling input: fan-out, masks, env servers, partial repeats, odd fields."""
+    rng = random.Random(seed)
+    values = [0, 1, 7, 250, 0.5, 0.1, 1.0, -0.0, 2.25, 1e-5, 3e16, True, False, None, "x", {"a": 1}]
+    fields = rng.sample(["reward", "turns", "score", "input_tokens", "mask_sample", "agent_name", "_x"], 4)
+    usage_fields = rng.sample(["input_tokens", "output_tokens", "total_tokens", "reward", "score"], 3)
+    int_only = rng.random() < 0.3
+    servers = rng.random() < 0.2
+    materialized, rows = [], []
+    for task in range(rng.randint(1, 8)):
+        agents = rng.choice([["a"], ["a"], ["a", "b"], ["a", None]])
+        repeats = rng.choice([1, 2, 3, 4, 9, 17])
+        for n, agent in enumerate(agents):
+            for repeat in range(repeats):
+                key = {"_ng_task_index": task, "_ng_rollout_index": repeat + 100 * n}
+                ref = {"agent_ref": {"name": agent}} if agent else {}
+                env = {"_ng_environment_server": rng.choice(["s1", "s2"])} if servers else {}
+                materialized.append({"q": f"task {task}", **key, **ref, **env})
+                if rng.random() < 0.15:
+                    continue
+                pick = (lambda: rng.randint(0, 40)) if int_only else (lambda: rng.choice(values) if rng.random() < 0.6 else rng.random())
+                row = {f: pick() for f in fields if rng.random() < 0.85}
+                if "mask_sample" in row:
+                    row["mask_sample"] = rng.random() < 0.25
+                if rng.random() < 0.85:
+                    row["response"] = {"usage": {f: pick() for f in usage_fields if rng.random() < 0.9}}
+                rows.append({**row, **key, **ref})
+    rng.shuffle(rows)
+    return materialized, rows, rng.random() < 0.8
+
+
+def golden_digest(seed):
+    materialized, rows, partial = golden_case(seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = P.profile_rows(materialized, rows, allow_partial_rollouts=partial)
+        except ValueError as exc:
+            return "error: " + str(exc)[:60]
+    parts = [P.dumps_like_orjson(x) for x in (result.reward_profiling, result.agent_metrics, result.repeat_level_metrics,
+                                              result.completion_summary, [result.masked_rollouts])]
+    for continuous in ("expected_max", "first_k"):
+        parts.append(P.dumps_like_orjson(P.gymweb_extras(result, continuous=continuous)))
+        parts.append(P.dumps_like_orjson(P.gymweb_extras(rows, continuous=continuous)))
+    parts.append("|".join(str(w.message) for w in caught).encode())
+    return hashlib.sha256(b"\n".join(parts)).hexdigest()[:16]
+
+
+MISSING_ROLLOUTS = "error: Materialized input rows and rollout results do not have matc"  # strict mode
+GOLDEN_DIGESTS = {
+    0: '2f4673b208cbf906', 1: 'd28c1454c1741cb5', 2: '28e1c2458e30f870', 3: '98ae2c52b1529e1d',
+    4: '3c39a3a202c78db0', 5: 'bcd1cdde96450603', 6: 'b53dbee3ec58f9fe', 7: '4eb50e8e67292bc7',
+    8: '32b65fa620579ff9', 9: '956fdb31aacd1488', 10: '190cacf025dc73a7', 11: MISSING_ROLLOUTS,
+    12: MISSING_ROLLOUTS, 13: 'af6a957987fd48ab', 14: '233f5ff8b04022c6', 15: '1186316e44db2ba3',
+    16: 'ba094d1f5b1b6637', 17: '24e45eab197888f6', 18: '39cf8ea587ab8998', 19: '09d79981d68cdefd',
+    20: 'd9f9c87850e0c35f', 21: '96291e8bd1fbcfac', 22: '566fb46ee095f4f7', 23: '26eab2c60d4ecd96',
+    24: '9ec3d07fbe116f58', 25: '5c42e52015b858c6', 26: 'cdf7d3c0bb90d0e5', 27: 'b98eb81fa67f9c46',
+    28: '8f1c1f9b93bccfde', 29: 'a606aba1473aeb8e', 30: 'ecf5216beca07b50', 31: 'da96942d0e4879b0',
+    32: '2ed20e622f302c96', 33: 'e53a4a217e1ff352', 34: MISSING_ROLLOUTS, 35: 'a947ef6fbfdb8c5b',
+    36: '9ec96848f4cd6aad', 37: '00183abd228d5261', 38: 'b92477529b6f950b', 39: '6f40cf45bc2f0826',
+}
+
+
+@pytest.mark.parametrize("seed", sorted(GOLDEN_DIGESTS))
+def test_random_inputs_profile_to_the_same_bytes_as_the_first_implementation(seed):
+    assert golden_digest(seed) == GOLDEN_DIGESTS[seed]
