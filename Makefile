@@ -21,7 +21,7 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -30,3 +30,5 @@ bench-storage: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_storage --db $(DB)
 bench-inflight: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_inflight --db $(DB)
+bench-profile: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_profile --db $(DB)
