@@ -39,9 +39,9 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_http_methods, require_safe
 
+from .htmx import vary_on_htmx, wants_partial
 from . import charts
 from .compare import compare_runs, pick_pair
 from .conformance import DEFAULT_SLOW_S, check_agent_sync
@@ -84,17 +84,6 @@ ACROSS = ("mean", "ci_low_95", "ci_high_95", "se", "std", "median", "min", "max"
 def _run_for(request, run_id: int) -> Run:
     """The run, if this user may see it (every signed-in user may, as on the run pages)."""
     return get_object_or_404(Run.objects.select_related("dataset"), pk=run_id)
-
-
-def _wants_partial(request) -> bool:
-    """An HTMX request that swaps part of the page (a history restore needs the whole page)."""
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request
-
-
-def _vary(response):
-    patch_vary_headers(response, ("HX-Request",))
-    return response
 
 
 def _fmt(value: Any) -> str:
@@ -414,8 +403,8 @@ def run_profile(request, run_id):
         "sort_links": _sort_links(base, sort),
         "tasks_url": f"{base}?{urlencode({'sort': sort, 'page': page.number})}",
     }
-    if _wants_partial(request):
-        return _vary(render(request, "rollouts/partials/profile_tasks.html", context))
+    if wants_partial(request):
+        return vary_on_htmx(render(request, "rollouts/partials/profile_tasks.html", context))
     summary = data["summary"]
     context.update({
         "s": summary,
@@ -424,7 +413,7 @@ def run_profile(request, run_id):
         "agg": _aggregate_view(run),
         **_run_charts(run),
     })
-    return _vary(render(request, "rollouts/profile.html", context))
+    return vary_on_htmx(render(request, "rollouts/profile.html", context))
 
 
 @login_required
@@ -577,7 +566,7 @@ def run_charts(request, run_id):
     """The run page's charts section (loaded by HTMX after the page; it refreshes itself while
     the run is not final)."""
     run = _run_for(request, run_id)
-    return _vary(render(request, "rollouts/partials/chart_run.html", {"run": run, **_run_charts(run)}))
+    return vary_on_htmx(render(request, "rollouts/partials/chart_run.html", {"run": run, **_run_charts(run)}))
 
 
 # -- compare -------------------------------------------------------------------------------------

@@ -21,12 +21,12 @@ from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from . import metrics, runs
+from .htmx import vary_on_htmx, wants_partial
 from .export import iter_failures, iter_materialized, iter_successes
 from .forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, filtered_rollouts
 from .models import Dataset, Rollout, Run, Worker
@@ -46,17 +46,6 @@ def _run_for(request, run_id: int) -> Run:
     return get_object_or_404(Run.objects.select_related("dataset", "created_by"), pk=run_id)
 
 
-def _wants_partial(request) -> bool:
-    """An HTMX request that swaps part of the page (a history restore needs the whole page)."""
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request
-
-
-def _vary(response):
-    patch_vary_headers(response, ("HX-Request",))
-    return response
-
-
 # -- runs list ---------------------------------------------------------------------------------------
 @login_required
 @require_safe
@@ -65,8 +54,8 @@ def runs_list(request):
     progress = metrics.progress_for_runs(page.object_list)
     rows = [(run, progress[run.pk]) for run in page.object_list]
     context = {"page": page, "rows": rows, "any_active": any(not run.is_final for run, _ in rows)}
-    template = "rollouts/partials/run_list_table.html" if _wants_partial(request) else "rollouts/runs_list.html"
-    return _vary(render(request, template, context))
+    template = "rollouts/partials/run_list_table.html" if wants_partial(request) else "rollouts/runs_list.html"
+    return vary_on_htmx(render(request, template, context))
 
 
 # -- new run -----------------------------------------------------------------------------------------
@@ -199,14 +188,14 @@ def _live_context(run: Run) -> dict:
 @require_safe
 def run_detail(request, run_id):
     run = _run_for(request, run_id)
-    if _wants_partial(request):
+    if wants_partial(request):
         # The rollout table (filter, sort, page changes and live refreshes).
         context = {"run": run, **_table_context(request, run, metrics.failure_kinds(run))}
-        return _vary(render(request, "rollouts/partials/run_rollouts.html", context))
+        return vary_on_htmx(render(request, "rollouts/partials/run_rollouts.html", context))
     live = _live_context(run)
     kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
     context = {**live, **_table_context(request, run, kinds)}
-    return _vary(render(request, "rollouts/run_detail.html", context))
+    return vary_on_htmx(render(request, "rollouts/run_detail.html", context))
 
 
 @login_required
