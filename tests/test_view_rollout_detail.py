@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -565,12 +564,8 @@ def test_a_counter_rollout_collected_by_gymweb_renders_its_steps_and_gym_outputs
 
 # -- speed -------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_a_500_item_rollout_renders_in_under_150_ms_with_a_fixed_number_of_queries(signed_in, django_assert_max_num_queries,
-                                                                                   monkeypatch):
-    from django.template.base import Template
-
-    # The test runner wraps every template render (each include) in a signal; production does not.
-    monkeypatch.setattr(Template, "_render", lambda self, context: self.nodelist.render(context))
+def test_a_500_item_rollout_renders_every_item_with_a_fixed_number_of_queries(signed_in, django_assert_max_num_queries):
+    # Its speed is measured in benchmarks/bench_storage.py, never asserted here.
     run = make_run()
     task = make_task(run)
     items, calls = [], []
@@ -582,14 +577,6 @@ def test_a_500_item_rollout_renders_in_under_150_ms_with_a_fixed_number_of_queri
                       {"origin": "gym", "latency_ms": 3.0, "tool_status": 200}))
         items.append((step, msg("progress " * 30), {}))
     rollout = make_rollout(run, task, calls=calls, items=items)
-    page(signed_in, rollout)  # warm template caches
-    timings = []
-    for _ in range(5):
-        with django_assert_max_num_queries(10):  # session, user, rollout, calls, items, attempts, prev/next (3 keyset queries)
-            # CPU time of this process (the server's work, SQLite included): wall time would also
-            # count other processes competing for the machine's cores.
-            started = time.process_time()
-            html = page(signed_in, rollout)
-            timings.append(time.process_time() - started)
+    with django_assert_max_num_queries(10):  # session, user, rollout, calls, items, attempts, prev/next (3 keyset queries)
+        html = page(signed_in, rollout)
     assert html.count('class="item ') == 500 + 1  # + the task input message
-    assert min(timings) < 0.150, f"rendering took {min(timings) * 1000:.0f} ms of CPU"
