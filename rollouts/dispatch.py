@@ -36,7 +36,7 @@ from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any, Callable, Optional
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connections, transaction
 from django.utils import timezone
 
 from . import runs
@@ -618,6 +618,9 @@ class Dispatcher:
                 log.exception("dispatcher %s: could not write what it holds (attempt %d of 5)", self.name, attempt + 1)
                 await asyncio.sleep(1.0)
         await self.client.aclose()
+        # Close the DB thread's own connection: left to the garbage collector it stays open, and
+        # PostgreSQL then refuses to drop or migrate the database while "other users" are on it.
+        await self._db(connections.close_all)
         self.db.shutdown(wait=True)
 
 
