@@ -113,7 +113,7 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 GYMWEB_ALLOWED_TARGET_HOSTS = [h for h in os.environ.get("GYMWEB_ALLOWED_TARGET_HOSTS", "").split(",") if h]
 
 # Worker tuning (seconds). A claim's lease must be renewed within GYMWEB_LEASE_S or the attempt
-# counts as interrupted and its key runs again (crash recovery); slices renew every
+# counts as interrupted and its key runs again (crash recovery); dispatchers renew every
 # GYMWEB_HEARTBEAT_S and notice a cancel then. Tests shorten these.
 GYMWEB_LEASE_S = float(os.environ.get("GYMWEB_LEASE_S", 30))
 GYMWEB_HEARTBEAT_S = float(os.environ.get("GYMWEB_HEARTBEAT_S", 2))

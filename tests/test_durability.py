@@ -67,7 +67,7 @@ def test_in_flight_rollouts_never_exceed_the_runs_concurrency_over_two_workers(
         agent.stop()
     assert Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count() == 40
     assert stats.max_inflight == 5
-    # Both workers took part (each slice names its host:pid in `worker`).
+    # Both workers took part (each dispatcher names its host:pid in `worker`).
     pids = {w.split(":")[1] for w in Rollout.objects.filter(run=run).values_list("worker", flat=True)}
     assert len(pids) == 2
     _assert_each_key_settled_once(run)
