@@ -66,8 +66,8 @@ def stop(procs) -> None:
 
 def make_run(n: int, agent_url: str, env_url: str, concurrency: int, **options):
     """A run of ``n`` distinct tasks (one rollout each)."""
-    from rollouts import runs
-    from rollouts.datasets import read_jsonl
+    from rollouts.collection import runs
+    from rollouts.collection.datasets import read_jsonl
 
     tools = [{"type": "function", "name": "increment_counter", "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}}}]
     lines = [

@@ -27,7 +27,7 @@ def main() -> None:
     where = h.setup_django(args.db)
     from django.db.models import Min
 
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection.dispatch import run_in_process
     from rollouts.models import AgentCall, Rollout
 
     agent_url, env_url, procs = h.start_services(args.calls, args.latency_ms)

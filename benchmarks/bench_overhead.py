@@ -23,7 +23,7 @@ def main() -> None:
     args = parser.parse_args()
 
     where = h.setup_django(args.db)
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection.dispatch import run_in_process
     from rollouts.models import AgentCall, Rollout, TrajectoryItem
 
     agent_url, env_url, procs = h.start_services(args.calls)

@@ -66,7 +66,7 @@ def seed(total: int, blank: bool, pad_kb: int = 0):
 
     has_profile_json = hasattr(Rollout, "profile_json")
     if has_profile_json:
-        from rollouts.run_profile import profile_json_for_verify
+        from rollouts.evaluation.run_profile import profile_json_for_verify
     user = get_user_model().objects.create_user("bench", password="bench-password")
     now = timezone.now()
     size = total
@@ -114,7 +114,7 @@ def main() -> None:
     from django.urls import reverse
 
     from rollouts.models import Rollout
-    from rollouts.run_profile import profile_run
+    from rollouts.evaluation.run_profile import profile_run
 
     t0 = time.perf_counter()
     user, run = seed(args.rollouts, args.blank, args.pad_kb)

@@ -25,7 +25,7 @@ def seed(total: int, items_per: int):
     from django.utils import timezone
 
     from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-    from rollouts.run_profile import profile_json_for_verify
+    from rollouts.evaluation.run_profile import profile_json_for_verify
 
     user = get_user_model().objects.create_user("bench", password="bench-password")
     sizes = [total // 2] + [total // 2 // 19] * 19
@@ -97,7 +97,7 @@ def profile_run_ms(run, repeat: int) -> float:
     """Median time (ms) of ``run_profile.profile_run(run)``: the profile page's computation alone."""
     import warnings
 
-    from rollouts.run_profile import profile_run
+    from rollouts.evaluation.run_profile import profile_run
 
     times = []
     with warnings.catch_warnings():

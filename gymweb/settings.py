@@ -121,7 +121,7 @@ GYMWEB_POLL_S = float(os.environ.get("GYMWEB_POLL_S", 0.5))
 GYMWEB_FLUSH_S = float(os.environ.get("GYMWEB_FLUSH_S", 0.25))
 GYMWEB_CONNECT_RETRY_PAUSE_S = float(os.environ.get("GYMWEB_CONNECT_RETRY_PAUSE_S", 0.5))
 # Each django-q2 worker process runs one dispatcher thread that serves every running run
-# (rollouts.dispatch). It keeps at most this many rollouts in flight (a memory bound).
+# (rollouts.collection.dispatch). It keeps at most this many rollouts in flight (a memory bound).
 GYMWEB_PROCESS_CAPACITY = int(os.environ.get("GYMWEB_PROCESS_CAPACITY", 2000))
 GYMWEB_DISPATCH_IN_WORKERS = os.environ.get("GYMWEB_DISPATCH_IN_WORKERS", "1") == "1"
 # On SIGTERM a worker releases its in-flight rollouts; this bounds how long that may take.
@@ -142,7 +142,7 @@ GYMWEB_DISPLAY_MAX_CHARS = int(os.environ.get("GYMWEB_DISPLAY_MAX_CHARS", 20_000
 GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP = int(os.environ.get("GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP", 500))
 
 _redis_url = os.environ.get("GYMWEB_REDIS_URL")
-# How often (minutes) the supervisor revives runs whose workers died (rollouts.dispatch.supervise).
+# How often (minutes) the supervisor revives runs whose workers died (rollouts.collection.dispatch.supervise).
 GYMWEB_SUPERVISE_MINUTES = int(os.environ.get("GYMWEB_SUPERVISE_MINUTES", 1))
 # django-q2 tasks are short bookkeeping jobs (rollouts run in the dispatcher threads, not in
 # tasks), so ordinary bounds fit.

@@ -21,5 +21,5 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
-    path("", include("rollouts.urls")),
+    path("", include("rollouts.web.urls")),
 ]

@@ -10,7 +10,7 @@ def _ensure_supervisor(sender, **kwargs):
     Schedule.objects.update_or_create(
         name="gymweb-supervise",
         defaults={
-            "func": "rollouts.dispatch.supervise",
+            "func": "rollouts.collection.dispatch.supervise",
             "schedule_type": Schedule.MINUTES,
             "minutes": settings.GYMWEB_SUPERVISE_MINUTES,
             "repeats": -1,
@@ -19,11 +19,11 @@ def _ensure_supervisor(sender, **kwargs):
 
 
 def _on_worker_spawn(sender, proc_name=None, **kwargs):
-    """Each django-q2 worker process runs a dispatcher thread (rollouts.dispatch), and first
+    """Each django-q2 worker process runs a dispatcher thread (rollouts.collection.dispatch), and first
     requeues rollouts that died with an earlier worker instead of waiting for the schedule."""
     import logging
 
-    from .dispatch import start_in_worker_process, supervise
+    from rollouts.collection.dispatch import start_in_worker_process, supervise
 
     try:
         supervise()

@@ -1,4 +1,4 @@
-"""Misbehaving agent services for the conformance check's tests (``rollouts.conformance``).
+"""Misbehaving agent services for the conformance check's tests (``rollouts.evaluation.conformance``).
 
 Each bad agent is the example counter agent (``examples.counter_agent``: it solves the counter
 tasks and answers anything else with a message) with ONE breach of the contract added, so a test

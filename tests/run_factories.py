@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 from django.utils import timezone
 
-from rollouts import runs
-from rollouts.datasets import read_jsonl
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run
 
 

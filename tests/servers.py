@@ -1,4 +1,4 @@
-"""Real local servers for the contract tests of ``rollouts.loop`` (DESIGN.md, "Contract rules").
+"""Real local servers for the contract tests of ``rollouts.engine.loop`` (DESIGN.md, "Contract rules").
 
 Everything binds to 127.0.0.1 on an ephemeral port and records what it received, so a test can
 prove what the loop sent and, just as important, what it never sent:
@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Union
 from aiohttp import web
 from multidict import CIMultiDict
 
-from rollouts.loop import LoopSettings, make_client, run_rollout
+from rollouts.engine.loop import LoopSettings, make_client, run_rollout
 
 _MISSING = object()
 

@@ -1,4 +1,4 @@
-"""``rollouts.charts``: pure functions from numbers to shapes, and the SVG partials that draw them."""
+"""``rollouts.web.charts``: pure functions from numbers to shapes, and the SVG partials that draw them."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from django.template.loader import render_to_string
 
-from rollouts import charts
+from rollouts.web import charts
 
 SCRIPT = "<script>alert(1)</script>"
 

@@ -1,4 +1,4 @@
-"""``manage.py profile`` and ``rollouts.run_profile``: NeMo Gym's ``gym eval profile`` for files and runs.
+"""``manage.py profile`` and ``rollouts.evaluation.run_profile``: NeMo Gym's ``gym eval profile`` for files and runs.
 
 The reference output is NeMo Gym 0.7.0's own files for a known input (tests/data/profile_fixture, a
 copy of ../shared/data/nemo_gym/profile_fixture).
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from rollouts import runs
-from rollouts.datasets import read_jsonl
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run
-from rollouts.run_profile import failures_as_zero_rows, merge_failures_as_zero, profile_run, write_run_profile
+from rollouts.evaluation.run_profile import failures_as_zero_rows, merge_failures_as_zero, profile_run, write_run_profile
 from tests.run_factories import finish, key, make_run, new_attempt
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "profile_fixture"
@@ -179,7 +179,7 @@ def test_an_unknown_run_a_bad_id_and_a_missing_output_dir_are_clear_errors(tmp_p
 def test_profiling_a_run_collected_in_process_writes_four_files_with_reward_one(
     tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys
 ):
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection.dispatch import run_in_process
 
     with counter_tasks_path.open("rb") as fh:
         run = runs.create_run(read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3)

@@ -1,4 +1,4 @@
-"""rollouts.compare: two runs on the same tasks, built directly in the database (no HTTP)."""
+"""rollouts.evaluation.compare: two runs on the same tasks, built directly in the database (no HTTP)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from rollouts.compare import compare_runs, pick_pair, task_means
+from rollouts.evaluation.compare import compare_runs, pick_pair, task_means
 from rollouts.models import Rollout, Run, Task
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""rollouts.conformance: the agent conformance check finds every breach of the contract.
+"""rollouts.evaluation.conformance: the agent conformance check finds every breach of the contract.
 
 Each breach is shown by a dedicated bad agent (tests/bad_agents.py: the example counter agent with
 one twist), and the check must find exactly that breach, with advice on how to fix it.
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from rollouts.conformance import CHECKS, ERROR, WARNING, Report, check_agent, check_agent_sync, check_reply
-from rollouts.loop import InvalidBaseURL
+from rollouts.evaluation.conformance import CHECKS, ERROR, WARNING, Report, check_agent, check_agent_sync, check_reply
+from rollouts.engine.loop import InvalidBaseURL
 from tests.bad_agents import REQUESTS, SLOW_DELAY_S, serve
 from tests.servers import AgentService, RawServer, Reply, async_test, call, free_url, message, reply
 

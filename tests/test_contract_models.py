@@ -1,4 +1,4 @@
-"""Unit tests of ``rollouts.contract``: the shape of a valid reply (rule 3), asks (rule 4), tool
+"""Unit tests of ``rollouts.engine.contract``: the shape of a valid reply (rule 3), asks (rule 4), tool
 names (rule 5), arguments (rule 6) and usage sums (rule 8). No HTTP here; see ``test_loop_*``."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollouts.contract import (
+from rollouts.engine.contract import (
     RESERVED_ENV_ROUTES,
     AgentReply,
     InvalidReply,

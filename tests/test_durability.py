@@ -11,9 +11,9 @@ from collections import Counter
 from django.db.models import Count
 
 from examples._serve import BackgroundServer
-from rollouts import runs
+from rollouts.collection import runs
 from rollouts.apps import _ensure_supervisor
-from rollouts.datasets import read_jsonl
+from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run
 
 from . import agents

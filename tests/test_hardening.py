@@ -7,10 +7,10 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from rollouts import runs
-from rollouts.datasets import DatasetError, read_jsonl
-from rollouts.dispatch import _Batch, write_batch
-from rollouts.loop import FailureKind, RolloutOutcome
+from rollouts.collection import runs
+from rollouts.collection.datasets import DatasetError, read_jsonl
+from rollouts.collection.dispatch import _Batch, write_batch
+from rollouts.engine.loop import FailureKind, RolloutOutcome
 from rollouts.models import Rollout, Run
 
 from .servers import AgentService, EnvService, Reply, async_test, drive, message, reply, task_row
@@ -89,7 +89,7 @@ def test_a_json_syntax_error_names_the_file_line_once_and_the_column(line, reaso
 
 
 def test_strict_loads_still_says_where_in_its_own_message_and_gives_the_parts():
-    from rollouts.contract import NotJSON, strict_loads
+    from rollouts.engine.contract import NotJSON, strict_loads
 
     with pytest.raises(NotJSON) as caught:
         strict_loads('{"a": 1 "b": 2}')

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from rollouts import export, importer
-from rollouts.datasets import DatasetError
-from rollouts.importer import IMPORTED_FAILURE_KIND, NOT_RUN_ERROR, import_rollouts, infer_steps
+from rollouts.collection import export
+
+from rollouts.collection import importer
+from rollouts.collection.datasets import DatasetError
+from rollouts.collection.importer import IMPORTED_FAILURE_KIND, NOT_RUN_ERROR, import_rollouts, infer_steps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 pytestmark = pytest.mark.django_db

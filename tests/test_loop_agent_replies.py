@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rollouts.loop import FailureKind
+from rollouts.engine.loop import FailureKind
 from tests.servers import (
     AgentService,
     EnvService,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rollouts.loop import make_client, run_rollout
+from rollouts.engine.loop import make_client, run_rollout
 from tests.servers import (
     AgentService,
     EnvService,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rollouts.loop import FailureKind, ItemRecord, StepRecord
+from rollouts.engine.loop import FailureKind, ItemRecord, StepRecord
 from tests.servers import (
     AgentService,
     EnvService,
@@ -100,7 +100,7 @@ async def test_a_call_without_usage_adds_nothing_to_the_sum():
 
 @async_test
 async def test_the_merged_response_is_a_valid_responses_object():
-    from rollouts.contract import parse_reply
+    from rollouts.engine.contract import parse_reply
 
     async with EnvService(TOOLS) as env, AgentService(*three_turns()) as agent:
         outcome = await drive(agent, env)

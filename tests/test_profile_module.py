@@ -1,4 +1,4 @@
-"""rollouts.profile: NeMo Gym's `gym eval profile`, reproduced without pandas/scipy, plus gymweb's pass@k.
+"""rollouts.evaluation.profile: NeMo Gym's `gym eval profile`, reproduced without pandas/scipy, plus gymweb's pass@k.
 
 The reference output is NeMo Gym 0.7.0's own files for a known input (the profile fixture). The copy in
 tests/data/profile_fixture/ is preferred so a lone clone (no ../shared) still runs these tests.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rollouts import profile as P
+from rollouts.evaluation import profile as P
 
 HERE = Path(__file__).resolve()
 BUNDLED_FIXTURE = HERE.parent / "data" / "profile_fixture"

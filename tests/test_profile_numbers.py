@@ -21,12 +21,12 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Count, Max, Q
 
-from rollouts import runs
-from rollouts.datasets import read_jsonl
-from rollouts.export import iter_materialized, iter_successes
-from rollouts.importer import import_rollouts
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
+from rollouts.collection.export import iter_materialized, iter_successes
+from rollouts.collection.importer import import_rollouts
 from rollouts.models import Rollout
-from rollouts.profile import (
+from rollouts.evaluation.profile import (
     PROFILE_NUMBERS_PREFIX,
     PROFILE_NUMBERS_VERSION,
     ReducedRollout,
@@ -38,7 +38,7 @@ from rollouts.profile import (
     profile_numbers,
     profile_rows,
 )
-from rollouts.run_profile import (
+from rollouts.evaluation.run_profile import (
     EXTRAS_FAILURES_NOTE,
     failures_as_zero_rows,
     profile_json_for_verify,
@@ -274,7 +274,7 @@ def test_profile_json_for_verify_is_the_numbers_of_the_row_the_export_writes():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_collected_in_process_stores_the_numbers_and_profiles_from_them(counter_env_url, counter_agent_url, counter_tasks_path):
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection.dispatch import run_in_process
 
     with counter_tasks_path.open("rb") as fh:
         run = runs.create_run(read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollouts.importer import import_rollouts
-from rollouts.runs import retryable_keys
+from rollouts.collection.importer import import_rollouts
+from rollouts.collection.runs import retryable_keys
 
 pytestmark = pytest.mark.django_db
 

@@ -92,9 +92,9 @@ def test_the_run_page_offers_the_filtered_download(signed_in, run):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_real_run_exports_rows_that_read_like_nemo_gym_s(client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path):
-    from rollouts import runs
-    from rollouts.datasets import read_jsonl
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection import runs
+    from rollouts.collection.datasets import read_jsonl
+    from rollouts.collection.dispatch import run_in_process
 
     client.force_login(django_user_model.objects.create_user("dave", password="x" * 12))
     with open(counter_tasks_path, "rb") as fh:

@@ -12,10 +12,10 @@ from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
 
-from rollouts import runs
-from rollouts.datasets import read_jsonl
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
 from rollouts.models import AgentCall, Rollout, Run, Task
-from rollouts.run_profile import write_run_profile
+from rollouts.evaluation.run_profile import write_run_profile
 
 from .run_factories import finish, key, make_run, new_attempt
 from .test_xss import EVIL, assert_inert
@@ -88,7 +88,7 @@ def test_an_unknown_run_or_file_kind_is_404(signed_in, mixed):
 def test_a_run_collected_in_process_shows_every_task_with_mean_reward_one_and_pass_at_k(
     client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path, tmp_path
 ):
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection.dispatch import run_in_process
 
     cache.clear()
     client.force_login(django_user_model.objects.create_user("erin", password="x" * 12))
@@ -194,7 +194,7 @@ def test_an_htmx_request_gets_only_the_task_table(signed_in, mixed):
 
 # -- cache -------------------------------------------------------------------------------------------
 def test_the_profile_is_cached_until_another_attempt_finishes(signed_in, mixed, monkeypatch):
-    from rollouts import analysis_views
+    from rollouts.web import analysis_views
 
     calls = []
     real = analysis_views.profile_run
@@ -328,7 +328,7 @@ def test_the_profile_and_charts_are_inert_whatever_the_run_holds(signed_in, db):
 
 
 def test_no_new_template_or_module_marks_data_safe():
-    files = [REPO / "rollouts" / "analysis_views.py", REPO / "rollouts" / "charts.py",
+    files = [REPO / "rollouts" / "web" / "analysis_views.py", REPO / "rollouts" / "web" / "charts.py",
              *(REPO / "templates" / "rollouts").glob("profile.html"), *(REPO / "templates" / "rollouts").glob("compare.html"),
              *(REPO / "templates" / "rollouts").glob("check_agent.html")]
     for pattern in ("profile_*.html", "compare_*.html", "check_*.html", "chart_*.html"):
@@ -352,7 +352,7 @@ def test_a_run_with_nothing_finished_shows_an_empty_profile(signed_in, db):
 
 
 def test_an_imported_run_has_a_profile(signed_in, db):
-    from rollouts.importer import import_rollouts
+    from rollouts.collection.importer import import_rollouts
 
     rows = [{"_ng_task_index": t, "_ng_rollout_index": r, "reward": float(r == 0), "agent_ref": {"name": "nemo"},
              "responses_create_params": {"input": f"task {t}"}, "response": {"output": [], "usage": None}}

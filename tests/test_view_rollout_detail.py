@@ -10,11 +10,13 @@ from django.http import QueryDict
 from django.urls import reverse
 from django.utils import timezone
 
-from rollouts import export, runs
-from rollouts.datasets import read_jsonl
-from rollouts.importer import import_rollouts
+from rollouts.collection import export
+
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
+from rollouts.collection.importer import import_rollouts
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from rollouts.trajectory_views import filter_querystring, filter_rollouts, neighbours
+from rollouts.web.trajectory_views import filter_querystring, filter_rollouts, neighbours
 
 TASK_ROW = {
     "responses_create_params": {
@@ -543,7 +545,7 @@ def test_the_raw_view_gives_one_item_or_the_task_input_whole_for_an_attempt_of_a
 @pytest.mark.django_db(transaction=True)
 def test_a_counter_rollout_collected_by_gymweb_renders_its_steps_and_gym_outputs(client, django_user_model, counter_env_url,
                                                                                   counter_agent_url, counter_tasks_path):
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection.dispatch import run_in_process
 
     client.force_login(django_user_model.objects.create_user("bob", password="pw-long-enough"))
     with counter_tasks_path.open("rb") as fh:

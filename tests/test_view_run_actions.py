@@ -108,9 +108,9 @@ def test_an_imported_run_cannot_be_retried(signed_in, db):
 def test_retry_runs_the_failed_keys_again_and_they_succeed_once_the_agent_is_up(
     client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path
 ):
-    from rollouts import runs
-    from rollouts.datasets import read_jsonl
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection import runs
+    from rollouts.collection.datasets import read_jsonl
+    from rollouts.collection.dispatch import run_in_process
 
     client.force_login(django_user_model.objects.create_user("carol", password="x" * 12))
     with open(counter_tasks_path, "rb") as fh:

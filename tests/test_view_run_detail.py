@@ -8,7 +8,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from rollouts import metrics
+from rollouts.evaluation import metrics
 from rollouts.models import Rollout, Run
 
 from .run_factories import finish, key, make_run, new_attempt

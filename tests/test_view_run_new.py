@@ -9,8 +9,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
 
-from rollouts import runs
-from rollouts.datasets import read_jsonl
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Dataset, Rollout, Run, Task
 
 from .run_factories import dataset_lines
@@ -266,7 +266,7 @@ def test_a_post_without_the_csrf_token_is_refused(user):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_submitted_run_completes_against_the_example_services(client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path):
-    from rollouts.dispatch import run_in_process
+    from rollouts.collection.dispatch import run_in_process
 
     client.force_login(django_user_model.objects.create_user("bob", password="x" * 12))
     response = client.post(URL, _data(

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 
-from rollouts import runs
-from rollouts.datasets import read_jsonl
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run
 
 from .conftest import wait_for

@@ -113,7 +113,7 @@ def test_the_pretty_json_filter_escapes_what_it_returns():
 
 
 def test_no_template_or_view_of_the_trajectory_marks_data_safe():
-    files = [REPO / "rollouts" / "trajectory_views.py", REPO / "rollouts" / "importer.py",
+    files = [REPO / "rollouts" / "web" / "trajectory_views.py", REPO / "rollouts" / "collection" / "importer.py",
              REPO / "rollouts" / "templatetags" / "gymweb_tags.py", REPO / "templates" / "rollouts" / "rollout_detail.html",
              REPO / "templates" / "rollouts" / "import.html", *sorted((REPO / "templates" / "rollouts" / "partials").glob("item_*.html")),
              *sorted((REPO / "templates" / "rollouts" / "partials").glob("rollout_*.html"))]

@@ -1,6 +1,6 @@
 """``python manage.py check_agent URL [--timeout S] [--slow S] [--json]``: the agent conformance check.
 
-Sends the probe conversations of ``rollouts.conformance`` to ``URL/v1/responses`` and prints the
+Sends the probe conversations of ``rollouts.evaluation.conformance`` to ``URL/v1/responses`` and prints the
 report: a readable text (default) or its JSON form (``--json``, ``Report.to_dict()``). Needs no
 database and no environment.
 
@@ -15,8 +15,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from rollouts.conformance import DEFAULT_SLOW_S, DEFAULT_TIMEOUT_S, check_agent_sync
-from rollouts.loop import InvalidBaseURL, validate_base_url
+from rollouts.evaluation.conformance import DEFAULT_SLOW_S, DEFAULT_TIMEOUT_S, check_agent_sync
+from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 
 
 def _seconds(value: str) -> float:

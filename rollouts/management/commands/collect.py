@@ -1,6 +1,6 @@
 """``python manage.py collect``: headless rollout collection, NeMo Gym's ``gym eval run`` equivalent.
 
-Same code path as the web (``rollouts.runs`` + ``rollouts.dispatch``); the work runs in this
+Same code path as the web (``rollouts.collection.runs`` + ``rollouts.collection.dispatch``); the work runs in this
 process, so no separate worker needs to be running.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from rollouts import runs
-from rollouts.aggregate import fetch_aggregate_metrics
-from rollouts.contract import NotJSON, strict_loads
-from rollouts.datasets import DatasetError, read_jsonl, validate_overrides
-from rollouts.dispatch import run_in_process
-from rollouts.export import output_stems, write_run_files
-from rollouts.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from rollouts.collection import runs
+from rollouts.evaluation.aggregate import fetch_aggregate_metrics
+from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
+from rollouts.collection.dispatch import run_in_process
+from rollouts.collection.export import output_stems, write_run_files
+from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
 from rollouts.models import Rollout, Run
 
 

@@ -20,8 +20,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from rollouts import runs
-from rollouts.datasets import read_jsonl
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
 
 REPO = Path(settings.BASE_DIR)
 COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"

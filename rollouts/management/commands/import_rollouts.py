@@ -6,8 +6,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from rollouts.datasets import DatasetError
-from rollouts.importer import import_rollouts
+from rollouts.collection.datasets import DatasetError
+from rollouts.collection.importer import import_rollouts
 
 
 class Command(BaseCommand):

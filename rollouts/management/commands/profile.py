@@ -7,7 +7,7 @@
 Writes ``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``,
 ``<stem>_repeat_level_metrics.json`` (NeMo Gym's files) and ``<stem>_gymweb_pass_at_k.json``
 (gymweb's pass@k). For a run the stem is ``DIR/rollouts``; for files it is the rollouts file's stem,
-beside it unless ``--output-dir`` is given (NeMo Gym's naming). See ``rollouts.run_profile``.
+beside it unless ``--output-dir`` is given (NeMo Gym's naming). See ``rollouts.evaluation.run_profile``.
 
 Prints a short summary and the written paths on stdout, NeMo Gym's warnings on stderr. Errors
 (unknown run, missing file, bad JSONL with file and line, rows the profiler rejects) exit non-zero
@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from rollouts.models import Run
-from rollouts.run_profile import RUN_STEM, default_failures_path, profile_run, summary_lines, write_files_profile, write_profile
+from rollouts.evaluation.run_profile import RUN_STEM, default_failures_path, profile_run, summary_lines, write_files_profile, write_profile
 
 
 class Command(BaseCommand):

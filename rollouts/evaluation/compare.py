@@ -25,7 +25,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 from django.db.models import Count, F, Q, Sum
 
-from .models import Rollout, Run, Task
+from rollouts.models import Rollout, Run, Task
 
 __all__ = ["Comparison", "Pair", "TaskDelta", "TOLERANCE", "compare_runs", "pick_pair", "task_means"]
 

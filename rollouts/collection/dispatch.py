@@ -39,9 +39,9 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connections, transaction
 from django.utils import timezone
 
-from . import runs
-from .loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
-from .models import AgentCall, Rollout, Run, TrajectoryItem, Worker
+from rollouts.collection import runs
+from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
+from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem, Worker
 
 log = logging.getLogger("gymweb.dispatch")
 
@@ -245,7 +245,7 @@ def _write_piecewise(batch: _Batch, worker: str) -> None:
 
 
 def _write_batch(batch: _Batch, worker: str) -> None:
-    from .run_profile import profile_json_for_verify
+    from rollouts.evaluation.run_profile import profile_json_for_verify
 
     now = _now()
     with transaction.atomic():
@@ -391,7 +391,7 @@ def _finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
 
     for run_id in run_ids:
         if runs.finish_if_done(run_id) and after_finish:
-            async_task("rollouts.aggregate.fetch_aggregate_metrics", run_id, task_name=f"run-{run_id}-aggregate")
+            async_task("rollouts.evaluation.aggregate.fetch_aggregate_metrics", run_id, task_name=f"run-{run_id}-aggregate")
 
 
 class Dispatcher:

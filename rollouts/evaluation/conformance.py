@@ -44,7 +44,7 @@ import aiohttp
 import httpx
 from pydantic import ValidationError
 
-from .contract import (
+from rollouts.engine.contract import (
     RESERVED_ENV_ROUTES,
     InvalidReply,
     Usage,
@@ -54,7 +54,7 @@ from .contract import (
     parse_reply,
     tool_name_problem,
 )
-from .loop import BODY_EXCERPT_CHARS, SessionJar, make_client, validate_base_url
+from rollouts.engine.loop import BODY_EXCERPT_CHARS, SessionJar, make_client, validate_base_url
 
 __all__ = [
     "CHECKS",

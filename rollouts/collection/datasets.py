@@ -8,7 +8,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable, Iterator, Optional, TextIO, Union
 
-from .contract import NotJSON, strict_loads
+from rollouts.engine.contract import NotJSON, strict_loads
 
 __all__ = [
     "DatasetError",

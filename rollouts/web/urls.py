@@ -1,7 +1,11 @@
 """Dashboard routes. Run pages live in ``views``; trajectory and import pages in ``trajectory_views``."""
 from django.urls import path
 
-from . import analysis_views, trajectory_views, views
+from rollouts.web import analysis_views
+
+from rollouts.web import trajectory_views
+
+from rollouts.web import views
 
 urlpatterns = [
     path("", views.runs_list, name="runs"),

@@ -32,7 +32,7 @@ from django.db.models import Avg, Count, Exists, F, FloatField, Max, Min, OuterR
 from django.db.models.functions import Floor
 from django.utils import timezone
 
-from .models import Rollout, Run
+from rollouts.models import Rollout, Run
 
 S = Rollout.Status
 FINISHED = (S.SUCCEEDED, S.FAILED)

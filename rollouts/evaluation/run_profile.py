@@ -1,6 +1,6 @@
 """Profiling a stored run, or NeMo Gym files from anywhere, like NeMo Gym's ``gym eval profile``.
 
-The statistics are ``rollouts.profile`` (a faithful reimplementation of NeMo Gym's profiler); this
+The statistics are ``rollouts.evaluation.profile`` (a faithful reimplementation of NeMo Gym's profiler); this
 module only feeds it and names the files:
 
 - ``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``,
@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
-from .export import CHUNK, iter_successes
-from .models import Rollout, Run, Task
-from .profile import (
+from rollouts.collection.export import CHUNK, iter_successes
+from rollouts.models import Rollout, Run, Task
+from rollouts.evaluation.profile import (
     ProfileResult,
     ReducedRollout,
     dumps_profile_numbers,

@@ -14,8 +14,8 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from .datasets import ParsedDataset, materialize
-from .models import Dataset, DatasetRow, Rollout, Run, Task
+from rollouts.collection.datasets import ParsedDataset, materialize
+from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 
 log = logging.getLogger("gymweb.runs")
 
@@ -105,7 +105,7 @@ def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Optional
 
 def launch(run: Run) -> None:
     """Mark the run running: every worker's dispatcher picks it up at its next poll
-    (``GYMWEB_POLL_S``) and claims rollouts atomically (``rollouts.dispatch``)."""
+    (``GYMWEB_POLL_S``) and claims rollouts atomically (``rollouts.collection.dispatch``)."""
     Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]).update(
         status=Run.Status.RUNNING, started=timezone.now(), finished=None
     )

@@ -11,8 +11,8 @@ import logging
 import httpx
 from django.conf import settings
 
-from .export import iter_successes
-from .models import Run
+from rollouts.collection.export import iter_successes
+from rollouts.models import Run
 
 log = logging.getLogger("gymweb.aggregate")
 

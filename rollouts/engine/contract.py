@@ -1,6 +1,6 @@
 """The agent side of the contract: what a valid ``/v1/responses`` reply is, and which calls are asks.
 
-No Django here: the loop (``rollouts.loop``) and the conformance check use it directly.
+No Django here: the loop (``rollouts.engine.loop``) and the conformance check use it directly.
 
 The reference is NeMo Gym's ``NeMoGymResponse`` (``nemo_gym/openai_utils.py``): openai-python's
 ``Response`` with ``output`` typed as the *input-item* union and a ``usage`` that is either absent,

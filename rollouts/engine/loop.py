@@ -22,7 +22,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from .contract import (
+from rollouts.engine.contract import (
     InvalidReply,
     NotJSON,
     strict_loads,
@@ -151,7 +151,7 @@ class ItemRecord:
 
 class Observer(Protocol):
     """Receives a rollout's steps as they happen. Methods must not block the event loop (queue the
-    work; see ``rollouts.dispatch``)."""
+    work; see ``rollouts.collection.dispatch``)."""
 
     def on_seeded(self, latency_ms: float) -> None: ...
 

@@ -12,11 +12,11 @@ from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from .contract import NotJSON, strict_loads
-from .datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
-from .runs import RunTooLarge, check_size
-from .loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
-from .models import Dataset, Rollout
+from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
+from rollouts.collection.runs import RunTooLarge, check_size
+from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from rollouts.models import Dataset, Rollout
 
 
 def human_bytes(n: float) -> str:

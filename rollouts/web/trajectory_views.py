@@ -24,12 +24,12 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from . import export
-from .datasets import DatasetError
-from .forms import filtered_rollouts
-from .importer import import_rollouts as run_import
-from .models import AgentCall, Rollout, Run, TrajectoryItem
-from .templatetags.gymweb_tags import ms, pretty_json_text
+from rollouts.collection import export
+from rollouts.collection.datasets import DatasetError
+from rollouts.web.forms import filtered_rollouts
+from rollouts.collection.importer import import_rollouts as run_import
+from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
 # The run page's own reader of its querystring (``forms.filtered_rollouts``) decides the list, so

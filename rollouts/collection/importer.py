@@ -42,10 +42,10 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from .contract import Usage
-from .datasets import DatasetError, iter_rows, strip_result_fields
-from .models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from .run_profile import profile_json_for_verify
+from rollouts.engine.contract import Usage
+from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields
+from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
+from rollouts.evaluation.run_profile import profile_json_for_verify
 
 __all__ = ["ImportSummary", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND", "NOT_RUN_ERROR"]
 

@@ -4,7 +4,7 @@ trajectories, the run page's charts, and the agent conformance check.
 Plain function views. Access goes through ``_run_for`` (every signed-in user sees every run, as on
 the run pages). Everything shown is untrusted text (run names, agent names, failure kinds, env
 replies, agent replies): templates only autoescape it, charts are drawn from numbers
-(``rollouts.charts``), nothing here marks data safe.
+(``rollouts.web.charts``), nothing here marks data safe.
 
 Speed. The profile is NeMo Gym's (``run_profile.profile_run``), which reads each success's stored numbers
 (about 1 s for 50,000 rollouts; benchmarks/README.md). Finished rows never change, so the page's view of it is cached under
@@ -41,16 +41,16 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_safe
 
-from .htmx import vary_on_htmx, wants_partial
-from . import charts
-from .compare import compare_runs, pick_pair
-from .conformance import DEFAULT_SLOW_S, check_agent_sync
-from .forms import clean_target_url
-from .loop import InvalidBaseURL
-from .models import AgentCall, Rollout, Run
-from .run_profile import RUN_STEM, profile_run, write_profile
-from .templatetags.gymweb_tags import num, pretty_json_text
-from .trajectory_views import _task_input, _timeline
+from rollouts.web.htmx import vary_on_htmx, wants_partial
+from rollouts.web import charts
+from rollouts.evaluation.compare import compare_runs, pick_pair
+from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
+from rollouts.web.forms import clean_target_url
+from rollouts.engine.loop import InvalidBaseURL
+from rollouts.models import AgentCall, Rollout, Run
+from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
+from rollouts.templatetags.gymweb_tags import num, pretty_json_text
+from rollouts.web.trajectory_views import _task_input, _timeline
 
 S = Rollout.Status
 FINISHED = (S.SUCCEEDED, S.FAILED)

@@ -25,11 +25,13 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from . import metrics, runs
-from .htmx import vary_on_htmx, wants_partial
-from .export import iter_failures, iter_materialized, iter_successes
-from .forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, filtered_rollouts
-from .models import Dataset, Rollout, Run, Worker
+from rollouts.evaluation import metrics
+
+from rollouts.collection import runs
+from rollouts.web.htmx import vary_on_htmx, wants_partial
+from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
+from rollouts.web.forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, filtered_rollouts
+from rollouts.models import Dataset, Rollout, Run, Worker
 
 RUNS_PER_PAGE = 25
 ROLLOUTS_PER_PAGE = 50

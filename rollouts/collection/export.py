@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from django.db.models import QuerySet
 
-from .models import Rollout, Run
+from rollouts.models import Rollout, Run
 
 CHUNK = 500
 FAILURE_CLASS = "remote_agent_error"

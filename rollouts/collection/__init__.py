@@ -1,0 +1,1 @@
+"""Collecting: datasets, runs, the per-process dispatcher, imports and NeMo Gym's output files."""
