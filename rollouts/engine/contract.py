@@ -27,6 +27,8 @@ __all__ = [
     "has_assistant_message",
     "parse_reply",
     "tool_name_problem",
+    "arguments_problem",
+    "refused_tool_output",
 ]
 
 
@@ -172,11 +174,12 @@ TokenCount = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class InputTokensDetails(_Loose):
-    cached_tokens: TokenCount
+    # Required but nullable, as in NeMo Gym's NeMoGymResponseInputTokensDetails: null = unknown.
+    cached_tokens: Optional[TokenCount]
 
 
 class OutputTokensDetails(_Loose):
-    reasoning_tokens: TokenCount
+    reasoning_tokens: Optional[TokenCount]
 
 
 class Usage(_Loose):
@@ -323,39 +326,59 @@ def tool_name_problem(name: str) -> Optional[str]:
     return None
 
 
-def arguments_problem(arguments: str) -> tuple[Optional[Any], Optional[str]]:
-    """Decode a call's ``arguments`` string: ``(value, None)`` or ``(None, error text)`` (rule 6)."""
+def arguments_problem(arguments: Any) -> tuple[Optional[Any], Optional[str]]:
+    """Decode a call's ``arguments`` string: ``(value, None)``, or ``(None, output text)`` when it is
+    not JSON. The text is NeMo Gym's remote_agent's, byte for byte, since agents are trained on what
+    they read here (contract rule 6, DESIGN.md): ``json.dumps({"error": f"Invalid tool call
+    arguments: {e!r}"})`` with ``e`` the exception ``json.loads`` raised (Python's lax parser, as
+    NeMo Gym's; nesting too deep for it is refused the same way)."""
     try:
         return json.loads(arguments), None
-    except (ValueError, TypeError) as exc:
-        return None, f"arguments are not valid JSON ({exc})"
+    except (ValueError, TypeError, RecursionError) as exc:
+        return None, json.dumps({"error": f"Invalid tool call arguments: {exc!r}"})
+
+
+def refused_tool_output(name: Any, arguments: Any) -> tuple[Optional[Any], Optional[str]]:
+    """Whether one ask may be sent to the env: ``(decoded arguments, None)``, or ``(None, the
+    function_call_output text gymweb appends instead)`` (rules 5 and 6, DESIGN.md). The one place
+    both the loop and the conformance check decide this."""
+    name = name if isinstance(name, str) else ""
+    problem = tool_name_problem(name)
+    if problem is not None:
+        return None, f"Error: gymweb did not call tool {name!r}: {problem}."
+    return arguments_problem(arguments if isinstance(arguments, str) else "")
 
 
 _USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
+_USAGE_DETAILS = (("input_tokens_details", "cached_tokens"), ("output_tokens_details", "reasoning_tokens"))
+
+
+def _optional_sum(left: Any, right: Any) -> Optional[int]:
+    # An unknown (null) detail count stays unknown: it is never turned into a measurement.
+    return None if left is None or right is None else left + int(right)
 
 
 def add_usage(total: Optional[dict[str, Any]], usage: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """Sum two usage dicts of the complete shape (rule 8); ``None`` means "not reported".
-
-    Returns a new dict ``{input_tokens, output_tokens, total_tokens, input_tokens_details:
-    {cached_tokens}, output_tokens_details: {reasoning_tokens}}`` (tokens), or the other side when one
-    is None.
+    """Sum the usage of one more reply into a rollout's total (rule 8, DESIGN.md), as NeMo Gym's
+    ``accumulate_response_usage`` does: ``None`` means "not reported" and leaves the other side;
+    the first reported usage is copied whole, extra keys (``cost``, ``input_tokens_per_turn``…)
+    included, and later replies add only the five standard counts (tokens). A null
+    ``cached_tokens``/``reasoning_tokens`` on either side makes the sum null. Returns a new dict;
+    neither argument is changed.
     """
     if usage is None:
         return total
     if total is None:
-        return {
-            **{k: int(usage[k]) for k in _USAGE_KEYS},
-            "input_tokens_details": {"cached_tokens": int(usage["input_tokens_details"]["cached_tokens"])},
-            "output_tokens_details": {"reasoning_tokens": int(usage["output_tokens_details"]["reasoning_tokens"])},
-        }
-    return {
-        **{k: total[k] + int(usage[k]) for k in _USAGE_KEYS},
-        "input_tokens_details": {
-            "cached_tokens": total["input_tokens_details"]["cached_tokens"] + int(usage["input_tokens_details"]["cached_tokens"])
-        },
-        "output_tokens_details": {
-            "reasoning_tokens": total["output_tokens_details"]["reasoning_tokens"]
-            + int(usage["output_tokens_details"]["reasoning_tokens"])
-        },
-    }
+        first = json.loads(json.dumps(usage))  # a deep copy that keeps key order and extra keys
+        for key in _USAGE_KEYS:
+            first[key] = int(usage[key])
+        for outer, inner in _USAGE_DETAILS:
+            value = usage[outer][inner]
+            first[outer][inner] = None if value is None else int(value)
+        return first
+    result = json.loads(json.dumps(total))
+    for key in _USAGE_KEYS:
+        result[key] = total[key] + int(usage[key])
+    for outer, inner in _USAGE_DETAILS:
+        result[outer][inner] = _optional_sum(result[outer][inner], usage[outer][inner])
+    return result

@@ -27,11 +27,10 @@ from rollouts.engine.contract import (
     NotJSON,
     strict_loads,
     add_usage,
-    arguments_problem,
     find_asks,
     has_assistant_message,
     parse_reply,
-    tool_name_problem,
+    refused_tool_output,
 )
 
 __all__ = [
@@ -461,12 +460,9 @@ class _Rollout:
         """Execute one ask against the env (rules 5, 6, 15); returns the gym's output record."""
         name = call.get("name", "")
         record = ItemRecord(seq=-1, step=step, item={}, origin="gym")
-        problem = tool_name_problem(name)
-        args = None
-        if problem is None:
-            args, problem = arguments_problem(call.get("arguments", ""))
-        if problem is not None:
-            output = f"Error: gymweb did not call tool {name!r}: {problem}."
+        args, refusal = refused_tool_output(name, call.get("arguments", ""))
+        if refusal is not None:
+            output = refusal
             record.refused = True
         else:
             started = time.perf_counter()
@@ -621,8 +617,12 @@ class _Rollout:
             self.input.extend(output)
             self.obs.on_step(step, records)
 
-            # Asks run even when this is the last step (rule 10); one at a time, in order, because
-            # they share the env session and their order is the agent's intent.
+            # A reply with incomplete_details ends the loop before its asks run: they stay in the
+            # trajectory unanswered, as NeMo Gym's remote_agent leaves them (rule 10).
+            if reply.get("incomplete_details"):
+                break
+            # Asks run even when this is the last step by max_steps (rule 10); one at a time, in
+            # order, because they share the env session and their order is the agent's intent.
             for call in asks:
                 record = await self.run_tool(call, step.index)
                 record.seq = len(self.merged)
@@ -630,8 +630,6 @@ class _Rollout:
                 self.input.append(record.item)
                 self.obs.on_items([record])
 
-            if reply.get("incomplete_details"):
-                break
             if not asks and has_assistant_message(output):
                 break
             if max_steps and self.agent_calls >= max_steps:

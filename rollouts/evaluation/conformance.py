@@ -52,6 +52,7 @@ from rollouts.engine.contract import (
     find_asks,
     has_assistant_message,
     parse_reply,
+    refused_tool_output,
     tool_name_problem,
 )
 from rollouts.engine.loop import BODY_EXCERPT_CHARS, SessionJar, make_client, validate_base_url
@@ -399,12 +400,9 @@ def _counter_request() -> dict[str, Any]:
 def _simulated_output(call: dict[str, Any]) -> str:
     """What gymweb would append for one ask, with a counter env behind it (rules 5, 6)."""
     name = call.get("name") if isinstance(call.get("name"), str) else ""
-    problem = tool_name_problem(name)
-    if problem is None:
-        args = call.get("arguments")
-        _, problem = arguments_problem(args if isinstance(args, str) else "")
-    if problem is not None:
-        return f"Error: gymweb did not call tool {name!r}: {problem}."
+    _, refusal = refused_tool_output(name, call.get("arguments"))
+    if refusal is not None:
+        return refusal
     if name == "increment_counter":
         return '{"success":true}'
     if name == "get_counter_value":
