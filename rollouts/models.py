@@ -77,6 +77,14 @@ class Run(models.Model):
     num_keys = models.PositiveIntegerField(default=0, help_text="(task, rollout) keys = tasks × repeats")
     aggregate_metrics = models.JSONField(null=True, blank=True, help_text="the env's /aggregate_metrics reply")
     aggregate_metrics_error = models.TextField(blank=True)
+    # Health check (rollouts.evaluation.health): NeMo Gym's quality_summary.json of the last check,
+    # null until one ran; the per-rollout verdicts are RolloutHealth rows.
+    health_summary = models.JSONField(null=True, blank=True)
+    health_checked = models.DateTimeField(null=True, blank=True)
+    # Reverify (rollouts.evaluation.reverify): the stored run whose rewards this run recomputed.
+    reverified_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverifications"
+    )
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -256,6 +264,39 @@ class TrajectoryItem(models.Model):
     class Meta:
         ordering = ["rollout", "seq"]
         constraints = [models.UniqueConstraint(fields=["rollout", "seq"], name="item_seq_unique")]
+
+
+class RolloutHealth(models.Model):
+    """The health verdict of one rollout (one attempt row: a key's success, else its latest failed
+    attempt), as NeMo Gym's ``rollout_verdicts.jsonl`` writes it (``rollouts.evaluation.health``).
+
+    ``verdict``: healthy / unhealthy / unobserved. ``findings``: NeMo Gym's finding objects
+    (``check``, ``locator``, ``detail``); ``finding_steps``: per finding, the index of the agent call
+    (step) it concerns, or null for the whole rollout. ``checks``: the ids of the checks that found
+    something, as ``,id,id,`` so one indexed-free ``LIKE`` filters by check on every database.
+    """
+
+    class Verdict(models.TextChoices):
+        HEALTHY = "healthy", "healthy"
+        UNHEALTHY = "unhealthy", "unhealthy"
+        UNOBSERVED = "unobserved", "unobserved"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="health_verdicts")
+    rollout = models.OneToOneField(Rollout, on_delete=models.CASCADE, related_name="health")
+    task_index = models.IntegerField()
+    rollout_index = models.IntegerField()
+    verdict = models.CharField(max_length=12, choices=Verdict.choices)
+    checks = models.TextField(blank=True)
+    findings = models.JSONField(default=list, blank=True)
+    finding_steps = models.JSONField(default=list, blank=True)
+    unobserved = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["task_index", "rollout_index"]
+        indexes = [models.Index(fields=["run", "verdict"], name="health_run_verdict")]
+
+    def __str__(self) -> str:
+        return f"{self.rollout} {self.verdict}"
 
 
 class Worker(models.Model):

@@ -28,6 +28,7 @@ from rollouts.collection import export
 from rollouts.collection.datasets import DatasetError
 from rollouts.web.forms import filtered_rollouts
 from rollouts.collection.importer import import_rollouts as run_import
+from rollouts.evaluation import health
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 
@@ -622,6 +623,7 @@ def import_rollouts(request):
                 if summary.not_run:
                     parts.append(f"{summary.not_run} never run")
                 messages.success(request, f"Imported {summary.rows} rollout(s) into “{summary.run.name}”: {', '.join(parts)}.")
+                health.auto_check(summary.run)  # the verdicts show on the run page
                 return redirect(reverse("run", args=[summary.run.pk]))
     else:
         form = ImportForm()

@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.collection import runs
+from rollouts.evaluation import health
 from rollouts.evaluation.aggregate import fetch_aggregate_metrics
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
@@ -84,6 +85,8 @@ class Command(BaseCommand):
         parser.add_argument("--overrides", default=None, help='JSON object merged into every row\'s responses_create_params, e.g. \'{"temperature": 0.2}\'')
         parser.add_argument("--name", default=None, help="run name shown in the dashboard (default: the input file name)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+        parser.add_argument("--no-health-check", action="store_true",
+                            help="skip the health check that writes quality_summary.json and rollout_verdicts.jsonl")
 
     def handle(self, *args, **opts) -> None:
         try:
@@ -173,6 +176,8 @@ class Command(BaseCommand):
                 self.stderr.write(f"aggregate metrics: {note}")
         written = write_run_files(run, output)
         self._summary(run, written, output, interrupted)
+        if not opts["no_health_check"]:
+            self.stdout.write(health.auto_check(run, output.parent))
 
     def _check_output(self, output: Path, input_path: Path) -> None:
         """Fail before any work when the output files cannot be written where asked."""

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from rollouts.collection.datasets import DatasetError
 from rollouts.collection.importer import import_rollouts
+from rollouts.evaluation import health
 
 
 class Command(BaseCommand):
@@ -17,6 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("file", help="a rollouts.jsonl written by NeMo Gym (or gymweb)")
         parser.add_argument("--failures", help="its failures sidecar (rollouts_failures.jsonl)")
         parser.add_argument("--name", default="", help="the run's name (default: the file names)")
+        parser.add_argument("--no-health-check", action="store_true", help="skip the health check of the imported rows")
 
     def handle(self, *args, **options) -> None:
         path = Path(options["file"])
@@ -44,3 +46,5 @@ class Command(BaseCommand):
             f"imported run #{run.pk} {run.name!r}: {summary.rows} row(s), {summary.succeeded} succeeded, "
             f"{summary.failed} failed, {summary.not_run} never run, {summary.items} item(s)"
         )
+        if not options["no_health_check"]:
+            self.stdout.write(health.auto_check(run))
