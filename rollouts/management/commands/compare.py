@@ -1,0 +1,65 @@
+"""``python manage.py compare --baseline RUN --candidates RUN[,RUN…]``: NeMo Gym's ``gym eval compare``
+with up to four candidates and gymweb's paired interval (``rollouts.evaluation.compare``). A side is
+a stored run id or a path to a ``rollouts.jsonl`` (its ``*_aggregate_metrics.json`` sibling is read).
+Writes ``compare_report.md`` and ``compare_report.json``; never replaces them without ``--overwrite``."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from rollouts.evaluation import compare
+
+
+class Command(BaseCommand):
+    help = "Compare a baseline run against 1-4 candidate runs (run ids or NeMo Gym rollouts.jsonl paths) like `gym eval compare`."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--baseline", required=True, help="run id or rollouts.jsonl path")
+        parser.add_argument("--candidates", required=True, help="comma-separated run ids or rollouts.jsonl paths (1 to 4)")
+        parser.add_argument("--output-dir", help="where to write the reports (default: the last candidate file's folder, "
+                                                 "or the current folder when it is a run)")
+        parser.add_argument("--agent-name", help="the agent to compare when the metrics hold several")
+        parser.add_argument("--overwrite", action="store_true", help="replace existing report files")
+
+    def handle(self, *args, **opts) -> None:
+        specs = [s.strip() for s in opts["candidates"].split(",") if s.strip()]
+        if not specs:
+            raise CommandError("--candidates: give at least one run id or rollouts.jsonl path")
+        if len(specs) > compare.MAX_CANDIDATES:
+            raise CommandError(f"--candidates: at most {compare.MAX_CANDIDATES} (got {len(specs)})")
+        try:
+            baseline = compare.resolve_side(opts["baseline"], "baseline")
+            candidates = [compare.resolve_side(s, "candidate", i) for i, s in enumerate(specs)]
+            command = shlex.join(["manage.py", "compare", *sys.argv[2:]]) if len(sys.argv) > 2 else "manage.py compare"
+            report = compare.compare_sides(baseline, candidates, command=command, agent=opts["agent_name"])
+            if opts["output_dir"]:
+                out = Path(opts["output_dir"]).expanduser()
+            elif candidates[-1].run is None:
+                out = Path(candidates[-1].rollouts_jsonl_fpath).parent
+            else:
+                out = Path.cwd()
+            paths = compare.write_compare_report(report, out, overwrite=opts["overwrite"])
+        except (compare.CompareError, FileExistsError) as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"cannot write the report: {exc}") from None
+        for comp in report["comparisons"]:
+            reward = next((r for r in comp["metrics"] if r["metric"] == "mean/reward"), None)
+            for i, s in enumerate(comp["flips"]):
+                head = f"candidate {i + 1} ({report['candidates'][i]['label']})"
+                if reward and reward["candidates"][i] and reward["candidates"][i]["delta"] is not None:
+                    c = reward["candidates"][i]
+                    ci = (f" [{c['delta_ci_low']:+.4f}, {c['delta_ci_high']:+.4f}]" if c["delta_ci_low"] is not None else "")
+                    head += f": Δ mean/reward {c['delta']:+.4f}{ci}"
+                if s["mode"] == "binary":
+                    head += f"; {s['fail_to_pass_count']} fail→pass, {s['pass_to_fail_count']} pass→fail over {s['common_task_count']} common tasks"
+                elif s["mode"] == "continuous":
+                    head += f"; {len(s['flips'])} of {s['common_task_count']} common tasks moved"
+                else:
+                    head += f"; flips unavailable: {s['reason']}"
+                self.stdout.write(head)
+        for p in paths:
+            self.stdout.write(f"Wrote: {p}")
