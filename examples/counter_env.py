@@ -276,6 +276,13 @@ async def aggregate_metrics(request: web.Request) -> web.Response:
     return json_response(aggregate(parsed.verify_responses))
 
 
+async def reverify_mode(request: web.Request) -> web.Response:
+    """GET /reverify_mode: "unknown", NeMo Gym's default for a resources server that does not declare
+    one (its counter env does not). The reward depends on the session's count, which a reverify
+    without the rollout's session cannot see, so `reverify` refuses this env unless forced."""
+    return json_response("unknown")
+
+
 async def liveness(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
@@ -289,6 +296,7 @@ def make_app(max_sessions: int = DEFAULT_MAX_SESSIONS) -> web.Application:
     app.router.add_post("/get_counter_value", get_counter_value)
     app.router.add_post("/verify", verify)
     app.router.add_post("/aggregate_metrics", aggregate_metrics)
+    app.router.add_get("/reverify_mode", reverify_mode)
     app.router.add_get("/", liveness)
     add_fallback_routes(app)
     return app
