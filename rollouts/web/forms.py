@@ -16,7 +16,8 @@ from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
 from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
-from rollouts.models import Dataset, Rollout
+from rollouts.evaluation.health import CHECK_IDS as HEALTH_CHECK_IDS
+from rollouts.models import Dataset, Rollout, RolloutHealth
 
 
 def human_bytes(n: float) -> str:
@@ -260,7 +261,7 @@ SORT_CHOICES = [
     ("duration", "duration ↑"), ("-duration", "duration ↓"),
     ("calls", "agent calls ↑"), ("-calls", "agent calls ↓"),
 ]
-FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "sort")
+FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check", "sort")
 
 
 def _descending(term):
@@ -276,6 +277,9 @@ class RolloutFilterForm(forms.Form):
     reward_min = forms.FloatField(label="reward ≥", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5}))
     reward_max = forms.FloatField(label="reward ≤", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5}))
     task = forms.IntegerField(label="task", required=False, widget=forms.NumberInput(attrs={"size": 5}))
+    # Health verdicts of the last health check (rollouts.evaluation.health), one row per checked rollout.
+    verdict = forms.ChoiceField(label="health", choices=[("", "any health")] + list(RolloutHealth.Verdict.choices), required=False)
+    check = forms.ChoiceField(label="finding", choices=[("", "any finding")] + [(c, c) for c in HEALTH_CHECK_IDS], required=False)
     sort = forms.ChoiceField(choices=SORT_CHOICES, required=False)
 
     def __init__(self, data=None, *, kinds: Optional[list[str]] = None, **kwargs: Any):
@@ -306,6 +310,10 @@ class RolloutFilterForm(forms.Form):
             qs = qs.filter(reward__lte=self.value("reward_max"))
         if self.value("task") is not None:
             qs = qs.filter(task_index=self.value("task"))
+        if self.value("verdict"):
+            qs = qs.filter(health__verdict=self.value("verdict"))
+        if self.value("check"):
+            qs = qs.filter(health__checks__contains=f",{self.value('check')},")
         return qs
 
     def order(self, qs: QuerySet) -> QuerySet:

@@ -29,6 +29,7 @@ from rollouts.collection.datasets import DatasetError
 from rollouts.web.forms import filtered_rollouts
 from rollouts.collection.importer import import_rollouts as run_import
 from rollouts.evaluation import health
+from rollouts.web.evaluation_views import rollout_findings
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 
@@ -524,6 +525,7 @@ def rollout_detail(request, run_id, rollout_id):
         "kill_shaped": rollout.status in Rollout.KILL_SHAPED,
     }
     context["error_text"], context["error_cut"] = _Budget(display_max_chars()).clip(rollout.error or "")
+    context.update(rollout_findings(rollout, steps))  # health findings, each on its step
     return render(request, "rollouts/rollout_detail.html", context)
 
 

@@ -3,6 +3,8 @@ from django.urls import path
 
 from rollouts.web import analysis_views
 
+from rollouts.web import evaluation_views
+
 from rollouts.web import trajectory_views
 
 from rollouts.web import views
@@ -21,6 +23,11 @@ urlpatterns = [
     path("runs/<int:run_id>/profile/", analysis_views.run_profile, name="run_profile"),
     path("runs/<int:run_id>/profile/files/<str:kind>", analysis_views.run_profile_file, name="run_profile_file"),
     path("runs/<int:run_id>/charts/", analysis_views.run_charts, name="run_charts"),
+    path("runs/<int:run_id>/evaluation/", evaluation_views.run_evaluation, name="run_evaluation"),
+    path("runs/<int:run_id>/health/", evaluation_views.run_health_check, name="run_health_check"),
+    path("runs/<int:run_id>/health/<str:kind>", evaluation_views.run_health_file, name="run_health_file"),
+    path("runs/<int:run_id>/reverify/", evaluation_views.run_reverify, name="run_reverify"),
+    path("runs/<int:run_id>/atif.zip", evaluation_views.run_atif, name="run_atif"),
     path("compare/", analysis_views.compare, name="compare"),
     path("check/", analysis_views.check_agent, name="check_agent"),
 ]

@@ -1,0 +1,211 @@
+"""Run-page evaluation tools (NeMo Gym's ``gym eval`` beside a run): the health check's verdict
+counts, findings by check and its two files; reverify (button, source link, reward flips); the ATIF
+download. Plus the per-step findings the rollout page shows.
+
+Plain function views; access through ``_run_for`` like the other run pages. The evaluation section
+is its own partial (``rollouts/partials/run_evaluation.html``), loaded by HTMX after the page (with
+a real link as fallback) so the run page's own views stay as they are. Everything shown from the
+data (errors, URLs, check details) is autoescaped text.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import Any, Optional
+
+import orjson
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import FileResponse, Http404, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST, require_safe
+
+from rollouts.evaluation import atif, health, reverify
+from rollouts.models import Rollout, RolloutHealth, Run
+from rollouts.web.forms import clean_target_url
+from rollouts.web.htmx import vary_on_htmx, wants_partial
+
+HEALTH_FILES = {
+    "quality_summary": (health.QUALITY_SUMMARY_FILENAME, "application/json"),
+    "rollout_verdicts": (health.ROLLOUT_VERDICTS_FILENAME, "application/jsonl"),
+}
+FLIPS_SHOWN = 100
+
+
+def _run_for(request, run_id: int) -> Run:
+    """The run, if this user may see it (every signed-in user may, as on the run pages)."""
+    return get_object_or_404(Run.objects.select_related("reverified_from"), pk=run_id)
+
+
+class ReverifyForm(forms.Form):
+    """Where to re-score the run; validated like the new-run form's env URL."""
+
+    env_url = forms.CharField(label="Env base URL", max_length=2000,
+                              widget=forms.TextInput(attrs={"size": 40, "autocomplete": "off"}),
+                              help_text="GET /reverify_mode must answer \"stateless\"; POST /verify re-scores each success.")
+    force = forms.BooleanField(label="force (env not stateless: new run marked unsafe_)", required=False)
+
+    def clean_env_url(self) -> str:
+        return clean_target_url(self, "env_url", "env URL")
+
+
+def _health_context(run: Run, url_base: str) -> dict[str, Any]:
+    summary = run.health_summary
+    if not summary:
+        return {"health": None}
+    verdicts = summary["run"]["verdicts"]
+    issues = [{"check": c, "count": n, "text": health.CHECK_TEXT.get(c, c),
+               "url": f"{url_base}?check={c}#rollouts" if c in health.ROLLOUT_CHECK_IDS else ""}
+              for c, n in summary["run"]["issues"].items() if n]
+    coverage = summary["run"]["artifacts"]["coverage"]
+    unobserved = [c for c, cov in coverage.items() if cov["unobserved"] and not cov["evaluated"]]
+    flagged_tasks = [(t, v["flags"]) for t, v in summary["tasks"].items() if v["flags"]]
+    return {"health": {
+        "checked": run.health_checked, "verdicts": [
+            {"name": v, "count": verdicts.get(v, 0), "url": f"{url_base}?verdict={v}#rollouts"} for v in ("healthy", "unhealthy", "unobserved")],
+        "records": summary["run"]["artifacts"]["records"], "issues": issues, "unobserved": unobserved,
+        "flagged_tasks": flagged_tasks[:50], "more_tasks": max(len(flagged_tasks) - 50, 0),
+        "ignored": summary["run"]["ignored_checks"], "stats": summary["run"]["stats"],
+    }}
+
+
+def _evaluation_context(request, run: Run, form: Optional[ReverifyForm] = None) -> dict[str, Any]:
+    run_url = reverse("run", args=[run.pk])
+    flips = reverify.reward_flips(run) if run.reverified_from_id else []
+    reverified = list(run.reverifications.order_by("-id").values("id", "name", "created")[:10])
+    return {
+        "run": run,
+        **_health_context(run, run_url),
+        "form": form or ReverifyForm(initial={"env_url": run.env_url}),
+        "can_reverify": run.is_final and Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).exists(),
+        "flips": [{**f, "url": reverse("rollout", args=[run.pk, f["rollout_id"]]),
+                   "source_url": reverse("rollout", args=[run.reverified_from_id, f["source_rollout_id"]])} for f in flips[:FLIPS_SHOWN]],
+        "flips_count": len(flips),
+        "reverifications": reverified,
+        "health_files": HEALTH_FILES,
+    }
+
+
+@login_required
+@require_safe
+def run_evaluation(request, run_id):
+    """The run page's evaluation section (HTMX partial; a whole page for a plain request)."""
+    run = _run_for(request, run_id)
+    context = _evaluation_context(request, run)
+    template = "rollouts/partials/run_evaluation.html" if wants_partial(request) else "rollouts/run_evaluation.html"
+    return vary_on_htmx(render(request, template, context))
+
+
+@login_required
+@require_POST
+def run_health_check(request, run_id):
+    """Run the health check of a stored run now (it also runs after every collect and import)."""
+    run = _run_for(request, run_id)
+    if not run.is_final:
+        messages.error(request, "The run is still going: check its health when it is finished.")
+    else:
+        result, _ = health.run_health_check(run)
+        v = result.summary["run"]["verdicts"]
+        messages.success(request, f"Health checked: {v['healthy']} healthy, {v['unhealthy']} unhealthy, {v['unobserved']} unobserved.")
+    return HttpResponseRedirect(reverse("run", args=[run.pk]) + "#evaluation")
+
+
+@login_required
+@require_safe
+def run_health_file(request, run_id, kind):
+    """``quality_summary.json`` or ``rollout_verdicts.jsonl`` of the last check, NeMo Gym's bytes."""
+    if kind not in HEALTH_FILES:
+        raise Http404("unknown file")
+    run = _run_for(request, run_id)
+    if not run.health_summary:
+        raise Http404("the run has not been health-checked")
+    name, content_type = HEALTH_FILES[kind]
+    if kind == "quality_summary":
+        body = orjson.dumps(run.health_summary, option=orjson.OPT_INDENT_2)
+    else:
+        rows = RolloutHealth.objects.filter(run=run).order_by("task_index", "rollout_index")
+        body = b"".join(orjson.dumps(health.verdict_row(health.Digest(
+            h.task_index, h.rollout_index, f"{h.task_index}-{h.rollout_index}", h.verdict, h.findings, h.finding_steps,
+            h.unobserved)), option=orjson.OPT_APPEND_NEWLINE) for h in rows)
+    response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@login_required
+@require_POST
+def run_reverify(request, run_id):
+    """Reverify the run against the posted env URL; on success, go to the new run. Runs in the
+    request (only ``/verify`` calls, at most ``GYMWEB_REVERIFY_WEB_MAX_ROWS`` successes; larger runs
+    use ``manage.py reverify``)."""
+    run = _run_for(request, run_id)
+    form = ReverifyForm(request.POST)
+    limit = int(getattr(settings, "GYMWEB_REVERIFY_WEB_MAX_ROWS", 2000))
+    if form.is_valid():
+        n = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count()
+        if not run.is_final:
+            form.add_error(None, "The run is still going: reverify it when it is finished.")
+        elif n > limit:
+            form.add_error(None, f"The run has {n} successes; the page reverifies at most {limit} "
+                                 f"(GYMWEB_REVERIFY_WEB_MAX_ROWS). Use: manage.py reverify {run.pk} --env-url URL")
+        else:
+            try:
+                result = reverify.reverify_run(run, form.cleaned_data["env_url"], force=form.cleaned_data["force"], user=request.user)
+            except reverify.ReverifyError as exc:
+                form.add_error("env_url" if isinstance(exc, reverify.ReverifyRefused) else None, str(exc))
+            else:
+                note = f" Warning: {result.warning}." if result.warning else ""
+                messages.success(request, f"Reverified {result.reverified} rollout(s) ({result.failed} /verify failure(s)); "
+                                          f"{len(result.flips)} reward(s) changed.{note}")
+                return HttpResponseRedirect(reverse("run", args=[result.run.pk]) + "#evaluation")
+    context = _evaluation_context(request, run, form)
+    return render(request, "rollouts/run_evaluation.html", context, status=400)
+
+
+@login_required
+@require_safe
+def run_atif(request, run_id):
+    """The run's ATIF v1.7 export as a zip (``?failures=1`` adds failed keys), built in a temporary
+    file so memory stays bounded."""
+    run = _run_for(request, run_id)
+    include_failures = request.GET.get("failures") == "1"
+    spool = tempfile.TemporaryFile()
+    try:
+        count = atif.write_export(run, spool, include_failures=include_failures)
+    except atif.AtifError as exc:
+        spool.close()
+        return HttpResponse(f"ATIF export failed: {exc}", status=500, content_type="text/plain; charset=utf-8")
+    if not count:
+        spool.close()
+        raise Http404("the run has no rollouts to export")
+    spool.seek(0)
+    return FileResponse(spool, as_attachment=True, filename=f"gymweb-run-{run.pk}-atif.zip", content_type="application/zip")
+
+
+# -- the rollout page -------------------------------------------------------------------------------
+def rollout_findings(rollout: Rollout, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The health verdict of ``rollout`` for its page: sets ``step["findings"]`` on each step a
+    finding concerns and returns ``{"verdict", "findings" (whole-rollout ones), "unobserved",
+    "checked"}`` (``None`` values when the rollout was not checked). One query."""
+    h = RolloutHealth.objects.filter(rollout=rollout).first()
+    if h is None:
+        return {"health": None}
+    by_step: dict[int, list] = {}
+    whole = []
+    for finding, step in zip(h.findings, h.finding_steps or [None] * len(h.findings)):
+        view = {"check": finding.get("check"), "text": health.CHECK_TEXT.get(finding.get("check"), ""),
+                "detail": json.dumps(finding.get("detail") or {}, ensure_ascii=False, sort_keys=True),
+                "locator": json.dumps(finding.get("locator"), ensure_ascii=False) if finding.get("locator") else ""}
+        (by_step.setdefault(step, []) if step is not None else whole).append(view)
+    known = {s["index"] for s in steps}
+    for s in steps:
+        s["findings"] = by_step.get(s["index"], [])
+    for step, views in by_step.items():
+        if step not in known:  # a step without a row on the page: show it with the rollout's findings
+            whole.extend(views)
+    return {"health": {"verdict": h.verdict, "findings": whole, "unobserved": h.unobserved,
+                       "count": len(h.findings)}}
