@@ -43,6 +43,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web import charts
+from rollouts.evaluation import compare as nemo_compare
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
 from rollouts.web.forms import clean_target_url
@@ -71,6 +72,7 @@ TASK_SORTS = ("task", "-task", "reward", "-reward")
 COMPARE_ROWS_PER_PAGE = 100
 COMPARE_SHOWS = ("all", "regressions", "improvements", "unchanged", "unfinished", "mismatched")
 COMPARE_TOP = 10
+COMPARE_FLIPS_SHOWN = 50
 INDEX_LIST_MAX = 200
 GROUP_ROWS_MAX = 200
 GROUP_COLUMNS_MAX = 24
@@ -578,6 +580,96 @@ class RunChoiceField(forms.ModelChoiceField):
 class CompareForm(forms.Form):
     a = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Run A (baseline)", empty_label="(choose a run)")
     b = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Run B (candidate)", empty_label="(choose a run)")
+    # NeMo Gym's compare takes candidates as a list; the page takes up to four (B and these).
+    c = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Candidate 2", empty_label="(none)", required=False)
+    d = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Candidate 3", empty_label="(none)", required=False)
+    e = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Candidate 4", empty_label="(none)", required=False)
+
+    def candidates(self) -> list[tuple[str, Run]]:
+        """``[(field name, run)]`` of the chosen candidates, B first."""
+        return [(n, self.cleaned_data[n]) for n in CANDIDATE_FIELDS if self.cleaned_data.get(n) is not None]
+
+
+CANDIDATE_FIELDS = ("b", "c", "d", "e")
+
+
+def _compare_report_view(report: dict[str, Any], run_a: Run, candidates: list[tuple[str, Run]], here: str) -> dict[str, Any]:
+    """NeMo Gym's compare report (``evaluation.compare.compare_sides``) as page rows: key metrics
+    (other metrics folded), per candidate its flips with per-repeat rewards and a side-by-side link,
+    and gymweb's paired interval."""
+    comp = report["comparisons"][0]
+    labels = [f"{name.upper()} · #{run.pk}" for name, run in candidates]
+
+    def cells(row):
+        out = {"metric": row["metric"], "base": _fmt(row["baseline"] and (row["baseline"]["mean_across_repeats"] if row["baseline"]["mean_across_repeats"] is not None else row["baseline"]["value"])),
+               "base_ci": _ci(row["baseline"]), "cands": []}
+        for cand in row["candidates"]:
+            if cand is None:
+                out["cands"].append({"value": "—", "ci": "—", "delta": "—", "delta_ci": "—", "cls": ""})
+                continue
+            delta = cand["delta"]
+            out["cands"].append({
+                "value": _fmt(cand["mean_across_repeats"] if cand["mean_across_repeats"] is not None else cand["value"]),
+                "ci": _ci(cand), "delta": "—" if delta is None else f"{delta:+.4f}" + (f" ({cand['delta_pct']:+.1f}%)" if cand["delta_pct"] is not None else ""),
+                "delta_ci": "—" if cand["delta_ci_low"] is None else f"[{cand['delta_ci_low']:+.4f}, {cand['delta_ci_high']:+.4f}]",
+                "cls": "" if not delta else ("bad" if cand["delta_ci_high"] is not None and cand["delta_ci_high"] < 0 else
+                                             "ok" if cand["delta_ci_low"] is not None and cand["delta_ci_low"] > 0 else ""),
+            })
+        return out
+
+    flips = []
+    for (name, run), summary, paired in zip(candidates, comp["flips"], report["gymweb"]["paired_intervals"][0]["candidates"]):
+        rows = [{**f, "baseline_score": _fmt(f["baseline_score"]), "candidate_score": _fmt(f["candidate_score"]),
+                 "delta": f"{f['delta']:+.4f}", "direction_text": f["direction"].replace("_to_", "→"),
+                 "base_rewards": [(r, "ok" if r == 1 else "bad" if r == 0 else "") for r in f["baseline_rewards"] or []],
+                 "cand_rewards": [(r, "ok" if r == 1 else "bad" if r == 0 else "") for r in f["candidate_rewards"] or []],
+                 "side_url": f"{here}&{urlencode({'task': f['task_index'], 'vs': name})}#side-by-side"}
+                for f in summary["flips"][:COMPARE_FLIPS_SHOWN]]
+        flips.append({"name": name, "run": run, "s": summary, "rows": rows, "more": max(len(summary["flips"]) - COMPARE_FLIPS_SHOWN, 0),
+                      "paired": {**paired, "ci": "—" if paired["ci_low"] is None else f"[{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}]",
+                                 "delta_text": _fmt(paired["delta"]), "width_text": _fmt(paired["width"]), "welch_text": _fmt(paired["welch_width"])}})
+    return {"labels": labels, "key_rows": [cells(r) for r in comp["metrics"] if r["is_key_metric"]],
+            "other_rows": [cells(r) for r in comp["metrics"] if not r["is_key_metric"]], "flips": flips,
+            "notes": comp["notes"] + report["warnings"], "tasks": comp["baseline_task_count"], "repeats": comp["baseline_repeat_count"],
+            "cand_tasks": comp["candidate_task_counts"], "cand_repeats": comp["candidate_repeat_counts"]}
+
+
+def _ci(value: Optional[dict]) -> str:
+    if not value or value["ci_low"] is None or value["ci_high"] is None:
+        return "—"
+    return f"[{_fmt(value['ci_low'])}, {_fmt(value['ci_high'])}]"
+
+
+def _nemo_report(run_a: Run, candidates: list[tuple[str, Run]], command: str = "") -> dict[str, Any]:
+    baseline = nemo_compare.side_from_run(run_a, "baseline")
+    sides = [nemo_compare.side_from_run(run, "candidate", i) for i, (_, run) in enumerate(candidates)]
+    return nemo_compare.compare_sides(baseline, sides, command=command)
+
+
+@login_required
+@require_safe
+def compare_report_file(request, fmt):
+    """``compare_report.md`` or ``compare_report.json`` of ``?a=RUN&b=RUN[&c=…&d=…&e=…]``, the files
+    ``manage.py compare`` writes."""
+    if fmt not in ("md", "json"):
+        raise Http404("unknown format")
+    form = CompareForm(request.GET)
+    if not form.is_valid():
+        return HttpResponse("choose a baseline (a) and a candidate (b)", status=400, content_type="text/plain; charset=utf-8")
+    try:
+        report = _nemo_report(form.cleaned_data["a"], form.candidates(), command=f"gymweb compare page ?{request.GET.urlencode()}")
+    except nemo_compare.CompareError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+    if fmt == "md":
+        body, name, ctype = nemo_compare.render_markdown(report).encode(), nemo_compare.COMPARE_MD, "text/markdown"
+    else:
+        import orjson
+
+        body, name, ctype = orjson.dumps(report, option=orjson.OPT_INDENT_2), nemo_compare.COMPARE_JSON, "application/json"
+    response = HttpResponse(body, content_type=f"{ctype}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 def _status_of(comparison) -> dict[int, str]:
@@ -635,17 +727,31 @@ def _index_list(indices: list[int]) -> dict[str, Any]:
 @login_required
 @require_safe
 def compare(request):
-    """Compare two runs task by task (``?a=RUN&b=RUN``): per-task mean reward, the delta,
-    regressions, improvements, tasks in one run only, mismatched tasks; ``&task=N`` puts the two
-    runs' trajectories of task N side by side; ``&show=…`` and ``&page=N`` page the task table."""
+    """Compare runs (``?a=RUN&b=RUN[&c=RUN&d=RUN&e=RUN]``): NeMo Gym's compare report of the
+    baseline A against up to four candidates (key metrics with the Welch interval of the delta,
+    flips with per-repeat rewards, gymweb's paired interval), and A against B task by task: per-task
+    mean reward, the delta, regressions, improvements, tasks in one run only, mismatched tasks;
+    ``&task=N`` puts the two runs' trajectories of task N side by side (``&vs=c`` uses candidate C
+    instead of B); ``&show=…`` and ``&page=N`` page the task table."""
     bound = "a" in request.GET and "b" in request.GET  # one alone (the run page's link) pre-fills the form
-    form = CompareForm(request.GET if bound else None, initial={k: request.GET[k] for k in ("a", "b") if k in request.GET})
+    form = CompareForm(request.GET if bound else None, initial={k: request.GET[k] for k in ("a", *CANDIDATE_FIELDS) if k in request.GET})
     context: dict[str, Any] = {"form": form}
     if bound and form.is_valid():
         run_a, run_b = form.cleaned_data["a"], form.cleaned_data["b"]
-        comparison = compare_runs(run_a, run_b)
         show = request.GET.get("show") if request.GET.get("show") in COMPARE_SHOWS else "all"
         here = reverse("compare")
+        candidates = form.candidates()
+        all_qs = urlencode({"a": run_a.pk, **{name: run.pk for name, run in candidates}})
+        try:
+            report = _nemo_report(run_a, candidates)
+            context["report"] = _compare_report_view(report, run_a, candidates, f"{here}?{all_qs}")
+        except nemo_compare.CompareError as exc:
+            context["report_error"] = str(exc)
+        context["report_qs"] = all_qs
+        # ``&vs=c`` (a flip's side-by-side link) puts candidate C in B's place for the task table
+        vs = request.GET.get("vs") if request.GET.get("vs") in dict(candidates) else "b"
+        run_b = dict(candidates)[vs]
+        comparison = compare_runs(run_a, run_b)
         pair_qs = urlencode({"a": run_a.pk, "b": run_b.pk})
         urls = {"self": f"{here}?{pair_qs}", "a": reverse("run", args=[run_a.pk]), "b": reverse("run", args=[run_b.pk])}
         status = _status_of(comparison)

@@ -29,5 +29,6 @@ urlpatterns = [
     path("runs/<int:run_id>/reverify/", evaluation_views.run_reverify, name="run_reverify"),
     path("runs/<int:run_id>/atif.zip", evaluation_views.run_atif, name="run_atif"),
     path("compare/", analysis_views.compare, name="compare"),
+    path("compare/compare_report.<str:fmt>", analysis_views.compare_report_file, name="compare_report_file"),
     path("check/", analysis_views.check_agent, name="check_agent"),
 ]
