@@ -130,9 +130,9 @@ GYMWEB_RELEASE_TIMEOUT_S = float(os.environ.get("GYMWEB_RELEASE_TIMEOUT_S", 20))
 GYMWEB_SUMMARY_CACHE_S = float(os.environ.get("GYMWEB_SUMMARY_CACHE_S", 600))
 # /aggregate_metrics is called once a run completes, with at most this many rows and this timeout.
 GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 20000))
+GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))
 # Reverify from the run page runs in the request; larger runs use `manage.py reverify`.
 GYMWEB_REVERIFY_WEB_MAX_ROWS = int(os.environ.get("GYMWEB_REVERIFY_WEB_MAX_ROWS", 2000))
-GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))
 # Most (task, rollout) keys in one run: a run is created in one transaction (all or nothing),
 # which holds SQLite's write lock while it lasts (200,000 keys: a few seconds).
 GYMWEB_MAX_KEYS_PER_RUN = int(os.environ.get("GYMWEB_MAX_KEYS_PER_RUN", 200_000))
