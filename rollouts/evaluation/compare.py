@@ -338,20 +338,27 @@ def _env_entry(run: Run) -> Optional[dict[str, Any]]:
     return None
 
 
-def side_from_run(run: Run, role: str, index: int = 0) -> Side:
-    """A stored run as one side (see the section comment for where its metrics come from)."""
+def run_entries(run: Run) -> dict[str, dict[str, Any]]:
+    """A stored run's aggregate-metrics entries by agent name (one: the run's agent), from its env's
+    reply or computed (see the section comment). Raises ``CompareError`` when it has no successes."""
     from rollouts.evaluation.run_profile import run_success_rows
 
     entry = _env_entry(run)
-    how = "the env's /aggregate_metrics reply"
     if entry is None:
-        entry = aggregate_entry_from_rows(run_success_rows(run), run.agent_name)
-        how = "computed by gymweb from the success rows"
+        entry = {**aggregate_entry_from_rows(run_success_rows(run), run.agent_name), "_gymweb_source": "computed"}
     else:
         entry = {"agent_ref": {"name": run.agent_name}, **{k: v for k, v in entry.items() if k != "agent_ref"}}
+    return {run.agent_name: entry}
+
+
+def side_from_run(run: Run, role: str, index: int = 0, entries: Optional[dict[str, dict[str, Any]]] = None) -> Side:
+    """A stored run as one side (``entries``: ``run_entries(run)`` when already at hand)."""
+    entries = entries if entries is not None else run_entries(run)
+    computed = any(e.get("_gymweb_source") == "computed" for e in entries.values())
+    how = "computed by gymweb from the success rows" if computed else "the env's /aggregate_metrics reply"
     return Side(role=role, index=index, rollouts_jsonl_fpath=run.source_file or f"gymweb run #{run.pk}",
                 aggregate_metrics_fpath=f"gymweb run #{run.pk} ({how})", label=f"run #{run.pk} {run.name}"[:200],
-                entries={run.agent_name: entry}, run=run)
+                entries={name: {k: v for k, v in e.items() if k != "_gymweb_source"} for name, e in entries.items()}, run=run)
 
 
 def aggregate_metrics_path_for(rollouts_path: Path) -> Path:

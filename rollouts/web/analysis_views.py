@@ -640,9 +640,16 @@ def _ci(value: Optional[dict]) -> str:
     return f"[{_fmt(value['ci_low'])}, {_fmt(value['ci_high'])}]"
 
 
+def _nemo_side(run: Run, role: str, index: int = 0):
+    """A run as one side of NeMo Gym's compare; its metrics (a profile of its successes) are
+    cached under its finished counts like the profile page's."""
+    side = nemo_compare.side_from_run(run, role, index, entries=_cached("compare-entries", run, lambda: nemo_compare.run_entries(run)))
+    return side
+
+
 def _nemo_report(run_a: Run, candidates: list[tuple[str, Run]], command: str = "") -> dict[str, Any]:
-    baseline = nemo_compare.side_from_run(run_a, "baseline")
-    sides = [nemo_compare.side_from_run(run, "candidate", i) for i, (_, run) in enumerate(candidates)]
+    baseline = _nemo_side(run_a, "baseline")
+    sides = [_nemo_side(run, "candidate", i) for i, (_, run) in enumerate(candidates)]
     return nemo_compare.compare_sides(baseline, sides, command=command)
 
 
