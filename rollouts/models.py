@@ -3,6 +3,12 @@ calls of each rollout and the ordered items of its trajectory.
 
 Counters that pages show often (done, succeeded, failed, in flight) are computed with SQL
 aggregates over indexed columns, never kept by hand, so they cannot drift.
+
+Every string an agent, an env, a file or a user can supply is stored losslessly on SQLite and
+PostgreSQL alike (``rollouts.lossless``): JSON values as JSON text (``JSONTextField``, never
+``jsonb``, which rejects ``\u0000``, reorders keys and rewrites numbers), plain text in
+``LosslessTextField``/``LosslessCharField`` (U+0000 encoded reversibly). The ``*_json`` text columns
+hold JSON text written by ``lossless.dumps``.
 """
 from __future__ import annotations
 
@@ -11,12 +17,14 @@ from django.db import models
 from django.db.models import Q
 from django.urls import reverse
 
+from rollouts.lossless import JSONTextField, LosslessCharField, LosslessTextField
+
 
 class Dataset(models.Model):
     """An uploaded JSONL dataset, kept so later runs can reuse it. ``rows`` are the validated rows
     (stale result fields already stripped), in file order."""
 
-    name = models.CharField(max_length=200)
+    name = LosslessCharField(max_length=200)
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     num_rows = models.PositiveIntegerField(default=0)
@@ -53,7 +61,7 @@ class Run(models.Model):
 
     FINAL = (Status.COMPLETED, Status.CANCELLED, Status.IMPORTED)
 
-    name = models.CharField(max_length=200)
+    name = LosslessCharField(max_length=200)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     created = models.DateTimeField(auto_now_add=True, db_index=True)
     started = models.DateTimeField(null=True, blank=True)
@@ -63,7 +71,7 @@ class Run(models.Model):
 
     agent_url = models.CharField(max_length=2000, blank=True)
     env_url = models.CharField(max_length=2000, blank=True)
-    agent_name = models.CharField(max_length=200, default="remote_agent")
+    agent_name = LosslessCharField(max_length=200, default="remote_agent")
     concurrency = models.PositiveIntegerField(default=32)
     max_steps = models.PositiveIntegerField(null=True, blank=True, help_text="agent calls per rollout; empty or 0 = unbounded")
     num_repeats = models.PositiveIntegerField(default=1)
@@ -71,15 +79,15 @@ class Run(models.Model):
     max_attempts = models.PositiveIntegerField(default=3)
     remote_responses_timeout_s = models.FloatField(default=1800.0)
     run_timeout_s = models.FloatField(default=2100.0)
-    overrides = models.JSONField(default=dict, blank=True, help_text="merged into responses_create_params")
-    source_file = models.CharField(max_length=500, blank=True)
+    overrides = JSONTextField(default=dict, blank=True, help_text="merged into responses_create_params")
+    source_file = LosslessCharField(max_length=500, blank=True)
     num_tasks = models.PositiveIntegerField(default=0)
     num_keys = models.PositiveIntegerField(default=0, help_text="(task, rollout) keys = tasks × repeats")
-    aggregate_metrics = models.JSONField(null=True, blank=True, help_text="the env's /aggregate_metrics reply")
-    aggregate_metrics_error = models.TextField(blank=True)
+    aggregate_metrics = JSONTextField(null=True, blank=True, help_text="the env's /aggregate_metrics reply")
+    aggregate_metrics_error = LosslessTextField(blank=True)
     # Health check (rollouts.evaluation.health): NeMo Gym's quality_summary.json of the last check,
     # null until one ran; the per-rollout verdicts are RolloutHealth rows.
-    health_summary = models.JSONField(null=True, blank=True)
+    health_summary = JSONTextField(null=True, blank=True)
     health_checked = models.DateTimeField(null=True, blank=True)
     # Reverify (rollouts.evaluation.reverify): the stored run whose rewards this run recomputed.
     reverified_from = models.ForeignKey(
@@ -98,6 +106,14 @@ class Run(models.Model):
     @property
     def is_final(self) -> bool:
         return self.status in self.FINAL
+
+    @property
+    def repeats_label(self) -> str:
+        """Rollouts per task for headers: ``"4"``; ``"up to 4 (18 rollouts)"`` when the tasks have
+        different numbers of rollouts (an imported file can)."""
+        if self.num_tasks and self.num_keys != self.num_tasks * self.num_repeats:
+            return f"up to {self.num_repeats} ({self.num_keys:,} rollouts)"
+        return str(self.num_repeats)
 
 
 class Task(models.Model):
@@ -146,8 +162,8 @@ class Rollout(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
 
     reward = models.FloatField(null=True, blank=True)
-    failure_kind = models.CharField(max_length=40, blank=True)
-    error = models.TextField(blank=True)
+    failure_kind = LosslessCharField(max_length=40, blank=True)
+    error = LosslessTextField(blank=True)
     terminal = models.BooleanField(default=False)
     # The env's /verify reply as it came, JSON text (a success's rollouts.jsonl row before indices).
     verify_json = models.TextField(blank=True)
@@ -158,7 +174,10 @@ class Rollout(models.Model):
     # The merged response (rule 9) of a failed attempt, JSON text, for inspection; a success's is
     # inside verify_json.
     partial_response_json = models.TextField(blank=True)
-    warnings = models.JSONField(default=list, blank=True)
+    warnings = JSONTextField(default=list, blank=True)
+    # What of this attempt could not be stored (one line per part, e.g. "trajectory item 3: ..."):
+    # non-empty makes the attempt a `storage_failed` failure, never a success with holes.
+    storage_error = LosslessTextField(blank=True)
 
     usage_reported = models.BooleanField(default=False)
     input_tokens = models.BigIntegerField(null=True, blank=True)
@@ -220,12 +239,12 @@ class AgentCall(models.Model):
     started = models.DateTimeField()
     latency_ms = models.FloatField()
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    response_id = models.CharField(max_length=300, blank=True)
-    model = models.CharField(max_length=300, blank=True)
-    usage = models.JSONField(null=True, blank=True)
-    incomplete_details = models.JSONField(null=True, blank=True)
+    response_id = LosslessCharField(max_length=300, blank=True)
+    model = LosslessCharField(max_length=300, blank=True)
+    usage = JSONTextField(null=True, blank=True)
+    incomplete_details = JSONTextField(null=True, blank=True)
     num_asks = models.PositiveIntegerField(default=0)
-    error = models.TextField(blank=True)
+    error = LosslessTextField(blank=True)
 
     class Meta:
         ordering = ["rollout", "index"]
@@ -249,17 +268,17 @@ class TrajectoryItem(models.Model):
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="items")
     seq = models.PositiveIntegerField()
     step = models.IntegerField(help_text="index of the agent call it came from or answered")
-    kind = models.CharField(max_length=40)
-    role = models.CharField(max_length=20, blank=True)
-    call_id = models.CharField(max_length=300, blank=True)
-    name = models.CharField(max_length=300, blank=True)
+    kind = LosslessCharField(max_length=40)
+    role = LosslessCharField(max_length=20, blank=True)
+    call_id = LosslessCharField(max_length=300, blank=True)
+    name = LosslessCharField(max_length=300, blank=True)
     origin = models.CharField(max_length=10, choices=Origin.choices)
     asked = models.BooleanField(default=False)
     paired = models.BooleanField(default=False)
     refused = models.BooleanField(default=False)
     latency_ms = models.FloatField(null=True, blank=True)
     tool_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    payload = models.JSONField()
+    payload = JSONTextField(help_text="the item as it came, JSON text")
 
     class Meta:
         ordering = ["rollout", "seq"]
@@ -287,9 +306,9 @@ class RolloutHealth(models.Model):
     rollout_index = models.IntegerField()
     verdict = models.CharField(max_length=12, choices=Verdict.choices)
     checks = models.TextField(blank=True)
-    findings = models.JSONField(default=list, blank=True)
-    finding_steps = models.JSONField(default=list, blank=True)
-    unobserved = models.JSONField(default=list, blank=True)
+    findings = JSONTextField(default=list, blank=True)
+    finding_steps = JSONTextField(default=list, blank=True)
+    unobserved = JSONTextField(default=list, blank=True)
 
     class Meta:
         ordering = ["task_index", "rollout_index"]

@@ -23,6 +23,7 @@ GOOD = '{"responses_create_params": {"input": "hi"}}'
     [
         ('{"responses_create_params": {"input": "hi"}, "x": NaN}', "NaN is not a JSON value"),
         ('{"responses_create_params": {"input": "hi"}, "x": Infinity}', "Infinity is not a JSON value"),
+        ('{"responses_create_params": {"input": "hi"}, "x": -1e400}', "the number -1e400 is too large for a 64-bit float"),
         ('{"responses_create_params": {"input": "\\ud800"}}', "unpaired UTF-16 surrogate"),
         ("[" * 50000 + "]" * 50000, "nested too deeply"),
         ('{"responses_create_params": {"input": "hi"}, "_ng_task_index": 99999999999999999999}', "must be between 0 and"),
@@ -43,6 +44,15 @@ async def test_an_agent_reply_with_nan_is_bad_json_not_a_row_with_nan():
         outcome = await drive(agent, env)
     assert outcome.failure_kind == FailureKind.AGENT_BAD_JSON
     assert "NaN is not a JSON value" in outcome.error
+
+
+@async_test
+async def test_an_agent_reply_with_a_number_past_float_range_is_bad_json_not_infinity():
+    body = json.dumps(reply(message())).replace('"created_at": 1700000000.0', '"created_at": 1e400')
+    async with EnvService() as env, AgentService(Reply(raw=body.encode())) as agent:
+        outcome = await drive(agent, env)
+    assert outcome.failure_kind == FailureKind.AGENT_BAD_JSON
+    assert "the number 1e400 is too large for a 64-bit float" in outcome.error
 
 
 @async_test
@@ -101,16 +111,16 @@ def test_strict_loads_still_says_where_in_its_own_message_and_gives_the_parts():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_result_the_database_cannot_hold_becomes_an_internal_error_row():
+def test_summed_token_counts_past_64_bits_keep_the_success_with_a_warning():
     run, rollout = _one_running_rollout()
     huge = {"input_tokens": 10**30, "output_tokens": 1, "total_tokens": 1,
             "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
     outcome = RolloutOutcome(ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": []}, usage=huge)
     write_batch(_Batch(finished=[(rollout.pk, outcome)]), "w")
     rollout.refresh_from_db()
-    assert rollout.status == Rollout.Status.FAILED
-    assert rollout.failure_kind == FailureKind.INTERNAL_ERROR
-    assert "could not store this rollout's result" in rollout.error
+    assert rollout.status == Rollout.Status.SUCCEEDED and rollout.reward == 1.0
+    assert not rollout.usage_reported and rollout.input_tokens is None
+    assert any("do not fit in 64 bits" in w for w in rollout.warnings)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from rollouts.collection import export
 
 from rollouts.collection import importer
 from rollouts.collection.datasets import DatasetError
-from rollouts.collection.importer import IMPORTED_FAILURE_KIND, NOT_RUN_ERROR, import_rollouts, infer_steps
+from rollouts.collection.importer import IMPORTED_FAILURE_KIND, NOT_RUN_ERROR, LooksLikeDatasetError, import_rollouts, infer_steps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 pytestmark = pytest.mark.django_db
@@ -47,8 +47,13 @@ def test_every_real_nemo_gym_file_imports_with_one_rollout_per_row_and_every_ite
     assert len(files) >= 12
     for path in files:
         rows = _read_rows(path)
+        if path.name.endswith("_materialized_inputs.jsonl"):
+            continue  # a dataset, not rollouts (test_a_materialized_inputs_file_is_recognised_as_a_dataset)
         with path.open("rb") as fh:
-            summary = import_rollouts(fh, source=path.name)
+            if path.name.endswith("_failures.jsonl"):
+                summary = import_rollouts(None, failures=fh, failures_source=path.name)
+            else:
+                summary = import_rollouts(fh, source=path.name)
         run = summary.run
         assert run.status == Run.Status.IMPORTED
         assert Rollout.objects.filter(run=run).count() == len(rows), path
@@ -143,22 +148,27 @@ def test_failures_sidecar_rows_become_failed_attempts_with_their_terminal_flag(s
 def test_a_failures_file_imported_alone_gives_non_terminal_failures(shared_data):
     path = shared_data / "collect_outputs" / "agent_down" / "rollouts_failures.jsonl"
     with path.open("rb") as fh:
-        summary = import_rollouts(fh, source=path.name)
+        summary = import_rollouts(None, failures=fh, failures_source=path.name)
+    assert summary.run.name == "rollouts_failures.jsonl"
     rollouts = Rollout.objects.filter(run=summary.run)
     assert rollouts.count() == 5 and set(rollouts.values_list("status", flat=True)) == {"failed"}
     assert not rollouts.filter(terminal=True).exists()
     assert all("Is your service running at" in e for e in rollouts.values_list("error", flat=True))
 
 
-def test_materialized_input_rows_are_kept_as_never_run_attempts(shared_data):
+def test_a_materialized_inputs_file_is_recognised_as_a_dataset(shared_data):
     path = shared_data / "collect_outputs" / "mixed" / "rollouts_materialized_inputs.jsonl"
-    with path.open("rb") as fh:
-        summary = import_rollouts(fh)
-    assert summary.not_run == 5
-    rollouts = Rollout.objects.filter(run=summary.run)
-    assert set(rollouts.values_list("status", flat=True)) == {Rollout.Status.CANCELLED}
-    assert set(rollouts.values_list("error", flat=True)) == {NOT_RUN_ERROR}
-    assert list(export.iter_successes(summary.run)) == [] and list(export.iter_failures(summary.run)) == []
+    with path.open("rb") as fh, pytest.raises(LooksLikeDatasetError, match="this is a dataset, not rollouts: its 5 rows"):
+        import_rollouts(fh, source=path.name)
+    assert Run.objects.count() == 0 and Rollout.objects.count() == 0
+
+
+def test_rows_without_a_result_among_results_are_kept_as_never_run_attempts():
+    task = {"responses_create_params": COUNTER_PARAMS, "_ng_task_index": 1}
+    summary = import_rollouts(_lines([_result_row(_ng_task_index=0), task]))
+    assert (summary.succeeded, summary.not_run) == (1, 1)
+    rollout = Rollout.objects.get(run=summary.run, task_index=1)
+    assert rollout.status == Rollout.Status.CANCELLED and rollout.error == NOT_RUN_ERROR
 
 
 def test_a_keys_failed_attempts_from_the_sidecar_come_before_its_success():

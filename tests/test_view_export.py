@@ -51,7 +51,7 @@ def test_rollouts_jsonl_holds_the_successes_in_nemo_gym_s_format(signed_in, run)
     response = signed_in.get(_url(run, "rollouts"))
     assert response.status_code == 200
     assert response["Content-Type"].startswith("application/jsonl")
-    assert response["Content-Disposition"] == 'attachment; filename="rollouts.jsonl"'
+    assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}_rollouts.jsonl"'
     rows = _rows(response)
     assert [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"]) for r in rows] == [(0, 0, 1.0), (0, 1, 0.0), (1, 0, 1.0)]
     for row in rows:
@@ -61,7 +61,7 @@ def test_rollouts_jsonl_holds_the_successes_in_nemo_gym_s_format(signed_in, run)
 
 def test_the_failures_sidecar_has_one_row_per_failed_attempt(signed_in, run):
     response = signed_in.get(_url(run, "rollouts_failures"))
-    assert response["Content-Disposition"] == 'attachment; filename="rollouts_failures.jsonl"'
+    assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}_rollouts_failures.jsonl"'
     rows = _rows(response)
     assert [(r["_ng_task_index"], r["_ng_rollout_index"], r["_gymweb_failure_kind"]) for r in rows] == [
         (1, 1, "agent_timeout"), (1, 1, "agent_invalid_response"), (2, 0, "seed_failed")]

@@ -12,6 +12,7 @@ from rollouts.models import Rollout, Run, TrajectoryItem
 pytestmark = pytest.mark.django_db
 
 ROW = {"responses_create_params": {"input": "count"}, "response": {"id": "r", "output": []}, "reward": 1.0}
+FAILURE = {"responses_create_params": {"input": "count"}, "reward": 0.0, "error": "boom", "_ng_failure_class": "remote_agent_error"}
 
 
 def upload(name, text):
@@ -77,7 +78,7 @@ def test_a_bad_line_is_a_field_error_with_its_line_number_and_nothing_is_stored(
 def test_a_bad_line_in_the_sidecar_is_an_error_on_the_sidecar_field(signed_in):
     response = signed_in.post(reverse("import"), {
         "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
-        "failures": upload("rollouts_failures.jsonl", json.dumps(ROW) + "\n[]\n"),
+        "failures": upload("rollouts_failures.jsonl", json.dumps(FAILURE) + "\n[]\n"),
     })
     assert response.status_code == 400
     errors = response.context["form"].errors

@@ -40,6 +40,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from rollouts.collection import runs
+from rollouts.lossless import dumps
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem, Worker
 
@@ -179,17 +180,29 @@ def _call_row(rollout_id: int, step: StepRecord) -> AgentCall:
     )
 
 
+TOKENS_MAX = 2**63 - 1  # the token columns are 64-bit
+
+
 def _usage_fields(usage: Optional[dict[str, Any]]) -> dict[str, Any]:
     if not usage:
         return {"usage_reported": False}
-    return {
-        "usage_reported": True,
+    counts = {
         "input_tokens": usage["input_tokens"],
         "output_tokens": usage["output_tokens"],
         "total_tokens": usage["total_tokens"],
         "cached_tokens": usage["input_tokens_details"]["cached_tokens"],
         "reasoning_tokens": usage["output_tokens_details"]["reasoning_tokens"],
     }
+    if any(isinstance(v, int) and not 0 <= v <= TOKENS_MAX for v in counts.values()):
+        # Summed counts past 64 bits: the per-call usage stays in the agent calls' JSON.
+        return {"usage_reported": False}
+    return {"usage_reported": True, **counts}
+
+
+# Parts of a running rollout that could not be stored, by rollout id (DB thread only): the
+# rollout's result is turned into a `storage_failed` failure when it is written (issue 9: never a
+# success with holes). Also kept in `Rollout.storage_error`, which the rollout's page shows.
+_missing: dict[int, list[str]] = {}
 
 
 def write_batch(batch: _Batch, worker: str) -> None:
@@ -197,21 +210,30 @@ def write_batch(batch: _Batch, worker: str) -> None:
 
     A database that is busy or unreachable (``OperationalError``, ``InterfaceError``) raises: the
     caller keeps the batch and writes it again later. Any other error means something in the batch
-    cannot be stored (e.g. a value out of a column's range); then the batch is written piece by
-    piece, and a rollout whose result cannot be stored ends as ``failed`` with an
-    ``internal_error`` that says why, so one bad reply never stops a worker.
+    cannot be stored; then the batch is written part by part. Each part that still cannot be stored
+    is logged with its rollout (run, key, attempt) and recorded on the rollout
+    (``Rollout.storage_error``), and that rollout ends as a ``storage_failed`` failure (retried like
+    any failure) whose message says what is missing; nothing is dropped quietly and one bad part
+    never stops a worker.
     """
     try:
         _write_batch(batch, worker)
     except (OperationalError, InterfaceError):
         raise
     except Exception as exc:
-        log.warning("a batch could not be stored whole (%s: %s); storing it piece by piece", exc.__class__.__name__, exc)
+        log.warning("a batch could not be stored whole (%s: %s); storing it part by part", exc.__class__.__name__, exc)
         _write_piecewise(batch, worker)
 
 
+def _describe_rollout(rollout_id: int) -> str:
+    r = Rollout.objects.filter(pk=rollout_id).values("run_id", "task_index", "rollout_index", "attempt").first()
+    if r is None:
+        return f"rollout {rollout_id}"
+    return f"rollout {rollout_id} (run {r['run_id']}, task {r['task_index']}, rollout {r['rollout_index']}, attempt {r['attempt']})"
+
+
 def _write_piecewise(batch: _Batch, worker: str) -> None:
-    def attempt(what: str, fn: Callable[[], Any]) -> Optional[Exception]:
+    def attempt(fn: Callable[[], Any]) -> Optional[Exception]:
         try:
             with transaction.atomic():
                 fn()
@@ -219,29 +241,68 @@ def _write_piecewise(batch: _Batch, worker: str) -> None:
         except (OperationalError, InterfaceError):
             raise
         except Exception as exc:
-            log.warning("could not store %s: %s: %s", what, exc.__class__.__name__, exc)
             return exc
 
+    def lost(rollout_id: int, what: str, exc: Exception) -> None:
+        text = f"{what}: {exc.__class__.__name__}: {exc}"
+        log.error("%s: could not store %s", _describe_rollout(rollout_id), text)
+        _missing.setdefault(rollout_id, []).append(text)
+        touched.add(rollout_id)
+
+    touched: set[int] = set()
     for call in batch.calls:
-        attempt(f"agent call {call.index} of rollout {call.rollout_id}", lambda call=call: AgentCall.objects.bulk_create([call], ignore_conflicts=True))
+        error = attempt(lambda call=call: AgentCall.objects.bulk_create([call], ignore_conflicts=True))
+        if error is not None:
+            lost(call.rollout_id, f"agent call {call.index + 1}", error)
     for item in batch.items:
-        attempt(f"item {item.seq} of rollout {item.rollout_id}", lambda item=item: TrajectoryItem.objects.bulk_create([item], ignore_conflicts=True))
+        error = attempt(lambda item=item: TrajectoryItem.objects.bulk_create([item], ignore_conflicts=True))
+        if error is not None:
+            lost(item.rollout_id, f"trajectory item #{item.seq} ({item.kind or 'no type'})", error)
+    for rollout_id in touched:
+        note = "\n".join(_missing[rollout_id])
+        attempt(lambda rollout_id=rollout_id, note=note: Rollout.objects.filter(pk=rollout_id).update(storage_error=note))
     for rollout_id, out in batch.finished:
         one = _Batch(finished=[(rollout_id, out)], seeds={k: v for k, v in batch.seeds.items() if k == rollout_id})
-        error = attempt(f"the result of rollout {rollout_id}", lambda one=one: _write_batch(one, worker))
+        error = attempt(lambda one=one: _write_batch(one, worker))
         if error is not None:
-            failed = RolloutOutcome(
-                ok=False,
-                failure_kind=FailureKind.INTERNAL_ERROR,
-                error=f"gymweb could not store this rollout's result ({error.__class__.__name__}: {error}); "
-                f"the agent or env sent a value the database cannot hold. First: {out.failure_kind or 'success'}"
-                + (f": {out.error}" if out.error else ""),
-                num_agent_calls=out.num_agent_calls,
-                num_tool_calls=out.num_tool_calls,
-                total_ms=out.total_ms,
-            )
-            attempt(f"the failure of rollout {rollout_id}", lambda f=failed: _write_batch(_Batch(finished=[(rollout_id, f)]), worker))
-    attempt("released rollouts", lambda: _write_batch(_Batch(killed=batch.killed), worker))
+            lost(rollout_id, "the rollout's result (status, reward, verify reply, counts)", error)
+            failed = _storage_failure(out, _missing[rollout_id], keep_payloads=False)
+            error = attempt(lambda f=failed: _write_batch(_Batch(finished=[(rollout_id, f)]), worker))
+            if error is not None:
+                log.error("%s: could not store its failure either (%s: %s)", _describe_rollout(rollout_id), error.__class__.__name__, error)
+            _missing.pop(rollout_id, None)
+    for rollout_id, status in batch.killed:
+        if attempt(lambda one=_Batch(killed=[(rollout_id, status)]): _write_batch(one, worker)) is None:
+            _missing.pop(rollout_id, None)
+    for rollout_id, seed_ms in batch.seeds.items():
+        if rollout_id not in {r for r, _ in batch.finished}:
+            attempt(lambda r=rollout_id, v=seed_ms: Rollout.objects.filter(pk=r).update(seed_ms=v))
+
+
+def _storage_failure(out: RolloutOutcome, missing: list[str], keep_payloads: bool = True) -> RolloutOutcome:
+    """The outcome of a rollout of which ``missing`` parts could not be stored: a non-terminal
+    ``storage_failed`` failure whose message names the parts and what the rollout itself did. With
+    ``keep_payloads`` the merged response is kept for inspection (``partial_response_json``)."""
+    if out.ok:
+        ended = f"success with reward {out.reward!r}"
+    else:
+        ended = f"{out.failure_kind or 'failure'}" + (f": {out.error}" if out.error else "")
+    return RolloutOutcome(
+        ok=False,
+        failure_kind=FailureKind.STORAGE_FAILED,
+        error=(
+            "gymweb could not store all of this rollout, so it is not a success with holes. Missing: "
+            + "; ".join(missing)
+            + f". The rollout itself ended as: {ended}"
+        ),
+        response=out.response if keep_payloads else None,
+        usage=out.usage if keep_payloads else None,
+        num_agent_calls=out.num_agent_calls,
+        num_tool_calls=out.num_tool_calls,
+        verify_ms=out.verify_ms,
+        total_ms=out.total_ms,
+        warnings=list(out.warnings) if keep_payloads else [],
+    )
 
 
 def _write_batch(batch: _Batch, worker: str) -> None:
@@ -256,6 +317,12 @@ def _write_batch(batch: _Batch, worker: str) -> None:
         for rollout_id, seed_ms in batch.seeds.items():
             Rollout.objects.filter(pk=rollout_id).update(seed_ms=seed_ms)
         for rollout_id, out in batch.finished:
+            if rollout_id in _missing:
+                out = _storage_failure(out, _missing[rollout_id])
+            usage = _usage_fields(out.usage)
+            warnings = list(out.warnings)
+            if out.usage and not usage["usage_reported"]:
+                warnings.append("the summed token counts do not fit in 64 bits: token metrics are empty (each call's usage is kept)")
             fields = dict(
                 status=Rollout.Status.SUCCEEDED if out.ok else Rollout.Status.FAILED,
                 finished=now,
@@ -264,18 +331,16 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 failure_kind=out.failure_kind or "",
                 error=out.error or "",
                 terminal=out.terminal,
-                verify_json=json.dumps(out.verify_response, ensure_ascii=False) if out.ok else "",
+                verify_json=dumps(out.verify_response) if out.ok else "",
                 # The numbers the run's profile reads, so it never parses verify_json (run_profile).
                 profile_json=profile_json_for_verify(out.verify_response) if out.ok else "",
-                partial_response_json=""
-                if out.ok or out.response is None
-                else json.dumps(out.response, ensure_ascii=False),
-                warnings=out.warnings,
+                partial_response_json="" if out.ok or out.response is None else dumps(out.response),
+                warnings=warnings,
                 num_agent_calls=out.num_agent_calls,
                 num_tool_calls=out.num_tool_calls,
                 verify_ms=out.verify_ms,
                 duration_ms=out.total_ms,
-                **_usage_fields(out.usage),
+                **usage,
             )
             if out.response is not None:
                 fields["num_items"] = len(out.response.get("output") or [])
@@ -291,6 +356,10 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 r = Rollout.objects.filter(pk=rollout_id).values("task_id", "task_index", "rollout_index", "attempt", "run_id").first()
                 if r and Run.objects.filter(pk=r["run_id"], status=Run.Status.RUNNING).exists():
                     Rollout.objects.create(run_id=r["run_id"], task_id=r["task_id"], task_index=r["task_index"], rollout_index=r["rollout_index"], attempt=r["attempt"])
+    for rollout_id, _ in batch.finished:
+        _missing.pop(rollout_id, None)
+    for rollout_id, _ in batch.killed:
+        _missing.pop(rollout_id, None)
 
 
 class _Recorder:

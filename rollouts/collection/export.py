@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from django.db.models import QuerySet
 
+from rollouts.lossless import dumps
 from rollouts.models import Rollout, Run
 
 CHUNK = 500
@@ -25,7 +26,7 @@ FAILURE_CLASS = "remote_agent_error"
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+    return dumps(obj)  # rollouts.lossless: the one JSON text writer for storage and files
 
 
 def placeholder_response() -> dict[str, Any]:

@@ -8,16 +8,20 @@ Rules:
 - Each row becomes one ``Rollout`` (one attempt of its (task, rollout) key). Rows without
   ``_ng_task_index`` are numbered by their row number in the file (0-based, blank lines skipped);
   rows without ``_ng_rollout_index`` get rollout 0.
+- Each file must hold rows of its slot's kind, or nothing is imported (``WrongFileError``): a row with
+  ``_ng_failure_class`` in the rollouts file (a failures sidecar, or the two files swapped), a row
+  without it in the failures file. A rollouts file whose rows all lack a result (``response``,
+  ``reward``) is a dataset, not rollouts (``LooksLikeDatasetError``): start a run from it instead.
 - A row's ``Task`` is the row minus the result fields (``datasets.strip_result_fields``) and minus
   ``_ng_rollout_index``, with ``_ng_task_index`` set; the first row seen of a task decides it.
 - A *result row* (numeric ``reward``, no ``_ng_failure_class``) is a success: ``verify_json`` is
-  the row without ``_ng_task_index``/``_ng_rollout_index``/``agent_ref`` (``export.success_row``
-  adds them back) and ``profile_json`` the numbers NeMo Gym's profiler reads from that exported row
-  (``run_profile.profile_json_for_verify``). Rows of the failures sidecar, and any row with
-  ``_ng_failure_class``, are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
+  the row as it came (``export.success_row`` sets ``_ng_task_index``, ``_ng_rollout_index`` and
+  ``agent_ref`` in place, so exporting gives the line back byte for byte) and ``profile_json``
+  the numbers NeMo Gym's profiler reads from that exported row
+  (``run_profile.profile_json_for_verify``). Rows of the failures sidecar are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
   ``failure_kind`` from ``_gymweb_failure_kind`` (else ``"imported_failure"``). A row with no
-  result at all (an input row, e.g. ``*_materialized_inputs.jsonl``) is kept as a ``cancelled``
-  attempt (kill-shaped: shown, written to no file) explained as never run.
+  result at all among result rows is kept as a ``cancelled`` attempt (kill-shaped: shown, written
+  to no file) explained as never run.
 - The sidecar is read first, so a key's failed attempts come before its success (resume order).
 - Items come from the row's merged ``response.output``, origin ``imported``. Step boundaries are
   inferred: a new agent call starts when an item other than a ``function_call_output`` follows a
@@ -27,8 +31,11 @@ Rules:
   output is marked ``paired`` (never ``asked``, which would claim gymweb ran it); a call with no
   output anywhere stays unpaired (as in real coding-agent data); outputs are never marked as gym's.
 - Usage fields come from ``response.usage`` when it is complete (``contract.Usage``).
+- The run is named after the files (their names, not their paths); ``num_tasks`` and
+  ``num_repeats`` come from the imported keys (5 tasks with rollouts 0..3 each: 5 × 4).
 
-Bad input raises ``DatasetError`` naming the file and line; nothing is stored (one transaction).
+Bad input raises ``DatasetError`` naming the file and line; nothing is stored (one transaction). A
+row the database refuses is reported the same way (with its line), never as a crash.
 Rows are streamed and written with ``bulk_create`` in batches: memory is bounded by a batch plus
 small per-key maps (task ids, attempt counters).
 """
@@ -36,27 +43,58 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, BinaryIO, Iterable, Iterator, Optional, TextIO, Union
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
 from rollouts.engine.contract import Usage
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields
+from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 from rollouts.evaluation.run_profile import profile_json_for_verify
 
-__all__ = ["ImportSummary", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND", "NOT_RUN_ERROR"]
+__all__ = [
+    "ImportSummary", "LooksLikeDatasetError", "WrongFileError", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND",
+    "NOT_RUN_ERROR",
+]
 
 IMPORTED_FAILURE_KIND = "imported_failure"
 NOT_RUN_ERROR = "imported without a result: the row is an input that was never run"
 PLACEHOLDER_RESPONSE_ID = "remote_agent_failure"  # NeMo Gym's (and gymweb's) failure-row response
 TOKENS_MAX = 2**63 - 1
 ROWS_PER_BATCH = 200
+TOO_DEEP = "the row is nested too deeply to store (Python's JSON encoder gave up); nothing was imported"
 ITEMS_PER_BATCH = 5000
 
 Lines = Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]]
+
+
+class WrongFileError(DatasetError):
+    """A file holds rows of the other slot's kind: failure rows (``_ng_failure_class``) in the
+    rollouts file, or rows without ``_ng_failure_class`` in the failures file. ``swapped`` is True
+    when the other file holds this slot's kind, i.e. the two files were given the wrong way round."""
+
+    def __init__(self, message: str, line: Optional[int], source: str, swapped: bool = False):
+        super().__init__(message, line, source)
+        self.swapped = swapped
+
+
+class LooksLikeDatasetError(DatasetError):
+    """The rollouts file is a dataset (task rows with ``responses_create_params`` and no result in
+    any row): nothing is imported; a run can be started from it instead. ``rows`` is its row count."""
+
+    def __init__(self, source: str, rows: int):
+        super().__init__(
+            f"this is a dataset, not rollouts: its {rows:,} row{'' if rows == 1 else 's'} "
+            f"{'have' if rows != 1 else 'has'} 'responses_create_params' but no 'response' or 'reward' "
+            "(a task file or *_materialized_inputs.jsonl). Nothing was imported; start a new run from it instead",
+            None,
+            source,
+        )
+        self.rows = rows
 
 
 @dataclass
@@ -74,7 +112,7 @@ class ImportSummary:
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+    return dumps(obj)  # rollouts.lossless: the one JSON text writer for storage and files
 
 
 def _iter_rows(stream: Lines, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -127,6 +165,36 @@ def _str_field(value: Any, limit: int) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
+def _what(row: dict[str, Any]) -> str:
+    """What a row holds, for messages: ``"'reward' 1.0 and a 'response'"``."""
+    parts = []
+    if "reward" in row:
+        parts.append(f"'reward' {json.dumps(row['reward'])[:40]}")
+    if "response" in row:
+        parts.append("a 'response'")
+    if "_ng_failure_class" in row:
+        parts.append(f"'_ng_failure_class' {json.dumps(row['_ng_failure_class'])[:60]}")
+    return " and ".join(parts) or "no result fields"
+
+
+def _first_row(stream: Any) -> Optional[dict[str, Any]]:
+    """The first row of a seekable file (its position restored), None when it cannot be read."""
+    if not (hasattr(stream, "seek") and hasattr(stream, "tell")):
+        return None
+    try:
+        position = stream.tell()
+        try:
+            for _number, _text, row in iter_rows(stream):
+                return row
+        except DatasetError:
+            return None
+        finally:
+            stream.seek(position)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 class _Importer:
     def __init__(self, run: Run):
         self.run = run
@@ -134,9 +202,11 @@ class _Importer:
         self.task_ids: dict[int, Optional[int]] = {}  # task index -> Task pk (None until flushed)
         self.attempts: dict[tuple[int, int], int] = {}
         self.success_lines: dict[tuple[int, int], str] = {}
-        self.new_tasks: list[Task] = []
-        # (Rollout, [AgentCall], [TrajectoryItem]) waiting for the next flush
-        self.pending: list[tuple[Rollout, list[AgentCall], list[TrajectoryItem]]] = []
+        self.new_tasks: list[tuple[Task, int, str]] = []  # (task, line, source)
+        # (Rollout, [AgentCall], [TrajectoryItem], line, source) waiting for the next flush
+        self.pending: list[tuple[Rollout, list[AgentCall], list[TrajectoryItem], int, str]] = []
+        self.rollouts_per_task: dict[int, set[int]] = {}
+        self.other_slot_kind: dict[bool, Optional[bool]] = {}  # sidecar? -> does its first row have a class
         self.pending_items = 0
         self.summary = ImportSummary(run=run)
 
@@ -147,7 +217,8 @@ class _Importer:
         rollout_index = row.get("_ng_rollout_index", 0)
         key = (task_index, rollout_index)
 
-        failed = sidecar or bool(row.get("_ng_failure_class"))
+        self._check_slot(row, line, source, sidecar)
+        failed = sidecar
         has_reward = "reward" in row
         reward = row.get("reward")
         if has_reward and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward):
@@ -172,7 +243,8 @@ class _Importer:
             task_row.pop("_ng_rollout_index", None)
             task_row["_ng_task_index"] = task_index
             self.task_ids[task_index] = None
-            self.new_tasks.append(Task(run=self.run, task_index=task_index, row_json=_dumps(task_row)))
+            self.new_tasks.append((Task(run=self.run, task_index=task_index, row_json=_dumps(task_row)), line, source))
+        self.rollouts_per_task.setdefault(task_index, set()).add(rollout_index)
 
         attempt = self.attempts.get(key, 0) + 1
         self.attempts[key] = attempt
@@ -205,7 +277,9 @@ class _Importer:
                     source,
                 )
             self.success_lines[key] = where
-            verify = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index", "agent_ref")}
+            # The row whole: the export sets the indices and agent_ref in place, so a row that has
+            # them comes back byte for byte, and one without gets them at the end.
+            verify = row
             rollout.status = Rollout.Status.SUCCEEDED
             rollout.reward = float(reward)
             rollout.verify_json = _dumps(verify)
@@ -227,12 +301,36 @@ class _Importer:
         rollout.num_items = len(items)
         rollout.num_agent_calls = len(calls)
         rollout.num_tool_calls = sum(1 for i in items if i.kind == "function_call_output")
-        self.pending.append((rollout, calls, items))
+        self.pending.append((rollout, calls, items, line, source))
         self.pending_items += len(items)
         self.summary.rows += 1
         self.summary.items += len(items)
         if len(self.pending) >= ROWS_PER_BATCH or self.pending_items >= ITEMS_PER_BATCH:
             self.flush()
+
+    def _check_slot(self, row: dict[str, Any], line: int, source: str, sidecar: bool) -> None:
+        """Refuse a row of the other slot's kind (``WrongFileError``), saying what was found."""
+        has_class = "_ng_failure_class" in row
+        if has_class == sidecar:
+            return
+        other = self.other_slot_kind.get(not sidecar)
+        swapped = other is not None and other == sidecar  # the other file holds this slot's rows
+        if not sidecar:
+            message = (
+                f"this row is a failure row ({_what(row)}): the rollouts file looks like a failures sidecar "
+                "(rollouts_failures.jsonl); NeMo Gym's rollouts.jsonl holds successes only"
+            )
+            fix = "import it as the failures file instead (--failures, or the failures sidecar field)"
+        else:
+            message = (
+                f"this row has no '_ng_failure_class' ({_what(row)}), so it is not a failure row: "
+                "the failures file looks like a rollouts.jsonl"
+            )
+            fix = "give it as the rollouts file instead"
+        if swapped:
+            message += "; the other file holds " + ("failure rows" if sidecar else "success rows") + ": the two files are swapped"
+            fix = "swap them"
+        raise WrongFileError(f"{message}. Nothing was imported: {fix}", line, source, swapped=swapped)
 
     def _trajectory(self, rollout: Rollout, response: dict[str, Any], output: list[dict[str, Any]]):
         if not output:
@@ -291,19 +389,52 @@ class _Importer:
 
     # -- writing -------------------------------------------------------------------------------------
     def flush(self) -> None:
-        if self.new_tasks:
-            created = Task.objects.bulk_create(self.new_tasks)
+        """Write what is pending in one savepoint. A row the database refuses (which the checks above
+        should make impossible) is found row by row and reported as ``DatasetError`` with its line,
+        so an import never ends in a crash; the caller's transaction then stores nothing."""
+        tasks, pending = self.new_tasks, self.pending
+        try:
+            with transaction.atomic():
+                self._write(tasks, pending)
+        except (DatabaseError, RecursionError) as exc:
+            self._find_refused(tasks, pending)
+            raise DatasetError(f"the database refused a batch of rows ({exc.__class__.__name__}: {exc})", None, "the import") from None
+        self.new_tasks = []
+        self.pending = []
+        self.pending_items = 0
+
+    def _find_refused(self, tasks, pending) -> None:
+        for one in tasks:
+            self._try_alone([one], [], one[1], one[2])
+        for one in pending:
+            self._try_alone([], [one], one[3], one[4])
+
+    def _try_alone(self, tasks, pending, line: int, source: str) -> None:
+        try:
+            with transaction.atomic():
+                self._write(tasks, pending, probe=True)
+        except RecursionError:
+            raise DatasetError(TOO_DEEP, line, source) from None
+        except DatabaseError as exc:
+            raise DatasetError(f"the row cannot be stored ({exc.__class__.__name__}: {exc}); nothing was imported", line, source) from None
+
+    def _write(self, tasks, pending, probe: bool = False) -> None:
+        if probe:  # a failed batch may have left ids on objects whose rows were rolled back
+            for obj in [t for t, _, _ in tasks] + [o for p in pending for o in (p[0], *p[1], *p[2])]:
+                obj.pk = None
+        if tasks:
+            created = Task.objects.bulk_create([t for t, _, _ in tasks])
             if any(t.pk is None for t in created):
                 wanted = [t.task_index for t in created]
                 ids = dict(Task.objects.filter(run=self.run, task_index__in=wanted).values_list("task_index", "id"))
             else:
                 ids = {t.task_index: t.pk for t in created}
             self.task_ids.update(ids)
-            self.summary.tasks += len(created)
-            self.new_tasks = []
-        if not self.pending:
+            if not probe:
+                self.summary.tasks += len(created)
+        if not pending:
             return
-        rollouts = [r for r, _, _ in self.pending]
+        rollouts = [p[0] for p in pending]
         for r in rollouts:
             r.task_id = self.task_ids[r.task_index]
         created = Rollout.objects.bulk_create(rollouts)
@@ -315,7 +446,7 @@ class _Importer:
             for r in created:
                 r.pk = r.id = lookup[(r.task_index, r.rollout_index, r.attempt)]
         calls, items = [], []
-        for rollout, rollout_calls, rollout_items in self.pending:
+        for rollout, rollout_calls, rollout_items, _line, _source in pending:
             for c in rollout_calls:
                 c.rollout_id = rollout.pk
             for i in rollout_items:
@@ -324,12 +455,10 @@ class _Importer:
             items.extend(rollout_items)
         AgentCall.objects.bulk_create(calls, batch_size=2000)
         TrajectoryItem.objects.bulk_create(items, batch_size=1000)
-        self.pending = []
-        self.pending_items = 0
 
 
 def import_rollouts(
-    stream: Lines,
+    stream: Optional[Lines],
     *,
     name: str = "",
     source: str = "rollouts.jsonl",
@@ -337,16 +466,18 @@ def import_rollouts(
     failures_source: str = "rollouts_failures.jsonl",
     user=None,
 ) -> ImportSummary:
-    """Import a ``rollouts.jsonl`` (``stream``: lines, bytes or text) and optionally its failures
-    sidecar (``failures``) into a new run with status ``imported``.
+    """Import a ``rollouts.jsonl`` (``stream``: lines, bytes or text; None for none) and optionally
+    its failures sidecar (``failures``) into a new run with status ``imported``.
 
-    ``source``/``failures_source`` name the files in error messages. Returns an ``ImportSummary``
-    (its ``run`` is the new run). Raises ``DatasetError`` (file and line) for a bad row, or when the
-    files hold no rows; nothing is stored then.
+    ``source``/``failures_source`` name the files in error messages (the run is named after their
+    file names). Returns an ``ImportSummary`` (its ``run`` is the new run). Raises ``DatasetError``
+    (file and line) for a bad row or when the files hold no rows; ``WrongFileError`` for rows of the
+    other slot's kind (swapped files); ``LooksLikeDatasetError`` when the rollouts file is a dataset.
+    Nothing is stored then.
     """
-    sources = [s for s in (source, failures_source if failures is not None else "") if s]
+    sources = [s for s in (source if stream is not None else "", failures_source if failures is not None else "") if s]
     run = Run(
-        name=(name.strip() or " + ".join(sources) or "imported rollouts")[:200],
+        name=(name.strip() or " + ".join(PurePath(s).name for s in sources) or "imported rollouts")[:200],
         status=Run.Status.IMPORTED,
         created_by=user,
         source_file=" + ".join(sources)[:500],
@@ -358,20 +489,36 @@ def import_rollouts(
         inputs = []
         if failures is not None:
             inputs.append((failures, failures_source, True))
-        inputs.append((stream, source, False))
+        if stream is not None:
+            inputs.append((stream, source, False))
+        if len(inputs) == 2:  # what each file starts with, to tell swapped files from one wrong file
+            for lines, _src, sidecar in inputs:
+                first = _first_row(lines)
+                importer.other_slot_kind[sidecar] = None if first is None else "_ng_failure_class" in first
+        main_rows = main_results = 0
         for lines, src, sidecar in inputs:
             for ordinal, (line, row) in enumerate(_iter_rows(lines, src)):
                 if agent_name is None and isinstance(row.get("agent_ref"), dict) and isinstance(row["agent_ref"].get("name"), str):
                     agent_name = row["agent_ref"]["name"]
-                importer.add(row, ordinal, line, src, sidecar)
+                if not sidecar:
+                    main_rows += 1
+                    main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
+                try:
+                    importer.add(row, ordinal, line, src, sidecar)
+                except RecursionError:
+                    raise DatasetError(TOO_DEEP, line, src) from None
+        if main_rows and not main_results:
+            raise LooksLikeDatasetError(source, main_rows)
         importer.flush()
         summary = importer.summary
         if summary.rows == 0:
-            raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source)
+            raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source if stream is not None else failures_source)
         run.num_tasks = len(importer.task_ids)
         run.num_keys = len(importer.attempts)
+        # Repeats as NeMo Gym counts them: rollouts per task (the most any task has).
+        run.num_repeats = max((len(r) for r in importer.rollouts_per_task.values()), default=1)
         run.finished = importer.now
         if agent_name:
             run.agent_name = agent_name[:200]
-        run.save(update_fields=["num_tasks", "num_keys", "finished", "agent_name"])
+        run.save(update_fields=["num_tasks", "num_keys", "num_repeats", "finished", "agent_name"])
     return summary

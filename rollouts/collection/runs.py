@@ -15,6 +15,7 @@ from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from rollouts.collection.datasets import ParsedDataset, materialize
+from rollouts.lossless import dumps
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 
 log = logging.getLogger("gymweb.runs")
@@ -23,7 +24,7 @@ BULK = 2000
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+    return dumps(obj)  # rollouts.lossless: the one JSON text writer for storage and files
 
 
 def store_dataset(parsed: ParsedDataset, name: str, user=None) -> Dataset:
@@ -35,6 +36,20 @@ def store_dataset(parsed: ParsedDataset, name: str, user=None) -> Dataset:
             batch_size=BULK,
         )
     return dataset
+
+
+def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None) -> tuple[Dataset, bool]:
+    """An earlier upload of the same file (same bytes, name and user) if there is one, else a new
+    stored dataset. Returns ``(dataset, reused)``."""
+    if parsed.sha256 and user is not None and getattr(user, "pk", None):
+        same = (
+            Dataset.objects.filter(created_by=user, sha256=parsed.sha256, name=name[:200], num_rows=len(parsed.rows))
+            .order_by("-id")
+            .first()
+        )
+        if same is not None:
+            return same, True
+    return store_dataset(parsed, name, user=user), False
 
 
 def load_dataset(dataset: Dataset) -> ParsedDataset:
@@ -138,6 +153,39 @@ def retryable_keys(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:
             out[(r["task_index"], r["rollout_index"])] = (r["task_id"], r["last_attempt"], True)
         elif failed < run.max_attempts:
             out[(r["task_index"], r["rollout_index"])] = (r["task_id"], failed + 1, False)
+    return out
+
+
+def keys_left(run: Run) -> dict[str, int]:
+    """Keys without a success, by why: ``{"retryable": n, "terminal": n, "exhausted": n, "active": n}``.
+
+    ``retryable``: ``resume`` gives them a new attempt (``retryable_keys``); ``terminal``: a
+    terminal failure, never retried; ``exhausted``: failed ``max_attempts`` times (a higher cap
+    retries them); ``active``: an attempt is pending or running. One SQL aggregate.
+    """
+    rows = (
+        Rollout.objects.filter(run=run)
+        .values("task_index", "rollout_index")
+        .annotate(
+            succeeded=Count("id", filter=Q(status=Rollout.Status.SUCCEEDED)),
+            active=Count("id", filter=Q(status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING])),
+            failed=Count("id", filter=Q(status=Rollout.Status.FAILED)),
+            terminal=Count("id", filter=Q(status=Rollout.Status.FAILED, terminal=True)),
+            last_attempt=Max("attempt"),
+        )
+        .filter(succeeded=0)
+        .values_list("active", "failed", "terminal", "last_attempt")
+    )
+    out = {"retryable": 0, "terminal": 0, "exhausted": 0, "active": 0}
+    for active, failed, terminal, last_attempt in rows:
+        if active:
+            out["active"] += 1
+        elif terminal:
+            out["terminal"] += 1
+        elif failed < last_attempt or failed < run.max_attempts:  # kill-shaped latest row, or attempts left
+            out["retryable"] += 1
+        else:
+            out["exhausted"] += 1
     return out
 
 

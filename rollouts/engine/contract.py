@@ -10,6 +10,7 @@ NeMo Gym; unknown extra fields are tolerated everywhere.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -223,15 +224,24 @@ def _reject_constant(name: str) -> Any:
     raise NotJSON(f"{name} is not a JSON value")
 
 
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if value in (math.inf, -math.inf):
+        # Python would read it as infinity and write it back as `Infinity`, which is not JSON.
+        raise NotJSON(f"the number {literal[:40]} is too large for a 64-bit float")
+    return value
+
+
 def strict_loads(text: "str | bytes") -> Any:
     """``json.loads`` that accepts only what every JSON reader accepts and gymweb can store.
 
-    Rejects NaN/Infinity (Python's json reads them; NeMo Gym's files must not carry them), nesting
+    Rejects NaN/Infinity (Python's json reads them; NeMo Gym's files must not carry them), numbers
+    past a 64-bit float's range like ``1e400`` (they would read as infinity), nesting
     deeper than Python can handle, and unpaired UTF-16 surrogates (``"\\ud800"``), which cannot be
     written as UTF-8. Raises ``NotJSON`` with the reason; returns the decoded value.
     """
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         raise NotJSON("nested too deeply") from None
     except NotJSON:

@@ -67,6 +67,8 @@ class FailureKind:
     VERIFY_FAILED = "verify_failed"
     ROLLOUT_TIMEOUT = "rollout_timeout"
     INTERNAL_ERROR = "internal_error"
+    # Set by the dispatcher, never by the loop: part of the attempt could not be stored (issue 9).
+    STORAGE_FAILED = "storage_failed"
 
     ALL = (
         AGENT_UNREACHABLE,
@@ -80,6 +82,7 @@ class FailureKind:
         VERIFY_FAILED,
         ROLLOUT_TIMEOUT,
         INTERNAL_ERROR,
+        STORAGE_FAILED,
     )
     # Only an invalid Responses object is terminal: retrying cannot fix it (rule 3).
     TERMINAL = frozenset({AGENT_INVALID_RESPONSE})

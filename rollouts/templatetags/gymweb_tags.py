@@ -19,13 +19,20 @@ def pretty_json_text(value: Any) -> tuple[str, bool]:
     if isinstance(value, str):
         try:
             parsed = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply to read here: as it is
             return value, False
         if not isinstance(parsed, (dict, list)):
             return value, True  # a bare JSON scalar reads best as written
         value = parsed
     try:
         return json.dumps(value, indent=2, ensure_ascii=False, default=str), True
+    except RecursionError:
+        # Nesting deeper than the indenting (pure Python) encoder can go: compact, as valid JSON
+        # can still be (the C encoder nests much deeper).
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str), True
+        except (TypeError, ValueError, RecursionError):
+            return str(value)[:10_000], False
     except (TypeError, ValueError):
         return str(value), False
 

@@ -2,6 +2,7 @@
 through ``RolloutFilterForm``, by any page that walks the filtered list, e.g. prev/next)."""
 from __future__ import annotations
 
+import re
 from pathlib import PurePath
 from typing import Any, Optional
 from urllib.parse import urlencode, urlsplit
@@ -347,6 +348,48 @@ class RolloutFilterForm(forms.Form):
 
     def querystring(self, **changes: Any) -> str:
         return urlencode(self.params(**changes))
+
+    # -- how the active filter reads (next to the download links) and in file names -------------
+    def _terms(self) -> list[tuple[str, str, str]]:
+        """``(label, file-name part, shown value)`` of each active filter, in field order."""
+        terms = []
+        if self.value("status"):
+            terms.append(("status", "status", self.value("status")))
+        if self.value("kind"):
+            terms.append(("failure kind", "kind", self.value("kind")))
+        for name, label, word in (("reward_min", "reward ≥", "ge"), ("reward_max", "reward ≤", "le")):
+            if self.value(name) is not None:
+                terms.append((label, f"reward-{word}", _number(self.value(name))))
+        if self.value("task") is not None:
+            terms.append(("task", "task", str(self.value("task"))))
+        return terms
+
+    def describe(self) -> str:
+        """The active filter for people: ``"status failed · reward ≥ 1"``; ``""`` when none."""
+        return " · ".join(f"{label} {value}" for label, _, value in self._terms())
+
+    def file_suffix(self) -> str:
+        """The active filter for file names: ``"status-failed_reward-ge-1"``; ``""`` when none.
+        Only ``[A-Za-z0-9._-]``: other characters (an imported failure kind may hold any) become
+        ``_``; at most 120 characters."""
+        parts = [f"{name}-{value.replace('-', 'minus', 1) if value.startswith('-') else value}" for _, name, value in self._terms()]
+        return _FILE_UNSAFE.sub("_", "_".join(parts))[:120]
+
+
+_FILE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _number(value: float) -> str:
+    """A filter bound as typed: ``1.0`` → ``"1"``, ``0.25`` → ``"0.25"``."""
+    return f"{value:g}" if value == value else str(value)
+
+
+def export_filename(run_id: int, kind: str, filt: Optional[RolloutFilterForm] = None) -> str:
+    """The download name of one of a run's files: ``run-12_rollouts.jsonl``, and with an active
+    filter ``run-12_rollouts_reward-ge-1.jsonl``, so downloads never overwrite each other (issue 9).
+    ``kind``: ``rollouts``, ``rollouts_failures`` or ``rollouts_materialized_inputs``."""
+    suffix = filt.file_suffix() if filt is not None and filt.active else ""
+    return f"run-{run_id}_{kind}{'_' + suffix if suffix else ''}.jsonl"
 
 
 def filtered_rollouts(run, data, kinds: Optional[list[str]] = None) -> tuple[QuerySet, RolloutFilterForm]:

@@ -27,9 +27,11 @@ from django.urls import reverse
 from rollouts.collection import export
 from rollouts.collection.datasets import DatasetError
 from rollouts.web.forms import filtered_rollouts
+from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError
 from rollouts.collection.importer import import_rollouts as run_import
 from rollouts.evaluation import health
 from rollouts.web.evaluation_views import rollout_findings
+from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 
@@ -553,12 +555,18 @@ def rollout_raw(request, run_id, rollout_id):
     row = raw_row(rollout)
     if row is None:
         body = {"error": f"this attempt is {rollout.status}: it is written to no output file, so it has no row"}
-        return HttpResponse(json.dumps(body, indent=2), status=404, content_type="application/json; charset=utf-8")
-    return HttpResponse(json.dumps(row, indent=2, ensure_ascii=False), content_type="application/json; charset=utf-8")
+        return _json_response(body, status=404)
+    return _json_response(row)
 
 
 def _json_response(body: Any, status: int = 200) -> HttpResponse:
-    return HttpResponse(json.dumps(body, indent=2, ensure_ascii=False), status=status, content_type="application/json; charset=utf-8")
+    """``body`` as indented JSON (non-ASCII kept, U+0000 escaped as JSON escapes it); compact when
+    it nests deeper than the indenting encoder can go."""
+    try:
+        text = json.dumps(body, indent=2, ensure_ascii=False)
+    except RecursionError:
+        text = dumps(body)
+    return HttpResponse(text, status=status, content_type="application/json; charset=utf-8")
 
 
 def _raw_item(rollout: Rollout, which: str) -> HttpResponse:
@@ -579,7 +587,10 @@ def _raw_item(rollout: Rollout, which: str) -> HttpResponse:
 
 # -- import ------------------------------------------------------------------------------------
 class ImportForm(forms.Form):
-    rollouts = forms.FileField(label="rollouts.jsonl", help_text="NeMo Gym's (or gymweb's) rollouts.jsonl: one result row per line")
+    rollouts = forms.FileField(
+        label="rollouts.jsonl", required=False,
+        help_text="NeMo Gym's (or gymweb's) rollouts.jsonl: one result row per line (optional when a failures sidecar is given)",
+    )
     failures = forms.FileField(
         label="failures sidecar", required=False, help_text="optional: its rollouts_failures.jsonl (one failed attempt per line)"
     )
@@ -593,17 +604,38 @@ class ImportForm(forms.Form):
             if upload is not None and upload.size > limit:
                 shown = f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit} bytes"
                 self.add_error(field, f"the file is larger than the upload limit ({shown}, GYMWEB_MAX_UPLOAD_BYTES)")
+        if not self.errors and data.get("rollouts") is None and data.get("failures") is None:
+            self.add_error("rollouts", "Choose a rollouts.jsonl, a failures sidecar, or both.")
         return data
+
+
+def _dataset_offer(upload, user) -> dict[str, Any]:
+    """A rollouts upload that is a dataset: keep it as a dataset (an identical earlier upload is
+    reused) and offer the new-run form with it chosen. ``{"dataset": Dataset, "url": ...}``, or
+    ``{"error": why}`` when it is not a usable dataset either."""
+    from pathlib import PurePath
+
+    from rollouts.collection import runs
+    from rollouts.collection.datasets import read_jsonl
+
+    try:
+        upload.seek(0)
+        parsed = read_jsonl(upload, source=upload.name)
+    except DatasetError as exc:
+        return {"error": str(exc)}
+    dataset, reused = runs.store_or_reuse_dataset(parsed, PurePath(upload.name or "dataset.jsonl").name, user)
+    return {"dataset": dataset, "reused": reused, "url": reverse("run_new") + f"?dataset={dataset.pk}"}
 
 
 @login_required
 def import_rollouts(request):
+    offer = None
     if request.method == "POST":
         form = ImportForm(request.POST, request.FILES)
         if form.is_valid():
-            upload = form.cleaned_data["rollouts"]
+            upload = form.cleaned_data.get("rollouts")
             sidecar = form.cleaned_data.get("failures")
-            source = upload.name or "rollouts.jsonl"
+            source = (upload.name or "rollouts.jsonl") if upload is not None else ""
             failures_source = ""
             if sidecar is not None:
                 failures_source = sidecar.name or "failures sidecar"
@@ -618,15 +650,20 @@ def import_rollouts(request):
                     failures_source=failures_source,
                     user=request.user,
                 )
+            except LooksLikeDatasetError as exc:
+                form.add_error("rollouts", str(exc))
+                offer = _dataset_offer(upload, request.user)
+            except WrongFileError as exc:
+                form.add_error(None if exc.swapped else ("failures" if exc.source == failures_source else "rollouts"), str(exc))
             except DatasetError as exc:
                 form.add_error("failures" if sidecar is not None and exc.source == failures_source else "rollouts", str(exc))
             else:
                 parts = [f"{summary.succeeded} succeeded", f"{summary.failed} failed"]
                 if summary.not_run:
-                    parts.append(f"{summary.not_run} never run")
+                    parts.append(f"{summary.not_run} never run (rows without a result)")
                 messages.success(request, f"Imported {summary.rows} rollout(s) into “{summary.run.name}”: {', '.join(parts)}.")
                 health.auto_check(summary.run)  # the verdicts show on the run page
                 return redirect(reverse("run", args=[summary.run.pk]))
     else:
         form = ImportForm()
-    return render(request, "rollouts/import.html", {"form": form}, status=400 if form.errors else 200)
+    return render(request, "rollouts/import.html", {"form": form, "offer": offer}, status=400 if form.errors else 200)

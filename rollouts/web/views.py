@@ -9,7 +9,6 @@ instance).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Optional
 
 from django.conf import settings
 from django.contrib import messages
@@ -21,6 +20,7 @@ from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import content_disposition_header
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
@@ -30,8 +30,9 @@ from rollouts.evaluation import metrics
 from rollouts.collection import runs
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
-from rollouts.web.forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, filtered_rollouts
-from rollouts.models import Dataset, Rollout, Run, Worker
+from rollouts.web.forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, export_filename, filtered_rollouts
+from rollouts.lossless import LosslessTextField
+from rollouts.models import Rollout, Run, Worker
 
 RUNS_PER_PAGE = 25
 ROLLOUTS_PER_PAGE = 50
@@ -80,7 +81,8 @@ def _run_new(request):
             messages.success(request, f"Run “{run.name}” started: {run.num_keys} rollouts.{note}")
             return redirect("run", run.pk)
     else:
-        form = RunForm()
+        # ?dataset=ID preselects a stored dataset (the import page links here for a dataset file).
+        form = RunForm(initial={"dataset": request.GET.get("dataset")} if request.GET.get("dataset", "").isdigit() else None)
     context = {"form": form, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
 
@@ -92,10 +94,7 @@ def _launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
     reused = False
     with transaction.atomic():
         if form.parsed is not None:
-            dataset = _same_dataset(form.parsed, form.dataset_name(), user)
-            reused = dataset is not None
-            if dataset is None:
-                dataset = runs.store_dataset(form.parsed, form.dataset_name(), user=user)
+            dataset, reused = runs.store_or_reuse_dataset(form.parsed, form.dataset_name(), user)
             parsed = form.parsed
         else:
             dataset = form.cleaned_data["dataset"]
@@ -105,18 +104,6 @@ def _launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
         )
         runs.launch(run)  # marked running: the workers pick it up
     return run, reused
-
-
-def _same_dataset(parsed, name: str, user) -> Optional[Dataset]:
-    """An earlier upload of the same file (same bytes, same name, same user), to reuse instead of
-    storing a copy; None when there is none."""
-    if not parsed.sha256 or user is None or not getattr(user, "pk", None):
-        return None
-    return (
-        Dataset.objects.filter(created_by=user, sha256=parsed.sha256, name=name[:200], num_rows=len(parsed.rows))
-        .order_by("-id")
-        .first()
-    )
 
 
 # -- run page ----------------------------------------------------------------------------------------
@@ -129,7 +116,7 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
     loaded = Rollout.objects.filter(id__in=ids).only(
         "id", "run_id", "task_index", "rollout_index", "attempt", "status", "reward", "failure_kind", "terminal",
         "duration_ms", "num_agent_calls", "num_tool_calls", "total_tokens", "usage_reported",
-    ).annotate(error_head=Substr("error", 1, 160)).in_bulk()
+    ).annotate(error_head=Substr("error", 1, 160, output_field=LosslessTextField())).in_bulk()
     qs_text = filt.querystring()
     rollout_suffix = f"?{qs_text}" if qs_text else ""
     base = reverse("run", args=[run.pk])
@@ -137,6 +124,9 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
     here = base + "?" + "&".join(p for p in (qs_text, f"page={page.number}" if page.number > 1 else "") if p)
     return {
         "filter": filt,
+        "filter_description": filt.describe(),
+        # What the "download these" links get: each file named after the run and the filter.
+        "filtered_files": [(kind, export_filename(run.pk, kind, filt)) for kind in ("rollouts", "rollouts_failures")],
         "page": page,
         "rows": rows,
         "table_url": here.rstrip("?"),
@@ -182,7 +172,7 @@ def _live_context(run: Run) -> dict:
         "p": p,
         "signature": f"{summary.signature}.{run.status}",
         "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
-        "export_kinds": EXPORT_KINDS,
+        "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
     }
 
 
@@ -260,6 +250,9 @@ def run_export(request, run_id, kind):
     else:
         lines = iter_materialized(run)
     response = StreamingHttpResponse((line + "\n" for line in lines), content_type="application/jsonl; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{kind}.jsonl"'
+    # Named after the run and the filter, so two downloads never overwrite each other; the
+    # materialised inputs are every key's, whatever the filter.
+    name = export_filename(run.pk, kind, filt if kind != "rollouts_materialized_inputs" else None)
+    response["Content-Disposition"] = content_disposition_header(True, name)
     response["X-Content-Type-Options"] = "nosniff"
     return response
