@@ -81,7 +81,9 @@ class Command(BaseCommand):
         parser.add_argument("--remote-responses-timeout-s", type=_positive_float, default=DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, help="per agent call timeout, seconds (default 1800)")
         parser.add_argument("--run-timeout-s", type=_positive_float, default=DEFAULT_RUN_TIMEOUT_S, help="whole-rollout timeout, seconds (default 2100)")
         parser.add_argument("--agent-name", default="remote_agent", help="agent_ref name written into rows (default remote_agent)")
-        parser.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
+        files = parser.add_mutually_exclusive_group()
+        files.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
+        files.add_argument("--overwrite", action="store_true", help="replace existing output files with a new run (without it, existing files are refused)")
         parser.add_argument("--overrides", default=None, help='JSON object merged into every row\'s responses_create_params, e.g. \'{"temperature": 0.2}\'')
         parser.add_argument("--name", default=None, help="run name shown in the dashboard (default: the input file name)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -113,6 +115,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--overrides: {exc}") from None
         output = Path(opts["output"]).expanduser().resolve()
         input_path = Path(opts["input"]).expanduser()
+        # Nothing is created on disk until the input and the options are known to be good: a
+        # refused command leaves no empty output folder behind.
         self._check_output(output, input_path)
         try:
             with input_path.open("rb") as fh:
@@ -128,10 +132,23 @@ class Command(BaseCommand):
         if parsed.stripped_fields:
             self.stderr.write(f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}")
 
+        existing = [p for p in output_stems(output).values() if p.exists()]
+        if existing and not (opts["resume"] or opts["overwrite"]):
+            raise CommandError(
+                f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run, "
+                "or --resume to continue the run that wrote it."
+            )
+
         self._migrate()
         run = None
         if opts["resume"]:
             run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
+            if run is None and existing:
+                raise CommandError(
+                    f"--resume: no run in this database wrote '{existing[0]}', so there is nothing to continue "
+                    "(gymweb resumes from its database, not from the file). Pass --overwrite instead of --resume "
+                    "to replace the file with a new run."
+                )
             if run is None:
                 self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
         if run is not None:
@@ -144,6 +161,9 @@ class Command(BaseCommand):
                 runs.check_size(len(parsed.rows), opts["num_repeats"], opts["limit"])
             except runs.RunTooLarge as exc:
                 raise CommandError(str(exc)) from None
+            for path in existing:  # --overwrite (NeMo Gym's flag): the old files go before the new run
+                path.unlink()
+                self.stderr.write(f"note: deleted the existing output file {path} (--overwrite)")
             run = runs.create_run(
                 parsed,
                 name=opts["name"] or input_path.name,
@@ -180,7 +200,8 @@ class Command(BaseCommand):
             self.stdout.write(health.auto_check(run, output.parent))
 
     def _check_output(self, output: Path, input_path: Path) -> None:
-        """Fail before any work when the output files cannot be written where asked."""
+        """Fail before any work when the output files cannot be written where asked. Creates
+        nothing: a missing folder is made only when the files are written."""
         if output.is_dir():
             raise CommandError(f"--output {output} is a directory; give a file name like results/rollouts.jsonl")
         if input_path.exists() and output.exists() and output.samefile(input_path):
@@ -190,8 +211,11 @@ class Command(BaseCommand):
                 if not parent.is_dir():
                     raise CommandError(f"--output {output}: {parent} is a file, not a directory")
                 break
+        if parent != output.parent:  # the folder will be made: its nearest existing ancestor must allow it
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise CommandError(f"--output {output}: cannot create folders in {parent} (permission denied)")
+            return
         try:
-            output.parent.mkdir(parents=True, exist_ok=True)
             probe = output.parent / f".{output.name}.gymweb-write-test"
             probe.write_bytes(b"")
             probe.unlink()
@@ -237,6 +261,24 @@ class Command(BaseCommand):
         lines.append(f"wrote {written['rollouts']} row(s) to {names['rollouts']}")
         lines.append(f"wrote {written['failures']} row(s) to {names['failures']}")
         lines.append(f"wrote {written['materialized']} row(s) to {names['materialized']}")
-        if kinds and not interrupted:
-            lines.append("retry failed keys with the same command plus --resume")
+        if not interrupted:
+            lines.append(self._left(run))
         self.stdout.write("\n".join(line for line in lines if line))
+
+    @staticmethod
+    def _left(run: Run) -> str:
+        """What is left of the run after this command and whether ``--resume`` would retry it."""
+        left = runs.keys_left(run)
+        if not any(left.values()):
+            return "every key succeeded: nothing is left to retry"
+        parts = []
+        if left["retryable"]:
+            parts.append(f"{left['retryable']} key(s) without a success can be retried: run the same command plus --resume")
+        if left["terminal"]:
+            parts.append(f"{left['terminal']} key(s) failed terminally (an invalid Responses object): never retried, fix the agent")
+        if left["exhausted"]:
+            parts.append(
+                f"{left['exhausted']} key(s) used all {run.max_attempts} attempt(s): "
+                f"--resume retries them only with a higher --max-attempts"
+            )
+        return "left: " + "; ".join(parts)
