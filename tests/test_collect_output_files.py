@@ -58,6 +58,16 @@ def test_an_existing_failures_sidecar_alone_is_refused_too(tmp_path, counter_env
     assert not out.exists()
 
 
+def test_a_health_file_of_another_output_in_the_same_folder_is_refused_too(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+    call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "a.jsonl", "--limit", "1"))
+    assert (tmp_path / "quality_summary.json").exists()
+    with pytest.raises(CommandError, match=r"already exists: '.*quality_summary\.json'"):
+        call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "b.jsonl", "--limit", "1"))
+    call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "b.jsonl", "--limit", "1",
+                                   "--no-health-check"))
+    assert len(_read(tmp_path / "b.jsonl")) == 1
+
+
 def test_overwrite_replaces_the_files_with_a_new_run(tmp_path, capsys, counter_env_url, counter_agent_url, counter_tasks_path):
     out = tmp_path / "rollouts.jsonl"
     out.write_text("earlier results\n")

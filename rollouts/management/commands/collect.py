@@ -132,7 +132,10 @@ class Command(BaseCommand):
         if parsed.stripped_fields:
             self.stderr.write(f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}")
 
-        existing = [p for p in output_stems(output).values() if p.exists()]
+        written_here = list(output_stems(output).values())
+        if not opts["no_health_check"]:  # the check writes its two files beside the output
+            written_here += [output.parent / health.QUALITY_SUMMARY_FILENAME, output.parent / health.ROLLOUT_VERDICTS_FILENAME]
+        existing = [p for p in written_here if p.exists()]
         if existing and not (opts["resume"] or opts["overwrite"]):
             raise CommandError(
                 f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run, "
@@ -144,8 +147,11 @@ class Command(BaseCommand):
         if opts["resume"]:
             run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
             if run is None and existing:
+                ours = [p for p in existing if p in output_stems(output).values()]
+                if not ours:  # only the health files of another output in this folder
+                    raise CommandError(f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run.")
                 raise CommandError(
-                    f"--resume: no run in this database wrote '{existing[0]}', so there is nothing to continue "
+                    f"--resume: no run in this database wrote '{ours[0]}', so there is nothing to continue "
                     "(gymweb resumes from its database, not from the file). Pass --overwrite instead of --resume "
                     "to replace the file with a new run."
                 )
