@@ -1,7 +1,12 @@
-"""ASGI entry point."""
+"""ASGI entry point. With DEBUG off it refuses to start on the built-in development secret key
+(``gymweb.checks``)."""
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gymweb.settings")
 application = get_asgi_application()
+
+from gymweb.checks import refuse_development_key  # noqa: E402  (needs the settings set up above)
+
+refuse_development_key()

@@ -5,18 +5,37 @@ Scale-out: set ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/gymwe
 ``GYMWEB_REDIS_URL`` (e.g. ``redis://127.0.0.1:6379/0``) in the environment.
 """
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("GYMWEB_VAR_DIR", BASE_DIR / "var"))
 
-SECRET_KEY = os.environ.get("GYMWEB_SECRET_KEY", "dev-insecure-change-me-gymweb")
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    """An on/off switch from the environment: ``1``/``true``/``yes``/``on`` (any case) is on."""
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_list(name: str, default: str = "") -> list[str]:
+    """A comma-separated list from the environment, blanks dropped."""
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+# The built-in key only suits local development: with DEBUG off, gymweb.wsgi and gymweb.asgi (so
+# gunicorn, runserver and any other server) refuse to start on it (gymweb.checks), while commands
+# that serve no pages (collect, profile, qcluster, tests) still run. ``make demo`` keeps a key of
+# its own in var/.
+GYMWEB_DEVELOPMENT_SECRET_KEY = "dev-insecure-change-me-gymweb"
+SECRET_KEY = os.environ.get("GYMWEB_SECRET_KEY") or GYMWEB_DEVELOPMENT_SECRET_KEY
 # Off by default: with DEBUG on, Django records every SQL query of long-lived worker threads
 # (memory grows without bound) and spends more CPU per query than the query itself.
 DEBUG = os.environ.get("GYMWEB_DEBUG", "0") == "1"
-ALLOWED_HOSTS = [h for h in os.environ.get("GYMWEB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+ALLOWED_HOSTS = _env_list("GYMWEB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -24,22 +43,34 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # WhiteNoise serves static files in every server (runserver included), so runserver's own
+    # static view must step aside.
+    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "django_htmx",
     "django_q",
+    "axes",
+    "csp",
     "rollouts",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Before anything reads the body (CSRF reads the POST): refuses an oversized request unread.
+    "rollouts.web.uploads.RequestSizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "rollouts.web.sessions.SignInRedirectMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # django-axes wants to be last: it turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "gymweb.urls"
@@ -94,6 +125,53 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "runs"
 LOGOUT_REDIRECT_URL = "login"
+# A form posted with a stale CSRF token gets a page that says what happened and links back.
+CSRF_FAILURE_VIEW = "rollouts.web.sessions.csrf_failure"
+
+# Sign-in throttling (django-axes): after GYMWEB_SIGNIN_FAILURE_LIMIT wrong passwords for one user
+# name from one address, that pair is refused (429, the lockout page) for
+# GYMWEB_SIGNIN_LOCKOUT_MINUTES; the admin sign-in is covered too. ``manage.py axes_reset`` unlocks.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("GYMWEB_SIGNIN_FAILURE_LIMIT", 10))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("GYMWEB_SIGNIN_LOCKOUT_MINUTES", 15)))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "rollouts.web.sessions.locked_out"
+
+# -- production switches (README, "Production") ------------------------------------------------
+# Behind a TLS-terminating proxy: the header it sets to "https" (e.g. X-Forwarded-Proto), so
+# Django knows the request was secure (CSRF's origin check and SSL redirect depend on it). Only
+# set it when the proxy always sets or strips that header.
+_proxy_ssl_header = os.environ.get("GYMWEB_SECURE_PROXY_SSL_HEADER", "").strip()
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
+# Origins (scheme://host[:port]) whose form posts are trusted, e.g. https://gymweb.example.com.
+CSRF_TRUSTED_ORIGINS = _env_list("GYMWEB_CSRF_TRUSTED_ORIGINS")
+SECURE_SSL_REDIRECT = _env_flag("GYMWEB_SSL_REDIRECT")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_flag("GYMWEB_SECURE_COOKIES")
+SECURE_HSTS_SECONDS = int(os.environ.get("GYMWEB_HSTS_SECONDS", 0))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_flag("GYMWEB_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = _env_flag("GYMWEB_HSTS_PRELOAD")
+
+# Content-Security-Policy (django-csp): only this origin's scripts and styles, no inline code, no
+# framing. htmx's own indicator <style> is off (base.html's htmx-config; app.css has the rules).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -102,12 +180,36 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# ``manage.py collectstatic`` writes here; WhiteNoise serves it, compressed, under hashed names
+# (cached forever by browsers). With DEBUG off, pages need it: run collectstatic after each update.
+STATIC_ROOT = Path(os.environ.get("GYMWEB_STATIC_ROOT", VAR_DIR / "staticfiles"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
-# Uploads: datasets are read as they stream in; this bounds one upload (bytes).
+# Uploads (bytes). Every upload (/runs/new/, /import/) goes through one handler that stops storing
+# a file once it passes GYMWEB_MAX_UPLOAD_BYTES; a request whose declared size passes
+# GYMWEB_MAX_REQUEST_BYTES is refused (413) before its body is read. Dataset and rollouts files are
+# read line by line; one line may hold at most GYMWEB_MAX_LINE_BYTES.
 GYMWEB_MAX_UPLOAD_BYTES = int(os.environ.get("GYMWEB_MAX_UPLOAD_BYTES", 200 * 1024 * 1024))
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# The import form takes two files (rollouts and failures), plus the other fields.
+GYMWEB_MAX_REQUEST_BYTES = int(
+    os.environ.get("GYMWEB_MAX_REQUEST_BYTES", 2 * GYMWEB_MAX_UPLOAD_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE)
+)
+GYMWEB_MAX_LINE_BYTES = int(os.environ.get("GYMWEB_MAX_LINE_BYTES", 64 * 1024 * 1024))
+FILE_UPLOAD_HANDLERS = [
+    "rollouts.web.uploads.SizeLimitUploadHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
+
+# Pre-filled on the new-run form (and the agent check): the services this instance usually runs
+# against. ``make demo`` sets them to its example agent and env.
+GYMWEB_DEFAULT_AGENT_URL = os.environ.get("GYMWEB_DEFAULT_AGENT_URL", "")
+GYMWEB_DEFAULT_ENV_URL = os.environ.get("GYMWEB_DEFAULT_ENV_URL", "")
 
 # Hosts that runs may target (agent and env URLs). Empty = any host.
 GYMWEB_ALLOWED_TARGET_HOSTS = [h for h in os.environ.get("GYMWEB_ALLOWED_TARGET_HOSTS", "").split(",") if h]
@@ -176,5 +278,10 @@ LOGGING = {
     "loggers": {
         "gymweb": {"handlers": ["console"], "level": os.environ.get("GYMWEB_LOG_LEVEL", "INFO")},
         "django_q": {"handlers": ["console"], "level": "WARNING"},
+        # Django's default sends request errors to the console only with DEBUG on; in production a
+        # 500 must leave its traceback in the server's log (django.request logs it with exc_info).
+        # 4xx warnings (not found, CSRF refusals) land there too. runserver's own access log
+        # (django.server) keeps Django's default handler.
+        "django": {"handlers": ["console"], "level": "WARNING"},
     },
 }

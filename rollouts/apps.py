@@ -41,5 +41,7 @@ class RolloutsConfig(AppConfig):
     def ready(self):
         from django_q.signals import post_spawn
 
+        import gymweb.checks  # noqa: F401  (registers the deploy checks)
+
         post_migrate.connect(_ensure_supervisor, sender=self)
         post_spawn.connect(_on_worker_spawn, dispatch_uid="gymweb-worker-spawn")

@@ -15,6 +15,21 @@ COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
 SHARED_DATA = REPO.parent / "shared" / "data" / "nemo_gym"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def collected_static(tmp_path_factory):
+    """Static files collected once per session, as ``collectstatic`` does in production: with
+    DEBUG off, pages name them by the hashed names in its manifest (WhiteNoise's
+    ``CompressedManifestStaticFilesStorage``), so a template naming a missing file fails here too.
+    Subprocesses that serve pages get it as ``GYMWEB_STATIC_ROOT``."""
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    root = tmp_path_factory.mktemp("staticfiles")
+    with override_settings(STATIC_ROOT=root):
+        call_command("collectstatic", interactive=False, verbosity=0)
+        yield root
+
+
 @pytest.fixture(scope="session")
 def counter_env_url():
     """The example counter resources server, running for the whole session."""
@@ -175,3 +190,96 @@ def pytest_sessionfinish(session, exitstatus):
     if name and dj.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         for suffix in ("-wal", "-shm"):
             Path(str(name) + suffix).unlink(missing_ok=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a server started next)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Gunicorn:
+    """``gunicorn gymweb.wsgi`` subprocesses on this test's database, DEBUG off, as the README's
+    "Production" section runs it (with the session's collected static files)."""
+
+    def __init__(self, log_dir: Path, static_root: Path):
+        self.procs = []
+        self.log_dir = log_dir
+        self.static_root = static_root
+
+    def start(self, workers: int = 2, wait: bool = True, args: tuple = (), **extra_env) -> str:
+        """Start one server (``args``: more gunicorn flags; ``extra_env``: environment, None
+        removes a variable); return its base URL once it answers (``wait``)."""
+        import secrets
+        import subprocess
+        import sys
+
+        port = free_port()
+        env = _worker_env({
+            "GYMWEB_DEBUG": "0",
+            "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50),
+            "GYMWEB_STATIC_ROOT": str(self.static_root),
+            "GYMWEB_ALLOWED_HOSTS": "127.0.0.1,localhost",
+            **{k: str(v) for k, v in extra_env.items()},
+        })
+        for name, value in extra_env.items():
+            if value is None:
+                env.pop(name, None)
+        log = (self.log_dir / f"gunicorn-{len(self.procs)}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "gymweb.wsgi", "--bind", f"127.0.0.1:{port}",
+             "--workers", str(workers), "--timeout", "120", "--access-logfile", "-", *args],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        self.procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        if wait:
+            self.wait_ready(proc, url)
+        return url
+
+    def wait_ready(self, proc, url: str, timeout: float = 60) -> None:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"gunicorn exited ({proc.returncode}):\n{self.logs()[-3000:]}")
+            try:
+                httpx.get(url + "/accounts/login/", timeout=2, trust_env=False)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        pytest.fail(f"gunicorn did not answer at {url}:\n{self.logs()[-3000:]}")
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("gunicorn-*.log")))
+
+    def stop_all(self):
+        import signal
+
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except Exception:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def gunicorn(transactional_db, collected_static, tmp_path):
+    """Start gunicorn servers (``gunicorn.start(**env)`` → base URL) on this test's database."""
+    servers = Gunicorn(tmp_path, collected_static)
+    yield servers
+    servers.stop_all()

@@ -130,11 +130,17 @@ def test_every_page_links_a_favicon_and_favicon_ico_is_no_404(signed_in):
     from django.contrib.staticfiles import finders
     from django.test import Client
 
+    from django.templatetags.static import static
+
     visitor = Client()
+    icon = static("gymweb/favicon.svg")  # collectstatic's hashed name (cached forever by browsers)
+    assert re.fullmatch(r"/static/gymweb/favicon\.[0-9a-f]{12}\.svg", icon)
     for page in (signed_in.get(URL), visitor.get(reverse("login"))):
-        assert '<link rel="icon" href="/static/gymweb/favicon.svg" type="image/svg+xml">' in page.content.decode()
+        assert f'<link rel="icon" href="{icon}" type="image/svg+xml">' in page.content.decode()
     path = finders.find("gymweb/favicon.svg")
     assert path and open(path).read().lstrip().startswith("<svg")
     for who in (visitor, signed_in):
         response = who.get("/favicon.ico")
-        assert response.status_code in (301, 302) and response["Location"] == "/static/gymweb/favicon.svg"
+        assert response.status_code in (301, 302) and response["Location"] == icon
+    served = visitor.get(icon)  # WhiteNoise serves it, no view needed
+    assert served.status_code == 200 and b"".join(served.streaming_content).lstrip().startswith(b"<svg")
