@@ -34,6 +34,7 @@ from rollouts.web.evaluation_views import rollout_findings
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
+from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
 # The run page's own reader of its querystring (``forms.filtered_rollouts``) decides the list, so
@@ -596,14 +597,19 @@ class ImportForm(forms.Form):
     )
     name = forms.CharField(max_length=200, required=False, help_text="default: the file names")
 
+    def __init__(self, *args, too_large_uploads: Optional[set] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.too_large_uploads = too_large_uploads or set()
+
     def clean(self):
         data = super().clean()
-        limit = settings.GYMWEB_MAX_UPLOAD_BYTES
+        limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
         for field in ("rollouts", "failures"):
             upload = data.get(field)
-            if upload is not None and upload.size > limit:
-                shown = f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit} bytes"
-                self.add_error(field, f"the file is larger than the upload limit ({shown}, GYMWEB_MAX_UPLOAD_BYTES)")
+            if field in self.too_large_uploads or (upload is not None and upload.size > limit):
+                if field in self.errors:  # e.g. "required": the handler dropped the file, say why instead
+                    del self.errors[field]
+                self.add_error(field, upload_limit_message(limit))
         if not self.errors and data.get("rollouts") is None and data.get("failures") is None:
             self.add_error("rollouts", "Choose a rollouts.jsonl, a failures sidecar, or both.")
         return data
@@ -620,7 +626,7 @@ def _dataset_offer(upload, user) -> dict[str, Any]:
 
     try:
         upload.seek(0)
-        parsed = read_jsonl(upload, source=upload.name)
+        parsed = read_jsonl(upload, source=upload.name, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
     except DatasetError as exc:
         return {"error": str(exc)}
     dataset, reused = runs.store_or_reuse_dataset(parsed, PurePath(upload.name or "dataset.jsonl").name, user)
@@ -631,7 +637,7 @@ def _dataset_offer(upload, user) -> dict[str, Any]:
 def import_rollouts(request):
     offer = None
     if request.method == "POST":
-        form = ImportForm(request.POST, request.FILES)
+        form = ImportForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
             upload = form.cleaned_data.get("rollouts")
             sidecar = form.cleaned_data.get("failures")

@@ -22,7 +22,6 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import content_disposition_header
 from django.views.decorators.cache import never_cache
-from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from rollouts.evaluation import metrics
@@ -30,7 +29,8 @@ from rollouts.evaluation import metrics
 from rollouts.collection import runs
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
-from rollouts.web.forms import RolloutFilterForm, RunForm, SizeLimitUploadHandler, export_filename, filtered_rollouts
+from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filtered_rollouts
+from rollouts.web.uploads import too_large_uploads
 from rollouts.lossless import LosslessTextField
 from rollouts.models import Rollout, Run, Worker
 
@@ -63,18 +63,12 @@ def runs_list(request):
 
 # -- new run -----------------------------------------------------------------------------------------
 @login_required
-@csrf_exempt  # only so the upload size limit is in place before the body is read; CSRF is checked below
 @require_http_methods(["GET", "POST"])
 def run_new(request):
+    """The new-run form; a valid POST stores the dataset and the run and launches it. Uploads pass
+    ``uploads.SizeLimitUploadHandler`` (a file over the limit is an error on its field)."""
     if request.method == "POST":
-        request.upload_handlers.insert(0, SizeLimitUploadHandler(request, int(settings.GYMWEB_MAX_UPLOAD_BYTES)))
-    return _run_new(request)
-
-
-@csrf_protect
-def _run_new(request):
-    if request.method == "POST":
-        form = RunForm(request.POST, request.FILES, too_large_uploads=getattr(request, "gymweb_too_large_uploads", None))
+        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
             run, reused = _launch_from_form(form, request.user)
             note = f" The file was uploaded before: dataset #{run.dataset_id} reused." if reused else ""
