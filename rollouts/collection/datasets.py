@@ -20,12 +20,20 @@ __all__ = [
     "read_jsonl",
     "strip_result_fields",
     "iter_rows",
+    "iter_lines",
+    "DEFAULT_MAX_LINE_BYTES",
     "validate_overrides",
     "validate_row",
 ]
 
 # Task and rollout indices are stored in 32-bit integer columns.
 MAX_INDEX = 2**31 - 1
+
+# The longest line a reader accepts unless told otherwise (bytes; the web and the commands pass
+# GYMWEB_MAX_LINE_BYTES). A line is held whole while it is parsed, so this bounds memory.
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+# How much of a file stream is read at a time (bytes).
+READ_CHUNK_BYTES = 1024 * 1024
 
 # Result fields of an earlier output file; stripped on the way in so a stale result can neither
 # collide with nor leak into the new run's output (seed, "Gotchas"; DESIGN.md).
@@ -120,13 +128,78 @@ def _json_problem(exc: NotJSON, indent: int = 0) -> str:
     return str(exc)
 
 
+Lines = Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]]
+
+
+def _line_too_long(number: int, limit: int, source: str) -> DatasetError:
+    shown = f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit:,} bytes"
+    return DatasetError(
+        f"the line is longer than the limit of {shown} per line (GYMWEB_MAX_LINE_BYTES); "
+        "nothing was read past it", number, source,
+    )
+
+
+def iter_lines(stream: Lines, source: str = "", max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, Union[str, bytes]]]:
+    """``(line number, line)`` for every line of ``stream`` (1-based; the newline kept), in time
+    linear in the stream's size and memory bounded by one line plus ``READ_CHUNK_BYTES``.
+
+    ``stream`` is a file object (binary or text; anything with ``read(n)``, e.g. a Django upload)
+    or an iterable of lines. Lines end at ``\n`` only (JSONL). A line longer than
+    ``max_line_bytes`` (default ``DEFAULT_MAX_LINE_BYTES``; characters for a text stream, the
+    newline not counted) raises ``DatasetError`` naming it as soon as the limit is passed, without
+    reading the rest of that line into memory.
+
+    Django's ``File.__iter__`` joins a long line chunk by chunk (``buffer_ + line``: quadratic,
+    9 s for one 50 MB line); this keeps the pieces in a list and joins them once.
+    """
+    limit = DEFAULT_MAX_LINE_BYTES if max_line_bytes is None else int(max_line_bytes)
+    read = getattr(stream, "read", None)
+    if read is None:  # an iterable of lines (a list, a generator)
+        for number, line in enumerate(stream, start=1):
+            if len(line) - (1 if line[-1:] in ("\n", b"\n") else 0) > limit:
+                raise _line_too_long(number, limit, source)
+            yield number, line
+        return
+    number = 1
+    pieces: list = []
+    pending = 0  # length of the pieces (no newline among them)
+    while True:
+        chunk = read(READ_CHUNK_BYTES)
+        if not chunk:
+            break
+        newline = "\n" if isinstance(chunk, str) else b"\n"
+        start = 0
+        while True:
+            end = chunk.find(newline, start)
+            if end < 0:
+                if pending + len(chunk) - start > limit:
+                    raise _line_too_long(number, limit, source)
+                if start < len(chunk):
+                    pieces.append(chunk[start:] if start else chunk)
+                    pending += len(chunk) - start
+                break
+            if pending + end - start > limit:
+                raise _line_too_long(number, limit, source)
+            piece = chunk[start:end + 1]
+            if pieces:
+                pieces.append(piece)
+                piece = piece[:0].join(pieces)
+                pieces, pending = [], 0  # dropped before the line is handed on: one copy alive
+            yield number, piece
+            number += 1
+            start = end + 1
+    if pieces:
+        yield number, pieces[0][:0].join(pieces)
+
+
 def iter_rows(
-    stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], source: str = "", digest: Any = None
+    stream: Lines, source: str = "", digest: Any = None, max_line_bytes: Optional[int] = None
 ) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """``(line number, line text, row)`` for every non-blank line of a JSONL stream, each row strict
     JSON (``contract.strict_loads``) and valid (``validate_row``). ``digest`` (a hashlib object), if
-    given, is fed every line as read. Raises ``DatasetError`` naming the first bad line."""
-    for number, raw in enumerate(stream, start=1):
+    given, is fed every line as read. Lines are read by ``iter_lines`` (linear time, at most
+    ``max_line_bytes`` per line). Raises ``DatasetError`` naming the first bad or too long line."""
+    for number, raw in iter_lines(stream, source, max_line_bytes):
         if isinstance(raw, bytes):
             if digest is not None:
                 digest.update(raw)
@@ -150,17 +223,20 @@ def iter_rows(
         yield number, text, validate_row(row, number, source)
 
 
-def read_jsonl(stream: Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]], source: str = "", max_rows: Optional[int] = None) -> ParsedDataset:
+def read_jsonl(
+    stream: Lines, source: str = "", max_rows: Optional[int] = None, max_line_bytes: Optional[int] = None
+) -> ParsedDataset:
     """Read and validate a whole JSONL dataset; nothing is returned unless every line is good.
 
-    ``stream`` yields lines (bytes or text). Blank lines are skipped. Each row must be a JSON object
-    with ``responses_create_params`` (an object with ``input``). Stale result fields are stripped
-    (``RESULT_FIELDS``). ``max_rows`` stops reading after that many rows (for ``limit``).
+    ``stream`` is a file object or yields lines (bytes or text). Blank lines are skipped. Each row
+    must be a JSON object with ``responses_create_params`` (an object with ``input``). Stale result
+    fields are stripped (``RESULT_FIELDS``). ``max_rows`` stops reading after that many rows (for
+    ``limit``); ``max_line_bytes`` bounds one line (``iter_lines``).
     Raises ``DatasetError`` with the line number for the first bad line, or for an empty file.
     """
     parsed = ParsedDataset()
     digest = hashlib.sha256()
-    for number, text, row in iter_rows(stream, source, digest):
+    for number, text, row in iter_rows(stream, source, digest, max_line_bytes):
         parsed.stripped_fields.update(strip_result_fields(row))
         parsed.rows.append(row)
         parsed.lines.append(number)

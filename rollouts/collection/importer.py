@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, BinaryIO, Iterable, Iterator, Optional, TextIO, Union
 
+from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
@@ -116,8 +117,9 @@ def _dumps(obj: Any) -> str:
 
 
 def _iter_rows(stream: Lines, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, row)`` for every non-blank line; raises ``DatasetError`` on a bad line."""
-    for number, _text, row in iter_rows(stream, source):
+    """``(line number, row)`` for every non-blank line (at most ``GYMWEB_MAX_LINE_BYTES`` each);
+    raises ``DatasetError`` on a bad or too long line."""
+    for number, _text, row in iter_rows(stream, source, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES)):
         yield number, row
 
 
@@ -184,7 +186,7 @@ def _first_row(stream: Any) -> Optional[dict[str, Any]]:
     try:
         position = stream.tell()
         try:
-            for _number, _text, row in iter_rows(stream):
+            for _number, _text, row in iter_rows(stream, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES)):
                 return row
         except DatasetError:
             return None

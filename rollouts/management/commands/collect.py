@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
@@ -120,7 +121,7 @@ class Command(BaseCommand):
         self._check_output(output, input_path)
         try:
             with input_path.open("rb") as fh:
-                parsed = read_jsonl(fh, source=str(input_path))
+                parsed = read_jsonl(fh, source=str(input_path), max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
         except FileNotFoundError:
             raise CommandError(f"--input {input_path}: no such file") from None
         except IsADirectoryError:
