@@ -13,8 +13,12 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# make demo PORT=8001 (web server); the example env and agent keep ENV_PORT and AGENT_PORT.
+PORT ?= 8000
+ENV_PORT ?= 9101
+AGENT_PORT ?= 9102
 demo: $(BIN)/.installed
-	$(BIN)/python manage.py demo
+	$(BIN)/python manage.py demo --port $(PORT) --env-port $(ENV_PORT) --agent-port $(AGENT_PORT) $(DEMO_ARGS)
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

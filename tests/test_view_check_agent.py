@@ -176,3 +176,16 @@ def test_whatever_an_agent_answers_the_page_stays_inert(signed_in):
         assert findings(html), twist.__name__
         assert_inert(html)
         assert "&lt;script&gt;" in html
+
+
+@pytest.mark.django_db
+def test_an_agent_url_ending_in_v1_responses_gets_the_same_hint(signed_in):
+    response = check(signed_in, "http://127.0.0.1:9102/v1/responses")
+    assert response.status_code == 400
+    assert "gymweb appends /v1/responses itself" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_form_is_pre_filled_with_the_instances_default_agent(signed_in, settings):
+    settings.GYMWEB_DEFAULT_AGENT_URL = "http://127.0.0.1:9102"
+    assert 'value="http://127.0.0.1:9102"' in signed_in.get(URL).content.decode()

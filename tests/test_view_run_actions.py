@@ -49,6 +49,14 @@ def test_actions_need_the_csrf_token(user, running_run):
     assert Run.objects.get(pk=running_run.pk).status == Run.Status.CANCELLED
 
 
+def test_cancel_asks_for_confirmation_before_it_is_sent(signed_in, running_run):
+    html = signed_in.get(reverse("run", args=[running_run.pk])).content.decode()
+    form = html[html.rindex("<form", 0, html.index('id="cancel-run"')):html.index('id="cancel-run"')]
+    assert f'action="{reverse("run_cancel", args=[running_run.pk])}"' in form
+    assert 'data-confirm="Cancel this run?' in form  # static/gymweb/confirm.js asks (see the browser test)
+    assert "gymweb/confirm." in html
+
+
 def test_an_unknown_run_is_404(signed_in):
     assert signed_in.post(reverse("run_cancel", args=[404])).status_code == 404
     assert signed_in.post(reverse("run_retry", args=[404])).status_code == 404

@@ -280,3 +280,28 @@ def test_a_submitted_run_completes_against_the_example_services(client, django_u
     assert run.status == Run.Status.COMPLETED
     assert set(Rollout.objects.filter(run=run).values_list("status", "reward")) == {("succeeded", 1.0)}
     assert Rollout.objects.filter(run=run).count() == 5
+
+
+# -- first use (issue 10) --------------------------------------------------------------------------
+def test_the_form_is_pre_filled_with_the_instances_default_services(signed_in, settings):
+    settings.GYMWEB_DEFAULT_AGENT_URL = "http://127.0.0.1:9102"
+    settings.GYMWEB_DEFAULT_ENV_URL = "http://127.0.0.1:9101"
+    html = signed_in.get(URL).content.decode()
+    assert 'name="agent_url" value="http://127.0.0.1:9102"' in html
+    assert 'name="env_url" value="http://127.0.0.1:9101"' in html
+
+
+def test_without_defaults_the_service_fields_start_empty(signed_in, settings):
+    settings.GYMWEB_DEFAULT_AGENT_URL = settings.GYMWEB_DEFAULT_ENV_URL = ""
+    html = signed_in.get(URL).content.decode()
+    assert 'name="agent_url" value=' not in html and 'name="env_url" value=' not in html
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9102/v1/responses", "http://127.0.0.1:9102/v1/responses/",
+                                 "https://agents.example/team/v1/responses"])
+def test_an_agent_url_ending_in_v1_responses_gets_a_hint_that_gymweb_appends_it(signed_in, url):
+    response = signed_in.post(URL, _data(agent_url=url))
+    assert response.status_code == 400 and _nothing_stored()
+    error = response.context["form"].errors["agent_url"][0]
+    base = url.rstrip("/")[: -len("/v1/responses")]
+    assert "gymweb appends /v1/responses itself" in error and f"Did you mean {base}?" in error

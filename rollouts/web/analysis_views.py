@@ -46,7 +46,7 @@ from rollouts.web import charts
 from rollouts.evaluation import compare as nemo_compare
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
-from rollouts.web.forms import clean_target_url
+from rollouts.web.forms import clean_agent_url
 from rollouts.engine.loop import InvalidBaseURL
 from rollouts.models import AgentCall, Rollout, Run
 from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
@@ -801,8 +801,8 @@ def compare(request):
 class CheckAgentForm(forms.Form):
     """The agent to probe. The URL is validated exactly like the new-run form's agent URL
     (``loop.validate_base_url``: http(s), no credentials, query or fragment; and
-    ``GYMWEB_ALLOWED_TARGET_HOSTS``), with the same helper (``forms.clean_target_url``); a value
-    holding ``@`` is never rendered back."""
+    ``GYMWEB_ALLOWED_TARGET_HOSTS``; no trailing ``/v1/responses``), with the same helper
+    (``forms.clean_agent_url``); a value holding ``@`` is never rendered back."""
 
     agent_url = forms.CharField(
         label="Agent base URL",
@@ -821,7 +821,7 @@ class CheckAgentForm(forms.Form):
     )
 
     def clean_agent_url(self) -> str:
-        return clean_target_url(self, "agent_url", "agent URL")
+        return clean_agent_url(self)
 
 
 def _report_view(report) -> dict[str, Any]:
@@ -854,7 +854,7 @@ def check_agent(request):
             else:
                 result = _report_view(report)
     else:
-        prefill = request.GET.get("agent_url", "")
+        prefill = request.GET.get("agent_url", "") or settings.GYMWEB_DEFAULT_AGENT_URL
         form = CheckAgentForm(initial={"agent_url": prefill[:2000] if "@" not in prefill else ""})
     response = render(request, "rollouts/check_agent.html", {"form": form, "result": result},
                       status=400 if form.is_bound and form.errors else 200)

@@ -9,7 +9,6 @@ from urllib.parse import urlencode, urlsplit
 
 from django import forms
 from django.conf import settings
-from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
@@ -19,42 +18,7 @@ from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
 from rollouts.evaluation.health import CHECK_IDS as HEALTH_CHECK_IDS
 from rollouts.models import Dataset, Rollout, RolloutHealth
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}".replace(".0 ", " ")
-        n /= 1024
-    return f"{n} bytes"  # pragma: no cover
-
-
-def upload_limit_message(limit: int) -> str:
-    return (
-        f"The file is larger than the upload limit of {human_bytes(limit)} "
-        "(GYMWEB_MAX_UPLOAD_BYTES). Split it, or ask the administrator to raise the limit."
-    )
-
-
-class SizeLimitUploadHandler(FileUploadHandler):
-    """Stops storing an uploaded file once it passes ``limit`` bytes (the rest of that file is read
-    and dropped, the other form fields still arrive) and marks the request, so the form can say so.
-    Install it before the request body is read (see ``views.run_new``)."""
-
-    def __init__(self, request, limit: int):
-        super().__init__(request)
-        self.limit = limit
-
-    def receive_data_chunk(self, raw_data, start):
-        if start + len(raw_data) > self.limit:
-            too_large = getattr(self.request, "gymweb_too_large_uploads", set())
-            too_large.add(self.field_name)
-            self.request.gymweb_too_large_uploads = too_large
-            raise SkipFile()
-        return raw_data
-
-    def file_complete(self, file_size):
-        return None  # the next handler stores the file
+from rollouts.web.uploads import human_bytes, upload_limit_message
 
 
 def forget_value(form: forms.Form, name: str) -> None:
@@ -82,6 +46,24 @@ def clean_target_url(form: forms.Form, name: str, what: str) -> str:
         raise forms.ValidationError(
             f"{what}: host {host!r} is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: {', '.join(allowed)}).",
             code="host_not_allowed",
+        )
+    return url
+
+
+RESPONSES_PATH = "/v1/responses"
+
+
+def clean_agent_url(form: forms.Form, name: str = "agent_url") -> str:
+    """``clean_target_url`` for an agent's base URL, which must not end in ``/v1/responses``:
+    gymweb POSTs to ``{agent_base_url}/v1/responses`` (DESIGN.md, the contract), so such a URL
+    would be called as ``…/v1/responses/v1/responses``. The error names the base URL to enter."""
+    url = clean_target_url(form, name, "agent URL")
+    if url.rstrip("/").endswith(RESPONSES_PATH):
+        base = url.rstrip("/")[: -len(RESPONSES_PATH)]
+        raise forms.ValidationError(
+            f"Enter the agent's base URL without {RESPONSES_PATH}: gymweb appends {RESPONSES_PATH} "
+            f"itself (it would call {url}{RESPONSES_PATH}). Did you mean {base}?",
+            code="responses_path",
         )
     return url
 
@@ -151,6 +133,9 @@ class RunForm(forms.Form):
     def __init__(self, *args: Any, too_large_uploads: Optional[set] = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.too_large_uploads = too_large_uploads or set()
+        # The services an instance offers by default (``make demo`` sets its example env and agent).
+        self.fields["agent_url"].initial = getattr(settings, "GYMWEB_DEFAULT_AGENT_URL", "") or None
+        self.fields["env_url"].initial = getattr(settings, "GYMWEB_DEFAULT_ENV_URL", "") or None
         self.max_run_timeout_s = float(settings.GYMWEB_MAX_RUN_TIMEOUT_S)
         self.fields["run_timeout_s"].initial = min(DEFAULT_RUN_TIMEOUT_S, self.max_run_timeout_s)
         self.fields["run_timeout_s"].help_text += f" At most {self.max_run_timeout_s:g} s."
@@ -161,7 +146,7 @@ class RunForm(forms.Form):
 
     # -- services --------------------------------------------------------------------------------
     def clean_agent_url(self) -> str:
-        return clean_target_url(self, "agent_url", "agent URL")
+        return clean_agent_url(self)
 
     def clean_env_url(self) -> str:
         return clean_target_url(self, "env_url", "environment URL")
@@ -201,7 +186,7 @@ class RunForm(forms.Form):
             return None
         try:
             upload.seek(0)
-            self.parsed = read_jsonl(upload, source=upload.name)
+            self.parsed = read_jsonl(upload, source=upload.name, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
         except DatasetError as exc:
             raise forms.ValidationError(str(exc), code="bad_dataset") from None
         return upload

@@ -1,8 +1,15 @@
 """``python manage.py demo``: the whole product on the embedded default, in one command.
 
-Migrates, makes a sign-in user (printing how to sign in), starts the example counter env and agent,
-a django-q2 worker and the web server, launches a demo run on the real counter dataset, prints the
-URL, and stops everything cleanly on Ctrl-C.
+Migrates, collects static files, makes a sign-in user (printing how to sign in), starts the example
+counter env and agent, a django-q2 worker and the web server, launches a demo run on the real
+counter dataset, prints the URL, and stops everything cleanly on Ctrl-C.
+
+Restarts keep what a user of the last demo relies on: the env and agent listen on fixed ports
+(``--env-port``/``--agent-port``), so earlier demo runs can be retried; the user keeps its password
+(``var/demo_password``) and the web server its secret key (``var/secret_key``, unless
+``GYMWEB_SECRET_KEY`` is set), so a browser that was signed in stays signed in. The web server and
+the worker run with ``GYMWEB_ALLOW_LOCAL_TARGETS=1`` (the example services are on 127.0.0.1) and the
+new-run form is pre-filled with the example URLs (``GYMWEB_DEFAULT_AGENT_URL``/``_ENV_URL``).
 """
 from __future__ import annotations
 
@@ -26,6 +33,24 @@ from rollouts.collection.datasets import read_jsonl
 REPO = Path(settings.BASE_DIR)
 COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
 _LISTENING = re.compile(r"listening on (http://\S+)")
+DEFAULT_ENV_PORT = 9101
+DEFAULT_AGENT_PORT = 9102
+
+
+def _kept_secret(path: Path, make) -> str:
+    """The text kept in ``path`` (owner-only), made by ``make()`` and written on first use."""
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except FileNotFoundError:
+        pass
+    text = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text + "\n")
+    return text
 
 
 def _interrupt(signum, frame):
@@ -39,8 +64,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1", help="web server address (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=8000, help="web server port (default 8000)")
-        parser.add_argument("--user", default="demo", help="sign-in user to create or reset (default demo)")
-        parser.add_argument("--password", default=None, help="its password (default: a new random one, printed)")
+        parser.add_argument("--env-port", type=int, default=DEFAULT_ENV_PORT, help=f"example env port on 127.0.0.1 (default {DEFAULT_ENV_PORT})")
+        parser.add_argument("--agent-port", type=int, default=DEFAULT_AGENT_PORT, help=f"example agent port on 127.0.0.1 (default {DEFAULT_AGENT_PORT})")
+        parser.add_argument("--user", default="demo", help="sign-in user to create (default demo)")
+        parser.add_argument("--password", default=None, help="its password (default: the one it had in the last demo, else a new random one; printed)")
         parser.add_argument("--num-repeats", type=int, default=4, help="rollouts per counter task in the demo run (default 4)")
         parser.add_argument("--no-run", action="store_true", help="start everything but launch no demo run")
         parser.add_argument("--exit-when-done", action="store_true", help="stop once the demo run is final (for scripts and CI)")
@@ -58,19 +85,25 @@ class Command(BaseCommand):
             self.stdout.write("stopped.")
 
     def _main(self, opts):
-        self._check_port_free(opts["host"], opts["port"])
+        self._check_port_free(opts["host"], opts["port"], "--port")
+        self._check_port_free("127.0.0.1", opts["env_port"], "--env-port")
+        self._check_port_free("127.0.0.1", opts["agent_port"], "--agent-port")
         call_command("migrate", verbosity=0, interactive=False)
-        password = opts["password"] or secrets.token_urlsafe(9)
-        User = get_user_model()
-        user, created = User.objects.get_or_create(username=opts["user"], defaults={"is_staff": True, "is_superuser": True})
-        user.set_password(password)
-        user.save()
+        # WhiteNoise serves the collected files (compressed, hashed names), as in production.
+        call_command("collectstatic", verbosity=0, interactive=False)
+        user, password = self._demo_user(opts["user"], opts["password"])
 
-        env_url = self._spawn("counter env", [sys.executable, "-m", "examples.counter_env", "--port", "0"])
-        agent_url = self._spawn("counter agent", [sys.executable, "-m", "examples.counter_agent", "--port", "0"])
-        self._spawn_plain("worker", [sys.executable, "manage.py", "qcluster"])
+        env_url = self._spawn("counter env", [sys.executable, "-m", "examples.counter_env", "--port", str(opts["env_port"])])
+        agent_url = self._spawn("counter agent", [sys.executable, "-m", "examples.counter_agent", "--port", str(opts["agent_port"])])
+        served = {
+            "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
+            "GYMWEB_SECRET_KEY": os.environ.get("GYMWEB_SECRET_KEY") or _kept_secret(Path(settings.VAR_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
+            "GYMWEB_DEFAULT_AGENT_URL": agent_url,
+            "GYMWEB_DEFAULT_ENV_URL": env_url,
+        }
+        self._spawn_plain("worker", [sys.executable, "manage.py", "qcluster"], served)
         web_url = f"http://{opts['host']}:{opts['port']}"
-        self._spawn_plain("web", [sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"{opts['host']}:{opts['port']}"])
+        self._spawn_plain("web", [sys.executable, "manage.py", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"], served)
         self._wait_http(web_url + "/accounts/login/")
 
         run = None
@@ -109,6 +142,28 @@ class Command(BaseCommand):
                     return
             time.sleep(0.5)
 
+    def _demo_user(self, username: str, wanted: str | None):
+        """The sign-in user (a superuser) and its password: ``wanted``, else the one kept from the
+        last demo (``var/demo_password``) if it still signs in, else a new random one. The password
+        is only set when it changes: setting it anew would sign out every open browser."""
+        kept = Path(settings.VAR_DIR) / "demo_password"
+        User = get_user_model()
+        user, _created = User.objects.get_or_create(username=username, defaults={"is_staff": True, "is_superuser": True})
+        password = wanted
+        if password is None:
+            try:
+                password = kept.read_text().strip() or None
+            except FileNotFoundError:
+                password = None
+        if password is None or not user.check_password(password):
+            password = password or secrets.token_urlsafe(9)
+            user.set_password(password)
+        user.is_active = user.is_staff = user.is_superuser = True
+        user.save()
+        kept.unlink(missing_ok=True)
+        _kept_secret(kept, lambda: password)
+        return user, password
+
     # -- child processes ---------------------------------------------------------------------
     @property
     def _named(self):
@@ -133,13 +188,13 @@ class Command(BaseCommand):
                 return match.group(1)
         raise CommandError(f"the {name} did not start")
 
-    def _spawn_plain(self, name, cmd):
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+    def _spawn_plain(self, name, cmd, extra_env=None):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
         return self._popen(name, cmd, env=env)
 
     @staticmethod
-    def _check_port_free(host: str, port: int) -> None:
-        """Fail before touching anything (users, runs) when the web port is taken, e.g. by another
+    def _check_port_free(host: str, port: int, flag: str = "--port") -> None:
+        """Fail before touching anything (users, runs) when a port is taken, e.g. by another
         demo: otherwise its health check would reach the other server."""
         import socket
 
@@ -149,8 +204,8 @@ class Command(BaseCommand):
                 sock.bind((host, port))
             except OSError as exc:
                 raise CommandError(
-                    f"{host}:{port} is already in use ({exc.strerror}); is another gymweb running? "
-                    f"Pick another port: python manage.py demo --port {port + 1}"
+                    f"{host}:{port} is already in use ({exc.strerror}); is another gymweb demo running? "
+                    f"Pick another port: python manage.py demo {flag} {port + 1}"
                 ) from None
 
     def _wait_http(self, url: str, timeout: float = 30) -> None:

@@ -1,0 +1,134 @@
+"""``make demo`` (issue 10, "Demo and first use"): it takes a port (``make demo PORT=8001``); the
+example env and agent keep fixed ports; the demo user keeps its password and the web server its
+secret key across restarts, so a signed-in browser stays signed in and earlier demo runs can be
+retried; the new-run form is pre-filled with the example URLs; DEBUG stays off."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from .conftest import REPO, free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_make_demo_passes_the_port_and_the_example_ports():
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    out = subprocess.run(["make", "-n", "demo", "PORT=8001"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "manage.py demo --port 8001 --env-port 9101 --agent-port 9102" in out
+    out = subprocess.run(["make", "-n", "demo", "PORT=8001", "ENV_PORT=9301", "AGENT_PORT=9302"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    assert "--port 8001 --env-port 9301 --agent-port 9302" in out
+
+
+class Demo:
+    """``manage.py demo`` in a subprocess with its own var/ (SQLite) directory; its output is read
+    by a thread so the pipe never fills."""
+
+    def __init__(self, var_dir, *args):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("DATABASE_URL", "GYMWEB_REDIS_URL", "GYMWEB_SECRET_KEY", "GYMWEB_SQLITE_PATH", "GYMWEB_DEBUG")}
+        env.update(GYMWEB_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", GYMWEB_Q_WORKERS="1")
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "demo", *args], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(pattern, self.output)
+            if match:
+                return match
+            assert self.proc.poll() is None, f"the demo stopped ({self.proc.returncode}):\n{self.output[-3000:]}"
+            time.sleep(0.2)
+        pytest.fail(f"the demo never printed {pattern!r}:\n{self.output[-3000:]}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def _sign_in(base: str, password: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, trust_env=False, timeout=30)
+    page = client.get("/accounts/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    signed = client.post("/accounts/login/", data={"username": "demo", "password": password, "csrfmiddlewaretoken": token, "next": "/"})
+    assert signed.status_code == 302, signed.text[:500]
+    return client
+
+
+def test_the_demo_on_a_chosen_port_keeps_its_ports_password_and_sessions_across_restarts(tmp_path):
+    web, env_port, agent_port = free_port(), free_port(), free_port()
+    ports = ["--port", str(web), "--env-port", str(env_port), "--agent-port", str(agent_port)]
+    base = f"http://127.0.0.1:{web}"
+    env_url, agent_url = f"http://127.0.0.1:{env_port}", f"http://127.0.0.1:{agent_port}"
+
+    first = Demo(tmp_path, *ports, "--no-run")
+    try:
+        first.wait_for("gymweb is running")
+        password = first.wait_for(r"sign in as  demo / (\S+)").group(1)
+        assert f"example env {env_url}   example agent {agent_url}" in first.output
+        browser = _sign_in(base, password)
+        form = browser.get("/runs/new/").text
+        # Pre-filled with the example services.
+        assert f'name="agent_url" value="{agent_url}"' in form and f'name="env_url" value="{env_url}"' in form
+        # The stylesheet is served (WhiteNoise, runserver without --insecure) and DEBUG is off.
+        css = re.search(r'<link rel="stylesheet" href="([^"]+)"', form).group(1)
+        assert re.fullmatch(r"/static/gymweb/app\.[0-9a-f]{12}\.css", css) and browser.get(css).status_code == 200
+        assert browser.get("/no-such-page/").status_code == 404 and "Traceback" not in browser.get("/no-such-page/").text
+    finally:
+        first.stop()
+    assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0  # owner-only
+    key = (tmp_path / "secret_key").read_text()
+
+    second = Demo(tmp_path, *ports, "--num-repeats", "1", "--exit-when-done")
+    try:
+        second.wait_for("gymweb is running")
+        assert second.wait_for(r"sign in as  demo / (\S+)").group(1) == password
+        assert f"example env {env_url}   example agent {agent_url}" in second.output
+        # The browser of the first demo is still signed in (same key, same password hash).
+        run_page = browser.get("/runs/1/")
+        assert run_page.status_code == 200 and "demo: counter tasks" in run_page.text
+        assert second.proc.wait(timeout=180) == 0, second.output[-3000:]
+    finally:
+        second.stop()
+        browser.close()
+    assert "demo run completed: 5 succeeded, 0 failed" in second.output
+    assert (tmp_path / "secret_key").read_text() == key
+
+
+def test_a_taken_example_port_is_a_clear_error_naming_the_flag(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        demo = Demo(tmp_path, "--port", str(free_port()), "--env-port", str(port), "--agent-port", str(free_port()))
+        assert demo.proc.wait(timeout=120) != 0
+    assert f"127.0.0.1:{port} is already in use" in demo.output and f"--env-port {port + 1}" in demo.output
+    assert not (tmp_path / "gymweb.sqlite3").exists()  # nothing touched
