@@ -25,7 +25,7 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -36,3 +36,5 @@ bench-inflight: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_inflight --db $(DB)
 bench-profile: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_profile --db $(DB)
+bench-jsonl: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_jsonl_line
