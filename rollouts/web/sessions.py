@@ -75,7 +75,8 @@ class SignInRedirectMiddleware:
 
     def __call__(self, request):
         response = self.get_response(request)
-        if not _is_sign_in_redirect(response) or request.user.is_authenticated:
+        user = getattr(request, "user", None)
+        if not _is_sign_in_redirect(response) or (user is not None and user.is_authenticated):
             return response
         htmx = _is_htmx(request)
         if not htmx and request.method in SAFE_METHODS:
