@@ -17,17 +17,29 @@ SHARED_DATA = REPO.parent / "shared" / "data" / "nemo_gym"
 
 @pytest.fixture(scope="session", autouse=True)
 def collected_static(tmp_path_factory):
-    """Static files collected once per session, as ``collectstatic`` does in production: with
-    DEBUG off, pages name them by the hashed names in its manifest (WhiteNoise's
-    ``CompressedManifestStaticFilesStorage``), so a template naming a missing file fails here too.
-    Subprocesses that serve pages get it as ``GYMWEB_STATIC_ROOT``."""
+    """Static files collected once per session with the production storage (WhiteNoise's
+    ``CompressedManifestStaticFilesStorage``: compressed copies, hashed names in a manifest), for
+    the subprocesses that serve pages as in production (gunicorn, runserver; passed as
+    ``GYMWEB_STATIC_ROOT``). In this process pages name the plain files, as Django advises for
+    tests: the live server serves them through the finders, which know no hashed names. Tests that
+    check hashed names use the ``manifest_static`` fixture."""
+    from django.conf import settings as dj
     from django.core.management import call_command
     from django.test import override_settings
 
     root = tmp_path_factory.mktemp("staticfiles")
     with override_settings(STATIC_ROOT=root):
         call_command("collectstatic", interactive=False, verbosity=0)
-        yield root
+        plain = {**dj.STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+        with override_settings(STORAGES=plain, GYMWEB_PRODUCTION_STORAGES=dict(dj.STORAGES)):
+            yield root
+
+
+@pytest.fixture
+def manifest_static(settings, collected_static):
+    """Pages name static files by collectstatic's hashed names, as with DEBUG off in production."""
+    settings.STORAGES = settings.GYMWEB_PRODUCTION_STORAGES
+    return collected_static
 
 
 @pytest.fixture(scope="session")

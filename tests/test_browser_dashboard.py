@@ -36,6 +36,8 @@ def browser():
 def test_a_run_started_in_the_browser_completes_live_and_downloads(
     browser, live_server, workers, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path, tmp_path
 ):
+    from playwright.sync_api import expect
+
     django_user_model.objects.create_user(username="erin", password="correct horse battery")
     context = browser.new_context(accept_downloads=True, viewport={"width": 1360, "height": 1000})
     page = context.new_page()
@@ -64,12 +66,13 @@ def test_a_run_started_in_the_browser_completes_live_and_downloads(
     assert page.get_attribute("#run-live", "hx-trigger") == "every 2s"
     page.evaluate("window.__gymwebMark = 'still here'")
     workers.start(workers=1)
-    page.wait_for_function("document.getElementById('run-status').textContent.trim() === 'completed'", timeout=90_000)
+    # (Locator waits, not wait_for_function: its polling evaluates a string, which the CSP forbids.)
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=90_000)
     assert page.evaluate("window.__gymwebMark") == "still here"
     assert "5 / 5 done" in page.inner_text("#run-live")
     assert page.inner_text("#reward-mean") == "1.0000"
     # The table refreshed itself when the rollouts finished.
-    page.wait_for_function("document.querySelectorAll('#rollout-table .badge.succeeded').length === 5")
+    expect(page.locator("#rollout-table .badge.succeeded")).to_have_count(5)
     assert page.evaluate("window.__gymwebMark") == "still here"
     # Polling stopped: the final markup carries no trigger.
     assert page.get_attribute("#run-live", "hx-trigger") is None

@@ -37,6 +37,8 @@ def _sign_in(page, base: str) -> None:
 
 
 def test_the_dashboard_under_gunicorn_with_debug_off_is_styled_live_and_csp_clean(browser, gunicorn, django_user_model):  # noqa: F811
+    from playwright.sync_api import expect
+
     django_user_model.objects.create_user(username="erin", password="correct horse battery")
     run = make_run(3, status=Run.Status.RUNNING, name="waiting run")  # pending keys, no worker: it polls
     base = gunicorn.start()
@@ -64,7 +66,8 @@ def test_the_dashboard_under_gunicorn_with_debug_off_is_styled_live_and_csp_clea
     # The run page: the lazy charts load and the live part polls.
     page.click(f"a[href='/runs/{run.pk}/']")
     page.wait_for_url(f"{base}/runs/{run.pk}/")
-    page.wait_for_function("!document.getElementById('run-charts').textContent.includes('Loading…')")
+    # (Locator waits, not wait_for_function: its polling evaluates a string, which the CSP forbids.)
+    expect(page.locator("#run-charts")).not_to_contain_text("Loading…")
     with page.expect_request(lambda r: f"/runs/{run.pk}/live/" in r.url, timeout=15_000):
         pass
     assert page.inner_text("#run-status").strip() == "running"
@@ -79,7 +82,7 @@ def test_the_dashboard_under_gunicorn_with_debug_off_is_styled_live_and_csp_clea
     assert run.status == Run.Status.RUNNING
     page.once("dialog", lambda d: d.accept())
     page.click("#cancel-run")
-    page.wait_for_function("document.getElementById('run-status').textContent.trim() === 'cancelled'")
+    expect(page.locator("#run-status")).to_have_text("cancelled")
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED
 

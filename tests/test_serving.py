@@ -214,7 +214,7 @@ def test_a_500_with_debug_off_logs_its_traceback(signed_in, settings, monkeypatc
     assert "Traceback (most recent call last)" in log and "RuntimeError: boom in the runs list" in log
 
 
-def test_static_names_are_hashed_and_served_by_whitenoise_in_process():
+def test_static_names_are_hashed_and_served_by_whitenoise_in_process(manifest_static):
     css = static("gymweb/app.css")
     assert re.fullmatch(r"/static/gymweb/app\.[0-9a-f]{12}\.css", css)
     response = Client().get(css, HTTP_ACCEPT_ENCODING="br")

@@ -7,6 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.http import QueryDict
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 
@@ -481,7 +482,7 @@ def test_the_filter_ignores_unknown_params_and_bad_values(ten_rollouts):
 def test_j_and_k_are_bound_to_next_and_previous(signed_in, ten_rollouts):
     run, rollouts = ten_rollouts
     html = page(signed_in, rollouts[4])
-    assert "gymweb/trajectory.js" in html
+    assert static("gymweb/trajectory.js") in html
     assert 'rel="next"' in html and 'rel="prev"' in html
     from pathlib import Path
 

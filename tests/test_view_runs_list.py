@@ -126,7 +126,7 @@ def test_the_sign_in_page_is_still_shown_to_a_visitor(client, db):
     assert response.status_code == 200 and 'name="username"' in response.content.decode()
 
 
-def test_every_page_links_a_favicon_and_favicon_ico_is_no_404(signed_in):
+def test_every_page_links_a_favicon_and_favicon_ico_is_no_404(signed_in, manifest_static):
     from django.contrib.staticfiles import finders
     from django.test import Client
 
