@@ -75,8 +75,8 @@ def test_a_file_under_the_limit_is_stored_whole(signed_in, stored_bytes):
     data = _big_jsonl(LIMIT // 2)
     response = signed_in.post(reverse("import"), {"rollouts": SimpleUploadedFile("rollouts.jsonl", data)})
     assert sum(stored_bytes) == len(data)
-    # (an input row is kept as never run: the import itself succeeds)
-    assert response.status_code == 302 and Run.objects.get().status == Run.Status.IMPORTED
+    # (These rows are a dataset, which the import page offers to keep as one: no size complaint.)
+    assert "GYMWEB_MAX_UPLOAD_BYTES" not in response.content.decode()
 
 
 def test_a_request_over_the_global_cap_gets_413_before_its_body_is_read(signed_in, settings):
