@@ -42,6 +42,7 @@ def pages(signed_in, db):
         reverse("run_charts", args=[run.pk]), reverse("rollout", args=[run.pk, rollout.pk]),
         reverse("run_new"), reverse("import"), reverse("check_agent"),
         reverse("compare") + f"?a={run.pk}&b={done.pk}", reverse("run_profile", args=[done.pk]),
+        reverse("run_evaluation", args=[done.pk]),
     ]
 
 
