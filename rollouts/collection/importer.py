@@ -18,7 +18,7 @@ Rules:
   the row as it came (``export.success_row`` sets ``_ng_task_index``, ``_ng_rollout_index`` and
   ``agent_ref`` in place, so exporting gives the line back byte for byte) and ``profile_json``
   the numbers NeMo Gym's profiler reads from that exported row
-  (``run_profile.profile_json_for_verify``). Rows of the failures sidecar are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
+  (``profile_numbers.profile_json_for_verify``). Rows of the failures sidecar are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
   ``failure_kind`` from ``_gymweb_failure_kind`` (else ``"imported_failure"``). A row with no
   result at all among result rows is kept as a ``cancelled`` attempt (kill-shaped: shown, written
   to no file) explained as never run.
@@ -54,7 +54,7 @@ from rollouts.engine.contract import Usage
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from rollouts.evaluation.run_profile import profile_json_for_verify
+from rollouts.collection.profile_numbers import profile_json_for_verify
 
 __all__ = [
     "ImportSummary", "LooksLikeDatasetError", "WrongFileError", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND",
