@@ -49,6 +49,8 @@ from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
 from rollouts.web.forms import clean_target_url
 from rollouts.engine.loop import InvalidBaseURL
 from rollouts.models import AgentCall, Rollout, Run
+from rollouts.evaluation.aggregate import run_aggregate_entries
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes
 from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
 from rollouts.templatetags.gymweb_tags import num, pretty_json_text
 from rollouts.web.trajectory_views import _task_input, _timeline
@@ -435,6 +437,27 @@ def run_profile_file(request, run_id, kind):
     response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@login_required
+@require_safe
+def run_aggregate_metrics_file(request, run_id):
+    """``rollouts_aggregate_metrics.json``, NeMo Gym's aggregate metrics file of the run (what
+    ``gym eval compare`` reads beside ``rollouts.jsonl``): the env's stored reply, else computed
+    now with NeMo Gym's default computation; the ``X-Gymweb-Note`` header then says so. 404 when
+    the run has no successful rollouts (NeMo Gym writes no file then)."""
+    run = _run_for(request, run_id)
+    entries, notes = run_aggregate_entries(run)
+    if not entries:
+        raise Http404(notes[0] if notes else "no aggregate metrics")
+    name = f"{RUN_STEM}_aggregate_metrics.json"
+    response = HttpResponse(aggregate_metrics_bytes(entries), content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    if notes:
+        # Header values must be one line of latin-1: the notes quote env replies and URLs.
+        response["X-Gymweb-Note"] = " ".join("; ".join(notes).split()).encode("ascii", "replace").decode()[:1000]
     return response
 
 

@@ -535,11 +535,12 @@ def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
     """The output-file row of an attempt, built exactly as the exports build it: a success's
     ``rollouts.jsonl`` row, a failure's sidecar row; None for attempts written to no file."""
     task_row = json.loads(rollout.task.row_json)
+    stamp = export.stamps_rows(rollout.run)
     if rollout.status == Rollout.Status.SUCCEEDED:
         agent_ref = task_row.get("agent_ref") or {"name": rollout.run.agent_name}
-        return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, agent_ref)
+        return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, agent_ref, stamp)
     if rollout.status == Rollout.Status.FAILED:
-        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind)
+        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind, stamp)
     return None
 
 

@@ -18,7 +18,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.collection import runs
 from rollouts.evaluation import health
-from rollouts.evaluation.aggregate import fetch_aggregate_metrics
+from rollouts.evaluation.aggregate import fetch_aggregate_metrics, write_run_aggregate_metrics
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
 from rollouts.collection.dispatch import run_in_process
@@ -65,7 +65,7 @@ class Command(BaseCommand):
     help = (
         "Collect rollouts: drive the agent service at --agent-url through the tasks of --input against "
         "the resources server at --env-url; write OUT.jsonl (successes), OUT_failures.jsonl and "
-        "OUT_materialized_inputs.jsonl in NeMo Gym's format."
+        "OUT_materialized_inputs.jsonl and, once the run completes, OUT_aggregate_metrics.json in NeMo Gym's format."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -196,14 +196,23 @@ class Command(BaseCommand):
         runs.finish_if_done(run.pk)
         run.refresh_from_db()
         if run.status == Run.Status.COMPLETED and not interrupted:
-            note = fetch_aggregate_metrics(run.pk)
+            fetch_aggregate_metrics(run.pk)  # its outcome is reported with the file, below
             run.refresh_from_db()
-            if run.aggregate_metrics is None:
-                self.stderr.write(f"aggregate metrics: {note}")
         written = write_run_files(run, output)
         self._summary(run, written, output, interrupted)
+        if run.status == Run.Status.COMPLETED and not interrupted:
+            self._aggregate_metrics_file(run, output)
         if not opts["no_health_check"]:
             self.stdout.write(health.auto_check(run, output.parent))
+
+    def _aggregate_metrics_file(self, run: Run, output: Path) -> None:
+        """NeMo Gym's ``<stem>_aggregate_metrics.json`` beside the rollouts (``gym eval compare``
+        reads it): from the env's reply, or computed locally (then a note says so)."""
+        path, notes = write_run_aggregate_metrics(run, output, overwrite=True)
+        for note in notes:
+            self.stderr.write(f"aggregate metrics: {note}")
+        if path is not None:
+            self.stdout.write(f"wrote aggregate metrics to {path}")
 
     def _check_output(self, output: Path, input_path: Path) -> None:
         """Fail before any work when the output files cannot be written where asked. Creates
