@@ -29,6 +29,7 @@ validate are HTTP 422 in FastAPI's shape `{"detail": [{"type","loc","msg","input
 simply absent), with a `failure_reason` saying why.
 
 Run:  python -m examples.counter_env --host 127.0.0.1 --port 9101 [--no-aggregate-metrics]
+                                     [--verify-reply echo|nemo_gym]
       (prints "counter env listening on http://127.0.0.1:9101" when ready)
 In-process: `make_app()` returns the aiohttp Application.
 """
@@ -125,6 +126,7 @@ class _Sessions:
 
 
 SESSIONS_KEY = web.AppKey("counter_sessions", _Sessions)
+VERIFY_REPLY_KEY = web.AppKey("counter_verify_reply", str)  # "echo" (default) or "nemo_gym"
 
 
 def _with_cookie(response: web.Response, sessions: _Sessions, sid: str) -> web.Response:
@@ -178,7 +180,10 @@ async def verify(request: web.Request) -> web.Response:
     """Echo the body with `reward` = 1.0 iff the session's counter == `expected_count`.
 
     Unlike NeMo Gym (whose pydantic response model drops unknown task fields), every field of the
-    request is echoed, so a rollouts.jsonl line keeps the whole task row.
+    request is echoed, so a rollouts.jsonl line keeps the whole task row. With the app made by
+    ``make_app(verify_reply="nemo_gym")`` the reply is NeMo Gym's ``BaseVerifyResponse`` instead:
+    ``responses_create_params``, ``response``, ``reward``, ``mask_sample`` (false), ``failure_kind``
+    and ``failure_reason`` (null unless there is no session), nothing else.
     """
     sessions: _Sessions = request.app[SESSIONS_KEY]
     body, error = await read_json(request)
@@ -189,13 +194,16 @@ async def verify(request: web.Request) -> web.Response:
     except ValidationError as exc:
         return _validation_error(exc)
     sid, session_error = sessions.lookup(request)
-    reply = dict(body)
+    nemo_gym_reply = request.app[VERIFY_REPLY_KEY] == "nemo_gym"
+    reply = {"responses_create_params": body["responses_create_params"], "response": body["response"]} if nemo_gym_reply else dict(body)
     reply.pop("reward", None)  # a stale reward in the row must not survive verification
+    reward = 0.0 if sid is None else (1.0 if sessions.counters[sid] == parsed.expected_count else 0.0)
+    reply["reward"] = reward
+    if nemo_gym_reply:
+        reply.update(mask_sample=False, failure_kind=None, failure_reason=None)
     if sid is None:
-        reply["reward"] = 0.0
         reply["failure_reason"] = session_error
         return json_response(reply)
-    reply["reward"] = 1.0 if sessions.counters[sid] == parsed.expected_count else 0.0
     return _with_cookie(json_response(reply), sessions, sid)
 
 
@@ -234,11 +242,17 @@ async def liveness(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-def make_app(max_sessions: int = DEFAULT_MAX_SESSIONS, aggregate_metrics_route: bool = True) -> web.Application:
+def make_app(
+    max_sessions: int = DEFAULT_MAX_SESSIONS, aggregate_metrics_route: bool = True, verify_reply: str = "echo"
+) -> web.Application:
     """The counter env as an aiohttp Application (sessions live in this app object's memory).
-    ``aggregate_metrics_route=False`` leaves ``/aggregate_metrics`` out (it answers 404)."""
+    ``aggregate_metrics_route=False`` leaves ``/aggregate_metrics`` out (it answers 404);
+    ``verify_reply="nemo_gym"`` makes ``/verify`` answer exactly NeMo Gym's reply fields (``verify``)."""
+    if verify_reply not in ("echo", "nemo_gym"):
+        raise ValueError(f"verify_reply must be 'echo' or 'nemo_gym', got {verify_reply!r}")
     app = web.Application()
     app[SESSIONS_KEY] = _Sessions(max_sessions)
+    app[VERIFY_REPLY_KEY] = verify_reply
     app.router.add_post("/seed_session", seed_session)
     app.router.add_post("/increment_counter", increment_counter)
     app.router.add_post("/get_counter_value", get_counter_value)
@@ -257,8 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS)
     parser.add_argument("--no-aggregate-metrics", action="store_true", help="serve no /aggregate_metrics (404), like an env without it")
+    parser.add_argument("--verify-reply", choices=("echo", "nemo_gym"), default="echo",
+                        help="/verify echoes the whole body (default) or answers NeMo Gym's reply fields only")
     args = parser.parse_args(argv)
-    serve_forever(make_app(args.max_sessions, not args.no_aggregate_metrics), args.host, args.port, "counter env")
+    app = make_app(args.max_sessions, not args.no_aggregate_metrics, args.verify_reply)
+    serve_forever(app, args.host, args.port, "counter env")
 
 
 if __name__ == "__main__":
