@@ -42,7 +42,7 @@ import numpy as np
 
 from rollouts.collection.stamps import environment_server_name
 from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
-from rollouts.evaluation.profile import _label_runs, profile_rows
+from rollouts.evaluation.profile import label_runs, profile_rows
 
 __all__ = [
     "AggregateOutcome",
@@ -364,7 +364,7 @@ def build_aggregate_metrics(
         groups.setdefault(server, []).append(row)
         if server not in agents:
             agents[server] = _agent_of(row) or default_agent
-    labels = _label_runs(agents)
+    labels = label_runs(agents)
     outcome = AggregateOutcome()
     client = httpx.Client(trust_env=False, timeout=timeout_s, follow_redirects=False) if env_url else None
     try:

@@ -83,6 +83,7 @@ __all__ = [
     "write_profile_files",
     "profile_file_paths",
     "iter_jsonl",
+    "label_runs",
     "pass_at_k",
     "pass_at_1_avg_of_k",
     "gymweb_extras",
@@ -242,7 +243,11 @@ def _rollout_run_key(row: Mapping[str, Any]) -> Optional[str]:
     return _agent_ref_name(row)
 
 
-def _label_runs(agent_by_key: Mapping[Any, Optional[str]]) -> Dict[Any, Any]:
+def label_runs(agent_by_key: Mapping[Any, Optional[str]]) -> Dict[Any, Any]:
+    """NeMo Gym's ``global_config.label_runs``: ``{run key: label}`` for ``{run key (environment
+    server, else agent name): agent name}``. A run is labelled by its agent name unless another run
+    has the same agent (two servers fronting one agent) or the label clashes with another run's
+    key; then by its own key."""
     keys_by_agent: Dict[str, set] = defaultdict(set)
     for key, agent_name in agent_by_key.items():
         if agent_name is not None:
@@ -568,7 +573,7 @@ def profile_rows(
     profile = ProfileResult(completion_summary=completion_summary, masked_rollouts=len(masked_keys))
 
     # 4. Labels and fan-out detection over the measured rows.
-    labels = _label_runs(agent_by_run_key)
+    labels = label_runs(agent_by_run_key)
 
     def label_of(run_key: Any) -> Any:
         return labels.get(run_key)
