@@ -76,17 +76,15 @@ def fetch_aggregate_metrics(run_id: int) -> str:
     rows = list(run_aggregate_rows(run))
     if not rows:
         return _store(run, None, "", "not called: the run has no successful rows")
-    try:
-        outcome = build_aggregate_metrics(
-            rows, env_url=run.env_url, timeout_s=settings.GYMWEB_AGGREGATE_TIMEOUT_S, default_agent=run.agent_name
-        )
-    except ValueError as exc:  # duplicate keys in the local computation: cannot happen for a stored run
-        return _store(run, None, "", f"could not aggregate: {exc}")
-    if not outcome.replies:
-        return _store(run, None, "", "; ".join(outcome.notes))
+    # No local fallback here: a file the env did not answer is computed when it is asked for.
+    outcome = build_aggregate_metrics(
+        rows, env_url=run.env_url, timeout_s=settings.GYMWEB_AGGREGATE_TIMEOUT_S, default_agent=run.agent_name,
+        local_fallback=False,
+    )
     replies = outcome.replies
-    page = next(iter(replies.values())) if len(replies) == 1 else replies
-    text = aggregate_metrics_bytes(outcome.entries).decode("utf-8")
+    page = None if not replies else next(iter(replies.values())) if len(replies) == 1 else replies
+    # The file is stored only when the env answered for every server (one env serves a run).
+    text = aggregate_metrics_bytes(outcome.entries).decode("utf-8") if outcome.all_from_env else ""
     return _store(run, page, text, "; ".join(outcome.notes))
 
 

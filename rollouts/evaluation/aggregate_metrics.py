@@ -325,7 +325,7 @@ class AggregateOutcome:
     """What ``build_aggregate_metrics`` made.
 
     ``entries``: the file's list (one dict per environment server, in order of first appearance).
-    ``sources``: ``{server: "env" | "local"}``. ``notes``: one line per server not answered by the
+    ``sources``: ``{server: "env" | "local" | "none"}`` ("none": not answered, no local fallback). ``notes``: one line per server not answered by the
     env (why, and that it was computed locally). ``replies``: the env's validated replies by server.
     """
 
@@ -345,13 +345,15 @@ def build_aggregate_metrics(
     env_url: Optional[str] = None,
     timeout_s: float = 60.0,
     default_agent: str = "remote_agent",
+    local_fallback: bool = True,
 ) -> AggregateOutcome:
     """The ``<stem>_aggregate_metrics.json`` entries for success rows (full ``rollouts.jsonl`` rows,
     any order), as NeMo Gym's ``_call_aggregate_metrics`` makes them.
 
     With ``env_url`` each environment server's stripped rows go to that env's ``/aggregate_metrics``
     (gymweb drives one env per run); without it, or when the env does not serve the route or fails,
-    ``compute_aggregate_metrics`` answers instead and a note says so. No rows, no entries (NeMo Gym
+    ``compute_aggregate_metrics`` answers instead and a note says so (with ``local_fallback=False``
+    such a server gets no entry: ``sources[server] == "none"``). No rows, no entries (NeMo Gym
     writes no file then). Raises ``ValueError`` (from the local computation) for duplicate keys
     within one server's rows.
     """
@@ -374,10 +376,15 @@ def build_aggregate_metrics(
                 try:
                     reply = post_aggregate_metrics(env_url, stripped, timeout_s=timeout_s, client=client)
                 except (EnvAggregateNotServed, EnvAggregateError) as exc:
-                    outcome.notes.append(f"{server}: {exc}; {LOCAL_NOTE}")
+                    why = str(exc)
             else:
-                outcome.notes.append(f"{server}: no environment to ask; {LOCAL_NOTE}")
+                why = "no environment to ask"
             if reply is None:
+                if not local_fallback:
+                    outcome.notes.append(f"{server}: {why}")
+                    outcome.sources[server] = "none"
+                    continue
+                outcome.notes.append(f"{server}: {why}; {LOCAL_NOTE}")
                 reply = compute_aggregate_metrics(stripped)
                 outcome.sources[server] = "local"
             else:
