@@ -99,3 +99,19 @@ def test_the_env_reply_is_stored_with_its_key_order_and_written_beside_the_rollo
     with pytest.raises(OutputExists, match="--overwrite"):
         write_run_aggregate_metrics(run, tmp_path / "rollouts.jsonl")
     assert write_run_aggregate_metrics(run, tmp_path / "rollouts.jsonl", overwrite=True)[0] == path
+
+
+@pytest.mark.django_db
+def test_compare_reads_the_stored_file_so_its_metric_order_survives_the_database():
+    from rollouts.evaluation.compare import run_entries
+
+    run = make_run(2, num_repeats=2)
+    for t in range(2):
+        for r in range(2):
+            finish(key(run, t, r), S.SUCCEEDED, float(t == r))
+    (entry,) = build_aggregate_metrics(run_aggregate_rows(run)).entries
+    entry["agent_metrics"] = dict(reversed(list(entry["agent_metrics"].items())))  # an order jsonb would not keep
+    Run.objects.filter(pk=run.pk).update(aggregate_metrics_file=aggregate_metrics_bytes([entry]).decode(),
+                                         aggregate_metrics={"agent_metrics": {}, "group_level_metrics": [], "repeat_level_metrics": []})
+    run.refresh_from_db()
+    assert list(run_entries(run)[run.agent_name]["agent_metrics"]) == list(entry["agent_metrics"])
