@@ -227,7 +227,7 @@ async def aggregate_metrics(request: web.Request) -> web.Response:
         return _validation_error(exc)
     try:
         return json_response(aggregate(parsed.verify_responses))
-    except ValueError as exc:  # duplicate (task, rollout) keys: NeMo Gym's env fails the same way
+    except (ValueError, TypeError) as exc:  # duplicate keys, indices of mixed types: NeMo Gym's env fails too
         return json_error(500, str(exc))
 
 
