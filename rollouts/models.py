@@ -93,9 +93,6 @@ class Run(models.Model):
     reverified_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverifications"
     )
-    # The <stem>_aggregate_metrics.json NeMo Gym would write from the env's reply, as text (key order
-    # kept: jsonb reorders keys); blank = computed locally when asked (evaluation.aggregate).
-    aggregate_metrics_file = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -189,9 +189,10 @@ def test_stamps_go_last_and_an_imported_rows_own_stamps_are_kept():
     fresh = stamp({"reward": 1.0, "agent_ref": {"name": "x_agent"}}, {"name": "x_agent"}, add=True)
     assert list(fresh)[-2:] == ["_ng_environment_server", "_ng_result_type"]
     assert (fresh["_ng_environment_server"], fresh["_ng_result_type"]) == ("x_environment_server", "legacy_agent")
-    imported = {"_ng_environment_server": "theirs", "_ng_result_type": "episode", "reward": 0.0, "agent_ref": {}}
-    assert list(stamp(dict(imported), {}, add=True).items())[-2:] == [("_ng_environment_server", "theirs"), ("_ng_result_type", "episode")]
+    carried = {"_ng_environment_server": "theirs", "_ng_result_type": "episode", "reward": 0.0, "agent_ref": {}}
+    assert list(stamp(dict(carried), {}, add=True).items())[-2:] == [("_ng_environment_server", "theirs"), ("_ng_result_type", "episode")]
     assert "_ng_environment_server" not in stamp({"reward": 0.0}, {"name": "a"}, add=False)
+    assert list(stamp(dict(carried), {}, add=False)) == list(carried), "an imported row stays as it came"
 
 
 # --- the default computation's rules -------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_collect_writes_run_a_s_artifacts_with_its_keys_and_shapes(shared_data, 
     assert aggregate.read_bytes().startswith(b'[\n  {\n    "agent_ref": {\n      "name": "remote_agent"\n    },')  # orjson, indent 2
     assert_compare_can_read(aggregate)
     run = Run.objects.get()
-    assert run.aggregate_metrics_error == "" and json.loads(run.aggregate_metrics_file) == json.loads(aggregate.read_bytes())
+    assert run.aggregate_metrics_error == "" and [run.aggregate_metrics] == json.loads(aggregate.read_bytes())
 
 
 def test_nemo_gyms_compare_reads_the_file_when_nemo_gym_is_installed(shared_data, tmp_path, run_a_input, nemo_gym_like_env, counter_agent_url):
@@ -152,7 +152,7 @@ def test_an_env_without_aggregate_metrics_gets_the_file_computed_locally_and_a_n
     assert entry["agent_metrics"]["mean/reward"] == 1.0 and entry["agent_metrics"]["num_repeats"] == 2
     assert len(entry["repeat_level_metrics"]) == 2
     run = Run.objects.get()
-    assert run.aggregate_metrics is None and run.aggregate_metrics_file == ""
+    assert run.aggregate_metrics is None
     assert "does not serve /aggregate_metrics" in run.aggregate_metrics_error
 
 
@@ -164,3 +164,15 @@ def test_the_agent_name_names_the_environment_server(tmp_path, counter_tasks_pat
     assert list(row.items())[-2:] == [("_ng_environment_server", "counter_environment_server"), ("_ng_result_type", "legacy_agent")]
     (entry,) = json.loads((tmp_path / "rollouts_aggregate_metrics.json").read_bytes())
     assert entry["agent_ref"] == {"name": "counter_agent"} and entry["_ng_environment_server"] == "counter_environment_server"
+
+
+def test_an_aggregate_metrics_file_already_there_is_refused_unless_overwrite(tmp_path, counter_tasks_path, counter_agent_url, counter_env_url):
+    from django.core.management import CommandError
+
+    out = tmp_path / "rollouts.jsonl"
+    (tmp_path / "rollouts_aggregate_metrics.json").write_text("another run's")
+    with pytest.raises(CommandError, match="rollouts_aggregate_metrics.json.*--overwrite"):
+        collect(counter_agent_url, counter_env_url, counter_tasks_path, out, "--limit", "1")
+    assert (tmp_path / "rollouts_aggregate_metrics.json").read_text() == "another run's" and not out.exists()
+    collect(counter_agent_url, counter_env_url, counter_tasks_path, out, "--limit", "1", "--overwrite")
+    assert json.loads((tmp_path / "rollouts_aggregate_metrics.json").read_bytes())[0]["agent_metrics"]["mean/reward"] == 1.0

@@ -4,8 +4,6 @@ default computation over the stored rows (for an imported NeMo Gym run: NeMo Gym
 for byte)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.urls import reverse
 
@@ -37,19 +35,33 @@ def test_an_imported_nemo_gym_run_downloads_nemo_gyms_own_file_byte_for_byte(sig
     run = _import(folder)
     response = signed_in.get(reverse("run_aggregate_metrics", args=[run.pk]))
     assert response.status_code == 200
-    assert response["Content-Disposition"] == 'attachment; filename="rollouts_aggregate_metrics.json"'
+    # named after the run's rollouts download (run-N_rollouts.jsonl), where gym eval compare looks for it
+    assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}_rollouts_aggregate_metrics.json"'
     assert response.content == (folder / "rollouts_aggregate_metrics.json").read_bytes()
     assert "an imported run has no environment to ask" in response["X-Gymweb-Note"]
 
 
 @pytest.mark.django_db
-def test_a_stored_env_reply_is_served_as_stored(signed_in):
+def test_a_stored_env_reply_is_served_as_stored_key_order_included(signed_in):
     run = make_run(2)
     finish(key(run, 0, 0), S.SUCCEEDED, 1.0)
-    text = '[\n  {\n    "agent_ref": {\n      "name": "remote_agent"\n    },\n    "key_metrics": {\n      "zeta": 1,\n      "alpha": 2\n    }\n  }\n]'
-    Run.objects.filter(pk=run.pk).update(aggregate_metrics_file=text)
+    entry = {"agent_ref": {"name": "remote_agent"}, "_ng_environment_server": "remote_agent_environment_server",
+             "agent_metrics": {"zeta": 1, "alpha": 2}, "key_metrics": {"zeta": 1}, "group_level_metrics": [], "repeat_level_metrics": []}
+    Run.objects.filter(pk=run.pk).update(aggregate_metrics=entry)
     response = signed_in.get(reverse("run_aggregate_metrics", args=[run.pk]))
-    assert response.content == text.encode() and "X-Gymweb-Note" not in response
+    assert response.content == aggregate_metrics_bytes([entry]) and "X-Gymweb-Note" not in response
+    assert response.content.index(b'"zeta"') < response.content.index(b'"alpha"')
+
+
+@pytest.mark.django_db
+def test_a_bare_reply_stored_by_an_older_gymweb_becomes_its_runs_entry():
+    run = make_run(1, agent_name="my_agent")
+    Run.objects.filter(pk=run.pk).update(aggregate_metrics={"key_metrics": {"mean/reward": 1.0}, "agent_metrics": {"mean/reward": 1.0}})
+    run.refresh_from_db()
+    (entry,), notes = run_aggregate_entries(run)
+    assert notes == [] and entry == {"agent_ref": {"name": "my_agent"}, "_ng_environment_server": "my_environment_server",
+                                     "agent_metrics": {"mean/reward": 1.0}, "key_metrics": {"mean/reward": 1.0},
+                                     "group_level_metrics": [], "repeat_level_metrics": []}
 
 
 @pytest.mark.django_db
@@ -84,25 +96,25 @@ def test_the_env_reply_is_stored_with_its_key_order_and_written_beside_the_rollo
         for r in range(2):
             finish(key(run, t, r), S.SUCCEEDED, float((t + r) % 2))
     assert fetch_aggregate_metrics(run.pk) == f"stored aggregate metrics of run {run.pk}"
-    run.refresh_from_db()
-    (entry,) = json.loads(run.aggregate_metrics_file)
+    run = Run.objects.get(pk=run.pk)  # read back from the database
+    entry = run.aggregate_metrics
     assert list(entry) == ["agent_ref", "_ng_environment_server", "agent_metrics", "key_metrics", "group_level_metrics",
                            "repeat_level_metrics"]
     # The counter env answers NeMo Gym's default computation: the same bytes as computed here, key
-    # order included (kept as text: PostgreSQL's jsonb would sort the keys of a JSONField).
+    # order included (kept as JSON text: PostgreSQL's jsonb would sort the keys).
     local = build_aggregate_metrics(run_aggregate_rows(run)).entries
-    assert run.aggregate_metrics_file == aggregate_metrics_bytes(local).decode()
-    assert run.aggregate_metrics["agent_metrics"]["mean/reward"] == 0.5
+    assert aggregate_metrics_bytes([entry]) == aggregate_metrics_bytes(local)
+    assert entry["agent_metrics"]["mean/reward"] == 0.5
     path, notes = write_run_aggregate_metrics(run, tmp_path / "rollouts.jsonl")
     assert path == tmp_path / "rollouts_aggregate_metrics.json" and notes == []
-    assert path.read_text() == run.aggregate_metrics_file
+    assert path.read_bytes() == aggregate_metrics_bytes(local)
     with pytest.raises(OutputExists, match="--overwrite"):
         write_run_aggregate_metrics(run, tmp_path / "rollouts.jsonl")
     assert write_run_aggregate_metrics(run, tmp_path / "rollouts.jsonl", overwrite=True)[0] == path
 
 
 @pytest.mark.django_db
-def test_compare_reads_the_stored_file_so_its_metric_order_survives_the_database():
+def test_compare_reads_the_stored_entry_with_its_metric_order():
     from rollouts.evaluation.compare import run_entries
 
     run = make_run(2, num_repeats=2)
@@ -111,7 +123,6 @@ def test_compare_reads_the_stored_file_so_its_metric_order_survives_the_database
             finish(key(run, t, r), S.SUCCEEDED, float(t == r))
     (entry,) = build_aggregate_metrics(run_aggregate_rows(run)).entries
     entry["agent_metrics"] = dict(reversed(list(entry["agent_metrics"].items())))  # an order jsonb would not keep
-    Run.objects.filter(pk=run.pk).update(aggregate_metrics_file=aggregate_metrics_bytes([entry]).decode(),
-                                         aggregate_metrics={"agent_metrics": {}, "group_level_metrics": [], "repeat_level_metrics": []})
-    run.refresh_from_db()
+    Run.objects.filter(pk=run.pk).update(aggregate_metrics=entry)
+    run = Run.objects.get(pk=run.pk)
     assert list(run_entries(run)[run.agent_name]["agent_metrics"]) == list(entry["agent_metrics"])

@@ -110,7 +110,7 @@ def failure_row(
     if terminal:
         row["_ng_failure_terminal"] = True
     row["_gymweb_failure_kind"] = failure_kind
-    return _stamp(row, row.get("agent_ref"), stamp)
+    return _stamp(row, row.get("agent_ref"), stamp, move=True)
 
 
 def stamps_rows(run: Run) -> bool:

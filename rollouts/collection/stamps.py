@@ -9,7 +9,7 @@ aggregate-metrics code both use it.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 __all__ = [
     "AGENT_TYPE",
@@ -38,13 +38,15 @@ def environment_server_name(agent_name: str) -> str:
     return f"{stem or AGENT_TYPE}_environment_server"
 
 
-def stamp(row: dict[str, Any], agent_ref: Any, add: bool) -> dict[str, Any]:
-    """With ``add`` (a run gymweb collected): put the two stamps last on ``row`` (in place), where
-    NeMo Gym's collector puts them, and return it; values the row carries are kept, missing ones
-    are the environment server of the ``agent_ref`` name (``remote_agent`` when it has none) and
-    ``legacy_agent``. Without ``add`` (an imported row) the row is returned untouched, stamps where
-    they came, so exporting an imported file gives it back."""
-    if not add:
+def stamp(row: dict[str, Any], agent_ref: Any, add: bool, move: Optional[bool] = None) -> dict[str, Any]:
+    """Put the two stamps last on ``row`` (in place), where NeMo Gym's collector puts them, and
+    return it. Values the row carries are kept; missing ones are added only with ``add`` (a run
+    gymweb collected): the environment server of the ``agent_ref`` name (``remote_agent`` when it
+    has none) and ``legacy_agent``. ``move`` (default: ``add``) False leaves the row untouched, stamps
+    where they came: an imported success row is stored as it came, so its export gives the line back;
+    an imported failure row is rebuilt from its task row, so its stamps are moved last (``move=True``)
+    to give NeMo Gym's sidecar line back."""
+    if not (add if move is None else move):
         return row
     server = row.pop(ENVIRONMENT_SERVER_KEY, None)
     result_type = row.pop(RESULT_TYPE_KEY, None)

@@ -3,13 +3,15 @@
 When a run completes (the worker's completion task, or ``collect`` at its end),
 ``fetch_aggregate_metrics`` sends the run's success rows, stripped as NeMo Gym strips them, to the
 env's ``/aggregate_metrics`` (one request per environment server: ``aggregate_metrics``) and keeps
-what comes back: ``Run.aggregate_metrics`` (the reply, for the profile page) and
-``Run.aggregate_metrics_file`` (the file's exact text, key order kept: PostgreSQL's jsonb would
-reorder a JSONField). When the env does not serve the route, fails, or the run is too big to send
+the file's entries in ``Run.aggregate_metrics`` (lossless JSON text, so their key order, which
+orders ``gym eval compare``'s rows, survives PostgreSQL): the one entry itself for a run of one
+environment server (``{"agent_ref", "_ng_environment_server", "agent_metrics", "key_metrics",
+"group_level_metrics", "repeat_level_metrics"}``: the env's reply, labelled), the list of entries
+for several. When the env does not serve the route, fails, or the run is too big to send
 (``GYMWEB_AGGREGATE_MAX_ROWS``), nothing is stored but the reason (``Run.aggregate_metrics_error``),
 and the file is computed locally whenever it is asked for (``run_aggregate_entries``): NeMo Gym's
 default computation over the same rows. Imported runs, which have no env, are always computed
-locally.
+locally. A reply stored by an older gymweb (the bare reply) still reads as its run's entry.
 """
 from __future__ import annotations
 
@@ -18,13 +20,13 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-import orjson
 from django.conf import settings
 
 from rollouts.collection.export import CHUNK, agent_ref_of, stamps_rows, success_row
+from rollouts.collection.stamps import environment_server_name
 from rollouts.evaluation.aggregate_metrics import (
     LOCAL_NOTE,
-    aggregate_metrics_bytes,
+    REPLY_FIELDS,
     aggregate_metrics_path,
     build_aggregate_metrics,
     strip_row,
@@ -35,6 +37,7 @@ from rollouts.models import Rollout, Run
 
 __all__ = [
     "fetch_aggregate_metrics",
+    "stored_entries",
     "run_aggregate_entries",
     "run_aggregate_rows",
     "write_run_aggregate_metrics",
@@ -72,36 +75,57 @@ def fetch_aggregate_metrics(run_id: int) -> str:
         return "no such run"
     limit = settings.GYMWEB_AGGREGATE_MAX_ROWS
     if Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count() > limit:
-        return _store(run, None, "", f"not called: more than {limit} successful rows (GYMWEB_AGGREGATE_MAX_ROWS); {LOCAL_NOTE}")
+        return _store(run, None, f"not called: more than {limit} successful rows (GYMWEB_AGGREGATE_MAX_ROWS); {LOCAL_NOTE}")
     rows = list(run_aggregate_rows(run))
     if not rows:
-        return _store(run, None, "", "not called: the run has no successful rows")
+        return _store(run, None, "not called: the run has no successful rows")
     # No local fallback here: a file the env did not answer is computed when it is asked for.
     outcome = build_aggregate_metrics(
         rows, env_url=run.env_url, timeout_s=settings.GYMWEB_AGGREGATE_TIMEOUT_S, default_agent=run.agent_name,
         local_fallback=False,
     )
-    replies = outcome.replies
-    page = None if not replies else next(iter(replies.values())) if len(replies) == 1 else replies
-    # The file is stored only when the env answered for every server (one env serves a run).
-    text = aggregate_metrics_bytes(outcome.entries).decode("utf-8") if outcome.all_from_env else ""
-    return _store(run, page, text, "; ".join(outcome.notes))
+    # Stored only when the env answered for every server (one env serves a run).
+    if not outcome.all_from_env:
+        return _store(run, None, "; ".join(outcome.notes))
+    entries = outcome.entries
+    return _store(run, entries[0] if len(entries) == 1 else entries, "")
 
 
-def _store(run: Run, data: Any, text: str, error: str) -> str:
-    Run.objects.filter(pk=run.pk).update(aggregate_metrics=data, aggregate_metrics_file=text, aggregate_metrics_error=error)
-    run.aggregate_metrics, run.aggregate_metrics_file, run.aggregate_metrics_error = data, text, error
+def _store(run: Run, data: Any, error: str) -> str:
+    Run.objects.filter(pk=run.pk).update(aggregate_metrics=data, aggregate_metrics_error=error)
+    run.aggregate_metrics, run.aggregate_metrics_error = data, error
     return error or f"stored aggregate metrics of run {run.pk}"
+
+
+def stored_entries(run: Run) -> Optional[list[dict[str, Any]]]:
+    """The aggregate-metrics entries stored on the run from its env's reply (see the module
+    docstring), or None when none is stored (or it is not an aggregate reply). A bare reply stored
+    by an older gymweb becomes the entry NeMo Gym would write for it (the run's agent and its
+    environment server)."""
+    data = run.aggregate_metrics
+    if isinstance(data, dict) and "agent_ref" in data:
+        data = [data]
+    elif isinstance(data, dict) and any(k in data for k in REPLY_FIELDS):
+        entry: dict[str, Any] = {"agent_ref": {"name": run.agent_name}, "_ng_environment_server": environment_server_name(run.agent_name)}
+        for k in ("agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics"):  # NeMo Gym's order
+            entry[k] = data.get(k, REPLY_FIELDS[k]())
+        if data.get("perf_summary") is not None:
+            entry["perf_summary"] = data["perf_summary"]
+        data = [entry]
+    if isinstance(data, list) and data and all(isinstance(e, dict) and "agent_ref" in e for e in data):
+        return data
+    return None
 
 
 def run_aggregate_entries(run: Run) -> tuple[list[dict[str, Any]], list[str]]:
     """The run's ``<stem>_aggregate_metrics.json`` entries and notes on where they come from.
 
-    The stored file when the env answered (``fetch_aggregate_metrics``); else computed now, locally,
-    over the run's success rows (notes say so, with the reason kept on the run). ``([], [...])``
-    when the run has no successful rows: NeMo Gym writes no file then."""
-    if run.aggregate_metrics_file:
-        return orjson.loads(run.aggregate_metrics_file), []
+    The env's reply stored on the run (``stored_entries``); else computed now, locally, over the
+    run's success rows (notes say so, with the reason kept on the run). ``([], [...])`` when the run
+    has no successful rows: NeMo Gym writes no file then."""
+    stored = stored_entries(run)
+    if stored is not None:
+        return stored, []
     rows = list(run_aggregate_rows(run))
     if not rows:
         return [], ["the run has no successful rollouts, so there are no aggregate metrics (NeMo Gym writes no file then)"]

@@ -28,7 +28,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
-import orjson
 from django.db.models import Count, F, Q, Sum
 
 from rollouts.models import Rollout, Run, Task
@@ -330,9 +329,7 @@ def aggregate_entry_from_rows(rows: Iterable[Any], agent_name: str) -> dict[str,
 
 
 def _env_entry(run: Run) -> Optional[dict[str, Any]]:
-    # The env's reply as the file stores it (``evaluation.aggregate``: text, so its key order, which
-    # orders the report's metric rows, survives PostgreSQL), else the reply as the page keeps it.
-    data = orjson.loads(run.aggregate_metrics_file) if run.aggregate_metrics_file else run.aggregate_metrics
+    data = run.aggregate_metrics
     if isinstance(data, list) and len(data) == 1:
         data = data[0]
     if isinstance(data, dict) and all(isinstance(data.get(k), (dict, list)) for k in

@@ -19,6 +19,7 @@ from django.db.migrations.executor import MigrationExecutor
 from rollouts.collection import runs
 from rollouts.evaluation import health
 from rollouts.evaluation.aggregate import fetch_aggregate_metrics, write_run_aggregate_metrics
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
 from rollouts.collection.dispatch import run_in_process
@@ -132,7 +133,9 @@ class Command(BaseCommand):
         if parsed.stripped_fields:
             self.stderr.write(f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}")
 
-        written_here = list(output_stems(output).values())
+        # the three files, and NeMo Gym's aggregate metrics file beside them (written once the run completes)
+        ours_here = [*output_stems(output).values(), aggregate_metrics_path(output)]
+        written_here = list(ours_here)
         if not opts["no_health_check"]:  # the check writes its two files beside the output
             written_here += [output.parent / health.QUALITY_SUMMARY_FILENAME, output.parent / health.ROLLOUT_VERDICTS_FILENAME]
         existing = [p for p in written_here if p.exists()]
@@ -147,7 +150,7 @@ class Command(BaseCommand):
         if opts["resume"]:
             run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
             if run is None and existing:
-                ours = [p for p in existing if p in output_stems(output).values()]
+                ours = [p for p in existing if p in ours_here]
                 if not ours:  # only the health files of another output in this folder
                     raise CommandError(f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run.")
                 raise CommandError(
