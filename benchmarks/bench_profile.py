@@ -66,7 +66,7 @@ def seed(total: int, blank: bool, pad_kb: int = 0):
 
     has_profile_json = hasattr(Rollout, "profile_json")
     if has_profile_json:
-        from rollouts.evaluation.run_profile import profile_json_for_verify
+        from rollouts.collection.profile_numbers import profile_json_for_verify
     user = get_user_model().objects.create_user("bench", password="bench-password")
     now = timezone.now()
     size = total

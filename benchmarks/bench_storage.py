@@ -25,7 +25,7 @@ def seed(total: int, items_per: int):
     from django.utils import timezone
 
     from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-    from rollouts.evaluation.run_profile import profile_json_for_verify
+    from rollouts.collection.profile_numbers import profile_json_for_verify
 
     user = get_user_model().objects.create_user("bench", password="bench-password")
     sizes = [total // 2] + [total // 2 // 19] * 19

@@ -10,8 +10,11 @@ get the count"; data in `examples/data/counter_tasks.jsonl`):
     POST /verify             row + "response" -> the body echoed + "reward": 1.0 iff the session's
                              counter equals the row's `expected_count`, else 0.0 (NeMo Gym compares
                              the counter held in the session, not the answer text).
-    POST /aggregate_metrics  {"verify_responses": [rows]} -> {"group_level_metrics": [...],
-                             "agent_metrics": {...}, "key_metrics": {...}}
+    POST /aggregate_metrics  {"verify_responses": [rows]} -> NeMo Gym's default answer (what its
+                             resources servers serve): {"group_level_metrics", "agent_metrics",
+                             "key_metrics", "perf_summary", "repeat_level_metrics"}
+                             (left out with --no-aggregate-metrics: then 404, like an env
+                             without the route)
     GET  /                   {"status":"ok"} (liveness, as NeMo Gym's servers answer)
     anything else            404 {"detail":"Not Found"} (FastAPI's text)
 
@@ -25,7 +28,8 @@ validate are HTTP 422 in FastAPI's shape `{"detail": [{"type","loc","msg","input
 /verify without a known session is not an error: reward 0.0, as in NeMo Gym (there the counter is
 simply absent), with a `failure_reason` saying why.
 
-Run:  python -m examples.counter_env --host 127.0.0.1 --port 9101
+Run:  python -m examples.counter_env --host 127.0.0.1 --port 9101 [--no-aggregate-metrics]
+                                     [--verify-reply echo|nemo_gym]
       (prints "counter env listening on http://127.0.0.1:9101" when ready)
 In-process: `make_app()` returns the aiohttp Application.
 """
@@ -34,15 +38,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import secrets
-import statistics
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from examples._serve import add_fallback_routes, json_error, json_response, read_json, serve_forever
+from rollouts.evaluation.aggregate_metrics import compute_aggregate_metrics
 
 COOKIE_NAME = "counter_session"
 DEFAULT_HOST = "127.0.0.1"
@@ -51,9 +54,6 @@ DEFAULT_PORT = 9101
 # (~150 bytes each; far above any realistic number of rollouts in flight at once).
 DEFAULT_MAX_SESSIONS = 200_000
 
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
-_STATS = ("mean", "max", "min", "median", "std")
 
 class _IncrementArgs(BaseModel):
     # Extra keys are ignored, like NeMo Gym's pydantic request model.
@@ -126,6 +126,7 @@ class _Sessions:
 
 
 SESSIONS_KEY = web.AppKey("counter_sessions", _Sessions)
+VERIFY_REPLY_KEY = web.AppKey("counter_verify_reply", str)  # "echo" (default) or "nemo_gym"
 
 
 def _with_cookie(response: web.Response, sessions: _Sessions, sid: str) -> web.Response:
@@ -179,7 +180,10 @@ async def verify(request: web.Request) -> web.Response:
     """Echo the body with `reward` = 1.0 iff the session's counter == `expected_count`.
 
     Unlike NeMo Gym (whose pydantic response model drops unknown task fields), every field of the
-    request is echoed, so a rollouts.jsonl line keeps the whole task row.
+    request is echoed, so a rollouts.jsonl line keeps the whole task row. With the app made by
+    ``make_app(verify_reply="nemo_gym")`` the reply is NeMo Gym's ``BaseVerifyResponse`` instead:
+    ``responses_create_params``, ``response``, ``reward``, ``mask_sample`` (false), ``failure_kind``
+    and ``failure_reason`` (null unless there is no session), nothing else.
     """
     sessions: _Sessions = request.app[SESSIONS_KEY]
     body, error = await read_json(request)
@@ -190,78 +194,26 @@ async def verify(request: web.Request) -> web.Response:
     except ValidationError as exc:
         return _validation_error(exc)
     sid, session_error = sessions.lookup(request)
-    reply = dict(body)
+    nemo_gym_reply = request.app[VERIFY_REPLY_KEY] == "nemo_gym"
+    reply = {"responses_create_params": body["responses_create_params"], "response": body["response"]} if nemo_gym_reply else dict(body)
     reply.pop("reward", None)  # a stale reward in the row must not survive verification
+    reward = 0.0 if sid is None else (1.0 if sessions.counters[sid] == parsed.expected_count else 0.0)
+    reply["reward"] = reward
+    if nemo_gym_reply:
+        reply.update(mask_sample=False, failure_kind=None, failure_reason=None)
     if sid is None:
-        reply["reward"] = 0.0
         reply["failure_reason"] = session_error
         return json_response(reply)
-    reply["reward"] = 1.0 if sessions.counters[sid] == parsed.expected_count else 0.0
     return _with_cookie(json_response(reply), sessions, sid)
 
 
-def _describe(values: list[float]) -> dict[str, float]:
-    """mean/max/min/median/std of the values; std has ddof=1 and is 0.0 for a single value."""
-    return {
-        "mean": statistics.fmean(values),
-        "max": max(values),
-        "min": min(values),
-        "median": statistics.median(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-    }
-
-
-def _numeric_fields(row: dict[str, Any]) -> dict[str, float]:
-    """The fields NeMo Gym's profiler describes: top-level numbers of the row (reward first) and of
-    `response.usage`; booleans and the index fields are left out."""
-    fields: dict[str, float] = {}
-    response = row.get("response")
-    usage = response.get("usage") if isinstance(response, dict) else None
-    merged = {"reward": row.get("reward"), **row, **(usage if isinstance(usage, dict) else {})}
-    for key, value in merged.items():
-        if key in (TASK_INDEX, ROLLOUT_INDEX) or isinstance(value, bool):
-            continue
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            fields[key] = value
-    return fields
-
-
-def _profile(rows: list[dict[str, float]]) -> dict[str, float]:
-    columns: dict[str, list[float]] = {}
-    for row in rows:
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
-    described = {key: _describe(values) for key, values in columns.items()}
-    # NeMo Gym's key order: all mean/* first, then max/*, min/*, median/*, std/*.
-    return {f"{stat}/{key}": described[key][stat] for stat in _STATS for key in described}
-
-
 def aggregate(verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
-    """NeMo Gym's /aggregate_metrics shape, computed from /verify replies.
-
-    Returns {"group_level_metrics": [{"_ng_task_index": i, "mean/reward": .., ..., "num_rollouts": n}
-    per task index, ascending], "agent_metrics": {"mean/reward": .., ...}, "key_metrics": the mean/*
-    entries}. Rows without `_ng_task_index` count as task 0 (NeMo Gym's default).
-    """
-    if not verify_responses:
-        return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
-    by_task: dict[Any, list[dict[str, float]]] = {}
-    all_rows = []
-    for row in verify_responses:
-        fields = _numeric_fields(row)
-        all_rows.append(fields)
-        by_task.setdefault(row.get(TASK_INDEX, 0), []).append(fields)
-    groups = []
-    try:
-        task_indices = sorted(by_task)
-    except TypeError:  # mixed index types: keep first-seen order
-        task_indices = list(by_task)
-    for task_index in task_indices:
-        rows = by_task[task_index]
-        groups.append({TASK_INDEX: task_index, **_profile(rows), "num_rollouts": len(rows)})
-    agent_metrics = _profile(all_rows)
-    key_metrics = {k: v for k, v in agent_metrics.items() if k.startswith("mean/")}
-    return {"group_level_metrics": groups, "agent_metrics": agent_metrics, "key_metrics": key_metrics}
+    """NeMo Gym's default ``/aggregate_metrics`` answer (``reward_profile.compute_aggregate_metrics``,
+    which NeMo Gym's ``example_session_state_mgmt`` server serves unchanged), computed by gymweb's
+    ``rollouts.evaluation.aggregate_metrics``: per-task and overall mean/max/min/median/std of
+    ``reward`` and the other numbers (``response.usage`` included), per-repeat statistics with
+    Student-t intervals, ``key_metrics`` = the ``mean/*`` entries. Rows without indices count as 0."""
+    return compute_aggregate_metrics(verify_responses)
 
 
 async def aggregate_metrics(request: web.Request) -> web.Response:
@@ -273,7 +225,10 @@ async def aggregate_metrics(request: web.Request) -> web.Response:
         parsed = _AggregateBody.model_validate(body)
     except ValidationError as exc:
         return _validation_error(exc)
-    return json_response(aggregate(parsed.verify_responses))
+    try:
+        return json_response(aggregate(parsed.verify_responses))
+    except (ValueError, TypeError) as exc:  # duplicate keys, indices of mixed types: NeMo Gym's env fails too
+        return json_error(500, str(exc))
 
 
 async def reverify_mode(request: web.Request) -> web.Response:
@@ -287,15 +242,23 @@ async def liveness(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-def make_app(max_sessions: int = DEFAULT_MAX_SESSIONS) -> web.Application:
-    """The counter env as an aiohttp Application (sessions live in this app object's memory)."""
+def make_app(
+    max_sessions: int = DEFAULT_MAX_SESSIONS, aggregate_metrics_route: bool = True, verify_reply: str = "echo"
+) -> web.Application:
+    """The counter env as an aiohttp Application (sessions live in this app object's memory).
+    ``aggregate_metrics_route=False`` leaves ``/aggregate_metrics`` out (it answers 404);
+    ``verify_reply="nemo_gym"`` makes ``/verify`` answer exactly NeMo Gym's reply fields (``verify``)."""
+    if verify_reply not in ("echo", "nemo_gym"):
+        raise ValueError(f"verify_reply must be 'echo' or 'nemo_gym', got {verify_reply!r}")
     app = web.Application()
     app[SESSIONS_KEY] = _Sessions(max_sessions)
+    app[VERIFY_REPLY_KEY] = verify_reply
     app.router.add_post("/seed_session", seed_session)
     app.router.add_post("/increment_counter", increment_counter)
     app.router.add_post("/get_counter_value", get_counter_value)
     app.router.add_post("/verify", verify)
-    app.router.add_post("/aggregate_metrics", aggregate_metrics)
+    if aggregate_metrics_route:
+        app.router.add_post("/aggregate_metrics", aggregate_metrics)
     app.router.add_get("/reverify_mode", reverify_mode)
     app.router.add_get("/", liveness)
     add_fallback_routes(app)
@@ -307,8 +270,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS)
+    parser.add_argument("--no-aggregate-metrics", action="store_true", help="serve no /aggregate_metrics (404), like an env without it")
+    parser.add_argument("--verify-reply", choices=("echo", "nemo_gym"), default="echo",
+                        help="/verify echoes the whole body (default) or answers NeMo Gym's reply fields only")
     args = parser.parse_args(argv)
-    serve_forever(make_app(args.max_sessions), args.host, args.port, "counter env")
+    app = make_app(args.max_sessions, not args.no_aggregate_metrics, args.verify_reply)
+    serve_forever(app, args.host, args.port, "counter env")
 
 
 if __name__ == "__main__":

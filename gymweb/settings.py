@@ -230,8 +230,10 @@ GYMWEB_DISPATCH_IN_WORKERS = os.environ.get("GYMWEB_DISPATCH_IN_WORKERS", "1") =
 GYMWEB_RELEASE_TIMEOUT_S = float(os.environ.get("GYMWEB_RELEASE_TIMEOUT_S", 20))
 # The run page caches aggregates over finished attempts (keyed by their counts, so never stale).
 GYMWEB_SUMMARY_CACHE_S = float(os.environ.get("GYMWEB_SUMMARY_CACHE_S", 600))
-# /aggregate_metrics is called once a run completes, with at most this many rows and this timeout.
-GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 20000))
+# /aggregate_metrics is called once a run completes, with at most this many rows (stripped as NeMo
+# Gym strips them: a few hundred bytes each) and this timeout; past the limit the file is computed
+# locally instead.
+GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 200000))
 GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))
 # Reverify from the run page runs in the request; larger runs use `manage.py reverify`.
 GYMWEB_REVERIFY_WEB_MAX_ROWS = int(os.environ.get("GYMWEB_REVERIFY_WEB_MAX_ROWS", 2000))

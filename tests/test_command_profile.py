@@ -66,7 +66,7 @@ def test_profiling_the_fixture_files_reproduces_nemo_gyms_outputs_beside_the_rol
     call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
                  "--rollouts", str(fixture_inputs / "rollouts.jsonl"))
     for name in NEMO_FILES:
-        same(load(FIXTURE / name), load(fixture_inputs / name), name)
+        assert (fixture_inputs / name).read_bytes() == (FIXTURE / name).read_bytes(), name
     extras = load(fixture_inputs / "rollouts_gymweb_pass_at_k.json")
     assert [t["num_passed"] for t in extras["per_task"]] == [4, 3, 1, 0, 2]
     assert extras["overall"][0]["pass@4"] == pytest.approx(4 / 5)
@@ -74,6 +74,32 @@ def test_profiling_the_fixture_files_reproduces_nemo_gyms_outputs_beside_the_rol
     assert "20 of 20 rollout(s) have a success row" in out
     for name in FOUR_FILES:
         assert f"wrote {fixture_inputs / name}" in out
+
+
+def test_nemo_gyms_own_files_beside_the_rollouts_are_never_replaced_without_overwrite(fixture_inputs):
+    """The issue's case: profiling NeMo Gym's output where it lies, without --output-dir, once
+    replaced the profile NeMo Gym had written there."""
+    theirs = fixture_inputs / "rollouts_agent_metrics.json"
+    theirs.write_bytes(b"NeMo Gym's own file")
+    args = ["--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"), "--rollouts", str(fixture_inputs / "rollouts.jsonl")]
+    with pytest.raises(CommandError, match=r"rollouts_agent_metrics.json\. Nothing was written; pass --overwrite"):
+        call_command("profile", *args)
+    assert theirs.read_bytes() == b"NeMo Gym's own file"
+    assert not (fixture_inputs / "rollouts_reward_profiling.jsonl").exists(), "not one of the files is written"
+    call_command("profile", *args, "--overwrite")
+    assert theirs.read_bytes() == (FIXTURE / "rollouts_agent_metrics.json").read_bytes()
+
+
+@pytest.mark.django_db
+def test_a_runs_profile_is_never_written_over_an_earlier_one_without_overwrite(tmp_path):
+    run = make_run(2)
+    finish(key(run, 0, 0), S.SUCCEEDED, 1.0)
+    call_command("profile", str(run.pk), "--output-dir", str(tmp_path))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(CommandError, match="already exist.*--overwrite"):
+        call_command("profile", str(run.pk), "--output-dir", str(tmp_path))
+    call_command("profile", str(run.pk), "--output-dir", str(tmp_path), "--overwrite")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_output_dir_puts_the_files_there_named_after_the_rollouts_file_stem(fixture_inputs, tmp_path):

@@ -226,7 +226,7 @@ def test_aggregate_metrics_has_nemo_gyms_shape(env):
     reply = env.post("/aggregate_metrics", json={"verify_responses": rows})
     assert reply.status_code == 200
     result = reply.json()
-    assert set(result) == {"group_level_metrics", "agent_metrics", "key_metrics"}
+    assert list(result) == ["group_level_metrics", "agent_metrics", "key_metrics", "perf_summary", "repeat_level_metrics"]
     first, second = result["group_level_metrics"]
     assert first["_ng_task_index"] == 0 and second["_ng_task_index"] == 1
     assert first["mean/reward"] == 0.5 and first["max/reward"] == 1.0 and first["min/reward"] == 0.0
@@ -238,11 +238,22 @@ def test_aggregate_metrics_has_nemo_gyms_shape(env):
     assert agent["std/reward"] == pytest.approx(0.5773502691896257)  # ddof=1
     assert list(agent)[:4] == ["mean/reward", "mean/input_tokens", "mean/output_tokens", "mean/total_tokens"]
     assert result["key_metrics"] == {k: v for k, v in agent.items() if k.startswith("mean/")}
+    assert agent["num_repeats"] == 2 and result["perf_summary"] is None
+    assert [r["_ng_rollout_index"] for r in result["repeat_level_metrics"]] == [0, 1]
+    assert first["rollout_infos"][1] == {"rollout_id": "0:1", "_ng_task_index": 0, "_ng_rollout_index": 1, "reward": 0.0,
+                                         "input_tokens": 10, "output_tokens": 4, "total_tokens": 14}
 
 
 def test_aggregate_metrics_of_no_rows_is_empty(env):
     reply = env.post("/aggregate_metrics", json={"verify_responses": []})
-    assert reply.json() == {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
+    assert reply.json() == {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "perf_summary": None,
+                            "repeat_level_metrics": []}
+
+
+def test_aggregate_metrics_can_be_left_out_and_then_answers_404():
+    with BackgroundServer(make_app(aggregate_metrics_route=False)) as server:
+        reply = httpx.post(f"{server.url}/aggregate_metrics", json={"verify_responses": []}, trust_env=False)
+    assert reply.status_code == 404
 
 
 def test_it_serves_thousands_of_concurrent_sessions_without_mixing_them(env_url):

@@ -25,6 +25,7 @@ from examples._serve import BackgroundServer
 from rollouts.collection import export, runs
 from rollouts.collection.datasets import materialize, read_jsonl
 from rollouts.collection.importer import import_rollouts
+from rollouts.collection.stamps import stamp
 from rollouts.engine.loop import make_client, run_rollout
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 
@@ -81,7 +82,7 @@ def oracle(services, tmp_path_factory):
         if outcome.ok:
             line = dict(outcome.verify_response)
             line["_ng_task_index"], line["_ng_rollout_index"], line["agent_ref"] = task_index, rollout_index, row["agent_ref"]
-            files["rollouts"].append(canon(line))
+            files["rollouts"].append(canon(stamp(line, row["agent_ref"], add=True)))  # NeMo Gym's two stamps, last
         else:
             task_row = {k: v for k, v in row.items() if k != "_ng_rollout_index"}
             files["failures"].append(
@@ -144,6 +145,15 @@ def _check_pages(client, run: Run, oracle) -> None:
             assert canon(json.loads(one.content)) == canon(item.payload)
 
 
+def _stored_aggregate() -> dict:
+    """What a run keeps of the env's /aggregate_metrics reply: the entry of NeMo Gym's
+    ``*_aggregate_metrics.json`` it makes (``evaluation.aggregate``), every value exactly as sent."""
+    reply = corpus.aggregate_reply()
+    return {"agent_ref": {"name": "remote_agent"}, "_ng_environment_server": "remote_agent_environment_server",
+            "agent_metrics": reply["agent_metrics"], "key_metrics": reply["key_metrics"],
+            "group_level_metrics": reply["group_level_metrics"], "repeat_level_metrics": []}
+
+
 def _downloads(client, run: Run) -> dict[str, list[str]]:
     out = {}
     for key, kind in (("rollouts", "rollouts"), ("failures", "rollouts_failures"), ("materialized", "rollouts_materialized_inputs")):
@@ -165,7 +175,7 @@ def test_the_cli_writes_and_stores_exactly_what_the_loop_saw(services, oracle, t
     run = Run.objects.get()
     _check_stored(run, oracle)
     assert _downloads(signed_in, run) == oracle["files"]
-    assert canon(run.aggregate_metrics) == canon(corpus.aggregate_reply())
+    assert canon(run.aggregate_metrics) == canon(_stored_aggregate())
     _check_pages(signed_in, run, oracle)
 
 
@@ -182,7 +192,7 @@ def test_a_worker_process_stores_exactly_what_the_loop_saw(services, oracle, wor
     assert run.status == Run.Status.COMPLETED and run.name == "corpus \x00 run" and run.dataset.name == "corpus \x00 tasks.jsonl"
     _check_stored(run, oracle)
     assert _downloads(signed_in, run) == oracle["files"]
-    assert canon(run.aggregate_metrics) == canon(corpus.aggregate_reply())
+    assert canon(run.aggregate_metrics) == canon(_stored_aggregate())
     _check_pages(signed_in, run, oracle)
 
 

@@ -1,4 +1,4 @@
-"""Stored profile numbers (``Rollout.profile_json``, ``profile.profile_numbers``): profiling a run
+"""Stored profile numbers (``Rollout.profile_json``, ``collection.profile_numbers``): profiling a run
 from them gives NeMo Gym's profile of its full ``rollouts.jsonl`` rows, byte for byte.
 
 The reference is always the long way round: ``profile.profile_rows`` over the full rows
@@ -25,23 +25,20 @@ from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.collection.export import iter_materialized, iter_successes
 from rollouts.collection.importer import import_rollouts
-from rollouts.models import Rollout
-from rollouts.evaluation.profile import (
+from rollouts.collection.profile_numbers import (
     PROFILE_NUMBERS_PREFIX,
     PROFILE_NUMBERS_VERSION,
-    ReducedRollout,
-    dumps_like_orjson,
     dumps_profile_numbers,
-    gymweb_extras,
-    iter_jsonl,
     loads_profile_numbers,
+    profile_json_for_verify,
     profile_numbers,
-    profile_rows,
 )
+from rollouts.models import Rollout
+from rollouts.evaluation.outputs import dumps
+from rollouts.evaluation.profile import ReducedRollout, gymweb_extras, iter_jsonl, profile_rows
 from rollouts.evaluation.run_profile import (
     EXTRAS_FAILURES_NOTE,
     failures_as_zero_rows,
-    profile_json_for_verify,
     profile_run,
     run_materialized_rows,
     run_success_rows,
@@ -81,7 +78,7 @@ def identical(expected, actual, path="$"):
 def same_profile(expected, actual):
     """Two ProfileResults: NeMo Gym's three files byte for byte, and everything else exactly."""
     for part in ("reward_profiling", "agent_metrics", "repeat_level_metrics", "completion_summary"):
-        assert dumps_like_orjson(getattr(actual, part)) == dumps_like_orjson(getattr(expected, part)), part
+        assert dumps(getattr(actual, part)) == dumps(getattr(expected, part)), part
         identical(getattr(expected, part), getattr(actual, part), part)
     assert actual.masked_rollouts == expected.masked_rollouts
 

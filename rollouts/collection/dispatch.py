@@ -41,6 +41,7 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.lossless import dumps
+from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem, Worker
 
@@ -306,8 +307,6 @@ def _storage_failure(out: RolloutOutcome, missing: list[str], keep_payloads: boo
 
 
 def _write_batch(batch: _Batch, worker: str) -> None:
-    from rollouts.evaluation.run_profile import profile_json_for_verify
-
     now = _now()
     with transaction.atomic():
         if batch.calls:

@@ -1,7 +1,9 @@
 """Import a NeMo Gym ``rollouts.jsonl`` (and optionally its failures sidecar) into a new run with
 status ``imported``, to inspect it without running anything (DESIGN.md, "Import").
 
-No views here: the import page and ``manage.py import_rollouts`` both call ``import_rollouts``.
+No views here: the import page and ``manage.py import_rollouts`` both call ``import_rollouts`` (one
+file and its sidecar) or ``import_shards`` (several shards of one run, as ``gym eval aggregate``
+takes them, with their sidecars).
 
 Rules:
 
@@ -18,7 +20,7 @@ Rules:
   the row as it came (``export.success_row`` sets ``_ng_task_index``, ``_ng_rollout_index`` and
   ``agent_ref`` in place, so exporting gives the line back byte for byte) and ``profile_json``
   the numbers NeMo Gym's profiler reads from that exported row
-  (``run_profile.profile_json_for_verify``). Rows of the failures sidecar are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
+  (``profile_numbers.profile_json_for_verify``). Rows of the failures sidecar are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
   ``failure_kind`` from ``_gymweb_failure_kind`` (else ``"imported_failure"``). A row with no
   result at all among result rows is kept as a ``cancelled`` attempt (kill-shaped: shown, written
   to no file) explained as never run.
@@ -44,7 +46,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any, BinaryIO, Iterable, Iterator, Optional, TextIO, Union
+from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Union
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
@@ -55,11 +57,11 @@ from rollouts.engine.contract import Usage
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from rollouts.evaluation.run_profile import profile_json_for_verify
+from rollouts.collection.profile_numbers import profile_json_for_verify
 
 __all__ = [
-    "ImportSummary", "LooksLikeDatasetError", "WrongFileError", "import_rollouts", "infer_steps", "IMPORTED_FAILURE_KIND",
-    "NOT_RUN_ERROR",
+    "ImportSummary", "LooksLikeDatasetError", "WrongFileError", "import_rollouts", "import_shards", "infer_steps",
+    "IMPORTED_FAILURE_KIND", "NOT_RUN_ERROR",
 ]
 
 IMPORTED_FAILURE_KIND = "imported_failure"
@@ -477,44 +479,75 @@ def import_rollouts(
     other slot's kind (swapped files); ``LooksLikeDatasetError`` when the rollouts file is a dataset.
     Nothing is stored then.
     """
-    sources = [s for s in (source if stream is not None else "", failures_source if failures is not None else "") if s]
+    shards = [(stream, source)] if stream is not None else []
+    sidecars = [(failures, failures_source)] if failures is not None else []
+    return import_shards(shards, sidecars, name=name, user=user)
+
+
+def import_shards(
+    shards: Sequence[tuple[Lines, str]],
+    failures: Sequence[tuple[Lines, str]] = (),
+    *,
+    name: str = "",
+    user=None,
+) -> ImportSummary:
+    """Import ``rollouts.jsonl`` shards (``(lines, file name)`` each) and their failures sidecars
+    into ONE new run with status ``imported``, as NeMo Gym's ``gym eval aggregate`` treats shards as
+    one run (``import_rollouts`` is the case of one file and its sidecar).
+
+    Every sidecar is read first (in the order given), then every shard, so a key's failed attempts
+    come before its success (resume order). Rows keep their ``_ng_task_index``/``_ng_rollout_index``;
+    rows without them are numbered by their row number, counted on across the files of one kind
+    (sidecars apart from shards). Shards must not overlap: a second success row for a (task,
+    rollout) key is a ``DatasetError`` naming both places (shards of runs that reuse task indices,
+    such as two environment servers, cannot share one run). Raises ``DatasetError`` (file and line)
+    for a bad row or when the files hold no rows, ``WrongFileError``/``LooksLikeDatasetError`` as
+    ``import_rollouts`` does; nothing is stored then (one transaction).
+    """
+    if not shards and not failures:
+        raise ValueError("import_shards needs at least one file")
+    names = [src for _, src in shards] + [src for _, src in failures]
+    shown = [PurePath(n).name for n in names]
     run = Run(
-        name=(name.strip() or " + ".join(PurePath(s).name for s in sources) or "imported rollouts")[:200],
+        name=(name.strip() or (" + ".join(shown) if len(shown) <= 2 else f"{shown[0]} + {len(shown) - 1} more file(s)")
+              or "imported rollouts")[:200],
         status=Run.Status.IMPORTED,
         created_by=user,
-        source_file=" + ".join(sources)[:500],
+        source_file=" + ".join(names)[:500],
     )
     with transaction.atomic():
         run.save()
         importer = _Importer(run)
         agent_name = None
-        inputs = []
-        if failures is not None:
-            inputs.append((failures, failures_source, True))
-        if stream is not None:
-            inputs.append((stream, source, False))
-        if len(inputs) == 2:  # what each file starts with, to tell swapped files from one wrong file
+        inputs = [(lines, src, True) for lines, src in failures] + [(lines, src, False) for lines, src in shards]
+        if len(shards) == 1 and len(failures) == 1:  # what each file starts with, to tell swapped files from one wrong file
             for lines, _src, sidecar in inputs:
                 first = _first_row(lines)
                 importer.other_slot_kind[sidecar] = None if first is None else "_ng_failure_class" in first
         main_rows = main_results = 0
+        ordinals = {True: 0, False: 0}  # rows without indices: numbered on across files of one kind
         for lines, src, sidecar in inputs:
-            for ordinal, (line, row) in enumerate(_iter_rows(lines, src)):
+            for line, row in _iter_rows(lines, src):
                 if agent_name is None and isinstance(row.get("agent_ref"), dict) and isinstance(row["agent_ref"].get("name"), str):
                     agent_name = row["agent_ref"]["name"]
                 if not sidecar:
                     main_rows += 1
                     main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
                 try:
-                    importer.add(row, ordinal, line, src, sidecar)
+                    importer.add(row, ordinals[sidecar], line, src, sidecar)
                 except RecursionError:
                     raise DatasetError(TOO_DEEP, line, src) from None
+                ordinals[sidecar] += 1
         if main_rows and not main_results:
-            raise LooksLikeDatasetError(source, main_rows)
+            raise LooksLikeDatasetError(shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards), main_rows)
         importer.flush()
         summary = importer.summary
         if summary.rows == 0:
-            raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source if stream is not None else failures_source)
+            raise DatasetError(
+                "the file has no rows (it is empty or only blank lines)" if len(names) == 1 else "the files have no rows",
+                None,
+                names[0],
+            )
         run.num_tasks = len(importer.task_ids)
         run.num_keys = len(importer.attempts)
         # Repeats as NeMo Gym counts them: rollouts per task (the most any task has).

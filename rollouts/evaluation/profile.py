@@ -1,9 +1,12 @@
-"""Reward profiling: a pure-Python reimplementation of NeMo Gym's ``gym eval profile``.
+"""Reward profiling: NeMo Gym's ``gym eval profile``, computed with numpy and scipy and written with orjson.
 
-Reference: ``nemo_gym/reward_profile.py`` and ``nemo_gym/cli/eval.py:reward_profile`` of nemo-gym 0.7.0
-(pandas + scipy there; plain Python here, no Django, no third-party imports). The three files it writes
-(``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``, ``<stem>_repeat_level_metrics.json``)
-are reproduced key for key, in the same key order and the same compact JSON layout (orjson's).
+Reference: ``nemo_gym/reward_profile.py`` and ``nemo_gym/cli/eval.py:reward_profile`` of nemo-gym 0.7.0.
+NeMo Gym builds pandas DataFrames and lets pandas call numpy; here the same numpy functions are called
+on the same values directly (see "Numerics" below), the Student-t intervals are
+``scipy.stats.t.interval`` and the files are written with ``orjson.dumps``, as NeMo Gym does, so the
+three files (``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``,
+``<stem>_repeat_level_metrics.json``) are byte-identical to NeMo Gym's for the same input (checked
+against its own output in ``tests/data/profile_fixture``). No Django.
 
 What NeMo Gym computes, in short (every rule below is mirrored here):
 
@@ -48,10 +51,11 @@ never inside NeMo Gym's files.
 Memory: rollout rows are reduced to their numeric fields as they stream in (responses are not kept);
 materialised rows are reduced to their keys plus one representative row per task.
 
-Stored numbers: ``profile_numbers(row)`` is that reduction of one rollout row (everything the profiler
-reads from it apart from its key), small enough to store beside the row; ``profile_rows`` takes
-``ReducedRollout(task, rollout, numbers)`` in place of the row, with the same results. gymweb stores
-it per success (``Rollout.profile_json``), so profiling a stored run never parses a response.
+Stored numbers: ``rollouts.collection.profile_numbers.profile_numbers(row)`` is that reduction of one
+rollout row (everything the profiler reads from it apart from its key), small enough to store beside
+the row; ``profile_rows`` takes ``ReducedRollout(task, rollout, numbers)`` in place of the row, with
+the same results. gymweb stores it per success (``Rollout.profile_json``), so profiling a stored run
+never parses a response.
 """
 
 from __future__ import annotations
@@ -59,7 +63,6 @@ from __future__ import annotations
 import json
 import math
 import operator
-import statistics
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Mapping as _MappingABC
@@ -67,25 +70,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
+from rollouts.collection.profile_numbers import row_numbers
+from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
+
 __all__ = [
     "ProfileResult",
     "profile_rows",
-    "profile_numbers",
-    "dumps_profile_numbers",
-    "loads_profile_numbers",
     "ReducedRollout",
-    "PROFILE_NUMBERS_VERSION",
-    "PROFILE_NUMBERS_PREFIX",
     "profile_files",
     "write_profile_files",
     "profile_file_paths",
     "iter_jsonl",
-    "dumps_like_orjson",
-    "student_t_ppf",
-    "student_t_interval",
+    "label_runs",
     "pass_at_k",
     "pass_at_1_avg_of_k",
     "gymweb_extras",
+    "gymweb_extras_path",
     "write_gymweb_extras",
 ]
 
@@ -94,235 +96,111 @@ ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
 ATTEMPT_INDEX_KEY_NAME = "_ng_attempt_index"
 AGENT_REF_KEY_NAME = "agent_ref"
 ENVIRONMENT_SERVER_STAMP_KEY_NAME = "_ng_environment_server"
-MASK_SAMPLE_FIELD = "mask_sample"
 
 _GROUP_STATS = ("mean", "max", "min", "median", "std")
-_NAN = float("nan")
 
 
 # ---------------------------------------------------------------------------------------------
-# Numerics that mirror numpy / pandas / scipy bit for bit where practical
+# Numerics: NeMo Gym's pandas/scipy statistics, computed with numpy and scipy.stats
 # ---------------------------------------------------------------------------------------------
+#
+# pandas computes each statistic with numpy on the column's values (pandas.core.nanops, no
+# bottleneck): a mean is the pairwise sum of the values (missing ones as 0.0) over their count; a
+# std is the two-pass ``sqrt(sum((mean - v)**2) / (count - 1))``; a median is ``np.median`` /
+# ``np.nanmedian``; a quantile ``np.percentile(..., method="linear")``. Calling the same numpy
+# functions on the same values in the same layout (each group's values contiguous, so the
+# reductions sum pairwise along them) gives the same bits. The Student-t intervals are
+# ``scipy.stats.t.interval``, as in NeMo Gym. pandas itself is not needed.
 
 
-def _pairwise_sum(values: Sequence[float], start: int = 0, n: Optional[int] = None) -> float:
-    """numpy's pairwise summation (``DOUBLE_pairwise_sum``), so means match pandas to the last bit."""
-    if n is None:
-        n = len(values) - start
-    if n < 8:
-        res = -0.0
-        for i in range(start, start + n):
-            res += values[i]
-        return res
-    if n <= 128:
-        r0, r1, r2, r3, r4, r5, r6, r7 = values[start : start + 8]
-        i = 8
-        stop = n - (n % 8)
-        while i < stop:
-            j = start + i
-            r0 += values[j]
-            r1 += values[j + 1]
-            r2 += values[j + 2]
-            r3 += values[j + 3]
-            r4 += values[j + 4]
-            r5 += values[j + 5]
-            r6 += values[j + 6]
-            r7 += values[j + 7]
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < n:
-            res += values[start + i]
-            i += 1
-        return res
-    n2 = n // 2
-    n2 -= n2 % 8
-    return _pairwise_sum(values, start, n2) + _pairwise_sum(values, start + n2, n - n2)
+def _block_stats(block: np.ndarray) -> Tuple[np.ndarray, ...]:
+    """``RewardProfiler.describe_dataframe``'s mean, max, min, median and std (ddof=1) of many groups
+    of one size at once.
 
-
-def _np_sum(values: Sequence[float]) -> float:
-    """``np.add.reduce`` of a float64 vector: the identity 0.0 plus the pairwise sum."""
-    return 0.0 + _pairwise_sum(values)
-
-
-def _is_nan(x: Any) -> bool:
-    return isinstance(x, float) and x != x
-
-
-def _masked_mean(values: Sequence[Optional[float]], is_int: bool) -> float:
-    """pandas ``nanmean`` of one column: missing entries become 0.0 in the sum, count excludes them."""
-    present = [v for v in values if v is not None]
-    count = len(present)
-    if count == 0:
-        return _NAN
-    if is_int:
-        return float(sum(present)) / float(count)
-    return _np_sum([0.0 if v is None else float(v) for v in values]) / float(count)
-
-
-def _masked_std(values: Sequence[Optional[float]], ddof: int = 1) -> float:
-    """pandas ``nanstd`` (two-pass ``nanvar``) of one column; NaN when count <= ddof."""
-    count = sum(1 for v in values if v is not None)
-    if count <= ddof:
-        return _NAN
-    filled = [0.0 if v is None else float(v) for v in values]
-    avg = _np_sum(filled) / float(count)
-    squares = []
-    for v in values:
-        if v is None:
-            squares.append(0.0)
-        else:
-            d = avg - float(v)
-            squares.append(d * d)
-    return math.sqrt(_np_sum(squares) / float(count - ddof))
-
-
-def _median_sorted(sorted_values: Sequence[float]) -> float:
-    """numpy median of already-sorted values: the middle value, or the mean of the middle two."""
-    n = len(sorted_values)
-    if n == 0:
-        return _NAN
-    h = n // 2
-    if n % 2:
-        return float(sorted_values[h])
-    return (float(sorted_values[h - 1]) + float(sorted_values[h])) / 2.0
-
-
-def _quantile_linear_sorted(sorted_values: Sequence[float], q: float) -> float:
-    """numpy ``percentile(method="linear")`` on sorted values, including numpy's ``_lerp``."""
-    n = len(sorted_values)
-    if n == 0:
-        return _NAN
-    virtual = (n - 1) * q
-    if virtual >= n - 1:
-        return float(sorted_values[-1])
-    if virtual < 0:
-        return float(sorted_values[0])
-    previous = math.floor(virtual)
-    gamma = virtual - previous
-    a = float(sorted_values[int(previous)])
-    b = float(sorted_values[int(previous) + 1])
-    diff_b_a = b - a
-    if gamma >= 0.5:
-        return b - diff_b_a * (1 - gamma)
-    return a + diff_b_a * gamma
-
-
-# --- Student's t quantile ---------------------------------------------------------------------
-
-
-def _t_upper_tail(t: float, df: int) -> float:
-    """P(T > t) for t >= 0 and an integer df >= 1 (closed form, Abramowitz & Stegun 26.7.3/26.7.4).
-
-    The powers cos(theta)**(2j) are taken as exp(j * log(df / (df + t*t))) with the logarithm from
-    log1p, so their error does not grow with j (a plain running product would lose ~j ulps).
-    """
-    x = t * t
-    denom = df + x
-    log_c2 = -math.log1p(x / df)  # log(cos^2(theta)), theta = atan(t / sqrt(df))
-    s = t / math.sqrt(denom)  # sin(theta)
-    terms = [1.0]
-    if df % 2 == 0:
-        ratio = 1.0
-        for j in range(1, df // 2):
-            ratio *= (2 * j - 1) / (2 * j)
-            terms.append(ratio * math.exp(j * log_c2))
-        return (1.0 - s * math.fsum(terms)) / 2.0
-    if df == 1:
-        return math.atan2(1.0, t) / math.pi
-    ratio = 1.0
-    for j in range(1, (df - 1) // 2):
-        ratio *= (2 * j) / (2 * j + 1)
-        terms.append(ratio * math.exp(j * log_c2))
-    # 1 - A = (2/pi) * (pi/2 - theta - sin(theta)*cos(theta)*sum); pi/2 - theta = atan2(sqrt(df), t)
-    sin_cos = t * math.sqrt(df) / denom
-    return (math.atan2(math.sqrt(df), t) - sin_cos * math.fsum(terms)) / math.pi
-
-
-def _t_pdf(t: float, df: int) -> float:
-    log_c = math.lgamma((df + 1) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
-    return math.exp(log_c - (df + 1) / 2.0 * math.log1p(t * t / df))
-
-
-_T_PPF_CACHE: Dict[Tuple[float, int], float] = {}
-_T_SERIES_MAX_DF = 2000
-
-
-def _t_upper_quantile(p: float, df: int) -> float:
-    """The t with P(T > t) = p, for 0 < p < 0.5 and an integer df >= 1."""
-    key = (p, df)
-    cached = _T_PPF_CACHE.get(key)
-    if cached is not None:
-        return cached
-    if df == 1:
-        result = math.cos(math.pi * p) / math.sin(math.pi * p)
-    elif df == 2:
-        result = (1.0 - 2.0 * p) / math.sqrt(2.0 * p * (1.0 - p))
+    ``block``: float64, shape (groups, columns, rows), C-contiguous, NaN for a missing value. Returns
+    ``(mean, max, min, median, std, complete)``, each of shape (groups, columns): NaN where a
+    statistic is undefined (no value; std of one value); ``complete`` is True where no value is
+    missing."""
+    n = block.shape[-1]
+    missing = np.isnan(block)
+    has_missing = bool(missing.any())
+    if has_missing:
+        count = n - np.count_nonzero(missing, axis=-1)
+        filled = np.where(missing, 0.0, block)
     else:
-        z = statistics.NormalDist().inv_cdf(1.0 - p)
-        if df > _T_SERIES_MAX_DF:
-            # Cornish-Fisher expansion (A&S 26.7.5); its error is O(df**-5), below double precision here.
-            z2 = z * z
-            g1 = (z2 + 1) * z / 4
-            g2 = ((5 * z2 + 16) * z2 + 3) * z / 96
-            g3 = (((3 * z2 + 19) * z2 + 17) * z2 - 15) * z / 384
-            g4 = ((((79 * z2 + 776) * z2 + 1482) * z2 - 1920) * z2 - 945) * z / 92160
-            result = z + (g1 + (g2 + (g3 + g4 / df) / df) / df) / df
-        else:
-            # Newton's method from the normal quantile, which lies left of the root. The upper tail is
-            # convex for t > 0, so the iterates climb monotonically to the root.
-            t = z
-            for _ in range(100):
-                step = (_t_upper_tail(t, df) - p) / _t_pdf(t, df)
-                t += step
-                if abs(step) <= abs(t) * 1e-15:
-                    break
-            result = t
-    _T_PPF_CACHE[key] = result
-    return result
+        count = np.full(block.shape[:2], n)
+        filled = block
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN is the answer
+        mean = np.add.reduce(filled, axis=-1) / count
+        squares = (mean[..., None] - filled) ** 2
+        if has_missing:
+            squares[missing] = 0.0
+        std = np.sqrt(np.add.reduce(squares, axis=-1) / (count - 1))
+        std[count <= 1] = np.nan
+        maxs = np.fmax.reduce(block, axis=-1)
+        mins = np.fmin.reduce(block, axis=-1)
+        median = np.nanmedian(block, axis=-1) if has_missing else np.median(block, axis=-1)
+    return mean, maxs, mins, median, std, count == n
 
 
-def student_t_ppf(q: float, df: int) -> float:
-    """Quantile (inverse CDF) of Student's t distribution with an integer ``df`` >= 1.
+def _describe_groups(matrix: np.ndarray, members: Sequence[Sequence[int]]) -> Tuple[List[List[float]], ...]:
+    """``describe_dataframe`` of each group of rows of ``matrix`` (float64, rows × columns, NaN =
+    missing): ``(means, maxs, mins, medians, stds)`` as lists (one per group) of per-column floats,
+    NaN where undefined. Groups are computed in batches of equal size. NeMo Gym's quirk is applied:
+    when *every* std of a group is NaN, the columns with no missing value in that group get 0.0."""
+    ngroups, ncols = len(members), matrix.shape[1]
+    stats = [np.full((ngroups, ncols), np.nan) for _ in range(5)]
+    complete = np.zeros((ngroups, ncols), dtype=bool)
+    by_size: Dict[int, List[int]] = defaultdict(list)
+    for g, rows in enumerate(members):
+        by_size[len(rows)].append(g)
+    for size, gs in by_size.items():
+        index = np.array([members[g] for g in gs], dtype=np.intp).reshape(len(gs), size)
+        # (groups, rows, columns) -> (groups, columns, rows): each group's column contiguous, as in
+        # pandas' blocks, so numpy sums it pairwise exactly as pandas does.
+        block = np.ascontiguousarray(matrix[index].transpose(0, 2, 1))
+        *values, full = _block_stats(block)
+        for target, value in zip(stats, values):
+            target[gs] = value
+        complete[gs] = full
+    std = stats[4]
+    all_nan = np.isnan(std).all(axis=1)
+    if all_nan.any():
+        std[all_nan] = np.where(complete[all_nan], 0.0, np.nan)
+    return tuple(s.tolist() for s in stats)
 
-    Pure Python stand-in for ``scipy.stats.t.ppf`` (which NeMo Gym's reward_profile.py uses through
-    ``t.interval``): Newton's method on the closed-form CDF for integer degrees of freedom, a
-    Cornish-Fisher expansion above 200,000 df. Agrees with the exact quantile to ~1e-15 relative.
 
-    Args:
-        q: probability in (0, 1).
-        df: degrees of freedom, a positive integer (NeMo Gym only ever uses n - 1).
-    """
-    if isinstance(df, bool) or int(df) != df or df < 1:
-        raise ValueError(f"df must be a positive integer, got {df!r}")
-    df = int(df)
-    if not 0.0 < q < 1.0:
-        if q == 0.0:
-            return -math.inf
-        if q == 1.0:
-            return math.inf
-        raise ValueError(f"q must be in [0, 1], got {q!r}")
-    if q == 0.5:
-        return 0.0
-    if q > 0.5:
-        return _t_upper_quantile(1.0 - q, df)
-    return -_t_upper_quantile(q, df)
+def _series_stats(values: np.ndarray) -> Tuple[float, float, float, float, float]:
+    """``(mean, median, std, min, max)`` of one column's present values (float64, 1-D, no NaN), as
+    pandas' ``Series.mean()``/``median()``/``std(ddof=1)``/``min()``/``max()`` give them; std is
+    0.0 for one value (NeMo Gym's ``if n > 1 else 0.0``)."""
+    n = values.shape[0]
+    mean = float(np.add.reduce(values) / n)
+    if n > 1:
+        std = float(np.sqrt(np.add.reduce((mean - values) ** 2) / (n - 1)))
+    else:
+        std = 0.0
+    return mean, float(np.median(values)), std, float(values.min()), float(values.max())
 
 
-def student_t_interval(confidence: float, df: int, loc: float, scale: float) -> Tuple[float, float]:
-    """``scipy.stats.t.interval(confidence, df, loc, scale)``: the central interval ``loc ± t*scale``.
+_t_distribution = None
 
-    Same arithmetic as scipy: q1 = (1 - confidence)/2, q2 = (1 + confidence)/2,
-    bounds = ppf(q) * scale + loc. ``scale`` must be > 0 (scipy returns NaN otherwise).
-    """
-    if not scale > 0:
-        return _NAN, _NAN
-    q1 = (1.0 - confidence) / 2
-    q2 = (1.0 + confidence) / 2
-    return student_t_ppf(q1, df) * scale + loc, student_t_ppf(q2, df) * scale + loc
+
+def _student_t():
+    """``scipy.stats.t``, imported on first use (scipy.stats takes a noticeable time to import and
+    only the repeat-level intervals need it)."""
+    global _t_distribution
+    if _t_distribution is None:
+        from scipy import stats
+
+        _t_distribution = stats.t
+    return _t_distribution
 
 
 def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.95) -> Optional[Tuple[float, float]]:
-    """NeMo Gym's ``RewardProfiler._confidence_interval``: None for n <= 1, (mean, mean) for sem == 0."""
+    """NeMo Gym's ``RewardProfiler._confidence_interval``: None for n <= 1, (mean, mean) with a
+    warning for sem == 0, else ``scipy.stats.t.interval(confidence, df=n - 1, loc=mean, scale=sem)``."""
     if n <= 1:
         return None
     if sem == 0:
@@ -332,83 +210,8 @@ def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.
             stacklevel=3,
         )
         return mean, mean
-    low, high = student_t_interval(confidence, n - 1, mean, sem)
+    low, high = _student_t().interval(confidence, df=n - 1, loc=mean, scale=sem)
     return float(low), float(high)
-
-
-# ---------------------------------------------------------------------------------------------
-# JSON in NeMo Gym's layout (orjson.dumps: compact, UTF-8, NaN/inf -> null)
-# ---------------------------------------------------------------------------------------------
-
-try:  # the C-accelerated string escaper of the standard library
-    from json.encoder import c_encode_basestring as _encode_str  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover
-    from json.encoder import py_encode_basestring as _encode_str  # type: ignore[assignment]
-if _encode_str is None:  # pragma: no cover
-    from json.encoder import py_encode_basestring as _encode_str  # type: ignore[assignment]
-
-
-def _format_float(x: float) -> str:
-    if x != x or x in (math.inf, -math.inf):
-        return "null"
-    r = repr(x)
-    if "e" not in r:
-        return r
-    mantissa, exponent = r.split("e")
-    e = int(exponent)
-    if e == -5:
-        # orjson (ryu) prints 1e-5 <= |x| < 1e-4 in fixed notation, Python in scientific.
-        digits = mantissa.lstrip("-").replace(".", "")
-        return ("-" if x < 0 else "") + "0.0000" + digits
-    return f"{mantissa}e{'+' if e > 0 else '-'}{abs(e)}"
-
-
-def _dump_into(obj: Any, out: List[str]) -> None:
-    if isinstance(obj, str):
-        out.append(_encode_str(obj))
-    elif obj is None:
-        out.append("null")
-    elif obj is True:
-        out.append("true")
-    elif obj is False:
-        out.append("false")
-    elif isinstance(obj, int):
-        out.append(int.__repr__(obj))
-    elif isinstance(obj, float):
-        out.append(_format_float(obj))
-    elif isinstance(obj, (dict, _MappingABC)):
-        out.append("{")
-        first = True
-        for k, v in obj.items():
-            if not first:
-                out.append(",")
-            first = False
-            if not isinstance(k, str):
-                raise TypeError(f"Dict key must be str, got {type(k).__name__}")
-            out.append(_encode_str(k))
-            out.append(":")
-            _dump_into(v, out)
-        out.append("}")
-    elif isinstance(obj, (list, tuple)):
-        out.append("[")
-        first = True
-        for v in obj:
-            if not first:
-                out.append(",")
-            first = False
-            _dump_into(v, out)
-        out.append("]")
-    else:
-        raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
-
-
-def dumps_like_orjson(obj: Any) -> bytes:
-    """Serialise like ``orjson.dumps`` (what NeMo Gym writes with): compact separators, UTF-8 (no
-    ASCII escaping), NaN/Infinity as ``null``, floats as shortest round-trip repr with orjson's
-    exponent style (``1e-6``, ``1e+16``, ``0.00001``). Returns bytes, no trailing newline."""
-    out: List[str] = []
-    _dump_into(obj, out)
-    return "".join(out).encode("utf-8")
 
 
 def iter_jsonl(path: Union[str, Path]) -> Iterator[dict]:
@@ -422,7 +225,6 @@ def iter_jsonl(path: Union[str, Path]) -> Iterator[dict]:
                 yield json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"Malformed JSON in '{path}' at line {line_no}: {e}") from e
-
 
 # ---------------------------------------------------------------------------------------------
 # Run labels (nemo_gym/global_config.py: rollout_run_key / label_runs / rollout_run_labels)
@@ -441,7 +243,11 @@ def _rollout_run_key(row: Mapping[str, Any]) -> Optional[str]:
     return _agent_ref_name(row)
 
 
-def _label_runs(agent_by_key: Mapping[Any, Optional[str]]) -> Dict[Any, Any]:
+def label_runs(agent_by_key: Mapping[Any, Optional[str]]) -> Dict[Any, Any]:
+    """NeMo Gym's ``global_config.label_runs``: ``{run key: label}`` for ``{run key (environment
+    server, else agent name): agent name}``. A run is labelled by its agent name unless another run
+    has the same agent (two servers fronting one agent) or the label clashes with another run's
+    key; then by its own key."""
     keys_by_agent: Dict[str, set] = defaultdict(set)
     for key, agent_name in agent_by_key.items():
         if agent_name is not None:
@@ -545,15 +351,6 @@ class _Result:
         self.task_for_coverage = task_for_coverage
 
 
-def _numeric(v: Any) -> Any:
-    """NeMo Gym's filter: bools become 0/1, ints and floats pass, anything else is not profiled."""
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, (int, float)):
-        return v
-    return None
-
-
 def _key_of(row: Mapping[str, Any], what: str, position: int) -> Tuple[Any, Any]:
     try:
         return row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
@@ -562,56 +359,6 @@ def _key_of(row: Mapping[str, Any], what: str, position: int) -> Tuple[Any, Any]
             f"{what} #{position} has no {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}; "
             "profiling joins inputs and rollouts on these two indices"
         ) from None
-
-
-def _usage_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
-    response = result.get("response") or {}
-    usage = response.get("usage") if isinstance(response, (dict, _MappingABC)) else None
-    return usage if isinstance(usage, (dict, _MappingABC)) else {}
-
-
-def _row_numbers(result: Mapping[str, Any]) -> Tuple[bool, List[str], List[Any], Dict[str, Any]]:
-    """Everything NeMo Gym's profiler reads from a rollout row apart from its key: ``(masked, names,
-    values, info)``, i.e. ``mask_sample``'s truth, the numeric record of ``profile_from_data``
-    (field names and values in column order) and the row's part of ``rollout_info_from_result``
-    (``rollout_id`` and the two indices come first, from the key: ``_result_of``)."""
-    masked = bool(result.get(MASK_SAMPLE_FIELD))
-    usage = _usage_of(result)
-
-    # rollout_info_from_result (mask_sample is stripped from measured rows before profiling).
-    info: Dict[str, Any] = {}
-    if "reward" in result:
-        info["reward"] = result.get("reward")
-    for k, v in usage.items():
-        nv = _numeric(v)
-        if nv is not None:
-            info[k] = nv
-    for k, v in result.items():
-        if k.startswith("_") or k in ("reward", "response") or k == MASK_SAMPLE_FIELD:
-            continue
-        nv = _numeric(v)
-        if nv is not None:
-            info[k] = nv
-
-    # numeric record: (result | usage), "_"-prefixed keys skipped.
-    merged: Dict[str, Any] = {}
-    for k, v in result.items():
-        if k == MASK_SAMPLE_FIELD:
-            continue
-        merged[k] = v
-    for k, v in usage.items():
-        merged[k] = v
-    names: List[str] = []
-    values: List[Any] = []
-    for k, v in merged.items():
-        if k.startswith("_") or k == "agent_name":
-            # "agent_name" would clobber NeMo Gym's temporary grouping column; it is not profiled.
-            continue
-        nv = _numeric(v)
-        if nv is not None:
-            names.append(k)
-            values.append(nv)
-    return masked, names, values, info
 
 
 def _result_of(
@@ -644,74 +391,8 @@ def _result_of(
 def _reduce_result(result: Mapping[str, Any], key: Tuple[Any, Any], layouts: Dict[tuple, tuple]) -> _Result:
     """Keep only what NeMo Gym's profiler reads from a rollout row (``rollout_info_from_result`` and the
     numeric record of ``profile_from_data``)."""
-    masked, names, values, info = _row_numbers(result)
+    masked, names, values, info = row_numbers(result)
     return _result_of(key, masked, names, values, info, layouts)
-
-
-# --- a rollout row reduced to its numbers, to store beside the row -------------------------------
-
-# Bump it whenever _row_numbers changes what it takes from a row: records stored with another version
-# are then ignored (profile_run reads verify_json for them, with the right result, only slower) until
-# a data migration like rollouts/migrations/0005 stores them again.
-PROFILE_NUMBERS_VERSION = 1
-# How an encoded record starts (``dumps_profile_numbers``): a stored record without it is stale.
-PROFILE_NUMBERS_PREFIX = '{"v":%d,' % PROFILE_NUMBERS_VERSION
-
-
-def profile_numbers(row: Mapping[str, Any]) -> Dict[str, Any]:
-    """What ``profile_rows`` reads from one rollout row, apart from the row's key: a small dict to
-    store beside the row and profile later without the row (``ReducedRollout``).
-
-    ``{"v": PROFILE_NUMBERS_VERSION, "masked": bool, "numbers": {field: value}, "info": {field: value}}``:
-    ``masked`` is ``mask_sample``'s truth, ``numbers`` the profiled fields in column order (numeric
-    top-level fields, then ``response.usage``'s; bools as 0/1) and ``info`` the row's part of its
-    ``rollout_infos`` record (raw ``reward``, usage numbers, other numbers). Computed by the very
-    code that reduces full rows in ``profile_rows``, so the two cannot differ. It does not depend on
-    the values of the row's ``_ng_task_index``/``_ng_rollout_index`` (the key is joined back when
-    profiling); it does depend on every other field, ``agent_ref`` included (its position and, when
-    it is not an object, its value), so compute it from the row as ``rollouts.jsonl`` carries it.
-    JSON-safe for rows parsed from JSON (``dumps_profile_numbers``).
-    """
-    masked, names, values, info = _row_numbers(row)
-    return {"v": PROFILE_NUMBERS_VERSION, "masked": masked, "numbers": dict(zip(names, values)), "info": info}
-
-
-_encode_compact = json.JSONEncoder(separators=(",", ":")).encode
-_raw_decode = json.JSONDecoder().raw_decode
-
-
-def dumps_profile_numbers(numbers: Mapping[str, Any]) -> str:
-    """``profile_numbers(row)`` as compact ASCII JSON text starting with ``PROFILE_NUMBERS_PREFIX``
-    (floats round-trip exactly). ``info`` is left out when it encodes exactly like ``numbers`` (the
-    usual case: reward, then the usage numbers); ``loads_profile_numbers`` puts it back."""
-    record = _encode_compact(numbers["numbers"])
-    info = _encode_compact(numbers["info"])
-    masked = "true" if numbers["masked"] else "false"
-    text = f'{PROFILE_NUMBERS_PREFIX}"masked":{masked},"numbers":{record}'
-    return text + ("}" if info == record else f',"info":{info}}}')
-
-
-def loads_profile_numbers(text: str) -> Optional[Dict[str, Any]]:
-    """The ``profile_numbers`` record ``dumps_profile_numbers`` wrote (its ``info`` may be the same
-    dict as its ``numbers``: read only), or None when ``text`` is blank, of another version or not
-    such a record (the caller then reduces the full row instead)."""
-    if not text or not text.startswith(PROFILE_NUMBERS_PREFIX):
-        return None
-    try:
-        numbers, end = _raw_decode(text)  # json.loads without its per-call overhead
-    except ValueError:
-        return None
-    if end != len(text):
-        return None
-    if not (
-        isinstance(numbers, dict)
-        and numbers.get("v") == PROFILE_NUMBERS_VERSION
-        and isinstance(numbers.get("masked"), bool)
-        and isinstance(numbers.get("numbers"), dict)
-    ):
-        return None
-    info = numbers.setdefault("info", numbers["numbers"])
-    return numbers if isinstance(info, dict) else None
 
 
 class ReducedRollout(NamedTuple):
@@ -727,98 +408,6 @@ def _reduce_numbers(reduced: ReducedRollout, key: Tuple[Any, Any], layouts: Dict
     numbers = reduced.numbers
     record = numbers["numbers"]
     return _result_of(key, numbers["masked"], record.keys(), record.values(), numbers["info"], layouts)
-
-
-def _stat_keys(columns: Sequence[str]) -> Dict[str, List[str]]:
-    """The output keys of ``_describe``: ``{stat: ["stat/column", ...]}``."""
-    return {s: [f"{s}/{col}" for col in columns] for s in _GROUP_STATS}
-
-
-def _describe(
-    rows: Sequence[Sequence[Optional[float]]],
-    columns: Sequence[str],
-    col_is_int: Sequence[bool],
-    all_int: bool,
-    keys: Optional[Dict[str, List[str]]] = None,
-    out: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
-    """``RewardProfiler.describe_dataframe`` for one group (rows = value vectors, None = missing).
-
-    ``keys``: ``_stat_keys(columns)``, computed once by callers that describe many groups. ``out``:
-    the dict to add the statistics to (returned), else a new one."""
-    ncols = len(columns)
-    n = len(rows)
-    stats: Dict[str, List[Any]] = {s: [_NAN] * ncols for s in _GROUP_STATS}
-    means, maxs, mins, medians, stds = (stats[s] for s in _GROUP_STATS)
-    complete = [True] * ncols
-    for c, col in enumerate(zip(*rows)):
-        is_int = col_is_int[c]
-        if None in col:
-            complete[c] = False
-            present = [v for v in col if v is not None]
-            if not present:
-                continue
-            means[c] = _masked_mean(col, is_int)
-            hi = max(present)
-            lo = min(present)
-            maxs[c] = hi if all_int else float(hi)
-            mins[c] = lo if all_int else float(lo)
-            present.sort()
-            medians[c] = _median_sorted(present)
-            stds[c] = _masked_std(col)
-            continue
-        # A complete column (the common case): the arithmetic of _masked_mean, _median_sorted and
-        # _masked_std, bit for bit, without their bookkeeping for missing values.
-        hi = max(col)
-        lo = min(col)
-        maxs[c] = hi if all_int else float(hi)
-        mins[c] = lo if all_int else float(lo)
-        ordered = sorted(col)
-        h = n // 2
-        medians[c] = float(ordered[h]) if n % 2 else (float(ordered[h - 1]) + float(ordered[h])) / 2.0
-        if is_int:
-            means[c] = float(sum(col)) / float(n)
-            if n <= 1:
-                continue
-        floats = [float(v) for v in col]
-        if n < 8:
-            acc = -0.0
-            for v in floats:
-                acc += v
-            avg = (0.0 + acc) / float(n)
-        else:
-            avg = _np_sum(floats) / float(n)
-        if not is_int:
-            means[c] = avg
-        if n <= 1:
-            continue
-        squares = []
-        for v in floats:
-            d = avg - v
-            squares.append(d * d)
-        if n < 8:
-            acc = -0.0
-            for v in squares:
-                acc += v
-            total = 0.0 + acc
-        else:
-            total = _np_sum(squares)
-        stds[c] = math.sqrt(total / float(n - 1))
-    # "Std is more interpretable using 0 rather than NaN for no std": only when *every* std is NaN.
-    if all(v != v for v in stds):
-        for c in range(ncols):
-            if complete[c]:
-                stds[c] = 0.0
-    if keys is None:
-        keys = _stat_keys(columns)
-    if out is None:
-        out = {}
-    for s in _GROUP_STATS:
-        names = keys[s]
-        for c, v in enumerate(stats[s]):
-            if v == v:  # not NaN (every statistic is a number)
-                out[names[c]] = v
-    return out
 
 
 def profile_rows(
@@ -984,7 +573,7 @@ def profile_rows(
     profile = ProfileResult(completion_summary=completion_summary, masked_rollouts=len(masked_keys))
 
     # 4. Labels and fan-out detection over the measured rows.
-    labels = _label_runs(agent_by_run_key)
+    labels = label_runs(agent_by_run_key)
 
     def label_of(run_key: Any) -> Any:
         return labels.get(run_key)
@@ -1074,11 +663,22 @@ def _profile_aligned(
                 col_is_int[c] = False
                 break
     all_int = all(col_is_int)
-    stat_keys = _stat_keys(columns)
+    # float64, NaN where a row lacks the column (None -> NaN), like pandas' frame of the records.
+    values = np.array(matrix, dtype=np.float64).reshape(len(matrix), ncols)
+    del matrix
+    stat_names = [[f"{s}/{col}" for col in columns] for s in _GROUP_STATS]
+    # max/min keep pandas' common dtype: ints only when every profiled column is an integer column.
+    convert = (lambda v: int(v)) if all_int else (lambda v: v)
+
+    def describe_into(entry: Dict[str, Any], stats: Sequence[List[float]]) -> None:
+        for s, (names, row) in enumerate(zip(stat_names, stats)):
+            for name, v in zip(names, row):
+                if v == v:  # NaN: undefined, left out like NeMo Gym's notna filter
+                    entry[name] = convert(v) if s in (1, 2) else v
 
     # --- group level (one row per task, or per (task, agent) under fan-out) ---
     groups: Dict[Any, List[int]] = defaultdict(list)
-    for i in range(len(matrix)):
+    for i in range(len(tasks)):
         if per_agent:
             if agents[i] is None:
                 continue  # pandas' groupby drops a NaN key
@@ -1091,10 +691,12 @@ def _profile_aligned(
         gk = (task, label_of(run_key)) if per_agent else task
         parts[gk].append((task, run_key))
 
-    for gk in sorted(groups):
+    ordered_groups = sorted(groups)
+    group_stats = _describe_groups(values, [groups[gk] for gk in ordered_groups])
+    for g, gk in enumerate(ordered_groups):
         members = groups[gk]
         entry: Dict[str, Any] = {TASK_INDEX_KEY_NAME: gk[0] if per_agent else gk}
-        _describe([matrix[i] for i in members], columns, col_is_int, all_int, stat_keys, entry)
+        describe_into(entry, [stat[g] for stat in group_stats])
         if per_agent:
             entry[AGENT_REF_KEY_NAME] = {"name": gk[1]}
         best = None
@@ -1118,16 +720,19 @@ def _profile_aligned(
     for i, agent in enumerate(agents):
         if agent is not None:
             by_agent[agent].append(i)
+    agent_order = sorted(by_agent)
+    agent_stats = _describe_groups(values, [by_agent[agent] for agent in agent_order])
     agent_entries: Dict[Any, Dict[str, Any]] = {}
-    for agent in sorted(by_agent):
-        entry = _describe([matrix[i] for i in by_agent[agent]], columns, col_is_int, all_int, stat_keys)
+    for a, agent in enumerate(agent_order):
+        entry = {}
+        describe_into(entry, [stat[a] for stat in agent_stats])
         entry[AGENT_REF_KEY_NAME] = {"name": agent}
         agent_entries[agent] = entry
         profile.agent_metrics.append(entry)
 
     # --- repeat level (agents with at least two rollout indices) ---
     repeat_cols = sorted(range(ncols), key=lambda c: columns[c])
-    multi = [a for a in sorted(by_agent) if len({rollouts[i] for i in by_agent[a]}) > 1]
+    multi = [a for a in agent_order if len({rollouts[i] for i in by_agent[a]}) > 1]
     repeat_entries: List[Dict[str, Any]] = []
     for agent in multi:
         members = by_agent[agent]
@@ -1144,28 +749,25 @@ def _profile_aligned(
                 "sample_count": present_tasks,
                 "missing_count": total_tasks - present_tasks,
             }
+            rows = values[np.array(group, dtype=np.intp)]
             for c in repeat_cols:
-                values = [matrix[i][c] for i in group if matrix[i][c] is not None]
-                n = len(values)
+                column = rows[:, c]
+                present = column[~np.isnan(column)]  # Series.dropna(): a new contiguous array
+                n = present.shape[0]
                 if n == 0:
                     continue
                 col = columns[c]
-                floats = [float(v) for v in values]
-                if col_is_int[c]:
-                    mean = float(sum(values)) / n
-                else:
-                    mean = _np_sum(floats) / n
-                std = _masked_std(floats) if n > 1 else 0.0
+                mean, median, std, low, high = _series_stats(present)
                 sem = std / n**0.5
-                floats.sort()
+                p25, p75 = np.percentile(present, (25.0, 75.0)).tolist()  # Series.quantile, linear
                 entry[f"mean/{col}"] = mean
-                entry[f"median/{col}"] = _median_sorted(floats)
+                entry[f"median/{col}"] = median
                 entry[f"std/{col}"] = std
                 entry[f"sem/{col}"] = sem
-                entry[f"min/{col}"] = floats[0]
-                entry[f"max/{col}"] = floats[-1]
-                entry[f"p25/{col}"] = _quantile_linear_sorted(floats, 0.25)
-                entry[f"p75/{col}"] = _quantile_linear_sorted(floats, 0.75)
+                entry[f"min/{col}"] = low
+                entry[f"max/{col}"] = high
+                entry[f"p25/{col}"] = p25
+                entry[f"p75/{col}"] = p75
                 ci = _confidence_interval(mean, sem, n)
                 if ci:
                     entry[f"ci_low_95/{col}"], entry[f"ci_high_95/{col}"] = ci
@@ -1184,44 +786,49 @@ def _profile_aligned(
             stacklevel=3,
         )
     profile.repeat_level_metrics = repeat_entries
+    _add_across_repeats(agent_entries, repeat_entries)
 
-    # --- across repeats, merged into the agent entries ---
-    if repeat_entries:
-        across_cols: List[str] = []
-        seen = set()
-        for e in repeat_entries:
-            for k, v in e.items():
-                if k in seen:
-                    continue
-                seen.add(k)
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and _is_repeat_aggregatable(k):
-                    across_cols.append(k)
-        per_agent_entries: Dict[Any, List[Dict[str, Any]]] = defaultdict(list)
-        for e in repeat_entries:
-            per_agent_entries[e[AGENT_REF_KEY_NAME]["name"]].append(e)
-        for agent in sorted(per_agent_entries):
-            target = agent_entries.get(agent)
-            if target is None:
+
+def _add_across_repeats(agent_entries: Mapping[Any, Dict[str, Any]], repeat_entries: List[Dict[str, Any]]) -> None:
+    """NeMo Gym's ``_aggregate_repeat_level_metrics`` merged into the agent entries: each repeat's
+    statistic (``mean/reward``, ...) is one observation, summarised across the agent's repeats as
+    ``{mean,median,std,min,max,se}_across_repeats/<name>`` and the Student-t 95% interval
+    ``ci_{low,high}_95_across_repeats/<name>`` (df = repeats - 1). Statistics of statistics
+    (``std/``, ``p25/``, ...) are left out (``metrics_config.is_primary_metric``)."""
+    if not repeat_entries:
+        return
+    across_cols: List[str] = []
+    seen = set()
+    for e in repeat_entries:
+        for k, v in e.items():
+            if k in seen:
                 continue
-            for col in across_cols:
-                values = [float(e[col]) for e in per_agent_entries[agent] if col in e and not _is_nan(e[col])]
-                n = len(values)
-                if n == 0:
-                    continue
-                mean = _np_sum(values) / n
-                std = _masked_std(values) if n > 1 else 0.0
-                se = std / n**0.5
-                ordered = sorted(values)
-                target[f"mean_across_repeats/{col}"] = mean
-                target[f"median_across_repeats/{col}"] = _median_sorted(ordered)
-                target[f"std_across_repeats/{col}"] = std
-                target[f"min_across_repeats/{col}"] = ordered[0]
-                target[f"max_across_repeats/{col}"] = ordered[-1]
-                target[f"se_across_repeats/{col}"] = se
-                ci = _confidence_interval(mean, se, n)
-                if ci:
-                    target[f"ci_low_95_across_repeats/{col}"], target[f"ci_high_95_across_repeats/{col}"] = ci
-
+            seen.add(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and _is_repeat_aggregatable(k):
+                across_cols.append(k)
+    per_agent_entries: Dict[Any, List[Dict[str, Any]]] = defaultdict(list)
+    for e in repeat_entries:
+        per_agent_entries[e[AGENT_REF_KEY_NAME]["name"]].append(e)
+    for agent in sorted(per_agent_entries):
+        target = agent_entries.get(agent)
+        if target is None:
+            continue
+        for col in across_cols:
+            observed = [e[col] for e in per_agent_entries[agent] if col in e and e[col] == e[col]]
+            n = len(observed)
+            if n == 0:
+                continue
+            mean, median, std, low, high = _series_stats(np.array(observed, dtype=np.float64))
+            se = std / n**0.5
+            target[f"mean_across_repeats/{col}"] = mean
+            target[f"median_across_repeats/{col}"] = median
+            target[f"std_across_repeats/{col}"] = std
+            target[f"min_across_repeats/{col}"] = low
+            target[f"max_across_repeats/{col}"] = high
+            target[f"se_across_repeats/{col}"] = se
+            ci = _confidence_interval(mean, se, n)
+            if ci:
+                target[f"ci_low_95_across_repeats/{col}"], target[f"ci_high_95_across_repeats/{col}"] = ci
 
 def profile_files(
     materialized_inputs_path: Union[str, Path],
@@ -1257,22 +864,26 @@ def profile_file_paths(output_stem: Union[str, Path]) -> Tuple[Path, Path, Path]
     )
 
 
-def write_profile_files(result: ProfileResult, output_stem: Union[str, Path]) -> Tuple[Path, Path, Path]:
-    """Write NeMo Gym's three profile files, byte-compatible in layout with ``RewardProfiler.write_to_disk``.
+def write_profile_files(
+    result: ProfileResult, output_stem: Union[str, Path], *, overwrite: bool = False
+) -> Tuple[Path, Path, Path]:
+    """Write NeMo Gym's three profile files exactly as ``RewardProfiler.write_to_disk`` does.
 
     ``<stem>_reward_profiling.jsonl``: one compact JSON object per line, each line ending in ``\\n``.
     ``<stem>_agent_metrics.json`` and ``<stem>_repeat_level_metrics.json``: one compact JSON array, no
-    trailing newline. Serialisation follows orjson (see ``dumps_like_orjson``).
+    trailing newline. Serialised with ``orjson.dumps``, as NeMo Gym does (``outputs.dumps``: NaN and
+    infinities as ``null``).
 
-    Returns the three paths (reward profiling, agent metrics, repeat-level metrics).
+    An existing file is never replaced unless ``overwrite`` (``outputs.OutputExists`` is raised
+    before anything is written). Returns the three paths (reward profiling, agent metrics,
+    repeat-level metrics).
     """
-    reward_path, agent_path, repeat_path = profile_file_paths(output_stem)
-    reward_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(reward_path, "wb") as f:
-        for row in result.reward_profiling:
-            f.write(dumps_like_orjson(row) + b"\n")
-    agent_path.write_bytes(dumps_like_orjson(result.agent_metrics))
-    repeat_path.write_bytes(dumps_like_orjson(result.repeat_level_metrics))
+    paths = profile_file_paths(output_stem)
+    check_outputs(paths, overwrite)
+    reward_path, agent_path, repeat_path = paths
+    write_bytes(reward_path, b"".join(dumps(row) + b"\n" for row in result.reward_profiling))
+    write_bytes(agent_path, dumps(result.agent_metrics))
+    write_bytes(repeat_path, dumps(result.repeat_level_metrics))
     return reward_path, agent_path, repeat_path
 
 
@@ -1481,14 +1092,19 @@ def write_gymweb_extras(
     output_stem: Union[str, Path],
     *,
     continuous: str = "expected_max",
+    overwrite: bool = False,
 ) -> Path:
-    """Write gymweb's pass@k extras to ``<stem>_gymweb_pass_at_k.json`` (same stem rules and compact
-    layout as ``write_profile_files``). ``source`` is whatever ``gymweb_extras`` takes, or its result."""
+    """Write gymweb's pass@k extras to ``gymweb_extras_path(output_stem)`` (same stem rules and
+    compact layout as ``write_profile_files``; never over an existing file unless ``overwrite``).
+    ``source`` is whatever ``gymweb_extras`` takes, or its result."""
     if isinstance(source, dict) and "per_task" in source and "overall" in source:
         extras = source
     else:
         extras = gymweb_extras(source, continuous=continuous)
-    path = _with_suffix_name(output_stem, "_gymweb_pass_at_k", ".json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(dumps_like_orjson(extras))
-    return path
+    (path,) = check_outputs([gymweb_extras_path(output_stem)], overwrite)
+    return write_bytes(path, dumps(extras))
+
+
+def gymweb_extras_path(output_stem: Union[str, Path]) -> Path:
+    """``<stem>_gymweb_pass_at_k.json`` (stem rules of ``profile_file_paths``)."""
+    return _with_suffix_name(output_stem, "_gymweb_pass_at_k", ".json")

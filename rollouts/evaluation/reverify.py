@@ -32,7 +32,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from rollouts.engine.loop import validate_base_url
-from rollouts.evaluation.run_profile import profile_json_for_verify
+from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 __all__ = ["ReverifyError", "ReverifyRefused", "ReverifyResult", "reverify_run", "reward_flips", "reverify_mode"]

@@ -28,14 +28,15 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 from rollouts.collection.export import CHUNK, iter_successes
+from rollouts.collection.profile_numbers import loads_profile_numbers
 from rollouts.models import Rollout, Run, Task
+from rollouts.evaluation.outputs import check_outputs
 from rollouts.evaluation.profile import (
     ProfileResult,
     ReducedRollout,
-    dumps_profile_numbers,
     gymweb_extras,
-    loads_profile_numbers,
-    profile_numbers,
+    gymweb_extras_path,
+    profile_file_paths,
     profile_rows,
     write_gymweb_extras,
     write_profile_files,
@@ -52,7 +53,7 @@ __all__ = [
     "iter_jsonl_objects",
     "merge_failures_as_zero",
     "output_stem_for",
-    "profile_json_for_verify",
+    "profile_paths",
     "profile_run",
     "run_materialized_rows",
     "run_success_rows",
@@ -159,30 +160,6 @@ def _extras(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     extras = gymweb_extras(rows)
     extras["estimator"]["failures"] = EXTRAS_FAILURES_NOTE
     return extras
-
-
-def profile_json_for_verify(verify: Mapping[str, Any], agent_ref: Any = None) -> str:
-    """``Rollout.profile_json`` of a success whose env ``/verify`` reply is ``verify`` (a dict, as
-    parsed from JSON): ``profile.profile_numbers`` of its ``rollouts.jsonl`` row, encoded.
-
-    The row is built the way ``export.success_row`` builds it: the reply, then ``_ng_task_index``,
-    ``_ng_rollout_index`` (their values are not part of the numbers, so placeholders do) and
-    ``agent_ref``. ``agent_ref`` is the value the export writes there (the task row's, else
-    ``{"name": run.agent_name}``); None stands for an object, which it always is for the runs gymweb
-    stores (``datasets.validate_row`` requires an object for collected and imported rows alike):
-    only a non-object value would be profiled. Returns "" (unknown: ``profile_run`` then reads
-    ``verify_json``) if the numbers cannot be computed, so storing a result never fails because of
-    them.
-    """
-    row = dict(verify)
-    row["_ng_task_index"] = 0
-    row["_ng_rollout_index"] = 0
-    row["agent_ref"] = {} if agent_ref is None else agent_ref
-    try:
-        return dumps_profile_numbers(profile_numbers(row))
-    except Exception as exc:  # pragma: no cover - a reply parsed from JSON always encodes
-        log.warning("profile numbers not stored (%s: %s); the profile will read the full reply", exc.__class__.__name__, exc)
-        return ""
 
 
 def run_success_rows(
@@ -312,22 +289,36 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def write_profile(result: ProfileResult, extras: dict[str, Any], stem: Union[str, Path]) -> list[Path]:
-    """Write a profile's four files for ``stem`` (``DIR/rollouts`` or ``DIR/rollouts.jsonl`` give
+def profile_paths(stem: Union[str, Path]) -> list[Path]:
+    """The four files a profile writes for ``stem`` (``DIR/rollouts`` or ``DIR/rollouts.jsonl`` give
     ``DIR/rollouts_reward_profiling.jsonl``, ``..._agent_metrics.json``, ``..._repeat_level_metrics.json``,
-    ``..._gymweb_pass_at_k.json``); directories are created. Returns the four paths in that order."""
-    paths = list(write_profile_files(result, stem))
-    paths.append(write_gymweb_extras(extras, stem))
+    ``..._gymweb_pass_at_k.json``), in that order."""
+    return [*profile_file_paths(stem), gymweb_extras_path(stem)]
+
+
+def write_profile(
+    result: ProfileResult, extras: dict[str, Any], stem: Union[str, Path], *, overwrite: bool = False
+) -> list[Path]:
+    """Write a profile's four files for ``stem`` (``profile_paths``); directories are created.
+
+    An existing file is never replaced unless ``overwrite``: all four are checked first, so a
+    refusal (``outputs.OutputExists``) writes none of them. Returns the four paths in that order."""
+    check_outputs(profile_paths(stem), overwrite)
+    paths = list(write_profile_files(result, stem, overwrite=True))
+    paths.append(write_gymweb_extras(extras, stem, overwrite=True))
     return paths
 
 
-def write_run_profile(run: Run, output_dir: Union[str, Path]) -> list[Path]:
+def write_run_profile(run: Run, output_dir: Union[str, Path], *, overwrite: bool = False) -> list[Path]:
     """Profile ``run`` and write the four files into ``output_dir`` (created when missing):
     ``rollouts_reward_profiling.jsonl``, ``rollouts_agent_metrics.json``,
     ``rollouts_repeat_level_metrics.json`` (NeMo Gym's names and layout) and
-    ``rollouts_gymweb_pass_at_k.json`` (gymweb's). Returns the four paths in that order."""
+    ``rollouts_gymweb_pass_at_k.json`` (gymweb's). Existing files are kept unless ``overwrite``
+    (``outputs.OutputExists``, checked before profiling). Returns the four paths in that order."""
+    stem = Path(output_dir) / RUN_STEM
+    check_outputs(profile_paths(stem), overwrite)
     result, extras = profile_run(run)
-    return write_profile(result, extras, Path(output_dir) / RUN_STEM)
+    return write_profile(result, extras, stem, overwrite=overwrite)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,14 +445,18 @@ def write_files_profile(
     output_dir: Optional[Union[str, Path]] = None,
     failures_path: Optional[Union[str, Path]] = None,
     allow_partial_rollouts: bool = False,
+    overwrite: bool = False,
 ) -> tuple[ProfileResult, dict[str, Any], list[Path]]:
     """``files_profile`` and write the four files (see ``output_stem_for``). Returns
-    ``(result, extras, paths)``; raises like ``files_profile``."""
+    ``(result, extras, paths)``; raises like ``files_profile``, and ``outputs.OutputExists`` before
+    reading anything when an output exists and ``overwrite`` is False (without ``output_dir`` the
+    files go beside the rollouts file, where NeMo Gym's own profile may already be)."""
+    stem = output_stem_for(rollouts_path, output_dir)
+    check_outputs(profile_paths(stem), overwrite)
     result, extras = files_profile(
         materialized_path, rollouts_path, failures_path=failures_path, allow_partial_rollouts=allow_partial_rollouts
     )
-    stem = output_stem_for(rollouts_path, output_dir)
-    return result, extras, write_profile(result, extras, stem)
+    return result, extras, write_profile(result, extras, stem, overwrite=overwrite)
 
 
 # ---------------------------------------------------------------------------------------------

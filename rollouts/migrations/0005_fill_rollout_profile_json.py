@@ -1,6 +1,6 @@
 """Fill ``Rollout.profile_json`` for successes stored before it existed.
 
-Each success's numbers are ``rollouts.evaluation.profile.profile_numbers`` (a pure module, the profiler's own
+Each success's numbers are ``rollouts.collection.profile_numbers.profile_numbers`` (a pure module, the profiler's own
 reduction) of its ``rollouts.jsonl`` row as the export writes it: the stored ``/verify`` reply plus
 ``_ng_task_index``, ``_ng_rollout_index`` and ``agent_ref`` (the task row's, else
 ``{"name": run.agent_name}``). Rows whose reply cannot be read stay blank: profiling reads their
@@ -19,7 +19,7 @@ BATCH = 200
 
 
 def _numbers_text(verify_json, task_index, rollout_index, task_json, agent_name):
-    from rollouts.evaluation.profile import dumps_profile_numbers, profile_numbers
+    from rollouts.collection.profile_numbers import dumps_profile_numbers, profile_numbers
 
     try:
         row = json.loads(verify_json)

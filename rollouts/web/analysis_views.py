@@ -46,9 +46,11 @@ from rollouts.web import charts
 from rollouts.evaluation import compare as nemo_compare
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
-from rollouts.web.forms import clean_agent_url
+from rollouts.web.forms import clean_agent_url, export_filename
 from rollouts.engine.loop import InvalidBaseURL
 from rollouts.models import AgentCall, Rollout, Run
+from rollouts.evaluation.aggregate import run_aggregate_entries
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
 from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
 from rollouts.templatetags.gymweb_tags import num, pretty_json_text
 from rollouts.web.trajectory_views import _task_input, _timeline
@@ -435,6 +437,28 @@ def run_profile_file(request, run_id, kind):
     response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@login_required
+@require_safe
+def run_aggregate_metrics_file(request, run_id):
+    """``run-12_rollouts_aggregate_metrics.json``, NeMo Gym's aggregate metrics file of the run
+    (what ``gym eval compare`` reads beside ``rollouts.jsonl``; named after the run's
+    ``run-12_rollouts.jsonl`` download, so compare finds it beside that): the env's stored reply,
+    else computed now with NeMo Gym's default computation; the ``X-Gymweb-Note`` header then says
+    so. 404 when the run has no successful rollouts (NeMo Gym writes no file then)."""
+    run = _run_for(request, run_id)
+    entries, notes = run_aggregate_entries(run)
+    if not entries:
+        raise Http404(notes[0] if notes else "no aggregate metrics")
+    name = aggregate_metrics_path(export_filename(run.pk, "rollouts")).name
+    response = HttpResponse(aggregate_metrics_bytes(entries), content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    if notes:
+        # Header values must be one line of latin-1: the notes quote env replies and URLs.
+        response["X-Gymweb-Note"] = " ".join("; ".join(notes).split()).encode("ascii", "replace").decode()[:1000]
     return response
 
 

@@ -21,6 +21,31 @@ from rollouts.models import Dataset, Rollout, RolloutHealth
 from rollouts.web.uploads import human_bytes, upload_limit_message
 
 
+class MultipleFileInput(forms.ClearableFileInput):
+    """A file input that lets the browser pick several files (Django's documented way)."""
+
+    allow_multiple_selected = True
+
+
+class MultipleFileField(forms.FileField):
+    """A file field whose cleaned value is the list of uploaded files (``[]`` when optional and
+    none was sent); each file is validated like a ``FileField``'s."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("widget", MultipleFileInput())
+        super().__init__(*args, **kwargs)
+
+    def clean(self, data, initial=None):
+        single = super().clean
+        if isinstance(data, (list, tuple)):
+            files = [single(item, initial) for item in data if item]
+            if not files and self.required:
+                raise forms.ValidationError(self.error_messages["required"], code="required")
+            return files
+        cleaned = single(data, initial)
+        return [cleaned] if cleaned else []
+
+
 def forget_value(form: forms.Form, name: str) -> None:
     """Do not render ``form``'s submitted value of field ``name`` back (it may hold a password)."""
     if form.data is not None and name in form.data:

@@ -26,9 +26,8 @@ from django.urls import reverse
 
 from rollouts.collection import export
 from rollouts.collection.datasets import DatasetError
-from rollouts.web.forms import filtered_rollouts
-from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError
-from rollouts.collection.importer import import_rollouts as run_import
+from rollouts.web.forms import MultipleFileField, filtered_rollouts
+from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
 from rollouts.evaluation import health
 from rollouts.web.evaluation_views import rollout_findings
 from rollouts.lossless import dumps
@@ -536,11 +535,12 @@ def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
     """The output-file row of an attempt, built exactly as the exports build it: a success's
     ``rollouts.jsonl`` row, a failure's sidecar row; None for attempts written to no file."""
     task_row = json.loads(rollout.task.row_json)
+    stamp = export.stamps_rows(rollout.run)
     if rollout.status == Rollout.Status.SUCCEEDED:
         agent_ref = task_row.get("agent_ref") or {"name": rollout.run.agent_name}
-        return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, agent_ref)
+        return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, agent_ref, stamp)
     if rollout.status == Rollout.Status.FAILED:
-        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind)
+        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind, stamp)
     return None
 
 
@@ -588,12 +588,18 @@ def _raw_item(rollout: Rollout, which: str) -> HttpResponse:
 
 # -- import ------------------------------------------------------------------------------------
 class ImportForm(forms.Form):
-    rollouts = forms.FileField(
-        label="rollouts.jsonl", required=False,
-        help_text="NeMo Gym's (or gymweb's) rollouts.jsonl: one result row per line (optional when a failures sidecar is given)",
+    rollouts = MultipleFileField(
+        label="rollouts.jsonl",
+        required=False,
+        help_text="NeMo Gym's (or gymweb's) rollouts.jsonl: one result row per line (optional when a failures sidecar "
+        "is given). Several files = shards of one run (gym eval aggregate's shards), imported as one run.",
+        allow_empty_file=True,  # one empty shard among others is fine; no rows at all is the importer's error
     )
-    failures = forms.FileField(
-        label="failures sidecar", required=False, help_text="optional: its rollouts_failures.jsonl (one failed attempt per line)"
+    failures = MultipleFileField(
+        label="failures sidecars",
+        required=False,
+        help_text="optional: the rollouts_failures.jsonl of each file above (one failed attempt per line)",
+        allow_empty_file=True,  # NeMo Gym writes an empty sidecar when nothing failed
     )
     name = forms.CharField(max_length=200, required=False, help_text="default: the file names")
 
@@ -605,14 +611,30 @@ class ImportForm(forms.Form):
         data = super().clean()
         limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
         for field in ("rollouts", "failures"):
-            upload = data.get(field)
-            if field in self.too_large_uploads or (upload is not None and upload.size > limit):
+            uploads = data.get(field) or []
+            too_large = [u.name for u in uploads if u.size > limit]
+            if field in self.too_large_uploads or too_large:
                 if field in self.errors:  # e.g. "required": the handler dropped the file, say why instead
                     del self.errors[field]
-                self.add_error(field, upload_limit_message(limit))
-        if not self.errors and data.get("rollouts") is None and data.get("failures") is None:
+                message = upload_limit_message(limit)
+                self.add_error(field, f"{', '.join(too_large)}: {message}" if too_large else message)
+        if not self.errors and not data.get("rollouts") and not data.get("failures"):
             self.add_error("rollouts", "Choose a rollouts.jsonl, a failures sidecar, or both.")
         return data
+
+
+def _upload_sources(uploads, fallback: str, taken: set) -> list[tuple[Any, str]]:
+    """``(upload, name for error messages)`` of each upload; a name already used gets a suffix, so
+    an error always points at one file."""
+    named = []
+    for n, upload in enumerate(uploads, 1):
+        base = upload.name or (fallback if len(uploads) == 1 else f"{fallback} #{n}")
+        source = base
+        while source in taken:
+            source = f"{source} ({fallback})"
+        taken.add(source)
+        named.append((upload, source))
+    return named
 
 
 def _dataset_offer(upload, user) -> dict[str, Any]:
@@ -635,39 +657,32 @@ def _dataset_offer(upload, user) -> dict[str, Any]:
 
 @login_required
 def import_rollouts(request):
+    """The import page: one ``rollouts.jsonl`` (and its sidecar, or the sidecar alone), or several
+    shards of one run with their sidecars, into one new imported run (``importer.import_shards``)."""
     offer = None
     if request.method == "POST":
         form = ImportForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
-            upload = form.cleaned_data.get("rollouts")
-            sidecar = form.cleaned_data.get("failures")
-            source = (upload.name or "rollouts.jsonl") if upload is not None else ""
-            failures_source = ""
-            if sidecar is not None:
-                failures_source = sidecar.name or "failures sidecar"
-                if failures_source == source:
-                    failures_source += " (failures sidecar)"
+            taken: set = set()
+            shards = _upload_sources(form.cleaned_data.get("rollouts") or [], "rollouts.jsonl", taken)
+            sidecars = _upload_sources(form.cleaned_data.get("failures") or [], "failures sidecar", taken)
+            sidecar_sources = {src for _, src in sidecars}
             try:
-                summary = run_import(
-                    upload,
-                    name=form.cleaned_data.get("name") or "",
-                    source=source,
-                    failures=sidecar,
-                    failures_source=failures_source,
-                    user=request.user,
-                )
+                summary = import_shards(shards, sidecars, name=form.cleaned_data.get("name") or "", user=request.user)
             except LooksLikeDatasetError as exc:
                 form.add_error("rollouts", str(exc))
-                offer = _dataset_offer(upload, request.user)
+                if len(shards) == 1:
+                    offer = _dataset_offer(shards[0][0], request.user)
             except WrongFileError as exc:
-                form.add_error(None if exc.swapped else ("failures" if exc.source == failures_source else "rollouts"), str(exc))
+                form.add_error(None if exc.swapped else ("failures" if exc.source in sidecar_sources else "rollouts"), str(exc))
             except DatasetError as exc:
-                form.add_error("failures" if sidecar is not None and exc.source == failures_source else "rollouts", str(exc))
+                form.add_error("failures" if exc.source in sidecar_sources else "rollouts", str(exc))
             else:
                 parts = [f"{summary.succeeded} succeeded", f"{summary.failed} failed"]
                 if summary.not_run:
                     parts.append(f"{summary.not_run} never run (rows without a result)")
-                messages.success(request, f"Imported {summary.rows} rollout(s) into “{summary.run.name}”: {', '.join(parts)}.")
+                files = f" from {len(shards)} shards" if len(shards) > 1 else ""
+                messages.success(request, f"Imported {summary.rows} rollout(s){files} into “{summary.run.name}”: {', '.join(parts)}.")
                 health.auto_check(summary.run)  # the verdicts show on the run page
                 return redirect(reverse("run", args=[summary.run.pk]))
     else:

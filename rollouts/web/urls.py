@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run_retry"),
     path("runs/<int:run_id>/export/<str:kind>.jsonl", views.run_export, name="run_export"),
+    path("runs/<int:run_id>/export/rollouts_aggregate_metrics.json", analysis_views.run_aggregate_metrics_file, name="run_aggregate_metrics"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/raw.json", trajectory_views.rollout_raw, name="rollout_raw"),
     path("import/", trajectory_views.import_rollouts, name="import"),

@@ -31,6 +31,7 @@ from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
 from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filtered_rollouts
 from rollouts.web.uploads import too_large_uploads
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
 from rollouts.models import Rollout, Run, Worker
 
@@ -167,6 +168,8 @@ def _live_context(run: Run) -> dict:
         "signature": f"{summary.signature}.{run.status}",
         "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
         "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
+        # gym eval compare looks for it beside the rollouts file, named after it
+        "aggregate_file": aggregate_metrics_path(export_filename(run.pk, "rollouts")).name,
     }
 
 

@@ -19,7 +19,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.collection import runs
 from rollouts.evaluation import health
-from rollouts.evaluation.aggregate import fetch_aggregate_metrics
+from rollouts.evaluation.aggregate import fetch_aggregate_metrics, write_run_aggregate_metrics
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
 from rollouts.collection.dispatch import run_in_process
@@ -66,7 +67,7 @@ class Command(BaseCommand):
     help = (
         "Collect rollouts: drive the agent service at --agent-url through the tasks of --input against "
         "the resources server at --env-url; write OUT.jsonl (successes), OUT_failures.jsonl and "
-        "OUT_materialized_inputs.jsonl in NeMo Gym's format."
+        "OUT_materialized_inputs.jsonl and, once the run completes, OUT_aggregate_metrics.json in NeMo Gym's format."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -133,7 +134,9 @@ class Command(BaseCommand):
         if parsed.stripped_fields:
             self.stderr.write(f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}")
 
-        written_here = list(output_stems(output).values())
+        # the three files, and NeMo Gym's aggregate metrics file beside them (written once the run completes)
+        ours_here = [*output_stems(output).values(), aggregate_metrics_path(output)]
+        written_here = list(ours_here)
         if not opts["no_health_check"]:  # the check writes its two files beside the output
             written_here += [output.parent / health.QUALITY_SUMMARY_FILENAME, output.parent / health.ROLLOUT_VERDICTS_FILENAME]
         existing = [p for p in written_here if p.exists()]
@@ -148,7 +151,7 @@ class Command(BaseCommand):
         if opts["resume"]:
             run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
             if run is None and existing:
-                ours = [p for p in existing if p in output_stems(output).values()]
+                ours = [p for p in existing if p in ours_here]
                 if not ours:  # only the health files of another output in this folder
                     raise CommandError(f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run.")
                 raise CommandError(
@@ -197,14 +200,23 @@ class Command(BaseCommand):
         runs.finish_if_done(run.pk)
         run.refresh_from_db()
         if run.status == Run.Status.COMPLETED and not interrupted:
-            note = fetch_aggregate_metrics(run.pk)
+            fetch_aggregate_metrics(run.pk)  # its outcome is reported with the file, below
             run.refresh_from_db()
-            if run.aggregate_metrics is None:
-                self.stderr.write(f"aggregate metrics: {note}")
         written = write_run_files(run, output)
         self._summary(run, written, output, interrupted)
+        if run.status == Run.Status.COMPLETED and not interrupted:
+            self._aggregate_metrics_file(run, output)
         if not opts["no_health_check"]:
             self.stdout.write(health.auto_check(run, output.parent))
+
+    def _aggregate_metrics_file(self, run: Run, output: Path) -> None:
+        """NeMo Gym's ``<stem>_aggregate_metrics.json`` beside the rollouts (``gym eval compare``
+        reads it): from the env's reply, or computed locally (then a note says so)."""
+        path, notes = write_run_aggregate_metrics(run, output, overwrite=True)
+        for note in notes:
+            self.stderr.write(f"aggregate metrics: {note}")
+        if path is not None:
+            self.stdout.write(f"wrote aggregate metrics to {path}")
 
     def _check_output(self, output: Path, input_path: Path) -> None:
         """Fail before any work when the output files cannot be written where asked. Creates

@@ -1,58 +1,76 @@
-"""``python manage.py import_rollouts [FILE] [--failures F] [--name N] [--no-health-check]``: import a NeMo Gym
-``rollouts.jsonl`` (and its failures sidecar, or the sidecar alone) into a new run with status
-``imported``. All or nothing: a bad line, a file of the wrong kind (a failures sidecar given as
-the rollouts file, files swapped, a dataset) is reported with what was found and nothing is stored."""
+"""``python manage.py import_rollouts [FILE ...] [--input-glob GLOB] [--failures F] [--name N] [--no-health-check]``:
+import a NeMo Gym ``rollouts.jsonl`` (and its failures sidecar, or the sidecar alone), or several
+shards of one run, into a new run with status ``imported``.
+
+One FILE: its sidecar only when given with ``--failures``. Several shards (more than one FILE, or
+``--input-glob``, NeMo Gym's ``gym eval aggregate`` glob: comma-separated patterns, sidecar files
+skipped): they become ONE run, and each shard's ``<stem>_failures.jsonl`` beside it is imported with
+it when it exists (``collection.importer.import_shards``). All or nothing: a bad line, a file of the
+wrong kind (a failures sidecar given as the rollouts file, files swapped, a dataset) is reported
+with what was found and nothing is stored. The health check runs on the imported rows unless
+``--no-health-check``.
+"""
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from rollouts.collection.datasets import DatasetError
-from rollouts.collection.importer import LooksLikeDatasetError, import_rollouts
+from rollouts.collection.importer import LooksLikeDatasetError, import_shards
 from rollouts.evaluation import health
+from rollouts.evaluation.shards import expand_input_glob, failures_path_for
 
 
 class Command(BaseCommand):
-    help = "Import a NeMo Gym rollouts.jsonl (and optionally its failures sidecar) to inspect it without re-running."
+    help = (
+        "Import a NeMo Gym rollouts.jsonl (and optionally its failures sidecar) to inspect it without re-running; "
+        "several files or --input-glob import shards of one run as one run, each with the _failures.jsonl beside it."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("file", nargs="?", help="a rollouts.jsonl written by NeMo Gym (or gymweb); optional with --failures")
-        parser.add_argument("--failures", help="its failures sidecar (rollouts_failures.jsonl)")
+        parser.add_argument("files", nargs="*", metavar="FILE",
+                            help="rollouts.jsonl written by NeMo Gym (or gymweb); several = shards of one run; optional with --failures")
+        parser.add_argument("--input-glob", help="shards of one run, e.g. 'shards/*.jsonl' (quote it; comma-separated globs allowed)")
+        parser.add_argument("--failures", help="the failures sidecar of a single FILE (rollouts_failures.jsonl), or alone")
         parser.add_argument("--name", default="", help="the run's name (default: the file names)")
         parser.add_argument("--no-health-check", action="store_true", help="skip the health check of the imported rows")
 
     def handle(self, *args, **options) -> None:
-        path = Path(options["file"]) if options.get("file") else None
-        failures_path = Path(options["failures"]) if options.get("failures") else None
-        if path is None and failures_path is None:
-            raise CommandError("give a rollouts.jsonl, a --failures file, or both")
-        for p in filter(None, (path, failures_path)):
+        paths = [Path(p) for p in options["files"]]
+        if options["input_glob"]:
+            matched = expand_input_glob(options["input_glob"])
+            if not matched:
+                raise CommandError(f"no shards matched --input-glob {options['input_glob']!r}")
+            paths += [p for p in matched if p not in paths]
+        failures: list[Path] = []
+        if options.get("failures"):
+            if len(paths) > 1:
+                raise CommandError("--failures goes with a single FILE; shards are imported with the _failures.jsonl beside each")
+            failures.append(Path(options["failures"]))
+        elif len(paths) > 1:
+            failures = [failures_path_for(p) for p in paths if failures_path_for(p).is_file()]
+        if not paths and not failures:
+            raise CommandError("give a rollouts.jsonl, a --failures file, both, or several shards (FILE... or --input-glob)")
+        for p in paths + failures:
             if not p.is_file():
                 raise CommandError(f"{p}: no such file")
-        failures = failures_path.open("rb") if failures_path else None
-        main = path.open("rb") if path else None
         try:
-            summary = import_rollouts(
-                main,
-                name=options["name"],
-                source=str(path) if path else "",
-                failures=failures,
-                failures_source=str(failures_path) if failures_path else "",
-            )
+            with ExitStack() as stack:
+                shards = [(stack.enter_context(p.open("rb")), str(p)) for p in paths]
+                sidecars = [(stack.enter_context(p.open("rb")), str(p)) for p in failures]
+                summary = import_shards(shards, sidecars, name=options["name"])
         except LooksLikeDatasetError as exc:
             raise CommandError(
-                f"{exc}: manage.py collect --input {path} --agent-url ... --env-url ... --output results/rollouts.jsonl"
+                f"{exc}: manage.py collect --input {paths[0]} --agent-url ... --env-url ... --output results/rollouts.jsonl"
             ) from None
         except DatasetError as exc:
             raise CommandError(str(exc)) from None
-        finally:
-            for fh in (main, failures):
-                if fh is not None:
-                    fh.close()
         run = summary.run
+        files = f" from {len(paths)} shard(s) and {len(failures)} failures sidecar(s)" if len(paths) > 1 else ""
         self.stdout.write(
-            f"imported run #{run.pk} {run.name!r}: {summary.rows} row(s), {summary.succeeded} succeeded, "
+            f"imported run #{run.pk} {run.name!r}{files}: {summary.rows} row(s), {summary.succeeded} succeeded, "
             f"{summary.failed} failed, {summary.not_run} never run, {summary.items} item(s); "
             f"{run.num_tasks} task(s) × {run.num_repeats}"
         )

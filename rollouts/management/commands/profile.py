@@ -1,13 +1,16 @@
 """``python manage.py profile``: NeMo Gym's ``gym eval profile`` for a stored run or for files.
 
-    manage.py profile RUN --output-dir DIR
+    manage.py profile RUN --output-dir DIR [--overwrite]
     manage.py profile --inputs MATERIALIZED.jsonl --rollouts ROLLOUTS.jsonl [--output-dir DIR]
-                      [--failures FAILURES.jsonl] [--allow-partial-rollouts]
+                      [--failures FAILURES.jsonl] [--allow-partial-rollouts] [--overwrite]
 
 Writes ``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``,
 ``<stem>_repeat_level_metrics.json`` (NeMo Gym's files) and ``<stem>_gymweb_pass_at_k.json``
 (gymweb's pass@k). For a run the stem is ``DIR/rollouts``; for files it is the rollouts file's stem,
 beside it unless ``--output-dir`` is given (NeMo Gym's naming). See ``rollouts.evaluation.run_profile``.
+An existing output file (NeMo Gym's own profile beside its rollouts, say) is never replaced unless
+``--overwrite`` is given (NeMo Gym's flag name); without it the command stops before profiling and
+writes nothing.
 
 Prints a short summary and the written paths on stdout, NeMo Gym's warnings on stderr. Errors
 (unknown run, missing file, bad JSONL with file and line, rows the profiler rejects) exit non-zero
@@ -21,8 +24,18 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from rollouts.evaluation.outputs import OutputExists, check_outputs
+from rollouts.evaluation.run_profile import (
+    RUN_STEM,
+    default_failures_path,
+    output_stem_for,
+    profile_paths,
+    profile_run,
+    summary_lines,
+    write_files_profile,
+    write_profile,
+)
 from rollouts.models import Run
-from rollouts.evaluation.run_profile import RUN_STEM, default_failures_path, profile_run, summary_lines, write_files_profile, write_profile
 
 
 class Command(BaseCommand):
@@ -47,12 +60,17 @@ class Command(BaseCommand):
             action="store_true",
             help="profile even when some materialised rows have no rollout row (NeMo Gym's ++allow_partial_rollouts=True)",
         )
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace output files that already exist (without it the command refuses and writes nothing)",
+        )
 
     def handle(self, *args, **opts) -> None:
         if opts["run"] is not None:
             if opts["inputs"] or opts["rollouts"] or opts["failures"] or opts["allow_partial_rollouts"]:
                 raise CommandError("give either RUN or --inputs/--rollouts, not both")
-            paths, lines = self._profile_run(opts["run"], opts["output_dir"])
+            paths, lines = self._profile_run(opts["run"], opts["output_dir"], opts["overwrite"])
         elif opts["inputs"] or opts["rollouts"]:
             if not (opts["inputs"] and opts["rollouts"]):
                 raise CommandError("--inputs and --rollouts go together (the materialised inputs and the rollouts)")
@@ -68,7 +86,13 @@ class Command(BaseCommand):
         for w in caught:
             self.stderr.write(f"warning: {w.message}")
 
-    def _profile_run(self, raw_id: str, output_dir: str | None):
+    def _check_outputs(self, stem: Path, overwrite: bool) -> None:
+        try:
+            check_outputs(profile_paths(stem), overwrite)
+        except (OutputExists, OSError) as exc:
+            raise CommandError(str(exc)) from None
+
+    def _profile_run(self, raw_id: str, output_dir: str | None, overwrite: bool):
         try:
             run_id = int(raw_id)
         except ValueError:
@@ -84,11 +108,12 @@ class Command(BaseCommand):
         out = Path(output_dir).expanduser()
         if out.exists() and not out.is_dir():
             raise CommandError(f"--output-dir {out} exists and is not a directory")
+        self._check_outputs(out / RUN_STEM, overwrite)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result, extras = profile_run(run)
         self._warn(caught)
-        paths = write_profile(result, extras, out / RUN_STEM)
+        paths = write_profile(result, extras, out / RUN_STEM, overwrite=overwrite)
         return paths, [f"run #{run.pk} {run.name!r} ({run.status})", *summary_lines(result, extras)]
 
     def _profile_files(self, opts):
@@ -108,6 +133,7 @@ class Command(BaseCommand):
         output_dir = Path(opts["output_dir"]).expanduser() if opts["output_dir"] else None
         if output_dir is not None and output_dir.exists() and not output_dir.is_dir():
             raise CommandError(f"--output-dir {output_dir} exists and is not a directory")
+        self._check_outputs(output_stem_for(rollouts, output_dir), opts["overwrite"])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -117,6 +143,7 @@ class Command(BaseCommand):
                     output_dir=output_dir,
                     failures_path=failures,
                     allow_partial_rollouts=opts["allow_partial_rollouts"],
+                    overwrite=opts["overwrite"],
                 )
             except ValueError as exc:  # ProfileInputError (file + line) or the profiler's alignment errors
                 message = str(exc)
