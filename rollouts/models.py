@@ -29,6 +29,11 @@ class Dataset(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     num_rows = models.PositiveIntegerField(default=0)
     sha256 = models.CharField(max_length=64, blank=True)
+    # A dataset made from a selection of a run's rollouts (rollouts.review.selection): the run and
+    # the filter querystring that chose its tasks, so a run launched from it records where its
+    # tasks came from.
+    source_run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_datasets")
+    source_filters = models.CharField(max_length=2000, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -332,3 +337,110 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# -- review: labels, notes, corrected rewards, review progress, API tokens (rollouts.review) ------
+class Label(models.Model):
+    """A label reviewers put on rollouts. One set per instance; it starts with ``good``, ``bad``,
+    ``reward-hack``, ``verifier-wrong`` and ``env-bug`` (migration 0012) and users add more.
+    ``position`` orders them; the first nine answer keys 1–9 in review mode."""
+
+    name = models.CharField(max_length=40, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    position = models.PositiveIntegerField(default=0)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["position", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RolloutLabel(models.Model):
+    """A label on a rollout (one attempt row), with who put it there and when."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="review_labels")
+    label = models.ForeignKey(Label, on_delete=models.CASCADE, related_name="uses")
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["label__position", "label_id"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "label"], name="rollout_label_unique")]
+        indexes = [models.Index(fields=["label", "rollout"], name="rollout_label_by_label")]
+
+
+class Note(models.Model):
+    """A reviewer's note on a rollout, or on one item of its trajectory (``item_seq``: the item's
+    ``TrajectoryItem.seq``, ``#N`` on the page; None = the whole rollout). Plain text."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="notes")
+    item_seq = models.PositiveIntegerField(null=True, blank=True)
+    text = models.TextField()
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["created", "id"]
+        indexes = [models.Index(fields=["rollout", "created"], name="note_rollout_created")]
+
+
+class RewardCorrection(models.Model):
+    """A reviewer's corrected reward for a succeeded rollout, with the reason. It never replaces
+    ``Rollout.reward`` (the env's): rows are a history, the newest is in force, and one whose
+    ``reward`` is None withdraws the correction."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="reward_corrections")
+    reward = models.FloatField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["rollout", "-id"], name="correction_rollout_latest")]
+
+
+class ReviewList(models.Model):
+    """One user's review of one filtered list of a run's rollouts: ``filters`` is the list's
+    canonical filter querystring (no sort, no page). Its marks say which rollouts were reviewed."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="review_lists")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="review_lists")
+    filters = models.CharField(max_length=2000, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "run", "filters"], name="review_list_unique")]
+
+
+class ReviewMark(models.Model):
+    """A rollout reviewed in a review list (moved past with ``j``, labelled, noted or corrected)."""
+
+    review_list = models.ForeignKey(ReviewList, on_delete=models.CASCADE, related_name="marks")
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["review_list", "rollout"], name="review_mark_unique")]
+
+
+class ApiToken(models.Model):
+    """A user's token for the HTTP API. Only its SHA-256 ``digest`` is stored; the token itself is
+    shown once, when it is created. ``prefix`` (its first characters) tells tokens apart."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -19,6 +19,7 @@ from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_T
 from rollouts.evaluation.health import CHECK_IDS as HEALTH_CHECK_IDS
 from rollouts.models import Dataset, Rollout, RolloutHealth
 from rollouts.web.uploads import human_bytes, upload_limit_message
+from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -272,16 +273,19 @@ SORT_CHOICES = [
     ("duration", "duration ↑"), ("-duration", "duration ↓"),
     ("calls", "agent calls ↑"), ("-calls", "agent calls ↓"),
 ]
-FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check", "sort")
+FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check", "sort") + REVIEW_FILTER_FIELDS
+# Fields that choose how the list reads, not which rows it holds.
+NOT_RESTRICTING = ("sort", "reward_source")
 
 
 def _descending(term):
     return F(term.expression.name).desc(nulls_last=True)
 
 
-class RolloutFilterForm(forms.Form):
+class RolloutFilterForm(ReviewFilterFields):
     """Filters of a run's rollout table, read from the querystring (so a filtered view is a
-    permalink). Invalid values are reported on the field and ignored; the valid ones still apply."""
+    permalink). Invalid values are reported on the field and ignored; the valid ones still apply.
+    The review fields (label, notes, corrected reward) come from ``rollouts.review.filters``."""
 
     status = forms.ChoiceField(choices=[("", "any status")] + list(Rollout.Status.choices), required=False)
     kind = forms.ChoiceField(label="failure kind", choices=[("", "any failure kind")], required=False)
@@ -315,17 +319,18 @@ class RolloutFilterForm(forms.Form):
             qs = qs.filter(status=self.value("status"))
         if self.value("kind"):
             qs = qs.filter(failure_kind=self.value("kind"))
+        qs, reward = self.reward_column(qs)  # the env's reward, or the corrected one (reward_source)
         if self.value("reward_min") is not None:
-            qs = qs.filter(reward__gte=self.value("reward_min"))
+            qs = qs.filter(**{f"{reward}__gte": self.value("reward_min")})
         if self.value("reward_max") is not None:
-            qs = qs.filter(reward__lte=self.value("reward_max"))
+            qs = qs.filter(**{f"{reward}__lte": self.value("reward_max")})
         if self.value("task") is not None:
             qs = qs.filter(task_index=self.value("task"))
         if self.value("verdict"):
             qs = qs.filter(health__verdict=self.value("verdict"))
         if self.value("check"):
             qs = qs.filter(health__checks__contains=f",{self.value('check')},")
-        return qs
+        return self.review_filter(qs)
 
     def order(self, qs: QuerySet) -> QuerySet:
         key = self.sort_key
@@ -343,7 +348,7 @@ class RolloutFilterForm(forms.Form):
     @property
     def active(self) -> bool:
         """True when any filter (not the sort) restricts the list."""
-        return any(self.value(n) not in (None, "") for n in FILTER_FIELDS if n != "sort")
+        return any(self.value(n) not in (None, "") for n in FILTER_FIELDS if n not in NOT_RESTRICTING)
 
     def params(self, **changes: Any) -> dict[str, str]:
         """The valid filter values as querystring parameters, with ``changes`` applied."""

@@ -26,19 +26,20 @@ from django.urls import reverse
 
 from rollouts.collection import export
 from rollouts.collection.datasets import DatasetError
-from rollouts.web.forms import MultipleFileField, filtered_rollouts
+from rollouts.web.forms import FILTER_FIELDS, MultipleFileField, filtered_rollouts
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
 from rollouts.evaluation import health
 from rollouts.web.evaluation_views import rollout_findings
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from rollouts.review.views import review_context
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
 # The run page's own reader of its querystring (``forms.filtered_rollouts``) decides the list, so
 # previous/next walk exactly the rows the user saw; invalid values are ignored there.
-FILTER_PARAMS = ("status", "kind", "reward_min", "reward_max", "task", "sort")
+FILTER_PARAMS = FILTER_FIELDS
 
 
 def filter_querystring(params: Mapping[str, Any]) -> str:
@@ -528,6 +529,7 @@ def rollout_detail(request, run_id, rollout_id):
     }
     context["error_text"], context["error_cut"] = _Budget(display_max_chars()).clip(rollout.error or "")
     context.update(rollout_findings(rollout, steps))  # health findings, each on its step
+    context.update(review_context(request, rollout, nav=nav))  # labels, notes, review mode (issue 13)
     return render(request, "rollouts/rollout_detail.html", context)
 
 

@@ -34,6 +34,7 @@ from rollouts.web.uploads import too_large_uploads
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
 from rollouts.models import Rollout, Run, Worker
+from rollouts.review import actions as review_actions
 
 RUNS_PER_PAGE = 25
 ROLLOUTS_PER_PAGE = 50
@@ -112,6 +113,7 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
         "id", "run_id", "task_index", "rollout_index", "attempt", "status", "reward", "failure_kind", "terminal",
         "duration_ms", "num_agent_calls", "num_tool_calls", "total_tokens", "usage_reported",
     ).annotate(error_head=Substr("error", 1, 160, output_field=LosslessTextField())).in_bulk()
+    review_actions.attach_to_rows(loaded.values())  # labels and note counts (rollouts.review)
     qs_text = filt.querystring()
     rollout_suffix = f"?{qs_text}" if qs_text else ""
     base = reverse("run", args=[run.pk])
@@ -184,6 +186,9 @@ def run_detail(request, run_id):
     live = _live_context(run)
     kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
     context = {**live, **_table_context(request, run, kinds)}
+    from rollouts.review.views import run_review_context  # the review card (issue 13)
+
+    context.update(run_review_context(request, run))
     return vary_on_htmx(render(request, "rollouts/run_detail.html", context))
 
 
@@ -238,6 +243,11 @@ def run_export(request, run_id, kind):
     if kind not in EXPORT_KINDS:
         raise Http404("unknown export")
     run = _run_for(request, run_id)
+    from rollouts.review.views import curated_export_response  # labels, corrected rewards (issue 13)
+
+    curated = curated_export_response(request, run, kind)
+    if curated is not None:
+        return curated
     filt = RolloutFilterForm(request.GET)
     subset = filt.filter(Rollout.objects.filter(run=run)) if filt.active else None
     if kind == "rollouts":

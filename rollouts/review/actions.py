@@ -1,0 +1,210 @@
+"""Labels, notes and corrected rewards: the writes of a review, each with who and when.
+
+Views, the API and tests all go through these functions, so each rule lives here once. They raise
+``ReviewError`` (a clear message naming the field) for bad input and store nothing then.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Max
+
+from rollouts.models import Label, Note, RewardCorrection, Rollout, RolloutLabel, TrajectoryItem
+
+LABEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
+NOTE_MAX_CHARS = 20_000
+REASON_MAX_CHARS = 5_000
+KEYED_LABELS = 9  # keys 1–9 in review mode
+
+
+class ReviewError(ValueError):
+    """Bad review input. ``field`` names the input at fault (``"label"``, ``"text"``, ``"item"``,
+    ``"reward"``, ``"reason"``); ``str(exc)`` says what is wrong."""
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+# -- labels ------------------------------------------------------------------------------------
+def clean_label_name(name: Any) -> str:
+    """A label name as stored: trimmed, lower case, 1–40 of ``a-z 0-9 . _ -``, starting with a
+    letter or digit (``reward-hack``). Raises ``ReviewError`` otherwise."""
+    text = str(name or "").strip().lower()
+    if not LABEL_NAME.match(text):
+        raise ReviewError(
+            f"label name {str(name)[:60]!r}: use 1–40 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
+            "label",
+        )
+    return text
+
+
+def create_label(name: Any, description: str = "", user=None) -> Label:
+    """Add a label to the instance's set (placed last). Raises ``ReviewError`` for a bad or taken name."""
+    clean = clean_label_name(name)
+    if Label.objects.filter(name=clean).exists():
+        raise ReviewError(f"label {clean!r} exists already", "label")
+    position = (Label.objects.aggregate(m=Max("position"))["m"] or 0) + 1
+    try:
+        with transaction.atomic():
+            return Label.objects.create(name=clean, description=str(description or "")[:200], position=position, created_by=user)
+    except IntegrityError:  # created meanwhile by someone else
+        raise ReviewError(f"label {clean!r} exists already", "label") from None
+
+
+def move_label_up(label: Label) -> None:
+    """Swap ``label`` with the one before it (the first nine answer keys 1–9)."""
+    labels = list(Label.objects.order_by("position", "id"))
+    i = next((n for n, lab in enumerate(labels) if lab.pk == label.pk), 0)
+    if i == 0:
+        return
+    labels[i - 1], labels[i] = labels[i], labels[i - 1]
+    with transaction.atomic():
+        for position, lab in enumerate(labels):
+            if lab.position != position:
+                Label.objects.filter(pk=lab.pk).update(position=position)
+
+
+def find_label(name: Any) -> Label:
+    """The label called ``name``; ``ReviewError`` when there is none."""
+    try:
+        return Label.objects.get(name=str(name or "").strip().lower())
+    except Label.DoesNotExist:
+        raise ReviewError(f"no label {str(name)[:60]!r} (add it on the Labels page first)", "label") from None
+
+
+def set_label(rollout: Rollout, label: Label, on: bool, user=None) -> bool:
+    """Put ``label`` on ``rollout`` (``on``) or take it off. Returns True when something changed."""
+    if not on:
+        return RolloutLabel.objects.filter(rollout=rollout, label=label).delete()[0] > 0
+    try:
+        with transaction.atomic():
+            _, created = RolloutLabel.objects.get_or_create(rollout=rollout, label=label, defaults={"created_by": user})
+    except IntegrityError:  # two clicks at once
+        return False
+    return created
+
+
+def toggle_label(rollout: Rollout, label: Label, user=None) -> bool:
+    """Flip ``label`` on ``rollout``; returns whether it is on afterwards."""
+    on = not RolloutLabel.objects.filter(rollout=rollout, label=label).exists()
+    set_label(rollout, label, on, user)
+    return on
+
+
+# -- notes -------------------------------------------------------------------------------------
+def add_note(rollout: Rollout, text: Any, user=None, item: Any = None) -> Note:
+    """A note on ``rollout``, or on its trajectory item ``#item`` (``TrajectoryItem.seq``). Plain
+    text, 1–20,000 characters. Raises ``ReviewError`` (``text`` or ``item``)."""
+    body = str(text or "").strip()
+    if not body:
+        raise ReviewError("the note is empty", "text")
+    if len(body) > NOTE_MAX_CHARS:
+        raise ReviewError(f"the note has {len(body):,} characters; at most {NOTE_MAX_CHARS:,}", "text")
+    seq = None
+    if item not in (None, ""):
+        try:
+            seq = int(str(item).strip().lstrip("#"))
+        except ValueError:
+            raise ReviewError(f"item {str(item)[:40]!r}: give the item's number (#N on the trajectory page)", "item") from None
+        if seq < 0 or not TrajectoryItem.objects.filter(rollout=rollout, seq=seq).exists():
+            raise ReviewError(f"this rollout has no item #{seq}", "item")
+    return Note.objects.create(rollout=rollout, item_seq=seq, text=body, created_by=user)
+
+
+def delete_note(note: Note, user) -> None:
+    """Delete a note: its author (or a staff user) only. Raises ``ReviewError`` otherwise."""
+    if note.created_by_id != getattr(user, "pk", None) and not getattr(user, "is_staff", False):
+        raise ReviewError("only the note's author can delete it", "note")
+    note.delete()
+
+
+# -- corrected rewards -------------------------------------------------------------------------
+def parse_reward(value: Any) -> float:
+    """A finite number from a form or JSON value; ``ReviewError`` (``reward``) otherwise."""
+    if isinstance(value, bool):
+        raise ReviewError("the corrected reward must be a number", "reward")
+    try:
+        reward = float(str(value).strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ReviewError(f"the corrected reward must be a number, not {str(value)[:40]!r}", "reward") from None
+    if not math.isfinite(reward):
+        raise ReviewError("the corrected reward must be a finite number", "reward")
+    return reward
+
+
+def correct_reward(rollout: Rollout, reward: Any, reason: Any, user=None) -> RewardCorrection:
+    """Record a corrected reward for a succeeded rollout, with a reason (required). The env's reward
+    (``Rollout.reward``) is never touched; the newest correction is the one in force."""
+    if rollout.status != Rollout.Status.SUCCEEDED:
+        raise ReviewError(
+            f"only a succeeded rollout has a verifier reward to correct (this one is {rollout.status}); label it instead",
+            "reward",
+        )
+    value = parse_reward(reward)
+    why = str(reason or "").strip()
+    if not why:
+        raise ReviewError("say why the reward is wrong (the reason is kept with the correction)", "reason")
+    if len(why) > REASON_MAX_CHARS:
+        raise ReviewError(f"the reason has {len(why):,} characters; at most {REASON_MAX_CHARS:,}", "reason")
+    return RewardCorrection.objects.create(rollout=rollout, reward=value, reason=why, created_by=user)
+
+
+def withdraw_correction(rollout: Rollout, user=None, reason: Any = "") -> Optional[RewardCorrection]:
+    """Withdraw the correction in force (a history row with no reward); None when there was none."""
+    if current_correction(rollout) is None:
+        return None
+    return RewardCorrection.objects.create(rollout=rollout, reward=None, reason=str(reason or "").strip()[:REASON_MAX_CHARS], created_by=user)
+
+
+def current_correction(rollout: Rollout) -> Optional[RewardCorrection]:
+    """The correction in force: the newest row, unless it withdrew the correction."""
+    latest = RewardCorrection.objects.filter(rollout=rollout).select_related("created_by").order_by("-id").first()
+    return latest if latest is not None and latest.reward is not None else None
+
+
+# -- reading -----------------------------------------------------------------------------------
+@dataclass
+class ReviewState:
+    """A rollout's review for its pages: every label with whether it is on (and by whom, when),
+    its notes, the correction in force and the correction history (oldest first)."""
+
+    labels: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    correction: Optional[RewardCorrection] = None
+    history: list[RewardCorrection] = field(default_factory=list)
+
+    @property
+    def on(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.labels if entry["on"]]
+
+
+def review_state(rollout: Rollout) -> ReviewState:
+    """Three small queries: the labels (with this rollout's), its notes, its corrections."""
+    uses = {u.label_id: u for u in RolloutLabel.objects.filter(rollout=rollout).select_related("created_by")}
+    labels = []
+    for n, label in enumerate(Label.objects.order_by("position", "id")):
+        use = uses.get(label.pk)
+        labels.append({"label": label, "on": use is not None, "use": use, "key": str(n + 1) if n < KEYED_LABELS else ""})
+    history = list(RewardCorrection.objects.filter(rollout=rollout).select_related("created_by").order_by("id"))
+    current = history[-1] if history and history[-1].reward is not None else None
+    return ReviewState(labels=labels, notes=list(Note.objects.filter(rollout=rollout).select_related("created_by")),
+                       correction=current, history=history)
+
+
+def attach_to_rows(rollouts: Iterable[Rollout]) -> None:
+    """Set ``review_label_names`` (list) and ``review_note_count`` (int) on each rollout of a
+    table page, in two queries whatever the page size."""
+    rows = {r.pk: r for r in rollouts}
+    for r in rows.values():
+        r.review_label_names, r.review_note_count = [], 0
+    if not rows:
+        return
+    for rollout_id, name in RolloutLabel.objects.filter(rollout_id__in=list(rows)).order_by("label__position", "label_id").values_list("rollout_id", "label__name"):
+        rows[rollout_id].review_label_names.append(name)
+    for rollout_id, n in Note.objects.filter(rollout_id__in=list(rows)).values_list("rollout_id").annotate(n=Count("id")).order_by():
+        rows[rollout_id].review_note_count = n

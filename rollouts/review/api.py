@@ -1,0 +1,567 @@
+"""The HTTP API for scripts and training loops (django-ninja), under ``/api/v1/``.
+
+Auth: ``Authorization: Bearer <token>``, a per-user token made on the account page
+(``rollouts.review.tokens``). No token, a malformed header or an unknown/revoked token: 401 with
+``{"detail": "Unauthorized"}`` and nothing else (django-ninja checks auth before it reads any
+parameter). A token sees what its user sees: access goes through the run pages' rule
+(``rollouts.web.views._run_for``). The schema is at ``/api/v1/openapi.json`` (public: it holds no
+data). No cookies are read, so no CSRF token is needed.
+
+The API reuses the pages' code for every rule: a run is validated by the new-run form (``RunForm``:
+target URLs, timeouts, overrides, size) and launched like the form launches it; rollout lists take
+the run table's filter (``RolloutFilterForm``, also the review filters); files stream through
+``rollouts.review.curated``; labels, notes and corrections go through ``rollouts.review.actions``.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Optional
+
+from django.conf import settings
+from django.db.models.functions import Substr
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+from ninja import File, Form, NinjaAPI, Schema
+from ninja.errors import HttpError
+from ninja.files import UploadedFile
+from ninja.security import HttpBearer
+from pydantic import Field
+
+from rollouts.collection import runs
+from rollouts.collection.datasets import DatasetError, read_jsonl
+from rollouts.evaluation import metrics
+from rollouts.models import Dataset, Label, Rollout, Run
+from rollouts.review import actions, curated, selection, sft
+from rollouts.review.actions import ReviewError
+from rollouts.review.aggregates import reward_aggregates
+from rollouts.review.filters import corrected_reward
+from rollouts.review.tokens import user_for_token
+from rollouts.web.forms import RunForm, filtered_rollouts
+from rollouts.web.views import _launch_from_form, _run_for
+
+MAX_PAGE = 1000
+
+
+class TokenAuth(HttpBearer):
+    """``Authorization: Bearer gw_…`` → the token's active user (also set as ``request.user``)."""
+
+    def authenticate(self, request: HttpRequest, token: str):
+        user = user_for_token(token)
+        if user is not None:
+            request.user = user
+        return user
+
+
+api = NinjaAPI(
+    title="gymweb API",
+    version="1",
+    description="Datasets, runs, NeMo Gym files and review for scripts and training loops. "
+                "Send `Authorization: Bearer <token>` (make one on your account page).",
+    auth=TokenAuth(),
+    urls_namespace="api",
+    docs_url=None,  # the interactive docs page loads its script from a CDN; the schema is enough
+)
+
+
+# -- schemas -------------------------------------------------------------------------------------
+class Error(Schema):
+    detail: str
+    errors: dict[str, list[str]] = Field(default_factory=dict, description="per field, when a form rejected the input")
+
+
+class DatasetOut(Schema):
+    id: int
+    name: str
+    num_rows: int
+    sha256: str
+    created: datetime
+    source_run: Optional[int] = Field(None, description="the run whose filtered list these tasks came from")
+    source_filters: str = Field("", description="that list's filter querystring")
+
+
+class RunIn(Schema):
+    dataset: int = Field(..., description="a dataset id (POST /datasets to upload one)")
+    agent_url: str
+    env_url: str
+    name: str = ""
+    agent_name: str = "remote_agent"
+    concurrency: int = 32
+    max_steps: Optional[int] = None
+    num_repeats: int = 1
+    limit: Optional[int] = None
+    max_attempts: int = 3
+    remote_responses_timeout_s: float = 1800.0
+    run_timeout_s: float = 2100.0
+    overrides: dict[str, Any] = Field(default_factory=dict, description="merged into every row's responses_create_params")
+
+
+class ProgressOut(Schema):
+    total: int
+    done: int
+    succeeded: int
+    failed: int
+    pending: int
+    running: int
+    not_run: int = Field(..., description="cancelled or interrupted keys that a retry runs again")
+    failed_attempts: int
+    percent: float
+
+
+class TasksFrom(Schema):
+    dataset: Optional[int]
+    dataset_name: str = ""
+    source_run: Optional[int] = None
+    source_filters: str = ""
+
+
+class RunOut(Schema):
+    id: int
+    name: str
+    status: str = Field(..., description="queued, running, completed, cancelled or imported")
+    final: bool
+    created: datetime
+    started: Optional[datetime]
+    finished: Optional[datetime]
+    agent_url: str
+    env_url: str
+    agent_name: str
+    num_tasks: int
+    num_keys: int
+    tasks_from: TasksFrom
+    progress: ProgressOut
+    url: str
+
+
+class RewardStatsOut(Schema):
+    n: int
+    mean: Optional[float]
+    minimum: Optional[float]
+    maximum: Optional[float]
+    median: Optional[float]
+    std: Optional[float]
+    mean_with_failures: Optional[float] = Field(None, description="failures (latest attempt failed) count as 0")
+    n_with_failures: int
+
+
+class AggregatesOut(Schema):
+    reward: RewardStatsOut = Field(..., description="the env's rewards, over successes (NeMo Gym's convention)")
+    reward_corrected: RewardStatsOut = Field(..., description="the corrected reward where one is in force, the env's elsewhere")
+    corrections: int
+    failure_kinds: dict[str, int]
+    terminal_failures: int
+    tokens: dict[str, Optional[int]]
+    usage_reported: int
+    finished_attempts: int
+
+
+class RunDetailOut(RunOut):
+    aggregates: AggregatesOut
+
+
+class RetryOut(Schema):
+    retried: int
+    run: RunOut
+
+
+class LabelUse(Schema):
+    name: str
+    by: Optional[str]
+    at: datetime
+
+
+class NoteOut(Schema):
+    id: int
+    text: str
+    item: Optional[int] = Field(None, description="the trajectory item (#N) it is on; null = the whole rollout")
+    by: Optional[str]
+    at: datetime
+
+
+class CorrectionOut(Schema):
+    reward: float
+    reason: str
+    by: Optional[str]
+    at: datetime
+
+
+class RolloutOut(Schema):
+    id: int
+    run: int
+    task_index: int
+    rollout_index: int
+    attempt: int
+    status: str
+    reward: Optional[float] = Field(None, description="the env's reward")
+    corrected_reward: Optional[float] = Field(None, description="the corrected reward in force, if any")
+    failure_kind: str
+    error: str = Field("", description="the first 500 characters")
+    terminal: bool
+    duration_ms: Optional[float]
+    num_agent_calls: int
+    num_tool_calls: int
+    total_tokens: Optional[int]
+    labels: list[str]
+    notes: int
+    url: str
+
+
+class RolloutPage(Schema):
+    count: int
+    offset: int
+    limit: int
+    items: list[RolloutOut]
+
+
+class RolloutDetailOut(RolloutOut):
+    label_uses: list[LabelUse]
+    note_list: list[NoteOut]
+    correction: Optional[CorrectionOut]
+
+
+class LabelIn(Schema):
+    label: str
+
+
+class NoteIn(Schema):
+    text: str
+    item: Optional[int] = None
+
+
+class CorrectionIn(Schema):
+    reward: float
+    reason: str
+
+
+class LabelOut(Schema):
+    name: str
+    description: str
+    position: int
+
+
+class NewLabelIn(Schema):
+    name: str
+    description: str = ""
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _absolute(request, path: str) -> str:
+    return request.build_absolute_uri(path)
+
+
+def _dataset_out(d: Dataset) -> dict[str, Any]:
+    return {"id": d.pk, "name": d.name, "num_rows": d.num_rows, "sha256": d.sha256, "created": d.created,
+            "source_run": d.source_run_id, "source_filters": d.source_filters}
+
+
+def _run_out(request, run: Run, progress: Optional[metrics.Progress] = None) -> dict[str, Any]:
+    p = progress or metrics.run_progress(run)
+    dataset = run.dataset
+    return {
+        "id": run.pk, "name": run.name, "status": run.status, "final": run.is_final, "created": run.created,
+        "started": run.started, "finished": run.finished, "agent_url": run.agent_url, "env_url": run.env_url,
+        "agent_name": run.agent_name, "num_tasks": run.num_tasks, "num_keys": run.num_keys,
+        "tasks_from": {"dataset": run.dataset_id, "dataset_name": dataset.name if dataset else "",
+                       "source_run": dataset.source_run_id if dataset else None,
+                       "source_filters": dataset.source_filters if dataset else ""},
+        "progress": {"total": p.total, "done": p.done, "succeeded": p.succeeded, "failed": p.failed, "pending": p.pending,
+                     "running": p.running, "not_run": p.not_run, "failed_attempts": p.failed_attempts, "percent": p.percent},
+        "url": _absolute(request, run.get_absolute_url()),
+    }
+
+
+def _form_error(form) -> HttpError:
+    errors = {name: [str(e) for e in errs] for name, errs in form.errors.items()}
+    first = next(iter(errors.items()), ("", ["invalid input"]))
+    detail = f"{first[0]}: {first[1][0]}" if first[0] and first[0] != "__all__" else first[1][0]
+    exc = HttpError(400, detail)
+    exc.errors = errors
+    return exc
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    body = {"detail": exc.message}
+    if getattr(exc, "errors", None):
+        body["errors"] = exc.errors
+    return api.create_response(request, body, status=exc.status_code)
+
+
+def _rollout(request, rollout_id: int) -> Rollout:
+    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id)
+    _run_for(request, rollout.run_id)  # the same access rule as the pages
+    return rollout
+
+
+def _rollout_out(request, r: Rollout, labels: list[str], notes: int, corrected: Optional[float]) -> dict[str, Any]:
+    return {
+        "id": r.pk, "run": r.run_id, "task_index": r.task_index, "rollout_index": r.rollout_index, "attempt": r.attempt,
+        "status": r.status, "reward": r.reward, "corrected_reward": corrected, "failure_kind": r.failure_kind,
+        "error": getattr(r, "error_head", None) if hasattr(r, "error_head") else (r.error or "")[:500],
+        "terminal": r.terminal, "duration_ms": r.duration_ms, "num_agent_calls": r.num_agent_calls,
+        "num_tool_calls": r.num_tool_calls, "total_tokens": r.total_tokens if r.usage_reported else None,
+        "labels": labels, "notes": notes, "url": _absolute(request, r.get_absolute_url()),
+    }
+
+
+def _rollout_detail(request, rollout: Rollout) -> dict[str, Any]:
+    state = actions.review_state(rollout)
+    corr = state.correction
+    out = _rollout_out(request, rollout, [e["label"].name for e in state.on], len(state.notes), corr.reward if corr else None)
+    out["label_uses"] = [{"name": e["label"].name, "by": e["use"].created_by.get_username() if e["use"].created_by else None,
+                          "at": e["use"].created} for e in state.on]
+    out["note_list"] = [{"id": n.pk, "text": n.text, "item": n.item_seq, "by": n.created_by.get_username() if n.created_by else None,
+                         "at": n.created} for n in state.notes]
+    out["correction"] = None if corr is None else {
+        "reward": corr.reward, "reason": corr.reason, "by": corr.created_by.get_username() if corr.created_by else None, "at": corr.created}
+    return out
+
+
+def _filtered(request, run: Run):
+    """The run's rollouts under the querystring's filter (the run table's); 400 on an invalid value."""
+    qs, form = filtered_rollouts(run, request.GET)
+    if form.errors:
+        raise _form_error(form)
+    return qs, form
+
+
+def _review_error(exc: ReviewError) -> HttpError:
+    err = HttpError(400, str(exc))
+    if exc.field:
+        err.errors = {exc.field: [str(exc)]}
+    return err
+
+
+# -- datasets ------------------------------------------------------------------------------------
+@api.get("/datasets", response=list[DatasetOut], summary="List datasets (newest first)")
+def list_datasets(request, limit: int = 100, offset: int = 0):
+    limit = max(1, min(limit, MAX_PAGE))
+    return [_dataset_out(d) for d in Dataset.objects.order_by("-created", "-id")[max(offset, 0): max(offset, 0) + limit]]
+
+
+@api.post("/datasets", response={201: DatasetOut, 400: Error, 413: Error}, summary="Upload a JSONL dataset")
+def create_dataset(request, file: UploadedFile = File(..., description="NeMo Gym JSONL: one task per line"),
+                   name: str = Form("", description="defaults to the file name")):
+    """Validated like the new-run form's upload: a bad line is reported with its line number and
+    nothing is stored. Up to ``GYMWEB_MAX_UPLOAD_BYTES``."""
+    limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
+    if file.size > limit:
+        raise HttpError(413, f"the file is larger than the upload limit of {limit} bytes (GYMWEB_MAX_UPLOAD_BYTES)")
+    source = (file.name or "dataset.jsonl").rsplit("/", 1)[-1]
+    try:
+        parsed = read_jsonl(file, source=source)
+    except DatasetError as exc:
+        err = HttpError(400, str(exc))
+        err.errors = {"file": [str(exc)]}
+        raise err from None
+    dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user)
+    return 201, _dataset_out(dataset)
+
+
+@api.get("/datasets/{dataset_id}", response=DatasetOut, summary="One dataset")
+def get_dataset(request, dataset_id: int):
+    return _dataset_out(get_object_or_404(Dataset, pk=dataset_id))
+
+
+# -- runs ----------------------------------------------------------------------------------------
+@api.get("/runs", response=list[RunOut], summary="List runs (newest first)")
+def list_runs(request, limit: int = 50, offset: int = 0):
+    limit = max(1, min(limit, MAX_PAGE))
+    page = list(Run.objects.select_related("dataset").order_by("-created", "-id")[max(offset, 0): max(offset, 0) + limit])
+    progress = metrics.progress_for_runs(page)
+    return [_run_out(request, run, progress[run.pk]) for run in page]
+
+
+@api.post("/runs", response={201: RunOut, 400: Error}, summary="Launch a run on a stored dataset")
+def create_run(request, payload: RunIn):
+    """Validated by the new-run form (the same checks of the agent and env URLs, timeouts,
+    overrides and run size) and launched like it: the workers pick it up at once."""
+    data = payload.dict()
+    data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
+    data = {k: ("" if v is None else v) for k, v in data.items()}
+    form = RunForm(data=data)
+    if not form.is_valid():
+        raise _form_error(form)
+    run, _reused = _launch_from_form(form, request.user)
+    return 201, _run_out(request, run)
+
+
+@api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")
+def get_run(request, run_id: int):
+    run = _run_for(request, run_id)
+    summary = metrics.run_summary(run)
+    both = reward_aggregates(run)
+    out = _run_out(request, run, summary.progress)
+    out["aggregates"] = {
+        "reward": {**vars(summary.reward)},
+        "reward_corrected": both["corrected"],
+        "corrections": both["corrections"],
+        "failure_kinds": {k["failure_kind"]: k["n"] for k in summary.failure_kinds},
+        "terminal_failures": summary.terminal_failures,
+        "tokens": summary.tokens,
+        "usage_reported": summary.usage_reported,
+        "finished_attempts": summary.finished_attempts,
+    }
+    return out
+
+
+@api.post("/runs/{run_id}/cancel", response=RunOut, summary="Cancel a run")
+def cancel_run(request, run_id: int):
+    """Pending rollouts are cancelled at once, in-flight ones within seconds. A final run is left as it is."""
+    run = _run_for(request, run_id)
+    runs.cancel(run)
+    return _run_out(request, run)
+
+
+@api.post("/runs/{run_id}/retry", response={200: RetryOut, 400: Error}, summary="Retry failed and not-run rollouts")
+def retry_run(request, run_id: int):
+    """New attempts for failed keys (up to the run's max attempts; terminal failures never) and for
+    cancelled or interrupted ones; ``retried`` says how many."""
+    run = _run_for(request, run_id)
+    if run.status == Run.Status.IMPORTED:
+        raise HttpError(400, "an imported run has no services to run against")
+    n = runs.resume(run)
+    run.refresh_from_db()
+    return {"retried": n, "run": _run_out(request, run)}
+
+
+def _file(request, run_id: int, kind: str):
+    run = _run_for(request, run_id)
+    qs, form = _filtered(request, run)
+    options = curated.ExportOptions.from_params(request.GET)
+    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), f"{kind}.jsonl", options)
+
+
+_FILE_DOC = ("Streams NeMo Gym JSONL. Querystring: the run table's filter (as for /runs/{id}/rollouts), "
+             "`reward_source=corrected` (rows' reward is the corrected one where in force; `_gymweb_reward_source` says which), "
+             "`review=1` (adds `gymweb_review`). Headers X-Gymweb-Reward-Source and X-Gymweb-Review say what was used.")
+
+
+@api.get("/runs/{run_id}/rollouts.jsonl", summary="rollouts.jsonl (successes)", description=_FILE_DOC)
+def file_rollouts(request, run_id: int):
+    return _file(request, run_id, "rollouts")
+
+
+@api.get("/runs/{run_id}/rollouts_failures.jsonl", summary="rollouts_failures.jsonl (one row per failed attempt)", description=_FILE_DOC)
+def file_failures(request, run_id: int):
+    return _file(request, run_id, "rollouts_failures")
+
+
+@api.get("/runs/{run_id}/rollouts_materialized_inputs.jsonl", summary="rollouts_materialized_inputs.jsonl")
+def file_materialized(request, run_id: int):
+    return _file(request, run_id, "rollouts_materialized_inputs")
+
+
+@api.get("/runs/{run_id}/sft.jsonl", summary="SFT export (OpenAI chat format)",
+         description="The filtered successes as `{\"messages\", \"tools\"}` rows. `reasoning=keep|think|drop`, "
+                     "`reward_source`, `metadata=1`. See README, \"SFT export\".")
+def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = False):
+    run = _run_for(request, run_id)
+    if reasoning not in sft.REASONING_MODES:
+        raise HttpError(400, f"reasoning must be one of {', '.join(sft.REASONING_MODES)}")
+    qs, form = _filtered(request, run)
+    options = curated.ExportOptions.from_params(request.GET)
+    lines = curated.sft_lines(run, qs if form.active else None, options, reasoning=reasoning, metadata=metadata)
+    return curated.streaming_response(lines, f"run-{run.pk}_sft.jsonl", options)
+
+
+@api.post("/runs/{run_id}/selection/dataset", response={201: DatasetOut, 400: Error},
+          summary="Make a dataset of the tasks of a filtered list")
+def selection_dataset(request, run_id: int, name: str = ""):
+    """The querystring is the run table's filter; each task with a rollout in the list gives one row."""
+    run = _run_for(request, run_id)
+    qs, form = _filtered(request, run)
+    try:
+        dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user, name=name or None)
+    except ReviewError as exc:
+        raise _review_error(exc) from None
+    return 201, _dataset_out(dataset)
+
+
+# -- rollouts ------------------------------------------------------------------------------------
+@api.get("/runs/{run_id}/rollouts", response={200: RolloutPage, 400: Error}, summary="List a run's rollouts, filtered like the run page")
+def list_rollouts(request, run_id: int, limit: int = 100, offset: int = 0,
+                  status: str = "", kind: str = "", reward_min: Optional[float] = None, reward_max: Optional[float] = None,
+                  task: Optional[int] = None, sort: str = "", label: str = "", not_label: str = "", notes: str = "",
+                  corrected: str = "", reward_source: str = ""):
+    """Every filter of the run page's table (and any it gains): the querystring is read by the same
+    form, so an invalid value is a 400 naming it. Ordered like the table (``sort``)."""
+    run = _run_for(request, run_id)
+    qs, _form = _filtered(request, run)
+    limit, offset = max(1, min(limit, MAX_PAGE)), max(offset, 0)
+    count = qs.order_by().count()
+    ids = list(qs.values_list("id", flat=True)[offset: offset + limit])
+    loaded = (Rollout.objects.filter(id__in=ids).annotate(error_head=Substr("error", 1, 500), corrected=corrected_reward())
+              .defer("verify_json", "profile_json", "partial_response_json").in_bulk())
+    page = [loaded[i] for i in ids if i in loaded]
+    actions.attach_to_rows(page)
+    items = [_rollout_out(request, r, r.review_label_names, r.review_note_count, r.corrected) for r in page]
+    return {"count": count, "offset": offset, "limit": limit, "items": items}
+
+
+@api.get("/rollouts/{rollout_id}", response=RolloutDetailOut, summary="One rollout with its labels, notes and correction")
+def get_rollout(request, rollout_id: int):
+    return _rollout_detail(request, _rollout(request, rollout_id))
+
+
+@api.post("/rollouts/{rollout_id}/labels", response={200: RolloutDetailOut, 400: Error}, summary="Put a label on a rollout")
+def add_label(request, rollout_id: int, payload: LabelIn):
+    rollout = _rollout(request, rollout_id)
+    try:
+        actions.set_label(rollout, actions.find_label(payload.label), True, request.user)
+    except ReviewError as exc:
+        raise _review_error(exc) from None
+    return _rollout_detail(request, rollout)
+
+
+@api.delete("/rollouts/{rollout_id}/labels/{label}", response={200: RolloutDetailOut, 400: Error}, summary="Take a label off a rollout")
+def remove_label(request, rollout_id: int, label: str):
+    rollout = _rollout(request, rollout_id)
+    try:
+        actions.set_label(rollout, actions.find_label(label), False, request.user)
+    except ReviewError as exc:
+        raise _review_error(exc) from None
+    return _rollout_detail(request, rollout)
+
+
+@api.post("/rollouts/{rollout_id}/notes", response={201: NoteOut, 400: Error}, summary="Add a note to a rollout or one of its items")
+def add_note(request, rollout_id: int, payload: NoteIn):
+    rollout = _rollout(request, rollout_id)
+    try:
+        note = actions.add_note(rollout, payload.text, request.user, item=payload.item)
+    except ReviewError as exc:
+        raise _review_error(exc) from None
+    return 201, {"id": note.pk, "text": note.text, "item": note.item_seq, "by": request.user.get_username(), "at": note.created}
+
+
+@api.post("/rollouts/{rollout_id}/correction", response={200: RolloutDetailOut, 400: Error}, summary="Record a corrected reward")
+def correct(request, rollout_id: int, payload: CorrectionIn):
+    """Kept beside the env's reward, never replacing it; the reason is required."""
+    rollout = _rollout(request, rollout_id)
+    try:
+        actions.correct_reward(rollout, payload.reward, payload.reason, request.user)
+    except ReviewError as exc:
+        raise _review_error(exc) from None
+    return _rollout_detail(request, rollout)
+
+
+@api.delete("/rollouts/{rollout_id}/correction", response=RolloutDetailOut, summary="Withdraw the corrected reward")
+def withdraw(request, rollout_id: int, reason: str = ""):
+    rollout = _rollout(request, rollout_id)
+    actions.withdraw_correction(rollout, request.user, reason)
+    return _rollout_detail(request, rollout)
+
+
+# -- labels --------------------------------------------------------------------------------------
+@api.get("/labels", response=list[LabelOut], summary="The instance's labels, in order (the first nine answer keys 1–9)")
+def list_labels(request):
+    return [{"name": lab.name, "description": lab.description, "position": lab.position} for lab in Label.objects.order_by("position", "id")]
+
+
+@api.post("/labels", response={201: LabelOut, 400: Error}, summary="Add a label")
+def create_label(request, payload: NewLabelIn):
+    try:
+        lab = actions.create_label(payload.name, payload.description, request.user)
+    except ReviewError as exc:
+        raise _review_error(exc) from None
+    return 201, {"name": lab.name, "description": lab.description, "position": lab.position}

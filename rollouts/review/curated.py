@@ -1,0 +1,201 @@
+"""Curated exports: NeMo Gym's files of a filtered selection, with the corrected reward or the
+env's, optionally carrying the review (``gymweb_review``); and the SFT export.
+
+Options (querystring of the run page's downloads and of the API's file endpoints, beside the
+rollout filter of ``rollouts.review.filters``):
+
+- ``reward_source=original`` (default) | ``corrected``. With ``corrected``, each ``rollouts.jsonl``
+  row's ``reward`` is the corrected reward where one is in force and the env's elsewhere, and every
+  row says which in ``_gymweb_reward_source`` (``"corrected"`` or ``"env"``). Failure rows keep
+  ``reward: 0.0`` (only succeeded rollouts can be corrected).
+- ``review=1``: every row gets ``gymweb_review``: ``{"reward_source", "env_reward",
+  "corrected_reward": {"reward", "reason", "by", "at"} | null, "labels": [{"name", "by", "at"}],
+  "notes": [{"text", "item", "by", "at"}]}`` (``item``: the trajectory item ``#N`` a note is on, or
+  null). Off by default, so NeMo Gym's tools read the files unchanged.
+
+Without either option the files are exactly ``rollouts.collection.export``'s. Every download also
+says what it used in the headers ``X-Gymweb-Reward-Source`` and ``X-Gymweb-Review``. All stream
+from the database with constant memory: rows are read in chunks, and each chunk's review in three
+queries.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional
+
+from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
+
+from rollouts.collection import export
+from rollouts.models import Note, RewardCorrection, Rollout, RolloutLabel, Run
+from rollouts.review import sft
+from rollouts.review.filters import CORRECTED, ORIGINAL
+
+CHUNK = 500
+TRUE = ("1", "true", "yes", "on")
+KINDS = ("rollouts", "rollouts_failures", "rollouts_materialized_inputs")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What a curated export writes (see the module doc)."""
+
+    reward_source: str = ORIGINAL
+    review: bool = False
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "ExportOptions":
+        """Read ``reward_source`` and ``review`` from a querystring; unknown values mean the defaults."""
+        source = str(params.get("reward_source") or "").strip().lower()
+        return cls(
+            reward_source=CORRECTED if source == CORRECTED else ORIGINAL,
+            review=str(params.get("review") or "").strip().lower() in TRUE,
+        )
+
+    @property
+    def plain(self) -> bool:
+        return self.reward_source == ORIGINAL and not self.review
+
+
+def _who(user) -> Optional[str]:
+    return user.get_username() if user is not None else None
+
+
+def _at(when) -> Optional[str]:
+    return when.isoformat() if when is not None else None
+
+
+def review_info(ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Per rollout id: ``{"labels": [...], "notes": [...], "correction": RewardCorrection|None}``
+    (labels and notes as written in ``gymweb_review``), in three queries."""
+    info: dict[int, dict[str, Any]] = {i: {"labels": [], "notes": [], "correction": None} for i in ids}
+    if not ids:
+        return info
+    for use in RolloutLabel.objects.filter(rollout_id__in=ids).select_related("label", "created_by").order_by("label__position", "label_id"):
+        info[use.rollout_id]["labels"].append({"name": use.label.name, "by": _who(use.created_by), "at": _at(use.created)})
+    for note in Note.objects.filter(rollout_id__in=ids).select_related("created_by").order_by("created", "id"):
+        info[note.rollout_id]["notes"].append({"text": note.text, "item": note.item_seq, "by": _who(note.created_by), "at": _at(note.created)})
+    for corr in RewardCorrection.objects.filter(rollout_id__in=ids).select_related("created_by").order_by("id"):
+        info[corr.rollout_id]["correction"] = corr if corr.reward is not None else None  # the newest wins
+    return info
+
+
+def _review_field(info: dict[str, Any], env_reward: Optional[float], source: str) -> dict[str, Any]:
+    corr = info["correction"]
+    return {
+        "reward_source": source,
+        "env_reward": env_reward,
+        "corrected_reward": None if corr is None else {
+            "reward": corr.reward, "reason": corr.reason, "by": _who(corr.created_by), "at": _at(corr.created)},
+        "labels": info["labels"],
+        "notes": info["notes"],
+    }
+
+
+def _chunks(fetch, size: int = CHUNK) -> Iterator[list[tuple]]:
+    chunk = []
+    for row in fetch.iterator(chunk_size=size):
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _base(run: Run, rollouts: Optional[QuerySet]) -> QuerySet:
+    return rollouts if rollouts is not None else Rollout.objects.filter(run=run)
+
+
+def iter_success_rows(run: Run, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(rollouts.jsonl row, review info)`` of each succeeded attempt, the row already curated
+    by ``options`` (reward and ``gymweb_review``)."""
+    qs = _base(run, rollouts).filter(status=Rollout.Status.SUCCEEDED)
+    fetch = qs.order_by("task_index", "rollout_index", "id").values_list(
+        "id", "task_index", "rollout_index", "reward", "verify_json", "task__row_json")
+    last_task, ref = None, None
+    for chunk in _chunks(fetch):
+        info = review_info([row[0] for row in chunk])
+        for rollout_id, task_index, rollout_index, env_reward, verify_json, task_json in chunk:
+            if task_index != last_task:
+                last_task, ref = task_index, json.loads(task_json).get("agent_ref") or {"name": run.agent_name}
+            row = export.success_row(verify_json, task_index, rollout_index, ref)
+            mine = info[rollout_id]
+            source = "env"
+            if options.reward_source == CORRECTED:
+                if mine["correction"] is not None:
+                    row["reward"], source = mine["correction"].reward, "corrected"
+                row["_gymweb_reward_source"] = source
+            if options.review:
+                row["gymweb_review"] = _review_field(mine, env_reward, source)
+            yield row, mine
+
+
+def iter_successes(run: Run, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:
+    """Lines of ``rollouts.jsonl`` under ``options`` (exactly ``export.iter_successes`` when plain)."""
+    if options.plain:
+        yield from export.iter_successes(run, rollouts)
+        return
+    for row, _info in iter_success_rows(run, rollouts, options):
+        yield export._dumps(row)
+
+
+def iter_failures(run: Run, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:
+    """Lines of the failures sidecar; with ``review``, each row carries ``gymweb_review``."""
+    if not options.review:
+        yield from export.iter_failures(run, rollouts)
+        return
+    qs = _base(run, rollouts).filter(status=Rollout.Status.FAILED)
+    fetch = qs.order_by("task_index", "rollout_index", "attempt", "id").values_list(
+        "id", "rollout_index", "error", "terminal", "failure_kind", "task__row_json")
+    for chunk in _chunks(fetch):
+        info = review_info([row[0] for row in chunk])
+        for rollout_id, rollout_index, error, terminal, kind, task_json in chunk:
+            row = export.failure_row(json.loads(task_json), rollout_index, error, terminal, kind)
+            row["gymweb_review"] = _review_field(info[rollout_id], None, "env")
+            yield export._dumps(row)
+
+
+def lines(run: Run, kind: str, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:
+    """The lines of file ``kind`` (``KINDS``) for the selection ``rollouts`` (None = the whole run)."""
+    if kind == "rollouts":
+        return iter_successes(run, rollouts, options)
+    if kind == "rollouts_failures":
+        return iter_failures(run, rollouts, options)
+    if kind == "rollouts_materialized_inputs":
+        return export.iter_materialized(run)
+    raise ValueError(f"unknown file {kind!r}; one of {', '.join(KINDS)}")
+
+
+def sft_lines(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *, reasoning: str = "keep",
+              metadata: bool = False, skipped: Optional[list[str]] = None) -> Iterator[str]:
+    """SFT lines (``rollouts.review.sft``) of the selection's succeeded attempts. ``metadata`` adds
+    ``"metadata": {"run", "task_index", "rollout_index", "reward", "reward_source", "labels"}``
+    (``reward`` by ``options.reward_source``). Rows that cannot be converted are left out and named
+    in ``skipped``."""
+    for row, info in iter_success_rows(run, rollouts, ExportOptions(reward_source=options.reward_source)):
+        try:
+            out = sft.conversation(row, reasoning=reasoning)
+        except sft.NotConvertible as exc:
+            if skipped is not None:
+                skipped.append(f"task {row['_ng_task_index']} rollout {row['_ng_rollout_index']}: {exc}")
+            continue
+        if metadata:
+            out["metadata"] = {
+                "run": run.pk, "task_index": row["_ng_task_index"], "rollout_index": row["_ng_rollout_index"],
+                "reward": row.get("reward"), "reward_source": row.get("_gymweb_reward_source", "env"),
+                "labels": [entry["name"] for entry in info["labels"]],
+            }
+        yield json.dumps(out, ensure_ascii=False)
+
+
+def streaming_response(line_iter: Iterator[str], filename: str, options: ExportOptions) -> StreamingHttpResponse:
+    """A JSONL download of ``line_iter`` that says which reward it uses and whether it carries the
+    review (headers ``X-Gymweb-Reward-Source``, ``X-Gymweb-Review``)."""
+    response = StreamingHttpResponse((line + "\n" for line in line_iter), content_type="application/jsonl; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    response["X-Gymweb-Reward-Source"] = options.reward_source
+    response["X-Gymweb-Review"] = "included" if options.review else "omitted"
+    return response

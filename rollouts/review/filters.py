@@ -1,0 +1,91 @@
+"""The review filters of the run table (label, no label, notes, corrected reward, which reward the
+reward bounds read), as fields of ``rollouts.web.forms.RolloutFilterForm``, so the table, the
+trajectory page's previous/next, review mode, exports, datasets from a selection and the API all
+read one filter.
+
+Querystring (each optional; invalid values are reported on the field and ignored):
+
+- ``label=NAME``: rollouts with that label; ``label=-``: rollouts with no label.
+- ``not_label=NAME``: rollouts without that label.
+- ``notes=yes|no``: with / without notes.
+- ``corrected=yes|no``: with / without a corrected reward in force.
+- ``reward_source=corrected``: ``reward_min``/``reward_max`` read the corrected reward where one is
+  in force and the env's elsewhere; default (``original``): the env's reward. Exports with it
+  write the corrected reward (``rollouts.review.curated``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+
+from rollouts.models import Label, Note, RewardCorrection, RolloutLabel
+
+REVIEW_FILTER_FIELDS = ("label", "not_label", "notes", "corrected", "reward_source")
+NO_LABEL = "-"
+YES_NO = [("", "any"), ("yes", "yes"), ("no", "no")]
+ORIGINAL, CORRECTED = "original", "corrected"
+REWARD_SOURCES = [(ORIGINAL, "env's reward"), (CORRECTED, "corrected reward")]
+EFFECTIVE = "_gw_effective_reward"
+
+
+def corrected_reward() -> Subquery:
+    """The corrected reward in force for ``OuterRef("pk")`` (a rollout): its newest correction's
+    ``reward``, NULL when there is none or it was withdrawn."""
+    return Subquery(RewardCorrection.objects.filter(rollout=OuterRef("pk")).order_by("-id").values("reward")[:1])
+
+
+def with_effective_reward(qs: QuerySet, name: str = EFFECTIVE) -> QuerySet:
+    """``qs`` (rollouts) with alias ``name`` = the corrected reward where one is in force, else the
+    env's ``reward``. An alias (not selected): filter or aggregate on it."""
+    return qs.alias(**{name: Coalesce(corrected_reward(), F("reward"))})
+
+
+class ReviewFilterFields(forms.Form):
+    """Base of ``RolloutFilterForm``: the review fields (listed after the form's own fields)."""
+
+    label = forms.ChoiceField(label="label", choices=[("", "any label")], required=False)
+    not_label = forms.ChoiceField(label="without label", choices=[("", "—")], required=False)
+    notes = forms.ChoiceField(label="has notes", choices=YES_NO, required=False)
+    corrected = forms.ChoiceField(label="corrected reward", choices=YES_NO, required=False)
+    reward_source = forms.ChoiceField(label="reward bounds read", choices=REWARD_SOURCES, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        names = list(Label.objects.order_by("position", "id").values_list("name", flat=True))
+        data = self.data or {}
+        for field, first in (("label", [("", "any label"), (NO_LABEL, "(no label)")]), ("not_label", [("", "—")])):
+            choices = first + [(n, n) for n in names]
+            wanted = data.get(field)
+            if wanted and wanted not in dict(choices):  # a permalink to a label since removed: empty result
+                choices.append((wanted, wanted))
+            self.fields[field].choices = choices
+        for name in REVIEW_FILTER_FIELDS:  # after the subclass's own fields
+            self.fields[name] = self.fields.pop(name)
+
+    def reward_column(self, qs: QuerySet) -> tuple[QuerySet, str]:
+        """``(qs, name)``: the column the reward bounds read (``reward_source``)."""
+        if getattr(self, "cleaned_data", {}).get("reward_source") == CORRECTED:
+            return with_effective_reward(qs), EFFECTIVE
+        return qs, "reward"
+
+    def review_filter(self, qs: QuerySet) -> QuerySet:
+        """``qs`` (rollouts) restricted by the valid review fields."""
+        value = getattr(self, "cleaned_data", {}).get
+        label = value("label")
+        if label == NO_LABEL:
+            qs = qs.filter(~Exists(RolloutLabel.objects.filter(rollout=OuterRef("pk"))))
+        elif label:
+            qs = qs.filter(Exists(RolloutLabel.objects.filter(rollout=OuterRef("pk"), label__name=label)))
+        if value("not_label"):
+            qs = qs.filter(~Exists(RolloutLabel.objects.filter(rollout=OuterRef("pk"), label__name=value("not_label"))))
+        notes = Exists(Note.objects.filter(rollout=OuterRef("pk")))
+        if value("notes") == "yes":
+            qs = qs.filter(notes)
+        elif value("notes") == "no":
+            qs = qs.filter(~notes)
+        if value("corrected") in ("yes", "no"):
+            qs = qs.alias(_gw_corrected=corrected_reward()).filter(_gw_corrected__isnull=value("corrected") == "no")
+        return qs

@@ -1,0 +1,351 @@
+"""Review pages and actions: labels, notes and corrected rewards on a rollout, review mode, the
+Labels page, datasets from a selection, the SFT export and the account page (API tokens).
+
+Plain function views, thin: the rules live in ``actions``, ``progress``, ``selection``,
+``curated`` and ``tokens``. Every write is a POST with Django's CSRF check. The rollout actions
+answer an HTMX request with the review panel alone (``rollouts/review/panel.html``) and a plain
+form post with a redirect back to the page it came from. Access goes through the run pages' own
+rule (``rollouts.web.views._run_for``): every signed-in user sees every run.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST, require_safe
+
+from rollouts.models import ApiToken, Dataset, Label, Note, Rollout, Run
+from rollouts.review import actions, curated, progress, selection, sft, tokens
+from rollouts.review.actions import ReviewError
+from rollouts.review.aggregates import review_counts, reward_aggregates
+from rollouts.web.forms import RunForm, filtered_rollouts
+from rollouts.web.htmx import vary_on_htmx, wants_partial
+from rollouts.web.views import _run_for
+
+REVIEW_PARAM = "review"
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _rollout_for(request, run_id: int, rollout_id: int) -> Rollout:
+    run = _run_for(request, run_id)
+    return get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run=run)
+
+
+def _back(request, fallback: str) -> HttpResponseRedirect:
+    """Back to the page the form was on (``next``, same site only), else ``fallback``."""
+    target = request.POST.get("next") or ""
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        target = fallback
+    return HttpResponseRedirect(target)
+
+
+def _list_form(run: Run, params):
+    """The filtered, sorted list of review mode and its filter form, read from ``params``."""
+    return filtered_rollouts(run, params)
+
+
+def _review_list_for(request, run: Run, form, create: bool = True):
+    return progress.get_list(request.user, run, form, create=create)
+
+
+def _mark_if_reviewing(request, rollout: Rollout) -> None:
+    """A label, note or correction made in review mode counts the rollout as reviewed there."""
+    if request.POST.get(REVIEW_PARAM):
+        _qs, form = _list_form(rollout.run, request.POST)
+        progress.mark(_review_list_for(request, rollout.run, form), rollout)
+
+
+def review_context(request, rollout: Rollout, nav: Optional[dict] = None, params=None) -> dict[str, Any]:
+    """What the trajectory page needs for its review panel (``rollouts/review/panel.html``): the
+    rollout's labels, notes and correction, and in review mode (``review=1`` in ``params``, default
+    the querystring) the list's progress and the previous/next targets. ``nav`` is the page's own
+    neighbours in the list (``trajectory_views.neighbours``), if it has them."""
+    params = request.GET if params is None else params
+    state = actions.review_state(rollout)
+    back = params.get("next") if request.method == "POST" else request.get_full_path()
+    context: dict[str, Any] = {"review": state, "review_mode": False, "review_rollout": rollout, "review_back": back or ""}
+    if params.get(REVIEW_PARAM):
+        qs, form = _list_form(rollout.run, params)
+        review_list = _review_list_for(request, rollout.run, form, create=False)
+        reviewed, total = progress.progress(review_list, qs)
+        if nav is None:
+            from rollouts.web.trajectory_views import neighbours
+
+            nav = neighbours(rollout, params)
+        list_qs = form.querystring()
+        prev_url = ""
+        if nav.get("prev_id"):
+            prev_url = reverse("rollout", args=[rollout.run_id, nav["prev_id"]]) + "?" + "&".join(p for p in (list_qs, "review=1") if p)
+        context.update(
+            review_mode=True,
+            review_reviewed=reviewed,
+            review_total=total,
+            review_percent=100.0 * reviewed / total if total else 0.0,
+            review_filter_params=list(form.params().items()),
+            review_list_qs=list_qs,
+            review_prev_url=prev_url,
+            review_has_next=bool(nav.get("next_id")),
+            review_run_url=reverse("run", args=[rollout.run_id]) + (f"?{list_qs}" if list_qs else ""),
+        )
+    return context
+
+
+def _panel_response(request, rollout: Rollout, status: int = 200, error: str = ""):
+    """The review panel alone (HTMX), rendered as the page would, in or out of review mode."""
+    params = request.POST if request.method == "POST" else request.GET  # review mode follows the form
+    context = review_context(request, rollout, params=params)
+    context.update(run=rollout.run, rollout=rollout, review_error=error)
+    return vary_on_htmx(render(request, "rollouts/review/panel.html", context, status=status))
+
+
+def _after_action(request, rollout: Rollout, error: str = ""):
+    if wants_partial(request):
+        return _panel_response(request, rollout, status=400 if error else 200, error=error)
+    if error:
+        messages.error(request, error)
+    return _back(request, rollout.get_absolute_url())
+
+
+# -- rollout actions -------------------------------------------------------------------------------
+@login_required
+@require_POST
+def rollout_label(request, run_id, rollout_id):
+    """Toggle a label (``label``: its name) on a rollout; ``on=1``/``on=0`` sets it instead."""
+    rollout = _rollout_for(request, run_id, rollout_id)
+    try:
+        label = actions.find_label(request.POST.get("label"))
+        on = request.POST.get("on")
+        if on in ("0", "1"):
+            actions.set_label(rollout, label, on == "1", request.user)
+        else:
+            actions.toggle_label(rollout, label, request.user)
+    except ReviewError as exc:
+        return _after_action(request, rollout, str(exc))
+    _mark_if_reviewing(request, rollout)
+    return _after_action(request, rollout)
+
+
+@login_required
+@require_POST
+def rollout_note(request, run_id, rollout_id):
+    """Add a note (``text``; ``item``: an item number, optional) to a rollout."""
+    rollout = _rollout_for(request, run_id, rollout_id)
+    try:
+        actions.add_note(rollout, request.POST.get("text"), request.user, item=request.POST.get("item"))
+    except ReviewError as exc:
+        return _after_action(request, rollout, str(exc))
+    _mark_if_reviewing(request, rollout)
+    return _after_action(request, rollout)
+
+
+@login_required
+@require_POST
+def note_delete(request, run_id, rollout_id, note_id):
+    rollout = _rollout_for(request, run_id, rollout_id)
+    note = get_object_or_404(Note, pk=note_id, rollout=rollout)
+    try:
+        actions.delete_note(note, request.user)
+    except ReviewError as exc:
+        if not wants_partial(request):
+            return _after_action(request, rollout, str(exc))
+        return _panel_response(request, rollout, status=403, error=str(exc))
+    return _after_action(request, rollout)
+
+
+@login_required
+@require_POST
+def rollout_correction(request, run_id, rollout_id):
+    """Record a corrected reward (``reward``, ``reason``), or withdraw it (``withdraw=1``)."""
+    rollout = _rollout_for(request, run_id, rollout_id)
+    try:
+        if request.POST.get("withdraw"):
+            actions.withdraw_correction(rollout, request.user, request.POST.get("reason"))
+        else:
+            actions.correct_reward(rollout, request.POST.get("reward"), request.POST.get("reason"), request.user)
+    except ReviewError as exc:
+        return _after_action(request, rollout, str(exc))
+    _mark_if_reviewing(request, rollout)
+    return _after_action(request, rollout)
+
+
+# -- review mode -----------------------------------------------------------------------------------
+def _review_url(run_id: int, rollout_id: int, list_qs: str) -> str:
+    return reverse("rollout", args=[run_id, rollout_id]) + "?" + "&".join(p for p in (list_qs, "review=1") if p)
+
+
+@login_required
+@require_safe
+def review_start(request, run_id):
+    """Review mode for the list this querystring filters: the first rollout not reviewed yet, or,
+    when every one is, the list's summary."""
+    run = _run_for(request, run_id)
+    qs, form = _list_form(run, request.GET)
+    review_list = _review_list_for(request, run, form, create=False)
+    target = progress.first_unreviewed(review_list, qs)
+    list_qs = form.querystring()
+    if target is not None and not request.GET.get("summary"):
+        return redirect(_review_url(run.pk, target, list_qs))
+    reviewed, total = progress.progress(review_list, qs)
+    first = qs.values_list("id", flat=True).first()
+    context = {
+        "run": run, "filter": form, "list_qs": list_qs, "reviewed": reviewed, "total": total,
+        "first_url": _review_url(run.pk, first, list_qs) if first else "",
+        "next_url": _review_url(run.pk, target, list_qs) if target else "",
+        "run_url": reverse("run", args=[run.pk]) + (f"?{list_qs}" if list_qs else ""),
+        "filter_params": list(form.params().items()),
+    }
+    return render(request, "rollouts/review/review_done.html", context)
+
+
+@login_required
+@require_POST
+def review_next(request, run_id):
+    """``j`` in review mode: count ``rollout`` (POST) as reviewed in the list (the POSTed filter)
+    and go to the next rollout of the list; past the last one, to the list's summary."""
+    run = _run_for(request, run_id)
+    qs, form = _list_form(run, request.POST)
+    rollout = get_object_or_404(Rollout, pk=request.POST.get("rollout") or 0, run=run)
+    review_list = _review_list_for(request, run, form)
+    progress.mark(review_list, rollout)
+    from rollouts.web.trajectory_views import neighbours
+
+    nav = neighbours(rollout, request.POST)
+    list_qs = form.querystring()
+    if nav.get("next_id"):
+        return redirect(_review_url(run.pk, nav["next_id"], list_qs))
+    # The end of the list: anything skipped is still to do.
+    return redirect(reverse("review_start", args=[run.pk]) + "?" + "&".join(p for p in (list_qs, "summary=1") if p))
+
+
+@login_required
+@require_POST
+def review_reset(request, run_id):
+    """Start the list's review over (forget which rollouts were reviewed in it)."""
+    run = _run_for(request, run_id)
+    _qs, form = _list_form(run, request.POST)
+    review_list = _review_list_for(request, run, form, create=False)
+    n = progress.reset(review_list) if review_list else 0
+    messages.info(request, f"Review progress reset ({n} rollout{'' if n == 1 else 's'} unmarked).")
+    list_qs = form.querystring()
+    return redirect(reverse("review_start", args=[run.pk]) + (f"?{list_qs}" if list_qs else ""))
+
+
+# -- labels page -----------------------------------------------------------------------------------
+@login_required
+def labels_page(request):
+    """Every label with how many rollouts carry it; add one; move one up (keys 1–9 go to the first nine)."""
+    error = ""
+    if request.method == "POST":
+        try:
+            label = actions.create_label(request.POST.get("name"), request.POST.get("description", ""), request.user)
+        except ReviewError as exc:
+            error = str(exc)
+        else:
+            messages.success(request, f"Label “{label.name}” added.")
+            return redirect("labels")
+    labels = list(Label.objects.annotate(n=Count("uses")).order_by("position", "id"))
+    context = {"labels": labels, "error": error, "name": request.POST.get("name", "") if error else "",
+               "keyed": actions.KEYED_LABELS}
+    return render(request, "rollouts/review/labels.html", context, status=400 if error else 200)
+
+
+@login_required
+@require_POST
+def label_up(request, label_id):
+    actions.move_label_up(get_object_or_404(Label, pk=label_id))
+    return redirect("labels")
+
+
+# -- dataset from a selection ----------------------------------------------------------------------
+@login_required
+@require_POST
+def selection_dataset(request, run_id):
+    """The tasks of the POSTed filter's list become a new dataset; then the new-run form for it."""
+    run = _run_for(request, run_id)
+    qs, form = _list_form(run, request.POST)
+    try:
+        dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user)
+    except ReviewError as exc:
+        messages.error(request, str(exc))
+        return _back(request, run.get_absolute_url())
+    messages.success(request, f"Dataset #{dataset.pk} made from {dataset.num_rows} task{'' if dataset.num_rows == 1 else 's'} of this list: "
+                              "set the agent URL and start the run.")
+    return redirect("dataset_new_run", dataset.pk)
+
+
+@login_required
+@require_safe
+def dataset_new_run(request, dataset_id):
+    """The new-run form, filled in for a dataset (for one made from a selection: with its source
+    run's env and knobs). It posts to the ordinary new-run view, which validates it."""
+    dataset = get_object_or_404(Dataset.objects.select_related("source_run"), pk=dataset_id)
+    form = RunForm(initial=selection.new_run_initial(dataset))
+    return render(request, "rollouts/run_new.html", {"form": form, "file_dropped": False, "from_dataset": dataset})
+
+
+# -- SFT export ------------------------------------------------------------------------------------
+@login_required
+@require_safe
+def run_export_sft(request, run_id):
+    """The selection's succeeded trajectories in the OpenAI chat format (``rollouts.review.sft``).
+    Querystring: the rollout filter, ``reasoning=keep|think|drop``, ``reward_source``, ``metadata=1``."""
+    run = _run_for(request, run_id)
+    reasoning = request.GET.get("reasoning") or "keep"
+    if reasoning not in sft.REASONING_MODES:
+        raise Http404(f"reasoning must be one of {', '.join(sft.REASONING_MODES)}")
+    qs, form = filtered_rollouts(run, request.GET)
+    options = curated.ExportOptions.from_params(request.GET)
+    lines = curated.sft_lines(run, qs if form.active else None, options, reasoning=reasoning,
+                              metadata=request.GET.get("metadata") in curated.TRUE)
+    response = curated.streaming_response(lines, f"run-{run.pk}_sft.jsonl", options)
+    response["X-Gymweb-Reasoning"] = reasoning
+    return response
+
+
+def curated_export_response(request, run: Run, kind: str):
+    """The run page's download of file ``kind`` when curated options are asked for (``review=1``,
+    ``reward_source=corrected``); None for a plain download (``rollouts.web.views.run_export``
+    serves that, unchanged)."""
+    options = curated.ExportOptions.from_params(request.GET)
+    if options.plain:
+        return None
+    qs, form = filtered_rollouts(run, request.GET)
+    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), f"{kind}.jsonl", options)
+
+
+# -- the run page's review card --------------------------------------------------------------------
+def run_review_context(request, run: Run) -> dict[str, Any]:
+    """The run page's review card: labels and notes counts, rewards both ways, the review lists of
+    this user, and where the run's tasks came from."""
+    return {"review_counts": review_counts(run), "review_rewards": reward_aggregates(run)}
+
+
+# -- account page: API tokens ----------------------------------------------------------------------
+@login_required
+def account(request):
+    """The user's page: their API tokens (name, prefix, created, last used), a form to make one
+    (shown once, right after) and revoke buttons."""
+    if request.method == "POST":
+        _row, token = tokens.create_token(request.user, request.POST.get("name", ""))
+        request.session["gymweb_new_token"] = token  # shown once on the next page, then dropped
+        return redirect("account")
+    new_token = request.session.pop("gymweb_new_token", None)
+    context = {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token}
+    response = render(request, "rollouts/review/account.html", context)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def token_delete(request, token_id):
+    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)  # another user's: 404
+    token.delete()
+    messages.success(request, f"Token “{token.name}” revoked.")
+    return redirect("account")
