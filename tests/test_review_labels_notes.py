@@ -47,26 +47,26 @@ def test_an_instance_starts_with_the_five_labels_in_key_order(db):
 
 def test_a_label_toggles_on_and_off_and_keeps_who_and_when(signed_in, user, run):
     r = key(run, 0)
-    response = signed_in.post(label_url(r), {"label": "reward-hack", "next": r.get_absolute_url()})
+    response = signed_in.post(label_url(r), {"label_name": "reward-hack", "next": r.get_absolute_url()})
     assert response.status_code == 302 and response["Location"] == r.get_absolute_url()
     use = RolloutLabel.objects.get(rollout=r)
     assert use.label.name == "reward-hack" and use.created_by == user and use.created is not None
-    signed_in.post(label_url(r), {"label": "reward-hack"})
+    signed_in.post(label_url(r), {"label_name": "reward-hack"})
     assert not RolloutLabel.objects.filter(rollout=r).exists()
 
 
 def test_on_sets_a_label_without_toggling(signed_in, run):
     r = key(run, 0)
     for _ in range(2):
-        signed_in.post(label_url(r), {"label": "good", "on": "1"})
+        signed_in.post(label_url(r), {"label_name": "good", "on": "1"})
     assert RolloutLabel.objects.filter(rollout=r).count() == 1
-    signed_in.post(label_url(r), {"label": "good", "on": "0"})
+    signed_in.post(label_url(r), {"label_name": "good", "on": "0"})
     assert not RolloutLabel.objects.filter(rollout=r).exists()
 
 
 def test_an_htmx_toggle_returns_the_panel_alone(signed_in, run):
     r = key(run, 0)
-    response = signed_in.post(label_url(r), {"label": "good"}, HTTP_HX_REQUEST="true")
+    response = signed_in.post(label_url(r), {"label_name": "good"}, HTTP_HX_REQUEST="true")
     html = response.content.decode()
     assert response.status_code == 200 and "<html" not in html
     assert 'id="review-panel"' in html and 'aria-pressed="true"' in html and "HX-Request" in response["Vary"]
@@ -74,20 +74,20 @@ def test_an_htmx_toggle_returns_the_panel_alone(signed_in, run):
 
 def test_an_unknown_label_is_a_clear_error_and_stores_nothing(signed_in, run):
     r = key(run, 0)
-    response = signed_in.post(label_url(r), {"label": "nope"}, HTTP_HX_REQUEST="true")
+    response = signed_in.post(label_url(r), {"label_name": "nope"}, HTTP_HX_REQUEST="true")
     assert response.status_code == 400 and "no label &#x27;nope&#x27;" in response.content.decode()
     assert not RolloutLabel.objects.exists()
 
 
 def test_a_redirect_back_never_leaves_the_site(signed_in, run):
     r = key(run, 0)
-    response = signed_in.post(label_url(r), {"label": "good", "next": "https://evil.example/"})
+    response = signed_in.post(label_url(r), {"label_name": "good", "next": "https://evil.example/"})
     assert response["Location"] == r.get_absolute_url()
 
 
 def test_actions_need_a_signed_in_user(client, run):
     r = key(run, 0)
-    for url, data in ((label_url(r), {"label": "good"}), (note_url(r), {"text": "x"}), (correction_url(r), {"reward": 1, "reason": "x"})):
+    for url, data in ((label_url(r), {"label_name": "good"}), (note_url(r), {"text": "x"}), (correction_url(r), {"reward": 1, "reason": "x"})):
         response = client.post(url, data)
         assert response.status_code == 302 and reverse("login") in response["Location"]
     assert not RolloutLabel.objects.exists() and not Note.objects.exists() and not RewardCorrection.objects.exists()
@@ -97,7 +97,7 @@ def test_actions_refuse_a_post_without_the_csrf_token(user, run):
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user)
     r = key(run, 0)
-    for url, data in ((label_url(r), {"label": "good"}), (note_url(r), {"text": "x"}), (correction_url(r), {"reward": 1, "reason": "x"}),
+    for url, data in ((label_url(r), {"label_name": "good"}), (note_url(r), {"text": "x"}), (correction_url(r), {"reward": 1, "reason": "x"}),
                       (reverse("labels"), {"name": "new-one"})):
         assert strict.post(url, data).status_code == 403
     assert not RolloutLabel.objects.exists() and not Note.objects.exists() and not RewardCorrection.objects.exists()
@@ -112,7 +112,7 @@ def test_actions_refuse_get(signed_in, run):
 def test_a_rollout_of_another_run_is_404(signed_in, run):
     other = make_run(1)
     r = key(run, 0)
-    assert signed_in.post(reverse("review_label", args=[other.pk, r.pk]), {"label": "good"}).status_code == 404
+    assert signed_in.post(reverse("review_label", args=[other.pk, r.pk]), {"label_name": "good"}).status_code == 404
 
 
 def test_a_note_on_the_rollout_and_one_on_an_item(signed_in, user, db):

@@ -116,10 +116,11 @@ def _after_action(request, rollout: Rollout, error: str = ""):
 @login_required
 @require_POST
 def rollout_label(request, run_id, rollout_id):
-    """Toggle a label (``label``: its name) on a rollout; ``on=1``/``on=0`` sets it instead."""
+    """Toggle a label (``label_name``) on a rollout; ``on=1``/``on=0`` sets it instead. (Not
+    ``label``: in review mode the form also carries the list's filter, which may have a ``label``.)"""
     rollout = _rollout_for(request, run_id, rollout_id)
     try:
-        label = actions.find_label(request.POST.get("label"))
+        label = actions.find_label(request.POST.get("label_name"))
         on = request.POST.get("on")
         if on in ("0", "1"):
             actions.set_label(rollout, label, on == "1", request.user)
