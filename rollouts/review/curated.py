@@ -30,7 +30,7 @@ from django.http import StreamingHttpResponse
 from rollouts.collection import export
 from rollouts.models import Note, RewardCorrection, Rollout, RolloutLabel, Run
 from rollouts.review import sft
-from rollouts.review.filters import CORRECTED, ORIGINAL
+from rollouts.review.filters import CORRECTED, ORIGINAL  # noqa: F401 (ORIGINAL: re-exported)
 
 CHUNK = 500
 TRUE = ("1", "true", "yes", "on")

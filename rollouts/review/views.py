@@ -314,10 +314,18 @@ def curated_export_response(request, run: Run, kind: str):
     ``reward_source=corrected``); None for a plain download (``rollouts.web.views.run_export``
     serves that, unchanged)."""
     options = curated.ExportOptions.from_params(request.GET)
-    if options.plain:
-        return None
+    if options.plain or kind not in ("rollouts", "rollouts_failures"):
+        return None  # the materialised inputs have no reward and no review
     qs, form = filtered_rollouts(run, request.GET)
     return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), f"{kind}.jsonl", options)
+
+
+def say_plain_export(response):
+    """Mark a plain download as using the env's reward and carrying no review (the headers every
+    curated download sets too)."""
+    response["X-Gymweb-Reward-Source"] = curated.ORIGINAL
+    response["X-Gymweb-Review"] = "omitted"
+    return response
 
 
 # -- the run page's review card --------------------------------------------------------------------

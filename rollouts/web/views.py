@@ -243,7 +243,7 @@ def run_export(request, run_id, kind):
     if kind not in EXPORT_KINDS:
         raise Http404("unknown export")
     run = _run_for(request, run_id)
-    from rollouts.review.views import curated_export_response  # labels, corrected rewards (issue 13)
+    from rollouts.review.views import curated_export_response, say_plain_export  # issue 13
 
     curated = curated_export_response(request, run, kind)
     if curated is not None:
@@ -262,4 +262,5 @@ def run_export(request, run_id, kind):
     name = export_filename(run.pk, kind, filt if kind != "rollouts_materialized_inputs" else None)
     response["Content-Disposition"] = content_disposition_header(True, name)
     response["X-Content-Type-Options"] = "nosniff"
+    say_plain_export(response)  # X-Gymweb-Reward-Source: original, X-Gymweb-Review: omitted
     return response
