@@ -25,6 +25,7 @@ from django.shortcuts import get_object_or_404
 from ninja import File, Form, NinjaAPI, Schema
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
+from ninja.responses import Status
 from ninja.security import HttpBearer
 from pydantic import Field
 
@@ -297,7 +298,7 @@ def _rollout_out(request, r: Rollout, labels: list[str], notes: int, corrected: 
     return {
         "id": r.pk, "run": r.run_id, "task_index": r.task_index, "rollout_index": r.rollout_index, "attempt": r.attempt,
         "status": r.status, "reward": r.reward, "corrected_reward": corrected, "failure_kind": r.failure_kind,
-        "error": getattr(r, "error_head", None) if hasattr(r, "error_head") else (r.error or "")[:500],
+        "error": r.error_head if hasattr(r, "error_head") else (r.error or "")[:500],
         "terminal": r.terminal, "duration_ms": r.duration_ms, "num_agent_calls": r.num_agent_calls,
         "num_tool_calls": r.num_tool_calls, "total_tokens": r.total_tokens if r.usage_reported else None,
         "labels": labels, "notes": notes, "url": _absolute(request, r.get_absolute_url()),
@@ -355,7 +356,7 @@ def create_dataset(request, file: UploadedFile = File(..., description="NeMo Gym
         err.errors = {"file": [str(exc)]}
         raise err from None
     dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user)
-    return 201, _dataset_out(dataset)
+    return Status(201, _dataset_out(dataset))
 
 
 @api.get("/datasets/{dataset_id}", response=DatasetOut, summary="One dataset")
@@ -383,7 +384,7 @@ def create_run(request, payload: RunIn):
     if not form.is_valid():
         raise _form_error(form)
     run, _reused = _launch_from_form(form, request.user)
-    return 201, _run_out(request, run)
+    return Status(201, _run_out(request, run))
 
 
 @api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")
@@ -475,7 +476,7 @@ def selection_dataset(request, run_id: int, name: str = ""):
         dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user, name=name or None)
     except ReviewError as exc:
         raise _review_error(exc) from None
-    return 201, _dataset_out(dataset)
+    return Status(201, _dataset_out(dataset))
 
 
 # -- rollouts ------------------------------------------------------------------------------------
@@ -531,7 +532,7 @@ def add_note(request, rollout_id: int, payload: NoteIn):
         note = actions.add_note(rollout, payload.text, request.user, item=payload.item)
     except ReviewError as exc:
         raise _review_error(exc) from None
-    return 201, {"id": note.pk, "text": note.text, "item": note.item_seq, "by": request.user.get_username(), "at": note.created}
+    return Status(201, {"id": note.pk, "text": note.text, "item": note.item_seq, "by": request.user.get_username(), "at": note.created})
 
 
 @api.post("/rollouts/{rollout_id}/correction", response={200: RolloutDetailOut, 400: Error}, summary="Record a corrected reward")
@@ -564,4 +565,4 @@ def create_label(request, payload: NewLabelIn):
         lab = actions.create_label(payload.name, payload.description, request.user)
     except ReviewError as exc:
         raise _review_error(exc) from None
-    return 201, {"name": lab.name, "description": lab.description, "position": lab.position}
+    return Status(201, {"name": lab.name, "description": lab.description, "position": lab.position})
