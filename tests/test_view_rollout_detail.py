@@ -580,6 +580,8 @@ def test_a_500_item_rollout_renders_every_item_with_a_fixed_number_of_queries(si
                       {"origin": "gym", "latency_ms": 3.0, "tool_status": 200}))
         items.append((step, msg("progress " * 30), {}))
     rollout = make_rollout(run, task, calls=calls, items=items)
-    with django_assert_max_num_queries(10):  # session, user, rollout, calls, items, attempts, prev/next (3 keyset queries)
+    # session, user, rollout, calls, items, attempts, prev/next (3 keyset queries), and the review
+    # panel: labels with this rollout's, its notes, its corrections (issue 13)
+    with django_assert_max_num_queries(13):
         html = page(signed_in, rollout)
     assert html.count('class="item ') == 500 + 1  # + the task input message

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Exists, Max, OuterRef, Subquery
 
 from rollouts.models import Label, Note, RewardCorrection, Rollout, RolloutLabel, TrajectoryItem
 
@@ -184,11 +184,15 @@ class ReviewState:
 
 
 def review_state(rollout: Rollout) -> ReviewState:
-    """Three small queries: the labels (with this rollout's), its notes, its corrections."""
-    uses = {u.label_id: u for u in RolloutLabel.objects.filter(rollout=rollout).select_related("created_by")}
+    """Three small queries: the labels (each with this rollout's use of it: who, when), its notes,
+    its corrections."""
+    uses = RolloutLabel.objects.filter(rollout=rollout, label=OuterRef("pk"))
+    rows = Label.objects.order_by("position", "id").annotate(
+        use_at=Subquery(uses.values("created")[:1]), use_by=Subquery(uses.values("created_by__username")[:1]),
+        used=Exists(uses))
     labels = []
-    for n, label in enumerate(Label.objects.order_by("position", "id")):
-        use = uses.get(label.pk)
+    for n, label in enumerate(rows):
+        use = {"created": label.use_at, "by": label.use_by} if label.used else None
         labels.append({"label": label, "on": use is not None, "use": use, "key": str(n + 1) if n < KEYED_LABELS else ""})
     history = list(RewardCorrection.objects.filter(rollout=rollout).select_related("created_by").order_by("id"))
     current = history[-1] if history and history[-1].reward is not None else None

@@ -309,8 +309,7 @@ def _rollout_detail(request, rollout: Rollout) -> dict[str, Any]:
     state = actions.review_state(rollout)
     corr = state.correction
     out = _rollout_out(request, rollout, [e["label"].name for e in state.on], len(state.notes), corr.reward if corr else None)
-    out["label_uses"] = [{"name": e["label"].name, "by": e["use"].created_by.get_username() if e["use"].created_by else None,
-                          "at": e["use"].created} for e in state.on]
+    out["label_uses"] = [{"name": e["label"].name, "by": e["use"]["by"], "at": e["use"]["created"]} for e in state.on]
     out["note_list"] = [{"id": n.pk, "text": n.text, "item": n.item_seq, "by": n.created_by.get_username() if n.created_by else None,
                          "at": n.created} for n in state.notes]
     out["correction"] = None if corr is None else {

@@ -54,16 +54,23 @@ class ReviewFilterFields(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        names = list(Label.objects.order_by("position", "id").values_list("name", flat=True))
+        self._label_names: list[str] | None = None
         data = self.data or {}
         for field, first in (("label", [("", "any label"), (NO_LABEL, "(no label)")]), ("not_label", [("", "—")])):
-            choices = first + [(n, n) for n in names]
-            wanted = data.get(field)
-            if wanted and wanted not in dict(choices):  # a permalink to a label since removed: empty result
-                choices.append((wanted, wanted))
-            self.fields[field].choices = choices
+            # Lazy: the labels are read only when a value is validated or the field is rendered.
+            self.fields[field].choices = self._label_choices(first, data.get(field))
         for name in REVIEW_FILTER_FIELDS:  # after the subclass's own fields
             self.fields[name] = self.fields.pop(name)
+
+    def _label_choices(self, first: list, wanted: Any):
+        def choices() -> list:
+            if self._label_names is None:
+                self._label_names = list(Label.objects.order_by("position", "id").values_list("name", flat=True))
+            out = first + [(n, n) for n in self._label_names]
+            if wanted and wanted not in dict(out):  # a permalink to a label since removed: empty result
+                out.append((wanted, wanted))
+            return out
+        return choices
 
     def reward_column(self, qs: QuerySet) -> tuple[QuerySet, str]:
         """``(qs, name)``: the column the reward bounds read (``reward_source``)."""
