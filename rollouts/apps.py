@@ -42,6 +42,8 @@ class RolloutsConfig(AppConfig):
         from django_q.signals import post_spawn
 
         import gymweb.checks  # noqa: F401  (registers the deploy checks)
+        from rollouts.review.actions import ensure_default_labels
 
         post_migrate.connect(_ensure_supervisor, sender=self)
+        post_migrate.connect(ensure_default_labels, sender=self, dispatch_uid="gymweb-default-labels")
         post_spawn.connect(_on_worker_spawn, dispatch_uid="gymweb-worker-spawn")

@@ -118,3 +118,11 @@ def test_the_openapi_schema_is_served_and_lists_the_actions(client, db):
                  "/api/v1/rollouts/{rollout_id}/labels", "/api/v1/rollouts/{rollout_id}/notes", "/api/v1/runs/{run_id}/sft.jsonl"):
         assert path in paths, path
     assert schema["components"]["securitySchemes"] == {"TokenAuth": {"type": "http", "scheme": "bearer"}}
+
+
+def test_a_script_with_a_token_needs_no_csrf_token(user, run):
+    _row, token = create_token(user, "script")
+    strict = Client(enforce_csrf_checks=True)
+    response = strict.post(f"{API}/labels", '{"name": "from-a-script"}', content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 201

@@ -269,3 +269,16 @@ def test_the_run_page_review_card_shows_rewards_both_ways(signed_in, user, run):
     # env: successes 1, 0, 1 → 0.6667; corrected: 1, 1, 1 → 1.0
     assert 'id="reward-mean-corrected">1.0000<' in html and "0.6667" in html
     assert "1 corrected reward" in html
+
+
+def test_a_flushed_label_table_gets_the_default_set_back_but_a_team_s_set_is_left_alone(db):
+    from django.db.models.signals import post_migrate
+    from django.apps import apps
+
+    Label.objects.all().delete()
+    post_migrate.send(sender=apps.get_app_config("rollouts"), app_config=apps.get_app_config("rollouts"), verbosity=0,
+                      interactive=False, using="default", apps=apps, plan=[])
+    assert list(Label.objects.values_list("name", flat=True)) == ["good", "bad", "reward-hack", "verifier-wrong", "env-bug"]
+    Label.objects.exclude(name="good").delete()
+    assert actions.ensure_default_labels() == 0
+    assert list(Label.objects.values_list("name", flat=True)) == ["good"]

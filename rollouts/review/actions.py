@@ -19,6 +19,15 @@ LABEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
 NOTE_MAX_CHARS = 20_000
 REASON_MAX_CHARS = 5_000
 KEYED_LABELS = 9  # keys 1–9 in review mode
+# The set every instance starts with (issue 13); migration 0012 stores it, and
+# ``ensure_default_labels`` again whenever the table is empty (a flushed database).
+DEFAULT_LABELS = [
+    ("good", "a trajectory worth training on"),
+    ("bad", "a trajectory not to train on"),
+    ("reward-hack", "the reward was earned by gaming the verifier"),
+    ("verifier-wrong", "the verifier scored it wrongly: see the corrected reward"),
+    ("env-bug", "the environment misbehaved"),
+]
 
 
 class ReviewError(ValueError):
@@ -41,6 +50,15 @@ def clean_label_name(name: Any) -> str:
             "label",
         )
     return text
+
+
+def ensure_default_labels(**_kwargs) -> int:
+    """Store ``DEFAULT_LABELS`` when the instance has no label at all (never brings back one a team
+    removed from a set it has). Connected to ``post_migrate``. Returns how many were made."""
+    if Label.objects.exists():
+        return 0
+    Label.objects.bulk_create([Label(name=n, description=d, position=i) for i, (n, d) in enumerate(DEFAULT_LABELS)], ignore_conflicts=True)
+    return len(DEFAULT_LABELS)
 
 
 def create_label(name: Any, description: str = "", user=None) -> Label:
