@@ -155,3 +155,13 @@ def test_next_with_a_rollout_of_another_run_is_404(signed_in, run):
 def test_the_run_page_links_review_mode_to_the_filtered_list(signed_in, run):
     html = signed_in.get(reverse("run", args=[run.pk]) + "?reward_min=1").content.decode()
     assert f'href="{reverse("review_start", args=[run.pk])}?reward_min=1.0"' in html and "Review these" in html
+
+
+def test_j_on_a_rollout_that_left_the_list_goes_on_with_the_list(signed_in, user, run):
+    # Reviewing unlabelled rollouts: label the first (it leaves the list), then j.
+    r = key(run, 0)
+    actions.set_label(r, actions.find_label("good"), True, user)
+    response = next_(signed_in, run, r, {"label": "-"})
+    assert response["Location"] == reverse("review_start", args=[run.pk]) + "?label=-"
+    rollout_id, params = target(signed_in.get(response["Location"]))
+    assert rollout_id == key(run, 1).pk and params["label"] == "-"

@@ -220,6 +220,10 @@ def review_next(request, run_id):
     list_qs = form.querystring()
     if nav.get("next_id"):
         return redirect(_review_url(run.pk, nav["next_id"], list_qs))
+    if nav.get("position") is None:
+        # It left the list while being reviewed (say a label on a list of unlabelled ones): go on
+        # with the first rollout of the list not reviewed yet.
+        return redirect(reverse("review_start", args=[run.pk]) + (f"?{list_qs}" if list_qs else ""))
     # The end of the list: anything skipped is still to do.
     return redirect(reverse("review_start", args=[run.pk]) + "?" + "&".join(p for p in (list_qs, "summary=1") if p))
 
