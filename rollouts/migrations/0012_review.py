@@ -29,7 +29,7 @@ def remove_default_labels(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('rollouts', '0005_fill_rollout_profile_json'),
+        ('rollouts', '0009_health_and_reverify'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
