@@ -346,7 +346,7 @@ class Label(models.Model):
     ``position`` orders them; the first nine answer keys 1–9 in review mode."""
 
     name = models.CharField(max_length=40, unique=True)
-    description = models.CharField(max_length=200, blank=True)
+    description = LosslessCharField(max_length=200, blank=True)
     position = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -378,7 +378,7 @@ class Note(models.Model):
 
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="notes")
     item_seq = models.PositiveIntegerField(null=True, blank=True)
-    text = models.TextField()
+    text = LosslessTextField()
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
@@ -394,7 +394,7 @@ class RewardCorrection(models.Model):
 
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="reward_corrections")
     reward = models.FloatField(null=True, blank=True)
-    reason = models.TextField(blank=True)
+    reason = LosslessTextField(blank=True)
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
@@ -433,7 +433,7 @@ class ApiToken(models.Model):
     shown once, when it is created. ``prefix`` (its first characters) tells tokens apart."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=100)
+    name = LosslessCharField(max_length=100)
     prefix = models.CharField(max_length=16)
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)

@@ -282,3 +282,13 @@ def test_a_flushed_label_table_gets_the_default_set_back_but_a_team_s_set_is_lef
     Label.objects.exclude(name="good").delete()
     assert actions.ensure_default_labels() == 0
     assert list(Label.objects.values_list("name", flat=True)) == ["good"]
+
+
+def test_notes_and_reasons_keep_any_text_on_every_backend(signed_in, user, run):
+    # PostgreSQL's text columns refuse U+0000; review text is stored losslessly (rollouts.lossless).
+    r = key(run, 1)
+    actions.add_note(r, "a\x00b \ufdd0 c", user)
+    actions.correct_reward(r, 1.0, "nul\x00here", user)
+    assert Note.objects.get(rollout=r).text == "a\x00b \ufdd0 c"
+    assert actions.current_correction(r).reason == "nul\x00here"
+    assert signed_in.get(r.get_absolute_url()).status_code == 200

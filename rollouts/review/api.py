@@ -32,6 +32,7 @@ from pydantic import Field
 from rollouts.collection import runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.evaluation import metrics
+from rollouts.lossless import LosslessTextField
 from rollouts.models import Dataset, Label, Rollout, Run
 from rollouts.review import actions, curated, selection, sft
 from rollouts.review.actions import ReviewError
@@ -491,7 +492,7 @@ def list_rollouts(request, run_id: int, limit: int = 100, offset: int = 0,
     limit, offset = max(1, min(limit, MAX_PAGE)), max(offset, 0)
     count = qs.order_by().count()
     ids = list(qs.values_list("id", flat=True)[offset: offset + limit])
-    loaded = (Rollout.objects.filter(id__in=ids).annotate(error_head=Substr("error", 1, 500), corrected=corrected_reward())
+    loaded = (Rollout.objects.filter(id__in=ids).annotate(error_head=Substr("error", 1, 500, output_field=LosslessTextField()), corrected=corrected_reward())
               .defer("verify_json", "profile_json", "partial_response_json").in_bulk())
     page = [loaded[i] for i in ids if i in loaded]
     actions.attach_to_rows(page)
