@@ -126,3 +126,12 @@ def test_the_run_page_offers_the_curated_downloads_for_its_filter(signed_in, run
     html = signed_in.get(reverse("run", args=[run.pk]) + "?label=good").content.decode()
     assert 'id="curated-export"' in html and '<input type="hidden" name="label" value="good">' in html
     assert reverse("run_export_sft", args=[run.pk]) in html
+
+
+def test_download_names_say_the_review_filter(signed_in, run):
+    response = signed_in.get(url(run, "rollouts", "label=good&review=1"))
+    assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}_rollouts_label-good.jsonl"'
+    response = signed_in.get(url(run, "rollouts", "label=-&notes=yes"))
+    assert f"run-{run.pk}_rollouts_label-none_notes-yes.jsonl" in response["Content-Disposition"]
+    response = signed_in.get(reverse("run_export_sft", args=[run.pk]) + "?corrected=yes")
+    assert f"run-{run.pk}_sft_corrected-yes.jsonl" in response["Content-Disposition"]

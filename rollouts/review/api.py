@@ -39,7 +39,7 @@ from rollouts.review.actions import ReviewError
 from rollouts.review.aggregates import reward_aggregates
 from rollouts.review.filters import corrected_reward
 from rollouts.review.tokens import user_for_token
-from rollouts.web.forms import RunForm, filtered_rollouts
+from rollouts.web.forms import RunForm, export_filename, filtered_rollouts
 from rollouts.web.views import _launch_from_form, _run_for
 
 MAX_PAGE = 1000
@@ -430,7 +430,7 @@ def _file(request, run_id: int, kind: str):
     run = _run_for(request, run_id)
     qs, form = _filtered(request, run)
     options = curated.ExportOptions.from_params(request.GET)
-    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), f"{kind}.jsonl", options)
+    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), export_filename(run.pk, kind, form), options)
 
 
 _FILE_DOC = ("Streams NeMo Gym JSONL. Querystring: the run table's filter (as for /runs/{id}/rollouts), "
@@ -463,7 +463,7 @@ def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = Fal
     qs, form = _filtered(request, run)
     options = curated.ExportOptions.from_params(request.GET)
     lines = curated.sft_lines(run, qs if form.active else None, options, reasoning=reasoning, metadata=metadata)
-    return curated.streaming_response(lines, f"run-{run.pk}_sft.jsonl", options)
+    return curated.streaming_response(lines, export_filename(run.pk, "sft", form), options)
 
 
 @api.post("/runs/{run_id}/selection/dataset", response={201: DatasetOut, 400: Error},

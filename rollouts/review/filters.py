@@ -78,6 +78,22 @@ class ReviewFilterFields(forms.Form):
             return with_effective_reward(qs), EFFECTIVE
         return qs, "reward"
 
+    def review_terms(self) -> list[tuple[str, str, str]]:
+        """``(label, file-name part, shown value)`` of each active review filter, for the form's
+        description and download names (``label-good``, ``notes-yes``, ``rewards-corrected``)."""
+        value = getattr(self, "cleaned_data", {}).get
+        terms = []
+        if value("label"):
+            terms.append(("label", "label", "none" if value("label") == NO_LABEL else value("label")))
+        if value("not_label"):
+            terms.append(("without label", "not-label", value("not_label")))
+        for name, label in (("notes", "has notes"), ("corrected", "corrected reward")):
+            if value(name):
+                terms.append((label, name, value(name)))
+        if value("reward_source") == CORRECTED:
+            terms.append(("reward bounds read", "rewards", "corrected"))
+        return terms
+
     def review_filter(self, qs: QuerySet) -> QuerySet:
         """``qs`` (rollouts) restricted by the valid review fields."""
         value = getattr(self, "cleaned_data", {}).get

@@ -24,7 +24,7 @@ from rollouts.models import ApiToken, Dataset, Label, Note, Rollout, Run
 from rollouts.review import actions, curated, progress, selection, sft, tokens
 from rollouts.review.actions import ReviewError
 from rollouts.review.aggregates import review_counts, reward_aggregates
-from rollouts.web.forms import RunForm, filtered_rollouts
+from rollouts.web.forms import RunForm, export_filename, filtered_rollouts
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.views import _run_for
 
@@ -308,7 +308,7 @@ def run_export_sft(request, run_id):
     options = curated.ExportOptions.from_params(request.GET)
     lines = curated.sft_lines(run, qs if form.active else None, options, reasoning=reasoning,
                               metadata=request.GET.get("metadata") in curated.TRUE)
-    response = curated.streaming_response(lines, f"run-{run.pk}_sft.jsonl", options)
+    response = curated.streaming_response(lines, export_filename(run.pk, "sft", form), options)
     response["X-Gymweb-Reasoning"] = reasoning
     return response
 
@@ -321,7 +321,7 @@ def curated_export_response(request, run: Run, kind: str):
     if options.plain or kind not in ("rollouts", "rollouts_failures"):
         return None  # the materialised inputs have no reward and no review
     qs, form = filtered_rollouts(run, request.GET)
-    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), f"{kind}.jsonl", options)
+    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), export_filename(run.pk, kind, form), options)
 
 
 def say_plain_export(response):

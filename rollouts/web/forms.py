@@ -377,6 +377,7 @@ class RolloutFilterForm(ReviewFilterFields):
                 terms.append((label, f"reward-{word}", _number(self.value(name))))
         if self.value("task") is not None:
             terms.append(("task", "task", str(self.value("task"))))
+        terms.extend(self.review_terms())  # label, notes, corrected reward (rollouts.review.filters)
         return terms
 
     def describe(self) -> str:
