@@ -23,10 +23,6 @@ def add_default_labels(apps, schema_editor):
         Label.objects.get_or_create(name=name, defaults={"description": description, "position": position})
 
 
-def remove_default_labels(apps, schema_editor):
-    apps.get_model("rollouts", "Label").objects.filter(name__in=[n for n, _ in DEFAULT_LABELS], uses__isnull=True).delete()
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -156,5 +152,7 @@ class Migration(migrations.Migration):
             model_name='rolloutlabel',
             constraint=models.UniqueConstraint(fields=('rollout', 'label'), name='rollout_label_unique'),
         ),
-        migrations.RunPython(add_default_labels, remove_default_labels),
+        # Backwards: nothing to undo, the table goes (deleting rows first would leave PostgreSQL
+        # pending trigger events that block the DROP TABLE in the same transaction).
+        migrations.RunPython(add_default_labels, migrations.RunPython.noop),
     ]
