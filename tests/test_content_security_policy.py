@@ -43,6 +43,9 @@ def pages(signed_in, db):
         reverse("run_new"), reverse("import"), reverse("check_agent"),
         reverse("compare") + f"?a={run.pk}&b={done.pk}", reverse("run_profile", args=[done.pk]),
         reverse("run_evaluation", args=[done.pk]),
+        # review (issue 13): review mode on a trajectory, its summary, labels, account, a prefilled new run
+        reverse("rollout", args=[run.pk, rollout.pk]) + "?review=1", reverse("review_start", args=[run.pk]) + "?summary=1",
+        reverse("labels"), reverse("account"),
     ]
 
 
