@@ -70,8 +70,14 @@ def test_a_bad_dataset_names_its_line_and_stores_nothing(client, token, db):
 
 def test_a_dataset_over_the_upload_limit_is_413(client, token, settings, db):
     settings.GYMWEB_MAX_UPLOAD_BYTES = 10
-    assert upload(client, token, "\n".join(dataset_lines(3))).status_code == 413
+    response = upload(client, token, "\n".join(dataset_lines(3)))
+    assert response.status_code == 413 and "GYMWEB_MAX_UPLOAD_BYTES" in response.json()["detail"]
     assert not Dataset.objects.exists()
+
+
+def test_an_upload_without_a_file_says_so(client, token, db):
+    response = client.post(f"{API}/datasets", {"name": "x"}, HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 400 and response.json()["errors"] == {"file": ["this field is required"]}
 
 
 def test_it_launches_a_run_on_a_stored_dataset(client, token, api, user):

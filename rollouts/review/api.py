@@ -40,6 +40,7 @@ from rollouts.review.aggregates import reward_aggregates
 from rollouts.review.filters import corrected_reward
 from rollouts.review.tokens import user_for_token
 from rollouts.web.forms import RunForm, export_filename, filtered_rollouts
+from rollouts.web.uploads import too_large_uploads, upload_limit_message
 from rollouts.web.views import _launch_from_form, _run_for
 
 MAX_PAGE = 1000
@@ -341,13 +342,18 @@ def list_datasets(request, limit: int = 100, offset: int = 0):
 
 
 @api.post("/datasets", response={201: DatasetOut, 400: Error, 413: Error}, summary="Upload a JSONL dataset")
-def create_dataset(request, file: UploadedFile = File(..., description="NeMo Gym JSONL: one task per line"),
+def create_dataset(request, file: Optional[UploadedFile] = File(None, description="NeMo Gym JSONL: one task per line"),
                    name: str = Form("", description="defaults to the file name")):
     """Validated like the new-run form's upload: a bad line is reported with its line number and
-    nothing is stored. Up to ``GYMWEB_MAX_UPLOAD_BYTES``."""
+    nothing is stored. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` (the upload handler stops a larger file
+    before it is stored: 413)."""
     limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
-    if file.size > limit:
-        raise HttpError(413, f"the file is larger than the upload limit of {limit} bytes (GYMWEB_MAX_UPLOAD_BYTES)")
+    if "file" in too_large_uploads(request) or (file is not None and file.size > limit):
+        raise HttpError(413, upload_limit_message(limit))
+    if file is None:
+        err = HttpError(400, "no file: send the dataset as the multipart field 'file'")
+        err.errors = {"file": ["this field is required"]}
+        raise err
     source = (file.name or "dataset.jsonl").rsplit("/", 1)[-1]
     try:
         parsed = read_jsonl(file, source=source)
