@@ -18,6 +18,23 @@ def _ensure_supervisor(sender, **kwargs):
     )
 
 
+def _ensure_search_index(sender, using="default", **kwargs):
+    """The content-search index (``rollouts.search.ensure_index``) after every ``migrate``: a later
+    migration that rebuilds the items table on SQLite drops its triggers; this puts them back and
+    refills the index. Nothing happens before migration 0013 added ``search_text``."""
+    from django.db import connections
+
+    from rollouts.search import ITEM_TABLE, ensure_index
+
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if ITEM_TABLE not in connection.introspection.table_names(cursor):
+            return
+        columns = [c.name for c in connection.introspection.get_table_description(cursor, ITEM_TABLE)]
+    if "search_text" in columns:
+        ensure_index(connection)
+
+
 def _on_worker_spawn(sender, proc_name=None, **kwargs):
     """Each django-q2 worker process runs a dispatcher thread (rollouts.collection.dispatch), and first
     requeues rollouts that died with an earlier worker instead of waiting for the schedule."""
@@ -46,4 +63,5 @@ class RolloutsConfig(AppConfig):
 
         post_migrate.connect(_ensure_supervisor, sender=self)
         post_migrate.connect(ensure_default_labels, sender=self, dispatch_uid="gymweb-default-labels")
+        post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="gymweb-search-index")
         post_spawn.connect(_on_worker_spawn, dispatch_uid="gymweb-worker-spawn")

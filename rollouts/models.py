@@ -256,6 +256,19 @@ class AgentCall(models.Model):
         constraints = [models.UniqueConstraint(fields=["rollout", "index"], name="agent_call_index_unique")]
 
 
+class TrajectoryItemManager(models.Manager):
+    """Fills ``search_text`` (``rollouts.search.item_search_text``) of new items on every
+    ``bulk_create``, so every writer (worker, ``collect``, imports, reverify) keeps the content
+    search index complete without knowing about it."""
+
+    def bulk_create(self, objs, *args, **kwargs):
+        from rollouts.search import fill_missing
+
+        objs = list(objs)
+        fill_missing(objs)
+        return super().bulk_create(objs, *args, **kwargs)
+
+
 class TrajectoryItem(models.Model):
     """One item of a rollout's merged trajectory, in order (``seq``).
 
@@ -284,10 +297,24 @@ class TrajectoryItem(models.Model):
     latency_ms = models.FloatField(null=True, blank=True)
     tool_status = models.PositiveSmallIntegerField(null=True, blank=True)
     payload = JSONTextField(help_text="the item as it came, JSON text")
+    # What the run page's content search reads (rollouts.search): the item's string values,
+    # decoded and lowercased. Indexed by FTS5 (SQLite) or pg_trgm (PostgreSQL), outside the ORM.
+    search_text = models.TextField(blank=True, default="", editable=False)
+
+    objects = TrajectoryItemManager()
 
     class Meta:
         ordering = ["rollout", "seq"]
         constraints = [models.UniqueConstraint(fields=["rollout", "seq"], name="item_seq_unique")]
+        # The content search's "tool called" filter, read from the index alone.
+        indexes = [models.Index(fields=["kind", "name", "rollout"], name="item_kind_name")]
+
+    def save(self, *args, **kwargs):
+        if not self.search_text and self.payload is not None:
+            from rollouts.search import item_search_text
+
+            self.search_text = item_search_text(self.payload)
+        super().save(*args, **kwargs)
 
 
 class RolloutHealth(models.Model):

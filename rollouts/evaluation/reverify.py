@@ -211,7 +211,8 @@ def reverify_run(source: Run, env_url: str, *, force: bool = False, concurrency:
             TrajectoryItem.objects.bulk_create([
                 TrajectoryItem(rollout_id=new_of[i.rollout_id], seq=i.seq, step=i.step, kind=i.kind, role=i.role,
                                call_id=i.call_id, name=i.name, origin=i.origin, asked=i.asked, paired=i.paired,
-                               refused=i.refused, latency_ms=i.latency_ms, tool_status=i.tool_status, payload=i.payload)
+                               refused=i.refused, latency_ms=i.latency_ms, tool_status=i.tool_status, payload=i.payload,
+                               search_text=i.search_text)
                 for i in TrajectoryItem.objects.filter(rollout_id__in=new_of).iterator(chunk_size=2000)
             ], batch_size=1000)
         run.num_tasks = len({t for _, _, t, _, _, _ in successes})

@@ -20,6 +20,9 @@ from rollouts.evaluation.health import CHECK_IDS as HEALTH_CHECK_IDS
 from rollouts.models import Dataset, Rollout, RolloutHealth
 from rollouts.web.uploads import human_bytes, upload_limit_message
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
+from rollouts import search
+
+SEARCH_MAX = 500  # characters of a content-search query
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -273,7 +276,10 @@ SORT_CHOICES = [
     ("duration", "duration ↑"), ("-duration", "duration ↓"),
     ("calls", "agent calls ↑"), ("-calls", "agent calls ↓"),
 ]
-FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check", "sort") + REVIEW_FILTER_FIELDS
+# The content search (issue 11, ``rollouts.search``): text in any item, a tool called, a tool
+# output's text, a failure message's text.
+CONTENT_FIELDS = ("text", "tool", "output", "error")
+FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check") + CONTENT_FIELDS + ("sort",) + REVIEW_FILTER_FIELDS
 # Fields that choose how the list reads, not which rows it holds.
 NOT_RESTRICTING = ("sort", "reward_source")
 
@@ -295,6 +301,15 @@ class RolloutFilterForm(ReviewFilterFields):
     # Health verdicts of the last health check (rollouts.evaluation.health), one row per checked rollout.
     verdict = forms.ChoiceField(label="health", choices=[("", "any health")] + list(RolloutHealth.Verdict.choices), required=False)
     check = forms.ChoiceField(label="finding", choices=[("", "any finding")] + [(c, c) for c in HEALTH_CHECK_IDS], required=False)
+    # Content search (rollouts.search): case-insensitive substrings, every character literal.
+    text = forms.CharField(label="trajectory contains", max_length=SEARCH_MAX, required=False,
+                           widget=forms.TextInput(attrs={"type": "search", "size": 14, "placeholder": "any item's text"}))
+    tool = forms.CharField(label="tool called", max_length=300, required=False,
+                           widget=forms.TextInput(attrs={"type": "search", "size": 10, "placeholder": "exact name"}))
+    output = forms.CharField(label="tool output contains", max_length=SEARCH_MAX, required=False,
+                             widget=forms.TextInput(attrs={"type": "search", "size": 12}))
+    error = forms.CharField(label="failure message contains", max_length=SEARCH_MAX, required=False,
+                            widget=forms.TextInput(attrs={"type": "search", "size": 12}))
     sort = forms.ChoiceField(choices=SORT_CHOICES, required=False)
 
     def __init__(self, data=None, *, kinds: Optional[list[str]] = None, **kwargs: Any):
@@ -330,7 +345,24 @@ class RolloutFilterForm(ReviewFilterFields):
             qs = qs.filter(health__verdict=self.value("verdict"))
         if self.value("check"):
             qs = qs.filter(health__checks__contains=f",{self.value('check')},")
+        if self.value("text"):
+            qs = search.filter_text(qs, self.value("text"))
+        if self.value("tool"):
+            qs = search.filter_tool(qs, self.value("tool"))
+        if self.value("output"):
+            qs = search.filter_output(qs, self.value("output"))
+        if self.value("error"):
+            qs = search.filter_error(qs, self.value("error"))
         return self.review_filter(qs)
+
+    @property
+    def highlight(self) -> str:
+        """What the rollout page should highlight (its ``?q=``) for this filter: the searched text,
+        else the tool output's text, the failure message's text, the tool name; ``""`` when none."""
+        for name in ("text", "output", "error", "tool"):
+            if self.value(name):
+                return self.value(name)
+        return ""
 
     def order(self, qs: QuerySet) -> QuerySet:
         key = self.sort_key
@@ -377,6 +409,10 @@ class RolloutFilterForm(ReviewFilterFields):
                 terms.append((label, f"reward-{word}", _number(self.value(name))))
         if self.value("task") is not None:
             terms.append(("task", "task", str(self.value("task"))))
+        for name, label in (("text", "trajectory contains"), ("tool", "tool called"),
+                            ("output", "tool output contains"), ("error", "failure message contains")):
+            if self.value(name):
+                terms.append((label, name, f"“{self.value(name)}”" if name != "tool" else self.value(name)))
         terms.extend(self.review_terms())  # label, notes, corrected reward (rollouts.review.filters)
         return terms
 
@@ -389,7 +425,7 @@ class RolloutFilterForm(ReviewFilterFields):
         Only ``[A-Za-z0-9._-]``: other characters (an imported failure kind may hold any) become
         ``_``; at most 120 characters."""
         parts = [f"{name}-{value.replace('-', 'minus', 1) if value.startswith('-') else value}" for _, name, value in self._terms()]
-        return _FILE_UNSAFE.sub("_", "_".join(parts))[:120]
+        return _FILE_UNSAFE.sub("_", "_".join(parts).replace("“", "").replace("”", ""))[:120]
 
 
 _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -9,6 +9,7 @@ instance).
 from __future__ import annotations
 
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -115,7 +116,9 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
     ).annotate(error_head=Substr("error", 1, 160, output_field=LosslessTextField())).in_bulk()
     review_actions.attach_to_rows(loaded.values())  # labels and note counts (rollouts.review)
     qs_text = filt.querystring()
-    rollout_suffix = f"?{qs_text}" if qs_text else ""
+    # A content search's rows open the rollout with its hits highlighted (the page's ``?q=``).
+    link_qs = "&".join(p for p in (qs_text, urlencode({"q": filt.highlight}) if filt.highlight else "") if p)
+    rollout_suffix = f"?{link_qs}" if link_qs else ""
     base = reverse("run", args=[run.pk])
     rows = [(loaded[i], reverse("rollout", args=[run.pk, i]) + rollout_suffix) for i in ids if i in loaded]
     here = base + "?" + "&".join(p for p in (qs_text, f"page={page.number}" if page.number > 1 else "") if p)
