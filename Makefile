@@ -25,7 +25,7 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -38,3 +38,5 @@ bench-profile: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_profile --db $(DB)
 bench-jsonl: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_jsonl_line
+bench-search: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_search --db $(DB)

@@ -234,3 +234,21 @@ def test_the_search_text_of_an_item():
     assert "function_call" not in text and "completed" not in text and "fc_9" not in text
     assert search.item_search_text({"type": "reasoning", "summary": [{"text": "Deep \ud800 Thought"}]}) == "deep \ufffd thought"
     assert search.item_search_text(None) == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_collected_run_is_searchable_as_the_worker_wrote_it(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+    from django.core.management import call_command
+
+    from rollouts.models import Run
+
+    call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
+                 "--output", str(tmp_path / "rollouts.jsonl"), "--no-progress")
+    run = Run.objects.get()
+    rollouts = Rollout.objects.filter(run=run)
+    names = set(TrajectoryItem.objects.filter(rollout__run=run, kind="function_call").values_list("name", flat=True))
+    assert names and all(search.filter_tool(rollouts, n).exists() for n in names)
+    tool = sorted(names)[0]
+    assert search.filter_tool(rollouts, tool).count() == 5
+    out = TrajectoryItem.objects.filter(rollout__run=run, kind="function_call_output").first()
+    assert out.search_text and search.filter_output(rollouts, out.search_text[:20]).exists()
