@@ -490,9 +490,12 @@ def selection_dataset(request, run_id: int, name: str = ""):
 def list_rollouts(request, run_id: int, limit: int = 100, offset: int = 0,
                   status: str = "", kind: str = "", reward_min: Optional[float] = None, reward_max: Optional[float] = None,
                   task: Optional[int] = None, sort: str = "", label: str = "", not_label: str = "", notes: str = "",
-                  corrected: str = "", reward_source: str = ""):
+                  corrected: str = "", reward_source: str = "", text: str = "", tool: str = "", output: str = "",
+                  error: str = ""):
     """Every filter of the run page's table (and any it gains): the querystring is read by the same
-    form, so an invalid value is a 400 naming it. Ordered like the table (``sort``)."""
+    form, so an invalid value is a 400 naming it. Ordered like the table (``sort``). Content search
+    (``rollouts.search``): ``text`` in any item, ``tool`` called (exact name), ``output`` in a tool
+    output, ``error`` in the failure message; case-insensitive substrings."""
     run = _run_for(request, run_id)
     qs, _form = _filtered(request, run)
     limit, offset = max(1, min(limit, MAX_PAGE)), max(offset, 0)
