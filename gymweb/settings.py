@@ -211,8 +211,18 @@ FILE_UPLOAD_HANDLERS = [
 GYMWEB_DEFAULT_AGENT_URL = os.environ.get("GYMWEB_DEFAULT_AGENT_URL", "")
 GYMWEB_DEFAULT_ENV_URL = os.environ.get("GYMWEB_DEFAULT_ENV_URL", "")
 
-# Hosts that runs may target (agent and env URLs). Empty = any host.
-GYMWEB_ALLOWED_TARGET_HOSTS = [h for h in os.environ.get("GYMWEB_ALLOWED_TARGET_HOSTS", "").split(",") if h]
+# Which hosts a run may reach (rollouts.engine.targets; README, "Which hosts a run may reach"),
+# enforced at connection time on every request gymweb sends to an agent or an env.
+# GYMWEB_ALLOWED_TARGET_HOSTS: comma-separated `host`, `host:port`, IP, CIDR (`10.0.0.0/8`) or any of
+# those with a port (`10.0.0.0/8:8000`, `[fd00::/8]:8000`); when not empty only listed targets are
+# allowed. Empty: public addresses, plus loopback/private ones with GYMWEB_ALLOW_LOCAL_TARGETS=1
+# (a local single-user set-up; `make demo` sets it). Link-local and cloud-metadata addresses are
+# refused unless listed explicitly.
+GYMWEB_ALLOWED_TARGET_HOSTS = [h.strip() for h in os.environ.get("GYMWEB_ALLOWED_TARGET_HOSTS", "").split(",") if h.strip()]
+GYMWEB_ALLOW_LOCAL_TARGETS = os.environ.get("GYMWEB_ALLOW_LOCAL_TARGETS", "").strip().lower() in ("1", "true", "yes", "on")
+# Every reply read from an agent or an env is capped (bytes; streamed with a running count, never
+# buffered past the cap). Over it the rollout fails with failure kind `reply_too_large`.
+GYMWEB_MAX_REPLY_BYTES = int(os.environ.get("GYMWEB_MAX_REPLY_BYTES", 64 * 1024 * 1024))
 
 # Worker tuning (seconds). A claim's lease must be renewed within GYMWEB_LEASE_S or the attempt
 # counts as interrupted and its key runs again (crash recovery); dispatchers renew every

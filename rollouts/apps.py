@@ -59,6 +59,7 @@ class RolloutsConfig(AppConfig):
         from django_q.signals import post_spawn
 
         import gymweb.checks  # noqa: F401  (registers the deploy checks)
+        import rollouts.targets  # noqa: F401  (registers the target-policy check)
         from rollouts.review.actions import ensure_default_labels
 
         post_migrate.connect(_ensure_supervisor, sender=self)

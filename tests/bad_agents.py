@@ -6,7 +6,7 @@ can show that exactly that breach is found and nothing else. They run on 127.0.0
 through ``examples._serve.BackgroundServer``:
 
     with serve("undeclared_tool") as agent:
-        report = check_agent_sync(agent.url)
+        report = check_agent_sync(agent.url, policy=LOCAL)
 
 ``BAD_AGENTS`` maps a name to a twist ``(reply, params, n) -> dict | web.Response`` (sync or async):
 ``reply`` is the good agent's Responses object for the request ``params``, ``n`` the 0-based call
@@ -23,6 +23,7 @@ from aiohttp import web
 
 from examples import counter_agent as good
 from examples._serve import BackgroundServer, read_json
+from tests.servers import LOCAL
 
 Twist = Callable[[dict, dict, int], Any]
 

@@ -99,6 +99,14 @@ def _fast_workers(settings):
     settings.GYMWEB_CONNECT_RETRY_PAUSE_S = 0.05
 
 
+@pytest.fixture(autouse=True)
+def _local_targets(settings):
+    """The tests' services run on 127.0.0.1: local targets are allowed, as in a local single-user
+    set-up (README, "Which hosts a run may reach"). Tests of the target policy turn it off."""
+    settings.GYMWEB_ALLOW_LOCAL_TARGETS = True
+    settings.GYMWEB_ALLOWED_TARGET_HOSTS = []
+
+
 def _worker_env(extra: dict | None = None) -> dict:
     """Environment for a worker subprocess that must share this test run's database."""
     from django.conf import settings as dj
@@ -114,6 +122,7 @@ def _worker_env(extra: dict | None = None) -> dict:
     env.update(
         GYMWEB_LEASE_S="3", GYMWEB_HEARTBEAT_S="0.5", GYMWEB_POLL_S="0.05", GYMWEB_FLUSH_S="0.05",
         GYMWEB_CONNECT_RETRY_PAUSE_S="0.05", GYMWEB_Q_WORKERS="1", PYTHONUNBUFFERED="1",
+        GYMWEB_ALLOW_LOCAL_TARGETS="1",
     )
     env.update(extra or {})
     return env

@@ -31,6 +31,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from rollouts.engine.loop import LoopSettings, make_client, run_rollout
+from rollouts.engine.targets import TargetPolicy
+
+# The tests' services run on 127.0.0.1: engine-level clients get this policy (local targets allowed).
+LOCAL = TargetPolicy(allow_local=True)
 
 _MISSING = object()
 
@@ -443,7 +447,7 @@ async def drive(agent: Any, env: Any, row: Optional[dict] = None, observer: Any 
     URLs) through a fresh shared client; returns the ``RolloutOutcome``."""
     agent_url = agent if isinstance(agent, str) else agent.url
     env_url = env if isinstance(env, str) else env.url
-    client = make_client(4)
+    client = make_client(4, policy=LOCAL)
     try:
         return await run_rollout(client, row if row is not None else task_row(), settings(agent_url, env_url, **overrides), observer)
     finally:

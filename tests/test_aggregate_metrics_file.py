@@ -19,6 +19,7 @@ from rollouts.evaluation.aggregate_metrics import (
     compute_perf_summary,
     strip_row,
 )
+from tests.servers import LOCAL
 
 RUNS = ("eval_0.7.0/runA", "eval_0.7.0/runB", "collect_outputs/mixed")
 
@@ -103,7 +104,7 @@ def test_the_env_gets_stripped_rows_in_task_then_repeat_order_and_its_reply_fill
              "group_level_metrics": [{"_ng_task_index": 0}], "perf_summary": {"mean_num_turns": 2.0}, "extra": "ignored"}
     rows = [row(1, 0, 1.0), row(0, 1, 0.0), row(0, 0, 1.0)]
     with FakeEnv(reply=reply) as env:
-        outcome = build_aggregate_metrics(rows, env_url=env.url)
+        outcome = build_aggregate_metrics(rows, env_url=env.url, policy=LOCAL)
     (body,) = env.bodies
     assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in body["verify_responses"]] == [(0, 0), (0, 1), (1, 0)]
     assert body["verify_responses"][0] == {"reward": 1.0, "_ng_task_index": 0, "_ng_rollout_index": 0,
@@ -132,7 +133,7 @@ def test_the_env_gets_stripped_rows_in_task_then_repeat_order_and_its_reply_fill
 def test_without_a_usable_env_reply_the_entry_is_computed_locally_and_says_why(status, reply, says):
     rows = [row(0, r, float(r % 2)) for r in range(4)]
     with FakeEnv(status, reply) as env:
-        outcome = build_aggregate_metrics(rows, env_url=env.url)
+        outcome = build_aggregate_metrics(rows, env_url=env.url, policy=LOCAL)
     assert outcome.sources == {"remote_agent_environment_server": "local"}
     assert says in outcome.notes[0] and "computed by gymweb" in outcome.notes[0]
     assert outcome.entries[0]["agent_metrics"] == compute_aggregate_metrics([strip_row(r) for r in rows])["agent_metrics"]

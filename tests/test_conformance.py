@@ -13,6 +13,7 @@ from rollouts.evaluation.conformance import CHECKS, ERROR, WARNING, Report, chec
 from rollouts.engine.loop import InvalidBaseURL
 from tests.bad_agents import REQUESTS, SLOW_DELAY_S, serve
 from tests.servers import AgentService, RawServer, Reply, async_test, call, free_url, message, reply
+from tests.servers import LOCAL
 
 PROBES = ["counter_task", "follow_up", "string_input", "no_tools"]
 
@@ -20,7 +21,7 @@ PROBES = ["counter_task", "follow_up", "string_input", "no_tools"]
 def run_check(name: str, **kwargs) -> tuple[Report, list]:
     """Check the bad agent ``name``; returns the report and the requests the agent received."""
     with serve(name) as agent:
-        report = check_agent_sync(agent.url, **kwargs)
+        report = check_agent_sync(agent.url, **kwargs, policy=LOCAL)
         return report, list(agent.app[REQUESTS])
 
 
@@ -39,7 +40,7 @@ def found(report: Report, code: str, severity: str) -> list:
 
 
 def test_the_example_counter_agent_passes_with_no_findings(counter_agent_url):
-    report = check_agent_sync(counter_agent_url)
+    report = check_agent_sync(counter_agent_url, policy=LOCAL)
     assert report.ok and report.findings == [], report.to_text()
     assert [p.name for p in report.probes] == PROBES
     assert all(p.status == 200 and p.latency_ms is not None and not p.findings for p in report.probes)
@@ -65,7 +66,7 @@ def test_the_agents_cookies_come_back_within_one_conversation_and_nowhere_else()
 
 
 def test_the_text_and_json_forms_of_the_report_list_every_probe(counter_agent_url):
-    report = check_agent_sync(counter_agent_url)
+    report = check_agent_sync(counter_agent_url, policy=LOCAL)
     data = json.loads(json.dumps(report.to_dict()))
     assert data["ok"] is True and data["errors"] == 0 and data["findings"] == []
     assert [p["name"] for p in data["probes"]] == PROBES
@@ -80,7 +81,7 @@ def test_the_text_and_json_forms_of_the_report_list_every_probe(counter_agent_ur
 
 def test_a_refused_connection_is_one_unreachable_finding_naming_the_url():
     url = free_url()
-    report = check_agent_sync(url)
+    report = check_agent_sync(url, policy=LOCAL)
     (finding,) = report.findings
     assert finding.code == "unreachable" and finding.severity == ERROR
     assert f"{url}/v1/responses" in finding.title and url in finding.how_to_fix
@@ -90,7 +91,7 @@ def test_a_refused_connection_is_one_unreachable_finding_naming_the_url():
 @async_test
 async def test_a_connection_closed_without_a_reply_is_reported():
     async with RawServer("drop") as server:
-        report = await check_agent(server.url)
+        report = await check_agent(server.url, policy=LOCAL)
     found(report, "connection_dropped", ERROR)
     assert report.codes() == {"connection_dropped"}
 
@@ -98,14 +99,14 @@ async def test_a_connection_closed_without_a_reply_is_reported():
 @async_test
 async def test_a_service_that_does_not_speak_http_is_reported():
     async with RawServer("garbage") as server:
-        report = await check_agent(server.url)
+        report = await check_agent(server.url, policy=LOCAL)
     found(report, "not_http", ERROR)
 
 
 @async_test
 async def test_a_reply_slower_than_the_timeout_is_an_error_naming_the_knob():
     async with AgentService(Reply(json=reply(message()), delay=1.0)) as agent:
-        report = await check_agent(agent.url, timeout_s=0.2)
+        report = await check_agent(agent.url, timeout_s=0.2, policy=LOCAL)
     (finding,) = found(report, "timeout", ERROR)
     assert "0.2 s" in finding.title and "remote_responses_timeout_s" in finding.how_to_fix
     assert finding.probes == PROBES
@@ -123,10 +124,10 @@ def test_a_slow_reply_is_a_warning_with_its_latency():
 
 def test_a_bad_url_raises_without_echoing_credentials():
     with pytest.raises(InvalidBaseURL) as exc:
-        check_agent_sync("http://alice:s3cret@127.0.0.1:9102")
+        check_agent_sync("http://alice:s3cret@127.0.0.1:9102", policy=LOCAL)
     assert "s3cret" not in str(exc.value)
     with pytest.raises(InvalidBaseURL):
-        check_agent_sync("ftp://127.0.0.1/")
+        check_agent_sync("ftp://127.0.0.1/", policy=LOCAL)
 
 
 # --- HTTP (rules 1, 2) -----------------------------------------------------------------------------
@@ -137,7 +138,7 @@ async def test_it_never_follows_a_redirect():
     async with AgentService(reply(message())) as target:
         location = f"{target.url}/v1/responses"
         async with AgentService(Reply(307, text="", headers=[("Location", location)])) as redirector:
-            report = await check_agent(redirector.url)
+            report = await check_agent(redirector.url, policy=LOCAL)
     (finding,) = found(report, "redirect", ERROR)
     assert location in finding.title and finding.received.startswith("HTTP 307")
     assert target.requests == []

@@ -20,6 +20,7 @@ from tests.servers import (
     settings,
     task_row,
 )
+from tests.servers import LOCAL
 
 
 def set_cookie(*values: str) -> list[tuple[str, str]]:
@@ -159,7 +160,7 @@ async def test_two_concurrent_rollouts_through_one_shared_client_never_see_each_
     env = EnvService({"probe": tool}, seed=seed, verify=verify)
     agent = AgentService(agent_turn)
     async with env, agent:
-        client = make_client(4)
+        client = make_client(4, policy=LOCAL)
         try:
             cfg = settings(agent.url, env.url)
             outcomes = await asyncio.gather(*(run_rollout(client, _task(n), cfg) for n in ("A", "B", "C")))
@@ -189,7 +190,7 @@ async def test_a_second_rollout_of_the_same_task_on_the_same_client_starts_clean
         return Reply(json=reply(message()), headers=set_cookie("agent_sid=A"))
 
     async with EnvService(seed=seed) as env, AgentService(agent_turn) as agent:
-        client = make_client(2)
+        client = make_client(2, policy=LOCAL)
         try:
             cfg = settings(agent.url, env.url)
             first = await run_rollout(client, task_row(), cfg)

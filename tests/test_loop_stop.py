@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.servers import LOCAL
 from tests.servers import (
     AgentService,
     EnvService,
@@ -144,7 +145,7 @@ async def test_a_cancelled_rollout_raises_cancelled_error_instead_of_becoming_a_
     from tests.servers import Reply, settings, task_row
 
     async with EnvService(TOOLS) as env, AgentService(Reply(json=reply(message()), delay=5.0)) as agent:
-        client = make_client(2)
+        client = make_client(2, policy=LOCAL)
         try:
             task = asyncio.create_task(run_rollout(client, task_row(), settings(agent.url, env.url)))
             while not agent.calls:

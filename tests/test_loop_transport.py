@@ -22,6 +22,7 @@ from tests.servers import (
     reasoning,
     reply,
 )
+from tests.servers import LOCAL
 
 GOOD = reply(message("ok"))
 
@@ -225,7 +226,7 @@ async def test_the_client_sets_no_hidden_default_timeout():
     # httpx's default is 5 s and aiohttp's 300 s: the loop's own bounds must be the only ones.
     from rollouts.engine.loop import make_client
 
-    client = make_client(2)
+    client = make_client(2, policy=LOCAL)
     try:
         assert client.timeout.connect is None and client.timeout.read is None
     finally:
@@ -362,7 +363,7 @@ async def test_one_shared_client_carries_more_than_100_agent_calls_in_flight_at_
         return GOOD
 
     async with AgentService(held_until_all_arrive) as agent, EnvService() as env:
-        client = make_client(n)
+        client = make_client(n, policy=LOCAL)
         try:
             cfg = settings(agent.url, env.url)
             outcomes = await asyncio.gather(*(run_rollout(client, task_row(), cfg) for _ in range(n)))

@@ -32,6 +32,7 @@ from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from . import corpus
 from .conftest import wait_for
 from .servers import RecordingObserver, settings as loop_settings
+from tests.servers import LOCAL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,7 +63,7 @@ def oracle(services, tmp_path_factory):
         tasks = materialize(read_jsonl(fh), agent_name="remote_agent")
 
     async def run_all():
-        client = make_client(4)
+        client = make_client(4, policy=LOCAL)
         try:
             out = {}
             for task in tasks:

@@ -121,7 +121,8 @@ def test_the_allowed_target_hosts_setting_is_respected(signed_in, settings):
     settings.GYMWEB_ALLOWED_TARGET_HOSTS = ["agent.internal"]
     response = check(signed_in, "http://127.0.0.1:9102")
     assert response.status_code == 400
-    assert "is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: agent.internal)" in response.content.decode()
+    assert ("is not allowed here (127.0.0.1:9102 is not in GYMWEB_ALLOWED_TARGET_HOSTS (agent.internal); "
+            "only listed targets are allowed)") in response.content.decode()
 
 
 def test_the_check_form_and_the_run_form_share_one_standalone_url_helper(settings):
@@ -147,7 +148,10 @@ def test_the_check_form_and_the_run_form_share_one_standalone_url_helper(setting
     settings.GYMWEB_ALLOWED_TARGET_HOSTS = ["agent.internal"]
     elsewhere = TargetForm({"url": "http://127.0.0.1:9102"})
     assert not elsewhere.is_valid()
-    assert elsewhere.errors["url"] == ["target URL: host '127.0.0.1' is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: agent.internal)."]
+    assert elsewhere.errors["url"] == [
+        "target URL: host '127.0.0.1' is not allowed here "
+        "(127.0.0.1:9102 is not in GYMWEB_ALLOWED_TARGET_HOSTS (agent.internal); only listed targets are allowed)."
+    ]
 
 
 @pytest.mark.parametrize("timeout", ["0", "61", "soon"])

@@ -39,10 +39,11 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connections, transaction
 from django.utils import timezone
 
+from rollouts import targets
 from rollouts.collection import runs
 from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
-from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, make_client, run_rollout
+from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem, Worker
 
 log = logging.getLogger("gymweb.dispatch")
@@ -621,7 +622,9 @@ class Dispatcher:
         # The DB thread's ORM work holds the GIL in 5 ms slices by default, which adds up to that
         # much latency to every HTTP step of every in-flight rollout; hand the GIL over sooner.
         sys.setswitchinterval(0.0005)
-        self.client = make_client(max(self.capacity, 32))
+        # The instance's target policy and reply cap apply to every request of every rollout
+        # (rollouts.targets): a refused host or an oversized reply is a failure row of its own kind.
+        self.client = targets.async_client(max(self.capacity, 32))
         self._next_poll = self._next_beat = self._next_flush = 0.0
         try:
             while not self._stop.is_set():

@@ -22,6 +22,14 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from rollouts.engine.targets import (
+    DEFAULT_MAX_REPLY_BYTES,
+    PolicyAsyncTransport,
+    PolicyResolver,
+    TargetPolicy,
+    find_refusal,
+    find_too_large,
+)
 from rollouts.engine.contract import (
     InvalidReply,
     NotJSON,
@@ -67,6 +75,10 @@ class FailureKind:
     VERIFY_FAILED = "verify_failed"
     ROLLOUT_TIMEOUT = "rollout_timeout"
     INTERNAL_ERROR = "internal_error"
+    # The target policy refused to connect to the agent or the env (rollouts.engine.targets; issue 10).
+    TARGET_REFUSED = "target_refused"
+    # A reply of the agent or the env was larger than GYMWEB_MAX_REPLY_BYTES (issue 10).
+    REPLY_TOO_LARGE = "reply_too_large"
     # Set by the dispatcher, never by the loop: part of the attempt could not be stored (issue 9).
     STORAGE_FAILED = "storage_failed"
 
@@ -83,6 +95,8 @@ class FailureKind:
         ROLLOUT_TIMEOUT,
         INTERNAL_ERROR,
         STORAGE_FAILED,
+        TARGET_REFUSED,
+        REPLY_TOO_LARGE,
     )
     # Only an invalid Responses object is terminal: retrying cannot fix it (rule 3).
     TERMINAL = frozenset({AGENT_INVALID_RESPONSE})
@@ -207,6 +221,12 @@ class _Failure(Exception):
         self.message = message
 
 
+def _kind(exc: _Failure, default: str) -> str:
+    """The failure kind for a failed env call: its own kind when the target policy or the reply
+    cap ended it, else ``default`` (the step's kind)."""
+    return exc.kind if exc.kind in _OWN_KINDS else default
+
+
 class InvalidBaseURL(ValueError):
     """A base URL breaks rule 13. The message never echoes embedded credentials."""
 
@@ -266,7 +286,11 @@ class _NoCookies(http.cookiejar.CookieJar):
         return None
 
 
-def make_client(concurrency: int = DEFAULT_CONCURRENCY) -> httpx.AsyncClient:
+def make_client(
+    concurrency: int = DEFAULT_CONCURRENCY,
+    policy: Optional[TargetPolicy] = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+) -> httpx.AsyncClient:
     """One shared HTTP client for a worker process: httpx over the aiohttp transport.
 
     The connection pool is sized for ``concurrency`` in-flight rollouts (agent + env connections;
@@ -274,16 +298,25 @@ def make_client(concurrency: int = DEFAULT_CONCURRENCY) -> httpx.AsyncClient:
     cookies, reads proxy variables (rule 14) or follows redirects (rule 1); no client-side timeout
     is set because the loop bounds every call itself (rule 12). Must be created and used inside a
     running event loop; close it with ``await client.aclose()``.
+
+    ``policy``: the target policy enforced on every connection (``rollouts.engine.targets``: the
+    connector's resolver drops refused addresses, IP-literal hosts are judged before connecting);
+    None means the strict default ``TargetPolicy()`` (public addresses only). Refusals raise
+    ``targets.TargetRefused``. ``max_reply_bytes``: every reply body is counted as it streams and
+    refused past this many bytes (``targets.ReplyTooLarge``).
     """
     limit = max(4, 2 * int(concurrency) + 8)
+    policy = policy if policy is not None else TargetPolicy()
 
     def session() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(
+            limit=limit, limit_per_host=0, ttl_dns_cache=300, resolver=PolicyResolver(policy)
+        )
         return aiohttp.ClientSession(
             connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False
         )
 
-    transport = AiohttpTransport(client=session, trust_env=False)
+    transport = PolicyAsyncTransport(AiohttpTransport(client=session, trust_env=False), policy, max_reply_bytes)
     return httpx.AsyncClient(
         transport=transport,
         trust_env=False,
@@ -370,6 +403,22 @@ def _describe_exc(exc: BaseException) -> str:
     return f"{inner.__class__.__name__}: {text}"
 
 
+def _policy_failure(exc: BaseException, who: str, url: str) -> Optional["_Failure"]:
+    """A ``_Failure`` of kind ``target_refused`` or ``reply_too_large`` when ``exc`` is (or was
+    caused by) the target policy's refusal or the reply cap, else None (issue 10)."""
+    refused = find_refusal(exc)
+    if refused is not None:
+        return _Failure(FailureKind.TARGET_REFUSED, f"gymweb did not connect to {who} at {url}: {refused}")
+    too_large = find_too_large(exc)
+    if too_large is not None:
+        return _Failure(FailureKind.REPLY_TOO_LARGE, f"{who} at {url} sent a reply larger than {too_large.limit:,} bytes "
+                        f"(GYMWEB_MAX_REPLY_BYTES); gymweb stopped reading it")
+    return None
+
+
+_OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE)
+
+
 def _excerpt(text: str) -> str:
     text = text.strip()
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"
@@ -422,13 +471,16 @@ class _Rollout:
                     await response.aread()
             except TimeoutError:
                 raise _Failure("timeout", f"{who} did not answer within {timeout_s:g} s") from None
-            except _CONNECTION_ERRORS as exc:
+            except _PROTOCOL_ERRORS as exc:
+                own = _policy_failure(exc, who, url)
+                if own is not None:  # refused by the target policy or over the reply cap: not retried
+                    raise own from None
+                if not isinstance(exc, _CONNECTION_ERRORS):  # answered, but not with HTTP: not retried (rule 11)
+                    raise _Failure("not_http", f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})") from None
                 last = exc
                 if attempt < self.s.connect_attempts:
                     await asyncio.sleep(self.s.retry_pause_s)
                 continue
-            except _PROTOCOL_ERRORS as exc:  # answered, but not with HTTP: not retried (rule 11)
-                raise _Failure("not_http", f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})") from None
             jar.update(response)
             return response
         hint = (
@@ -450,7 +502,7 @@ class _Rollout:
         try:
             response = await self._post_env("seed_session", self.row)
         except _Failure as exc:
-            raise _Failure(FailureKind.SEED_FAILED, f"seed_session failed: {exc.message}") from None
+            raise _Failure(_kind(exc, FailureKind.SEED_FAILED), f"seed_session failed: {exc.message}") from None
         if not response.is_success:
             raise _Failure(
                 FailureKind.SEED_FAILED,
@@ -472,7 +524,7 @@ class _Rollout:
             try:
                 response = await self._post_env(name, args)
             except _Failure as exc:
-                raise _Failure(FailureKind.TOOL_TRANSPORT_FAILED, f"tool call {name!r} failed: {exc.message}") from None
+                raise _Failure(_kind(exc, FailureKind.TOOL_TRANSPORT_FAILED), f"tool call {name!r} failed: {exc.message}") from None
             record.latency_ms = (time.perf_counter() - started) * 1000
             record.tool_status = response.status_code
             # Any status: the body text is the call's output and the rollout goes on (rules 5, 15).
@@ -488,7 +540,7 @@ class _Rollout:
         try:
             response = await self._post_env("verify", body)
         except _Failure as exc:
-            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: {exc.message}") from None
+            raise _Failure(_kind(exc, FailureKind.VERIFY_FAILED), f"verify failed: {exc.message}") from None
         self.outcome.verify_ms = (time.perf_counter() - started) * 1000
         if not response.is_success:
             raise _Failure(
@@ -532,6 +584,8 @@ class _Rollout:
                         f"the agent service did not answer within {timeout:g} s "
                         f"(remote_responses_timeout_s; NeMo Gym's remote_responses_timeout_secs) at {url}",
                     ) from None
+                if exc.kind in _OWN_KINDS:
+                    raise
                 kind = FailureKind.AGENT_UNREACHABLE if exc.kind == "unreachable" else FailureKind.AGENT_HTTP_ERROR
                 raise _Failure(kind, exc.message) from None
             step.http_status = response.status_code

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional, Union
 
 from django.conf import settings
 
+from rollouts import targets
 from rollouts.collection.export import CHUNK, agent_ref_of, stamps_rows, success_row
 from rollouts.collection.stamps import environment_server_name
 from rollouts.evaluation.aggregate_metrics import (
@@ -82,7 +83,7 @@ def fetch_aggregate_metrics(run_id: int) -> str:
     # No local fallback here: a file the env did not answer is computed when it is asked for.
     outcome = build_aggregate_metrics(
         rows, env_url=run.env_url, timeout_s=settings.GYMWEB_AGGREGATE_TIMEOUT_S, default_agent=run.agent_name,
-        local_fallback=False,
+        local_fallback=False, policy=targets.policy(), max_reply_bytes=targets.max_reply_bytes(),
     )
     # Stored only when the env answered for every server (one env serves a run).
     if not outcome.all_from_env:

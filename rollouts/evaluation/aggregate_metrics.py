@@ -41,6 +41,7 @@ import httpx
 import numpy as np
 
 from rollouts.collection.stamps import environment_server_name
+from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy, make_sync_client
 from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
 from rollouts.evaluation.profile import label_runs, profile_rows
 
@@ -287,16 +288,18 @@ def _validated_reply(data: Any, url: str) -> dict[str, Any]:
 
 
 def post_aggregate_metrics(env_url: str, stripped: Sequence[Mapping[str, Any]], *, timeout_s: float = 60.0,
-                           client: Optional[httpx.Client] = None) -> dict[str, Any]:
+                           client: Optional[httpx.Client] = None, policy: Optional[TargetPolicy] = None,
+                           max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> dict[str, Any]:
     """POST ``{"verify_responses": stripped}`` to ``{env_url}/aggregate_metrics`` and return the reply
     (``_validated_reply``: the ``AggregateMetrics`` fields). Redirects are not followed; proxies are
     ignored (contract rules 1, 14). Raises ``EnvAggregateNotServed`` for 404/405 and
-    ``EnvAggregateError`` for anything else that is not a valid reply; never hangs past
-    ``timeout_s`` seconds."""
+    ``EnvAggregateError`` for anything else that is not a valid reply (also a host the target
+    ``policy`` refuses, None: the strict default, and a reply over ``max_reply_bytes``); never
+    hangs past ``timeout_s`` seconds. ``client``: a client from ``targets.make_sync_client``."""
     url = f"{env_url.rstrip('/')}/aggregate_metrics"
     body = dumps({"verify_responses": list(stripped)})
     own = client is None
-    http = client or httpx.Client(trust_env=False, timeout=timeout_s, follow_redirects=False)
+    http = client or make_sync_client(policy or TargetPolicy(), max_reply_bytes, timeout_s=timeout_s)
     try:
         response = http.post(url, content=body, headers={"content-type": "application/json"}, timeout=timeout_s)
     except httpx.HTTPError as exc:
@@ -346,6 +349,8 @@ def build_aggregate_metrics(
     timeout_s: float = 60.0,
     default_agent: str = "remote_agent",
     local_fallback: bool = True,
+    policy: Optional[TargetPolicy] = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
 ) -> AggregateOutcome:
     """The ``<stem>_aggregate_metrics.json`` entries for success rows (full ``rollouts.jsonl`` rows,
     any order), as NeMo Gym's ``_call_aggregate_metrics`` makes them.
@@ -354,7 +359,9 @@ def build_aggregate_metrics(
     (gymweb drives one env per run); without it, or when the env does not serve the route or fails,
     ``compute_aggregate_metrics`` answers instead and a note says so (with ``local_fallback=False``
     such a server gets no entry: ``sources[server] == "none"``). No rows, no entries (NeMo Gym
-    writes no file then). Raises ``ValueError`` (from the local computation) for duplicate keys
+    writes no file then). Requests to the env follow the target ``policy`` (None: the strict
+    default, public addresses only) and cap replies at ``max_reply_bytes``; a refusal is a note
+    like any failure of the env. Raises ``ValueError`` (from the local computation) for duplicate keys
     within one server's rows.
     """
     # Stripped as they come (a full row's response is never kept), then in NeMo Gym's order.
@@ -368,7 +375,7 @@ def build_aggregate_metrics(
             agents[server] = _agent_of(row) or default_agent
     labels = label_runs(agents)
     outcome = AggregateOutcome()
-    client = httpx.Client(trust_env=False, timeout=timeout_s, follow_redirects=False) if env_url else None
+    client = make_sync_client(policy or TargetPolicy(), max_reply_bytes, timeout_s=timeout_s) if env_url else None
     try:
         for server, stripped in groups.items():
             reply = None

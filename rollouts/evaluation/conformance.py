@@ -19,7 +19,8 @@ The probes (in order):
 4. ``no_tools``: a plain question with ``tools: []``: any ask is for an undeclared tool.
 
 Findings (code → severity; rules cite DESIGN.md, "Contract rules", and the seed's "Expectations"):
-``unreachable``, ``connection_dropped``, ``not_http``, ``timeout`` (rules 11, 12), ``redirect``
+``target_refused`` (gymweb's target policy refused the host: nothing was sent), ``reply_too_large``
+(over ``GYMWEB_MAX_REPLY_BYTES``), ``unreachable``, ``connection_dropped``, ``not_http``, ``timeout`` (rules 11, 12), ``redirect``
 (rule 1), ``http_error``, ``not_json``, ``not_object`` (rule 2), ``invalid_response``,
 ``invalid_output_item``, ``partial_usage`` (rule 3) are errors, as they fail a rollout.
 ``undeclared_tool`` (rule 5), ``unsafe_tool_name``, ``reserved_tool_name`` (rule 5),
@@ -56,6 +57,7 @@ from rollouts.engine.contract import (
     tool_name_problem,
 )
 from rollouts.engine.loop import BODY_EXCERPT_CHARS, SessionJar, make_client, validate_base_url
+from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy, find_refusal, find_too_large
 
 __all__ = [
     "CHECKS",
@@ -95,6 +97,19 @@ _TOP_LEVEL = (
 )
 
 CHECKS: dict[str, Check] = {
+    "target_refused": Check(
+        ERROR,
+        "gymweb's target policy (README, \"Which hosts a run may reach\")",
+        "gymweb refused to connect to this host under its target policy; runs against it fail with "
+        "target_refused. An administrator can allow it: list it in GYMWEB_ALLOWED_TARGET_HOSTS (host, host:port "
+        "or CIDR), or, for loopback and private addresses on a local single-user set-up, set GYMWEB_ALLOW_LOCAL_TARGETS=1.",
+    ),
+    "reply_too_large": Check(
+        ERROR,
+        "gymweb's reply cap (README, \"Which hosts a run may reach\")",
+        "The reply is larger than GYMWEB_MAX_REPLY_BYTES; gymweb stopped reading it and a rollout would fail with "
+        "reply_too_large. Send smaller replies, or raise the cap.",
+    ),
     "unreachable": Check(
         ERROR,
         "contract rule 11, DESIGN.md",
@@ -633,7 +648,15 @@ class _Run:
             probe.latency_ms = (time.perf_counter() - started) * 1000
             cause = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError) else exc
             probe.error = probe.received = f"{cause.__class__.__name__}: {cause}"
-            if isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
+            refused, too_large = find_refusal(exc), find_too_large(exc)
+            if refused is not None:
+                probe.error = probe.received = str(refused)
+                self.unreachable = True
+                self.add(probe, "target_refused", str(refused))
+            elif too_large is not None:
+                probe.error = probe.received = str(too_large)
+                self.add(probe, "reply_too_large", f"the reply is larger than {too_large.limit:,} bytes (GYMWEB_MAX_REPLY_BYTES)")
+            elif isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
                 self.unreachable = True
                 self.add(probe, "unreachable", f"could not connect to {self.url}: is your service running at {self.base_url}?")
             elif isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) or isinstance(
@@ -677,13 +700,17 @@ async def check_agent(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     slow_s: float = DEFAULT_SLOW_S,
     client: Optional[httpx.AsyncClient] = None,
+    policy: Optional[TargetPolicy] = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
 ) -> Report:
     """Probe the agent service at ``base_url`` and report every breach of the contract found.
 
     ``base_url``: the agent's base URL (``validate_base_url``, contract rule 13: absolute http(s),
     no query, fragment or credentials; a trailing slash is dropped). ``timeout_s``: per probe
     (seconds). ``slow_s``: replies slower than this get a ``slow`` warning. ``client``: an
-    ``httpx.AsyncClient`` from ``loop.make_client`` to reuse (default: a fresh one, closed after).
+    ``httpx.AsyncClient`` from ``loop.make_client`` to reuse (default: a fresh one with ``policy``
+    and ``max_reply_bytes``, closed after). ``policy``: the target policy (``rollouts.engine.targets``;
+    None: the strict default); a refused host ends the check with one ``target_refused`` finding.
 
     Returns a ``Report`` (module docstring: probes and codes). A refused connection (or an unknown
     host) ends the check with one ``unreachable`` finding. Raises ``loop.InvalidBaseURL`` for a bad
@@ -691,7 +718,7 @@ async def check_agent(
     """
     base = validate_base_url(base_url)
     own = client is None
-    client = client or make_client(1)
+    client = client or make_client(1, policy=policy, max_reply_bytes=max_reply_bytes)
     run = _Run(client, base, float(timeout_s), float(slow_s))
     try:
         first = _counter_request()
@@ -714,7 +741,8 @@ async def check_agent(
             await client.aclose()
 
 
-def check_agent_sync(base_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, slow_s: float = DEFAULT_SLOW_S) -> Report:
+def check_agent_sync(base_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, slow_s: float = DEFAULT_SLOW_S,
+                     policy: Optional[TargetPolicy] = None, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> Report:
     """``check_agent`` for synchronous callers (a view, a command): runs it in a new event loop.
     Must not be called from inside a running event loop. Raises ``loop.InvalidBaseURL`` like it."""
-    return asyncio.run(check_agent(base_url, timeout_s=timeout_s, slow_s=slow_s))
+    return asyncio.run(check_agent(base_url, timeout_s=timeout_s, slow_s=slow_s, policy=policy, max_reply_bytes=max_reply_bytes))

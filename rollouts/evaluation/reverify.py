@@ -31,6 +31,7 @@ import httpx
 from django.db import transaction
 from django.utils import timezone
 
+from rollouts import targets
 from rollouts.engine.loop import validate_base_url
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
@@ -70,8 +71,10 @@ def reverify_mode(env_url: str, timeout_s: float = 30.0) -> str:
     does not serve the route, or answers something else). Raises ``ReverifyError`` when the env
     cannot be reached."""
     try:
-        with httpx.Client(trust_env=False, timeout=timeout_s, follow_redirects=False) as client:
+        with targets.sync_client(timeout_s) as client:
             response = client.get(f"{env_url}/reverify_mode")
+    except targets.TargetRefused as exc:
+        raise ReverifyError(f"{env_url}: {exc}") from None
     except httpx.HTTPError as exc:
         raise ReverifyError(f"could not reach {env_url}/reverify_mode: {exc.__class__.__name__}: {exc}") from None
     if not response.is_success:
@@ -94,14 +97,16 @@ def _payload(task_row: dict[str, Any], rollout_index: int, verify: dict[str, Any
 async def _verify_all(env_url: str, payloads: list[dict[str, Any]], concurrency: int, timeout_s: float) -> list[tuple[Optional[dict], str, float]]:
     """POST every payload to ``/verify``: per payload ``(reply or None, error, ms)``."""
     semaphore = asyncio.Semaphore(max(1, concurrency))
-    limits = httpx.Limits(max_connections=max(1, concurrency))
-    async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, follow_redirects=False, limits=limits) as client:
+    async with targets.async_client(max(1, concurrency)) as client:
         async def one(payload: dict[str, Any]) -> tuple[Optional[dict], str, float]:
             async with semaphore:
                 started = time.perf_counter()
                 try:
-                    response = await client.post(f"{env_url}/verify", content=json.dumps(payload),
-                                                 headers={"content-type": "application/json"})
+                    async with asyncio.timeout(timeout_s):
+                        response = await client.post(f"{env_url}/verify", content=json.dumps(payload),
+                                                     headers={"content-type": "application/json"})
+                except TimeoutError:
+                    return None, f"{env_url}/verify did not answer within {timeout_s:g} s", 0.0
                 except httpx.HTTPError as exc:
                     return None, f"could not call {env_url}/verify: {exc.__class__.__name__}: {exc}", 0.0
                 ms = (time.perf_counter() - started) * 1000.0

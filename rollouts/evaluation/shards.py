@@ -40,6 +40,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import orjson
 
+from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy
 from rollouts.evaluation.aggregate_metrics import (
     AggregateOutcome,
     aggregate_metrics_bytes,
@@ -196,13 +197,16 @@ def merge_shards(
     env_url: Optional[str] = None,
     timeout_s: float = 60.0,
     default_agent: str = "remote_agent",
+    policy: Optional[TargetPolicy] = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
 ) -> MergeResult:
     """Merge the shards at ``paths`` and compute their aggregate metrics (see the module docstring).
 
     ``count_failure_classes_as_zero``: ``_ng_failure_class`` values (gymweb writes
     ``remote_agent_error``) whose failed rollouts enter the metrics as reward 0.
     ``count_missing_rollouts_as_zero``: materialised rollouts with no row anywhere enter as 0.
-    ``env_url``: ask that env's ``/aggregate_metrics`` (else computed locally; notes say so).
+    ``env_url``: ask that env's ``/aggregate_metrics`` (else computed locally; notes say so), under
+    the target ``policy`` (None: the strict default) with replies capped at ``max_reply_bytes``.
 
     Raises ``ShardError`` (file and line) for a line that is not a JSON object, a success row
     without both indices, or a rollout with success rows in two places; ``FileNotFoundError`` for
@@ -308,7 +312,8 @@ def merge_shards(
         for identity, row in latest_failures.items()
         if identity not in result_ids and identity not in counted_ids
     )
-    result.aggregate = build_aggregate_metrics(rows + counted, env_url=env_url, timeout_s=timeout_s, default_agent=default_agent)
+    result.aggregate = build_aggregate_metrics(rows + counted, env_url=env_url, timeout_s=timeout_s, default_agent=default_agent,
+                                               policy=policy, max_reply_bytes=max_reply_bytes)
     return result
 
 

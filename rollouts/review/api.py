@@ -29,6 +29,7 @@ from ninja.responses import Status
 from ninja.security import HttpBearer
 from pydantic import Field
 
+from rollouts import targets
 from rollouts.collection import runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.evaluation import metrics
@@ -423,10 +424,14 @@ def cancel_run(request, run_id: int):
 @api.post("/runs/{run_id}/retry", response={200: RetryOut, 400: Error}, summary="Retry failed and not-run rollouts")
 def retry_run(request, run_id: int):
     """New attempts for failed keys (up to the run's max attempts; terminal failures never) and for
-    cancelled or interrupted ones; ``retried`` says how many."""
+    cancelled or interrupted ones; ``retried`` says how many. 400 (nothing queued) when the target
+    policy now refuses the run's agent or env URL: the message names the rule and the setting."""
     run = _run_for(request, run_id)
     if run.status == Run.Status.IMPORTED:
         raise HttpError(400, "an imported run has no services to run against")
+    refused = targets.refused_services(run.agent_url, run.env_url)
+    if refused:  # nothing is queued: the attempts would only fail with target_refused
+        raise HttpError(400, "not retried: " + " ".join(refused))
     n = runs.resume(run)
     run.refresh_from_db()
     return {"retried": n, "run": _run_out(request, run)}

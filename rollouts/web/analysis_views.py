@@ -45,6 +45,7 @@ from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web import charts
 from rollouts.evaluation import compare as nemo_compare
 from rollouts.evaluation.compare import compare_runs, pick_pair
+from rollouts import targets
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
 from rollouts.web.forms import clean_agent_url, export_filename
 from rollouts.engine.loop import InvalidBaseURL
@@ -872,11 +873,16 @@ def check_agent(request):
         form = CheckAgentForm(request.POST)
         if form.is_valid():
             try:
-                report = check_agent_sync(form.cleaned_data["agent_url"], timeout_s=form.cleaned_data["timeout_s"])
+                report = check_agent_sync(form.cleaned_data["agent_url"], timeout_s=form.cleaned_data["timeout_s"],
+                                          policy=targets.policy(), max_reply_bytes=targets.max_reply_bytes())
             except InvalidBaseURL as exc:  # validated above; kept for safety (the message never echoes credentials)
                 form.add_error("agent_url", str(exc))
             else:
-                result = _report_view(report)
+                refused = [f for f in report.findings if f.code == "target_refused"]
+                if refused:  # judged again when connecting (the name's addresses may have changed)
+                    form.add_error("agent_url", f"agent URL: {refused[0].title}.")
+                else:
+                    result = _report_view(report)
     else:
         prefill = request.GET.get("agent_url", "") or settings.GYMWEB_DEFAULT_AGENT_URL
         form = CheckAgentForm(initial={"agent_url": prefill[:2000] if "@" not in prefill else ""})

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
+from rollouts import targets
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
 from rollouts.collection.runs import RunTooLarge, check_size
@@ -60,7 +61,9 @@ def forget_value(form: forms.Form, name: str) -> None:
 def clean_target_url(form: forms.Form, name: str, what: str) -> str:
     """The cleaned value of a URL field that gymweb will send requests to (an agent or an env),
     for any form's ``clean_<name>``: ``loop.validate_base_url`` (absolute http(s), no credentials,
-    query or fragment; trailing slash dropped) and ``GYMWEB_ALLOWED_TARGET_HOSTS``. A submitted
+    query or fragment; trailing slash dropped) and the instance's target policy (``rollouts.targets``:
+    ``GYMWEB_ALLOWED_TARGET_HOSTS``, ``GYMWEB_ALLOW_LOCAL_TARGETS``; IP spellings and the name's
+    current addresses are judged; requests are judged again when they connect). A submitted
     value holding ``@`` is never rendered back, and error messages never echo credentials."""
     raw = form.cleaned_data.get(name, "")
     if "@" in raw:
@@ -69,14 +72,19 @@ def clean_target_url(form: forms.Form, name: str, what: str) -> str:
         url = validate_base_url(raw, what)
     except InvalidBaseURL as exc:
         raise forms.ValidationError(str(exc), code="invalid_url") from None
-    allowed = [h.strip().lower() for h in getattr(settings, "GYMWEB_ALLOWED_TARGET_HOSTS", []) if h.strip()]
-    host = (urlsplit(url).hostname or "").lower()
-    if allowed and host not in allowed:
-        raise forms.ValidationError(
-            f"{what}: host {host!r} is not allowed here (GYMWEB_ALLOWED_TARGET_HOSTS: {', '.join(allowed)}).",
-            code="host_not_allowed",
-        )
+    try:
+        targets.check_url(url)
+    except targets.TargetRefused as exc:
+        raise forms.ValidationError(target_refused_message(what, url, exc), code="host_not_allowed") from None
     return url
+
+
+def target_refused_message(what: str, url: str, exc: "targets.TargetRefused") -> str:
+    """The form error for a URL the target policy refuses: names the host, the rule and the
+    setting to change, e.g. ``agent URL: host '127.0.0.1' is not allowed here (127.0.0.1 is a
+    loopback address; …GYMWEB_ALLOW_LOCAL_TARGETS=1…).``"""
+    host = urlsplit(url).hostname or exc.host
+    return f"{what}: host {host!r} is not allowed here ({exc.reason})."
 
 
 RESPONSES_PATH = "/v1/responses"

@@ -27,6 +27,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 
 from rollouts.evaluation import metrics
 
+from rollouts import targets
 from rollouts.collection import runs
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
@@ -230,6 +231,11 @@ def run_retry(request, run_id):
     run = _run_for(request, run_id)
     if run.status == Run.Status.IMPORTED:
         messages.error(request, "An imported run has no services to run against.")
+        return HttpResponseRedirect(reverse("run", args=[run.pk]))
+    refused = targets.refused_services(run.agent_url, run.env_url)
+    if refused:  # nothing is queued: the attempts would only fail with target_refused
+        for text in refused:
+            messages.error(request, f"Not retried. {text}")
         return HttpResponseRedirect(reverse("run", args=[run.pk]))
     n = runs.resume(run)
     if n:

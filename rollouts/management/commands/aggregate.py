@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 from rollouts.evaluation.outputs import OutputExists, check_outputs
+from rollouts import targets
 from rollouts.evaluation.shards import ShardError, expand_input_glob, merge_shards, merged_paths, write_merged
 
 
@@ -78,6 +79,8 @@ class Command(BaseCommand):
                 count_failure_classes_as_zero=opts["count_failure_classes_as_zero"],
                 count_missing_rollouts_as_zero=opts["count_missing_rollouts_as_zero"],
                 env_url=env_url,
+                policy=targets.policy(),
+                max_reply_bytes=targets.max_reply_bytes(),
                 timeout_s=opts["timeout_s"],
             )
         except (ShardError, FileNotFoundError) as exc:

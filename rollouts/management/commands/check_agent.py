@@ -6,7 +6,8 @@ database and no environment.
 
 Exit status: 0 when no error was found (warnings allowed), 1 when there are errors (the service
 breaks the contract, or cannot be reached), 2 for an unusable URL (contract rule 13: absolute
-http(s), no query, fragment or credentials; the message never echoes credentials).
+http(s), no query, fragment or credentials; the message never echoes credentials) or one the
+instance's target policy refuses (``rollouts.targets``: the error names the rule and the setting).
 """
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ import json
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, DEFAULT_TIMEOUT_S, check_agent_sync
+from rollouts import targets
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
+from rollouts.engine.targets import TargetRefused
+
+
+def _refused(url: str, exc: TargetRefused) -> str:
+    return (f"{url}: {exc}\nNothing was sent. To allow it, list it in GYMWEB_ALLOWED_TARGET_HOSTS, or set "
+            "GYMWEB_ALLOW_LOCAL_TARGETS=1 for loopback and private addresses on a local single-user set-up.")
 
 
 def _seconds(value: str) -> float:
@@ -33,7 +41,7 @@ class Command(BaseCommand):
     help = (
         "Check that the agent service at URL follows the /v1/responses contract: sends a few probe "
         "conversations and reports every breach with how to fix it. Exit status 0 = no errors, "
-        "1 = errors, 2 = bad URL."
+        "1 = errors, 2 = bad URL or a host the target policy refuses."
     )
     requires_system_checks: list = []  # no database, no models: runs anywhere
 
@@ -48,7 +56,16 @@ class Command(BaseCommand):
             url = validate_base_url(opts["url"], "URL")
         except InvalidBaseURL as exc:
             raise CommandError(str(exc), returncode=2) from None
-        report = check_agent_sync(url, timeout_s=opts["timeout"], slow_s=opts["slow"])
+        policy = targets.policy()
+        try:
+            policy.check_url(url)
+        except TargetRefused as exc:
+            raise CommandError(_refused(url, exc), returncode=2) from None
+        report = check_agent_sync(url, timeout_s=opts["timeout"], slow_s=opts["slow"], policy=policy,
+                                  max_reply_bytes=targets.max_reply_bytes())
+        refused = [f for f in report.findings if f.code == "target_refused"]
+        if refused:  # judged again when connecting
+            raise CommandError(f"{refused[0].title}\n{refused[0].how_to_fix}", returncode=2)
         if opts["json"]:
             self.stdout.write(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
         else:
