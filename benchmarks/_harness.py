@@ -20,6 +20,9 @@ def setup_django(db: str) -> str:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gymweb.settings")
     os.environ["GYMWEB_DISPATCH_IN_WORKERS"] = "0"
+    # The fast services listen on 127.0.0.1: a local set-up allows local targets (README,
+    # "Which hosts a run may reach"); without it every rollout fails with target_refused.
+    os.environ["GYMWEB_ALLOW_LOCAL_TARGETS"] = "1"
     if db == "sqlite":
         tmp = tempfile.mkdtemp(prefix="gymweb-bench-")
         os.environ["GYMWEB_VAR_DIR"] = tmp
