@@ -31,7 +31,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from rollouts.engine.loop import LoopSettings, make_client, run_rollout
-from rollouts.engine.targets import TargetPolicy
+from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy
 
 # The tests' services run on 127.0.0.1: engine-level clients get this policy (local targets allowed).
 LOCAL = TargetPolicy(allow_local=True)
@@ -442,12 +442,14 @@ def settings(agent_url: str, env_url: str, **overrides: Any) -> LoopSettings:
     return LoopSettings(**values)
 
 
-async def drive(agent: Any, env: Any, row: Optional[dict] = None, observer: Any = None, **overrides: Any):
+async def drive(agent: Any, env: Any, row: Optional[dict] = None, observer: Any = None, *,
+                policy: TargetPolicy = LOCAL, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, **overrides: Any):
     """Run one rollout of ``row`` (default ``task_row()``) against ``agent`` and ``env`` (servers or
-    URLs) through a fresh shared client; returns the ``RolloutOutcome``."""
+    URLs) through a fresh shared client with the target ``policy`` (default: local targets allowed)
+    and reply cap; returns the ``RolloutOutcome``."""
     agent_url = agent if isinstance(agent, str) else agent.url
     env_url = env if isinstance(env, str) else env.url
-    client = make_client(4, policy=LOCAL)
+    client = make_client(4, policy=policy, max_reply_bytes=max_reply_bytes)
     try:
         return await run_rollout(client, row if row is not None else task_row(), settings(agent_url, env_url, **overrides), observer)
     finally:
