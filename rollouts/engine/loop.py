@@ -460,7 +460,9 @@ class _Rollout:
         between, then a failure naming the URL (rule 11; rule 15 for the env). A peer that answers
         with something other than HTTP fails at once. ``timeout_s`` bounds each try (rule 12; None:
         only the rollout's own timeout). Raises ``_Failure`` with kind ``unreachable``, ``not_http``
-        or ``timeout``; callers turn that into their own failure kind.
+        or ``timeout``, which callers turn into their own failure kind, or with ``target_refused``
+        (the client's target policy refused the host: nothing was sent, not retried) or
+        ``reply_too_large`` (the reply passed the client's cap; not read on), which they keep.
         """
         who = "the agent service" if party == "agent" else "the environment"
         last: Optional[BaseException] = None
