@@ -187,3 +187,10 @@ def test_check_agent_refuses_at_connection_time_too(strict, monkeypatch, counter
 def test_the_dataset_store_is_untouched_by_refused_forms(signed_in, strict):
     signed_in.post(reverse("run_new"), _data(agent_url="http://127.1:9102"))
     assert Dataset.objects.count() == 0
+
+
+def test_check_agent_names_a_bad_allowlist_entry(settings):
+    settings.GYMWEB_ALLOWED_TARGET_HOSTS = ["http://agent:8000"]
+    with pytest.raises(CommandError) as info:
+        call_command("check_agent", "http://agent.example:8000")
+    assert info.value.returncode == 2 and "'http://agent:8000'" in str(info.value) and "not a URL" in str(info.value)
