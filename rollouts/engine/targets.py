@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Optional, Union
 from urllib.parse import urlsplit
 
 import httpx
+from aiohttp.abc import AbstractResolver
 
 __all__ = [
     "ALLOW_LOCAL_SETTING",
@@ -59,8 +60,10 @@ __all__ = [
     "ReplyTooLarge",
     "TargetPolicy",
     "TargetRefused",
+    "classify",
     "find_refusal",
     "find_too_large",
+    "make_sync_client",
     "parse_ip",
     "resolve",
 ]
@@ -465,13 +468,7 @@ def _resolve_with_timeout(host: str, port: int, timeout_s: float) -> list[IPAddr
 
 
 # -- aiohttp: the resolver -----------------------------------------------------------------------
-def _aiohttp_resolver_base() -> type:
-    from aiohttp.abc import AbstractResolver
-
-    return AbstractResolver
-
-
-class PolicyResolver(_aiohttp_resolver_base()):  # type: ignore[misc]
+class PolicyResolver(AbstractResolver):
     """An aiohttp resolver (``TCPConnector(resolver=PolicyResolver(policy))``) that resolves with
     ``resolve`` in a thread and returns only the addresses ``policy`` allows, so aiohttp connects
     to a judged address. Raises ``_RefusedOSError`` (an ``OSError``, which aiohttp wraps in
