@@ -98,6 +98,8 @@ _PRIVATE = tuple(
     ipaddress.ip_network(n)
     for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "198.18.0.0/15", "fc00::/7", "fec0::/10")
 )
+_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+_V4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 # Classes of an address (``classify``).
 PUBLIC = "public"
@@ -224,9 +226,9 @@ def classify(addr: IPAddress) -> str:
         return "loopback"
     if any(addr in n for n in _PRIVATE if n.version == addr.version):
         return "private"
-    if addr.is_multicast or addr.is_reserved or (addr.version == 4 and addr == ipaddress.IPv4Address("255.255.255.255")):
+    if addr.is_multicast or addr.is_reserved or addr == _BROADCAST:
         return "not unicast"
-    if isinstance(addr, ipaddress.IPv6Address) and addr in ipaddress.ip_network("::/96"):
+    if addr.version == 6 and addr in _V4_COMPATIBLE:
         return "not unicast"  # IPv4-compatible (deprecated) addresses
     return PUBLIC
 
@@ -555,14 +557,21 @@ class PolicyAsyncTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, inner: httpx.AsyncBaseTransport, policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES):
         self.inner, self.policy, self.max_reply_bytes = inner, policy, int(max_reply_bytes)
+        # (host, port) pairs whose literal check passed: the policy is immutable and the check
+        # needs no DNS, so a run's thousands of calls to one address judge it once.
+        self._passed: set[tuple[str, int]] = set()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        try:
-            self.policy.check_literal(host, _port_of(request.url))
-        except TargetRefused as exc:
-            exc.request = request
-            raise
+        key = (request.url.host, _port_of(request.url))
+        if key not in self._passed:
+            try:
+                self.policy.check_literal(*key)
+            except TargetRefused as exc:
+                exc.request = request
+                raise
+            if len(self._passed) > 4096:
+                self._passed.clear()
+            self._passed.add(key)
         try:
             response = await self.inner.handle_async_request(request)
         except Exception as exc:
