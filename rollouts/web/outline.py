@@ -7,6 +7,7 @@ database. Texts stay plain strings: templates autoescape them.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 from rollouts.templatetags.gymweb_tags import ms
@@ -16,10 +17,15 @@ AXIS_WIDTH = 1000.0
 SUMMARY_MAX_CHARS = 120
 
 
+_TAG_ONLY = {"<think>", "</think>", "<thinking>", "</thinking>"}
+# tool-call argument keys whose value says what the call does (shown instead of the JSON)
+_TELLING_KEYS = ("command", "cmd", "code", "query", "patch", "path", "url")
+
+
 def _first_line(text: str) -> str:
     for line in text.splitlines():
         line = line.strip()
-        if line:
+        if line and line.lower() not in _TAG_ONLY:
             return line if len(line) <= SUMMARY_MAX_CHARS else line[: SUMMARY_MAX_CHARS - 1] + "…"
     return ""
 
@@ -61,6 +67,10 @@ def item_summary(payload: Any) -> dict[str, str]:
     elif kind == "function_call":
         args = item.get("arguments")
         label, texts = f"call {item.get('name') or ''}".strip(), [args if isinstance(args, str) else str(args)]
+        shown = _telling_argument(args)
+        if shown is not None:
+            line = _first_line(shown)
+            return {"label": label, "line": line, "length": _length(len(texts[0]))}
     elif kind == "function_call_output":
         out = item.get("output")
         label, texts = "output", (_texts(out) if isinstance(out, list) else [out if isinstance(out, str) else str(out)])
@@ -72,6 +82,24 @@ def item_summary(payload: Any) -> dict[str, str]:
     label = label if len(label) <= 80 else label[:79] + "…"
     line = next((first for first in (_first_line(t) for t in texts) if first), "")
     return {"label": label, "line": line, "length": _length(sum(len(t) for t in texts))}
+
+
+def _telling_argument(arguments: Any) -> Optional[str]:
+    """The argument that says what a call does (``command``, ``code``, ``query``…, or the only
+    string argument) when ``arguments`` is a JSON object; None otherwise."""
+    if not isinstance(arguments, str) or not arguments.lstrip().startswith("{") or len(arguments) > 1_000_000:
+        return None
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    for key in _TELLING_KEYS:
+        if isinstance(value.get(key), str) and value[key].strip():
+            return value[key]
+    strings = [v for v in value.values() if isinstance(v, str)]
+    return strings[0] if len(strings) == 1 and len(value) == 1 else None
 
 
 def _tokens(usage: Any) -> str:
