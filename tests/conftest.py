@@ -12,7 +12,8 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 REPO = Path(__file__).resolve().parents[1]
 COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
-SHARED_DATA = REPO.parent / "shared" / "data" / "nemo_gym"
+# NeMo Gym's real data beside the checkout (a git worktree elsewhere names it in GYMWEB_NEMO_GYM_DATA)
+SHARED_DATA = Path(os.environ.get("GYMWEB_NEMO_GYM_DATA") or REPO.parent / "shared" / "data" / "nemo_gym")
 
 
 @pytest.fixture(scope="session", autouse=True)

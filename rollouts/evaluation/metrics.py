@@ -36,6 +36,8 @@ from rollouts.models import Rollout, Run
 
 S = Rollout.Status
 FINISHED = (S.SUCCEEDED, S.FAILED)
+# A run started this long after it was created was relaunched (Retry): its rate counts from then.
+RELAUNCH_AFTER_S = 5.0
 HISTOGRAM_BINS = 10
 RATE_WINDOW_S = 60
 
@@ -377,7 +379,13 @@ def run_summary(run: Run, now=None) -> Summary:
     if run.started and finished_attempts:
         end = run.finished or now
         minutes = max((end - run.started).total_seconds(), 1.0) / 60.0
-        overall = finished_attempts / minutes
+        since = finished_attempts
+        if run.created and (run.started - run.created).total_seconds() > RELAUNCH_AFTER_S:
+            # Retry relaunches the run (``started`` moves to that moment): only the attempts
+            # finished since then count, or every earlier attempt over a few seconds reads as
+            # thousands a minute. (A run launched with its creation needs no query for this.)
+            since = Rollout.objects.filter(run=run, status__in=FINISHED, finished__gte=run.started).count()
+        overall = since / minutes if since else None
 
     tallest = max([b.count for b in fin.histogram] + [progress.failed]) or 1
     histogram = [Bin(b.low, b.high, b.count, 100.0 * b.count / tallest) for b in fin.histogram]  # one scale with the failed bar

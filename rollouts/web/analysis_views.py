@@ -512,7 +512,10 @@ def _aggregate_view(run: Run) -> dict[str, Any]:
 
 # -- charts of a run -----------------------------------------------------------------------------
 def _latency_buckets(run: Run) -> dict[str, Any]:
-    """Agent-call latencies of the run's finished attempts, bucketed in SQL on 1-2-5 edges."""
+    """Agent-call latencies of the run's finished attempts, bucketed in SQL on 1-2-5 edges. An
+    imported run's calls have no timing (a NeMo Gym file records none): ``{"unknown": True}``."""
+    if run.status == Run.Status.IMPORTED:
+        return {"n": 0, "items": [], "unknown": True}
     calls = AgentCall.objects.filter(rollout__run=run, rollout__status__in=FINISHED)
     agg = calls.aggregate(n=Count("id"), lo=Min("latency_ms"), hi=Max("latency_ms"), mean=Avg("latency_ms"))
     if not agg["n"]:

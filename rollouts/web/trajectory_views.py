@@ -22,6 +22,8 @@ from django.db.models import Count, F, Max, OrderBy, Q, QuerySet, Window
 from django.db.models.functions import Lag, Lead, RowNumber
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
 from django.urls import reverse
 
 from rollouts.collection import export
@@ -30,6 +32,7 @@ from rollouts.web.forms import FILTER_FIELDS, MultipleFileField, filtered_rollou
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
 from rollouts.evaluation import health
 from rollouts.web.evaluation_views import rollout_findings
+from rollouts.web.outline import item_summary, outline
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.review.views import review_context
@@ -394,6 +397,7 @@ def _task_input(task_row: dict[str, Any]) -> list[dict[str, Any]]:
     instructions = params.get("instructions")
     if isinstance(instructions, str) and instructions:
         views.append(item_view({"type": "message", "role": "instructions", "content": instructions}, origin="input", max_chars=max_chars))
+        views[-1]["summary"] = item_summary({"type": "message", "role": "instructions", "content": instructions})
     first = params.get("input")
     if isinstance(first, str):
         first = [{"type": "message", "role": "user", "content": first}]
@@ -403,6 +407,7 @@ def _task_input(task_row: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(item, dict) and item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
             call_names[item["call_id"]] = str(item.get("name") or "")
         views.append(item_view(item, origin="input", call_names=call_names, max_chars=max_chars))
+        views[-1]["summary"] = item_summary(item)
     if len(first) > max_items:
         hidden = len(first) - max_items
         views.append({"template": "rollouts/partials/item_note.html",
@@ -469,6 +474,9 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
             call_names[call_id] = str(payload.get("name") or "")
         view = item_view(payload, seq=seq, origin=origin, asked=asked, paired=paired, refused=refused,
                          latency_ms=latency_ms, tool_status=tool_status, call_names=call_names, max_chars=max_chars)
+        view["summary"] = item_summary(payload)  # the line a folded item shows (issue 11)
+        if origin == TrajectoryItem.Origin.GYM:  # the outline's tool time and failed outputs
+            view["tool_status"], view["tool_latency_ms"] = tool_status, latency_ms
         if kind == "function_call":
             calls_by_id.setdefault(call_id, []).append(view)
             call_views.append(view)
@@ -486,51 +494,134 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
     for view in call_views:
         _call_badges(view)
     for step in steps.values():
+        step["count"] = len(step["items"])
         step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
         details = step["call"].incomplete_details if step["call"] is not None else None
         step["incomplete"] = _short(_json_text(details)[0], 500) if details else ""
     return [steps[k] for k in sorted(steps)], count
 
 
+ACTIVE_STATUSES = (Rollout.Status.PENDING, Rollout.Status.RUNNING)
+
+
+def _attempt_views(rollout: Rollout) -> list[dict[str, Any]]:
+    """Every row of ``rollout``'s key in order, numbered ``#1``, ``#2``… by position: a cancelled or
+    interrupted row does not count as an attempt (the next one keeps its ``attempt`` number), so
+    the stored number alone would show two ``#1`` (issue 11). ``label`` is the position,
+    ``counted`` False for kill-shaped rows."""
+    rows = list(
+        Rollout.objects.filter(run_id=rollout.run_id, task_index=rollout.task_index, rollout_index=rollout.rollout_index)
+        .order_by("attempt", "id")
+        .values("id", "attempt", "status", "reward", "failure_kind", "terminal")
+    )
+    for n, row in enumerate(rows, 1):
+        row["label"] = f"#{n}"
+        row["counted"] = row["status"] not in Rollout.KILL_SHAPED
+    return rows
+
+
+def _live_counts(rollout: Rollout, steps: list[dict[str, Any]], num_items: int) -> dict[str, int]:
+    """The header's counts: a running attempt's stored rows (its row's counters are written when
+    it ends), a finished one's own counters."""
+    if rollout.status in ACTIVE_STATUSES:
+        views = [v for s in steps for v in s["items"] + s["tail"]]
+        return {"calls": sum(1 for s in steps if s["call"] is not None), "items": num_items,
+                "tools": sum(1 for v in views if v.get("origin") == TrajectoryItem.Origin.GYM and v.get("template", "").endswith("output.html"))}
+    return {"calls": rollout.num_agent_calls, "items": num_items, "tools": rollout.num_tool_calls}
+
+
+def _trajectory_context(request, rollout: Rollout) -> dict[str, Any]:
+    """What the trajectory page and its live tail (``rollout_live``) render: the timeline, its
+    outline, the header's counts, the failure and verify panels, health findings."""
+    run = rollout.run
+    imported = run.status == Run.Status.IMPORTED
+    steps, num_items = _timeline(rollout)
+    context = {
+        "run": run,
+        "rollout": rollout,
+        "imported": imported,
+        "steps": steps,
+        "num_items": num_items,
+        "counts": _live_counts(rollout, steps, num_items),
+        "outline": outline(steps, imported=imported, started=None),
+        "live": rollout.status in ACTIVE_STATUSES and not imported,
+        "verify": _verify_view(rollout.verify_json) if rollout.status == Rollout.Status.SUCCEEDED else None,
+        "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
+        "live_url": reverse("rollout_live", args=[run.pk, rollout.pk]),
+        "kill_shaped": rollout.status in Rollout.KILL_SHAPED,
+    }
+    context["live_seen"] = _live_signature(rollout.status, num_items, sum(1 for s in steps if s["call"] is not None))
+    context["error_text"], context["error_cut"] = _Budget(display_max_chars()).clip(rollout.error or "")
+    context.update(rollout_findings(rollout, steps))  # health findings, each on its step
+    return context
+
+
+def _live_signature(status: str, items: int, calls: int) -> str:
+    """What a live tail last showed: changes with every stored item or agent call and with the status."""
+    return f"{status}.{items}.{calls}"
+
+
 @login_required
 def rollout_detail(request, run_id, rollout_id):
+    """One rollout's trajectory: outline, foldable steps and items, search (``?q=``, client side),
+    and while the attempt runs, a tail that polls ``rollout_live`` for new steps."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
     run = rollout.run
     try:
         task_row = json.loads(rollout.task.row_json)
     except ValueError:
         task_row = {}
-    steps, num_items = _timeline(rollout)
-    attempts = list(
-        Rollout.objects.filter(run_id=run.pk, task_index=rollout.task_index, rollout_index=rollout.rollout_index)
-        .order_by("attempt", "id")
-        .values("id", "attempt", "status", "reward", "failure_kind", "terminal")
-    )
+    context = _trajectory_context(request, rollout)
+    steps = context["steps"]
     qs = filter_querystring(request.GET)
     nav = neighbours(rollout, request.GET)
     suffix = f"?{qs}" if qs else ""
-    context = {
-        "run": run,
-        "rollout": rollout,
-        "imported": run.status == Run.Status.IMPORTED,
+    context.update({
         "task_input": _task_input(task_row),
         "tools": [t.get("name") for t in (task_row.get("responses_create_params") or {}).get("tools") or [] if isinstance(t, dict)],
-        "steps": steps,
-        "num_items": num_items,
-        "verify": _verify_view(rollout.verify_json) if rollout.status == Rollout.Status.SUCCEEDED else None,
-        "attempts": attempts,
+        # every step but the last is fixed; the last one (the tail) is re-read while the attempt runs
+        "head_steps": steps[:-1] if context["live"] else steps,
+        "tail_steps": steps[-1:] if context["live"] else [],
+        "tail_from": steps[-1]["index"] if steps else 0,
+        "attempts": _attempt_views(rollout),
         "nav": nav,
         "filter_qs": qs,
+        "search_q": request.GET.get("q", "")[:200],
         "run_url": reverse("run", args=[run.pk]) + suffix,
         "prev_url": reverse("rollout", args=[run.pk, nav["prev_id"]]) + suffix if nav["prev_id"] else "",
         "next_url": reverse("rollout", args=[run.pk, nav["next_id"]]) + suffix if nav["next_id"] else "",
-        "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
-        "kill_shaped": rollout.status in Rollout.KILL_SHAPED,
-    }
-    context["error_text"], context["error_cut"] = _Budget(display_max_chars()).clip(rollout.error or "")
-    context.update(rollout_findings(rollout, steps))  # health findings, each on its step
+    })
     context.update(review_context(request, rollout, nav=nav))  # labels, notes, review mode (issue 13)
     return render(request, "rollouts/rollout_detail.html", context)
+
+
+@login_required
+@require_safe
+@never_cache
+def rollout_live(request, run_id, rollout_id):
+    """The live tail of a running attempt's page (polled every 2 s by the page): the steps from
+    ``?from=N`` on (the step the page last showed as its tail, re-read whole: its tool outputs may
+    have arrived), a new tail element that polls from the newest step, and out-of-band the header
+    counts, the outline and, once the attempt is final, its failure and verify panels. The tail of
+    a final attempt carries no trigger, so polling stops."""
+    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    try:
+        start = max(0, int(request.GET.get("from", "0")))
+    except ValueError:
+        start = 0
+    seen = request.GET.get("seen")
+    if seen and seen == _live_signature(rollout.status, TrajectoryItem.objects.filter(rollout=rollout).count(),
+                                        AgentCall.objects.filter(rollout=rollout).count()):
+        return HttpResponse(status=204)  # nothing new: htmx swaps nothing and the tail polls on
+    context = _trajectory_context(request, rollout)
+    steps = [s for s in context["steps"] if s["index"] >= start]
+    context.update({
+        "head_steps": steps[:-1] if context["live"] else steps,
+        "tail_steps": steps[-1:] if context["live"] else [],
+        "tail_from": steps[-1]["index"] if steps else start,
+        "oob": True,
+    })
+    return render(request, "rollouts/partials/rollout_live.html", context)
 
 
 def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:

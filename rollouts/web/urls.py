@@ -19,6 +19,7 @@ urlpatterns = [
     path("runs/<int:run_id>/export/<str:kind>.jsonl", views.run_export, name="run_export"),
     path("runs/<int:run_id>/export/rollouts_aggregate_metrics.json", analysis_views.run_aggregate_metrics_file, name="run_aggregate_metrics"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/live/", trajectory_views.rollout_live, name="rollout_live"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/raw.json", trajectory_views.rollout_raw, name="rollout_raw"),
     path("import/", trajectory_views.import_rollouts, name="import"),
     path("runs/<int:run_id>/profile/", analysis_views.run_profile, name="run_profile"),

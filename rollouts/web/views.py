@@ -16,6 +16,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db import transaction
+from django.db.models import Count
 from django.db.models.functions import Substr
 from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -35,7 +36,7 @@ from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filt
 from rollouts.web.uploads import too_large_uploads
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
-from rollouts.models import Rollout, Run, Worker
+from rollouts.models import AgentCall, Rollout, Run, Worker
 from rollouts.review import actions as review_actions
 
 RUNS_PER_PAGE = 25
@@ -116,6 +117,7 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
         "duration_ms", "num_agent_calls", "num_tool_calls", "total_tokens", "usage_reported",
     ).annotate(error_head=Substr("error", 1, 160, output_field=LosslessTextField())).in_bulk()
     review_actions.attach_to_rows(loaded.values())  # labels and note counts (rollouts.review)
+    _attach_live_calls(loaded.values())
     qs_text = filt.querystring()
     # A content search's rows open the rollout with its hits highlighted (the page's ``?q=``).
     link_qs = "&".join(p for p in (qs_text, urlencode({"q": filt.highlight}) if filt.highlight else "") if p)
@@ -135,6 +137,23 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
         "sort_links": _sort_links(filt, base),
         "page_qs": qs_text,
     }
+
+
+def _attach_live_calls(rows) -> None:
+    """A running row's ``num_agent_calls`` is written when it ends: until then count its stored
+    agent calls (one grouped query over the page's running rows) so the table shows progress."""
+    running = {r.pk: r for r in rows if r.status == Rollout.Status.RUNNING}
+    if not running:
+        return
+    counts = dict(AgentCall.objects.filter(rollout_id__in=list(running)).values_list("rollout_id").annotate(n=Count("id")).order_by())
+    for pk, row in running.items():
+        row.num_agent_calls = counts.get(pk, 0)
+
+
+def running_calls(run: Run) -> int:
+    """Agent calls stored so far by the run's running attempts (part of the live signature, so the
+    table refreshes while a long rollout grows)."""
+    return AgentCall.objects.filter(rollout__run=run, rollout__status=Rollout.Status.RUNNING).count()
 
 
 def _sort_links(filt: RolloutFilterForm, base: str) -> dict[str, dict]:
@@ -171,7 +190,7 @@ def _live_context(run: Run) -> dict:
         "run": run,
         "s": summary,
         "p": p,
-        "signature": f"{summary.signature}.{run.status}",
+        "signature": f"{summary.signature}.{running_calls(run) if p.running else 0}.{run.status}",
         "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
         "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
         # gym eval compare looks for it beside the rollouts file, named after it
@@ -209,7 +228,12 @@ def run_live(request, run_id):
     response = render(request, "rollouts/partials/run_live.html", context)
     seen = request.GET.get("seen")
     if seen is not None and seen != context["signature"]:
-        response["HX-Trigger"] = "rollouts-changed"
+        events = ["rollouts-changed"]
+        if run.is_final and seen.rpartition(".")[2] not in Run.FINAL:
+            # the run ended while the page watched: the charts and the evaluation (loaded once, or
+            # polled every 10 s) reload now, so no count on the page stays at its last poll's value
+            events.append("run-finished")
+        response["HX-Trigger"] = ", ".join(events)
     return response
 
 

@@ -1,21 +1,288 @@
-// Trajectory page: j = next rollout, k = previous (through the run's filtered list).
-// No build step; the links themselves carry the filter querystring.
+// Trajectory page (issue 11). No build step; the CSP allows no inline script or style, so
+// everything here works through classes, attributes and the CSS Custom Highlight API.
+//   j / k      next / previous rollout (through the run's filtered list; review.js answers first in review mode)
+//   n / p      next / previous step; the outline highlights the step being read
+//   /          focus the search box; Enter / Shift-Enter: next / previous hit; Esc leaves it
+//   e / c      expand everything / fold every item to one line (c again folds the steps too)
 (function () {
   "use strict";
+  var q = document.getElementById("traj-q");
+  var hitsLabel = document.getElementById("traj-hits");
+  var timeline = document.getElementById("timeline");
+
   function typing(el) {
     if (!el) return false;
     var tag = el.tagName;
     return el.isContentEditable || tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT";
   }
+
+  function openAncestors(el) {
+    for (var node = el; node; node = node.parentElement) {
+      if (node.tagName === "DETAILS" && !node.open) node.open = true;
+    }
+  }
+
+  // -- steps and the outline -----------------------------------------------------------------
+  function steps() {
+    return Array.prototype.slice.call(document.querySelectorAll("#timeline details.step"));
+  }
+  var currentId = null;
+  function setCurrent(id) {
+    if (id === currentId) return;
+    currentId = id;
+    var rows = document.querySelectorAll(".outline-row");
+    for (var i = 0; i < rows.length; i++) {
+      var on = rows[i].getAttribute("data-target") === id;
+      rows[i].classList.toggle("current", on);
+      if (on) rows[i].setAttribute("aria-current", "step"); else rows[i].removeAttribute("aria-current");
+    }
+    var row = document.querySelector('.outline-row[data-target="' + id + '"]');
+    var box = document.getElementById("traj-outline");
+    if (row && box && box.scrollHeight > box.clientHeight) {
+      var r = row.getBoundingClientRect(), b = box.getBoundingClientRect();
+      if (r.top < b.top || r.bottom > b.bottom) box.scrollTop += r.top - b.top - b.height / 3;
+    }
+  }
+  // The current step: the last one whose top has passed a line just under the sticky toolbar.
+  function computeCurrent() {
+    var all = steps();
+    if (!all.length) return;
+    var line = 80, pick = all[0];
+    for (var i = 0; i < all.length; i++) {
+      if (all[i].getBoundingClientRect().top <= line) pick = all[i]; else break;
+    }
+    setCurrent(pick.id);
+  }
+  var observer = null, pending = false;
+  function schedule() {
+    if (pending) return;
+    pending = true;
+    window.requestAnimationFrame(function () { pending = false; computeCurrent(); });
+  }
+  function observe() {
+    if (!("IntersectionObserver" in window)) return;
+    if (observer) observer.disconnect();
+    var thresholds = [];
+    for (var t = 0; t <= 20; t++) thresholds.push(t / 20);
+    observer = new IntersectionObserver(schedule, { threshold: thresholds });
+    steps().forEach(function (s) { observer.observe(s); });
+    computeCurrent();
+  }
+  function goToStep(delta) {
+    var all = steps();
+    if (!all.length) return;
+    var at = 0;
+    for (var i = 0; i < all.length; i++) if (all[i].id === currentId) at = i;
+    // at the very top nothing is "read" yet: n goes to the first step after the input
+    var target = all[Math.max(0, Math.min(all.length - 1, at + delta))];
+    jumpTo(target);
+  }
+  function jumpTo(el) {
+    if (!el) return;
+    openAncestors(el);
+    if (el.tagName === "DETAILS") el.open = true;
+    el.scrollIntoView({ block: "start" });
+    setCurrent(el.id);
+    if (history.replaceState) history.replaceState(history.state, "", urlWith({ hash: el.id }));
+  }
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest && event.target.closest(".outline-row");
+    if (!link) return;
+    var el = document.getElementById(link.getAttribute("data-target"));
+    if (!el) return;
+    event.preventDefault();
+    jumpTo(el);
+  });
+  function openHash() {
+    var id = decodeURIComponent((location.hash || "").slice(1));
+    var el = id && document.getElementById(id);
+    if (el) { openAncestors(el); el.scrollIntoView({ block: "start" }); }
+  }
+  window.addEventListener("hashchange", openHash);
+
+  // -- folding --------------------------------------------------------------------------------
+  function expandAll() {
+    var all = document.querySelectorAll("#timeline details.step, #timeline details.fold");
+    for (var i = 0; i < all.length; i++) all[i].open = true;
+  }
+  function collapseAll() {
+    var folds = document.querySelectorAll("#timeline details.fold");
+    var anyOpen = false;
+    for (var i = 0; i < folds.length; i++) if (folds[i].open) { anyOpen = true; folds[i].open = false; }
+    if (!anyOpen) {  // every item was folded already: fold the steps too
+      var all = steps().concat(Array.prototype.slice.call(document.querySelectorAll("#step-input")));
+      for (var j = 0; j < all.length; j++) all[j].open = false;
+    }
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("[data-fold]");
+    if (!button) return;
+    if (button.getAttribute("data-fold") === "expand") expandAll(); else collapseAll();
+    schedule();
+  });
+
+  // -- search ---------------------------------------------------------------------------------
+  var hits = [], at = -1, marks = [];
+  var useHighlights = typeof CSS !== "undefined" && CSS.highlights && typeof Highlight === "function";
+  function urlWith(change) {
+    var url = new URL(location.href);
+    if ("q" in change) { if (change.q) url.searchParams.set("q", change.q); else url.searchParams.delete("q"); }
+    if ("hash" in change) url.hash = change.hash ? "#" + change.hash : "";
+    return url.pathname + url.search + url.hash;
+  }
+  function clearMarks() {
+    if (useHighlights) { CSS.highlights.delete("traj-hit"); CSS.highlights.delete("traj-hit-current"); }
+    marks.forEach(function (m) {
+      var parent = m.parentNode;
+      if (!parent) return;
+      parent.replaceChild(document.createTextNode(m.textContent), m);
+      parent.normalize();
+    });
+    marks = [];
+  }
+  function searchRoots() {
+    return [timeline, document.getElementById("traj-end")].filter(Boolean);
+  }
+  function search(text, keepPosition) {
+    var previous = at;
+    clearMarks();
+    hits = []; at = -1;
+    var needle = (text || "").toLowerCase();
+    if (!needle) { hitsLabel.textContent = ""; return; }
+    searchRoots().forEach(function (root) {
+      var walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
+        acceptNode: function (node) {
+          // a folded item's one-line summary repeats its text: count each hit once, in the item
+          var p = node.parentElement;
+          return p && !p.closest("summary.fold-sum") ? NodeFilter.FILTER_ACCEPT : NodeFilter.FILTER_REJECT;
+        }
+      });
+      var node;
+      while ((node = walker.nextNode())) {
+        var hay = node.data.toLowerCase(), from = 0, i;
+        while ((i = hay.indexOf(needle, from)) !== -1) {
+          hits.push({ node: node, start: i, end: i + needle.length });
+          from = i + needle.length;
+        }
+      }
+    });
+    if (!useHighlights) {
+      // wrap from the end of each node backwards so earlier offsets stay valid
+      for (var h = hits.length - 1; h >= 0; h--) {
+        var hit = hits[h], r = document.createRange();
+        r.setStart(hit.node, hit.start); r.setEnd(hit.node, hit.end);
+        var mark = document.createElement("mark");
+        mark.className = "traj-hit";
+        r.surroundContents(mark);
+        hit.mark = mark;
+        marks.unshift(mark);
+      }
+    } else {
+      var ranges = hits.map(function (hit) {
+        var r = document.createRange();
+        r.setStart(hit.node, hit.start); r.setEnd(hit.node, hit.end);
+        hit.range = r;
+        return r;
+      });
+      var all = new Highlight();
+      ranges.forEach(function (r) { all.add(r); });
+      CSS.highlights.set("traj-hit", all);
+    }
+    // every folded step or item holding a hit opens
+    hits.forEach(function (hit) { openAncestors(hit.node.parentElement); });
+    if (!hits.length) { hitsLabel.textContent = "no match"; return; }
+    move(keepPosition && previous >= 0 ? Math.min(previous, hits.length - 1) : 0, true, !keepPosition);
+  }
+  function move(index, absolute, scroll) {
+    if (!hits.length) return;
+    at = absolute ? index : (at + index + hits.length) % hits.length;
+    var hit = hits[at];
+    if (useHighlights) {
+      CSS.highlights.set("traj-hit-current", new Highlight(hit.range));
+    } else {
+      marks.forEach(function (m) { m.classList.remove("current"); });
+      hit.mark.classList.add("current");
+    }
+    hitsLabel.textContent = (at + 1) + " of " + hits.length;
+    if (scroll !== false) {
+      var el = hit.mark || hit.node.parentElement;
+      openAncestors(el);
+      el.scrollIntoView({ block: "center" });
+    }
+  }
+  var timer = null;
+  if (q) {
+    q.addEventListener("input", function () {
+      window.clearTimeout(timer);
+      timer = window.setTimeout(function () {
+        search(q.value);
+        if (history.replaceState) history.replaceState(history.state, "", urlWith({ q: q.value }));
+      }, 150);
+    });
+    q.addEventListener("keydown", function (event) {
+      if (event.key === "Enter") {
+        event.preventDefault();
+        window.clearTimeout(timer);
+        if (!hits.length || q.getAttribute("data-searched") !== q.value) {
+          q.setAttribute("data-searched", q.value);
+          search(q.value);
+          if (history.replaceState) history.replaceState(history.state, "", urlWith({ q: q.value }));
+          if (event.shiftKey && hits.length) move(hits.length - 1, true);
+        } else {
+          move(event.shiftKey ? -1 : 1, false);
+        }
+      } else if (event.key === "Escape") {
+        q.blur();
+      }
+    });
+    q.form.addEventListener("submit", function (event) { event.preventDefault(); });
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("[data-search]");
+    if (!button) return;
+    if (!hits.length && q && q.value) search(q.value);
+    move(button.getAttribute("data-search") === "prev" ? -1 : 1, false);
+  });
+
+  // -- keys -----------------------------------------------------------------------------------
   document.addEventListener("keydown", function (event) {
-    if (event.defaultPrevented || event.altKey || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    if (event.defaultPrevented || event.altKey || event.ctrlKey || event.metaKey) return;
     if (typing(event.target)) return;
-    var which = event.key === "j" ? "next" : event.key === "k" ? "prev" : null;
-    if (!which) return;
-    var link = document.querySelector('a[data-nav="' + which + '"]');
-    if (link && link.href) {
+    var key = event.key;
+    if (key === "/" ) {
+      if (q) { event.preventDefault(); q.focus(); q.select(); }
+      return;
+    }
+    if (event.shiftKey) return;
+    if (key === "j" || key === "k") {
+      var link = document.querySelector('a[data-nav="' + (key === "j" ? "next" : "prev") + '"]');
+      if (link && link.href) { event.preventDefault(); window.location.assign(link.href); }
+    } else if (key === "n" || key === "p") {
       event.preventDefault();
-      window.location.assign(link.href);
+      goToStep(key === "n" ? 1 : -1);
+    } else if (key === "e") {
+      event.preventDefault(); expandAll(); schedule();
+    } else if (key === "c") {
+      event.preventDefault(); collapseAll(); schedule();
     }
   });
+
+  // -- live tail: new steps arrive by HTMX; re-observe them and re-run the search ---------------
+  document.body.addEventListener("htmx:afterSettle", function (event) {
+    var target = event.detail && event.detail.elt;
+    if (!target || !(target.id === "traj-tail" || target.closest && target.closest("#timeline"))) {
+      if (!document.getElementById("timeline")) return;
+    }
+    observe();
+    if (q && q.value) search(q.value, true);
+  });
+
+  // narrow screens: the outline starts folded above the trajectory
+  var box = document.getElementById("outline-box");
+  if (box && window.matchMedia && window.matchMedia("(max-width: 900px)").matches) box.open = false;
+
+  observe();
+  window.addEventListener("scroll", schedule, { passive: true });
+  if (location.hash) openHash();
+  if (q && q.value) search(q.value);
 })();
