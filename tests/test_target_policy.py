@@ -129,9 +129,19 @@ def test_a_host_port_entry_allows_that_port_only():
     assert "localhost:6379 is not in GYMWEB_ALLOWED_TARGET_HOSTS (localhost:9102); only listed targets are allowed" in message
 
 
-def test_a_bare_host_entry_allows_every_port_of_that_host():
-    policy = TargetPolicy.from_settings(False, ["localhost"])
-    assert allowed(policy, "http://localhost:9102") and allowed(policy, "http://localhost:6379")
+def test_a_bare_localhost_entry_does_not_open_every_port_of_this_machine():
+    policy = TargetPolicy.from_settings(False, ["localhost", "127.0.0.1", "127.0.0.0/8"])
+    for url in ("http://localhost:6379", "http://127.0.0.1:6379", "http://127.1:5432"):
+        message = refused(policy, url)
+        assert "on gymweb's own machine (loopback)" in message and "list it as host:port" in message
+    assert allowed(TargetPolicy.from_settings(True, ["localhost"]), "http://localhost:6379")  # local targets on: as listed
+
+
+def test_a_bare_host_entry_allows_every_port_of_another_host(dns):
+    dns["agent.corp.test"] = ["10.9.8.7"]
+    policy = TargetPolicy.from_settings(False, ["agent.corp.test", "10.1.2.3"])
+    assert allowed(policy, "http://agent.corp.test:9102") and allowed(policy, "http://agent.corp.test:6379")
+    assert allowed(policy, "http://10.1.2.3:1234")
 
 
 def test_a_cidr_entry_allows_every_address_in_the_range_and_nothing_else():

@@ -114,10 +114,13 @@ async def test_a_host_port_entry_lets_the_run_through_and_refuses_another_port()
 
 
 @async_test
-async def test_a_cidr_entry_lets_the_run_through():
+async def test_a_cidr_entry_with_ports_lets_the_run_through_and_one_without_does_not_open_loopback():
     async with EnvService() as env, AgentService(reply(message())) as agent:
-        outcome = await drive(agent, env, policy=TargetPolicy.from_settings(False, ["127.0.0.0/8"]))
+        ports = [f"127.0.0.0/8:{port_of(agent.url)}", f"127.0.0.0/8:{port_of(env.url)}"]
+        outcome = await drive(agent, env, policy=TargetPolicy.from_settings(False, ports))
+        bare = await drive(agent, env, policy=TargetPolicy.from_settings(False, ["127.0.0.0/8"]))
     assert outcome.ok, outcome.error
+    assert bare.failure_kind == FailureKind.TARGET_REFUSED and "list it as host:port" in bare.error
 
 
 @async_test

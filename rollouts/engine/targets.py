@@ -19,7 +19,9 @@ cloud metadata endpoint on 169.254.169.254). This module holds the policy as pla
 The rules (``TargetPolicy``), in order:
 
 1. An address in ``GYMWEB_ALLOWED_TARGET_HOSTS`` (an IP or CIDR entry, with its port if it names
-   one) is allowed, whatever its class.
+   one) is allowed, whatever its class, except that an entry without a port does not open every
+   port of gymweb's own machine (loopback, unspecified) unless ``allow_local``: ``localhost:9102``
+   allows that port, a bare ``localhost`` does not reach Redis on 6379 (this holds for rule 3 too).
 2. Link-local (169.254.0.0/16, fe80::/10) and cloud-metadata addresses (``METADATA_ADDRESSES``),
    and addresses that are not unicast (multicast, reserved, broadcast), are refused unless rule 1
    allowed them; a metadata host name (``METADATA_NAMES``) is refused unless listed as a name.
@@ -104,6 +106,7 @@ _V4_COMPATIBLE = ipaddress.ip_network("::/96")
 # Classes of an address (``classify``).
 PUBLIC = "public"
 LOCAL_CLASSES = {"loopback", "unspecified", "private"}
+SELF_CLASSES = {"loopback", "unspecified"}  # gymweb's own machine
 ALWAYS_REFUSED = {"metadata", "link-local", "not unicast"}
 
 _HINT_LOCAL = (
@@ -343,15 +346,36 @@ class TargetPolicy:
             return f"public, loopback and private addresses ({ALLOW_LOCAL_SETTING}=1); never link-local or cloud metadata"
         return f"public addresses only (loopback and private need {ALLOW_LOCAL_SETTING}=1)"
 
-    def _listed_address(self, addr: IPAddress, port: Optional[int]) -> bool:
+    def _address_entries(self, addr: IPAddress, port: Optional[int]) -> list[AllowEntry]:
+        """IP and CIDR entries holding ``addr`` (or the IPv4 address it maps) on ``port``."""
+        found = []
         for candidate in {addr, _plain(addr)}:
             for e in self.allowed:
                 if e.network is not None and e.network.version == candidate.version and candidate in e.network and e.matches_port(port):
-                    return True
-        return False
+                    found.append(e)
+        return found
+
+    def _listed_address(self, addr: IPAddress, port: Optional[int]) -> bool:
+        return bool(self._address_entries(addr, port))
+
+    def _name_entries(self, name: str, port: Optional[int]) -> list[AllowEntry]:
+        return [e for e in self.allowed if e.name == name and e.matches_port(port)]
 
     def _listed_name(self, name: str, port: Optional[int]) -> bool:
-        return any(e.name == name and e.matches_port(port) for e in self.allowed)
+        return bool(self._name_entries(name, port))
+
+    def _opens(self, entries: list[AllowEntry], kind: str) -> bool:
+        """Whether matching ``entries`` allow an address of class ``kind``: an entry without a port
+        does not open every port of gymweb's own machine (loopback, unspecified) unless local
+        targets are allowed; ``localhost:9102`` does."""
+        return bool(entries) and (kind not in SELF_CLASSES or self.allow_local or any(e.port is not None for e in entries))
+
+    @staticmethod
+    def _self_reason(target: str, kind: str, entries: list[AllowEntry]) -> str:
+        listed = ", ".join(e.text for e in entries)
+        return (f"{target} is on gymweb's own machine ({kind}) and {ALLOWED_HOSTS_SETTING} lists it without a port "
+                f"({listed}), which does not open every port of this machine: list it as host:port, or set "
+                f"{ALLOW_LOCAL_SETTING}=1 on a local single-user set-up")
 
     def check_name(self, host: str, port: Optional[int]) -> Optional[str]:
         """The reason to refuse the host *name* before resolving it, or None. Only metadata names
@@ -364,10 +388,12 @@ class TargetPolicy:
     def check(self, host: str, port: Optional[int], addr: IPAddress) -> Optional[str]:
         """The reason to refuse connecting to ``addr`` (resolved from ``host``, or ``host`` itself
         when it is a literal) on ``port``, or None when allowed."""
-        if self._listed_address(addr, port):
-            return None
         name = _name(host)
         kind = classify(addr)
+        target = f"{name}:{port}" if port else name
+        by_address = self._address_entries(addr, port)
+        if by_address:
+            return None if self._opens(by_address, kind) else self._self_reason(target, kind, by_address)
         shown = str(_plain(addr))
         about = shown if parse_ip(host) is not None else f"{name} resolves to {shown}, which"
         if kind in ALWAYS_REFUSED:
@@ -377,10 +403,10 @@ class TargetPolicy:
                     "not unicast": "not a unicast address"}[kind]
             return f"{about} is {what}; {_HINT_ALWAYS}"
         if self.allowed:
-            if parse_ip(host) is None and self._listed_name(name, port):
-                return None
+            by_name = self._name_entries(name, port) if parse_ip(host) is None else []
+            if by_name:
+                return None if self._opens(by_name, kind) else self._self_reason(target, kind, by_name)
             listed = ", ".join(e.text for e in self.allowed)
-            target = f"{name}:{port}" if port else name
             return f"{target} is not in {ALLOWED_HOSTS_SETTING} ({listed}); only listed targets are allowed"
         if kind in LOCAL_CLASSES and not self.allow_local:
             article = "an" if kind[0] in "aeiou" else "a"
