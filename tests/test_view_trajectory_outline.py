@@ -57,10 +57,10 @@ def test_the_outline_lists_every_step_with_tools_latency_tokens_and_a_shared_tim
     assert "1 tool failed" in first  # the HTTP 500 output
     # One axis from the first call's start to the last call's end (1,000 + 600 ms = 1.6 s wide):
     # step 1's agent bar starts at 0 and is 400/1600 of the axis; its tools follow it.
-    assert '<rect class="wf-agent" x="0.0" y="1" width="250.0"' in first
-    assert '<rect class="wf-tools" x="250.0" y="1" width="31.25"' in first
+    assert '<rect class="wf-agent" x="0" y="1" width="250"' in first
+    assert '<rect class="wf-tools" x="250" y="1" width="31.25"' in first
     second = html[html.index('href="#step-1"'):html.index("</ol>")]
-    assert '<rect class="wf-agent" x="625.0" y="1" width="375.0"' in second
+    assert '<rect class="wf-agent" x="625" y="1" width="375"' in second
     assert "no tool call" in second
 
 

@@ -495,6 +495,7 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
         _call_badges(view)
     for step in steps.values():
         step["count"] = len(step["items"])
+        step["count_text"] = f"{step['count']:,} item{'' if step['count'] == 1 else 's'}"
         step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
         details = step["call"].incomplete_details if step["call"] is not None else None
         step["incomplete"] = _short(_json_text(details)[0], 500) if details else ""
