@@ -25,11 +25,15 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory screenshots
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_latency --db $(DB)
+bench-trajectory: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_trajectory_page --db $(DB)
+screenshots: $(BIN)/.installed
+	$(BIN)/python scripts/screenshots.py
 bench-storage: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_storage --db $(DB)
 bench-inflight: $(BIN)/.installed

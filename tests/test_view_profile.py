@@ -253,7 +253,7 @@ def test_the_run_page_links_the_profile_and_loads_its_charts(signed_in, mixed):
     html = signed_in.get(reverse("run", args=[mixed.pk])).content.decode()
     assert f'href="{_url(mixed)}"' in html
     assert f'href="{reverse("compare")}?a={mixed.pk}"' in html
-    assert f'hx-get="{reverse("run_charts", args=[mixed.pk])}" hx-trigger="revealed"' in html
+    assert f'hx-get="{reverse("run_charts", args=[mixed.pk])}" hx-trigger="revealed, run-finished from:body"' in html
 
 
 def test_failures_by_kind_over_time_count_every_failed_attempt(signed_in, mixed):
@@ -302,7 +302,7 @@ def test_charts_of_a_run_without_data_say_so(signed_in, db):
 
 def test_the_charts_of_a_live_run_refresh_themselves_and_stop_when_final(signed_in, db):
     live = make_run(1, status=Run.Status.RUNNING)
-    assert 'hx-trigger="every 10s"' in signed_in.get(reverse("run_charts", args=[live.pk])).content.decode()
+    assert 'hx-trigger="every 10s, run-finished from:body"' in signed_in.get(reverse("run_charts", args=[live.pk])).content.decode()
     done = make_run(1)
     assert "hx-trigger" not in signed_in.get(reverse("run_charts", args=[done.pk])).content.decode()
 

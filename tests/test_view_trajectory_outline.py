@@ -57,10 +57,10 @@ def test_the_outline_lists_every_step_with_tools_latency_tokens_and_a_shared_tim
     assert "1 tool failed" in first  # the HTTP 500 output
     # One axis from the first call's start to the last call's end (1,000 + 600 ms = 1.6 s wide):
     # step 1's agent bar starts at 0 and is 400/1600 of the axis; its tools follow it.
-    assert '<rect class="wf-agent" x="0.0" y="1" width="250.0"' in first
-    assert '<rect class="wf-tools" x="250.0" y="1" width="31.25"' in first
+    assert '<rect class="wf-agent" x="0" y="1" width="250"' in first
+    assert '<rect class="wf-tools" x="250" y="1" width="31.25"' in first
     second = html[html.index('href="#step-1"'):html.index("</ol>")]
-    assert '<rect class="wf-agent" x="625.0" y="1" width="375.0"' in second
+    assert '<rect class="wf-agent" x="625" y="1" width="375"' in second
     assert "no tool call" in second
 
 
@@ -231,3 +231,21 @@ def test_long_run_names_are_cut_with_a_title_and_urls_do_not_wrap(signed_in):
     assert f'title="{name}"' in html
     assert f">{name}<" not in html
     assert f'/runs/{run.pk}/' in html
+
+
+def test_the_rendering_modules_summary_is_split_in_its_three_parts(monkeypatch):
+    from rollouts.web import outline as outline_module
+
+    monkeypatch.setattr(outline_module, "_rendering_summary", lambda payload: "call bash · ls · -la · 12 chars")
+    assert outline_module.fold_summary({}) == {"label": "call bash", "line": "ls · -la", "length": "12 chars"}
+    monkeypatch.setattr(outline_module, "_rendering_summary", lambda payload: "reasoning")
+    assert outline_module.fold_summary({}) == {"label": "reasoning", "line": "", "length": ""}
+
+
+def test_previous_and_next_keep_the_search(signed_in):
+    run = rf.make_run(3)
+    for t in range(3):
+        rf.finish(rf.key(run, t), Rollout.Status.SUCCEEDED, 1.0)
+    html = _page(signed_in, rf.key(run, 1), q="count is", status="succeeded")
+    assert re.search(r'href="/runs/\d+/rollouts/\d+/\?status=succeeded&amp;q=count\+is" data-nav="next"', html)
+    assert re.search(r'href="/runs/\d+/rollouts/\d+/\?status=succeeded&amp;q=count\+is" data-nav="prev"', html)

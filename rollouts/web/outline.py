@@ -102,6 +102,26 @@ def _telling_argument(arguments: Any) -> Optional[str]:
     return strings[0] if len(strings) == 1 and len(value) == 1 else None
 
 
+def fold_summary(payload: Any) -> dict[str, str]:
+    """The folded item's line as ``{"label", "line", "length"}``: the rendering module's
+    ``item_summary`` (``"who · first line · N chars"``) split in its three parts when that module
+    has one, else this module's own ``item_summary``."""
+    if _rendering_summary is None:
+        return item_summary(payload)
+    text = _rendering_summary(payload)
+    label, _, rest = text.partition(" · ")
+    line, _, length = rest.rpartition(" · ")
+    if not length.endswith("chars") and not length.endswith("char"):
+        line, length = rest, ""
+    return {"label": label, "line": line, "length": length}
+
+
+try:  # the rendering module (issue 11's content rendering) owns the summary once it is there
+    from rollouts.web.rendering import item_summary as _rendering_summary
+except ImportError:  # pragma: no cover - depends on which branch is merged first
+    _rendering_summary = None
+
+
 def _tokens(usage: Any) -> str:
     if not isinstance(usage, dict):
         return ""
@@ -148,6 +168,11 @@ def _step_badges(step: dict[str, Any]) -> list[dict[str, str]]:
     return badges
 
 
+def _num(value: float) -> str:
+    """An SVG coordinate: at most two decimals, no trailing zeros (``"12.5"``, ``"0"``)."""
+    return f"{value:.2f}".rstrip("0").rstrip(".") or "0"
+
+
 def outline(steps: list[dict[str, Any]], *, imported: bool, started: Optional[Any] = None) -> dict[str, Any]:
     """The outline of a timeline (``trajectory_views._timeline``'s steps).
 
@@ -172,13 +197,14 @@ def outline(steps: list[dict[str, Any]], *, imported: bool, started: Optional[An
         tools_ms = sum(v.get("tool_latency_ms") or 0.0 for v in items)
         row = {
             "index": step["index"],
+            "number": str(step["index"] + 1),
             "title": step.get("title") or f"Step {step['index'] + 1}",
             "tools": _tool_names(items),
             "latency": "" if imported or call is None else ms(call.latency_ms),
             "tools_time": ms(tools_ms) if tools_ms and not imported else "",
             "tokens": _tokens(call.usage) if call is not None else "",
             "badges": _step_badges(step),
-            "items": len(items),
+            "items": step.get("count", len(items)),
         }
         rows.append(row)
         if origin is not None and call is not None and call.started:
@@ -195,8 +221,9 @@ def outline(steps: list[dict[str, Any]], *, imported: bool, started: Optional[An
                 continue
             start, agent, tools = span
             # at least half a unit wide, so a 1 ms call on a 10 minute axis is still a mark
-            row["agent_x"] = round(start * scale, 2)
-            row["agent_w"] = round(max(agent * scale, 0.5), 2)
-            row["tools_x"] = round(row["agent_x"] + agent * scale, 2)
-            row["tools_w"] = round(tools * scale, 2) if tools else 0
-    return {"rows": rows, "timed": timed, "span": ms(end) if timed else "", "axis": AXIS_WIDTH}
+            # strings: a float in a template goes through number localisation, slow on 500 rows
+            row["agent_x"] = _num(start * scale)
+            row["agent_w"] = _num(max(agent * scale, 0.5))
+            row["tools_x"] = _num((start + agent) * scale)
+            row["tools_w"] = _num(tools * scale) if tools else ""
+    return {"rows": rows, "timed": timed, "span": ms(end) if timed else "", "axis": _num(AXIS_WIDTH)}

@@ -32,7 +32,7 @@ from rollouts.web.forms import FILTER_FIELDS, MultipleFileField, filtered_rollou
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
 from rollouts.evaluation import health
 from rollouts.web.evaluation_views import rollout_findings
-from rollouts.web.outline import item_summary, outline
+from rollouts.web.outline import fold_summary as item_summary, outline
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.review.views import review_context
@@ -495,6 +495,7 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
         _call_badges(view)
     for step in steps.values():
         step["count"] = len(step["items"])
+        step["count_text"] = f"{step['count']:,} item{'' if step['count'] == 1 else 's'}"
         step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
         details = step["call"].incomplete_details if step["call"] is not None else None
         step["incomplete"] = _short(_json_text(details)[0], 500) if details else ""
@@ -576,6 +577,10 @@ def rollout_detail(request, run_id, rollout_id):
     qs = filter_querystring(request.GET)
     nav = neighbours(rollout, request.GET)
     suffix = f"?{qs}" if qs else ""
+    # j/k keep the in-page search, so the next rollout opens with its hits highlighted too
+    search_q = request.GET.get("q", "")[:500]
+    nav_qs = "&".join(p for p in (qs, urlencode({"q": search_q}) if search_q else "") if p)
+    nav_suffix = f"?{nav_qs}" if nav_qs else ""
     context.update({
         "task_input": _task_input(task_row),
         "tools": [t.get("name") for t in (task_row.get("responses_create_params") or {}).get("tools") or [] if isinstance(t, dict)],
@@ -586,10 +591,10 @@ def rollout_detail(request, run_id, rollout_id):
         "attempts": _attempt_views(rollout),
         "nav": nav,
         "filter_qs": qs,
-        "search_q": request.GET.get("q", "")[:200],
+        "search_q": search_q,
         "run_url": reverse("run", args=[run.pk]) + suffix,
-        "prev_url": reverse("rollout", args=[run.pk, nav["prev_id"]]) + suffix if nav["prev_id"] else "",
-        "next_url": reverse("rollout", args=[run.pk, nav["next_id"]]) + suffix if nav["next_id"] else "",
+        "prev_url": reverse("rollout", args=[run.pk, nav["prev_id"]]) + nav_suffix if nav["prev_id"] else "",
+        "next_url": reverse("rollout", args=[run.pk, nav["next_id"]]) + nav_suffix if nav["next_id"] else "",
     })
     context.update(review_context(request, rollout, nav=nav))  # labels, notes, review mode (issue 13)
     return render(request, "rollouts/rollout_detail.html", context)
