@@ -9,15 +9,17 @@ instance).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Optional
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models.functions import Substr
-from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -158,10 +160,22 @@ def _live_workers() -> int:
     return Worker.objects.filter(last_seen__gte=since).count()
 
 
-def _live_context(run: Run) -> dict:
-    summary = metrics.run_summary(run)
+def _live_signature(run: Run, progress: metrics.Progress, live_workers: Optional[int]) -> str:
+    """What the live part's poll sends back as ``seen``: rollout states by status, the run's status
+    and how many workers are live. Equal signatures mean the live part shows the same things
+    (except the last minute's rate), so an unchanged poll is answered with 204."""
+    rollouts = metrics.Summary(progress=progress, reward=metrics.RewardStats()).signature
+    return f"{rollouts}.{run.status}" + ("" if live_workers is None else f".{live_workers}")
+
+
+_UNSET = object()
+
+
+def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_workers=_UNSET) -> dict:
+    summary = metrics.run_summary(run, progress=progress)
     p = summary.progress
-    live_workers = None if run.is_final else _live_workers()
+    if live_workers is _UNSET:
+        live_workers = None if run.is_final else _live_workers()
     return {
         "live_workers": live_workers,
         "lease_s": float(settings.GYMWEB_LEASE_S),
@@ -170,12 +184,34 @@ def _live_context(run: Run) -> dict:
         "run": run,
         "s": summary,
         "p": p,
-        "signature": f"{summary.signature}.{run.status}",
+        "signature": _live_signature(run, p, live_workers),
         "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
         "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
         # gym eval compare looks for it beside the rollouts file, named after it
         "aggregate_file": aggregate_metrics_path(export_filename(run.pk, "rollouts")).name,
     }
+
+
+def _table_partial(request, run: Run) -> HttpResponse:
+    """The rollout table alone. Its automatic refresh (``#rollout-table`` refetches itself when
+    the live part says ``rollouts-changed``: every poll, for everyone watching, while a run
+    collects) is shared: while the run is running, one rendering per query string serves every
+    such refresh for ``GYMWEB_LIVE_CACHE_S``. A user's own filter, sort and page changes (which
+    target ``#rollouts``) and final runs are always rendered fresh; the key holds the run's status,
+    so the refresh after the run ends is fresh too. The markup is the same for every user."""
+    ttl = float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0))
+    shared = ttl > 0 and run.status == Run.Status.RUNNING and request.headers.get("HX-Target") == "rollout-table"
+    if shared:
+        created = run.created.timestamp() if run.created else 0
+        key = f"gymweb:table-live:v1:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"
+        html = cache.get(key)
+        if html is not None:
+            return HttpResponse(html)
+    context = {"run": run, **_table_context(request, run, metrics.failure_kinds(run))}
+    response = render(request, "rollouts/partials/run_rollouts.html", context)
+    if shared:
+        cache.set(key, response.content.decode(), ttl)
+    return response
 
 
 @login_required
@@ -184,8 +220,7 @@ def run_detail(request, run_id):
     run = _run_for(request, run_id)
     if wants_partial(request):
         # The rollout table (filter, sort, page changes and live refreshes).
-        context = {"run": run, **_table_context(request, run, metrics.failure_kinds(run))}
-        return vary_on_htmx(render(request, "rollouts/partials/run_rollouts.html", context))
+        return vary_on_htmx(_table_partial(request, run))
     live = _live_context(run)
     kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
     context = {**live, **_table_context(request, run, kinds)}
@@ -202,11 +237,19 @@ def run_live(request, run_id):
     """The live part of a run's page (progress, aggregates, actions). Its markup polls itself
     while the run is not final; once final, the returned markup has no trigger and polling stops.
     ``seen`` is the state signature the client last rendered: when it changed, the response asks
-    the page to refresh its rollout table too (``HX-Trigger: rollouts-changed``)."""
+    the page to refresh its rollout table too (``HX-Trigger: rollouts-changed``); when it did not
+    (a running run that is stalled, or waits for a worker), the answer is 204 No Content, which
+    htmx leaves unswapped while it keeps polling: three small indexed queries and no rendering.
+    (Not 304: htmx swaps a 304's empty body in; 286 would stop the polling.)"""
     run = _run_for(request, run_id)
-    context = _live_context(run)
-    response = render(request, "rollouts/partials/run_live.html", context)
     seen = request.GET.get("seen")
+    known = {}
+    if seen is not None and not run.is_final:
+        known = {"progress": metrics.run_progress(run), "live_workers": _live_workers()}
+        if seen == _live_signature(run, known["progress"], known["live_workers"]):
+            return HttpResponse(status=204)
+    context = _live_context(run, **known)
+    response = render(request, "rollouts/partials/run_live.html", context)
     if seen is not None and seen != context["signature"]:
         response["HX-Trigger"] = "rollouts-changed"
     return response
