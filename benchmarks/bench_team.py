@@ -307,6 +307,45 @@ def _report(rec: Recorder, window: tuple[float, float]) -> None:
         )
 
 
+def _page_of(method: str, path: str, query: str, target: str) -> str:
+    """The benchmark's page name of one access-log line."""
+    if re.fullmatch(r"/runs/\d+/live/", path):
+        return "live partial"
+    if re.fullmatch(r"/runs/\d+/charts/", path):
+        return "charts partial"
+    if re.fullmatch(r"/runs/\d+/evaluation/", path):
+        return "evaluation partial"
+    if re.fullmatch(r"/runs/\d+/profile/", path):
+        return "profile page"
+    if re.fullmatch(r"/runs/\d+/rollouts/\d+/", path):
+        return "rollout page"
+    if re.fullmatch(r"/runs/\d+/", path):
+        return "table partial" if target == "rollout-table" else "run page"
+    if path == "/":
+        return "runs list poll" if target == "run-list" else "runs list"
+    return f"{method} {path}"
+
+
+def _server_report(log: Path, window: tuple[float, float]) -> None:
+    """Per page, the server's own time (gunicorn's %(D)s: from accepting the request to the last
+    byte), over the browsing window."""
+    times: dict[str, list[float]] = defaultdict(list)
+    for line in log.read_text().splitlines():
+        parts = line.split("|")
+        if len(parts) != 7:
+            continue
+        _, method, path, query, status, micros, target = parts
+        if target == "-":
+            target = ""
+        times[_page_of(method, path, query, target)].append(int(micros) / 1000)
+    print("  server time (gunicorn, accept → last byte), ms:")
+    for page in sorted(times, key=lambda p: -statistics.median(times[p])):
+        if page.startswith(("GET /accounts", "POST /accounts")):
+            continue
+        ms = times[page]
+        print(f"    {page:<20} n {len(ms):>5}   p50 {_pct(ms, 50):7.0f}   p95 {_pct(ms, 95):7.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
@@ -350,6 +389,8 @@ def main() -> None:
     gunicorn = [
         str(Path(sys.executable).parent / "gunicorn"), "gymweb.wsgi", "--bind", f"127.0.0.1:{args.port}",
         "--workers", str(args.gunicorn_workers), "--timeout", "300", *args.gunicorn_args.split(),
+        # Server-side time of each request (µs), to tell the server's time from the driver's.
+        "--access-logfile", str(tmp / "access.log"), "--access-logformat", "%(t)s|%(m)s|%(U)s|%(q)s|%(s)s|%(D)s|%({hx-target}i)s",
     ]
     qcluster = [sys.executable, "manage.py", "qcluster"]
     agent_url, env_url, services = h.start_services(args.calls)
@@ -372,9 +413,16 @@ def main() -> None:
 
         run_b = h.make_run(args.rollouts, agent_url, env_url, args.concurrency, launch=False)
         ids = list(Rollout.objects.filter(run=run_b).values_list("id", flat=True))
+        browse_t0 = time.time()
         rec = asyncio.run(_browse(base, users, run_b.pk, run_a.pk, ids, args.browse_s, lambda: runs_mod.launch(run_b)))
+        browse_window = (browse_t0, time.time())
         _wait_final(run_b, timeout=1800)
         rate_b, t0, t1 = _collection_rate(run_b)
+        print(f"  (collection + browsing: {rate_b:.1f} rollouts/s; collection alone again)", flush=True)
+        # A again: the machine is shared, so the rate alone is taken before and after B.
+        run_a2 = h.make_run(args.rollouts, agent_url, env_url, args.concurrency)
+        _wait_final(run_a2, timeout=1800)
+        rate_a2, _, _ = _collection_rate(run_a2)
     finally:
         for proc in (web, worker):
             if proc is not None:
@@ -383,11 +431,13 @@ def main() -> None:
 
     print(f"busy-team benchmark — {h.machine()}; {where}; gunicorn {' '.join(gunicorn[2:])}; qcluster workers {settings.Q_CLUSTER['workers']}")
     print(f"  {args.users} users browsing {args.browse_s:.0f} s; runs of {args.rollouts} rollouts × {args.calls} agent calls, concurrency {args.concurrency}")
-    print(f"  collection alone       {rate_a:7.1f} rollouts/s")
-    print(f"  collection + browsing  {rate_b:7.1f} rollouts/s  ({100 * rate_b / rate_a:.0f}% of alone; target ≥ 90%)  [{t1 - t0:.1f} s]")
+    alone = (rate_a + rate_a2) / 2
+    print(f"  collection alone       {rate_a:7.1f} rollouts/s before, {rate_a2:.1f} after (mean {alone:.1f})")
+    print(f"  collection + browsing  {rate_b:7.1f} rollouts/s  ({100 * rate_b / alone:.0f}% of alone; target ≥ 90%)  [{t1 - t0:.1f} s]")
     total = sum(len(v) for v in rec.samples.values())
     print(f"  requests {total} ({total / args.browse_s:.1f}/s)")
     _report(rec, (t0, t1))
+    _server_report(tmp / "access.log", browse_window)
     if args.db == "postgres":
         from django.db import connection
 

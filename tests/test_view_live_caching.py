@@ -158,6 +158,14 @@ def test_the_table_refresh_of_a_running_run_is_shared_for_the_live_cache_time(si
     assert _statuses(_table(signed_in, running, "rollout-table")).count("succeeded") == 3
 
 
+def test_the_table_refresh_gets_the_table_alone_and_a_filter_change_the_whole_section(signed_in, running):
+    refresh = _table(signed_in, running, "rollout-table", status="succeeded")
+    assert refresh.lstrip().startswith('<div id="rollout-table"') and 'class="filters"' not in refresh
+    assert 'hx-select="#rollout-table"' in refresh and "status=succeeded" in refresh  # refreshes itself the same way
+    section = _table(signed_in, running, "rollouts", status="succeeded")
+    assert section.lstrip().startswith('<section id="rollouts"') and 'class="filters"' in section
+
+
 def test_the_table_refresh_after_the_run_ends_is_fresh(signed_in, running):
     _table(signed_in, running, "rollout-table")
     finish(key(running, 2), S.SUCCEEDED, 1.0)

@@ -198,9 +198,11 @@ def _table_partial(request, run: Run) -> HttpResponse:
     collects) is shared: while the run is running, one rendering per query string serves every
     such refresh for ``GYMWEB_LIVE_CACHE_S``. A user's own filter, sort and page changes (which
     target ``#rollouts``) and final runs are always rendered fresh; the key holds the run's status,
-    so the refresh after the run ends is fresh too. The markup is the same for every user."""
+    so the refresh after the run ends is fresh too. The markup is the same for every user. The
+    refresh gets the table alone (``#rollout-table``, all that its ``hx-select`` keeps)."""
+    refresh = request.headers.get("HX-Target") == "rollout-table"
     ttl = float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0))
-    shared = ttl > 0 and run.status == Run.Status.RUNNING and request.headers.get("HX-Target") == "rollout-table"
+    shared = refresh and ttl > 0 and run.status == Run.Status.RUNNING
     if shared:
         created = run.created.timestamp() if run.created else 0
         key = f"gymweb:table-live:v1:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"
@@ -208,7 +210,10 @@ def _table_partial(request, run: Run) -> HttpResponse:
         if html is not None:
             return HttpResponse(html)
     context = {"run": run, **_table_context(request, run, metrics.failure_kinds(run))}
-    response = render(request, "rollouts/partials/run_rollouts.html", context)
+    # The refresh keeps only #rollout-table of the answer (hx-select): the filter form around it
+    # (a third of the partial's rendering) is left out.
+    template = "rollouts/partials/run_rollout_table.html" if refresh else "rollouts/partials/run_rollouts.html"
+    response = render(request, template, context)
     if shared:
         cache.set(key, response.content.decode(), ttl)
     return response
