@@ -83,6 +83,22 @@ def _stop(proc: subprocess.Popen, timeout: float = 30) -> None:
             proc.wait()
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its living descendants (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
     import httpx
 
@@ -414,15 +430,20 @@ def main() -> None:
         run_b = h.make_run(args.rollouts, agent_url, env_url, args.concurrency, launch=False)
         ids = list(Rollout.objects.filter(run=run_b).values_list("id", flat=True))
         browse_t0 = time.time()
+        web_cpu0, worker_cpu0 = _tree_cpu_s(web.pid), _tree_cpu_s(worker.pid)
         rec = asyncio.run(_browse(base, users, run_b.pk, run_a.pk, ids, args.browse_s, lambda: runs_mod.launch(run_b)))
         browse_window = (browse_t0, time.time())
+        web_cpu = _tree_cpu_s(web.pid) - web_cpu0
         _wait_final(run_b, timeout=1800)
         rate_b, t0, t1 = _collection_rate(run_b)
+        worker_cpu_b = _tree_cpu_s(worker.pid) - worker_cpu0
+        worker_cpu1 = _tree_cpu_s(worker.pid)
         print(f"  (collection + browsing: {rate_b:.1f} rollouts/s; collection alone again)", flush=True)
         # A again: the machine is shared, so the rate alone is taken before and after B.
         run_a2 = h.make_run(args.rollouts, agent_url, env_url, args.concurrency)
         _wait_final(run_a2, timeout=1800)
         rate_a2, _, _ = _collection_rate(run_a2)
+        worker_cpu_a2 = _tree_cpu_s(worker.pid) - worker_cpu1
     finally:
         for proc in (web, worker):
             if proc is not None:
@@ -435,7 +456,9 @@ def main() -> None:
     print(f"  collection alone       {rate_a:7.1f} rollouts/s before, {rate_a2:.1f} after (mean {alone:.1f})")
     print(f"  collection + browsing  {rate_b:7.1f} rollouts/s  ({100 * rate_b / alone:.0f}% of alone; target ≥ 90%)  [{t1 - t0:.1f} s]")
     total = sum(len(v) for v in rec.samples.values())
-    print(f"  requests {total} ({total / args.browse_s:.1f}/s)")
+    print(f"  requests {total} ({total / args.browse_s:.1f}/s); web CPU while browsing {web_cpu:.1f} s = {1000 * web_cpu / max(total, 1):.0f} ms per request")
+    print(f"  worker CPU per rollout: {1000 * worker_cpu_b / args.rollouts:.1f} ms with browsing, {1000 * worker_cpu_a2 / args.rollouts:.1f} ms alone (idle polling included)")
+    print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (other sessions' work included)")
     _report(rec, (t0, t1))
     _server_report(tmp / "access.log", browse_window)
     if args.db == "postgres":

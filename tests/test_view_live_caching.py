@@ -158,6 +158,21 @@ def test_the_table_refresh_of_a_running_run_is_shared_for_the_live_cache_time(si
     assert _statuses(_table(signed_in, running, "rollout-table")).count("succeeded") == 3
 
 
+def test_the_run_page_of_a_running_run_shows_the_shared_table_and_of_a_final_run_a_fresh_one(signed_in, running, later):
+    page = reverse("run", args=[running.pk])
+    assert _statuses(signed_in.get(page).content.decode()).count("succeeded") == 2
+    finish(key(running, 2), S.SUCCEEDED, 1.0)
+    body = signed_in.get(page).content.decode()
+    assert "<strong>3</strong> / 4 done" in body  # the live part is fresh
+    assert _statuses(body).count("succeeded") == 2  # the table is the shared one
+    assert "&lt;div" not in body and body.count('id="rollout-table"') == 1  # inserted as markup
+    later(2.5)
+    assert _statuses(signed_in.get(page).content.decode()).count("succeeded") == 3
+    finish(key(running, 3), S.SUCCEEDED, 1.0)
+    Run.objects.filter(pk=running.pk).update(status=Run.Status.COMPLETED)
+    assert _statuses(signed_in.get(page).content.decode()).count("succeeded") == 4
+
+
 def test_the_table_refresh_gets_the_table_alone_and_a_filter_change_the_whole_section(signed_in, running):
     refresh = _table(signed_in, running, "rollout-table", status="succeeded")
     assert refresh.lstrip().startswith('<div id="rollout-table"') and 'class="filters"' not in refresh

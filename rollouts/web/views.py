@@ -21,9 +21,11 @@ from django.db import transaction
 from django.db.models.functions import Substr
 from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import content_disposition_header
+from django.utils.safestring import mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
@@ -106,8 +108,19 @@ def _launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
 
 
 # -- run page ----------------------------------------------------------------------------------------
-def _table_context(request, run: Run, kinds: list[str]) -> dict:
+def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) -> dict:
+    """The rollouts section's context: the filter, and (``with_rows``) the page of rows the table
+    shows; without rows, only what the section shows around the table."""
     qs, filt = filtered_rollouts(run, request.GET, kinds=kinds)
+    around = {
+        "filter": filt,
+        "filter_description": filt.describe(),
+        # What the "download these" links get: each file named after the run and the filter.
+        "filtered_files": [(kind, export_filename(run.pk, kind, filt)) for kind in ("rollouts", "rollouts_failures")],
+        "filter_qs": filt.querystring(),
+    }
+    if not with_rows:
+        return around
     # Page over ids only (the sort reads a few columns), then load that page's 50 rows: a deep
     # page never drags every row's wide columns through the sort.
     page = Paginator(qs.values_list("id", flat=True), ROLLOUTS_PER_PAGE).get_page(request.GET.get("page"))
@@ -125,14 +138,10 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
     rows = [(loaded[i], reverse("rollout", args=[run.pk, i]) + rollout_suffix) for i in ids if i in loaded]
     here = base + "?" + "&".join(p for p in (qs_text, f"page={page.number}" if page.number > 1 else "") if p)
     return {
-        "filter": filt,
-        "filter_description": filt.describe(),
-        # What the "download these" links get: each file named after the run and the filter.
-        "filtered_files": [(kind, export_filename(run.pk, kind, filt)) for kind in ("rollouts", "rollouts_failures")],
+        **around,
         "page": page,
         "rows": rows,
         "table_url": here.rstrip("?"),
-        "filter_qs": qs_text,
         "sort_links": _sort_links(filt, base),
         "page_qs": qs_text,
     }
@@ -192,31 +201,49 @@ def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_wo
     }
 
 
+def _shared_table_key(request, run: Run) -> Optional[str]:
+    """The cache key of a running run's rollout table (``#rollout-table``) for this query string,
+    or None when the table is rendered fresh (a final run; ``GYMWEB_LIVE_CACHE_S`` is 0)."""
+    if run.status != Run.Status.RUNNING or float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0)) <= 0:
+        return None
+    created = run.created.timestamp() if run.created else 0
+    return f"gymweb:table-live:v2:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"
+
+
+def _shared_table(request, run: Run, kinds: list[str]) -> tuple[dict, Optional[str]]:
+    """The rollouts section's context and, while the run is running, its table's HTML shared by
+    everyone watching (``#rollout-table`` holds no form and nothing of the user's) for
+    ``GYMWEB_LIVE_CACHE_S``: (context, html or None). The table is what changes on every poll
+    of a collecting run and what its automatic refresh fetches; one rendering per query string
+    and few seconds serves the whole team. The key holds the run's status, so the table after
+    the run ends is fresh."""
+    key = _shared_table_key(request, run)
+    if key is None:
+        return _table_context(request, run, kinds), None
+    html = cache.get(key)
+    if html is not None:
+        # Our own template's output (escaped when it was rendered), as render_to_string gave it.
+        return _table_context(request, run, kinds, with_rows=False), mark_safe(html)
+    context = {"run": run, **_table_context(request, run, kinds)}
+    html = render_to_string("rollouts/partials/run_rollout_table.html", context, request)
+    cache.set(key, html, float(settings.GYMWEB_LIVE_CACHE_S))
+    return context, html
+
+
 def _table_partial(request, run: Run) -> HttpResponse:
-    """The rollout table alone. Its automatic refresh (``#rollout-table`` refetches itself when
-    the live part says ``rollouts-changed``: every poll, for everyone watching, while a run
-    collects) is shared: while the run is running, one rendering per query string serves every
-    such refresh for ``GYMWEB_LIVE_CACHE_S``. A user's own filter, sort and page changes (which
-    target ``#rollouts``) and final runs are always rendered fresh; the key holds the run's status,
-    so the refresh after the run ends is fresh too. The markup is the same for every user. The
-    refresh gets the table alone (``#rollout-table``, all that its ``hx-select`` keeps)."""
-    refresh = request.headers.get("HX-Target") == "rollout-table"
-    ttl = float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0))
-    shared = refresh and ttl > 0 and run.status == Run.Status.RUNNING
-    if shared:
-        created = run.created.timestamp() if run.created else 0
-        key = f"gymweb:table-live:v1:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"
-        html = cache.get(key)
-        if html is not None:
-            return HttpResponse(html)
-    context = {"run": run, **_table_context(request, run, metrics.failure_kinds(run))}
-    # The refresh keeps only #rollout-table of the answer (hx-select): the filter form around it
-    # (a third of the partial's rendering) is left out.
-    template = "rollouts/partials/run_rollout_table.html" if refresh else "rollouts/partials/run_rollouts.html"
-    response = render(request, template, context)
-    if shared:
-        cache.set(key, response.content.decode(), ttl)
-    return response
+    """The rollouts section alone (a user's filter, sort or page change, which targets
+    ``#rollouts``: rendered fresh), or the table alone for its automatic refresh
+    (``#rollout-table`` refetches itself when the live part says ``rollouts-changed``; only
+    ``#rollout-table`` of the answer is kept, hx-select): shared while the run is running
+    (``_shared_table``)."""
+    kinds = metrics.failure_kinds(run)
+    if request.headers.get("HX-Target") == "rollout-table":
+        context, html = _shared_table(request, run, kinds)
+        if html is None:
+            html = render_to_string("rollouts/partials/run_rollout_table.html", {"run": run, **context}, request)
+        return HttpResponse(html)
+    context = {"run": run, **_table_context(request, run, kinds)}
+    return render(request, "rollouts/partials/run_rollouts.html", context)
 
 
 @login_required
@@ -228,7 +255,8 @@ def run_detail(request, run_id):
         return vary_on_htmx(_table_partial(request, run))
     live = _live_context(run)
     kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
-    context = {**live, **_table_context(request, run, kinds)}
+    table, table_html = _shared_table(request, run, kinds)
+    context = {**live, **table, "table_html": table_html}
     from rollouts.review.views import run_review_context  # the review card (issue 13)
 
     context.update(run_review_context(request, run))
