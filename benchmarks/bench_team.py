@@ -283,9 +283,17 @@ async def _browse(base: str, users: list[str], live_run: int, done_run: int, rol
 
     rec = Recorder()
     limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
-    clients = [httpx.AsyncClient(base_url=base, timeout=60, limits=limits, follow_redirects=False) for _ in users]
+    clients = [httpx.AsyncClient(base_url=base, timeout=300, limits=limits, follow_redirects=False) for _ in users]
     try:
-        await asyncio.gather(*(_sign_in(c, u) for c, u in zip(clients, users)))
+        # Four at a time: each sign-in hashes the password (slow on purpose), and on a busy machine
+        # twenty at once take minutes.
+        gate = asyncio.Semaphore(4)
+
+        async def sign_in(client, user):
+            async with gate:
+                await _sign_in(client, user)
+
+        await asyncio.gather(*(sign_in(c, u) for c, u in zip(clients, users)))
         await asyncio.to_thread(on_start)
         deadline = time.monotonic() + seconds
         await asyncio.gather(*(
@@ -377,6 +385,8 @@ def main() -> None:
     parser.add_argument("--cache-url", default=os.environ.get("GYMWEB_CACHE_URL", ""), help="Redis for Django's cache with --db postgres (default: --redis-url)")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, SQLite file)")
     args = parser.parse_args()
+    # SIGTERM (a stopped benchmark) stops the servers it started too (the ``finally`` below).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
     os.environ["GYMWEB_ALLOW_LOCAL_TARGETS"] = "1"
     if args.db == "postgres":
