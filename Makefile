@@ -25,7 +25,7 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory screenshots
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-team screenshots
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -44,3 +44,7 @@ bench-jsonl: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_jsonl_line
 bench-search: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_search --db $(DB)
+# 20 users browsing gunicorn during a 2,000-rollout qcluster run (DB=postgres: PostgreSQL + Redis at
+# GYMWEB_REDIS_URL); BENCH_PORT picks gunicorn's port (default 9300).
+bench-team: $(BIN)/.installed
+	GYMWEB_ALLOW_LOCAL_TARGETS=1 $(BIN)/python -m benchmarks.bench_team --db $(DB)

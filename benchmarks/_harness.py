@@ -67,8 +67,8 @@ def stop(procs) -> None:
         proc.wait(timeout=10)
 
 
-def make_run(n: int, agent_url: str, env_url: str, concurrency: int, **options):
-    """A run of ``n`` distinct tasks (one rollout each)."""
+def make_run(n: int, agent_url: str, env_url: str, concurrency: int, launch: bool = True, **options):
+    """A run of ``n`` distinct tasks (one rollout each), launched unless ``launch`` is false."""
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
 
@@ -79,7 +79,8 @@ def make_run(n: int, agent_url: str, env_url: str, concurrency: int, **options):
     ]
     parsed = read_jsonl(lines)
     run = runs.create_run(parsed, name="bench", agent_url=agent_url, env_url=env_url, concurrency=concurrency, **options)
-    runs.launch(run)
+    if launch:
+        runs.launch(run)
     return run
 
 

@@ -240,6 +240,14 @@ GYMWEB_DISPATCH_IN_WORKERS = os.environ.get("GYMWEB_DISPATCH_IN_WORKERS", "1") =
 GYMWEB_RELEASE_TIMEOUT_S = float(os.environ.get("GYMWEB_RELEASE_TIMEOUT_S", 20))
 # The run page caches aggregates over finished attempts (keyed by their counts, so never stale).
 GYMWEB_SUMMARY_CACHE_S = float(os.environ.get("GYMWEB_SUMMARY_CACHE_S", 600))
+# While a run is running its finished counts change on every poll, so count-keyed caches never
+# hit: a running run's page reuses its aggregates over finished attempts (reward statistics,
+# histogram, failure kinds, tokens) and its rollout table's automatic refresh for at most
+# GYMWEB_LIVE_CACHE_S, and its profile page and charts for at most GYMWEB_LIVE_ANALYSIS_CACHE_S.
+# Progress counts, workers and status are always read fresh; a final run's caches are exact. 0 =
+# no such reuse. (benchmarks/README.md, "A busy team")
+GYMWEB_LIVE_CACHE_S = float(os.environ.get("GYMWEB_LIVE_CACHE_S", 2))
+GYMWEB_LIVE_ANALYSIS_CACHE_S = float(os.environ.get("GYMWEB_LIVE_ANALYSIS_CACHE_S", 15))
 # /aggregate_metrics is called once a run completes, with at most this many rows (stripped as NeMo
 # Gym strips them: a few hundred bytes each) and this timeout; past the limit the file is computed
 # locally instead.
@@ -256,6 +264,16 @@ GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 24 *
 # tool output, reasoning, JSON; a note links to the raw JSON) and this many items of one step.
 GYMWEB_DISPLAY_MAX_CHARS = int(os.environ.get("GYMWEB_DISPLAY_MAX_CHARS", 20_000))
 GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP = int(os.environ.get("GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP", 500))
+
+# Django's cache (the run page's and profile's aggregates, the live table): per process by default,
+# so each gunicorn worker computes its own. With several web workers or machines, point
+# GYMWEB_CACHE_URL at a Redis database of its own (e.g. redis://127.0.0.1:6379/1; not the
+# GYMWEB_REDIS_URL one: clearing the cache empties the whole database) so they share one copy.
+_cache_url = os.environ.get("GYMWEB_CACHE_URL", "").strip()
+if _cache_url:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 1000}}}
 
 _redis_url = os.environ.get("GYMWEB_REDIS_URL")
 # How often (minutes) the supervisor revives runs whose workers died (rollouts.collection.dispatch.supervise).

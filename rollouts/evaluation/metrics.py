@@ -249,6 +249,8 @@ class _Finished:
     tokens: dict[str, Optional[int]]
     usage_reported: int
     mean_duration_ms: Optional[float]
+    done: int = 0  # the run's done keys when these were computed (reward_sum's denominator)
+    live: bool = False  # cached for GYMWEB_LIVE_CACHE_S, not under exact counts
 
 
 DISTINCT_REWARDS_MAX = 5000
@@ -331,17 +333,28 @@ def _finished_aggregates(run: Run, progress: Progress) -> _Finished:
         tokens={name: agg.get(f"tok_{name}") for name in TOKEN_FIELDS},
         usage_reported=agg.get("n_usage") or 0,
         mean_duration_ms=agg.get("mean_duration_ms"),
+        done=progress.done,
     )
 
 
 def _cached_finished_aggregates(run: Run, progress: Progress) -> _Finished:
+    """Aggregates over finished attempts, cached: under the run's succeeded and failed counts
+    (exact), or, while the run is running (its counts change on every poll), under the run alone
+    for ``GYMWEB_LIVE_CACHE_S`` so that a team watching a run shares one computation per few
+    seconds instead of one per poll."""
     ttl = settings.GYMWEB_SUMMARY_CACHE_S
     if ttl <= 0:
         return _finished_aggregates(run, progress)
-    key = f"gymweb:finished:v1:{run.pk}:{run.created.timestamp() if run.created else 0}:{progress.succeeded}:{progress.failed_attempts}"
+    created = run.created.timestamp() if run.created else 0
+    live_ttl = float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0))
+    if run.status == Run.Status.RUNNING and live_ttl > 0:
+        key, ttl = f"gymweb:finished-live:v1:{run.pk}:{created}", live_ttl
+    else:
+        key = f"gymweb:finished:v1:{run.pk}:{created}:{progress.succeeded}:{progress.failed_attempts}"
     value = cache.get(key)
     if value is None:
         value = _finished_aggregates(run, progress)
+        value.live = key.startswith("gymweb:finished-live:")
         cache.set(key, value, ttl)
     return value
 
@@ -351,18 +364,21 @@ def run_progress(run: Run) -> Progress:
     return progress_for_runs([run], with_reward=False)[run.pk]
 
 
-def run_summary(run: Run, now=None) -> Summary:
+def run_summary(run: Run, now=None, progress: Optional[Progress] = None) -> Summary:
     """The run page's aggregates: a few indexed SQL aggregates, none per rollout in Python.
     Aggregates over finished attempts are cached under the run's succeeded and failed counts
     (``GYMWEB_SUMMARY_CACHE_S``, default 600 s; 0 turns it off)."""
     now = now or timezone.now()
-    progress = run_progress(run)
+    progress = progress if progress is not None else run_progress(run)
     fin = _cached_finished_aggregates(run, progress)
     progress.reward_mean = fin.reward.mean
     reward = RewardStats(**vars(fin.reward))
-    reward.n_with_failures = progress.done
-    if progress.done:
-        reward.mean_with_failures = fin.reward_sum / progress.done
+    # A live snapshot's reward sum goes with the done count it was computed with (the two would
+    # disagree for a few seconds otherwise); an exact one was computed at today's counts.
+    done = fin.done if fin.live else progress.done
+    reward.n_with_failures = done
+    if done:
+        reward.mean_with_failures = fin.reward_sum / done
 
     finished_attempts = progress.succeeded + progress.failed_attempts
     recent = 0

@@ -114,13 +114,20 @@ def _finished_counts(run: Run) -> tuple[int, int]:
 
 
 def _cached(kind: str, run: Run, build):
-    """``build()``, cached under the run and its finished counts (``GYMWEB_SUMMARY_CACHE_S``)."""
+    """``build()``, cached under the run and its finished counts (``GYMWEB_SUMMARY_CACHE_S``).
+    While the run is running those counts change all the time (a team opening its profile during
+    collection recomputed it on every view): then it is cached under the run alone for
+    ``GYMWEB_LIVE_ANALYSIS_CACHE_S``, and the run's end (a new status) starts exact caching again."""
     ttl = float(getattr(settings, "GYMWEB_SUMMARY_CACHE_S", 600))
     if ttl <= 0:
         return build()
-    succeeded, failed = _finished_counts(run)
     created = run.created.timestamp() if run.created else 0
-    key = f"gymweb:{kind}:v1:{run.pk}:{created}:{succeeded}:{failed}"
+    live_ttl = float(getattr(settings, "GYMWEB_LIVE_ANALYSIS_CACHE_S", 0))
+    if run.status == Run.Status.RUNNING and live_ttl > 0:
+        key, ttl = f"gymweb:{kind}-live:v1:{run.pk}:{created}", live_ttl
+    else:
+        succeeded, failed = _finished_counts(run)
+        key = f"gymweb:{kind}:v1:{run.pk}:{created}:{succeeded}:{failed}"
     value = cache.get(key)
     if value is None:
         value = build()

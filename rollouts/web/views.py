@@ -9,20 +9,24 @@ instance).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Optional
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count
 from django.db.models.functions import Substr
-from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import content_disposition_header
+from django.utils.safestring import mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
@@ -106,8 +110,19 @@ def _launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
 
 
 # -- run page ----------------------------------------------------------------------------------------
-def _table_context(request, run: Run, kinds: list[str]) -> dict:
+def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) -> dict:
+    """The rollouts section's context: the filter, and (``with_rows``) the page of rows the table
+    shows; without rows, only what the section shows around the table."""
     qs, filt = filtered_rollouts(run, request.GET, kinds=kinds)
+    around = {
+        "filter": filt,
+        "filter_description": filt.describe(),
+        # What the "download these" links get: each file named after the run and the filter.
+        "filtered_files": [(kind, export_filename(run.pk, kind, filt)) for kind in ("rollouts", "rollouts_failures")],
+        "filter_qs": filt.querystring(),
+    }
+    if not with_rows:
+        return around
     # Page over ids only (the sort reads a few columns), then load that page's 50 rows: a deep
     # page never drags every row's wide columns through the sort.
     page = Paginator(qs.values_list("id", flat=True), ROLLOUTS_PER_PAGE).get_page(request.GET.get("page"))
@@ -126,14 +141,10 @@ def _table_context(request, run: Run, kinds: list[str]) -> dict:
     rows = [(loaded[i], reverse("rollout", args=[run.pk, i]) + rollout_suffix) for i in ids if i in loaded]
     here = base + "?" + "&".join(p for p in (qs_text, f"page={page.number}" if page.number > 1 else "") if p)
     return {
-        "filter": filt,
-        "filter_description": filt.describe(),
-        # What the "download these" links get: each file named after the run and the filter.
-        "filtered_files": [(kind, export_filename(run.pk, kind, filt)) for kind in ("rollouts", "rollouts_failures")],
+        **around,
         "page": page,
         "rows": rows,
         "table_url": here.rstrip("?"),
-        "filter_qs": qs_text,
         "sort_links": _sort_links(filt, base),
         "page_qs": qs_text,
     }
@@ -178,10 +189,25 @@ def _live_workers() -> int:
     return Worker.objects.filter(last_seen__gte=since).count()
 
 
-def _live_context(run: Run) -> dict:
-    summary = metrics.run_summary(run)
+def _live_signature(run: Run, progress: metrics.Progress, live_workers: Optional[int]) -> str:
+    """What the live part's poll sends back as ``seen``: rollout states by status, the agent calls of
+    running rollouts, how many workers are live and the run's status (last). Equal signatures mean the live part shows the same things
+    (except the last minute's rate), so an unchanged poll is answered with 204."""
+    rollouts = metrics.Summary(progress=progress, reward=metrics.RewardStats()).signature
+    calls = running_calls(run) if progress.running else 0
+    workers = "" if live_workers is None else live_workers
+    # the run's status stays last: run_live reads it back (rpartition) to tell when the run ended
+    return f"{rollouts}.{calls}.{workers}.{run.status}"
+
+
+_UNSET = object()
+
+
+def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_workers=_UNSET) -> dict:
+    summary = metrics.run_summary(run, progress=progress)
     p = summary.progress
-    live_workers = None if run.is_final else _live_workers()
+    if live_workers is _UNSET:
+        live_workers = None if run.is_final else _live_workers()
     return {
         "live_workers": live_workers,
         "lease_s": float(settings.GYMWEB_LEASE_S),
@@ -190,12 +216,57 @@ def _live_context(run: Run) -> dict:
         "run": run,
         "s": summary,
         "p": p,
-        "signature": f"{summary.signature}.{running_calls(run) if p.running else 0}.{run.status}",
+        "signature": _live_signature(run, p, live_workers),
         "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
         "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
         # gym eval compare looks for it beside the rollouts file, named after it
         "aggregate_file": aggregate_metrics_path(export_filename(run.pk, "rollouts")).name,
     }
+
+
+def _shared_table_key(request, run: Run) -> Optional[str]:
+    """The cache key of a running run's rollout table (``#rollout-table``) for this query string,
+    or None when the table is rendered fresh (a final run; ``GYMWEB_LIVE_CACHE_S`` is 0)."""
+    if run.status != Run.Status.RUNNING or float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0)) <= 0:
+        return None
+    created = run.created.timestamp() if run.created else 0
+    return f"gymweb:table-live:v2:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"
+
+
+def _shared_table(request, run: Run, kinds: list[str]) -> tuple[dict, Optional[str]]:
+    """The rollouts section's context and, while the run is running, its table's HTML shared by
+    everyone watching (``#rollout-table`` holds no form and nothing of the user's) for
+    ``GYMWEB_LIVE_CACHE_S``: (context, html or None). The table is what changes on every poll
+    of a collecting run and what its automatic refresh fetches; one rendering per query string
+    and few seconds serves the whole team. The key holds the run's status, so the table after
+    the run ends is fresh."""
+    key = _shared_table_key(request, run)
+    if key is None:
+        return _table_context(request, run, kinds), None
+    html = cache.get(key)
+    if html is not None:
+        # Our own template's output (escaped when it was rendered), as render_to_string gave it.
+        return _table_context(request, run, kinds, with_rows=False), mark_safe(html)
+    context = {"run": run, **_table_context(request, run, kinds)}
+    html = render_to_string("rollouts/partials/run_rollout_table.html", context, request)
+    cache.set(key, html, float(settings.GYMWEB_LIVE_CACHE_S))
+    return context, html
+
+
+def _table_partial(request, run: Run) -> HttpResponse:
+    """The rollouts section alone (a user's filter, sort or page change, which targets
+    ``#rollouts``: rendered fresh), or the table alone for its automatic refresh
+    (``#rollout-table`` refetches itself when the live part says ``rollouts-changed``; only
+    ``#rollout-table`` of the answer is kept, hx-select): shared while the run is running
+    (``_shared_table``)."""
+    kinds = metrics.failure_kinds(run)
+    if request.headers.get("HX-Target") == "rollout-table":
+        context, html = _shared_table(request, run, kinds)
+        if html is None:
+            html = render_to_string("rollouts/partials/run_rollout_table.html", {"run": run, **context}, request)
+        return HttpResponse(html)
+    context = {"run": run, **_table_context(request, run, kinds)}
+    return render(request, "rollouts/partials/run_rollouts.html", context)
 
 
 @login_required
@@ -204,11 +275,11 @@ def run_detail(request, run_id):
     run = _run_for(request, run_id)
     if wants_partial(request):
         # The rollout table (filter, sort, page changes and live refreshes).
-        context = {"run": run, **_table_context(request, run, metrics.failure_kinds(run))}
-        return vary_on_htmx(render(request, "rollouts/partials/run_rollouts.html", context))
+        return vary_on_htmx(_table_partial(request, run))
     live = _live_context(run)
     kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
-    context = {**live, **_table_context(request, run, kinds)}
+    table, table_html = _shared_table(request, run, kinds)
+    context = {**live, **table, "table_html": table_html}
     from rollouts.review.views import run_review_context  # the review card (issue 13)
 
     context.update(run_review_context(request, run))
@@ -222,11 +293,19 @@ def run_live(request, run_id):
     """The live part of a run's page (progress, aggregates, actions). Its markup polls itself
     while the run is not final; once final, the returned markup has no trigger and polling stops.
     ``seen`` is the state signature the client last rendered: when it changed, the response asks
-    the page to refresh its rollout table too (``HX-Trigger: rollouts-changed``)."""
+    the page to refresh its rollout table too (``HX-Trigger: rollouts-changed``); when it did not
+    (a running run that is stalled, or waits for a worker), the answer is 204 No Content, which
+    htmx leaves unswapped while it keeps polling: three small indexed queries and no rendering.
+    (Not 304: htmx swaps a 304's empty body in; 286 would stop the polling.)"""
     run = _run_for(request, run_id)
-    context = _live_context(run)
-    response = render(request, "rollouts/partials/run_live.html", context)
     seen = request.GET.get("seen")
+    known = {}
+    if seen is not None and not run.is_final:
+        known = {"progress": metrics.run_progress(run), "live_workers": _live_workers()}
+        if seen == _live_signature(run, known["progress"], known["live_workers"]):
+            return HttpResponse(status=204)
+    context = _live_context(run, **known)
+    response = render(request, "rollouts/partials/run_live.html", context)
     if seen is not None and seen != context["signature"]:
         events = ["rollouts-changed"]
         if run.is_final and seen.rpartition(".")[2] not in Run.FINAL:
