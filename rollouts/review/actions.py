@@ -44,7 +44,7 @@ def clean_label_name(name: Any) -> str:
     """A label name as stored: trimmed, lower case, 1–40 of ``a-z 0-9 . _ -``, starting with a
     letter or digit (``reward-hack``). Raises ``ReviewError`` otherwise."""
     text = str(name or "").strip().lower()
-    if not LABEL_NAME.match(text):
+    if not LABEL_NAME.fullmatch(text):
         raise ReviewError(
             f"label name {str(name)[:60]!r}: use 1–40 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
             "label",
@@ -88,9 +88,13 @@ def move_label_up(label: Label) -> None:
 
 
 def find_label(name: Any) -> Label:
-    """The label called ``name``; ``ReviewError`` when there is none."""
+    """The label called ``name``; ``ReviewError`` when there is none (also for a name no label can
+    have, such as one with a NUL, which PostgreSQL would refuse to look up)."""
+    text = str(name or "").strip().lower()
+    if not LABEL_NAME.fullmatch(text):
+        raise ReviewError(f"no label {str(name)[:60]!r}: label names are 1–40 of a-z 0-9 . _ -", "label")
     try:
-        return Label.objects.get(name=str(name or "").strip().lower())
+        return Label.objects.get(name=text)
     except Label.DoesNotExist:
         raise ReviewError(f"no label {str(name)[:60]!r} (add it on the Labels page first)", "label") from None
 
