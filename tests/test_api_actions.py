@@ -273,3 +273,13 @@ def test_a_corrected_reward_must_be_a_json_number(api, run, reward):
     assert response.status_code == 422 and response.json()["detail"][0]["loc"][-1] == "reward"
     assert not RewardCorrection.objects.exists()
     assert api.post(f"/rollouts/{key(run, 1).pk}/correction", {"reward": 1, "reason": "x"}).json()["corrected_reward"] == 1.0
+
+
+def test_names_and_descriptions_too_long_to_store_are_refused_not_cut(client, token, api, run):
+    assert api.post("/labels", {"name": "long", "description": "d" * 201}).json()["errors"] == {"description": ["the description has 201 characters; at most 200"]}
+    assert api.post("/labels", {"name": "long", "description": "d" * 200}).status_code == 201
+    response = client.post(f"{API}/datasets", {"file": SimpleUploadedFile("t.jsonl", "\n".join(dataset_lines(1)).encode()), "name": "n" * 201},
+                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 400 and "name" in response.json()["errors"]
+    assert api.post(f"/runs/{run.pk}/selection/dataset?name={'n' * 201}").status_code == 400
+    assert not Dataset.objects.exists()

@@ -18,6 +18,7 @@ from rollouts.models import Label, Note, RewardCorrection, Rollout, RolloutLabel
 LABEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
 NOTE_MAX_CHARS = 20_000
 REASON_MAX_CHARS = 5_000
+LABEL_DESCRIPTION_MAX_CHARS = 200  # Label.description's column
 KEYED_LABELS = 9  # keys 1–9 in review mode
 # The set every instance starts with (issue 13); migration 0012 stores it, and
 # ``ensure_default_labels`` again whenever the table is empty (a flushed database).
@@ -62,14 +63,18 @@ def ensure_default_labels(**_kwargs) -> int:
 
 
 def create_label(name: Any, description: str = "", user=None) -> Label:
-    """Add a label to the instance's set (placed last). Raises ``ReviewError`` for a bad or taken name."""
+    """Add a label to the instance's set (placed last). Raises ``ReviewError`` for a bad or taken name
+    or a description over 200 characters."""
     clean = clean_label_name(name)
+    description = str(description or "").strip()
+    if len(description) > LABEL_DESCRIPTION_MAX_CHARS:  # cut silently, it would be stored otherwise than typed
+        raise ReviewError(f"the description has {len(description):,} characters; at most {LABEL_DESCRIPTION_MAX_CHARS}", "description")
     if Label.objects.filter(name=clean).exists():
         raise ReviewError(f"label {clean!r} exists already", "label")
     position = (Label.objects.aggregate(m=Max("position"))["m"] or 0) + 1
     try:
         with transaction.atomic():
-            return Label.objects.create(name=clean, description=str(description or "")[:200], position=position, created_by=user)
+            return Label.objects.create(name=clean, description=description, position=position, created_by=user)
     except IntegrityError:  # created meanwhile by someone else
         raise ReviewError(f"label {clean!r} exists already", "label") from None
 

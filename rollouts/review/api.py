@@ -381,6 +381,10 @@ def create_dataset(request, file: Optional[UploadedFile] = File(None, descriptio
         err = HttpError(400, str(exc))
         err.errors = {"file": [str(exc)]}
         raise err from None
+    if len(name) > 200:  # the column's size: a cut name would be stored otherwise than sent
+        err = HttpError(400, f"the name has {len(name):,} characters; at most 200")
+        err.errors = {"name": [err.message]}
+        raise err
     dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user)
     return Status(201, _dataset_out(dataset))
 
@@ -501,6 +505,10 @@ def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = Fal
 def selection_dataset(request, run_id: int, name: str = ""):
     """The querystring is the run table's filter; each task with a rollout in the list gives one row."""
     run = _run_for(request, run_id)
+    if len(name) > 200:
+        err = HttpError(400, f"the name has {len(name):,} characters; at most 200")
+        err.errors = {"name": [err.message]}
+        raise err
     qs, form = _filtered(request, run)
     try:
         dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user, name=name or None)
