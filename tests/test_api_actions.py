@@ -234,3 +234,52 @@ def test_missing_things_are_404(api, run):
     assert api.get("/rollouts/999").status_code == 404
     assert api.post("/rollouts/999/labels", {"label": "good"}).status_code == 404
     assert not RolloutLabel.objects.exists()
+
+
+def test_a_label_no_label_can_have_is_a_400_never_a_server_error(api, run):
+    # PostgreSQL refuses a NUL in a query: the filter and the label actions must stop it first.
+    listed = api.get(f"/runs/{run.pk}/rollouts?not_label=%00")
+    assert listed.status_code == 400 and "not_label" in listed.json()["errors"]
+    assert api.get(f"/runs/{run.pk}/rollouts.jsonl?label=%00").status_code == 400
+    r = key(run, 0)
+    assert api.delete(f"/rollouts/{r.pk}/labels/%00").status_code == 400
+    added = api.post(f"/rollouts/{r.pk}/labels", {"label": "go\x00od"})
+    assert added.status_code == 400 and "no label" in added.json()["detail"]
+    assert not RolloutLabel.objects.exists()
+
+
+def test_an_offset_past_any_table_is_refused_not_a_server_error(api, run):
+    for url in (f"/runs/{run.pk}/rollouts", "/runs", "/datasets"):
+        response = api.get(f"{url}?offset=99999999999999999999")
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", "offset"]
+    assert api.get("/runs?offset=-1").status_code == 422
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b'{"text": "a\\ud800b"}', "unpaired UTF-16 surrogate"),
+    (b'{"text": NaN}', "NaN is not a JSON value"),
+    (b'{"text": "x"', "not valid JSON"),
+])
+def test_a_body_that_is_not_strict_json_is_a_400_naming_why_and_stores_nothing(client, token, run, body, reason):
+    response = client.post(f"{API}/rollouts/{key(run, 0).pk}/notes", body, content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 400 and reason in response.json()["detail"]
+    assert not Note.objects.exists()
+
+
+@pytest.mark.parametrize("reward", [True, "1.0", None])
+def test_a_corrected_reward_must_be_a_json_number(api, run, reward):
+    response = api.post(f"/rollouts/{key(run, 1).pk}/correction", {"reward": reward, "reason": "x"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"][-1] == "reward"
+    assert not RewardCorrection.objects.exists()
+    assert api.post(f"/rollouts/{key(run, 1).pk}/correction", {"reward": 1, "reason": "x"}).json()["corrected_reward"] == 1.0
+
+
+def test_names_and_descriptions_too_long_to_store_are_refused_not_cut(client, token, api, run):
+    assert api.post("/labels", {"name": "long", "description": "d" * 201}).json()["errors"] == {"description": ["the description has 201 characters; at most 200"]}
+    assert api.post("/labels", {"name": "long", "description": "d" * 200}).status_code == 201
+    response = client.post(f"{API}/datasets", {"file": SimpleUploadedFile("t.jsonl", "\n".join(dataset_lines(1)).encode()), "name": "n" * 201},
+                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 400 and "name" in response.json()["errors"]
+    assert api.post(f"/runs/{run.pk}/selection/dataset?name={'n' * 201}").status_code == 400
+    assert not Dataset.objects.exists()

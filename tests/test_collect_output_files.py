@@ -4,6 +4,7 @@ folder behind; the summary says what is left and whether ``--resume`` would retr
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from aiohttp import web
@@ -114,6 +115,16 @@ def test_a_refused_command_leaves_no_output_folder(tmp_path, settings, counter_t
     with pytest.raises(CommandError, match=message):
         call_command("collect", *_args("http://127.0.0.1:1", "http://127.0.0.1:2", tasks, out, *more))
     assert not (tmp_path / "new").exists()
+    assert Run.objects.count() == 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no folder can be made")
+def test_an_output_folder_that_cannot_be_made_is_refused_before_any_rollout_runs(tmp_path, counter_tasks_path):
+    # os.access says yes to root for /proc and read-only mounts: the run used to be collected and
+    # stored, then the command died with a FileNotFoundError traceback writing the files.
+    out = "/proc/gymweb-no-such-folder/results/rollouts.jsonl"
+    with pytest.raises(CommandError, match="cannot create folders in /proc"):
+        call_command("collect", *_args("http://127.0.0.1:1", "http://127.0.0.1:2", counter_tasks_path, out))
     assert Run.objects.count() == 0
 
 

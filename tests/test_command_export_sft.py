@@ -61,3 +61,34 @@ def test_it_exports_a_stored_run_s_filtered_successes(tmp_path, user):
         run_command("--run", str(run.pk), "--filter", "status=bogus", "--output", str(tmp_path / "o.jsonl"))
     with pytest.raises(CommandError, match="no run #999"):
         run_command("--run", "999", "--output", str(tmp_path / "o.jsonl"))
+
+
+def test_an_existing_output_is_refused_without_overwrite(tmp_path):
+    source = tmp_path / "r.jsonl"
+    source.write_text(json.dumps({"responses_create_params": {"input": "hi"},
+                                  "response": {"output": [{"type": "message", "role": "assistant", "content": "yo"}]}}) + "\n")
+    (tmp_path / "o.jsonl").write_text("keep me")
+    with pytest.raises(CommandError, match="already exists.*--overwrite"):
+        run_command("--input", str(source), "--output", str(tmp_path / "o.jsonl"))
+    assert (tmp_path / "o.jsonl").read_text() == "keep me"
+    out, _ = run_command("--input", str(source), "--output", str(tmp_path / "o.jsonl"), "--overwrite")
+    assert "wrote 1 conversation(s)" in out and json.loads((tmp_path / "o.jsonl").read_text())["messages"][-1]["content"] == "yo"
+
+
+def test_the_input_file_is_never_the_output_even_with_overwrite(tmp_path):
+    # It was: the rows were read while their SFT conversion replaced the file, and the input was gone.
+    source = tmp_path / "rollouts.jsonl"
+    text = json.dumps({"responses_create_params": {"input": "hi"}, "response": {"output": []}}) + "\n"
+    source.write_text(text)
+    for more in ([], ["--overwrite"]):
+        with pytest.raises(CommandError, match="--output is the --input file"):
+            run_command("--input", str(source), "--output", str(tmp_path / "." / "rollouts.jsonl"), *more)
+    assert source.read_text() == text
+
+
+@pytest.mark.django_db
+def test_an_unknown_filter_name_is_refused_not_ignored(tmp_path):
+    run = make_run(1)
+    with pytest.raises(CommandError, match="unknown filter 'lable'"):
+        run_command("--run", str(run.pk), "--filter", "lable=good", "--output", str(tmp_path / "o.jsonl"))
+    assert not (tmp_path / "o.jsonl").exists()

@@ -120,3 +120,27 @@ def test_a_missing_side_is_a_clear_error(tmp_path):
         call_command("compare", "--baseline", "999", "--candidates", "998", "--output-dir", str(tmp_path))
     with pytest.raises(CommandError, match="no such file"):
         call_command("compare", "--baseline", str(tmp_path / "nope.jsonl"), "--candidates", "1", "--output-dir", str(tmp_path))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"reward": 1.0, "agent_ref": {"name": "caf\xe9"}}\n', r"side\.jsonl, line 1: not UTF-8 text"),
+    (b'[\n  {"agent_ref": {"name": "a"}}\n]\n', r"side\.jsonl, line 1: not valid JSON \(Expecting value\); give a rollouts\.jsonl"),
+    (b'{"reward": 1.0}\n[1, 2]\n', r"side\.jsonl, line 2: a rollout row must be a JSON object, got list"),
+])
+def test_a_side_that_is_not_a_rollouts_file_is_a_clear_error_naming_its_line(tmp_path, content, message):
+    # Before: a UnicodeDecodeError, a ValueError or an AttributeError traceback, and no report.
+    side = tmp_path / "side.jsonl"
+    side.write_bytes(content)
+    with pytest.raises(CommandError, match=message):
+        call_command("compare", "--baseline", str(side), "--candidates", str(side), "--output-dir", str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_side_with_a_byte_order_mark_compares_like_the_import_reads_it(shared_data, tmp_path):
+    a = shared_data / "eval_0.7.0" / "runA" / "rollouts.jsonl"
+    bom = tmp_path / "bom" / "rollouts.jsonl"
+    bom.parent.mkdir()
+    bom.write_bytes(b"\xef\xbb\xbf" + a.read_bytes())
+    call_command("compare", "--baseline", str(a), "--candidates", str(bom), "--output-dir", str(tmp_path / "out"))
+    report = json.loads((tmp_path / "out" / "compare_report.json").read_text())
+    assert report["comparisons"][0]["metrics"][0]["candidates"][0]["delta"] == 0.0

@@ -56,6 +56,13 @@ def test_a_list_filtered_by_label_works_too(signed_in, user, run):
     assert dataset.num_rows == 1 and dataset.source_filters == "label=verifier-wrong"
 
 
+@pytest.mark.parametrize("data", [{"reward_max": "zero"}, {"label": "\x00"}, {"task": "1", "status": "done"}])
+def test_a_bad_filter_value_makes_no_dataset_of_a_bigger_list(signed_in, run, data):
+    response = signed_in.post(reverse("selection_dataset", args=[run.pk]), data, follow=True)
+    assert response.status_code == 200 and not Dataset.objects.filter(source_run=run).exists()
+    assert "No dataset made: bad filter" in response.content.decode()
+
+
 def test_an_empty_selection_stores_nothing_and_says_why(signed_in, run):
     response = signed_in.post(reverse("selection_dataset", args=[run.pk]), {"reward_min": "5"}, follow=True)
     assert not Dataset.objects.filter(source_run=run).exists()

@@ -112,8 +112,19 @@ def test_the_sft_download_holds_the_selection_s_successes(signed_in, run):
     assert set(all_rows[0]) == {"messages", "tools", "metadata"}
 
 
-def test_the_sft_download_refuses_an_unknown_reasoning_mode(signed_in, run):
-    assert signed_in.get(reverse("run_export_sft", args=[run.pk]) + "?reasoning=maybe").status_code == 404
+def test_the_sft_download_refuses_an_unknown_reasoning_mode_naming_it(signed_in, run):
+    response = signed_in.get(reverse("run_export_sft", args=[run.pk]) + "?reasoning=maybe")
+    assert response.status_code == 400 and "reasoning='maybe'" in response.content.decode()
+
+
+@pytest.mark.parametrize("query, field", [("reward_min=abc", "reward_min"), ("label=%00", "label"), ("reward_source=both", "reward_source")])
+def test_a_download_with_a_bad_filter_value_is_refused_naming_it_never_a_bigger_file(signed_in, run, query, field):
+    # A hand-edited link: the page would show the error on the field; a file of the unfiltered list
+    # (or a 500 for the NUL on PostgreSQL) would be wrong without a word.
+    for u in (url(run, "rollouts", query), url(run, "rollouts_failures", query + "&review=1"),
+              reverse("run_export_sft", args=[run.pk]) + "?" + query):
+        response = signed_in.get(u)
+        assert response.status_code == 400 and f"bad filter: {field}=" in response.content.decode()
 
 
 def test_downloads_need_a_signed_in_user(client, run):

@@ -241,6 +241,19 @@ def test_a_permalink_to_a_removed_label_is_an_empty_list_not_an_error(signed_in,
     assert response.status_code == 200 and response.context["rows"] == []
 
 
+@pytest.mark.parametrize("query", ["label=%00", "not_label=%00", "label=has%20space", "label=" + "x" * 300])
+def test_a_label_filter_no_label_could_have_is_reported_on_the_field_not_a_server_error(signed_in, run, query):
+    # A NUL reached PostgreSQL (a 500 there); no label can have it, so it is an invalid choice.
+    field = query.split("=")[0]
+    response = signed_in.get(reverse("run", args=[run.pk]) + "?" + query, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and field in response.context["filter"].errors
+    assert len(response.context["rows"]) == 4  # the invalid value is ignored, like any other
+    assert signed_in.get(reverse("rollout", args=[run.pk, key(run, 0).pk]) + "?" + query).status_code == 200
+    assert signed_in.get(reverse("review_start", args=[run.pk]) + "?" + query).status_code in (200, 302)
+    with pytest.raises(ReviewError):
+        actions.find_label(query.split("=", 1)[1].replace("%00", "\x00"))
+
+
 def test_the_trajectory_page_shows_the_panel_with_keys_for_the_first_nine_labels(signed_in, user, run):
     for n in range(6):
         actions.create_label(f"extra-{n}")

@@ -73,6 +73,16 @@ def test_a_run_without_successes_has_no_file(signed_in):
 
 
 @pytest.mark.django_db
+def test_a_run_without_successes_offers_no_download_that_would_be_a_404_and_says_why(signed_in):
+    run = make_run(2)
+    finish(key(run, 0, 0), S.FAILED, kind="agent_timeout")
+    for page in (reverse("run", args=[run.pk]), reverse("run_profile", args=[run.pk])):
+        html = signed_in.get(page).content.decode()
+        assert reverse("run_aggregate_metrics", args=[run.pk]) not in html
+    assert "the run has no successful rollouts" in signed_in.get(reverse("run", args=[run.pk])).content.decode()
+
+
+@pytest.mark.django_db
 def test_the_download_needs_a_signed_in_user(client):
     run = make_run(1)
     response = client.get(reverse("run_aggregate_metrics", args=[run.pk]))
@@ -82,6 +92,7 @@ def test_the_download_needs_a_signed_in_user(client):
 @pytest.mark.django_db
 def test_the_run_page_offers_the_file_once_the_run_is_final(signed_in):
     run = make_run(1)
+    finish(key(run, 0, 0), S.SUCCEEDED, 1.0)
     page = signed_in.get(reverse("run", args=[run.pk])).content.decode()
     assert reverse("run_aggregate_metrics", args=[run.pk]) in page
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, finished=None)

@@ -75,6 +75,22 @@ def test_a_bad_line_is_a_field_error_with_its_line_number_and_nothing_is_stored(
     assert Run.objects.count() == 0 and Rollout.objects.count() == 0
 
 
+def test_a_control_character_in_a_line_is_named_once_with_its_column(signed_in):
+    # The parser's reason ends in "at": the message read "Invalid control character at at column 9".
+    response = signed_in.post(reverse("import"), {"rollouts": upload("mine.jsonl", '{"a": "x\x00y"}\n')})
+    error = response.context["form"].errors["rollouts"][0]
+    assert "mine.jsonl, line 1: not valid JSON (Invalid control character at column 9)" in error and "at at" not in error
+
+
+def test_two_shards_with_the_same_name_are_told_apart_in_an_error(signed_in):
+    # Two rollouts.jsonl from two folders overlap: the message named "rollouts.jsonl (rollouts.jsonl)".
+    row = json.dumps({**ROW, "_ng_task_index": 0, "_ng_rollout_index": 0})
+    response = signed_in.post(reverse("import"), {"rollouts": [upload("rollouts.jsonl", row), upload("rollouts.jsonl", row)]})
+    error = response.context["form"].errors["rollouts"][0]
+    assert "rollouts.jsonl (file 2 of the rollouts.jsonl files), line 1: a second result" in error
+    assert "the first is at rollouts.jsonl, line 1" in error and Run.objects.count() == 0
+
+
 def test_a_bad_line_in_the_sidecar_is_an_error_on_the_sidecar_field(signed_in):
     response = signed_in.post(reverse("import"), {
         "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),

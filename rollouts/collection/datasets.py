@@ -124,7 +124,8 @@ def _json_problem(exc: NotJSON, indent: int = 0) -> str:
     """A JSON error of one line without the parser's own "line 1 column 43 (char 42)", which
     would read as a second line number: ``"Expecting ',' delimiter at column 43"``."""
     if exc.reason and exc.column is not None and exc.line == 1:
-        return f"{exc.reason} at column {exc.column + indent}"
+        # Some of the parser's reasons end in "at" ("Invalid control character at"): one "at" only.
+        return f"{exc.reason.removesuffix(' at')} at column {exc.column + indent}"
     return str(exc)
 
 

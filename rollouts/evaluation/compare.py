@@ -394,10 +394,8 @@ def side_from_file(path: Union[str, Path], role: str, index: int = 0) -> Side:
             entries[name] = entry
         shown = str(metrics_path)
     elif p.is_file():
-        from rollouts.evaluation.profile import iter_jsonl
-
         by_agent: dict[str, list[dict]] = defaultdict(list)
-        for row in iter_jsonl(p):
+        for row in _rows_of(p):
             ref = row.get("agent_ref")
             by_agent[ref.get("name") if isinstance(ref, dict) and isinstance(ref.get("name"), str) else "agent"].append(row)
         entries = {name: aggregate_entry_from_rows(rows, name) for name, rows in by_agent.items()}
@@ -408,6 +406,26 @@ def side_from_file(path: Union[str, Path], role: str, index: int = 0) -> Side:
         raise CompareError(f"{p}: no such file (and no {metrics_path.name} beside it)")
     return Side(role=role, index=index, rollouts_jsonl_fpath=str(p), aggregate_metrics_fpath=shown,
                 label=p.parent.name or p.stem, entries=entries)
+
+
+def _rows_of(path: Path) -> Iterator[dict]:
+    """The JSON objects of a ``rollouts.jsonl`` side, one per non-blank line. Raises
+    ``CompareError`` naming the file and line for text that is not UTF-8, a line that is not JSON
+    or not an object (a ``*_aggregate_metrics.json`` or a stray file given as a side). A UTF-8 byte
+    order mark before the first line is skipped, as ``import_rollouts`` skips it."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))  # a BOM, as the import takes it
+            except UnicodeDecodeError as exc:
+                raise CompareError(f"{path}, line {number}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            except ValueError as exc:
+                raise CompareError(f"{path}, line {number}: not valid JSON ({getattr(exc, 'msg', exc)}); give a rollouts.jsonl or a run id") from None
+            if not isinstance(row, dict):
+                raise CompareError(f"{path}, line {number}: a rollout row must be a JSON object, got {type(row).__name__}")
+            yield row
 
 
 def resolve_side(spec: Union[str, int, Run], role: str, index: int = 0) -> Side:

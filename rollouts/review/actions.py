@@ -18,6 +18,7 @@ from rollouts.models import Label, Note, RewardCorrection, Rollout, RolloutLabel
 LABEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
 NOTE_MAX_CHARS = 20_000
 REASON_MAX_CHARS = 5_000
+LABEL_DESCRIPTION_MAX_CHARS = 200  # Label.description's column
 KEYED_LABELS = 9  # keys 1–9 in review mode
 # The set every instance starts with (issue 13); migration 0012 stores it, and
 # ``ensure_default_labels`` again whenever the table is empty (a flushed database).
@@ -44,7 +45,7 @@ def clean_label_name(name: Any) -> str:
     """A label name as stored: trimmed, lower case, 1–40 of ``a-z 0-9 . _ -``, starting with a
     letter or digit (``reward-hack``). Raises ``ReviewError`` otherwise."""
     text = str(name or "").strip().lower()
-    if not LABEL_NAME.match(text):
+    if not LABEL_NAME.fullmatch(text):
         raise ReviewError(
             f"label name {str(name)[:60]!r}: use 1–40 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
             "label",
@@ -62,14 +63,18 @@ def ensure_default_labels(**_kwargs) -> int:
 
 
 def create_label(name: Any, description: str = "", user=None) -> Label:
-    """Add a label to the instance's set (placed last). Raises ``ReviewError`` for a bad or taken name."""
+    """Add a label to the instance's set (placed last). Raises ``ReviewError`` for a bad or taken name
+    or a description over 200 characters."""
     clean = clean_label_name(name)
+    description = str(description or "").strip()
+    if len(description) > LABEL_DESCRIPTION_MAX_CHARS:  # cut silently, it would be stored otherwise than typed
+        raise ReviewError(f"the description has {len(description):,} characters; at most {LABEL_DESCRIPTION_MAX_CHARS}", "description")
     if Label.objects.filter(name=clean).exists():
         raise ReviewError(f"label {clean!r} exists already", "label")
     position = (Label.objects.aggregate(m=Max("position"))["m"] or 0) + 1
     try:
         with transaction.atomic():
-            return Label.objects.create(name=clean, description=str(description or "")[:200], position=position, created_by=user)
+            return Label.objects.create(name=clean, description=description, position=position, created_by=user)
     except IntegrityError:  # created meanwhile by someone else
         raise ReviewError(f"label {clean!r} exists already", "label") from None
 
@@ -88,9 +93,13 @@ def move_label_up(label: Label) -> None:
 
 
 def find_label(name: Any) -> Label:
-    """The label called ``name``; ``ReviewError`` when there is none."""
+    """The label called ``name``; ``ReviewError`` when there is none (also for a name no label can
+    have, such as one with a NUL, which PostgreSQL would refuse to look up)."""
+    text = str(name or "").strip().lower()
+    if not LABEL_NAME.fullmatch(text):
+        raise ReviewError(f"no label {str(name)[:60]!r}: label names are 1–40 of a-z 0-9 . _ -", "label")
     try:
-        return Label.objects.get(name=str(name or "").strip().lower())
+        return Label.objects.get(name=text)
     except Label.DoesNotExist:
         raise ReviewError(f"no label {str(name)[:60]!r} (add it on the Labels page first)", "label") from None
 

@@ -22,9 +22,10 @@ from django.conf import settings
 from django.db.models.functions import Substr
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from ninja import File, Form, NinjaAPI, Schema
+from ninja import File, Form, NinjaAPI, Query, Schema
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
+from ninja.parser import Parser
 from ninja.responses import Status
 from ninja.security import HttpBearer
 from pydantic import Field
@@ -32,6 +33,7 @@ from pydantic import Field
 from rollouts import targets
 from rollouts.collection import runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
+from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.evaluation import metrics
 from rollouts.lossless import LosslessTextField
 from rollouts.models import Dataset, Label, Rollout, Run
@@ -45,6 +47,8 @@ from rollouts.web.uploads import too_large_uploads, upload_limit_message
 from rollouts.web.views import _launch_from_form, _run_for
 
 MAX_PAGE = 1000
+MAX_OFFSET = 10**12  # past any table; larger ones would overflow the database's bigint (a 500)
+OFFSET = Query(0, ge=0, le=MAX_OFFSET, description="rows to skip (0 to 10^12)")
 
 
 class TokenAuth(HttpBearer):
@@ -57,6 +61,20 @@ class TokenAuth(HttpBearer):
         return user
 
 
+class StrictJSONParser(Parser):
+    """Request bodies read by ``contract.strict_loads``, the reader of every other JSON gymweb takes
+    in: NaN/Infinity, numbers past a float (``1e400``) and unpaired surrogate escapes
+    (``"\\ud800"``, which no database or file can hold) are refused. ninja turns any parse error
+    into a 400; the reason is kept on the request so that 400 names it (``_http_error``)."""
+
+    def parse_body(self, request: HttpRequest):
+        try:
+            return strict_loads(request.body)
+        except NotJSON as exc:
+            request._gymweb_body_error = f"the request body is not valid JSON: {exc}"
+            raise
+
+
 api = NinjaAPI(
     title="gymweb API",
     version="1",
@@ -64,6 +82,7 @@ api = NinjaAPI(
                 "Send `Authorization: Bearer <token>` (make one on your account page).",
     auth=TokenAuth(),
     urls_namespace="api",
+    parser=StrictJSONParser(),
     docs_url=None,  # the interactive docs page loads its script from a CDN; the schema is enough
 )
 
@@ -233,7 +252,7 @@ class NoteIn(Schema):
 
 
 class CorrectionIn(Schema):
-    reward: float
+    reward: float = Field(..., strict=True, description="a finite number (true/false or a string are refused)")
     reason: str
 
 
@@ -285,7 +304,7 @@ def _form_error(form) -> HttpError:
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    body = {"detail": exc.message}
+    body = {"detail": getattr(request, "_gymweb_body_error", None) or exc.message}
     if getattr(exc, "errors", None):
         body["errors"] = exc.errors
     return api.create_response(request, body, status=exc.status_code)
@@ -337,7 +356,7 @@ def _review_error(exc: ReviewError) -> HttpError:
 
 # -- datasets ------------------------------------------------------------------------------------
 @api.get("/datasets", response=list[DatasetOut], summary="List datasets (newest first)")
-def list_datasets(request, limit: int = 100, offset: int = 0):
+def list_datasets(request, limit: int = 100, offset: int = OFFSET):
     limit = max(1, min(limit, MAX_PAGE))
     return [_dataset_out(d) for d in Dataset.objects.order_by("-created", "-id")[max(offset, 0): max(offset, 0) + limit]]
 
@@ -362,6 +381,10 @@ def create_dataset(request, file: Optional[UploadedFile] = File(None, descriptio
         err = HttpError(400, str(exc))
         err.errors = {"file": [str(exc)]}
         raise err from None
+    if len(name) > 200:  # the column's size: a cut name would be stored otherwise than sent
+        err = HttpError(400, f"the name has {len(name):,} characters; at most 200")
+        err.errors = {"name": [err.message]}
+        raise err
     dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user)
     return Status(201, _dataset_out(dataset))
 
@@ -373,7 +396,7 @@ def get_dataset(request, dataset_id: int):
 
 # -- runs ----------------------------------------------------------------------------------------
 @api.get("/runs", response=list[RunOut], summary="List runs (newest first)")
-def list_runs(request, limit: int = 50, offset: int = 0):
+def list_runs(request, limit: int = 50, offset: int = OFFSET):
     limit = max(1, min(limit, MAX_PAGE))
     page = list(Run.objects.select_related("dataset").order_by("-created", "-id")[max(offset, 0): max(offset, 0) + limit])
     progress = metrics.progress_for_runs(page)
@@ -482,6 +505,10 @@ def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = Fal
 def selection_dataset(request, run_id: int, name: str = ""):
     """The querystring is the run table's filter; each task with a rollout in the list gives one row."""
     run = _run_for(request, run_id)
+    if len(name) > 200:
+        err = HttpError(400, f"the name has {len(name):,} characters; at most 200")
+        err.errors = {"name": [err.message]}
+        raise err
     qs, form = _filtered(request, run)
     try:
         dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user, name=name or None)
@@ -492,7 +519,7 @@ def selection_dataset(request, run_id: int, name: str = ""):
 
 # -- rollouts ------------------------------------------------------------------------------------
 @api.get("/runs/{run_id}/rollouts", response={200: RolloutPage, 400: Error}, summary="List a run's rollouts, filtered like the run page")
-def list_rollouts(request, run_id: int, limit: int = 100, offset: int = 0,
+def list_rollouts(request, run_id: int, limit: int = 100, offset: int = OFFSET,
                   status: str = "", kind: str = "", reward_min: Optional[float] = None, reward_max: Optional[float] = None,
                   task: Optional[int] = None, sort: str = "", label: str = "", not_label: str = "", notes: str = "",
                   corrected: str = "", reward_source: str = "", text: str = "", tool: str = "", output: str = "",

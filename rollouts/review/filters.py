@@ -22,6 +22,7 @@ from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from rollouts.models import Label, Note, RewardCorrection, RolloutLabel
+from rollouts.review.actions import LABEL_NAME
 
 REVIEW_FILTER_FIELDS = ("label", "not_label", "notes", "corrected", "reward_source")
 NO_LABEL = "-"
@@ -67,7 +68,10 @@ class ReviewFilterFields(forms.Form):
             if self._label_names is None:
                 self._label_names = list(Label.objects.order_by("position", "id").values_list("name", flat=True))
             out = first + [(n, n) for n in self._label_names]
-            if wanted and wanted not in dict(out):  # a permalink to a label since removed: empty result
+            # A permalink to a label since removed: an empty result. A value no label could ever
+            # have (a NUL, spaces, 500 characters) stays an invalid choice, reported on the field:
+            # PostgreSQL refuses a NUL in a query, and nothing can match it anyway.
+            if wanted and wanted not in dict(out) and isinstance(wanted, str) and LABEL_NAME.fullmatch(wanted):
                 out.append((wanted, wanted))
             return out
         return choices

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -24,7 +24,7 @@ from rollouts.models import ApiToken, Dataset, Label, Note, Rollout, Run
 from rollouts.review import actions, curated, progress, selection, sft, tokens
 from rollouts.review.actions import ReviewError
 from rollouts.review.aggregates import review_counts, reward_aggregates
-from rollouts.web.forms import RunForm, export_filename, filtered_rollouts
+from rollouts.web.forms import RunForm, export_filename, filter_problem, filtered_rollouts
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.views import _run_for
 
@@ -274,6 +274,9 @@ def selection_dataset(request, run_id):
     """The tasks of the POSTed filter's list become a new dataset; then the new-run form for it."""
     run = _run_for(request, run_id)
     qs, form = _list_form(run, request.POST)
+    if filter_problem(form):  # the list would be bigger than the one asked for
+        messages.error(request, f"No dataset made: bad filter {filter_problem(form)}")
+        return _back(request, run.get_absolute_url())
     try:
         dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user)
     except ReviewError as exc:
@@ -303,8 +306,11 @@ def run_export_sft(request, run_id):
     run = _run_for(request, run_id)
     reasoning = request.GET.get("reasoning") or "keep"
     if reasoning not in sft.REASONING_MODES:
-        raise Http404(f"reasoning must be one of {', '.join(sft.REASONING_MODES)}")
+        return HttpResponseBadRequest(f"reasoning={reasoning[:60]!r}: must be one of {', '.join(sft.REASONING_MODES)}; nothing was exported\n",
+                                      content_type="text/plain; charset=utf-8")
     qs, form = filtered_rollouts(run, request.GET)
+    if filter_problem(form):
+        return HttpResponseBadRequest(f"bad filter: {filter_problem(form)}; nothing was exported\n", content_type="text/plain; charset=utf-8")
     options = curated.ExportOptions.from_params(request.GET)
     lines = curated.sft_lines(run, qs if form.active else None, options, reasoning=reasoning,
                               metadata=request.GET.get("metadata") in curated.TRUE)

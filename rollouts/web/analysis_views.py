@@ -423,6 +423,8 @@ def run_profile(request, run_id):
         "pass_chart": _pass_at_k_chart(summary["overall"]),
         "files": [(kind, name, what) for kind, (name, _, what) in PROFILE_FILES.items()],
         "agg": _aggregate_view(run),
+        # NeMo Gym writes no aggregate metrics file without successes; the download would be a 404
+        "has_successes": Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).exists(),
         **_run_charts(run),
     })
     return vary_on_htmx(render(request, "rollouts/profile.html", context))

@@ -452,6 +452,16 @@ def export_filename(run_id: int, kind: str, filt: Optional[RolloutFilterForm] = 
     return f"run-{run_id}_{kind}{'_' + suffix if suffix else ''}.jsonl"
 
 
+def filter_problem(form: RolloutFilterForm) -> str:
+    """The first invalid filter value of ``form`` as one line (``"reward_min: Enter a number."``),
+    or ``""`` when every value is valid. Pages show a bad value on its field and ignore it; actions
+    that act on the list (downloads, a dataset from the list) refuse it with this text instead, so
+    a mistyped filter never yields a bigger list than asked for."""
+    for name, errors in form.errors.items():
+        return f"{name}={str(form.data.get(name, ''))[:60]!r}: {errors[0]}" if name != "__all__" else str(errors[0])
+    return ""
+
+
 def filtered_rollouts(run, data, kinds: Optional[list[str]] = None) -> tuple[QuerySet, RolloutFilterForm]:
     """A run's rollouts filtered and sorted by querystring ``data`` (a QueryDict or dict), and the
     form that read it. Other pages (a rollout's prev/next) can call this with the querystring

@@ -728,8 +728,10 @@ def _upload_sources(uploads, fallback: str, taken: set) -> list[tuple[Any, str]]
     for n, upload in enumerate(uploads, 1):
         base = upload.name or (fallback if len(uploads) == 1 else f"{fallback} #{n}")
         source = base
+        if source in taken:  # two "rollouts.jsonl" from different folders: say which by position
+            source = f"{base} (file {n} of the {fallback} files)" if len(uploads) > 1 else f"{base} (the {fallback})"
         while source in taken:
-            source = f"{source} ({fallback})"
+            source = f"{source}'"
         taken.add(source)
         named.append((upload, source))
     return named

@@ -20,7 +20,7 @@ from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count
 from django.db.models.functions import Substr
-from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -36,7 +36,7 @@ from rollouts import targets
 from rollouts.collection import runs
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
-from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filtered_rollouts
+from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filter_problem, filtered_rollouts
 from rollouts.web.uploads import too_large_uploads
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
@@ -357,6 +357,9 @@ def run_export(request, run_id, kind):
     run = _run_for(request, run_id)
     from rollouts.review.views import curated_export_response, say_plain_export  # issue 13
 
+    problem = filter_problem(RolloutFilterForm(request.GET))
+    if problem:  # a hand-edited link: a file of another list than asked for would be silently wrong
+        return HttpResponseBadRequest(f"bad filter: {problem}; nothing was exported\n", content_type="text/plain; charset=utf-8")
     curated = curated_export_response(request, run, kind)
     if curated is not None:
         return curated

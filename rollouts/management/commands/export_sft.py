@@ -1,6 +1,7 @@
-"""``python manage.py export_sft (--input FILE | --run ID [--filter QS]) --output OUT``: the SFT
-export (OpenAI chat format, ``rollouts.review.sft``) of a NeMo Gym ``rollouts.jsonl`` file or of a
-stored run's (filtered) successes."""
+"""``python manage.py export_sft (--input FILE | --run ID [--filter QS]) --output OUT [--overwrite]``:
+the SFT export (OpenAI chat format, ``rollouts.review.sft``) of a NeMo Gym ``rollouts.jsonl`` file
+or of a stored run's (filtered) successes. An existing ``--output`` is refused unless
+``--overwrite``; the ``--input`` file itself never."""
 from __future__ import annotations
 
 import json
@@ -11,9 +12,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from rollouts.collection.datasets import DatasetError, iter_rows
 from rollouts.collection.export import write_lines
+from rollouts.evaluation.outputs import check_outputs
 from rollouts.models import Run
 from rollouts.review import curated, sft
-from rollouts.web.forms import filtered_rollouts
+from rollouts.web.forms import FILTER_FIELDS, filtered_rollouts
 
 
 class Command(BaseCommand):
@@ -30,6 +32,7 @@ class Command(BaseCommand):
                             help="keep: reasoning_content; think: <think>…</think> in the content; drop")
         parser.add_argument("--metadata", action="store_true", help="with --run: add {run, task_index, rollout_index, reward, reward_source, labels}")
         parser.add_argument("--output", required=True, help="the JSONL file to write")
+        parser.add_argument("--overwrite", action="store_true", help="replace an existing --output (without it, an existing file is refused)")
 
     def handle(self, *args, **options) -> None:
         skipped: list[str] = []
@@ -38,18 +41,28 @@ class Command(BaseCommand):
             path = Path(options["input"])
             if not path.is_file():
                 raise CommandError(f"{path}: no such file")
+            if output.exists() and output.samefile(path):  # even with --overwrite: the input would be lost
+                raise CommandError("--output is the --input file; writing it would destroy the input")
+        if options["input"]:
             lines = self._file_lines(path, options["reasoning"], skipped)
         else:
             run = Run.objects.filter(pk=options["run"]).first()
             if run is None:
                 raise CommandError(f"no run #{options['run']}")
-            params = dict(parse_qsl(options["filter"]))
+            params = dict(parse_qsl(options["filter"], keep_blank_values=True))
+            unknown = sorted(set(params) - set(FILTER_FIELDS))
+            if unknown:  # a typo would export the whole run without a word
+                raise CommandError(f"--filter: unknown filter {', '.join(map(repr, unknown))} (filters: {', '.join(FILTER_FIELDS)})")
             params["reward_source"] = options["reward_source"]
             qs, form = filtered_rollouts(run, params)
             if form.errors:
                 raise CommandError("--filter: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
             lines = curated.sft_lines(run, qs if form.active else None, curated.ExportOptions.from_params(params),
                                       reasoning=options["reasoning"], metadata=options["metadata"], skipped=skipped)
+        try:  # before any row is read (the lines are lazy): never replace a file silently (issue 12)
+            check_outputs([output], overwrite=options["overwrite"])
+        except OSError as exc:
+            raise CommandError(str(exc)) from None
         try:
             n = write_lines(output, lines)  # streamed; the file appears only when whole
         except DatasetError as exc:
