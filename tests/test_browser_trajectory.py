@@ -166,7 +166,7 @@ def slow_agent_url():
 
 
 def test_a_running_rollout_grows_live_and_the_run_page_refreshes_at_the_end(
-    browser, live_server, workers, django_user_model, counter_env_url, slow_agent_url, counter_tasks_path  # noqa: F811
+    browser, live_server, workers, django_user_model, counter_env_url, slow_agent_url, counter_tasks_path, shared_data  # noqa: F811
 ):
     from playwright.sync_api import expect
 
@@ -212,6 +212,15 @@ def test_a_running_rollout_grows_live_and_the_run_page_refreshes_at_the_end(
     assert page.evaluate("window.__gymwebMark") == "still here"
     assert Run.objects.get(pk=run.pk).status == Run.Status.COMPLETED
     assert page.errors == []
+    # The runs list beside two imported runs, one with a long name: it wraps in its own column,
+    # cut with the whole name as its title; the URL columns never wrap.
+    _mini_swe(shared_data)
+    long_name = "/mnt/checkpoints/nemo_gym/eval_0.7.0/tau2/airline/rollouts.jsonl + /mnt/checkpoints/nemo_gym/eval_0.7.0/tau2/airline/rollouts_failures.jsonl"
+    with (shared_data / "tau2" / "example_rollouts.jsonl").open("rb") as fh:
+        import_rollouts(fh, name=long_name)
     page.goto(f"{live_server.url}/")
     expect(page.locator("table.runs")).to_contain_text("slow")
+    assert page.get_attribute(f'td.run-name a[title="{long_name}"]', "title") == long_name
+    url_cell = page.locator("td.url .mono").first.bounding_box()
+    assert url_cell["height"] < 24  # one line
     _screenshot(page, "runs_list")
