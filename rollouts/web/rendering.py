@@ -52,7 +52,7 @@ _TAGS = {
     "em", "strong", "s", "del", "a", "table", "thead", "tbody", "tr", "th", "td",
     "details", "summary", "div", "span", "dl", "dt", "dd",
 }
-_ATTRIBUTES = {"a": {"href"}, "ol": {"start"}, "details": {"open"}}
+_ATTRIBUTES = {"a": {"href"}, "ol": {"start"}, "details": {"open"}, "*": set()}  # "*": no generic title/lang
 _CLASSES = {
     "div": {"md", "md-plain", "part-refusal", "part-label", "fields", "json", "j-in", "j-row", "diff-stat",
             "think-body", "elided", "nested-note", "out-parts"},
@@ -198,6 +198,8 @@ def _message_text(text: str, budget: Budget, plain: bool) -> str:
         shown, note = budget.clip(segment)
         if thinking:
             out.append(_think(shown, note, len(segment)))
+        elif not shown.strip():
+            out.append(_note(note))
         else:
             out.append(_pre(shown, "plain") if plain else _markdown(shown))
             out.append(_note(note))
