@@ -150,7 +150,7 @@ def test_it_shows_each_item_kind(signed_in):
     assert "The count is 4." in html  # output_text
     assert "refusal" in html and "I won&#x27;t say." in html
     assert "web_search_call" in html  # a hosted item, as a JSON tree
-    assert '<span class="j-k">query</span>: <span class="j-s">&quot;counter&quot;</span>' in html
+    assert '<span class="j-k">action</span>: <span class="j-s">{&quot;query&quot;: &quot;counter&quot;}</span>' in html
     assert 'id="item-9"' in html
 
 

@@ -45,6 +45,8 @@ CODE_KEYS = frozenset({
     "python", "program", "source", "snippet", "regex", "pattern", "model_patch", "test_patch",
 })
 SUMMARY_MAX_CHARS = 120
+# An object whose values are all short scalars is shown on one line up to this length.
+COMPACT_OBJECT_CHARS = 100
 
 # -- the one sanitiser -----------------------------------------------------------------------
 _TAGS = {
@@ -307,6 +309,10 @@ def _json(value: Any, budget: Budget, levels: int = 0, depth: int = 0) -> str:
         shown, note = budget.clip(text)
         return _pre(shown, "part-json") + _note(note)
     is_dict = isinstance(value, dict)
+    compact = _compact(value, is_dict) if depth else None  # the outermost value is always a tree
+    if compact is not None:
+        shown, note = budget.clip(compact)
+        return f'<span class="j-s">{escape(shown)}</span>{_note(note)}'
     entries: Iterable = value.items() if is_dict else enumerate(value)
     rows = []
     shown = 0
@@ -325,6 +331,23 @@ def _json(value: Any, budget: Budget, levels: int = 0, depth: int = 0) -> str:
     opener, closer = ("{", "}") if is_dict else ("[", "]")
     return (f'<details class="j" open><summary class="j-sum">{opener} <span class="j-c">{size}</span></summary>'
             f'<div class="j-in">{"".join(rows)}</div>{closer}</details>')
+
+
+def _is_plain_scalar(v: Any) -> bool:
+    if isinstance(v, str):
+        return len(v) <= 80 and "\n" not in v and v.strip()[:1] not in ("{", "[")
+    return v is None or isinstance(v, (bool, int, float))
+
+
+def _compact(value: Any, is_dict: bool) -> Optional[str]:
+    """One line of JSON for a container of plain scalars (short one-line strings, numbers,
+    literals): an array of any length, an object up to ``COMPACT_OBJECT_CHARS``; None otherwise
+    (shown as a tree)."""
+    values = value.values() if is_dict else value
+    if not all(_is_plain_scalar(v) for v in values):
+        return None
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    return text if not is_dict or len(text) <= COMPACT_OBJECT_CHARS else None
 
 
 def _leaf(key: str, value: Any, budget: Budget, levels: int) -> str:
@@ -367,6 +390,11 @@ def value_html(key: str, value: Any, budget: Budget) -> str:
         return _string_value(key, value, budget, 0, False)
     if isinstance(value, dict) and value:
         return _fields(value, budget)
+    if isinstance(value, list):
+        compact = _compact(value, False)
+        if compact is not None:
+            shown, note = budget.clip(compact)
+            return f'<span class="j-s">{escape(shown)}</span>{_note(note)}'
     if isinstance(value, (dict, list)):
         return _json_block(value, budget)
     return _scalar(value)
