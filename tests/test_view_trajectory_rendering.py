@@ -285,24 +285,3 @@ def test_the_item_endpoint_requires_login_and_answers_404_outside_the_rollout(cl
     assert response.status_code == 302 and reverse("login") in response["Location"]
     response = signed_in.get(_item_url(rollout, "0"), headers=HX)  # HTMX: told to go to the sign-in page
     assert reverse("login") in response["HX-Redirect"] and "hello" not in response.content.decode()
-
-
-# -- summaries -------------------------------------------------------------------------------------
-def test_item_summary_names_who_or_what_the_first_line_and_the_length():
-    assert rendering.item_summary(msg("<think>hm</think>\n\nFirst line\nsecond")) == "assistant · First line · 36 chars"
-    assert rendering.item_summary(msg("<think>only thinking</think>")) == "assistant · (thinking only) · 28 chars"
-    assert rendering.item_summary(call("c", "bash", json.dumps({"command": "ls -la\npwd"}))) == "call bash · ls -la · 26 chars"
-    assert rendering.item_summary(out("c", "<returncode>0</returncode>\nok")) == "output · <returncode>0</returncode> · 29 chars"
-    assert rendering.item_summary({"type": "reasoning", "summary": [{"type": "summary_text", "text": "Plan A"}]}) == "reasoning · Plan A · 6 chars"
-    assert rendering.item_summary({"type": "web_search_call", "id": "x"}).startswith("web_search_call · ")
-    assert rendering.item_summary({"role": "user", "content": "x" * 500}).startswith("user · " + "x" * 119 + "…")
-
-
-@pytest.mark.django_db
-def test_each_item_view_carries_its_summary_for_folded_headers(signed_in, shared_data):
-    from rollouts.web.trajectory_views import _timeline
-    run = _import(shared_data, "mini_swe_agent_2")
-    steps, _ = _timeline(run.rollouts.order_by("task_index").first())
-    summaries = [item["summary"] for step in steps for item in step["items"]]
-    assert any(s.startswith("call bash · ") for s in summaries) and any(s.startswith("assistant · ") for s in summaries)
-    assert all(len(s) < 260 for s in summaries)

@@ -1,5 +1,6 @@
 """Content rendering of trajectory items: Markdown messages, folded thinking, tool-call arguments
-as fields, diffs, JSON trees (also JSON inside JSON strings), and one-line item summaries.
+as fields, diffs, JSON trees (also JSON inside JSON strings). (A folded item's one-line summary is
+``rollouts.web.outline.item_summary``.)
 
 Everything rendered here is untrusted model or environment output. The rules:
 
@@ -44,7 +45,6 @@ CODE_KEYS = frozenset({
     "command", "cmd", "commands", "code", "patch", "diff", "query", "sql", "script", "shell", "bash",
     "python", "program", "source", "snippet", "regex", "pattern", "model_patch", "test_patch",
 })
-SUMMARY_MAX_CHARS = 120
 # An object whose values are all short scalars is shown on one line up to this length.
 COMPACT_OBJECT_CHARS = 100
 
@@ -174,11 +174,6 @@ def split_thinking(text: str) -> list[tuple[bool, str]]:
         # a stray tag of the wrong kind (nested or repeated) stays in the text
     out.append((inside, text[pos:]))
     return [(t, s) for t, s in out if s]
-
-
-def visible_text(text: str) -> str:
-    """``text`` without its thinking spans (``split_thinking``)."""
-    return "".join(s for t, s in split_thinking(text) if not t)
 
 
 def _think(text: str, note: str, total: Optional[int] = None) -> str:
@@ -631,68 +626,3 @@ def fields_body(fields: Iterable[tuple[str, Any]], *, max_chars: int) -> Body:
         total += len(value) if isinstance(value, str) else len(_pretty_text(value)[0])
         rows.append(f'<dt class="f-k">{escape(str(key))}</dt><dd class="f-v">{value_html(str(key), value, budget)}</dd>')
     return Body(sanitise(f'<dl class="fields">{"".join(rows)}</dl>'), total, budget.cut, rich=True)
-
-
-# -- summaries -----------------------------------------------------------------------------------
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            return line if len(line) <= SUMMARY_MAX_CHARS else line[: SUMMARY_MAX_CHARS - 1] + "…"
-    return ""
-
-
-def _message_text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    texts = []
-    for part in _content_list(content):
-        if isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part, dict):
-            if isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif isinstance(part.get("refusal"), str):
-                texts.append("refusal: " + part["refusal"])
-    return "\n".join(texts)
-
-
-def item_summary(payload: Any) -> str:
-    """One line that stands for an item when it is folded: who or what (role, tool name, kind),
-    the first line of its visible text, and its length, e.g. ``"assistant · I found the file… ·
-    1,234 chars"``, ``"call bash · find . -name '*.py' · 48 chars"``, ``"reasoning · 812 chars"``.
-    Plain text (templates escape it); at most ~200 characters."""
-    item = payload if isinstance(payload, dict) else {"type": None, "value": payload}
-    kind = item.get("type")
-    if kind is None and "role" in item and "content" in item:
-        kind = "message"
-    if kind == "message":
-        text = _message_text_of(item.get("content"))
-        visible = visible_text(text)
-        thinking = len(text) - len(visible)
-        head = _first_line(visible) or ("(thinking only)" if thinking else "(empty)")
-        who = _short(str(item.get("role") or "message"), 40)
-        return f"{who} · {head} · {len(text):,} chars"
-    if kind == "reasoning":
-        texts = reasoning_texts(item)
-        n = sum(len(t) for t in texts)
-        head = _first_line(texts[0]) if texts else "(no summary)"
-        return f"reasoning · {head} · {n:,} chars"
-    if kind == "function_call":
-        arguments = item.get("arguments")
-        name = _short(str(item.get("name") or "?"), 60)
-        parsed = parse_json_text(arguments) if isinstance(arguments, str) else None
-        if isinstance(parsed, dict) and len(parsed) == 1:
-            only = next(iter(parsed.values()))
-            head = _first_line(only if isinstance(only, str) else json.dumps(only, ensure_ascii=False, default=str))
-        else:
-            head = _first_line(arguments if isinstance(arguments, str) else json.dumps(arguments, default=str))
-        length = len(arguments) if isinstance(arguments, str) else len(str(arguments))
-        return f"call {name} · {head or '(no arguments)'} · {length:,} chars"
-    if kind == "function_call_output":
-        output = item.get("output")
-        text = output if isinstance(output, str) else _message_text_of(output) if isinstance(output, list) else json.dumps(output, default=str)
-        return f"output · {_first_line(text) or '(empty)'} · {len(text):,} chars"
-    name = _short(str(kind or "item"), 60)
-    text = json.dumps(item, ensure_ascii=False, default=str)
-    return f"{name} · {len(text):,} chars"
