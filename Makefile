@@ -25,13 +25,15 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-team screenshots
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_latency --db $(DB)
 bench-trajectory: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_trajectory_page --db $(DB)
+bench-trajectory-content: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_trajectory_content
 screenshots: $(BIN)/.installed
 	$(BIN)/python scripts/screenshots.py
 bench-storage: $(BIN)/.installed

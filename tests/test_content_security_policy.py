@@ -46,6 +46,8 @@ def pages(signed_in, db):
         # review (issue 13): review mode on a trajectory, its summary, labels, account, a prefilled new run
         reverse("rollout", args=[run.pk, rollout.pk]) + "?review=1", reverse("review_start", args=[run.pk]) + "?summary=1",
         reverse("labels"), reverse("account"),
+        # an item's whole body, as the "show all" link's page (issue 11)
+        reverse("rollout_item", args=[run.pk, rollout.pk, "input-0"]) + "?full=1",
     ]
 
 

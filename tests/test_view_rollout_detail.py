@@ -149,14 +149,15 @@ def test_it_shows_each_item_kind(signed_in):
     assert "I should increment first." in html  # reasoning summary
     assert "The count is 4." in html  # output_text
     assert "refusal" in html and "I won&#x27;t say." in html
-    assert "web_search_call" in html and "&quot;query&quot;: &quot;counter&quot;" in html  # hosted item as JSON
+    assert "web_search_call" in html  # a hosted item, as a JSON tree
+    assert '<span class="j-k">action</span>: <span class="j-s">{&quot;query&quot;: &quot;counter&quot;}</span>' in html
     assert 'id="item-9"' in html
 
 
 @pytest.mark.django_db
 def test_it_pretty_prints_call_arguments_and_shows_raw_text_when_they_are_not_json(signed_in):
     html = page(signed_in, rich_rollout())
-    assert "{\n  &quot;count&quot;: 1\n}" in html
+    assert '<dt class="f-k">count</dt><dd class="f-v"><span class="j-n">1</span></dd>' in _item(html, 1)  # a field list
     assert "{not json" in html and "arguments are not valid JSON" in html
 
 
@@ -164,7 +165,7 @@ def test_it_pretty_prints_call_arguments_and_shows_raw_text_when_they_are_not_js
 def test_it_shows_gym_outputs_with_tool_latency_and_status_and_flags_refused_ones(signed_in):
     html = page(signed_in, rich_rollout())
     assert "run by gymweb" in html and "4.2 ms" in html
-    assert "{\n  &quot;success&quot;: true\n}" in html  # JSON output pretty-printed
+    assert '<span class="j-k">success</span>: <span class="j-l">true</span>' in _item(html, 5)  # JSON output as a tree
     assert "refused · not sent" in html and "not a safe URL path segment" in html
     assert "asked · run by gymweb" in html
 
@@ -254,17 +255,18 @@ def _notes(html: str) -> list[str]:
 
 
 @pytest.mark.django_db
-def test_a_huge_assistant_message_is_cut_with_a_note_linking_to_its_raw_json(signed_in, settings):
+def test_a_huge_assistant_message_shows_its_head_and_a_link_that_shows_all_of_it(signed_in, settings):
     settings.GYMWEB_DISPLAY_MAX_CHARS = 1000
     run = make_run()
     rollout = make_rollout(run, make_task(run), calls=[{}], items=[(0, msg("<b>" + "x" * 49_997), {})])
     html = page(signed_in, rollout)
     assert len(html) < 20_000
-    note = _notes(html)[0]
-    assert "… 49,000 more characters — " in note and "see the raw JSON" in note
+    assert "… 49,000 more characters" in html
+    full = reverse("rollout_item", args=[run.pk, rollout.pk, "0"]) + "?full=1"
+    assert f'<a class="show-all" href="{full}" hx-get="{full}" hx-target="closest .item-body" hx-swap="outerHTML">show all 50,000 characters</a>' in html
+    assert "&lt;b&gt;" + "x" * 997 + "</p>" in html  # cut, still escaped
     raw = reverse("rollout_raw", args=[run.pk, rollout.pk]) + "?item=0"
-    assert f'href="{raw}"' in note
-    assert "&lt;b&gt;" + "x" * 997 + "</div>" in html  # cut, still escaped
+    assert f'href="{raw}"' in html  # the raw JSON, one click away
     whole = signed_in.get(raw)
     assert whole.status_code == 200 and len(json.loads(whole.content)["content"][0]["text"]) == 50_000
 
@@ -283,11 +285,11 @@ def test_long_arguments_tool_outputs_reasoning_generic_items_and_input_are_cut_t
     ])
     html = page(signed_in, rollout)
     assert len(html) < 30_000
-    notes = _notes(html)
-    assert sum("more characters" in n for n in notes) == 6  # input, reasoning, arguments, output, generic, message
-    assert any("… 98 more parts" in n for n in notes)  # the message's budget is spent after 2 parts
-    for seq in range(5):
-        assert f"?item={seq}" in html
+    assert html.count("more characters") == 6  # input, reasoning, arguments, output, generic, message
+    assert "… 98 more parts" in html  # the message's budget is spent after 2 parts
+    for key in ("0", "1", "2", "3", "4", "input-0"):
+        assert reverse("rollout_item", args=[run.pk, rollout.pk, key]) + "?full=1" in html
+    assert html.count('class="show-all"') == 6
     assert "?item=input" in html
     assert "r" * 501 not in html and "o" * 501 not in html and "q" * 501 not in html and "y" * 501 not in html
 

@@ -137,3 +137,105 @@ def test_texts_cut_for_display_stay_escaped_wherever_the_cut_falls(signed_in, se
     assert "more characters" in html and "&lt;" in html
     assert_inert(html)
     assert "<scr" not in html.replace('<script src="/static/', "")
+
+
+# -- Markdown (issue 11): message text is rendered as Markdown, then sanitised by nh3 ----------
+MD_PAYLOADS = [
+    "[a](javascript:alert(1))",
+    "[b](JaVaScRiPt:alert(1))",
+    "[c](  javascript:alert(1)  )",
+    "[d](java\tscript:alert(1))",
+    "[e](&#106;&#97;&#118;&#97;&#115;&#99;&#114;&#105;&#112;&#116;&#58;alert(1))",
+    "[f](&#x6A;avascript:alert(1))",
+    "[g](javascript&colon;alert(1))",
+    "[h](vbscript:msgbox(1))",
+    "[i](data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==)",
+    "![j](data:image/svg+xml;base64,PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+)",
+    "![k](x\" onerror=\"alert(1))",
+    "![l](javascript:alert(1))",
+    "<img src=x onerror=alert(1)>",
+    "**<img src=x onerror=alert(1)>**",
+    "```html\n<script>alert(1)</script>\n<img src=x onerror=alert(1)>\n```",
+    "    <script>alert(1)</script>",
+    "`<img src=x onerror=alert(1)>`",
+    "<svg onload=alert(1)><script>alert(1)</script></svg>",
+    "<svg><a xlink:href=\"javascript:alert(1)\"><text>x</text></a></svg>",
+    "<javascript:alert(1)>",
+    "<http://example.com/\" onmouseover=\"alert(1)>",
+    "<mailto:a@b.c?body=\"><img src=x onerror=alert(1)>>",
+    "[m][r1]\n\n[r1]: javascript:alert(1)",
+    "[n][r2]\n\n[r2]: <javascript:alert(1)> \"t\"",
+    "[o][r3]\n\n[r3]: data:text/html,<script>alert(1)</script>",
+    "<a href=\"javascript:alert(1)\">p</a>",
+    "<details open ontoggle=alert(1)>q</details>",
+    "<div hx-get=\"/x\" hx-trigger=\"load\">r</div>",
+    "[s](/x \"\\\" onmouseover=alert(1) \\\"\")",
+    "<think><img src=x onerror=alert(1)><script>alert(1)</script></think>after",
+    "| t | <img src=x onerror=alert(1)> |\n|---|---|\n| <svg onload=alert(1)> | [u](javascript:alert(1)) |",
+    "<style>body{display:none}</style><iframe src=\"javascript:alert(1)\"></iframe>",
+    "<!-- <img src=x onerror=alert(1)> -->",
+]
+_BAD_URL = re.compile(r"^\s*(javascript|vbscript|data|file):", re.I)
+
+
+def assert_markdown_inert(html: str) -> None:
+    """No element, attribute or URL a payload asked for survives: only the page's own tags."""
+    assert_inert(html)
+    for tag in re.findall(r"<[a-zA-Z][^>]*>", html):
+        name = tag[1:].split(None, 1)[0].rstrip(">").lower()
+        if tag.startswith('<svg class="wf" '):  # the outline's own waterfall bars
+            continue
+        assert name not in ("img", "svg", "iframe", "object", "embed", "style", "math", "base"), tag
+        assert not re.search(r"\son[a-z]+\s*=", tag, re.I), tag
+        assert " style=" not in tag and "xlink:" not in tag, tag
+        for url in re.findall(r'\s(?:href|src|action)="([^"]*)"', tag):
+            assert not _BAD_URL.match(url), tag
+        if name == "script":
+            assert 'src="/static/' in tag, tag
+
+
+@pytest.mark.django_db
+def test_markdown_payloads_in_every_place_that_renders_markdown_are_inert(signed_in):
+    run = make_run()
+    task = make_task(run, row={"responses_create_params": {
+        "instructions": "\n\n".join(MD_PAYLOADS), "input": [{"role": "user", "content": p} for p in MD_PAYLOADS]}})
+    items = [(0, msg(p), {}) for p in MD_PAYLOADS]
+    items += [(0, msg(p, role="user"), {}) for p in MD_PAYLOADS]
+    items += [(0, {"type": "reasoning", "summary": [{"type": "summary_text", "text": p}]}, {}) for p in MD_PAYLOADS]
+    items += [(0, call("c1", "bash", json.dumps({"command": p, "query": p, "x": json.dumps({"y": p})})), {"asked": True})
+              for p in MD_PAYLOADS]
+    items += [(0, out("c1", p), {"origin": "gym", "tool_status": 200}) for p in MD_PAYLOADS]
+    items += [(0, out("c1", json.dumps({"p": p, "q": json.dumps([p])})), {"origin": "gym", "tool_status": 200}) for p in MD_PAYLOADS]
+    verify = {"reward": 1.0, "fields": {f"k{i}": p for i, p in enumerate(MD_PAYLOADS)}, "patch": "--- a\n+++ b\n@@ -1 +1 @@\n-" + SCRIPT + "\n+" + IMG}
+    rollout = make_rollout(run, task, calls=[{}], items=items, verify=verify)
+    response = signed_in.get(reverse("rollout", args=[run.pk, rollout.pk]))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "<table>" in html and "<pre><code>" in html  # Markdown did render
+    assert_markdown_inert(html)
+    base = reverse("rollout_item", args=[run.pk, rollout.pk, "input"])[: -len("input/")]
+    for key in ("0", str(len(MD_PAYLOADS)), "instructions", "input-0", "verify"):
+        for query in ("full=1", "view=plain", "full=1&view=plain"):
+            fragment = signed_in.get(f"{base}{key}/?{query}", HTTP_HX_REQUEST="true").content.decode()
+            assert_markdown_inert(fragment)
+            assert_markdown_inert(signed_in.get(f"{base}{key}/?{query}").content.decode())
+
+
+def test_the_sanitiser_keeps_safe_links_and_drops_everything_else():
+    from rollouts.web.rendering import item_body
+    html = str(item_body(msg("[ok](https://example.com/a?b=1) [rel](/runs/) [mail](mailto:a@b.c) " + " ".join(MD_PAYLOADS)),
+                         "message", max_chars=100_000).html)
+    assert '<a href="https://example.com/a?b=1" rel="noopener noreferrer nofollow">ok</a>' in html
+    assert '<a href="/runs/" rel="noopener noreferrer nofollow">rel</a>' in html and 'href="mailto:a@b.c"' in html
+    hrefs = re.findall(r'href="([^"]*)"', html)
+    assert all(h.startswith(("https://", "http://", "/", "mailto:")) for h in hrefs), hrefs
+    assert_markdown_inert(html)
+
+
+def test_only_the_rendering_module_marks_content_safe_and_only_in_its_sanitiser():
+    text = (REPO / "rollouts" / "web" / "rendering.py").read_text()
+    assert text.count("mark_safe(") == 1
+    sanitiser = text[text.index("def sanitise("):text.index("\n# -- budget")]
+    assert "mark_safe(" in sanitiser and "_CLEANER.clean(markup)" in sanitiser
+    for bad in ("|safe", "autoescape off", "safeseq", "SafeString("):
+        assert bad not in text

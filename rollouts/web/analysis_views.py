@@ -54,7 +54,7 @@ from rollouts.evaluation.aggregate import run_aggregate_entries
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
 from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
 from rollouts.templatetags.gymweb_tags import num, pretty_json_text
-from rollouts.web.trajectory_views import _task_input, _timeline
+from rollouts.web.trajectory_views import _task_input, _timeline, item_url_base
 
 S = Rollout.Status
 FINISHED = (S.SUCCEEDED, S.FAILED)
@@ -756,7 +756,7 @@ def _side(run: Run, rollout: Optional[Rollout]) -> dict[str, Any]:
     side.update({
         "steps": steps,
         "num_items": num_items,
-        "task_input": _task_input(task_row),
+        "task_input": _task_input(task_row, item_url_base(rollout)),
         "tools": [t.get("name") for t in (task_row.get("responses_create_params") or {}).get("tools") or [] if isinstance(t, dict)],
         "url": reverse("rollout", args=[run.pk, rollout.pk]),
         "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),

@@ -11,6 +11,8 @@ looking at. Unknown parameters and unusable values are ignored.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any, Mapping, Optional
 from urllib.parse import urlencode
 
@@ -20,7 +22,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, F, Max, OrderBy, Q, QuerySet, Window
 from django.db.models.functions import Lag, Lead, RowNumber
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -37,6 +39,7 @@ from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.review.views import review_context
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
+from rollouts.web import rendering
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
@@ -151,29 +154,8 @@ def display_max_items() -> int:
     return max(1, int(getattr(settings, "GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP", DEFAULT_DISPLAY_MAX_ITEMS_PER_STEP)))
 
 
-def _more_text(more: int) -> str:
-    """The note of a cut text: ``"… 1,234 more characters"``; ``""`` when nothing was cut."""
-    return f"… {more:,} more character{'' if more == 1 else 's'}" if more > 0 else ""
-
-
-class _Budget:
-    """The characters one item may still show: each text takes what is left; the rest is cut."""
-
-    def __init__(self, limit: int):
-        self.left = limit
-
-    @property
-    def spent(self) -> bool:
-        return self.left <= 0
-
-    def clip(self, text: str) -> tuple[str, str]:
-        """``(shown text, note)``; the note is ``""`` when the whole text fits."""
-        if len(text) <= self.left:
-            self.left -= len(text)
-            return text, ""
-        shown, more = text[: self.left], len(text) - self.left
-        self.left = 0
-        return shown, _more_text(more)
+_more_text = rendering.more_text
+_Budget = rendering.Budget
 
 
 def _short(value: Any, limit: int = SHORT_MAX_CHARS) -> str:
@@ -202,65 +184,39 @@ def _json_text(value: Any) -> tuple[str, bool]:
     return (compact, True) if len(compact) > PRETTY_MAX_CHARS else pretty_json_text(value)
 
 
-# -- view models of trajectory items ----------------------------------------------------------
-def _content_parts(content: Any, budget: Optional[_Budget] = None) -> tuple[list[dict[str, Any]], int]:
-    """A message's content as display parts: ``{"kind": "text"|"refusal"|"json", "label", "text",
-    "cut"}`` (``cut``: the note of a text cut to the item's budget), and the number of parts left
-    out once the budget was spent."""
-    budget = budget or _Budget(display_max_chars())
-    if content is None:
-        return [], 0
-    if not isinstance(content, list):  # a string, or a value of a shape the contract does not know
-        if isinstance(content, str):
-            return [_part(budget, "text", "", content)], 0
-        return [_part(budget, "json", "content", _json_text(content)[0])], 0
-    parts: list[dict[str, Any]] = []
-    for i, part in enumerate(content):
-        if budget.spent:
-            return parts, len(content) - i
-        if isinstance(part, str):
-            parts.append(_part(budget, "text", "", part))
-        elif not isinstance(part, dict):
-            parts.append(_part(budget, "json", "", _json_text(part)[0]))
-        else:
-            ptype = part.get("type")
-            if ptype == "refusal" or (ptype is None and isinstance(part.get("refusal"), str)):
-                parts.append(_part(budget, "refusal", "refusal", str(part.get("refusal") or "")))
-            elif isinstance(part.get("text"), str):
-                label = "" if ptype in ("output_text", "input_text", "text", None) else _short(ptype)
-                parts.append(_part(budget, "text", label, part["text"]))
-            else:
-                parts.append(_part(budget, "json", _short(ptype or "part"), _json_text(part)[0]))
-    return parts, 0
-
-
-def _part(budget: _Budget, kind: str, label: str, text: str) -> dict[str, Any]:
-    shown, cut = budget.clip(text)
-    return {"kind": kind, "label": label, "text": shown, "cut": cut}
-
-
 def _badge(cls: str, text: str, title: str = "") -> dict[str, str]:
     return {"cls": cls, "text": text, "title": title}
 
 
+_TOGGLE_LABELS = {"message": "plain text"}
+
+
 def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", asked: bool = False, paired: bool = False,
               refused: bool = False, latency_ms: Optional[float] = None, tool_status: Optional[int] = None,
-              call_names: Optional[dict[str, str]] = None, max_chars: Optional[int] = None) -> dict[str, Any]:
+              call_names: Optional[dict[str, str]] = None, max_chars: Optional[int] = None, key: str = "",
+              item_url: str = "", plain: bool = False, full: bool = False, prefix: str = "") -> dict[str, Any]:
     """One item (a reply item, a gym output or a task input item) as a dict for its partial.
 
     Display strings (``seq``, badges, latency) are computed here rather than in the template: a
     500-item trajectory must render fast, and Python is much cheaper than template logic. The
-    item's texts together show at most ``max_chars`` characters (``GYMWEB_DISPLAY_MAX_CHARS``);
-    each cut text carries a note (``cut``) and the template links it to the item's raw JSON."""
-    budget = _Budget(max_chars or display_max_chars())
+    body is rendered by content (``rendering.item_body``: Markdown, folded thinking, argument
+    fields, diffs, JSON trees), at most ``max_chars`` characters of the item's texts
+    (``GYMWEB_DISPLAY_MAX_CHARS``). ``key`` names the item for the item endpoint (its seq, or
+    ``input-K`` for the K-th task input item) and ``item_url`` is that endpoint's URL without the
+    key: a cut body gets a "show all N characters" link that loads the whole body in place (no
+    ``item_url``: a link to the item's raw JSON). ``plain`` renders texts and JSON as they came;
+    ``full`` marks a body rendered without the display limit; ``prefix`` is the page's id prefix
+    (the compare page shows two trajectories)."""
     item = payload if isinstance(payload, dict) else {"type": None, "value": payload}
     kind = item.get("type")
     if kind is None and "role" in item and "content" in item:
         kind = "message"  # EasyInputMessage: type is optional on input messages
     call_id = item.get("call_id") if isinstance(item.get("call_id"), str) else ""
+    key = key or ("input" if seq is None else str(seq))
     view: dict[str, Any] = {
         "seq": "" if seq is None else str(seq),
         "n": seq,
+        "key": key,
         "raw_q": "item=input" if seq is None else f"item={seq}",
         "kind": _short(kind) if isinstance(kind, str) else "",
         "origin": origin,
@@ -271,54 +227,24 @@ def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", aske
         "name": _short(item.get("name") or ""),
         "badges": [],
         "imported": origin == TrajectoryItem.Origin.IMPORTED,
-        "parts_more": 0,
     }
+    render_kind = kind if kind in ("message", "reasoning", "function_call", "function_call_output") else "generic"
+    body = rendering.item_body(item, render_kind, max_chars=max_chars or display_max_chars(), plain=plain)
+    view["body"], view["notes"], view["cut"] = body.html, body.notes, body.cut
+    view["total"] = f"{body.total:,}"
+    view["template"] = f"rollouts/partials/item_{render_kind}.html"
+    _body_links(view, render_kind, body, item_url, plain, full, prefix)
     if kind == "message":
-        view["template"] = "rollouts/partials/item_message.html"
         role = str(item.get("role") or "")
         view["role"] = _short(role)
         view["role_cls"] = role if role in ("assistant", "user", "system", "developer", "instructions") else "other"
-        view["parts"], view["parts_more"] = _content_parts(item.get("content"), budget)
-    elif kind == "reasoning":
-        view["template"] = "rollouts/partials/item_reasoning.html"
-        texts = []
-        summary = item.get("summary")
-        for part in summary if isinstance(summary, list) else []:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif isinstance(part, str):
-                texts.append(part)
-        content = item.get("content")
-        for part in content if isinstance(content, list) else []:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-        view["texts"], view["parts_more"] = _content_parts(texts, budget)
-        view["empty_note"] = "(no summary; content encrypted)" if item.get("encrypted_content") else "(no summary)"
     elif kind == "function_call":
-        view["template"] = "rollouts/partials/item_function_call.html"
-        arguments = item.get("arguments")
-        text, is_json = _json_text(arguments)
-        view["arguments"], view["arguments_cut"] = budget.clip(text)
-        view["arguments_note"] = ""
-        if not isinstance(arguments, str):
-            view["arguments_note"] = f"arguments are a {type(arguments).__name__}, not a JSON string: shown as they came"
-        elif not is_json:
-            view["arguments_note"] = "arguments are not valid JSON: shown raw"
         view["answered_by"] = None
         view["answer_refused"] = False
         view["unanswered"] = False
     elif kind == "function_call_output":
-        view["template"] = "rollouts/partials/item_function_call_output.html"
         view["name"] = _short((call_names or {}).get(call_id, ""))
         view["answers"] = ""
-        output = item.get("output")
-        if isinstance(output, list):
-            view["parts"], view["parts_more"] = _content_parts(output, budget)
-            view["text"] = None
-        else:
-            view["parts"] = None
-            text, view["is_json"] = _json_text(output)
-            view["text"], view["text_cut"] = budget.clip(text)
         if origin == TrajectoryItem.Origin.GYM:
             if refused:
                 view["badges"].append(_badge("failed", "refused · not sent", "gymweb did not send this call to the env"))
@@ -332,13 +258,26 @@ def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", aske
             view["badges"].append(_badge("paired", "agent's own tool record", "the reply carried this output itself"))
         elif view["imported"] and not paired:
             view["badges"].append(_badge("unpaired", "orphan output", "no earlier function_call with this call_id"))
-    else:
-        view["template"] = "rollouts/partials/item_generic.html"
-        view["json"], view["json_cut"] = budget.clip(_json_text(item)[0])
-    if view["parts_more"]:
-        n = view["parts_more"]
-        view["parts_more"] = f"… {n:,} more part{'' if n == 1 else 's'}"
     return view
+
+
+def _body_links(view: dict[str, Any], kind: str, body: rendering.Body, item_url: str, plain: bool, full: bool,
+                prefix: str) -> None:
+    """The links under an item's body: "show all N characters" (a cut body), the plain text /
+    raw toggle (a body rendered by content), each an ``href`` to the item endpoint that HTMX
+    loads into the page in place of the body."""
+    view["body_id"] = f"{prefix}body-{view['key']}"
+    view["show_all_href"] = view["toggle_href"] = ""
+    view["toggle_label"] = ""
+    if not item_url:
+        return
+    base = f"{item_url}{view['key']}/"
+    extra = ""
+    if body.cut:
+        view["show_all_href"] = f"{base}?full=1{'&view=plain' if plain else ''}{extra}"
+    if plain or kind == "message" or body.rich:
+        view["toggle_label"] = ("rendered" if plain else _TOGGLE_LABELS.get(kind, "raw"))
+        view["toggle_href"] = f"{base}?view={'rendered' if plain else 'plain'}{'&full=1' if full else ''}{extra}"
 
 
 def _call_badges(view: dict[str, Any]) -> None:
@@ -390,23 +329,27 @@ def _cap_items(views: list[dict[str, Any]], max_items: int) -> tuple[list[dict[s
     return head, tail, note
 
 
-def _task_input(task_row: dict[str, Any]) -> list[dict[str, Any]]:
+def _task_input(task_row: dict[str, Any], item_url: str = "", max_chars: Optional[int] = None, plain: bool = False,
+                full: bool = False, prefix: str = "") -> list[dict[str, Any]]:
+    """The task input's items as views: the instructions (key ``instructions``) then each input
+    item (key ``input-K``), at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` of them."""
     params = task_row.get("responses_create_params") or {}
-    max_chars, max_items = display_max_chars(), display_max_items()
+    max_chars, max_items = max_chars or display_max_chars(), display_max_items()
+    opts = {"origin": "input", "max_chars": max_chars, "item_url": item_url, "plain": plain, "full": full, "prefix": prefix}
     views = []
     instructions = params.get("instructions")
     if isinstance(instructions, str) and instructions:
-        views.append(item_view({"type": "message", "role": "instructions", "content": instructions}, origin="input", max_chars=max_chars))
+        views.append(item_view({"type": "message", "role": "instructions", "content": instructions}, key="instructions", **opts))
         views[-1]["summary"] = item_summary({"type": "message", "role": "instructions", "content": instructions})
     first = params.get("input")
     if isinstance(first, str):
         first = [{"type": "message", "role": "user", "content": first}]
     first = first if isinstance(first, list) else []
     call_names: dict[str, str] = {}
-    for item in first[:max_items]:
+    for k, item in enumerate(first[:max_items]):
         if isinstance(item, dict) and item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
             call_names[item["call_id"]] = str(item.get("name") or "")
-        views.append(item_view(item, origin="input", call_names=call_names, max_chars=max_chars))
+        views.append(item_view(item, call_names=call_names, key=f"input-{k}", **opts))
         views[-1]["summary"] = item_summary(item)
     if len(first) > max_items:
         hidden = len(first) - max_items
@@ -415,48 +358,66 @@ def _task_input(task_row: dict[str, Any]) -> list[dict[str, Any]]:
     return views
 
 
-def _verify_view(verify_json: str) -> Optional[dict[str, Any]]:
-    """The verify panel: reward, the other numeric fields, reward components and the rest (each
-    text cut to ``GYMWEB_DISPLAY_MAX_CHARS``, with a note)."""
+def _verify_view(verify_json: str, item_url: str = "", max_chars: Optional[int] = None, full: bool = False) -> Optional[dict[str, Any]]:
+    """The verify panel: reward, the other numeric fields, reward components and the rest, each
+    rendered by content (``rendering.value_body``: a diff such as SWE-bench's ``model_patch``,
+    JSON trees, code) with at most ``GYMWEB_DISPLAY_MAX_CHARS`` characters of each; when any is
+    cut, ``show_all_href`` loads the whole panel (``item_url`` + ``verify/``)."""
     if not verify_json:
         return None
-    max_chars = display_max_chars()
+    max_chars = max_chars or display_max_chars()
+    show_all = f"{item_url}verify/?full=1" if item_url else ""
     try:
         data = json.loads(verify_json)
     except ValueError:
         text, cut = _Budget(max_chars).clip(verify_json)
-        return {"reward": None, "numbers": [], "components": None, "others": [], "invalid": text, "invalid_cut": cut}
+        return {"reward": None, "numbers": [], "components": None, "others": [], "invalid": text, "invalid_cut": cut,
+                "show_all_href": show_all if cut else ""}
     if not isinstance(data, dict):
         return None
     numbers, others = [], []
+    any_cut = False
     for key, value in data.items():
         if key in ("reward", "response", "responses_create_params", "reward_components") or key.startswith("_ng_"):
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             numbers.append((_short(key), value))
         else:
-            others.append((_short(key), *_Budget(max_chars).clip(_json_text(value)[0])))
+            body = rendering.value_body(key, value, max_chars=max_chars)
+            any_cut = any_cut or body.cut
+            others.append((_short(key), body.html))
     components = data.get("reward_components")
-    # (key, value or display text, cut note, numeric)
+    # (key, number or rendered body, numeric)
     if isinstance(components, dict):
         rows = []
         for k, v in components.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                rows.append((_short(k), v, "", True))
+                rows.append((_short(k), v, True))
             else:
-                rows.append((_short(k), *_Budget(max_chars).clip(_json_text(v)[0]), False))
+                body = rendering.value_body(k, v, max_chars=max_chars)
+                any_cut = any_cut or body.cut
+                rows.append((_short(k), body.html, False))
         components = rows
     elif components is not None:
-        components = [("reward_components", *_Budget(max_chars).clip(_json_text(components)[0]), False)]
-    return {"reward": data.get("reward"), "numbers": numbers, "components": components, "others": others, "invalid": None}
+        body = rendering.value_body("reward_components", components, max_chars=max_chars)
+        any_cut = any_cut or body.cut
+        components = [("reward_components", body.html, False)]
+    return {"reward": data.get("reward"), "numbers": numbers, "components": components, "others": others, "invalid": None,
+            "show_all_href": show_all if any_cut else "", "full": full}
 
 
-def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
+def item_url_base(rollout: Rollout) -> str:
+    """The item endpoint's URL for ``rollout`` without the item's key (``…/items/``)."""
+    return reverse("rollout_item", args=[rollout.run_id, rollout.pk, "input"])[: -len("input/")]
+
+
+def _timeline(rollout: Rollout, prefix: str = "") -> tuple[list[dict[str, Any]], int]:
     """Steps in order: ``{"call": AgentCall|None, "index": n, "items": [view, ...], "tail": [view, ...],
     "hidden": note}``: at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step are shown (its
     first ones and its last few; ``hidden`` says how many are left out between them). One query
     for the items and one for the agent calls."""
     max_chars, max_items = display_max_chars(), display_max_items()
+    item_url = item_url_base(rollout)
     calls = list(AgentCall.objects.filter(rollout=rollout).order_by("index"))
     rows = TrajectoryItem.objects.filter(rollout=rollout).order_by("seq").values_list(
         "seq", "step", "kind", "call_id", "origin", "asked", "paired", "refused", "latency_ms", "tool_status", "payload"
@@ -473,7 +434,8 @@ def _timeline(rollout: Rollout) -> tuple[list[dict[str, Any]], int]:
         if kind == "function_call" and call_id and isinstance(payload, dict):
             call_names[call_id] = str(payload.get("name") or "")
         view = item_view(payload, seq=seq, origin=origin, asked=asked, paired=paired, refused=refused,
-                         latency_ms=latency_ms, tool_status=tool_status, call_names=call_names, max_chars=max_chars)
+                         latency_ms=latency_ms, tool_status=tool_status, call_names=call_names, max_chars=max_chars,
+                         item_url=item_url, prefix=prefix)
         view["summary"] = item_summary(payload)  # the line a folded item shows (issue 11)
         if origin == TrajectoryItem.Origin.GYM:  # the outline's tool time and failed outputs
             view["tool_status"], view["tool_latency_ms"] = tool_status, latency_ms
@@ -546,7 +508,7 @@ def _trajectory_context(request, rollout: Rollout) -> dict[str, Any]:
         "counts": _live_counts(rollout, steps, num_items),
         "outline": outline(steps, imported=imported, started=None),
         "live": rollout.status in ACTIVE_STATUSES and not imported,
-        "verify": _verify_view(rollout.verify_json) if rollout.status == Rollout.Status.SUCCEEDED else None,
+        "verify": _verify_view(rollout.verify_json, item_url_base(rollout)) if rollout.status == Rollout.Status.SUCCEEDED else None,
         "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
         "live_url": reverse("rollout_live", args=[run.pk, rollout.pk]),
         "kill_shaped": rollout.status in Rollout.KILL_SHAPED,
@@ -582,7 +544,7 @@ def rollout_detail(request, run_id, rollout_id):
     nav_qs = "&".join(p for p in (qs, urlencode({"q": search_q}) if search_q else "") if p)
     nav_suffix = f"?{nav_qs}" if nav_qs else ""
     context.update({
-        "task_input": _task_input(task_row),
+        "task_input": _task_input(task_row, item_url_base(rollout)),
         "tools": [t.get("name") for t in (task_row.get("responses_create_params") or {}).get("tools") or [] if isinstance(t, dict)],
         # every step but the last is fixed; the last one (the tail) is re-read while the attempt runs
         "head_steps": steps[:-1] if context["live"] else steps,
@@ -627,6 +589,60 @@ def rollout_live(request, run_id, rollout_id):
         "oob": True,
     })
     return render(request, "rollouts/partials/rollout_live.html", context)
+
+
+_ITEM_KEY_RE = re.compile(r"^(?:\d{1,9}|input-\d{1,9}|instructions|verify)$")
+
+
+@login_required
+@require_safe
+def rollout_item(request, run_id, rollout_id, key):
+    """One item's body for the trajectory page, loaded in place by HTMX (``request.htmx``: the
+    ``item_body.html`` partial alone; otherwise a page with the item, the links' fallback).
+
+    ``key``: the item's seq (``#N``), ``input-K`` (the K-th task input item), ``instructions``,
+    or ``verify`` (the verify panel). ``?full=1``: the whole text, without the display limit
+    (texts over ``rendering.RICH_MAX_CHARS`` as plain text); ``?view=plain``: texts and JSON as
+    they came. 404 for a rollout not of this run, an item it does not have, an unknown key, and
+    ``verify`` of an attempt that did not succeed."""
+    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if not _ITEM_KEY_RE.match(key):
+        raise Http404("no such item")
+    plain = request.GET.get("view") == "plain"
+    full = request.GET.get("full") == "1"
+    max_chars = sys.maxsize if full else display_max_chars()
+    item_url = item_url_base(rollout)
+    raw_url = reverse("rollout_raw", args=[rollout.run_id, rollout.pk])
+    context: dict[str, Any] = {"run": rollout.run, "rollout": rollout, "raw_url": raw_url,
+                               "rollout_url": reverse("rollout", args=[rollout.run_id, rollout.pk])}
+    if key == "verify":
+        if rollout.status != Rollout.Status.SUCCEEDED:
+            raise Http404("only a succeeded attempt has a verify result")
+        context["verify"] = _verify_view(rollout.verify_json, item_url, max_chars, full)
+        if context["verify"] is None:
+            raise Http404("no verify result")
+        if request.htmx:
+            return render(request, "rollouts/partials/rollout_verify.html", context)
+        return render(request, "rollouts/rollout_item.html", context)
+    if key == "instructions" or key.startswith("input-"):
+        try:
+            task_row = json.loads(rollout.task.row_json)
+        except ValueError:
+            task_row = {}
+        views = _task_input(task_row if isinstance(task_row, dict) else {}, item_url, max_chars, plain, full)
+        view = next((v for v in views if v.get("key") == key), None)
+    else:
+        row = TrajectoryItem.objects.filter(rollout=rollout, seq=int(key)).values(
+            "seq", "origin", "asked", "paired", "refused", "latency_ms", "tool_status", "payload").first()
+        view = None if row is None else item_view(
+            row["payload"], seq=row["seq"], origin=row["origin"], asked=row["asked"], paired=row["paired"], refused=row["refused"],
+            latency_ms=row["latency_ms"], tool_status=row["tool_status"], max_chars=max_chars, item_url=item_url, plain=plain, full=full)
+    if view is None:
+        raise Http404("this attempt has no such item")
+    context["item"] = view
+    if request.htmx:
+        return render(request, "rollouts/partials/item_body.html", context)
+    return render(request, "rollouts/rollout_item.html", context)
 
 
 def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:

@@ -21,6 +21,7 @@ urlpatterns = [
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/live/", trajectory_views.rollout_live, name="rollout_live"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/raw.json", trajectory_views.rollout_raw, name="rollout_raw"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/items/<str:key>/", trajectory_views.rollout_item, name="rollout_item"),
     path("import/", trajectory_views.import_rollouts, name="import"),
     path("runs/<int:run_id>/profile/", analysis_views.run_profile, name="run_profile"),
     path("runs/<int:run_id>/profile/files/<str:kind>", analysis_views.run_profile_file, name="run_profile_file"),
