@@ -99,7 +99,7 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -114,7 +114,7 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60)
     raise SystemExit(f"server did not answer on {url} within {timeout} s")
 
 
-def _wait_worker(proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+def _wait_worker(proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
     """Until a dispatcher has sent its first heartbeat (the worker is ready to claim)."""
     from rollouts.models import Worker
 
