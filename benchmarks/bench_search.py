@@ -134,14 +134,17 @@ def seed(total: int, items: int):
     return user, run, index_s
 
 
-def timed(fn, repeat: int) -> tuple[float, object]:
+def timed(fn, repeat: int) -> tuple[float, float, object]:
+    """Median wall ms, median CPU ms of this process (on SQLite the SQL runs here too; on a loaded
+    machine wall time includes waiting for a core, CPU time does not), the last result."""
     fn()  # warm
-    times, result = [], None
+    times, cpus, result = [], [], None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         result = fn()
         times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times), result
+        cpus.append((time.process_time() - c0) * 1000)
+    return statistics.median(times), statistics.median(cpus), result
 
 
 def main() -> None:
@@ -186,7 +189,9 @@ def main() -> None:
     seeded = time.perf_counter() - t0
     n_items = TrajectoryItem.objects.count()
     avg = TrajectoryItem.objects.aggregate(a=Avg(Length("search_text")))["a"]
-    print(f"content search benchmark — {h.machine()}; {where}")
+    with open("/proc/loadavg") as fh:
+        load = fh.read().split()[0]
+    print(f"content search benchmark — {h.machine()}; load average {load}; {where}")
     print(f"  seeded run #{run.pk}: {args.rollouts:,} rollouts, {n_items:,} items (search_text {avg:,.0f} chars on average) "
           f"in {seeded:.0f} s, of which the index build {index_s:.0f} s")
     from django.conf import settings
@@ -197,6 +202,7 @@ def main() -> None:
     client.force_login(user)
     base = reverse("run", args=[run.pk])
     cases = [
+        ("no filter (the table's own cost)", {}),
         ("text, rare (10 rollouts)", {"text": RARE}),
         ("text, medium (1% of rollouts)", {"text": MEDIUM}),
         ("text, common word (most rollouts)", {"text": "repository"}),
@@ -208,7 +214,7 @@ def main() -> None:
         ("failure message (1%)", {"error": ERROR_PHRASE}),
         ("text + status succeeded", {"text": MEDIUM, "status": "succeeded"}),
     ]
-    print(f"  {'query':38s} {'matches':>8s} {'SQL count+page':>15s} {'table (server)':>15s}")
+    print(f"  {'query':38s} {'matches':>8s} {'SQL count+page':>15s} {'table (server)':>15s} {'table CPU':>10s}")
     for label, params in cases:
         def sql():
             # What the table does: the count up to the cap (CappedPaginator), then the first page.
@@ -217,16 +223,16 @@ def main() -> None:
             ids = qs.values_list("id", flat=True)
             return ids[: SEARCH_COUNT_CAP + 1].count(), list(ids[:50])
 
-        sql_ms, (count, _ids) = timed(sql, args.repeat)
+        sql_ms, _cpu, (count, _ids) = timed(sql, args.repeat)
 
         def page():
             response = client.get(base, params, HTTP_HX_REQUEST="true")
             assert response.status_code == 200
             return response
 
-        page_ms, _ = timed(page, args.repeat)
+        page_ms, page_cpu, _ = timed(page, args.repeat)
         shown = f"{count:,d}" + ("+" if count > SEARCH_COUNT_CAP else "")
-        print(f"  {label:38s} {shown:>8s} {sql_ms:12,.0f} ms {page_ms:12,.0f} ms")
+        print(f"  {label:38s} {shown:>8s} {sql_ms:12,.0f} ms {page_ms:12,.0f} ms {page_cpu:7,.0f} ms", flush=True)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_size_pretty(pg_relation_size(%s)), pg_size_pretty(pg_total_relation_size('rollouts_trajectoryitem'))",
