@@ -1,6 +1,6 @@
 """Benchmark: content search across a run (issue 11). Seed one run of 100,000 rollouts with
 1,000,000 trajectory items (10 per rollout: user message, 3 tool calls with bash-like arguments,
-3 tool outputs, 2 assistant messages, 1 reasoning; about 230 characters of text each), 10% failed
+3 tool outputs, 1 reasoning, 1 assistant message; about 154 characters of search text each), 10% failed
 with a message, then time the run table filtered by content: the SQL (count + first page) and the
 table's server time (the HTMX partial the filter form fetches), for rare, medium and common text,
 tool names, tool outputs, failure messages and a 2-character query (no trigram: a scan).
