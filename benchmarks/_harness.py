@@ -31,10 +31,14 @@ def setup_django(db: str) -> str:
     else:
         import psycopg
 
-        name = f"gymweb_bench_{os.getpid()}"
+        # GYMWEB_BENCH_PG_NAME: a database kept between runs (bench_search --keep), made if missing.
+        kept = os.environ.get("GYMWEB_BENCH_PG_NAME", "")
+        name = kept or f"gymweb_bench_{os.getpid()}"
         with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.execute(f'CREATE DATABASE "{name}"')
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+            if not kept or not exists:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+                conn.execute(f'CREATE DATABASE "{name}"')
         os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{name}"
         where = f"PostgreSQL database {name}"
     import django

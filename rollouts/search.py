@@ -47,6 +47,9 @@ __all__ = [
 MAX_TEXT = 2_000_000
 # Queries shorter than this have no trigram and are answered by a scan.
 MIN_INDEXED = 3
+# A text found in at least this many items is "common": the run's rollouts are walked instead of
+# listing every hit from the index (benchmarks/README.md, bench-search).
+COMMON_ITEMS = 20_000
 SKIPPED_KEYS = frozenset({"type", "id", "status", "role"})
 FTS_TABLE = "rollouts_item_fts"
 ITEM_TABLE = "rollouts_trajectoryitem"
@@ -200,23 +203,43 @@ def _fts_phrase(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
-def _items_matching(text: str, kind: str | None) -> RawSQL | None:
-    """SQL selecting ``rollout_id`` of items whose search text contains ``text`` (normalised),
-    through the backend's index; None when no index serves this query (then the caller scans)."""
+def _index_sql(text: str, kind: str | None) -> tuple[str, list] | None:
+    """``(sql, params)`` selecting ``rollout_id`` of the items whose search text contains ``text``
+    (normalised) through the backend's index; None when no index serves this query."""
     vendor = default_connection.vendor
-    kind_sql, kind_params = (" AND i.kind = %s", [kind]) if kind else ("", [])
+    # ``kind || ''``: checked on the text index's hits, never through the (kind, name) index,
+    # which PostgreSQL would otherwise AND with them (300,000 entries for the outputs of 100,000
+    # rollouts, to keep a few).
+    kind_sql, kind_params = (" AND (i.kind || '') = %s", [kind]) if kind else ("", [])
     if len(text) < MIN_INDEXED:
         return None
     if vendor == "sqlite" and sqlite_has_trigram() and fts_available():
-        return RawSQL(
-            f"SELECT i.rollout_id FROM {FTS_TABLE} f JOIN {ITEM_TABLE} i ON i.id = f.rowid "
-            f"WHERE f.{FTS_TABLE} MATCH %s{kind_sql}",
-            [_fts_phrase(text), *kind_params],
-        )
-    if vendor == "postgresql":
-        return RawSQL(f"SELECT i.rollout_id FROM {ITEM_TABLE} i WHERE i.search_text LIKE %s{kind_sql}",
-                      [_like_pattern(text), *kind_params])
+        return (f"SELECT i.rollout_id FROM {FTS_TABLE} f JOIN {ITEM_TABLE} i ON i.id = f.rowid "
+                f"WHERE f.{FTS_TABLE} MATCH %s{kind_sql}", [_fts_phrase(text), *kind_params])
+    if vendor == "postgresql" and _pg_index_present():
+        return (f"SELECT i.rollout_id FROM {ITEM_TABLE} i WHERE i.search_text LIKE %s{kind_sql}",
+                [_like_pattern(text), *kind_params])
     return None
+
+
+_PG_INDEX: dict[str, bool] = {}
+
+
+def _pg_index_present() -> bool:
+    key = default_connection.settings_dict.get("NAME") or ""
+    if not _PG_INDEX.get(key):
+        with default_connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_indexes WHERE indexname = %s", [TRGM_INDEX])
+            _PG_INDEX[key] = cursor.fetchone() is not None
+    return _PG_INDEX[key]
+
+
+def _is_common(sql: str, params: list) -> bool:
+    """True when the indexed query matches at least ``COMMON_ITEMS`` items (anywhere): then walking
+    the run's rollouts and stopping at each one's first hit is cheaper than listing every hit."""
+    with default_connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM ({sql} LIMIT {COMMON_ITEMS}) hits", params)
+        return cursor.fetchone()[0] >= COMMON_ITEMS
 
 
 def _filter_items(qs: QuerySet, text: str, kind: str | None) -> QuerySet:
@@ -225,9 +248,11 @@ def _filter_items(qs: QuerySet, text: str, kind: str | None) -> QuerySet:
     needle = normalise_query(text)
     if not needle:
         return qs
-    sql = _items_matching(needle, kind)
-    if sql is not None:
-        return qs.filter(pk__in=sql)
+    indexed = _index_sql(needle, kind)
+    if indexed is not None and not _is_common(*indexed):
+        return qs.filter(pk__in=RawSQL(*indexed))
+    # A common text (or one the index cannot serve): each rollout of the run is probed through the
+    # (rollout, seq) index until its first hit.
     items = TrajectoryItem.objects.filter(rollout=OuterRef("pk"), search_text__contains=needle)
     if kind:
         items = items.filter(kind=kind)

@@ -252,3 +252,27 @@ def test_a_collected_run_is_searchable_as_the_worker_wrote_it(tmp_path, counter_
     assert search.filter_tool(rollouts, tool).count() == 5
     out = TrajectoryItem.objects.filter(rollout__run=run, kind="function_call_output").first()
     assert out.search_text and search.filter_output(rollouts, out.search_text[:20]).exists()
+
+
+def test_a_common_text_walks_the_run_and_finds_the_same_rollouts(signed_in, run, monkeypatch):
+    """A text found in many items (``search.COMMON_ITEMS``) is answered by probing each rollout
+    instead of listing every hit: the same rollouts either way."""
+    cases = ["text=hello world", "text=secret", "output=secret", "text=" + quote('echo "done"'), "text=AND", "text=%25",
+             "text=" + quote("NEAR(this)")]
+    indexed = [keys(signed_in, run, q)[0] for q in cases]
+    monkeypatch.setattr(search, "COMMON_ITEMS", 1)
+    assert [keys(signed_in, run, q)[0] for q in cases] == indexed
+    assert indexed[:3] == [[0], [1], [1]]
+
+
+def test_a_search_counts_its_matches_up_to_a_cap(signed_in, run, monkeypatch):
+    from rollouts.web import views
+
+    monkeypatch.setattr(views.CappedPaginator, "cap", 2)
+    monkeypatch.setattr(views, "ROLLOUTS_PER_PAGE", 1)
+    html = signed_in.get(reverse("run", args=[run.pk]) + "?text=e").content.decode()  # 5 rollouts hold an "e"
+    assert "page 1 of 2 · 2+ rows" in html
+    html = signed_in.get(reverse("run", args=[run.pk]) + "?text=the").content.decode()  # rollouts 0 and 1
+    assert "page 1 of 2 · 2 rows" in html
+    html = signed_in.get(reverse("run", args=[run.pk]) + "?status=succeeded").content.decode()  # no search: exact
+    assert "page 1 of 4 · 4 rows" in html

@@ -364,6 +364,11 @@ class RolloutFilterForm(ReviewFilterFields):
         return self.review_filter(qs)
 
     @property
+    def searching(self) -> bool:
+        """True when a content search (text, tool, output, error) restricts the list."""
+        return any(self.value(n) for n in CONTENT_FIELDS)
+
+    @property
     def highlight(self) -> str:
         """What the rollout page should highlight (its ``?q=``) for this filter: the searched text,
         else the tool output's text, the failure message's text, the tool name; ``""`` when none."""

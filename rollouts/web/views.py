@@ -52,6 +52,26 @@ EXPORT_KINDS = {
 }
 
 
+SEARCH_COUNT_CAP = 10_000
+
+
+class CappedPaginator(Paginator):
+    """A ``Paginator`` whose ``count`` stops at ``SEARCH_COUNT_CAP`` (``capped`` says it did): the
+    count query reads the ordered list up to one row past the cap and no further."""
+
+    cap = SEARCH_COUNT_CAP
+
+    @property
+    def count(self) -> int:
+        if not hasattr(self, "_capped_count"):
+            found = self.object_list[: self.cap + 1].count()
+            self.capped = found > self.cap
+            self._capped_count = min(found, self.cap)
+        return self._capped_count
+
+    capped = False
+
+
 # -- helpers ---------------------------------------------------------------------------------------
 def _run_for(request, run_id: int) -> Run:
     """The run, if this user may see it (every signed-in user may; one place to change that)."""
@@ -125,7 +145,11 @@ def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) 
         return around
     # Page over ids only (the sort reads a few columns), then load that page's 50 rows: a deep
     # page never drags every row's wide columns through the sort.
-    page = Paginator(qs.values_list("id", flat=True), ROLLOUTS_PER_PAGE).get_page(request.GET.get("page"))
+    ids_qs = qs.values_list("id", flat=True)
+    # A content search counts its matches up to SEARCH_COUNT_CAP ("10,000+ rows"): a common text
+    # matches most of a big run, and an exact count would probe every rollout.
+    paginator = CappedPaginator(ids_qs, ROLLOUTS_PER_PAGE) if filt.searching else Paginator(ids_qs, ROLLOUTS_PER_PAGE)
+    page = paginator.get_page(request.GET.get("page"))
     ids = list(page.object_list)
     loaded = Rollout.objects.filter(id__in=ids).only(
         "id", "run_id", "task_index", "rollout_index", "attempt", "status", "reward", "failure_kind", "terminal",
