@@ -49,10 +49,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "django_htmx",
+    # Before django_q: its `qcluster` command is gymweb's (rollouts/management/commands/qcluster.py,
+    # a stop that cannot hang); the first app that has a command wins.
+    "rollouts",
     "django_q",
     "axes",
     "csp",
-    "rollouts",
 ]
 
 MIDDLEWARE = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 from aiohttp import web
@@ -42,6 +43,51 @@ class Stats:
         self.round = 1
 
 
+class Gate:
+    """Holds the agent's replies until the test lets them through: every task's (``open``) or
+    chosen tasks' (``let_through``), a task named by the text of its user message (``task_text``).
+    ``held`` is how many calls it is holding now, by task text. Thread-safe: the agent serves in
+    its own thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open = False
+        self._through: set[str] = set()
+        self._held: dict[str, int] = {}
+
+    def open(self) -> None:
+        with self._lock:
+            self._open = True
+
+    def let_through(self, texts) -> None:
+        with self._lock:
+            self._through |= set(texts)
+
+    def passes(self, text: str) -> bool:
+        with self._lock:
+            return self._open or text in self._through
+
+    def held(self) -> dict[str, int]:
+        with self._lock:
+            return {t: n for t, n in self._held.items() if n}
+
+    async def wait(self, text: str) -> None:
+        """Return once calls of the task ``text`` may be answered."""
+        with self._lock:
+            self._held[text] = self._held.get(text, 0) + 1
+        try:
+            while not self.passes(text):
+                await asyncio.sleep(0.02)
+        finally:
+            with self._lock:
+                self._held[text] -= 1
+
+
+def task_text(row: dict) -> str:
+    """The user message of a counter task row (what ``Gate`` names a task by)."""
+    return row["responses_create_params"]["input"][0]["content"]
+
+
 FAULTS = (("http_500", 0.10), ("slow", 0.05), ("invalid", 0.05), ("drop", 0.05))
 
 
@@ -56,15 +102,21 @@ def pick_fault(text: str, round_: int) -> str | None:
     return None
 
 
-def make_app(stats: Stats, latency_s: float = 0.0, faulty: bool = False, slow_s: float = 2.0) -> web.Application:
+def make_app(
+    stats: Stats, latency_s: float = 0.0, faulty: bool = False, slow_s: float = 2.0, gate: Gate | None = None
+) -> web.Application:
     """The counter agent behind a wrapper that counts concurrency and, when ``faulty``, breaks the
-    first call of some rollouts (see ``pick_fault``) while ``stats.round`` is 1."""
+    first call of some rollouts (see ``pick_fault``) while ``stats.round`` is 1. With ``gate``,
+    each call waits until the gate lets its task through."""
 
     async def responses(request: web.Request) -> web.StreamResponse:
         stats.requests += 1
         stats.inflight += 1
         stats.max_inflight = max(stats.max_inflight, stats.inflight)
         try:
+            if gate is not None:
+                body = await request.json()
+                await gate.wait(body["input"][0]["content"])
             if latency_s:
                 await asyncio.sleep(latency_s)
             if faulty and stats.round == 1 and counter_agent.COOKIE_NAME not in request.cookies:

@@ -14,8 +14,10 @@ the processes (respawns a dead one) and runs the scheduled ``supervise`` job.
 
 A claim carries a lease that the dispatcher renews. If its process dies (SIGKILL), the lease expires
 and any dispatcher (or ``supervise``) marks the attempt ``interrupted`` — kill-shaped, not an
-attempt — and queues its key again. SIGTERM and a normal cluster stop release in-flight rollouts at
-once the same way.
+attempt — and queues its key again. SIGTERM (to the cluster's main process or to its whole process
+group), Ctrl-C and any normal cluster stop release in-flight rollouts at once the same way, without
+waiting for the lease: the dispatcher stops claiming, cancels its rollouts, writes what it holds and
+the ``interrupted`` rows, and queues their keys again (``Dispatcher._release``).
 """
 from __future__ import annotations
 
@@ -24,19 +26,22 @@ import json
 import logging
 import math
 import os
+import queue
 import signal
 import socket
 import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any, Callable, Optional
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connections, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from rollouts import targets
@@ -130,10 +135,11 @@ class _Batch:
     seeds: dict[int, float] = field(default_factory=dict)
     finished: list[tuple[int, RolloutOutcome]] = field(default_factory=list)
     killed: list[tuple[int, str]] = field(default_factory=list)
+    unclaimed: list[int] = field(default_factory=list)  # claimed by a stopping dispatcher, never started
     run_ids: set[int] = field(default_factory=set)  # runs whose rollouts ended in this batch
 
     def __bool__(self) -> bool:
-        return bool(self.calls or self.items or self.seeds or self.finished or self.killed)
+        return bool(self.calls or self.items or self.seeds or self.finished or self.killed or self.unclaimed)
 
     def absorb(self, newer: "_Batch") -> "_Batch":
         """This (older, unwritten) batch followed by ``newer``: nothing is lost or reordered."""
@@ -142,6 +148,7 @@ class _Batch:
         self.seeds.update(newer.seeds)
         self.finished += newer.finished
         self.killed += newer.killed
+        self.unclaimed += newer.unclaimed
         self.run_ids |= newer.run_ids
         return self
 
@@ -356,6 +363,10 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 r = Rollout.objects.filter(pk=rollout_id).values("task_id", "task_index", "rollout_index", "attempt", "run_id").first()
                 if r and Run.objects.filter(pk=r["run_id"], status=Run.Status.RUNNING).exists():
                     Rollout.objects.create(run_id=r["run_id"], task_id=r["task_id"], task_index=r["task_index"], rollout_index=r["rollout_index"], attempt=r["attempt"])
+        if batch.unclaimed:  # never started: the claim is undone, no attempt happened
+            Rollout.objects.filter(id__in=batch.unclaimed, status=Rollout.Status.RUNNING, worker=worker).update(
+                status=Rollout.Status.PENDING, worker="", started=None, lease_until=None
+            )
     for rollout_id, _ in batch.finished:
         _missing.pop(rollout_id, None)
     for rollout_id, _ in batch.killed:
@@ -391,6 +402,57 @@ class _RunInfo:
     concurrency: int
     settings: LoopSettings
     pending: bool
+
+
+class _DbThread:
+    """The one thread that runs a dispatcher's database work, in submission order.
+
+    Not a ``ThreadPoolExecutor``: the interpreter stops those executors' threads when the process's
+    main thread ends (``concurrent.futures.thread._python_exit``), and a django-q2 worker process
+    ends its main thread first on a cluster stop, which is exactly when the dispatcher still has
+    to write what it holds and release its rollouts ("cannot schedule new futures after shutdown").
+    This thread runs until ``shutdown``. It is a daemon so that a database call that hangs for
+    good cannot keep a stopping process alive; the dispatcher's own thread is not a daemon and
+    waits for the release (bounded by ``GYMWEB_RELEASE_TIMEOUT_S``).
+    """
+
+    def __init__(self, name: str = "gymweb-db"):
+        self._queue: "queue.SimpleQueue[Optional[tuple[Future, Callable, tuple]]]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        """Queue ``fn(*args)``; returns its ``concurrent.futures.Future``. Raises ``RuntimeError``
+        after ``shutdown``."""
+        if self._closed:
+            raise RuntimeError("the dispatcher's database thread was shut down")
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def shutdown(self, timeout: Optional[float] = None) -> None:
+        """Run what is queued, then end the thread; waits up to ``timeout`` seconds for it."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _serve(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is None:
+                return
+            future, fn, args = work
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the awaiting coroutine, which decides
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
 
 def _db_call(fn: Callable, *args: Any) -> Any:
@@ -443,6 +505,35 @@ def _retire(name: str) -> None:
     Worker.objects.filter(name=name).delete()
 
 
+def _runs_left(run_ids: set[int]) -> dict[int, int]:
+    """Attempts of each of ``run_ids`` that some worker still has to end, over every worker
+    sharing the database: ``{run_id: n}``, n = pending attempts plus running ones whose lease is
+    live. A running attempt whose lease expired belongs to a dead worker: it is reaped (queued
+    again as pending, then counted) while its run is running, and is not waited for once the run
+    was cancelled. The CLI waits for 0 before it writes its files."""
+    now = _now()
+    rows = (
+        Rollout.objects.filter(run_id__in=run_ids)
+        .filter(Q(status=Rollout.Status.PENDING) | Q(status=Rollout.Status.RUNNING, lease_until__gte=now))
+        .values("run_id")
+        .annotate(n=Count("id"))
+        .values_list("run_id", "n")
+    )
+    left = {run_id: 0 for run_id in run_ids}
+    left.update(dict(rows))
+    return left
+
+
+def _release_held(batch: _Batch, worker: str, after_finish: bool) -> None:
+    """A stopping dispatcher's last write: its batch (partial trajectories, finished results and
+    the ``interrupted`` rows of the rollouts it cancelled, whose keys get a pending attempt with
+    the same number), runs left with nothing to do completed, and its ``Worker`` row removed."""
+    if batch:
+        write_batch(batch, worker)
+    _finish_idle(sorted(batch.run_ids), after_finish)
+    _retire(worker)
+
+
 def _flush_and_claim(
     batch: _Batch, worker: str, wants: list[tuple[int, int]], lease_s: float, reap: bool = False
 ) -> list[tuple[int, int, str, int]]:
@@ -467,8 +558,11 @@ class Dispatcher:
     """Runs rollouts of every running run (or of ``only`` runs) in this process.
 
     ``capacity``: most rollouts in flight in this process over all runs (memory bound; default
-    ``GYMWEB_PROCESS_CAPACITY``). ``exit_when_idle``: return once the runs it serves have nothing
-    pending or running (the CLI); otherwise it serves until ``stop()``.
+    ``GYMWEB_PROCESS_CAPACITY``). ``exit_when_idle`` (the CLI, with ``only``): return once every
+    attempt of those runs has ended, on any worker sharing the database (``_runs_left``); otherwise
+    it serves until ``stop()`` or until the process's main thread ends. ``on_progress(left)``
+    (with ``only``): called after each poll with how many attempts of those runs are still pending
+    or running over all workers.
     """
 
     def __init__(
@@ -479,6 +573,8 @@ class Dispatcher:
         capacity: Optional[int] = None,
         on_progress: Optional[Callable[[int], None]] = None,
     ):
+        if exit_when_idle and not only:
+            raise ValueError("exit_when_idle needs the runs to wait for (only=)")
         self.name = worker_name()
         self.only = only
         self.exit_when_idle = exit_when_idle
@@ -488,14 +584,16 @@ class Dispatcher:
         self.heartbeat_s = settings.GYMWEB_HEARTBEAT_S
         self.poll_s = settings.GYMWEB_POLL_S
         self.flush_s = settings.GYMWEB_FLUSH_S
+        self.release_timeout_s = settings.GYMWEB_RELEASE_TIMEOUT_S
         self.batch = _Batch()
         self.tasks: dict[int, asyncio.Task] = {}  # rollout id -> task
         self.run_of: dict[int, int] = {}  # rollout id -> run id
         self.cancelling: set[int] = set()  # runs whose in-flight rollouts end as `cancelled`
         self.runs: dict[int, _RunInfo] = {}
         self.live_workers = 1
+        self.left: Optional[int] = None  # attempts of the `only` runs not yet ended, over all workers
         self._reap_due = True
-        self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gymweb-db")
+        self.db: Optional[_DbThread] = None  # started by run()
         self._stop = threading.Event()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._wake: Optional[asyncio.Event] = None
@@ -504,12 +602,16 @@ class Dispatcher:
     def stop(self) -> None:
         """Ask the dispatcher to release what it holds and return (thread-safe)."""
         self._stop.set()
-        if self._loop is not None and self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # its loop already closed: it has returned
+                pass
 
     # -- internals -----------------------------------------------------------------------------
     async def _db(self, fn: Callable, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.db, _db_call, fn, *args)
+        return await asyncio.wrap_future(self.db.submit(_db_call, fn, *args))
 
     def _inflight_of(self, run_id: int) -> int:
         return sum(1 for r in self.run_of.values() if r == run_id)
@@ -543,8 +645,11 @@ class Dispatcher:
         except Exception:
             self.batch = batch.absorb(self.batch)  # written again at the next sync
             raise
-        if self.on_progress and batch.finished:
-            self.on_progress(len(batch.finished))
+        if self._stopping():
+            # Stopped while this claim was under way: the claimed rollouts never start, and
+            # _release hands them back as pending (no attempt happened).
+            self.batch.unclaimed.extend(rollout_id for _, rollout_id, _, _ in claimed)
+            return
         for run_id, rollout_id, row_json, rollout_index in claimed:
             row = json.loads(row_json)
             row["_ng_rollout_index"] = rollout_index
@@ -589,7 +694,12 @@ class Dispatcher:
         held = set(self.run_of.values())
         idle = [run_id for run_id, info in fresh.items() if not info.pending and run_id not in held]
         if idle:
+            # Completes each run whose attempts have all ended, on every worker (finish_if_done).
             await self._db(_finish_idle, idle, not self.exit_when_idle)
+        if self.only and (self.exit_when_idle or self.on_progress):
+            self.left = sum((await self._db(_runs_left, self.only)).values())
+            if self.on_progress:
+                self.on_progress(self.left)
 
     async def _cancel(self, rollout_ids: list[int]) -> None:
         tasks = [self.tasks[r] for r in rollout_ids if r in self.tasks]
@@ -614,11 +724,15 @@ class Dispatcher:
             self.cancelling.discard(run_id)
 
     async def run(self) -> None:
-        """Serve until stopped (or idle, with ``exit_when_idle``), then release and write what is
-        held. An error in one step (a locked or unreachable database, a bug) is logged and the step
-        is tried again: no failure stops a worker (DESIGN.md, "Failure rows")."""
+        """Serve until stopped (or, with ``exit_when_idle``, until its runs' attempts have all
+        ended on every worker), then release and write what is held. An error in one step (a
+        locked or unreachable database, a bug) is logged and the step is tried again: no failure
+        stops a worker (DESIGN.md, "Failure rows")."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        if self._stop.is_set():  # stopped before it started: nothing to serve, nothing held
+            return
+        self.db = _DbThread()
         # The DB thread's ORM work holds the GIL in 5 ms slices by default, which adds up to that
         # much latency to every HTTP step of every in-flight rollout; hand the GIL over sooner.
         sys.setswitchinterval(0.0005)
@@ -632,16 +746,30 @@ class Dispatcher:
                     if await self._step():
                         break
                 except Exception:
+                    if self._stopping():
+                        break
                     log.exception("dispatcher %s: a step failed; trying again in %.1f s", self.name, self.poll_s)
                     await asyncio.sleep(self.poll_s)
         finally:
+            self._stop.set()  # from here on nothing is claimed
             await self._release()
+
+    def _stopping(self) -> bool:
+        """True once the dispatcher was asked to stop or its process is ending: the process's main
+        thread has returned, which is how a django-q2 worker process ends on a cluster stop
+        (SIGTERM or SIGINT to the cluster's main process, Ctrl-C)."""
+        if self._stop.is_set():
+            return True
+        main_thread = threading.main_thread()
+        if threading.current_thread() is not main_thread and not main_thread.is_alive():
+            self._stop.set()
+            return True
+        return False
 
     async def _step(self) -> bool:
         """One turn of the loop; True when the dispatcher should stop."""
-        main_thread = threading.main_thread()
-        if threading.current_thread() is not main_thread and not main_thread.is_alive():
-            return True  # the worker process is exiting (cluster stop): release and go
+        if self._stopping():
+            return True
         now = time.monotonic()
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat_s
@@ -649,8 +777,10 @@ class Dispatcher:
         if now >= self._next_poll:
             self._next_poll = now + self.poll_s
             await self._refresh_runs()
-            if self.exit_when_idle and not self.tasks and not any(i.pending for i in self.runs.values()):
+            if self.exit_when_idle and not self.tasks and not self.batch and self.left == 0:
                 return True
+        if self._stopping():
+            return True
         await self._sync()
         if not self.tasks:
             self._wake.clear()
@@ -674,25 +804,56 @@ class Dispatcher:
         return False
 
     async def _release(self) -> None:
-        """In-flight rollouts become ``interrupted`` (or ``cancelled``) and their keys are queued
-        again at once, without waiting for a lease to expire; what is held is written."""
+        """Release what this dispatcher holds, without waiting for any lease to expire: its
+        in-flight rollouts are cancelled and become ``interrupted`` (``cancelled`` when their run
+        was cancelled) with the steps they had taken; each interrupted key gets a new pending
+        attempt with the same number (a killed rollout is not an attempt: DESIGN.md, "Failure
+        rows"); what is held is written; runs left with nothing to do are completed. Bounded by
+        ``GYMWEB_RELEASE_TIMEOUT_S``: a database that stays unreachable that long leaves the rows
+        claimed, and their leases expiring requeues them (logged, without a traceback)."""
+        deadline = time.monotonic() + self.release_timeout_s
+        held = dict(self.run_of)
         await self._cancel(list(self.tasks))
-        for attempt in range(5):
-            batch, self.batch = self.batch, _Batch()
-            try:
-                await self._db(_flush_and_claim, batch, self.name, [], self.lease_s)
-                await self._db(_finish_idle, sorted(batch.run_ids), not self.exit_when_idle)
-                await self._db(_retire, self.name)
-                break
-            except Exception:
-                self.batch = batch.absorb(self.batch)
-                log.exception("dispatcher %s: could not write what it holds (attempt %d of 5)", self.name, attempt + 1)
+        released = False
+        try:
+            while True:
+                batch, self.batch = self.batch, _Batch()
+                try:
+                    await asyncio.wait_for(
+                        self._db(_release_held, batch, self.name, not self.exit_when_idle),
+                        timeout=max(0.1, deadline - time.monotonic()),
+                    )
+                    released = True
+                    break
+                except (OperationalError, InterfaceError, asyncio.TimeoutError) as exc:
+                    self.batch = batch.absorb(self.batch)
+                    why = f"{exc.__class__.__name__}: {exc}".rstrip(": ")
+                except Exception as exc:  # a bug: its traceback belongs in the log, once
+                    self.batch = batch.absorb(self.batch)
+                    log.exception("dispatcher %s: releasing what it holds failed", self.name)
+                    why = f"{exc.__class__.__name__}: {exc}"
+                if time.monotonic() + 1.0 >= deadline:
+                    log.error(
+                        "dispatcher %s: could not release %d in-flight rollout(s) within %g s (GYMWEB_RELEASE_TIMEOUT_S; "
+                        "last error: %s); they run again once their lease expires (GYMWEB_LEASE_S = %g s)",
+                        self.name, len(held), self.release_timeout_s, why, self.lease_s,
+                    )
+                    break
+                log.warning("dispatcher %s: the database refused the release (%s); trying again in 1 s", self.name, why)
                 await asyncio.sleep(1.0)
-        await self.client.aclose()
-        # Close the DB thread's own connection: left to the garbage collector it stays open, and
-        # PostgreSQL then refuses to drop or migrate the database while "other users" are on it.
-        await self._db(connections.close_all)
-        self.db.shutdown(wait=True)
+            if released and held:
+                by_run = ", ".join(f"run {r}: {n}" for r, n in sorted(Counter(held.values()).items()))
+                log.info("dispatcher %s stopped: released %d in-flight rollout(s) (%s); their keys are queued again",
+                         self.name, len(held), by_run)
+        finally:
+            await self.client.aclose()
+            # Close the DB thread's own connection: left to the garbage collector it stays open, and
+            # PostgreSQL then refuses to drop or migrate the database while "other users" are on it.
+            try:
+                await asyncio.wait_for(self._db(connections.close_all), timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:
+                pass  # nothing left to release; the process is going away
+            self.db.shutdown(timeout=max(0.1, deadline - time.monotonic()))
 
 
 # -- entry points ------------------------------------------------------------------------------
@@ -702,9 +863,16 @@ _process_dispatcher: Optional[Dispatcher] = None
 def start_in_worker_process() -> Optional[threading.Thread]:
     """Start this process's dispatcher thread (called when django-q2 spawns a worker process).
 
-    The thread is not a daemon: when the worker process ends normally (cluster stop), the
-    dispatcher notices its main thread is gone and releases what it holds before the process exits.
-    SIGTERM does the same, then ends the process as SIGTERM would.
+    How a worker process is stopped, and what its dispatcher does then (each releases the
+    in-flight rollouts at once, without a traceback, and the process exits):
+
+    - SIGTERM or SIGINT to the cluster's main process (``kill PID``, ``docker stop``, Ctrl-C):
+      django-q2 stops its workers in order and each worker process's main thread returns. The
+      dispatcher thread is not a daemon, so the process waits for it; it notices its main thread
+      is gone within one poll (``GYMWEB_POLL_S``), stops claiming and releases.
+    - SIGTERM to every process of the cluster (``kill -TERM -PGID``, systemd's default): this
+      handler stops the dispatcher, waits for its release (at most ``GYMWEB_RELEASE_TIMEOUT_S``
+      and a little), then ends the process as SIGTERM would.
     """
     global _process_dispatcher
     if _process_dispatcher is not None or not settings.GYMWEB_DISPATCH_IN_WORKERS:
@@ -731,7 +899,7 @@ def start_in_worker_process() -> Optional[threading.Thread]:
 
     def on_sigterm(signum, frame):
         (_process_dispatcher or dispatcher).stop()
-        thread.join(timeout=settings.GYMWEB_RELEASE_TIMEOUT_S)
+        thread.join(timeout=settings.GYMWEB_RELEASE_TIMEOUT_S + 5.0)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -741,8 +909,14 @@ def start_in_worker_process() -> Optional[threading.Thread]:
 
 
 def run_in_process(run_id: int, on_progress: Optional[Callable[[int], None]] = None) -> None:
-    """Run one run to its end in this process (the CLI's path: no separate worker needed). Ctrl-C
-    (KeyboardInterrupt) releases in-flight rollouts as ``interrupted`` before it propagates."""
+    """Run one run to its end in this process (the CLI's path: no separate worker needed).
+
+    Workers sharing the database (``qcluster``) may claim part of the run; this returns only when
+    every attempt of the run has ended, wherever it ran (none pending, none running under a live
+    lease), so the caller's files hold the whole run. ``on_progress(left)`` is called after each
+    poll with the run's attempts still pending or running over all workers. Ctrl-C
+    (KeyboardInterrupt) releases this process's in-flight rollouts as ``interrupted`` before it
+    propagates."""
     dispatcher = Dispatcher(only={run_id}, exit_when_idle=True, on_progress=on_progress)
     asyncio.run(dispatcher.run())
     runs.finish_if_done(run_id)

@@ -1,7 +1,9 @@
 """``python manage.py collect``: headless rollout collection, NeMo Gym's ``gym eval run`` equivalent.
 
 Same code path as the web (``rollouts.collection.runs`` + ``rollouts.collection.dispatch``); the work runs in this
-process, so no separate worker needs to be running.
+process, so no separate worker needs to be running. Workers (``qcluster``) sharing the database help
+with the run; the command waits until every attempt of the run has ended, wherever it ran, before
+it writes its files.
 """
 from __future__ import annotations
 
@@ -193,10 +195,12 @@ class Command(BaseCommand):
             runs.launch(run)
             self.stdout.write(f"run #{run.pk}: {run.num_tasks} task(s), {run.num_keys} rollout(s), concurrency {run.concurrency}")
 
-        pending = Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count()
+        # Attempts still to end: pending ones, and on --resume any that workers sharing the database
+        # are running. The files are written only once all of them have ended, wherever they ran.
+        active = Rollout.objects.filter(run=run, status__in=Rollout.ACTIVE).count()
         interrupted = False
-        if pending:
-            interrupted = self._run(run, pending, show=not opts["no_progress"])
+        if active:
+            interrupted = self._run(run, active, show=not opts["no_progress"])
         runs.finish_if_done(run.pk)
         run.refresh_from_db()
         if run.status == Run.Status.COMPLETED and not interrupted:
@@ -247,12 +251,17 @@ class Command(BaseCommand):
             call_command("migrate", verbosity=0, interactive=False)
 
     def _run(self, run: Run, total: int, show: bool) -> bool:
+        """Run ``run`` here until every attempt of it has ended, here or on a worker sharing the
+        database. ``total``: the attempts pending or running when it starts (the bar's length).
+        Returns True when interrupted (Ctrl-C)."""
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="rollout", disable=not show, file=sys.stderr, dynamic_ncols=True)
 
-        def progress(finished: int) -> None:
-            bar.update(finished)
+        def progress(left: int) -> None:
+            done = min(total, max(0, total - left))
+            if done != bar.n:
+                bar.update(done - bar.n)
 
         try:
             run_in_process(run.pk, on_progress=progress)

@@ -1,0 +1,119 @@
+"""Stopping ``qcluster`` (issue 10, "Workers and the CLI"): SIGTERM or Ctrl-C releases in-flight rollouts at
+once (interrupted, keys queued again with the same attempt number), logs no traceback, and a new worker
+finishes the run.
+
+Workers are real ``manage.py qcluster`` processes on this test's database. Their lease is 600 s here, so a
+rollout found released after the stop was released by the stopping worker, never by a lease expiring.
+The agent is a real HTTP server on 127.0.0.1 that holds its replies until the test opens its gate, so
+the rollouts are in flight (waiting on the agent) when the signal arrives.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+import pytest
+
+from examples._serve import BackgroundServer
+from rollouts.collection import runs
+from rollouts.collection.datasets import read_jsonl
+from rollouts.models import Rollout, Run, Worker
+
+from . import agents
+from .conftest import wait_for
+
+LONG_LEASE = {"GYMWEB_LEASE_S": 600}
+
+
+def _run(tmp_path, n, agent_url, env_url, **options):
+    path = agents.counter_tasks(tmp_path / "tasks.jsonl", n)
+    with path.open("rb") as fh:
+        parsed = read_jsonl(fh)
+    run = runs.create_run(parsed, name="stop", agent_url=agent_url, env_url=env_url, **options)
+    runs.launch(run)
+    return run
+
+
+def _stop(workers, proc, how: str) -> None:
+    """Stop a cluster as an operator would and wait for its main process to end."""
+    if how == "SIGTERM to the main process":  # kill PID, docker stop
+        os.kill(proc.pid, signal.SIGTERM)
+    elif how == "SIGTERM to the process group":  # kill -TERM -PGID, systemd's default
+        os.killpg(proc.pid, signal.SIGTERM)
+    elif how == "Ctrl-C":  # the terminal sends SIGINT to the whole group
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        raise AssertionError(how)
+    proc.wait(timeout=120)
+
+
+def _assert_clean(log: str) -> None:
+    assert "Traceback" not in log, log[-3000:]
+    assert "could not write" not in log and "cannot schedule new futures" not in log, log[-3000:]
+
+
+HOW = ["SIGTERM to the main process", "SIGTERM to the process group", "Ctrl-C"]
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_stopping_an_idle_cluster_logs_no_traceback_and_retires_its_workers(workers, how):
+    proc = workers.start(workers=2)
+    wait_for(lambda: Worker.objects.count() == 2, 60, what="both dispatchers' heartbeats")
+    _stop(workers, proc, how)
+    # Each dispatcher removes its Worker row as the last step of its release.
+    wait_for(lambda: not Worker.objects.exists(), 60, what="the dispatchers to retire")
+    _assert_clean(workers.logs())
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_stopping_a_cluster_releases_its_in_flight_rollouts_at_once_and_a_new_worker_finishes_them(
+    tmp_path, workers, counter_env_url, how
+):
+    gate = agents.Gate()
+    agent = BackgroundServer(agents.make_app(agents.Stats(), gate=gate)).start()
+    try:
+        run = _run(tmp_path, 6, agent.url, counter_env_url, concurrency=6)
+        proc = workers.start(workers=1, **LONG_LEASE)
+        # Every rollout is claimed and its first agent call is waiting on the agent.
+        wait_for(lambda: sum(gate.held().values()) == 6, 60, what="6 rollouts in flight at the agent")
+        claimed = set(Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).values_list("id", flat=True))
+        assert len(claimed) == 6
+        keys = set(Rollout.objects.filter(id__in=claimed).values_list("task_index", "rollout_index"))
+
+        _stop(workers, proc, how)
+        # Released by the stopping worker (the lease is 600 s): no attempt is left running, each
+        # in-flight attempt is `interrupted` with what it had done, and its key has a new pending
+        # attempt with the same number (a killed rollout is not an attempt).
+        wait_for(
+            lambda: not Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists()
+            and Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count() == 6,
+            60,
+            what="the stopping worker to release its rollouts",
+        )
+        interrupted = Rollout.objects.filter(run=run, status=Rollout.Status.INTERRUPTED)
+        assert set(interrupted.values_list("id", flat=True)) == claimed
+        for row in interrupted:
+            assert row.error == "its worker stopped; the key runs again"
+            assert row.lease_until is None and row.finished is not None
+            assert row.agent_calls.count() == 0  # the agent had not answered yet: nothing invented
+        pending = Rollout.objects.filter(run=run, status=Rollout.Status.PENDING)
+        assert set(pending.values_list("task_index", "rollout_index")) == keys
+        assert set(pending.values_list("attempt", flat=True)) == {1}
+        assert Run.objects.get(pk=run.pk).status == Run.Status.RUNNING
+        assert not Worker.objects.exists()
+        _assert_clean(workers.logs())
+
+        gate.open()
+        workers.start(workers=1)
+        wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.COMPLETED, 120, what="a new worker to finish the run")
+    finally:
+        gate.open()
+        agent.stop()
+    rows = Rollout.objects.filter(run=run)
+    assert rows.filter(status=Rollout.Status.SUCCEEDED).count() == 6
+    assert rows.count() == 12  # 6 interrupted + 6 succeeded: nothing else
+    assert Counter(rows.values_list("status", flat=True)) == {"succeeded": 6, "interrupted": 6}
+    assert set(rows.values_list("attempt", flat=True)) == {1}
+    successes = rows.filter(status=Rollout.Status.SUCCEEDED)
+    assert all(r.reward == 1.0 for r in successes)
