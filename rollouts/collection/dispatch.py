@@ -507,14 +507,14 @@ def _retire(name: str) -> None:
 
 def _runs_left(run_ids: set[int]) -> dict[int, int]:
     """Attempts of each of ``run_ids`` that some worker still has to end, over every worker
-    sharing the database: ``{run_id: n}``, n = pending attempts plus running ones whose lease is
-    live. A running attempt whose lease expired belongs to a dead worker: it is reaped (queued
-    again as pending, then counted) while its run is running, and is not waited for once the run
-    was cancelled. The CLI waits for 0 before it writes its files."""
+    sharing the database: ``{run_id: n}``. Pending and running attempts count. A running attempt
+    whose lease expired belonged to a dead worker: while its run is running it counts (it is
+    reaped and runs again); once the run was cancelled or completed it is not waited for."""
     now = _now()
+    running_runs = Run.objects.filter(pk__in=run_ids, status=Run.Status.RUNNING).values("pk")
     rows = (
-        Rollout.objects.filter(run_id__in=run_ids)
-        .filter(Q(status=Rollout.Status.PENDING) | Q(status=Rollout.Status.RUNNING, lease_until__gte=now))
+        Rollout.objects.filter(run_id__in=run_ids, status__in=Rollout.ACTIVE)
+        .filter(Q(status=Rollout.Status.PENDING) | Q(lease_until__gte=now) | Q(run_id__in=running_runs))
         .values("run_id")
         .annotate(n=Count("id"))
         .values_list("run_id", "n")
