@@ -9,14 +9,18 @@ the rollouts are in flight (waiting on the agent) when the signal arrives.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
+import threading
 from collections import Counter
 
 import pytest
+from django.db import OperationalError
 
 from examples._serve import BackgroundServer
-from rollouts.collection import runs
+from rollouts.collection import dispatch, runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run, Worker
 
@@ -117,3 +121,31 @@ def test_stopping_a_cluster_releases_its_in_flight_rollouts_at_once_and_a_new_wo
     assert set(rows.values_list("attempt", flat=True)) == {1}
     successes = rows.filter(status=Rollout.Status.SUCCEEDED)
     assert all(r.reward == 1.0 for r in successes)
+
+
+def test_a_release_the_database_refuses_is_logged_in_plain_lines_and_bounded(transactional_db, monkeypatch, caplog):
+    def refuse(*args):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(dispatch, "_release_held", refuse)
+    dispatcher = dispatch.Dispatcher()
+    dispatcher.release_timeout_s = 2.5
+    beat = threading.Event()
+    real_heartbeat = dispatch._heartbeat
+
+    def heartbeat(*args):
+        beat.set()
+        return real_heartbeat(*args)
+
+    monkeypatch.setattr(dispatch, "_heartbeat", heartbeat)
+    thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()))
+    with caplog.at_level(logging.INFO, logger="gymweb.dispatch"):
+        thread.start()
+        assert beat.wait(30)
+        dispatcher.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    records = [r for r in caplog.records if r.name == "gymweb.dispatch"]
+    assert any("the database refused the release (OperationalError: the database went away)" in r.getMessage() for r in records)
+    assert any("could not release" in r.getMessage() and "GYMWEB_RELEASE_TIMEOUT_S" in r.getMessage() for r in records)
+    assert not any(r.exc_info for r in records)
