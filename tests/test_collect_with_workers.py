@@ -58,13 +58,16 @@ def _ours(name: str) -> bool:
     return name.split(":")[1] == str(os.getpid())
 
 
-def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(tmp_path, workers, counter_env_url):
+def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(tmp_path, workers, counter_env_url, settings):
+    # Leases long enough that a slow heartbeat on a busy machine never makes the worker look gone
+    # (the command would then take the whole run: fair shares count live workers).
+    settings.GYMWEB_LEASE_S = 30.0
     gate = agents.Gate()
     agent = BackgroundServer(agents.make_app(agents.Stats(), gate=gate)).start()
     out = tmp_path / "results" / "rollouts.jsonl"
     tasks = agents.counter_tasks(tmp_path / "tasks.jsonl", 6)
     try:
-        workers.start(workers=1)
+        workers.start(workers=1, GYMWEB_LEASE_S=30)
         wait_for(lambda: Worker.objects.exists(), 60, what="the worker's heartbeat")
         collect = _Collect("--agent-url", agent.url, "--env-url", counter_env_url, "--input", str(tasks),
                            "--output", str(out), "--concurrency", "6")
@@ -116,13 +119,14 @@ def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(t
     assert any(not _ours(w) for w in workers_of_successes)
 
 
-def test_collect_runs_again_what_a_killed_worker_held_and_writes_the_whole_run(tmp_path, workers, counter_env_url):
+def test_collect_runs_again_what_a_killed_worker_held_and_writes_the_whole_run(tmp_path, workers, counter_env_url, settings):
+    settings.GYMWEB_LEASE_S = 8.0  # the command waits this long for the killed worker's lease
     gate = agents.Gate()
     agent = BackgroundServer(agents.make_app(agents.Stats(), gate=gate)).start()
     out = tmp_path / "rollouts.jsonl"
     tasks = agents.counter_tasks(tmp_path / "tasks.jsonl", 6)
     try:
-        worker = workers.start(workers=1)
+        worker = workers.start(workers=1, GYMWEB_LEASE_S=8)
         wait_for(lambda: Worker.objects.exists(), 60, what="the worker's heartbeat")
         collect = _Collect("--agent-url", agent.url, "--env-url", counter_env_url, "--input", str(tasks),
                            "--output", str(out), "--concurrency", "6")

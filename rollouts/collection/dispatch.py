@@ -645,6 +645,8 @@ class Dispatcher:
         except Exception:
             self.batch = batch.absorb(self.batch)  # written again at the next sync
             raise
+        if self.exit_when_idle and not self.tasks and (batch.finished or batch.killed):
+            self._next_poll = 0.0  # its last rollouts are stored: see at once whether the run has ended
         if self._stopping():
             # Stopped while this claim was under way: the claimed rollouts never start, and
             # _release hands them back as pending (no attempt happened).
