@@ -21,8 +21,10 @@ S = Rollout.Status
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(settings):
-    settings.GYMWEB_LIVE_CACHE_S = 2
-    settings.GYMWEB_LIVE_ANALYSIS_CACHE_S = 15
+    # Long enough that a slow machine never lets an entry expire between two requests of a test;
+    # the tests move the cache's clock past them instead (``later``).
+    settings.GYMWEB_LIVE_CACHE_S = 60
+    settings.GYMWEB_LIVE_ANALYSIS_CACHE_S = 600
     cache.clear()
     yield
     cache.clear()
@@ -111,7 +113,7 @@ def test_the_aggregates_of_a_running_run_show_a_change_within_the_live_cache_tim
     # The reward statistics are the shared snapshot of up to GYMWEB_LIVE_CACHE_S ago, and they agree
     # with each other (the failures-as-0 mean over the snapshot's own done keys).
     assert _text(body, "reward-mean") == "0.5000" and _text(body, "reward-mean-all") == "0.5000"
-    later(2.5)
+    later(61)
     body = _live(signed_in, running).content.decode()
     assert _text(body, "reward-mean") == "0.6667" and _text(body, "reward-mean-all") == "0.6667"
 
@@ -154,7 +156,7 @@ def test_the_table_refresh_of_a_running_run_is_shared_for_the_live_cache_time(si
     assert _statuses(_table(signed_in, running, "rollouts")).count("succeeded") == 3
     # Another query string is another rendering.
     assert _statuses(_table(signed_in, running, "rollout-table", status="succeeded")).count("succeeded") == 3
-    later(2.5)
+    later(61)
     assert _statuses(_table(signed_in, running, "rollout-table")).count("succeeded") == 3
 
 
@@ -166,7 +168,7 @@ def test_the_run_page_of_a_running_run_shows_the_shared_table_and_of_a_final_run
     assert "<strong>3</strong> / 4 done" in body  # the live part is fresh
     assert _statuses(body).count("succeeded") == 2  # the table is the shared one
     assert "&lt;div" not in body and body.count('id="rollout-table"') == 1  # inserted as markup
-    later(2.5)
+    later(61)
     assert _statuses(signed_in.get(page).content.decode()).count("succeeded") == 3
     finish(key(running, 3), S.SUCCEEDED, 1.0)
     Run.objects.filter(pk=running.pk).update(status=Run.Status.COMPLETED)
@@ -199,7 +201,7 @@ def test_the_profile_of_a_running_run_shows_a_change_within_its_cache_time_and_a
     assert _profile_tasks(signed_in, running) == 2  # tasks with a success so far
     finish(key(running, 2), S.SUCCEEDED, 1.0)
     assert _profile_tasks(signed_in, running) == 2
-    later(16)
+    later(601)
     assert _profile_tasks(signed_in, running) == 3
     finish(key(running, 3), S.SUCCEEDED, 1.0)
     Run.objects.filter(pk=running.pk).update(status=Run.Status.COMPLETED)
