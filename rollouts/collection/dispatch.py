@@ -314,8 +314,10 @@ def _write_batch(batch: _Batch, worker: str) -> None:
             AgentCall.objects.bulk_create(batch.calls, ignore_conflicts=True)
         if batch.items:
             TrajectoryItem.objects.bulk_create(batch.items, ignore_conflicts=True)
+        ending = {rollout_id for rollout_id, _ in batch.finished}
         for rollout_id, seed_ms in batch.seeds.items():
-            Rollout.objects.filter(pk=rollout_id).update(seed_ms=seed_ms)
+            if rollout_id not in ending:  # else written with the result, in one UPDATE
+                Rollout.objects.filter(pk=rollout_id).update(seed_ms=seed_ms)
         for rollout_id, out in batch.finished:
             if rollout_id in _missing:
                 out = _storage_failure(out, _missing[rollout_id])
@@ -344,6 +346,8 @@ def _write_batch(batch: _Batch, worker: str) -> None:
             )
             if out.response is not None:
                 fields["num_items"] = len(out.response.get("output") or [])
+            if rollout_id in batch.seeds:
+                fields["seed_ms"] = batch.seeds[rollout_id]
             if not Rollout.objects.filter(pk=rollout_id, status=Rollout.Status.RUNNING, worker=worker).update(**fields):
                 # Our lease expired and the key was queued again: the newer attempt owns the key.
                 log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
@@ -491,6 +495,12 @@ class Dispatcher:
         self.batch = _Batch()
         self.tasks: dict[int, asyncio.Task] = {}  # rollout id -> task
         self.run_of: dict[int, int] = {}  # rollout id -> run id
+        self.inflight: dict[int, int] = {}  # run id -> rollouts of it in flight here
+        # Ended tasks, pushed by their done callbacks: a turn costs O(what ended), not O(in flight)
+        # (asyncio.wait over 10,000 tasks adds and removes 10,000 callbacks per call; issue 14).
+        self._ended: list[int] = []
+        self._next_sync = 0.0
+        self._freed = 0  # slots freed by ended rollouts since the last trip to the DB thread
         self.cancelling: set[int] = set()  # runs whose in-flight rollouts end as `cancelled`
         self.runs: dict[int, _RunInfo] = {}
         self.live_workers = 1
@@ -512,7 +522,7 @@ class Dispatcher:
         return await asyncio.get_running_loop().run_in_executor(self.db, _db_call, fn, *args)
 
     def _inflight_of(self, run_id: int) -> int:
-        return sum(1 for r in self.run_of.values() if r == run_id)
+        return self.inflight.get(run_id, 0)
 
     def _wants(self) -> list[tuple[int, int]]:
         if self._stop.is_set():
@@ -529,13 +539,26 @@ class Dispatcher:
                 free -= want
         return wants
 
+    # A trip to the DB thread for a few freed slots is put off for at most SYNC_GAP_S after the
+    # previous trip, so that slots freed one by one are claimed together (each claim is a locked
+    # transaction of five queries); a trip goes at once when at least 1/CLAIM_CHUNK_DIV of the
+    # dispatcher's share is free, when nothing is in flight, or when the flush is due.
+    SYNC_GAP_S = 0.01
+    CLAIM_CHUNK_DIV = 8
+
     async def _sync(self) -> None:
         """Flush what is queued and claim what there is room for, in one trip to the DB thread.
         Flushing first matters: finished rollouts free their slots in the runs' counts."""
         wants = self._wants()
         if not self.batch and not wants:
             return
+        now = time.monotonic()
+        if self.tasks and now < self._next_sync and now < self._next_flush:
+            chunk = max(1, sum(math.ceil(i.concurrency / self.live_workers) for i in self.runs.values()) // self.CLAIM_CHUNK_DIV)
+            if sum(w for _, w in wants) < chunk:
+                return
         batch, self.batch = self.batch, _Batch()
+        self._freed = 0
         # Expired leases are looked for once per poll, not on every claim: claims are frequent.
         reap, self._reap_due = self._reap_due, False
         try:
@@ -543,13 +566,23 @@ class Dispatcher:
         except Exception:
             self.batch = batch.absorb(self.batch)  # written again at the next sync
             raise
+        finally:
+            self._next_sync = time.monotonic() + self.SYNC_GAP_S
+            self._next_flush = time.monotonic() + self.flush_s
         if self.on_progress and batch.finished:
             self.on_progress(len(batch.finished))
         for run_id, rollout_id, row_json, rollout_index in claimed:
             row = json.loads(row_json)
             row["_ng_rollout_index"] = rollout_index
             self.run_of[rollout_id] = run_id
-            self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
+            self.inflight[run_id] = self.inflight.get(run_id, 0) + 1
+            task = self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
+            task.add_done_callback(lambda _t, r=rollout_id: self._task_ended(r))
+
+    def _task_ended(self, rollout_id: int) -> None:
+        self._ended.append(rollout_id)
+        if self._wake is not None:
+            self._wake.set()
 
     async def _run_one(self, rollout_id: int, run_id: int, row: dict[str, Any]) -> None:
         info = self.runs[run_id]
@@ -596,12 +629,25 @@ class Dispatcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._ended.extend(r for r in rollout_ids if r in self.tasks and self.tasks[r].done())
         self._reap_done()
 
-    def _reap_done(self) -> None:
-        for rollout_id in [r for r, t in self.tasks.items() if t.done()]:
-            del self.tasks[rollout_id]
-            del self.run_of[rollout_id]
+    def _reap_done(self) -> int:
+        """Forget the tasks that ended (as their callbacks reported); returns how many."""
+        ended, self._ended = self._ended, []
+        n = 0
+        for rollout_id in ended:
+            if self.tasks.pop(rollout_id, None) is None:
+                continue  # reported twice (a cancel and its callback)
+            run_id = self.run_of.pop(rollout_id)
+            left = self.inflight[run_id] - 1
+            if left:
+                self.inflight[run_id] = left
+            else:
+                del self.inflight[run_id]
+            n += 1
+        self._freed += n
+        return n
 
     async def _beat(self) -> None:
         self.live_workers, statuses = await self._db(_heartbeat, self.name, dict(self.run_of), self.capacity, self.lease_s)
@@ -659,9 +705,17 @@ class Dispatcher:
             except asyncio.TimeoutError:
                 pass
             return False
-        timeout = max(0.0, min(self._next_poll, self._next_flush, self._next_beat) - time.monotonic())
-        done, _ = await asyncio.wait(self.tasks.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        self._reap_done()
+        deadline = min(self._next_poll, self._next_flush, self._next_beat)
+        if self._freed and self._wants():
+            deadline = min(deadline, self._next_sync)  # slots were freed: claim them soon
+        timeout = max(0.0, deadline - time.monotonic())
+        if not self._ended and timeout > 0:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+        done = self._reap_done()
         if not done and time.monotonic() >= self._next_flush:
             self._next_flush = time.monotonic() + self.flush_s
             batch, self.batch = self.batch, _Batch()
