@@ -307,13 +307,68 @@ def _storage_failure(out: RolloutOutcome, missing: list[str], keep_payloads: boo
     )
 
 
+_insert_sql: dict[tuple[str, type], tuple[str, list]] = {}
+_update_sql: dict[tuple[str, tuple[str, ...]], tuple[str, list]] = {}
+
+
+def _insert_ignoring_conflicts(model: type, objs: list) -> None:
+    """``model.objects.bulk_create(objs, ignore_conflicts=True)`` as one ``executemany`` of a
+    statement built once per backend: the same SQL Django writes (``INSERT OR IGNORE`` on SQLite,
+    ``ON CONFLICT DO NOTHING`` on PostgreSQL) and the same values (each field's
+    ``get_db_prep_save``, so lossless encoding applies), without compiling the insert for every
+    batch (issue 14: the compiler was most of the writer's CPU). Raises what the database raises."""
+    from django.db import connection
+    from django.db.models.constants import OnConflict
+
+    key = (connection.vendor, model)
+    if key not in _insert_sql:
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        ops, qn = connection.ops, connection.ops.quote_name
+        sql = "%s %s (%s) VALUES (%s) %s" % (
+            ops.insert_statement(on_conflict=OnConflict.IGNORE),
+            qn(model._meta.db_table),
+            ", ".join(qn(f.column) for f in fields),
+            ", ".join(["%s"] * len(fields)),
+            ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None),
+        )
+        _insert_sql[key] = (sql.rstrip(), fields)
+    sql, fields = _insert_sql[key]
+    params = [[f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields] for obj in objs]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+
+
+def _finish_rollout(rollout_id: int, worker: str, fields: dict[str, Any]) -> int:
+    """``Rollout.objects.filter(pk=rollout_id, status=RUNNING, worker=worker).update(**fields)``
+    with the statement built once per set of field names. Returns the rows updated (0: the lease
+    was taken over)."""
+    from django.db import connection
+
+    key = (connection.vendor, tuple(fields))
+    if key not in _update_sql:
+        meta, qn = Rollout._meta, connection.ops.quote_name
+        model_fields = [meta.get_field(name) for name in fields]
+        sql = "UPDATE %s SET %s WHERE %s = %%s AND %s = %%s AND %s = %%s" % (
+            qn(meta.db_table),
+            ", ".join(f"{qn(f.column)} = %s" for f in model_fields),
+            qn(meta.pk.column), qn(meta.get_field("status").column), qn(meta.get_field("worker").column),
+        )
+        _update_sql[key] = (sql, model_fields)
+    sql, model_fields = _update_sql[key]
+    params = [f.get_db_prep_save(v, connection) for f, v in zip(model_fields, fields.values())]
+    params += [rollout_id, Rollout.Status.RUNNING, worker]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
 def _write_batch(batch: _Batch, worker: str) -> None:
     now = _now()
     with transaction.atomic():
         if batch.calls:
-            AgentCall.objects.bulk_create(batch.calls, ignore_conflicts=True)
+            _insert_ignoring_conflicts(AgentCall, batch.calls)
         if batch.items:
-            TrajectoryItem.objects.bulk_create(batch.items, ignore_conflicts=True)
+            _insert_ignoring_conflicts(TrajectoryItem, batch.items)
         ending = {rollout_id for rollout_id, _ in batch.finished}
         for rollout_id, seed_ms in batch.seeds.items():
             if rollout_id not in ending:  # else written with the result, in one UPDATE
@@ -348,7 +403,7 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 fields["num_items"] = len(out.response.get("output") or [])
             if rollout_id in batch.seeds:
                 fields["seed_ms"] = batch.seeds[rollout_id]
-            if not Rollout.objects.filter(pk=rollout_id, status=Rollout.Status.RUNNING, worker=worker).update(**fields):
+            if not _finish_rollout(rollout_id, worker, fields):
                 # Our lease expired and the key was queued again: the newer attempt owns the key.
                 log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
         for rollout_id, status in batch.killed:
