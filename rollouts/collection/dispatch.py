@@ -44,7 +44,7 @@ from rollouts.collection import runs
 from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
-from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem, Worker
+from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem, Worker
 
 log = logging.getLogger("gymweb.dispatch")
 
@@ -93,33 +93,52 @@ def claim(run_id: int, worker: str, want: int, lease_s: float, reap: bool = True
 
     Returns ``[(rollout_id, materialised task row JSON text, rollout_index)]``; empty when the run is
     not running or has no room. The run row is locked for the check-and-update
-    (``select_for_update`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers).
+    (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers).
+    Plain SQL with the values the ORM would send: a claim follows nearly every completion, and
+    compiling its five queries was a quarter of the dispatcher's CPU (issue 14).
     """
-    with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id).values("status", "concurrency").first()
-        if not run or run["status"] != Run.Status.RUNNING:
+    from django.db import connection
+
+    qn = connection.ops.quote_name
+    run_t, rollout_t, task_t = (qn(m._meta.db_table) for m in (Run, Rollout, Task))
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    running, pending = Rollout.Status.RUNNING, Rollout.Status.PENDING
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT status, concurrency FROM {run_t} WHERE id = %s{lock}", [run_id])
+        run = cursor.fetchone()
+        if not run or run[0] != Run.Status.RUNNING:
             return []
         if reap:
             reap_expired(run_id)
-        running = Rollout.objects.filter(run_id=run_id, status=Rollout.Status.RUNNING).count()
-        room = min(want, run["concurrency"] - running)
+        cursor.execute(f"SELECT COUNT(*) FROM {rollout_t} WHERE run_id = %s AND status = %s", [run_id, running])
+        room = min(want, run[1] - cursor.fetchone()[0])
         if room <= 0:
             return []
-        ids = list(
-            Rollout.objects.filter(run_id=run_id, status=Rollout.Status.PENDING)
-            .order_by("task_index", "rollout_index", "id")
-            .values_list("id", flat=True)[:room]
+        cursor.execute(
+            f"SELECT id FROM {rollout_t} WHERE run_id = %s AND status = %s ORDER BY task_index, rollout_index, id LIMIT %s",
+            [run_id, pending, room],
         )
+        ids = [r[0] for r in cursor.fetchall()]
         if not ids:
             return []
         now = _now()
-        Rollout.objects.filter(id__in=ids, status=Rollout.Status.PENDING).update(
-            status=Rollout.Status.RUNNING, worker=worker, started=now, lease_until=now + timedelta(seconds=lease_s)
-        )
-        rows = Rollout.objects.filter(id__in=ids, worker=worker, status=Rollout.Status.RUNNING).values_list(
-            "id", "task__row_json", "rollout_index"
-        )
-        return list(rows)
+        dt = Rollout._meta.get_field("started")
+        started, lease_until = dt.get_db_prep_save(now, connection), dt.get_db_prep_save(now + timedelta(seconds=lease_s), connection)
+        rows: list[tuple[int, str, int]] = []
+        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            chunk = ids[i : i + 500]
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"UPDATE {rollout_t} SET status = %s, worker = %s, started = %s, lease_until = %s WHERE id IN ({marks}) AND status = %s",
+                [running, worker, started, lease_until, *chunk, pending],
+            )
+            cursor.execute(
+                f"SELECT r.id, t.row_json, r.rollout_index FROM {rollout_t} r JOIN {task_t} t ON t.id = r.task_id "
+                f"WHERE r.id IN ({marks}) AND r.worker = %s AND r.status = %s",
+                [*chunk, worker, running],
+            )
+            rows.extend(cursor.fetchall())
+        return rows
 
 
 # -- persistence (batched, in the DB thread) -----------------------------------------------------
