@@ -569,6 +569,10 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+# Stands for the input list while the rest of an agent request is serialised (``_agent_body``).
+_INPUT_MARK = "\x00gymweb-input-" + __import__("uuid").uuid4().hex
+
+
 class _Rollout:
     """State of one rollout: its two cookie jars, the conversation and the merged output."""
 
@@ -586,6 +590,11 @@ class _Rollout:
             first_input = [{"type": "message", "role": "user", "content": first_input}]
         self.params = params
         self.input: list[Any] = list(first_input)
+        # The conversation is re-sent on every agent call; each item is serialised once and the
+        # body joined from the pieces (byte for byte what ``_dumps`` of the whole would give), so
+        # step k costs a join of k pieces, not a json.dumps of the whole conversation (issue 14).
+        self._input_parts: list[bytes] = []
+        self._body_ends: Optional[tuple[bytes, bytes]] = None
         self.merged: list[dict[str, Any]] = []
         self.usage: Optional[dict[str, Any]] = None
         self.usage_seen = False
@@ -716,9 +725,7 @@ class _Rollout:
         self.agent_calls += 1
         step = StepRecord(index=index, started_at=time.time(), latency_ms=0.0)
         started = time.perf_counter()
-        params = dict(self.params)
-        params["input"] = self.input
-        body = _dumps(params)
+        body = self._agent_body()
         url = f"{self.s.agent_base_url}/v1/responses"
         timeout = self.s.remote_responses_timeout_s
         try:
@@ -774,6 +781,23 @@ class _Rollout:
             step.latency_ms = (time.perf_counter() - started) * 1000
             if step.error is not None:
                 self.obs.on_step(step, [])
+
+    def _agent_body(self) -> bytes:
+        """``_dumps({**params, "input": self.input})`` (the key order of the row's params kept),
+        serialising only the items added since the last call."""
+        if self._body_ends is None:
+            params = dict(self.params)
+            params["input"] = _INPUT_MARK
+            head, mark, tail = _dumps(params).partition(_dumps(_INPUT_MARK))
+            self._body_ends = (head, tail) if mark else None
+            if not mark:  # cannot happen (the mark is a fresh string); stay correct anyway
+                params["input"] = self.input
+                return _dumps(params)
+        parts = self._input_parts
+        for item in self.input[len(parts):]:
+            parts.append(_dumps(item))
+        head, tail = self._body_ends
+        return b"".join((head, b"[", b",".join(parts), b"]", tail))
 
     # -- the loop ----------------------------------------------------------------------------
     def merged_response(self) -> Optional[dict[str, Any]]:
