@@ -532,6 +532,31 @@ def _flush_and_claim(
     return claimed
 
 
+def raise_fd_limit(needed: int) -> int:
+    """Raise the process's soft open-file limit (RLIMIT_NOFILE) towards its hard limit when it is
+    below ``needed`` (each rollout in flight may hold an agent and an env connection). Returns the
+    soft limit now in force; logs a warning when even the hard limit is below ``needed`` (then
+    connections past it fail as "could not reach", which are retried as failures)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return needed
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        target = hard if hard == resource.RLIM_INFINITY else min(hard, max(needed, soft))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the open-file limit is %d, below the %d this dispatcher may need for its capacity; "
+            "raise `ulimit -n` or lower GYMWEB_PROCESS_CAPACITY", soft, needed,
+        )
+    return soft
+
+
 def _finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
     """Complete runs that have nothing left; a worker then queues the /aggregate_metrics call."""
     from django_q.tasks import async_task
@@ -744,6 +769,7 @@ class Dispatcher:
         sys.setswitchinterval(0.0005)
         # The instance's target policy and reply cap apply to every request of every rollout
         # (rollouts.targets): a refused host or an oversized reply is a failure row of its own kind.
+        raise_fd_limit(2 * self.capacity + 64)
         self.client = targets.async_client(max(self.capacity, 32))
         self._next_poll = self._next_beat = self._next_flush = 0.0
         try:
