@@ -25,7 +25,7 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -40,6 +40,10 @@ bench-storage: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_storage --db $(DB)
 bench-inflight: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_inflight --db $(DB)
+bench-inflight10k: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_inflight --db $(DB) --rollouts 10000 --latency-ms 30000 --calls 3
+bench-long: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_long --db $(DB)
 bench-profile: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_profile --db $(DB)
 bench-jsonl: $(BIN)/.installed
@@ -50,3 +54,20 @@ bench-search: $(BIN)/.installed
 # GYMWEB_REDIS_URL); BENCH_PORT picks gunicorn's port (default 9300).
 bench-team: $(BIN)/.installed
 	GYMWEB_ALLOW_LOCAL_TARGETS=1 $(BIN)/python -m benchmarks.bench_team --db $(DB)
+
+# NeMo Gym 0.7.0 side by side with gymweb on the same work, in one run (issue 14). Needs NeMo Gym's
+# venv, built by the peer scripts' setup.sh (never in .ci/run: it downloads 1.4 GB and starts Ray).
+# make bench-vs-nemo [NGPEER_DIR=../shared/nemo_gym_peer] [NGPEER_WORK=/tmp/ngpeer] [ROWS=300 C=50 SLEEP_MS=200]
+NGPEER_DIR ?= ../shared/nemo_gym_peer
+NGPEER_WORK ?= $(or $(TMPDIR),/tmp)/ngpeer
+ROWS ?= 300
+C ?= 50
+SLEEP_MS ?= 200
+bench-vs-nemo: $(BIN)/.installed
+	@if [ ! -x "$(NGPEER_WORK)/venv/bin/gym" ]; then \
+	  echo "NeMo Gym's venv is not at $(NGPEER_WORK)/venv. Make it once (about 4 minutes, 1.4 GB; NeMo Gym 0.7.0 needs Python 3.13):"; \
+	  echo "  NGPEER_WORK=$(NGPEER_WORK) NGPEER_PYTHON=/path/to/python3.13 bash $(NGPEER_DIR)/setup.sh"; \
+	  echo "(pyenv: NGPEER_PYTHON=\$$(pyenv root)/versions/3.13.0/bin/python3; see $(NGPEER_DIR)/README.md), then run make bench-vs-nemo again."; \
+	  exit 1; \
+	fi
+	NGPEER_WORK=$(NGPEER_WORK) GYMWEB_ALLOW_LOCAL_TARGETS=1 bash $(NGPEER_DIR)/sidebyside.sh $(CURDIR) $(CURDIR)/$(BIN)/python $(ROWS) $(C) $(SLEEP_MS)

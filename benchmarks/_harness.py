@@ -50,12 +50,13 @@ def setup_django(db: str) -> str:
     return where
 
 
-def start_services(calls: int, latency_ms: float = 0.0):
+def start_services(calls: int, latency_ms: float = 0.0, tool_output_kb: float = 0.0):
     """Start the fast agent and env, each in its own process. Returns (agent_url, env_url, procs)."""
     procs, urls = [], {}
     for only in ("agent", "env"):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.fast_services", "--only", only, "--calls", str(calls), "--latency-ms", str(latency_ms)],
+            [sys.executable, "-m", "benchmarks.fast_services", "--only", only, "--calls", str(calls), "--latency-ms", str(latency_ms),
+             "--tool-output-kb", str(tool_output_kb)],
             cwd=REPO, stdout=subprocess.PIPE, text=True,
         )
         line = proc.stdout.readline()

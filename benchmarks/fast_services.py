@@ -3,7 +3,10 @@
 The agent answers each rollout in ``--calls`` agent calls: calls 1..k-1 each ask one
 ``increment_counter`` (an unpaired function_call), the last returns an assistant message.
 ``--latency-ms`` sleeps per agent call (the latency-bound benchmark). The env seeds a session
-cookie, counts, and verifies reward 1.0. Both print ``… listening on URL`` lines.
+cookie, counts, and verifies reward 1.0; ``--tool-output-kb N`` pads each tool output to about N KB
+(long trajectories). Both print ``… listening on URL`` lines. Each raises its open-file limit to
+the hard limit (10,000 rollouts in flight hold 10,000 connections) and listens with a 16,384
+backlog (the kernel caps it at ``net.core.somaxconn``).
 
     python -m benchmarks.fast_services --calls 4 --latency-ms 0
 """
@@ -46,8 +49,10 @@ def make_agent(calls: int, latency_s: float) -> web.Application:
     return app
 
 
-def make_env() -> web.Application:
+def make_env(tool_output_kb: float = 0.0) -> web.Application:
     sessions: dict[str, int] = {}
+    pad = "x" * int(tool_output_kb * 1024)
+    ok = _dumps({"success": True, "pad": pad}).encode() if pad else b'{"success":true}'
 
     async def seed(request: web.Request) -> web.Response:
         await request.read()
@@ -61,7 +66,7 @@ def make_env() -> web.Application:
         await request.read()
         sid = request.cookies.get("s")
         sessions[sid] = sessions.get(sid, 0) + 1
-        return web.Response(body=b'{"success":true}', content_type="application/json")
+        return web.Response(body=ok, content_type="application/json")
 
     async def verify(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
@@ -79,10 +84,24 @@ def make_env() -> web.Application:
 async def _serve(app: web.Application, port: int, label: str) -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=16384)
     await site.start()
     real = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     print(f"{label} listening on http://127.0.0.1:{real}", flush=True)
+
+
+def raise_fd_limit(want: int = 65536) -> int:
+    """Raise this process's open-file limit to ``want`` (root may raise the hard limit too), else
+    its soft limit to its hard limit. Returns the soft limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), max(hard, want)))
+    except (ValueError, OSError):
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def main() -> None:
@@ -92,11 +111,13 @@ def main() -> None:
     parser.add_argument("--agent-port", type=int, default=0)
     parser.add_argument("--env-port", type=int, default=0)
     parser.add_argument("--only", choices=["agent", "env"], default=None)
+    parser.add_argument("--tool-output-kb", type=float, default=0.0)
     args = parser.parse_args()
+    raise_fd_limit()
 
     async def run() -> None:
         if args.only in (None, "env"):
-            await _serve(make_env(), args.env_port, "env")
+            await _serve(make_env(args.tool_output_kb), args.env_port, "env")
         if args.only in (None, "agent"):
             await _serve(make_agent(args.calls, args.latency_ms / 1000), args.agent_port, "agent")
         await asyncio.Event().wait()

@@ -49,7 +49,8 @@ from rollouts.collection import runs
 from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
-from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem, Worker
+from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem, Worker
+from rollouts.search import fill_missing
 
 log = logging.getLogger("gymweb.dispatch")
 
@@ -98,33 +99,52 @@ def claim(run_id: int, worker: str, want: int, lease_s: float, reap: bool = True
 
     Returns ``[(rollout_id, materialised task row JSON text, rollout_index)]``; empty when the run is
     not running or has no room. The run row is locked for the check-and-update
-    (``select_for_update`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers).
+    (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers).
+    Plain SQL with the values the ORM would send: a claim follows nearly every completion, and
+    compiling its five queries was a quarter of the dispatcher's CPU (issue 14).
     """
-    with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id).values("status", "concurrency").first()
-        if not run or run["status"] != Run.Status.RUNNING:
+    from django.db import connection
+
+    qn = connection.ops.quote_name
+    run_t, rollout_t, task_t = (qn(m._meta.db_table) for m in (Run, Rollout, Task))
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    running, pending = Rollout.Status.RUNNING, Rollout.Status.PENDING
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT status, concurrency FROM {run_t} WHERE id = %s{lock}", [run_id])
+        run = cursor.fetchone()
+        if not run or run[0] != Run.Status.RUNNING:
             return []
         if reap:
             reap_expired(run_id)
-        running = Rollout.objects.filter(run_id=run_id, status=Rollout.Status.RUNNING).count()
-        room = min(want, run["concurrency"] - running)
+        cursor.execute(f"SELECT COUNT(*) FROM {rollout_t} WHERE run_id = %s AND status = %s", [run_id, running])
+        room = min(want, run[1] - cursor.fetchone()[0])
         if room <= 0:
             return []
-        ids = list(
-            Rollout.objects.filter(run_id=run_id, status=Rollout.Status.PENDING)
-            .order_by("task_index", "rollout_index", "id")
-            .values_list("id", flat=True)[:room]
+        cursor.execute(
+            f"SELECT id FROM {rollout_t} WHERE run_id = %s AND status = %s ORDER BY task_index, rollout_index, id LIMIT %s",
+            [run_id, pending, room],
         )
+        ids = [r[0] for r in cursor.fetchall()]
         if not ids:
             return []
         now = _now()
-        Rollout.objects.filter(id__in=ids, status=Rollout.Status.PENDING).update(
-            status=Rollout.Status.RUNNING, worker=worker, started=now, lease_until=now + timedelta(seconds=lease_s)
-        )
-        rows = Rollout.objects.filter(id__in=ids, worker=worker, status=Rollout.Status.RUNNING).values_list(
-            "id", "task__row_json", "rollout_index"
-        )
-        return list(rows)
+        dt = Rollout._meta.get_field("started")
+        started, lease_until = dt.get_db_prep_save(now, connection), dt.get_db_prep_save(now + timedelta(seconds=lease_s), connection)
+        rows: list[tuple[int, str, int]] = []
+        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            chunk = ids[i : i + 500]
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(
+                f"UPDATE {rollout_t} SET status = %s, worker = %s, started = %s, lease_until = %s WHERE id IN ({marks}) AND status = %s",
+                [running, worker, started, lease_until, *chunk, pending],
+            )
+            cursor.execute(
+                f"SELECT r.id, t.row_json, r.rollout_index FROM {rollout_t} r JOIN {task_t} t ON t.id = r.task_id "
+                f"WHERE r.id IN ({marks}) AND r.worker = %s AND r.status = %s",
+                [*chunk, worker, running],
+            )
+            rows.extend(cursor.fetchall())
+        return rows
 
 
 # -- persistence (batched, in the DB thread) -----------------------------------------------------
@@ -314,15 +334,75 @@ def _storage_failure(out: RolloutOutcome, missing: list[str], keep_payloads: boo
     )
 
 
+_insert_sql: dict[tuple[str, type], tuple[str, list]] = {}
+_update_sql: dict[tuple[str, tuple[str, ...]], tuple[str, list]] = {}
+
+
+def _insert_ignoring_conflicts(model: type, objs: list) -> None:
+    """``model.objects.bulk_create(objs, ignore_conflicts=True)`` as one ``executemany`` of a
+    statement built once per backend: the same SQL Django writes (``INSERT OR IGNORE`` on SQLite,
+    ``ON CONFLICT DO NOTHING`` on PostgreSQL) and the same values (each field's
+    ``get_db_prep_save``, so lossless encoding applies), without compiling the insert for every
+    batch (issue 14: the compiler was most of the writer's CPU). Raises what the database raises."""
+    from django.db import connection
+    from django.db.models.constants import OnConflict
+
+    key = (connection.vendor, model)
+    if key not in _insert_sql:
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        ops, qn = connection.ops, connection.ops.quote_name
+        sql = "%s %s (%s) VALUES (%s) %s" % (
+            ops.insert_statement(on_conflict=OnConflict.IGNORE),
+            qn(model._meta.db_table),
+            ", ".join(qn(f.column) for f in fields),
+            ", ".join(["%s"] * len(fields)),
+            ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None),
+        )
+        _insert_sql[key] = (sql.rstrip(), fields)
+    sql, fields = _insert_sql[key]
+    params = [[f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields] for obj in objs]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+
+
+def _finish_rollout(rollout_id: int, worker: str, fields: dict[str, Any]) -> int:
+    """``Rollout.objects.filter(pk=rollout_id, status=RUNNING, worker=worker).update(**fields)``
+    with the statement built once per set of field names. Returns the rows updated (0: the lease
+    was taken over)."""
+    from django.db import connection
+
+    key = (connection.vendor, tuple(fields))
+    if key not in _update_sql:
+        meta, qn = Rollout._meta, connection.ops.quote_name
+        model_fields = [meta.get_field(name) for name in fields]
+        sql = "UPDATE %s SET %s WHERE %s = %%s AND %s = %%s AND %s = %%s" % (
+            qn(meta.db_table),
+            ", ".join(f"{qn(f.column)} = %s" for f in model_fields),
+            qn(meta.pk.column), qn(meta.get_field("status").column), qn(meta.get_field("worker").column),
+        )
+        _update_sql[key] = (sql, model_fields)
+    sql, model_fields = _update_sql[key]
+    params = [f.get_db_prep_save(v, connection) for f, v in zip(model_fields, fields.values())]
+    params += [rollout_id, Rollout.Status.RUNNING, worker]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
 def _write_batch(batch: _Batch, worker: str) -> None:
     now = _now()
     with transaction.atomic():
         if batch.calls:
-            AgentCall.objects.bulk_create(batch.calls, ignore_conflicts=True)
+            _insert_ignoring_conflicts(AgentCall, batch.calls)
         if batch.items:
-            TrajectoryItem.objects.bulk_create(batch.items, ignore_conflicts=True)
+            # the raw insert skips TrajectoryItemManager.bulk_create, which fills the content-search
+            # text (issue 11): fill it here, or collected runs would be unsearchable
+            fill_missing(batch.items)
+            _insert_ignoring_conflicts(TrajectoryItem, batch.items)
+        ending = {rollout_id for rollout_id, _ in batch.finished}
         for rollout_id, seed_ms in batch.seeds.items():
-            Rollout.objects.filter(pk=rollout_id).update(seed_ms=seed_ms)
+            if rollout_id not in ending:  # else written with the result, in one UPDATE
+                Rollout.objects.filter(pk=rollout_id).update(seed_ms=seed_ms)
         for rollout_id, out in batch.finished:
             if rollout_id in _missing:
                 out = _storage_failure(out, _missing[rollout_id])
@@ -351,7 +431,9 @@ def _write_batch(batch: _Batch, worker: str) -> None:
             )
             if out.response is not None:
                 fields["num_items"] = len(out.response.get("output") or [])
-            if not Rollout.objects.filter(pk=rollout_id, status=Rollout.Status.RUNNING, worker=worker).update(**fields):
+            if rollout_id in batch.seeds:
+                fields["seed_ms"] = batch.seeds[rollout_id]
+            if not _finish_rollout(rollout_id, worker, fields):
                 # Our lease expired and the key was queued again: the newer attempt owns the key.
                 log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
         for rollout_id, status in batch.killed:
@@ -545,6 +627,31 @@ def _flush_and_claim(
     return claimed
 
 
+def raise_fd_limit(needed: int) -> int:
+    """Raise the process's soft open-file limit (RLIMIT_NOFILE) towards its hard limit when it is
+    below ``needed`` (each rollout in flight may hold an agent and an env connection). Returns the
+    soft limit now in force; logs a warning when even the hard limit is below ``needed`` (then
+    connections past it fail as "could not reach", which are retried as failures)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return needed
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        target = hard if hard == resource.RLIM_INFINITY else min(hard, max(needed, soft))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the open-file limit is %d, below the %d this dispatcher may need for its capacity; "
+            "raise `ulimit -n` or lower GYMWEB_PROCESS_CAPACITY", soft, needed,
+        )
+    return soft
+
+
 def _finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
     """Complete runs that have nothing left; a worker then queues the /aggregate_metrics call."""
     from django_q.tasks import async_task
@@ -588,6 +695,12 @@ class Dispatcher:
         self.batch = _Batch()
         self.tasks: dict[int, asyncio.Task] = {}  # rollout id -> task
         self.run_of: dict[int, int] = {}  # rollout id -> run id
+        self.inflight: dict[int, int] = {}  # run id -> rollouts of it in flight here
+        # Ended tasks, pushed by their done callbacks: a turn costs O(what ended), not O(in flight)
+        # (asyncio.wait over 10,000 tasks adds and removes 10,000 callbacks per call; issue 14).
+        self._ended: list[int] = []
+        self._next_sync = 0.0
+        self._freed = 0  # slots freed by ended rollouts since the last trip to the DB thread
         self.cancelling: set[int] = set()  # runs whose in-flight rollouts end as `cancelled`
         self.runs: dict[int, _RunInfo] = {}
         self.live_workers = 1
@@ -614,7 +727,7 @@ class Dispatcher:
         return await asyncio.wrap_future(self.db.submit(_db_call, fn, *args))
 
     def _inflight_of(self, run_id: int) -> int:
-        return sum(1 for r in self.run_of.values() if r == run_id)
+        return self.inflight.get(run_id, 0)
 
     def _wants(self) -> list[tuple[int, int]]:
         if self._stop.is_set():
@@ -631,13 +744,26 @@ class Dispatcher:
                 free -= want
         return wants
 
+    # A trip to the DB thread for a few freed slots is put off for at most SYNC_GAP_S after the
+    # previous trip, so that slots freed one by one are claimed together (each claim is a locked
+    # transaction of five queries); a trip goes at once when at least 1/CLAIM_CHUNK_DIV of the
+    # dispatcher's share is free, when nothing is in flight, or when the flush is due.
+    SYNC_GAP_S = 0.01
+    CLAIM_CHUNK_DIV = 8
+
     async def _sync(self) -> None:
         """Flush what is queued and claim what there is room for, in one trip to the DB thread.
         Flushing first matters: finished rollouts free their slots in the runs' counts."""
         wants = self._wants()
         if not self.batch and not wants:
             return
+        now = time.monotonic()
+        if self.tasks and now < self._next_sync and now < self._next_flush:
+            chunk = max(1, sum(math.ceil(i.concurrency / self.live_workers) for i in self.runs.values()) // self.CLAIM_CHUNK_DIV)
+            if sum(w for _, w in wants) < chunk:
+                return
         batch, self.batch = self.batch, _Batch()
+        self._freed = 0
         # Expired leases are looked for once per poll, not on every claim: claims are frequent.
         reap, self._reap_due = self._reap_due, False
         try:
@@ -645,6 +771,9 @@ class Dispatcher:
         except Exception:
             self.batch = batch.absorb(self.batch)  # written again at the next sync
             raise
+        finally:
+            self._next_sync = time.monotonic() + self.SYNC_GAP_S
+            self._next_flush = time.monotonic() + self.flush_s
         if self.exit_when_idle and not self.tasks and (batch.finished or batch.killed):
             self._next_poll = 0.0  # its last rollouts are stored: see at once whether the run has ended
         if self._stopping():
@@ -656,7 +785,14 @@ class Dispatcher:
             row = json.loads(row_json)
             row["_ng_rollout_index"] = rollout_index
             self.run_of[rollout_id] = run_id
-            self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
+            self.inflight[run_id] = self.inflight.get(run_id, 0) + 1
+            task = self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
+            task.add_done_callback(lambda _t, r=rollout_id: self._task_ended(r))
+
+    def _task_ended(self, rollout_id: int) -> None:
+        self._ended.append(rollout_id)
+        if self._wake is not None:
+            self._wake.set()
 
     async def _run_one(self, rollout_id: int, run_id: int, row: dict[str, Any]) -> None:
         info = self.runs[run_id]
@@ -708,12 +844,25 @@ class Dispatcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._ended.extend(r for r in rollout_ids if r in self.tasks and self.tasks[r].done())
         self._reap_done()
 
-    def _reap_done(self) -> None:
-        for rollout_id in [r for r, t in self.tasks.items() if t.done()]:
-            del self.tasks[rollout_id]
-            del self.run_of[rollout_id]
+    def _reap_done(self) -> int:
+        """Forget the tasks that ended (as their callbacks reported); returns how many."""
+        ended, self._ended = self._ended, []
+        n = 0
+        for rollout_id in ended:
+            if self.tasks.pop(rollout_id, None) is None:
+                continue  # reported twice (a cancel and its callback)
+            run_id = self.run_of.pop(rollout_id)
+            left = self.inflight[run_id] - 1
+            if left:
+                self.inflight[run_id] = left
+            else:
+                del self.inflight[run_id]
+            n += 1
+        self._freed += n
+        return n
 
     async def _beat(self) -> None:
         self.live_workers, statuses = await self._db(_heartbeat, self.name, dict(self.run_of), self.capacity, self.lease_s)
@@ -740,6 +889,7 @@ class Dispatcher:
         sys.setswitchinterval(0.0005)
         # The instance's target policy and reply cap apply to every request of every rollout
         # (rollouts.targets): a refused host or an oversized reply is a failure row of its own kind.
+        raise_fd_limit(2 * self.capacity + 64)
         self.client = targets.async_client(max(self.capacity, 32))
         self._next_poll = self._next_beat = self._next_flush = 0.0
         try:
@@ -791,9 +941,17 @@ class Dispatcher:
             except asyncio.TimeoutError:
                 pass
             return False
-        timeout = max(0.0, min(self._next_poll, self._next_flush, self._next_beat) - time.monotonic())
-        done, _ = await asyncio.wait(self.tasks.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        self._reap_done()
+        deadline = min(self._next_poll, self._next_flush, self._next_beat)
+        if self._freed and self._wants():
+            deadline = min(deadline, self._next_sync)  # slots were freed: claim them soon
+        timeout = max(0.0, deadline - time.monotonic())
+        if not self._ended and timeout > 0:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+        done = self._reap_done()
         if not done and time.monotonic() >= self._next_flush:
             self._next_flush = time.monotonic() + self.flush_s
             batch, self.batch = self.batch, _Batch()

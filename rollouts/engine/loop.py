@@ -21,11 +21,13 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from rollouts.engine.targets import (
     DEFAULT_MAX_REPLY_BYTES,
     PolicyAsyncTransport,
     PolicyResolver,
+    ReplyTooLarge,
     TargetPolicy,
     find_refusal,
     find_too_large,
@@ -48,6 +50,8 @@ __all__ = [
     "RolloutOutcome",
     "StepRecord",
     "ItemRecord",
+    "LoopClient",
+    "RawReply",
     "make_client",
     "run_rollout",
     "validate_base_url",
@@ -286,12 +290,145 @@ class _NoCookies(http.cookiejar.CookieJar):
         return None
 
 
+class LoopClient(httpx.AsyncClient):
+    """The loop's shared client: an ``httpx.AsyncClient`` over the policy-wrapped aiohttp
+    transport that also lends its aiohttp session to the loop's own calls (``post_bytes``).
+
+    ``post_bytes`` skips httpx's request and response models (URL merging, auth and redirect
+    machinery, header models, the byte-stream iterator): in issue 14's profile of ``collect`` they
+    cost about as much CPU as aiohttp itself. It keeps everything the transport chain does: the
+    target policy (IP-literal hosts judged before connecting, with the transport's own cache of
+    passed (host, port) pairs; names judged by the connector's ``PolicyResolver``), the reply cap
+    (``ReplyTooLarge`` from the declared length or the running count), the same headers httpx
+    sends (the client's defaults: accept, accept-encoding, connection, user-agent), a
+    ``Content-Encoding`` decoded by httpx's own decoders, and the same httpx errors for the same
+    aiohttp errors (``httpx_aiohttp``'s map), so the loop's rules 11 and 14 behave as through
+    ``post``.
+    """
+
+    def __init__(self, transport: PolicyAsyncTransport, aiohttp_transport: AiohttpTransport, **kwargs: Any):
+        super().__init__(transport=transport, **kwargs)
+        self._policy_transport = transport
+        self._aiohttp_transport = aiohttp_transport
+        self._base_headers = {k.lower(): v for k, v in self.headers.items()}
+        self._keys: dict[str, tuple[str, int]] = {}  # scheme://netloc -> (host, port) as httpx reads them
+
+    def _session(self) -> aiohttp.ClientSession:
+        t = self._aiohttp_transport
+        if not isinstance(t.client, aiohttp.ClientSession):
+            t.client = t.get_client()  # what the transport itself does on its first request
+        return t.client
+
+    def _check_target(self, url: str) -> None:
+        origin = url[: url.find("/", url.find("//") + 2)] if url.count("/") > 2 else url
+        key = self._keys.get(origin)
+        if key is None:
+            parsed = httpx.URL(url)
+            key = (parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
+            if len(self._keys) > 4096:
+                self._keys.clear()
+            self._keys[origin] = key
+        pt = self._policy_transport
+        if key not in pt._passed:
+            pt.policy.check_literal(*key)  # raises TargetRefused
+            if len(pt._passed) > 4096:
+                pt._passed.clear()
+            pt._passed.add(key)
+
+    async def post_bytes(self, url: str, body: bytes, headers: dict[str, str]) -> "RawReply":
+        """POST ``body`` to ``url`` and read the whole reply. Raises ``targets.TargetRefused``
+        (policy), ``targets.ReplyTooLarge`` (cap), the ``httpx.HTTPError`` subclasses the transport
+        maps aiohttp's errors to (connection refused/reset/dropped: ``ConnectError``,
+        ``ConnectTimeout`` or ``ReadError``; a resolver refusal stays in the cause chain, as
+        ``targets.find_refusal`` reads it), or an unmapped ``aiohttp.ClientError`` when the peer does
+        not speak HTTP. Never follows redirects; sets no timeout (the caller bounds it)."""
+        self._check_target(url)
+        limit = self._policy_transport.max_reply_bytes
+        sent = {**self._base_headers, **headers}
+        with map_aiohttp_exceptions():
+            async with self._session().request(
+                "POST", url, data=body, headers=sent, allow_redirects=False, auto_decompress=False, compress=False,
+                timeout=_NO_TIMEOUT,
+            ) as resp:
+                length = resp.headers.get("content-length", "")
+                if length.isdigit() and int(length) > limit:
+                    raise ReplyTooLarge(url, limit)
+                chunks, seen = [], 0
+                async for chunk in resp.content.iter_any():
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise ReplyTooLarge(url, limit)
+                    chunks.append(chunk)
+                status, raw_headers = resp.status, resp.headers
+        return RawReply(status, raw_headers, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+
+_NO_TIMEOUT = aiohttp.ClientTimeout()  # every field None: the loop bounds each call itself (rule 12)
+
+
+class RawReply:
+    """A whole HTTP reply read by ``LoopClient.post_bytes``, with the parts of ``httpx.Response``
+    the loop reads: ``status_code``, ``is_success``, ``headers`` (case-insensitive ``get``;
+    ``get_list`` for repeated headers), ``content`` (bytes, ``Content-Encoding`` decoded as httpx
+    decodes it; a bad encoding raises ``httpx.DecodingError``) and ``text`` (decoded by the
+    ``Content-Type`` charset, else UTF-8, bad bytes replaced: httpx's rule)."""
+
+    __slots__ = ("status_code", "headers", "content", "_text")
+
+    def __init__(self, status: int, headers: Any, content: bytes):
+        self.status_code = status
+        self.headers = _Headers(headers)
+        self._text: Optional[str] = None
+        encoding = headers.get("content-encoding")
+        if encoding and encoding.strip().lower() != "identity":
+            decoded = httpx.Response(status, headers=list(headers.items()), stream=httpx.ByteStream(content))
+            decoded.read()  # httpx's own decoders (gzip, deflate, br, zstd), its errors
+            content = decoded.content
+        self.content = content
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            ctype = self.headers.get("content-type") or ""
+            if "charset" in ctype.lower():  # rare: let httpx read the charset exactly as it does
+                self._text = httpx.Response(self.status_code, headers={"content-type": ctype}, content=self.content).text
+            else:
+                self._text = self.content.decode("utf-8", errors="replace")
+        return self._text
+
+
+class _Headers:
+    """aiohttp's case-insensitive multidict with httpx's ``get_list``."""
+
+    __slots__ = ("_h",)
+
+    def __init__(self, h: Any):
+        self._h = h
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._h.get(key, default)
+
+    def get_list(self, key: str) -> list[str]:
+        return list(self._h.getall(key, ()))
+
+    def __getitem__(self, key: str) -> str:
+        return self._h[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._h
+
+
 def make_client(
     concurrency: int = DEFAULT_CONCURRENCY,
     policy: Optional[TargetPolicy] = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-) -> httpx.AsyncClient:
-    """One shared HTTP client for a worker process: httpx over the aiohttp transport.
+) -> "LoopClient":
+    """One shared HTTP client for a worker process: httpx over the aiohttp transport (a
+    ``LoopClient``, whose ``post_bytes`` the loop uses).
 
     The connection pool is sized for ``concurrency`` in-flight rollouts (agent + env connections;
     aiohttp's default cap of 100 would throttle a larger run). Neither httpx nor aiohttp keeps
@@ -313,12 +450,15 @@ def make_client(
             limit=limit, limit_per_host=0, ttl_dns_cache=300, resolver=PolicyResolver(policy)
         )
         return aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False,
+            timeout=_NO_TIMEOUT,
         )
 
-    transport = PolicyAsyncTransport(AiohttpTransport(client=session, trust_env=False), policy, max_reply_bytes)
-    return httpx.AsyncClient(
-        transport=transport,
+    inner = AiohttpTransport(client=session, trust_env=False)
+    transport = PolicyAsyncTransport(inner, policy, max_reply_bytes)
+    return LoopClient(
+        transport,
+        inner,
         trust_env=False,
         follow_redirects=False,
         timeout=None,
@@ -335,7 +475,8 @@ class SessionJar:
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
 
-    def update(self, response: httpx.Response) -> None:
+    def update(self, response: Any) -> None:
+        """Take the ``Set-Cookie`` headers of ``response`` (an ``httpx.Response`` or a ``RawReply``)."""
         for header in response.headers.get_list("set-cookie"):
             first, _, attrs = header.partition(";")
             name, eq, value = first.partition("=")
@@ -428,11 +569,16 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+# Stands for the input list while the rest of an agent request is serialised (``_agent_body``).
+_INPUT_MARK = "\x00gymweb-input-" + __import__("uuid").uuid4().hex
+
+
 class _Rollout:
     """State of one rollout: its two cookie jars, the conversation and the merged output."""
 
     def __init__(self, client: httpx.AsyncClient, row: dict[str, Any], settings: LoopSettings, observer: Observer):
         self.client = client
+        self.fast = isinstance(client, LoopClient)  # else any httpx.AsyncClient, through httpx
         self.row = row
         self.s = settings
         self.obs = observer
@@ -444,6 +590,11 @@ class _Rollout:
             first_input = [{"type": "message", "role": "user", "content": first_input}]
         self.params = params
         self.input: list[Any] = list(first_input)
+        # The conversation is re-sent on every agent call; each item is serialised once and the
+        # body joined from the pieces (byte for byte what ``_dumps`` of the whole would give), so
+        # step k costs a join of k pieces, not a json.dumps of the whole conversation (issue 14).
+        self._input_parts: list[bytes] = []
+        self._body_ends: Optional[tuple[bytes, bytes]] = None
         self.merged: list[dict[str, Any]] = []
         self.usage: Optional[dict[str, Any]] = None
         self.usage_seen = False
@@ -469,8 +620,11 @@ class _Rollout:
         for attempt in range(1, self.s.connect_attempts + 1):
             try:
                 async with asyncio.timeout(timeout_s):
-                    response = await self.client.post(url, content=body, headers=jar.headers())
-                    await response.aread()
+                    if self.fast:
+                        response = await self.client.post_bytes(url, body, jar.headers())
+                    else:
+                        response = await self.client.post(url, content=body, headers=jar.headers())
+                        await response.aread()
             except TimeoutError:
                 raise _Failure("timeout", f"{who} did not answer within {timeout_s:g} s") from None
             except _PROTOCOL_ERRORS as exc:
@@ -571,9 +725,7 @@ class _Rollout:
         self.agent_calls += 1
         step = StepRecord(index=index, started_at=time.time(), latency_ms=0.0)
         started = time.perf_counter()
-        params = dict(self.params)
-        params["input"] = self.input
-        body = _dumps(params)
+        body = self._agent_body()
         url = f"{self.s.agent_base_url}/v1/responses"
         timeout = self.s.remote_responses_timeout_s
         try:
@@ -629,6 +781,23 @@ class _Rollout:
             step.latency_ms = (time.perf_counter() - started) * 1000
             if step.error is not None:
                 self.obs.on_step(step, [])
+
+    def _agent_body(self) -> bytes:
+        """``_dumps({**params, "input": self.input})`` (the key order of the row's params kept),
+        serialising only the items added since the last call."""
+        if self._body_ends is None:
+            params = dict(self.params)
+            params["input"] = _INPUT_MARK
+            head, mark, tail = _dumps(params).partition(_dumps(_INPUT_MARK))
+            self._body_ends = (head, tail) if mark else None
+            if not mark:  # cannot happen (the mark is a fresh string); stay correct anyway
+                params["input"] = self.input
+                return _dumps(params)
+        parts = self._input_parts
+        for item in self.input[len(parts):]:
+            parts.append(_dumps(item))
+        head, tail = self._body_ends
+        return b"".join((head, b"[", b",".join(parts), b"]", tail))
 
     # -- the loop ----------------------------------------------------------------------------
     def merged_response(self) -> Optional[dict[str, Any]]:
