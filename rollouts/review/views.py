@@ -135,10 +135,13 @@ def rollout_label(request, run_id, rollout_id):
 @login_required
 @require_POST
 def rollout_note(request, run_id, rollout_id):
-    """Add a note (``text``; ``item``: an item number, optional) to a rollout."""
+    """Add a note (``note``; ``item``: an item number, optional) to a rollout. The form's field is
+    ``note``, not ``text``: the panel's forms carry the list's filters, and ``text`` is the run
+    table's content-search filter. A post without ``note`` (older scripts) may still give ``text``."""
     rollout = _rollout_for(request, run_id, rollout_id)
+    text = request.POST["note"] if "note" in request.POST else request.POST.get("text")
     try:
-        actions.add_note(rollout, request.POST.get("text"), request.user, item=request.POST.get("item"))
+        actions.add_note(rollout, text, request.user, item=request.POST.get("item"))
     except ReviewError as exc:
         return _after_action(request, rollout, str(exc))
     _mark_if_reviewing(request, rollout)
