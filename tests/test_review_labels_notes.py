@@ -126,6 +126,17 @@ def test_a_note_on_the_rollout_and_one_on_an_item(signed_in, user, db):
     assert "this answer is made up" in page and 'href="#item-1"' in page and "notes (2)" in page
 
 
+def test_a_note_posted_from_a_content_searched_list_keeps_the_search_apart(signed_in, user, db):
+    # The panel's forms carry the list's filters, and ``text`` is the content-search filter: the
+    # note goes in its own ``note`` field, and the list's ``text`` is not taken for the note.
+    brun = bare_run()
+    r = make_rollout(brun, make_task(brun), items=[(0, msg("hello"), {})])
+    signed_in.post(note_url(r), {"note": "the model guessed", "text": "hello", "review": "1"})
+    assert list(Note.objects.filter(rollout=r).values_list("text", flat=True)) == ["the model guessed"]
+    page = signed_in.get(r.get_absolute_url()).content.decode()
+    assert 'name="note"' in page and '<textarea name="text"' not in page
+
+
 @pytest.mark.parametrize("data, message", [
     ({"text": "   "}, "the note is empty"),
     ({"text": "x", "item": "7"}, "this rollout has no item #7"),
