@@ -4,7 +4,7 @@
     python -m benchmarks.bench_trajectory_content [--repeat 7] [--repo PATH]   (make bench-trajectory-content)
 
 A fresh SQLite database in a temp dir. Pages go through Django's whole request path (test client,
-signed in). ``--repo`` runs the same measurement against another checkout (e.g. ``/work/main``, to
+signed in). ``--repo`` runs the same measurement against another checkout (e.g. a clean clone of main, to
 compare with the code before this change): its directory goes first on ``sys.path``.
 """
 from __future__ import annotations

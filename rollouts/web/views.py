@@ -26,7 +26,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import content_disposition_header
-from django.utils.safestring import mark_safe
+from django.utils.safestring import SafeString
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
@@ -268,9 +268,10 @@ def _shared_table(request, run: Run, kinds: list[str]) -> tuple[dict, Optional[s
     if key is None:
         return _table_context(request, run, kinds), None
     html = cache.get(key)
-    if html is not None:
-        # Our own template's output (escaped when it was rendered), as render_to_string gave it.
-        return _table_context(request, run, kinds, with_rows=False), mark_safe(html)
+    if isinstance(html, SafeString):
+        # render_to_string's own SafeString (escaped when it was rendered); the cache pickles it
+        # with its type, so nothing is marked safe here. Anything else in the key is ignored.
+        return _table_context(request, run, kinds, with_rows=False), html
     context = {"run": run, **_table_context(request, run, kinds)}
     html = render_to_string("rollouts/partials/run_rollout_table.html", context, request)
     cache.set(key, html, float(settings.GYMWEB_LIVE_CACHE_S))
