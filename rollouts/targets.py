@@ -76,7 +76,7 @@ def sync_client(timeout_s: Optional[float] = 30.0) -> httpx.Client:
     return make_sync_client(policy(), max_reply_bytes(), timeout_s=timeout_s)
 
 
-@register()
+@register("gymweb")
 def check_target_settings(app_configs=None, **kwargs):
     """``manage.py check``: every ``GYMWEB_ALLOWED_TARGET_HOSTS`` entry parses."""
     try:

@@ -72,6 +72,11 @@ class Command(BaseCommand):
         "the resources server at --env-url; write OUT.jsonl (successes), OUT_failures.jsonl and "
         "OUT_materialized_inputs.jsonl and, once the run completes, OUT_aggregate_metrics.json in NeMo Gym's format."
     )
+    # Only the checks that concern a headless run: the models and gymweb's own settings (a bad
+    # GYMWEB_ALLOWED_TARGET_HOSTS entry). The full set imports every page's views through the URL
+    # checks (django-ninja's API schemas, the renderers): about 1 s of start-up CPU per command,
+    # a third of a 300-rollout run's CPU (issue 14, benchmarks/README.md).
+    requires_system_checks = ["models", "gymweb"]
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--agent-url", required=True, help="agent service base URL (POST {URL}/v1/responses)")

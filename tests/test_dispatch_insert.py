@@ -1,0 +1,69 @@
+"""The dispatcher's raw insert passes some values through without Django's per-value conversion
+(issue 14): what it sends must be exactly what ``get_db_prep_save`` gives, for every field of
+the models it writes, on the backend the suite runs on."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from django.db import connection
+
+from rollouts.collection import dispatch
+from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
+
+pytestmark = pytest.mark.django_db
+
+# Values of every type a field may hold in the dispatcher's objects, and some it should not
+# (bool in an integer field, int in a float field, str in an integer field): those must convert.
+VALUES = [None, 0, 7, -3, True, False, 1.5, -0.0, 3.0, 2, "", "text", "a\x00b", "\udc80",
+          datetime(2026, 12, 1, 4, 5, 6, 789000, tzinfo=timezone.utc), {"k": [1, 2.0]}, [1]]
+
+
+def _expected(field, value):
+    return field.get_db_prep_save(value, connection)
+
+
+@pytest.mark.parametrize("model", [AgentCall, TrajectoryItem])
+def test_passed_through_values_are_what_django_would_send(model):
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    checked = 0
+    for field in fields:
+        plain = dispatch._plain_types(field)
+        for value in VALUES:
+            if type(value) not in plain:
+                continue
+            try:
+                expected = _expected(field, value)
+            except (TypeError, ValueError):
+                pytest.fail(f"{model.__name__}.{field.name}: {value!r} is passed through but Django refuses it")
+            assert expected == value and type(expected) is type(value), (model.__name__, field.name, value, expected)
+            checked += 1
+    assert checked > 10  # integer, float, boolean and foreign-key fields take the short way
+
+
+def test_lossless_and_json_fields_always_convert():
+    for model in (AgentCall, TrajectoryItem):
+        for field in model._meta.concrete_fields:
+            if type(field).__module__.startswith("rollouts"):
+                assert dispatch._plain_types(field) == frozenset(), field.name
+
+
+def test_it_stores_what_it_was_given_and_ignores_conflicts():
+    run = Run.objects.create(name="insert")
+    task = Task.objects.create(run=run, task_index=0, row_json='{"responses_create_params": {"input": "x"}}')
+    rollout = Rollout.objects.create(run=run, task=task, task_index=0, rollout_index=0)
+    objs = [
+        TrajectoryItem(rollout=rollout, seq=i, step=i - 1, kind="message", role="user", name="n\x00" * i, origin="input",
+                       asked=bool(i % 2), latency_ms=None if i % 2 else 1.25, tool_status=200 if i else None,
+                       payload={"i": i, "t": "\x00x", "f": -0.0})
+        for i in range(4)
+    ]
+    dispatch._insert_ignoring_conflicts(TrajectoryItem, objs)
+    dispatch._insert_ignoring_conflicts(TrajectoryItem, objs)  # conflicts are ignored
+    rows = list(TrajectoryItem.objects.filter(rollout=rollout).order_by("seq"))
+    assert [r.seq for r in rows] == [0, 1, 2, 3]
+    assert [r.name for r in rows] == ["n\x00" * i for i in range(4)]
+    assert [r.asked for r in rows] == [False, True, False, True]
+    assert [r.latency_ms for r in rows] == [1.25, None, 1.25, None]
+    assert [r.tool_status for r in rows] == [None, 200, 200, 200]
+    assert rows[3].payload == {"i": 3, "t": "\x00x", "f": -0.0}
