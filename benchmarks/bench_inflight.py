@@ -19,6 +19,7 @@ Targets: peak RSS under 600 MB at 1,000; at 10,000 (issue 14): span ≤ 1.05 × 
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import threading
@@ -47,6 +48,17 @@ def main() -> None:
     from rollouts.models import AgentCall, Rollout
 
     rss_before = h.peak_rss_mb()
+    gc_time = {"n": 0, "s": 0.0, "full": 0, "t0": 0.0}
+
+    def gc_clock(phase: str, info: dict) -> None:  # Python's cyclic collector: how often, how long
+        if phase == "start":
+            gc_time["t0"] = time.perf_counter()
+        else:
+            gc_time["n"] += 1
+            gc_time["full"] += info["generation"] == 2
+            gc_time["s"] += time.perf_counter() - gc_time["t0"]
+
+    gc.callbacks.append(gc_clock)
     agent_url, env_url, procs = h.start_services(args.calls, args.latency_ms)
     peak_inflight = 0
     samples: list[tuple[float, int]] = []  # (epoch s, agent calls stored)
@@ -98,6 +110,7 @@ def main() -> None:
     print(f"  agent span {span:.2f} s; ideal {ideal:.2f} s; span/ideal {span / ideal:.3f} (target ≤ 1.05 at 10,000)")
     print(f"  write backlog: the oldest unstored step had finished at most {lag:.2f} s before ({len(samples)} samples; target ≤ 2 s)")
     print(f"  wall {wall:.1f} s; CPU {cpu:.1f} s ({1000 * cpu / args.rollouts:.2f} ms per rollout)")
+    print(f"  garbage collector: {gc_time['n']} collections ({gc_time['full']} full), {gc_time['s']:.1f} s")
     print(f"  peak RSS {h.peak_rss_mb():.0f} MB (before the run {rss_before:.0f} MB; target < 600 MB at 1,000, < 1 GB at 10,000)")
 
 

@@ -240,6 +240,10 @@ GYMWEB_LEASE_S = float(os.environ.get("GYMWEB_LEASE_S", 30))
 GYMWEB_HEARTBEAT_S = float(os.environ.get("GYMWEB_HEARTBEAT_S", 2))
 GYMWEB_POLL_S = float(os.environ.get("GYMWEB_POLL_S", 0.5))
 GYMWEB_FLUSH_S = float(os.environ.get("GYMWEB_FLUSH_S", 0.25))
+# First threshold of Python's garbage collector while a dispatcher runs (rollouts.collection.dispatch.
+# collector_tuned; 0 = Python's default of 700): with thousands of rollouts in flight the default
+# made the collector walk the whole heap again and again (issue 14).
+GYMWEB_GC_THRESHOLD = int(os.environ.get("GYMWEB_GC_THRESHOLD", 200000))
 GYMWEB_CONNECT_RETRY_PAUSE_S = float(os.environ.get("GYMWEB_CONNECT_RETRY_PAUSE_S", 0.5))
 # Each django-q2 worker process runs one dispatcher thread that serves every running run
 # (rollouts.collection.dispatch). It keeps at most this many rollouts in flight (a memory bound).

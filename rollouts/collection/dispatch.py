@@ -22,6 +22,7 @@ the ``interrupted`` rows, and queues their keys again (``Dispatcher._release``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -37,7 +38,8 @@ from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connections, models, transaction
@@ -660,6 +662,44 @@ def _flush_and_claim(
     return claimed
 
 
+_gc_lock = threading.Lock()
+_gc_users = 0
+_gc_saved: tuple[int, int, int] = (700, 10, 10)
+
+
+@contextmanager
+def collector_tuned(threshold0: int) -> Iterator[None]:
+    """Python's cyclic garbage collector set for a dispatcher, for the duration of the block.
+
+    With thousands of rollouts in flight the heap holds millions of live objects (every
+    conversation, parsed), and the collector's default first threshold (700 allocations) makes it
+    walk them again and again: at 10,000 in flight it took 45 % of the process's CPU (71 of 158 s,
+    issue 14, benchmarks/README.md). Inside the block the objects that exist at its start (Django,
+    the libraries) are frozen out of every collection (``gc.freeze``) and the first threshold is
+    ``threshold0`` allocations (``GYMWEB_GC_THRESHOLD``; 0 leaves the collector as it is).
+    Reference counting still frees everything that is not in a cycle at once; cycles are still
+    collected, less often. The settings are the process's: nested or concurrent blocks share them
+    and the last one out restores the previous thresholds and unfreezes."""
+    global _gc_users, _gc_saved
+    if threshold0 <= 0:
+        yield
+        return
+    with _gc_lock:
+        if _gc_users == 0:
+            _gc_saved = gc.get_threshold()
+            gc.freeze()  # no collect first: garbage frozen now is collectable again after unfreeze
+            gc.set_threshold(threshold0, _gc_saved[1], _gc_saved[2])
+        _gc_users += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_users -= 1
+            if _gc_users == 0:
+                gc.set_threshold(*_gc_saved)
+                gc.unfreeze()
+
+
 def raise_fd_limit(needed: int) -> int:
     """Raise the process's soft open-file limit (RLIMIT_NOFILE) towards its hard limit when it is
     below ``needed`` (each rollout in flight may hold an agent and an env connection). Returns the
@@ -925,6 +965,10 @@ class Dispatcher:
         raise_fd_limit(2 * self.capacity + 64)
         self.client = targets.async_client(max(self.capacity, 32))
         self._next_poll = self._next_beat = self._next_flush = 0.0
+        with collector_tuned(settings.GYMWEB_GC_THRESHOLD):
+            await self._serve()
+
+    async def _serve(self) -> None:
         try:
             while not self._stop.is_set():
                 try:

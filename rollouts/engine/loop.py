@@ -11,6 +11,7 @@ Contract rules are numbered as in DESIGN.md ("Contract rules") and cited where t
 from __future__ import annotations
 
 import asyncio
+import errno
 import http.cookiejar
 import json
 import time
@@ -560,6 +561,18 @@ def _policy_failure(exc: BaseException, who: str, url: str) -> Optional["_Failur
 _OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE)
 
 
+def _out_of_files(exc: Optional[BaseException]) -> bool:
+    """True when ``exc`` or an exception in its cause chain is this process running out of file
+    descriptors (EMFILE/ENFILE): then the peer is not to blame and the error text says so."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
 def _excerpt(text: str) -> str:
     text = text.strip()
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"
@@ -644,6 +657,11 @@ class _Rollout:
             if party == "agent"
             else f"Is your resources server running at {self.s.env_base_url}?"
         )
+        if _out_of_files(last):
+            hint = (
+                "gymweb's own process ran out of open files (each rollout in flight may hold an agent and an "
+                "env connection): raise its open-file limit (`ulimit -n`) or lower the concurrency"
+            )
         raise _Failure(
             "unreachable", f"could not reach {who} after {self.s.connect_attempts} attempts ({_describe_exc(last)}). {hint}"
         )
