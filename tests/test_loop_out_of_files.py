@@ -37,27 +37,41 @@ def test_it_recognises_running_out_of_files_anywhere_in_the_chain():
     assert not loop._out_of_files(None)
 
 
-def test_a_rollout_out_of_files_blames_gymweb_not_the_agent(counter_agent_url, counter_env_url, counter_tasks_path):
-    """With the process's open-file limit at what it already has open, no connection can be made:
-    the failure names the limit, not the agent."""
+def _rollout_with_no_descriptors(agent_url, env_url, tasks_path, free_after_s=None):
+    """One rollout run while the process's open-file limit equals what it already has open (no
+    connection can be made), the limit put back after ``free_after_s`` (None: at the end)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    settings = loop.LoopSettings(agent_base_url=counter_agent_url, env_base_url=counter_env_url, connect_attempts=2,
-                                 retry_pause_s=0.01)
-    row = json.loads(counter_tasks_path.read_text().splitlines()[0])
+    settings = loop.LoopSettings(agent_base_url=agent_url, env_base_url=env_url, connect_attempts=2, retry_pause_s=0.01)
+    row = json.loads(tasks_path.read_text().splitlines()[0])
+
+    def restore():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
     async def go():
         client = targets.async_client(4)
         try:
-            in_use = len(os.listdir("/proc/self/fd"))
-            resource.setrlimit(resource.RLIMIT_NOFILE, (in_use, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), hard))
+            if free_after_s is not None:
+                asyncio.get_running_loop().call_later(free_after_s, restore)
             try:
                 return await loop.run_rollout(client, row, settings)
             finally:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+                restore()
         finally:
             await client.aclose()
 
-    outcome = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_a_rollout_waits_for_a_descriptor_to_free_up(counter_agent_url, counter_env_url, counter_tasks_path):
+    """A moment without descriptors (thousands in flight) costs no attempt and no failure."""
+    outcome = _rollout_with_no_descriptors(counter_agent_url, counter_env_url, counter_tasks_path, free_after_s=0.1)
+    assert outcome.ok, outcome.error
+
+
+def test_a_rollout_out_of_files_blames_gymweb_not_the_agent(counter_agent_url, counter_env_url, counter_tasks_path):
+    """When none frees up, the failure names the open-file limit, not the agent."""
+    outcome = _rollout_with_no_descriptors(counter_agent_url, counter_env_url, counter_tasks_path)
     assert not outcome.ok
     assert "ran out of open files" in outcome.error and "ulimit -n" in outcome.error, outcome.error
     assert "Is your" not in outcome.error

@@ -561,6 +561,12 @@ def _policy_failure(exc: BaseException, who: str, url: str) -> Optional["_Failur
 _OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE)
 
 
+# Connection tries that failed because this process had no file descriptor left, waited out (a
+# pause of ``retry_pause_s`` each) before they count as attempts: at thousands in flight the agent
+# and env connections can pass the open-file limit for a moment (issue 14).
+OUT_OF_FILES_WAITS = 60
+
+
 def _out_of_files(exc: Optional[BaseException]) -> bool:
     """True when ``exc`` or an exception in its cause chain is this process running out of file
     descriptors (EMFILE/ENFILE): then the peer is not to blame and the error text says so."""
@@ -621,7 +627,9 @@ class _Rollout:
         """POST ``body`` to ``url`` with one party's cookies and read the whole reply.
 
         Connection refused, reset or dropped before a reply: ``connect_attempts`` tries with a pause
-        between, then a failure naming the URL (rule 11; rule 15 for the env). A peer that answers
+        between, then a failure naming the URL (rule 11; rule 15 for the env); a try that failed
+        because this process had no file descriptor left is waited out (up to ``OUT_OF_FILES_WAITS``
+        pauses) before it counts, and the failure then names the open-file limit. A peer that answers
         with something other than HTTP fails at once. ``timeout_s`` bounds each try (rule 12; None:
         only the rollout's own timeout). Raises ``_Failure`` with kind ``unreachable``, ``not_http``
         or ``timeout``, which callers turn into their own failure kind, or with ``target_refused``
@@ -630,7 +638,9 @@ class _Rollout:
         """
         who = "the agent service" if party == "agent" else "the environment"
         last: Optional[BaseException] = None
-        for attempt in range(1, self.s.connect_attempts + 1):
+        attempt = waits = 0
+        while attempt < self.s.connect_attempts:
+            attempt += 1
             try:
                 async with asyncio.timeout(timeout_s):
                     if self.fast:
@@ -647,6 +657,13 @@ class _Rollout:
                 if not isinstance(exc, _CONNECTION_ERRORS):  # answered, but not with HTTP: not retried (rule 11)
                     raise _Failure("not_http", f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})") from None
                 last = exc
+                if waits < OUT_OF_FILES_WAITS and _out_of_files(exc):
+                    # gymweb's own process is out of file descriptors (thousands in flight): not the
+                    # peer's fault, so wait for one to free up without spending an attempt
+                    waits += 1
+                    attempt -= 1
+                    await asyncio.sleep(self.s.retry_pause_s)
+                    continue
                 if attempt < self.s.connect_attempts:
                     await asyncio.sleep(self.s.retry_pause_s)
                 continue
