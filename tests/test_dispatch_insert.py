@@ -28,7 +28,7 @@ def test_passed_through_values_are_what_django_would_send(model):
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     checked = 0
     for field in fields:
-        plain = dispatch._plain_types(field)
+        plain = dispatch._plain_types(field, connection)
         for value in VALUES:
             if type(value) not in plain:
                 continue
@@ -38,14 +38,15 @@ def test_passed_through_values_are_what_django_would_send(model):
                 pytest.fail(f"{model.__name__}.{field.name}: {value!r} is passed through but Django refuses it")
             assert expected == value and type(expected) is type(value), (model.__name__, field.name, value, expected)
             checked += 1
-    assert checked > 10  # integer, float, boolean and foreign-key fields take the short way
+    if connection.vendor == "sqlite":
+        assert checked > 10  # integer, float, boolean and foreign-key fields take the short way
 
 
 def test_lossless_and_json_fields_always_convert():
     for model in (AgentCall, TrajectoryItem):
         for field in model._meta.concrete_fields:
             if type(field).__module__.startswith("rollouts"):
-                assert dispatch._plain_types(field) == frozenset(), field.name
+                assert dispatch._plain_types(field, connection) == frozenset(), field.name
 
 
 def test_it_stores_what_it_was_given_and_ignores_conflicts():

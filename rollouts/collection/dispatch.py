@@ -340,26 +340,41 @@ _insert_sql: dict[tuple[str, type], tuple[str, list]] = {}
 _update_sql: dict[tuple[str, tuple[str, ...]], tuple[str, list]] = {}
 
 
-def _plain_types(field: Any) -> frozenset:
-    """The value types whose ``field.get_db_prep_save(value)`` is the value itself on SQLite and
-    PostgreSQL, so the writer can pass them through without Django's per-value conversion
-    (``tests/test_dispatch_insert.py`` checks every field of the written models). Only Django's
-    own integer, float, boolean, text and foreign-key (to an integer key) fields qualify; lossless
-    and JSON fields always convert."""
-    none = type(None)
+_PROBES = {int: 7, float: 1.5, bool: True, str: "x"}
+
+
+def _plain_types(field: Any, connection: Any) -> frozenset:
+    """The value types whose ``field.get_db_prep_save(value, connection)`` is the value itself,
+    so the writer can pass them through without Django's per-value conversion. Only Django's own
+    integer, float, boolean, text and foreign-key fields are candidates (lossless and JSON fields
+    always convert), and each candidate type is kept only if this backend sends a probe value of
+    it unchanged (PostgreSQL's psycopg wraps integers in ``Int4`` and the like: they convert
+    there). ``tests/test_dispatch_insert.py`` checks the result against ``get_db_prep_save``."""
     exact = type(field)
-    if exact is models.ForeignKey and isinstance(field.target_field, (models.AutoField, models.BigAutoField)):
-        return frozenset({int, none})
-    if exact in (models.IntegerField, models.PositiveIntegerField, models.PositiveSmallIntegerField,
-                 models.SmallIntegerField, models.BigIntegerField):
-        return frozenset({int, none})
-    if exact is models.FloatField:
-        return frozenset({float, none})
-    if exact is models.BooleanField:
-        return frozenset({bool, none})
-    if exact in (models.CharField, models.TextField):
-        return frozenset({str, none})
-    return frozenset()
+    if exact is models.ForeignKey:
+        candidates = (int,)
+    elif exact in (models.IntegerField, models.PositiveIntegerField, models.PositiveSmallIntegerField,
+                   models.SmallIntegerField, models.BigIntegerField):
+        candidates = (int,)
+    elif exact is models.FloatField:
+        candidates = (float,)
+    elif exact is models.BooleanField:
+        candidates = (bool,)
+    elif exact in (models.CharField, models.TextField):
+        candidates = (str,)
+    else:
+        return frozenset()
+    plain = set()
+    for kind in candidates:
+        try:
+            sent = field.get_db_prep_save(_PROBES[kind], connection)
+        except (TypeError, ValueError):
+            continue
+        if type(sent) is kind and sent == _PROBES[kind]:
+            plain.add(kind)
+    if plain and field.get_db_prep_save(None, connection) is None:
+        plain.add(type(None))
+    return frozenset(plain)
 
 
 def _insert_ignoring_conflicts(model: type, objs: list) -> None:
@@ -382,7 +397,7 @@ def _insert_ignoring_conflicts(model: type, objs: list) -> None:
             ", ".join(["%s"] * len(fields)),
             ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None),
         )
-        _insert_sql[key] = (sql.rstrip(), [(f, f.attname, _plain_types(f)) for f in fields])
+        _insert_sql[key] = (sql.rstrip(), [(f, f.attname, _plain_types(f, connection)) for f in fields])
     sql, fields = _insert_sql[key]
     params = [
         [
