@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Unio
 
 from django.db.models import Count, F, Q, Sum
 
+from rollouts.evaluation.outputs import iter_json_objects
 from rollouts.models import Rollout, Run, Task
 
 __all__ = ["Comparison", "Pair", "TaskDelta", "TOLERANCE", "compare_runs", "pick_pair", "task_means", "CompareError", "Side",
@@ -413,19 +414,9 @@ def _rows_of(path: Path) -> Iterator[dict]:
     ``CompareError`` naming the file and line for text that is not UTF-8, a line that is not JSON
     or not an object (a ``*_aggregate_metrics.json`` or a stray file given as a side). A UTF-8 byte
     order mark before the first line is skipped, as ``import_rollouts`` skips it."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))  # a BOM, as the import takes it
-            except UnicodeDecodeError as exc:
-                raise CompareError(f"{path}, line {number}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-            except ValueError as exc:
-                raise CompareError(f"{path}, line {number}: not valid JSON ({getattr(exc, 'msg', exc)}); give a rollouts.jsonl or a run id") from None
-            if not isinstance(row, dict):
-                raise CompareError(f"{path}, line {number}: a rollout row must be a JSON object, got {type(row).__name__}")
-            yield row
+    for _number, row in iter_json_objects(path, CompareError, not_object="a rollout row must be a JSON object",
+                                          hint="; give a rollouts.jsonl or a run id"):
+        yield row
 
 
 def resolve_side(spec: Union[str, int, Run], role: str, index: int = 0) -> Side:

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 from rollouts.collection.export import CHUNK, iter_successes
 from rollouts.collection.profile_numbers import loads_profile_numbers
 from rollouts.models import Rollout, Run, Task
-from rollouts.evaluation.outputs import check_outputs
+from rollouts.evaluation.outputs import check_outputs, iter_json_objects
 from rollouts.evaluation.profile import (
     ProfileResult,
     ReducedRollout,
@@ -333,24 +333,13 @@ def iter_jsonl_objects(path: Union[str, Path], *, require_indices: bool = False)
     UTF-8, not a JSON object, or (``require_indices``) without ``_ng_task_index`` and
     ``_ng_rollout_index``; ``FileNotFoundError``/``IsADirectoryError`` as ``open`` does.
     """
-    with open(path, "rb") as fh:
-        for line_no, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                value = json.loads(raw)
-            except UnicodeDecodeError as exc:
-                raise ProfileInputError(f"{path}, line {line_no}: not UTF-8 text ({exc.reason})") from None
-            except ValueError as exc:
-                raise ProfileInputError(f"{path}, line {line_no}: not valid JSON ({exc})") from None
-            if not isinstance(value, dict):
-                raise ProfileInputError(f"{path}, line {line_no}: expected a JSON object, got {type(value).__name__}")
-            if require_indices and not ("_ng_task_index" in value and "_ng_rollout_index" in value):
-                raise ProfileInputError(
-                    f"{path}, line {line_no}: the row has no _ng_task_index/_ng_rollout_index "
-                    "(profiling joins inputs and rollouts on these two indices)"
-                )
-            yield value
+    for line_no, value in iter_json_objects(path, ProfileInputError):
+        if require_indices and not ("_ng_task_index" in value and "_ng_rollout_index" in value):
+            raise ProfileInputError(
+                f"{path}, line {line_no}: the row has no _ng_task_index/_ng_rollout_index "
+                "(profiling joins inputs and rollouts on these two indices)"
+            )
+        yield value
 
 
 def merge_failures_as_zero(
