@@ -351,11 +351,9 @@ def _plain_types(field: Any, connection: Any) -> frozenset:
     it unchanged (PostgreSQL's psycopg wraps integers in ``Int4`` and the like: they convert
     there). ``tests/test_dispatch_insert.py`` checks the result against ``get_db_prep_save``."""
     exact = type(field)
-    if exact is models.ForeignKey:
-        candidates = (int,)
-    elif exact in (models.IntegerField, models.PositiveIntegerField, models.PositiveSmallIntegerField,
-                   models.SmallIntegerField, models.BigIntegerField):
-        candidates = (int,)
+    if exact in (models.ForeignKey, models.IntegerField, models.PositiveIntegerField, models.PositiveSmallIntegerField,
+                 models.SmallIntegerField, models.BigIntegerField):
+        candidates = (int,)  # a foreign key to a non-integer key fails the probe below
     elif exact is models.FloatField:
         candidates = (float,)
     elif exact is models.BooleanField:

@@ -638,9 +638,8 @@ class _Rollout:
         """
         who = "the agent service" if party == "agent" else "the environment"
         last: Optional[BaseException] = None
-        attempt = waits = 0
-        while attempt < self.s.connect_attempts:
-            attempt += 1
+        failed = waits = 0  # tries that failed and count as attempts; tries waited out for a descriptor
+        while failed < self.s.connect_attempts:
             try:
                 async with asyncio.timeout(timeout_s):
                     if self.fast:
@@ -661,10 +660,9 @@ class _Rollout:
                     # gymweb's own process is out of file descriptors (thousands in flight): not the
                     # peer's fault, so wait for one to free up without spending an attempt
                     waits += 1
-                    attempt -= 1
-                    await asyncio.sleep(self.s.retry_pause_s)
-                    continue
-                if attempt < self.s.connect_attempts:
+                else:
+                    failed += 1
+                if failed < self.s.connect_attempts:
                     await asyncio.sleep(self.s.retry_pause_s)
                 continue
             jar.update(response)
