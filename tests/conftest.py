@@ -103,7 +103,7 @@ def _fast_workers(settings):
 @pytest.fixture(autouse=True)
 def _local_targets(settings):
     """The tests' services run on 127.0.0.1: local targets are allowed, as in a local single-user
-    set-up (README, "Which hosts a run may reach"). Tests of the target policy turn it off."""
+    set-up (docs/production.md, "Which hosts a run may reach"). Tests of the target policy turn it off."""
     settings.GYMWEB_ALLOW_LOCAL_TARGETS = True
     settings.GYMWEB_ALLOWED_TARGET_HOSTS = []
 
@@ -224,8 +224,8 @@ def free_port() -> int:
 
 
 class Gunicorn:
-    """``gunicorn gymweb.wsgi`` subprocesses on this test's database, DEBUG off, as the README's
-    "Production" section runs it (with the session's collected static files)."""
+    """``gunicorn gymweb.wsgi`` subprocesses on this test's database, DEBUG off, as
+    docs/production.md runs it (with the session's collected static files)."""
 
     def __init__(self, log_dir: Path, static_root: Path):
         self.procs = []

@@ -1,6 +1,6 @@
 """The README's headless command works as written: its block (the example env and agent on
 127.0.0.1, then ``collect``) runs in a shell whose environment does not allow local targets, so the
-block itself must turn them on (README, "Which hosts a run may reach"). Only the ports and the
+block itself must turn them on (docs/production.md, "Which hosts a run may reach"). Only the ports and the
 output folder are moved, since other test runs share the machine."""
 from __future__ import annotations
 

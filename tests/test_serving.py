@@ -1,5 +1,5 @@
 """Serving in production (issue 10, "Serving"): WhiteNoise serves the static files under gunicorn
-and runserver without --insecure; ``check --deploy`` passes with the README's settings; DEBUG off
+and runserver without --insecure; ``check --deploy`` passes with the settings docs/production.md documents; DEBUG off
 refuses the development key; sign-in works behind a TLS proxy; a 500 logs its traceback."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from django.test import Client
 
 from .conftest import REPO, _worker_env, free_port
 
-README = (REPO / "README.md").read_text()
+PRODUCTION = (REPO / "docs" / "production.md").read_text()
 
 
 def _asset_links(html: str) -> dict[str, str]:
@@ -111,9 +111,8 @@ def test_commands_that_serve_no_pages_run_without_a_secret_key():
 
 # -- check --deploy --------------------------------------------------------------------------------
 def _readme_production_env() -> dict[str, str]:
-    """The ``export NAME=value`` lines of the README's "Production" section."""
-    section = README.split("\n## Production", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    """The ``export NAME=value`` lines of docs/production.md's first command block."""
+    block = PRODUCTION.split("```sh", 1)[1].split("```", 1)[0]
     env = {}
     for line in block.splitlines():
         match = re.match(r"export (\w+)=('[^']*'|\S+)", line.strip())
@@ -136,10 +135,10 @@ def test_check_deploy_passes_with_the_settings_the_readme_documents(collected_st
     env = _readme_production_env()
     for name in ("GYMWEB_SECRET_KEY", "GYMWEB_ALLOWED_HOSTS", "GYMWEB_CSRF_TRUSTED_ORIGINS", "GYMWEB_SECURE_PROXY_SSL_HEADER",
                  "GYMWEB_SSL_REDIRECT", "GYMWEB_SECURE_COOKIES", "GYMWEB_HSTS_SECONDS"):
-        assert name in env, f"the README's Production block does not set {name}"
-    assert env["GYMWEB_SECRET_KEY"] == "…"  # a placeholder: the README says how to make one
+        assert name in env, f"docs/production.md's block does not set {name}"
+    assert env["GYMWEB_SECRET_KEY"] == "…"  # a placeholder: the page says how to make one
     env["GYMWEB_SECRET_KEY"] = secrets.token_urlsafe(50)
-    env.pop("DATABASE_URL", None)  # the README's names a database host; the checks need none
+    env.pop("DATABASE_URL", None)  # the page names a database host; the checks need none
     result = _check_deploy(env, collected_static)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout

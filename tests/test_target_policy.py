@@ -1,4 +1,4 @@
-"""The target policy's rules (``rollouts.engine.targets.TargetPolicy``; README, "Which hosts a run
+"""The target policy's rules (``rollouts.engine.targets.TargetPolicy``; docs/production.md, "Which hosts a run
 may reach"): every example of issue 10 judged as the address it denotes, the allowlist's entry
 forms, and the settings that build it. Connections themselves: ``test_target_policy_connections``."""
 from __future__ import annotations
