@@ -80,11 +80,11 @@ class FailureKind:
     VERIFY_FAILED = "verify_failed"
     ROLLOUT_TIMEOUT = "rollout_timeout"
     INTERNAL_ERROR = "internal_error"
-    # The target policy refused to connect to the agent or the env (rollouts.engine.targets; issue 10).
+    # The target policy refused to connect to the agent or the env (rollouts.engine.targets).
     TARGET_REFUSED = "target_refused"
-    # A reply of the agent or the env was larger than GYMWEB_MAX_REPLY_BYTES (issue 10).
+    # A reply of the agent or the env was larger than GYMWEB_MAX_REPLY_BYTES.
     REPLY_TOO_LARGE = "reply_too_large"
-    # Set by the dispatcher, never by the loop: part of the attempt could not be stored (issue 9).
+    # Set by the dispatcher, never by the loop: part of the attempt could not be stored.
     STORAGE_FAILED = "storage_failed"
 
     ALL = (
@@ -296,8 +296,8 @@ class LoopClient(httpx.AsyncClient):
     transport that also lends its aiohttp session to the loop's own calls (``post_bytes``).
 
     ``post_bytes`` skips httpx's request and response models (URL merging, auth and redirect
-    machinery, header models, the byte-stream iterator): in issue 14's profile of ``collect`` they
-    cost about as much CPU as aiohttp itself. It keeps everything the transport chain does: the
+    machinery, header models, the byte-stream iterator), which cost CPU on every call (see
+    benchmarks/README.md). It keeps everything the transport chain does: the
     target policy (IP-literal hosts judged before connecting, with the transport's own cache of
     passed (host, port) pairs; names judged by the connector's ``PolicyResolver``), the reply cap
     (``ReplyTooLarge`` from the declared length or the running count), the same headers httpx
@@ -547,7 +547,7 @@ def _describe_exc(exc: BaseException) -> str:
 
 def _policy_failure(exc: BaseException, who: str, url: str) -> Optional["_Failure"]:
     """A ``_Failure`` of kind ``target_refused`` or ``reply_too_large`` when ``exc`` is (or was
-    caused by) the target policy's refusal or the reply cap, else None (issue 10)."""
+    caused by) the target policy's refusal or the reply cap, else None."""
     refused = find_refusal(exc)
     if refused is not None:
         return _Failure(FailureKind.TARGET_REFUSED, f"gymweb did not connect to {who} at {url}: {refused}")
@@ -563,7 +563,7 @@ _OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE)
 
 # Connection tries that failed because this process had no file descriptor left, waited out (a
 # pause of ``retry_pause_s`` each) before they count as attempts: at thousands in flight the agent
-# and env connections can pass the open-file limit for a moment (issue 14).
+# and env connections can pass the open-file limit for a moment.
 OUT_OF_FILES_WAITS = 60
 
 
@@ -611,7 +611,7 @@ class _Rollout:
         self.input: list[Any] = list(first_input)
         # The conversation is re-sent on every agent call; each item is serialised once and the
         # body joined from the pieces (byte for byte what ``_dumps`` of the whole would give), so
-        # step k costs a join of k pieces, not a json.dumps of the whole conversation (issue 14).
+        # step k costs a join of k pieces, not a json.dumps of the whole conversation.
         self._input_parts: list[bytes] = []
         self._body_ends: Optional[tuple[bytes, bytes]] = None
         self.merged: list[dict[str, Any]] = []

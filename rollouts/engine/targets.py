@@ -1,9 +1,8 @@
-"""Which hosts a run may reach: the target policy, enforced at connection time (issue 10).
+"""Which hosts a run may reach: the target policy, enforced at connection time (the settings and
+what a user sees: docs/production.md, "Which hosts a run may reach").
 
-gymweb POSTs to URLs its users type (agent and env base URLs) and shows the replies, so without a
-policy any signed-in user could read services on gymweb's own network (a database on 127.0.0.1, a
-cloud metadata endpoint on 169.254.169.254). This module holds the policy as plain data (no Django:
-``rollouts.targets`` builds it from the settings) and the hooks that enforce it on every connection:
+The policy as plain data (no Django: ``rollouts.targets`` builds it from the settings) and the hooks
+that enforce it on every connection:
 
 - ``TargetPolicy``: the rules. ``check(host, port, address)`` decides one resolved address.
 - ``PolicyResolver``: an aiohttp resolver that resolves a name itself and drops every address the
