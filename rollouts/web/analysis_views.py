@@ -7,7 +7,7 @@ replies, agent replies): templates only autoescape it, charts are drawn from num
 (``rollouts.web.charts``), nothing here marks data safe.
 
 Speed. The profile is NeMo Gym's (``run_profile.profile_run``), which reads each success's stored numbers
-(about 1 s for 50,000 rollouts; benchmarks/README.md). Finished rows never change, so the page's view of it is cached under
+(its cost: benchmarks/README.md). Finished rows never change, so the page's view of it is cached under
 the run's succeeded and failed attempt counts (like ``metrics``; ``GYMWEB_SUMMARY_CACHE_S``, 0
 turns caching off). The cached value is compact: the small summaries as they are, each task row
 pickled on its own (only the shown page of rows is unpickled) and the task order for every sort

@@ -284,7 +284,7 @@ SORT_CHOICES = [
     ("duration", "duration ↑"), ("-duration", "duration ↓"),
     ("calls", "agent calls ↑"), ("-calls", "agent calls ↓"),
 ]
-# The content search (issue 11, ``rollouts.search``): text in any item, a tool called, a tool
+# The content search (``rollouts.search``): text in any item, a tool called, a tool
 # output's text, a failure message's text.
 CONTENT_FIELDS = ("text", "tool", "output", "error")
 FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check") + CONTENT_FIELDS + ("sort",) + REVIEW_FILTER_FIELDS
@@ -451,7 +451,7 @@ def _number(value: float) -> str:
 
 def export_filename(run_id: int, kind: str, filt: Optional[RolloutFilterForm] = None) -> str:
     """The download name of one of a run's files: ``run-12_rollouts.jsonl``, and with an active
-    filter ``run-12_rollouts_reward-ge-1.jsonl``, so downloads never overwrite each other (issue 9).
+    filter ``run-12_rollouts_reward-ge-1.jsonl``, so downloads never overwrite each other.
     ``kind``: ``rollouts``, ``rollouts_failures`` or ``rollouts_materialized_inputs``."""
     suffix = filt.file_suffix() if filt is not None and filt.active else ""
     return f"run-{run_id}_{kind}{'_' + suffix if suffix else ''}.jsonl"

@@ -1,4 +1,4 @@
-"""The trajectory page's outline (issue 11): one row per step with its tools, latency, tokens,
+"""The trajectory page's outline: one row per step with its tools, latency, tokens,
 problem badges and a bar on one shared time axis (a waterfall of where the rollout's time went),
 and the one-line summary a folded item shows.
 

@@ -436,7 +436,7 @@ def _timeline(rollout: Rollout, prefix: str = "") -> tuple[list[dict[str, Any]],
         view = item_view(payload, seq=seq, origin=origin, asked=asked, paired=paired, refused=refused,
                          latency_ms=latency_ms, tool_status=tool_status, call_names=call_names, max_chars=max_chars,
                          item_url=item_url, prefix=prefix)
-        view["summary"] = item_summary(payload)  # the line a folded item shows (issue 11)
+        view["summary"] = item_summary(payload)  # the line a folded item shows
         if origin == TrajectoryItem.Origin.GYM:  # the outline's tool time and failed outputs
             view["tool_status"], view["tool_latency_ms"] = tool_status, latency_ms
         if kind == "function_call":
@@ -470,7 +470,7 @@ ACTIVE_STATUSES = (Rollout.Status.PENDING, Rollout.Status.RUNNING)
 def _attempt_views(rollout: Rollout) -> list[dict[str, Any]]:
     """Every row of ``rollout``'s key in order, numbered ``#1``, ``#2``… by position: a cancelled or
     interrupted row does not count as an attempt (the next one keeps its ``attempt`` number), so
-    the stored number alone would show two ``#1`` (issue 11). ``label`` is the position,
+    the stored number alone would show two ``#1``. ``label`` is the position,
     ``counted`` False for kill-shaped rows."""
     rows = list(
         Rollout.objects.filter(run_id=rollout.run_id, task_index=rollout.task_index, rollout_index=rollout.rollout_index)
@@ -558,7 +558,7 @@ def rollout_detail(request, run_id, rollout_id):
         "prev_url": reverse("rollout", args=[run.pk, nav["prev_id"]]) + nav_suffix if nav["prev_id"] else "",
         "next_url": reverse("rollout", args=[run.pk, nav["next_id"]]) + nav_suffix if nav["next_id"] else "",
     })
-    context.update(review_context(request, rollout, nav=nav))  # labels, notes, review mode (issue 13)
+    context.update(review_context(request, rollout, nav=nav))  # labels, notes, review mode
     return render(request, "rollouts/rollout_detail.html", context)
 
 

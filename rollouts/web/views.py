@@ -305,7 +305,7 @@ def run_detail(request, run_id):
     kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
     table, table_html = _shared_table(request, run, kinds)
     context = {**live, **table, "table_html": table_html}
-    from rollouts.review.views import run_review_context  # the review card (issue 13)
+    from rollouts.review.views import run_review_context  # the review card
 
     context.update(run_review_context(request, run))
     return vary_on_htmx(render(request, "rollouts/run_detail.html", context))
@@ -380,7 +380,7 @@ def run_export(request, run_id, kind):
     if kind not in EXPORT_KINDS:
         raise Http404("unknown export")
     run = _run_for(request, run_id)
-    from rollouts.review.views import curated_export_response, say_plain_export  # issue 13
+    from rollouts.review.views import curated_export_response, say_plain_export
 
     problem = filter_problem(RolloutFilterForm(request.GET))
     if problem:  # a hand-edited link: a file of another list than asked for would be silently wrong
