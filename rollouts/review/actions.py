@@ -20,7 +20,7 @@ NOTE_MAX_CHARS = 20_000
 REASON_MAX_CHARS = 5_000
 LABEL_DESCRIPTION_MAX_CHARS = 200  # Label.description's column
 KEYED_LABELS = 9  # keys 1–9 in review mode
-# The set every instance starts with (issue 13); migration 0012 stores it, and
+# The set every instance starts with; migration 0012 stores it, and
 # ``ensure_default_labels`` again whenever the table is empty (a flushed database).
 DEFAULT_LABELS = [
     ("good", "a trajectory worth training on"),

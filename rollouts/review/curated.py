@@ -1,22 +1,11 @@
 """Curated exports: NeMo Gym's files of a filtered selection, with the corrected reward or the
 env's, optionally carrying the review (``gymweb_review``); and the SFT export.
 
-Options (querystring of the run page's downloads and of the API's file endpoints, beside the
-rollout filter of ``rollouts.review.filters``):
-
-- ``reward_source=original`` (default) | ``corrected``. With ``corrected``, each ``rollouts.jsonl``
-  row's ``reward`` is the corrected reward where one is in force and the env's elsewhere, and every
-  row says which in ``_gymweb_reward_source`` (``"corrected"`` or ``"env"``). Failure rows keep
-  ``reward: 0.0`` (only succeeded rollouts can be corrected).
-- ``review=1``: every row gets ``gymweb_review``: ``{"reward_source", "env_reward",
-  "corrected_reward": {"reward", "reason", "by", "at"} | null, "labels": [{"name", "by", "at"}],
-  "notes": [{"text", "item", "by", "at"}]}`` (``item``: the trajectory item ``#N`` a note is on, or
-  null). Off by default, so NeMo Gym's tools read the files unchanged.
-
-Without either option the files are exactly ``rollouts.collection.export``'s. Every download also
-says what it used in the headers ``X-Gymweb-Reward-Source`` and ``X-Gymweb-Review``. All stream
-from the database with constant memory: rows are read in chunks, and each chunk's review in three
-queries.
+The options (``reward_source``, ``review=1``), the fields they add and the headers: docs/review.md,
+"Curated export". Failure rows keep ``reward: 0.0`` (only succeeded rollouts can be corrected); a
+note's ``item`` is the trajectory item ``#N`` it is on, or null. Without either option the files are
+exactly ``rollouts.collection.export``'s. All stream from the database with constant memory: rows
+are read in chunks, and each chunk's review in three queries.
 """
 from __future__ import annotations
 

@@ -3,15 +3,8 @@ reward bounds read), as fields of ``rollouts.web.forms.RolloutFilterForm``, so t
 trajectory page's previous/next, review mode, exports, datasets from a selection and the API all
 read one filter.
 
-Querystring (each optional; invalid values are reported on the field and ignored):
-
-- ``label=NAME``: rollouts with that label; ``label=-``: rollouts with no label.
-- ``not_label=NAME``: rollouts without that label.
-- ``notes=yes|no``: with / without notes.
-- ``corrected=yes|no``: with / without a corrected reward in force.
-- ``reward_source=corrected``: ``reward_min``/``reward_max`` read the corrected reward where one is
-  in force and the env's elsewhere; default (``original``): the env's reward. Exports with it
-  write the corrected reward (``rollouts.review.curated``).
+The querystring names (``label``, ``not_label``, ``notes``, ``corrected``, ``reward_source``):
+docs/review.md. Each is optional; invalid values are reported on the field and ignored.
 """
 from __future__ import annotations
 
