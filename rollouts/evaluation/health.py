@@ -10,7 +10,7 @@ writes them) are NeMo Gym's.
 Evidence. NeMo Gym reads a rollout's turns and model calls from the ``ng_trajectory`` its own agents
 persist in the row; a remote_agent row has none, so every trajectory check is ``unobserved`` there
 (as in ``../shared/data/nemo_gym/eval_0.7.0/run*/quality_summary.json``). ``--rollouts FILE`` does
-exactly that (rows with an ``ng_trajectory`` get the record-level checks only; see the README).
+exactly that (rows with an ``ng_trajectory`` get the record-level checks only; docs/evaluate.md).
 A run collected by gymweb has every agent call (``AgentCall``: HTTP status, error, usage,
 ``incomplete_details``) and every item, so each agent call is read as NeMo Gym's *model call* and
 each successful reply as an *agent turn* bound to its call:

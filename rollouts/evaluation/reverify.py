@@ -1,23 +1,11 @@
 """Reverify: recompute the rewards of a stored run against an env URL without calling the agent
 (NeMo Gym 0.7.0's ``gym eval reverify``, ``nemo_gym/rollout_reverification.py``).
 
-Semantics kept from NeMo Gym:
-
-- Only the run's successes (its ``rollouts.jsonl`` rows) are reverified. Each is sent to
-  ``POST {env}/verify`` as its materialised input row plus ``"response"`` (the response the
-  original verifier scored), and ``deliverables_dir``/``reference_ids`` when the row carries them.
-  No ``/seed_session`` is made and no cookies are sent: the agent is never called.
-- The guard for envs whose reward depends on session state: before anything is sent,
-  ``GET {env}/reverify_mode`` must answer ``"stateless"``. ``"unsupported"``/``"unknown"`` (and, in
-  gymweb, an env that does not serve the route: NeMo Gym's own envs default to ``unknown``) refuse
-  with NeMo Gym's message unless ``force`` is given; forced results are marked unsafe (the new run's
-  name starts with ``unsafe_``, NeMo Gym's output-file prefix, and ``reverify_unsafe`` is noted).
-
-gymweb's additions: a ``/verify`` failure of one row is data (that rollout becomes a
-``verify_failed`` failure of the new run), never an abort; the result is a new run
-(``Run.reverified_from`` = the source) holding the same tasks, trajectories and agent calls with
-the new rewards, so every page (profile, compare, export) works on it; ``reward_flips`` lists the
-keys whose reward changed.
+What it sends, the ``/reverify_mode`` guard and the new run it makes: docs/evaluate.md, "Reverify".
+Besides: ``deliverables_dir``/``reference_ids`` are sent when the row carries them; NeMo Gym's own
+envs answer ``unknown`` by default; a forced run notes ``reverify_unsafe``; the new run holds the
+same tasks, trajectories and agent calls, so every page works on it; ``reward_flips`` lists the keys
+whose reward changed.
 """
 from __future__ import annotations
 

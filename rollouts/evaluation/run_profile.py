@@ -276,9 +276,9 @@ def profile_run(run: Run) -> tuple[ProfileResult, dict[str, Any]]:
 def _gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block (if it was on). Profiling a big run
     allocates a few hundred thousand long-lived objects that form no cycles; the collector would
-    scan them again and again as they pile up (a third more time at 50,000 rollouts: 1,060 ms
-    instead of 727 in benchmarks/bench_storage.py's run). Reference counting still frees
-    everything as usual; the survivors are scanned once, when the collector is back on."""
+    scan them again and again as they pile up (measured with benchmarks/bench_storage.py).
+    Reference counting still frees everything as usual; the survivors are scanned once, when the
+    collector is back on."""
     if not gc.isenabled():
         yield
         return
