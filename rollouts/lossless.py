@@ -1,4 +1,4 @@
-"""Lossless storage of text and JSON on every backend (issue 9).
+"""Lossless storage of text and JSON on every backend.
 
 PostgreSQL's ``text`` and ``jsonb`` reject U+0000, ``jsonb`` also rejects the ``\\u0000`` escape,
 reorders object keys and rewrites numbers (``-0.0`` becomes ``0``, ``1e308`` an integer). An agent,

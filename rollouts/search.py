@@ -1,4 +1,4 @@
-"""Content search across a run (issue 11): which rollouts hold a text in any trajectory item, call a
+"""Content search across a run: which rollouts hold a text in any trajectory item, call a
 tool, have a tool output holding a text, or failed with a message holding a text.
 
 **What is indexed.** Every ``TrajectoryItem`` carries ``search_text`` (``item_search_text``): the

@@ -3,7 +3,7 @@ takes it as plain data). Every path that sends a request to a user's agent or en
 or its check from here: the forms (new run, check page, API), Retry, the dispatcher (workers and
 ``collect``), ``check_agent``, reverify and ``/aggregate_metrics``.
 
-Settings (README, "Which hosts a run may reach"): ``GYMWEB_ALLOWED_TARGET_HOSTS`` (list of entries),
+Settings (docs/production.md, "Which hosts a run may reach"): ``GYMWEB_ALLOWED_TARGET_HOSTS`` (list of entries),
 ``GYMWEB_ALLOW_LOCAL_TARGETS`` (bool), ``GYMWEB_MAX_REPLY_BYTES`` (int, bytes).
 """
 from __future__ import annotations
