@@ -4,14 +4,9 @@
                         [--count-failure-classes-as-zero CLASS ...] [--count-missing-rollouts-as-zero]
                         [--no-merge-shards] [--overwrite]
 
-Reads every shard the glob matches (comma-separated globs allowed; each shard's ``_failures`` and
-``_materialized_inputs`` sidecars beside it), writes ``merged.jsonl``, ``merged_failures.jsonl``,
-``merged_materialized_inputs.jsonl`` and ``merged_aggregate_metrics.json`` (only the last with
-``--no-merge-shards``), and prints what it read, the key metrics and NeMo Gym's coverage report.
-The metrics come from the env at ``--env-url`` (its ``/aggregate_metrics``) or, without it or when it
-does not serve the route, from NeMo Gym's default computation (a note says so). Existing output
-files are never replaced unless ``--overwrite``. Errors (no shard matched, bad JSONL with file and
-line, overlapping shards) exit non-zero and write nothing.
+What it reads and writes: docs/evaluate.md. It prints what it read, the key metrics and NeMo Gym's
+coverage report; errors (no shard matched, bad JSONL with file and line, overlapping shards) exit
+non-zero and write nothing.
 """
 from __future__ import annotations
 

@@ -74,8 +74,8 @@ class Command(BaseCommand):
     )
     # Only the checks that concern a headless run: the models and gymweb's own settings (a bad
     # GYMWEB_ALLOWED_TARGET_HOSTS entry). The full set imports every page's views through the URL
-    # checks (django-ninja's API schemas, the renderers): about 1 s of start-up CPU per command,
-    # a third of a 300-rollout run's CPU (issue 14, benchmarks/README.md).
+    # checks (django-ninja's API schemas, the renderers), a large part of a short run's CPU
+    # (benchmarks/README.md).
     requires_system_checks = ["models", "gymweb"]
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,15 +1,8 @@
 """``python manage.py demo``: the whole product on the embedded default, in one command.
 
-Migrates, collects static files, makes a sign-in user (printing how to sign in), starts the example
-counter env and agent, a django-q2 worker and the web server, launches a demo run on the real
-counter dataset, prints the URL, and stops everything cleanly on Ctrl-C.
-
-Restarts keep what a user of the last demo relies on: the env and agent listen on fixed ports
-(``--env-port``/``--agent-port``), so earlier demo runs can be retried; the user keeps its password
-(``var/demo_password``) and the web server its secret key (``var/secret_key``, unless
-``GYMWEB_SECRET_KEY`` is set), so a browser that was signed in stays signed in. The web server and
-the worker run with ``GYMWEB_ALLOW_LOCAL_TARGETS=1`` (the example services are on 127.0.0.1) and the
-new-run form is pre-filled with the example URLs (``GYMWEB_DEFAULT_AGENT_URL``/``_ENV_URL``).
+What it starts and what a restart keeps: docs/development.md. The secret key in ``var/secret_key``
+is used unless ``GYMWEB_SECRET_KEY`` is set; the new-run form is pre-filled through
+``GYMWEB_DEFAULT_AGENT_URL``/``_ENV_URL``.
 """
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class Command(BaseCommand):
                 raise CommandError("--filter: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
             lines = curated.sft_lines(run, qs if form.active else None, curated.ExportOptions.from_params(params),
                                       reasoning=options["reasoning"], metadata=options["metadata"], skipped=skipped)
-        try:  # before any row is read (the lines are lazy): never replace a file silently (issue 12)
+        try:  # before any row is read (the lines are lazy): never replace a file silently
             check_outputs([output], overwrite=options["overwrite"])
         except OSError as exc:
             raise CommandError(str(exc)) from None

@@ -2,13 +2,8 @@
 import a NeMo Gym ``rollouts.jsonl`` (and its failures sidecar, or the sidecar alone), or several
 shards of one run, into a new run with status ``imported``.
 
-One FILE: its sidecar only when given with ``--failures``. Several shards (more than one FILE, or
-``--input-glob``, NeMo Gym's ``gym eval aggregate`` glob: comma-separated patterns, sidecar files
-skipped): they become ONE run, and each shard's ``<stem>_failures.jsonl`` beside it is imported with
-it when it exists (``collection.importer.import_shards``). All or nothing: a bad line, a file of the
-wrong kind (a failures sidecar given as the rollouts file, files swapped, a dataset) is reported
-with what was found and nothing is stored. The health check runs on the imported rows unless
-``--no-health-check``.
+What it accepts and refuses: docs/evaluate.md. One FILE: its sidecar only when given with
+``--failures``; shards: ``collection.importer.import_shards``.
 """
 from __future__ import annotations
 

@@ -4,14 +4,7 @@
     manage.py profile --inputs MATERIALIZED.jsonl --rollouts ROLLOUTS.jsonl [--output-dir DIR]
                       [--failures FAILURES.jsonl] [--allow-partial-rollouts] [--overwrite]
 
-Writes ``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``,
-``<stem>_repeat_level_metrics.json`` (NeMo Gym's files) and ``<stem>_gymweb_pass_at_k.json``
-(gymweb's pass@k). For a run the stem is ``DIR/rollouts``; for files it is the rollouts file's stem,
-beside it unless ``--output-dir`` is given (NeMo Gym's naming). See ``rollouts.evaluation.run_profile``.
-An existing output file (NeMo Gym's own profile beside its rollouts, say) is never replaced unless
-``--overwrite`` is given (NeMo Gym's flag name); without it the command stops before profiling and
-writes nothing.
-
+The files it writes and when it refuses: docs/evaluate.md; their names: ``rollouts.evaluation.run_profile``.
 Prints a short summary and the written paths on stdout, NeMo Gym's warnings on stderr. Errors
 (unknown run, missing file, bad JSONL with file and line, rows the profiler rejects) exit non-zero
 with a ``CommandError``.
