@@ -1,4 +1,4 @@
-"""Start-up guards of a served gymweb (README, "Production").
+"""Start-up guards of a served gymweb (docs/production.md).
 
 - ``refuse_development_key()``: with DEBUG off, the web entry points (``gymweb.wsgi``,
   ``gymweb.asgi``; so gunicorn, runserver and any other server) refuse to start on the built-in

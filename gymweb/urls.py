@@ -21,6 +21,6 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
-    path("", include("rollouts.review.urls")),  # review pages and the API (issue 13)
+    path("", include("rollouts.review.urls")),  # review pages and the API
     path("", include("rollouts.web.urls")),
 ]

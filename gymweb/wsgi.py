@@ -1,4 +1,4 @@
-"""WSGI entry point: ``gunicorn gymweb.wsgi`` (README, "Production"); runserver loads it too.
+"""WSGI entry point: ``gunicorn gymweb.wsgi`` (docs/production.md); runserver loads it too.
 
 With DEBUG off it refuses to start on the built-in development secret key (``gymweb.checks``).
 """
