@@ -149,3 +149,41 @@ def test_a_release_the_database_refuses_is_logged_in_plain_lines_and_bounded(tra
     assert any("the database refused the release (OperationalError: the database went away)" in r.getMessage() for r in records)
     assert any("could not release" in r.getMessage() and "GYMWEB_RELEASE_TIMEOUT_S" in r.getMessage() for r in records)
     assert not any(r.exc_info for r in records)
+
+
+def test_sigterm_to_the_main_process_after_a_worker_was_killed_exits_and_releases_in_flight_rollouts(
+    tmp_path, workers, counter_env_url
+):
+    # A worker SIGKILLed while it waited for a task dies holding django-q2's task-queue lock, so its
+    # replacement waits on that lock for good and never reads the sentinel's STOP. The stop must
+    # still end: the sentinel signals its workers directly (each releases its rollouts), then kills.
+    gate = agents.Gate()
+    agent = BackgroundServer(agents.make_app(agents.Stats(), gate=gate)).start()
+    try:
+        proc = workers.start(workers=1, GYMWEB_RELEASE_TIMEOUT_S=5, **LONG_LEASE)
+        first = wait_for(lambda: Worker.objects.first(), 60, what="the first worker's heartbeat")
+        os.kill(first.pid, signal.SIGKILL)
+        # The sentinel starts a new worker in its place.
+        replacement = wait_for(
+            lambda: Worker.objects.exclude(pid=first.pid).first(), 60, what="the replacement worker's heartbeat"
+        )
+        # The killed worker's heartbeat row stays until it goes stale, so the replacement's fair share
+        # is half the run's concurrency: 6 lets it take all 3 rollouts.
+        run = _run(tmp_path, 3, agent.url, counter_env_url, concurrency=6)
+        wait_for(lambda: sum(gate.held().values()) == 3, 60, what="3 rollouts in flight at the agent")
+        claimed = set(
+            Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING, worker=replacement.name).values_list(
+                "id", flat=True
+            )
+        )
+        assert len(claimed) == 3
+
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=45)  # the release timeout (5 s) and the stop's grace, with room for a loaded machine
+        interrupted = Rollout.objects.filter(run=run, status=Rollout.Status.INTERRUPTED)
+        assert set(interrupted.values_list("id", flat=True)) == claimed
+        assert Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count() == 3
+        assert not Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists()
+    finally:
+        gate.open()
+        agent.stop()

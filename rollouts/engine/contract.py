@@ -331,7 +331,8 @@ def tool_name_problem(name: str) -> Optional[str]:
         return "the tool name is empty"
     if name in (".", "..") or not _SAFE_SEGMENT.match(name):
         return f"the tool name {name!r} is not a safe URL path segment"
-    if name in RESERVED_ENV_ROUTES:
+    # Servers may match routes without regard to case or a trailing dot; refuse every such spelling.
+    if name.rstrip(".").lower() in RESERVED_ENV_ROUTES:
         return f"{name!r} is one of the environment's own routes, which an agent may not call"
     return None
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
+import re
 import http.cookiejar
 import json
 import time
@@ -32,6 +34,7 @@ from rollouts.engine.targets import (
     TargetPolicy,
     find_refusal,
     find_too_large,
+    parse_ip,
 )
 from rollouts.engine.contract import (
     InvalidReply,
@@ -247,6 +250,40 @@ def _mask_credentials(text: str) -> str:
     return f"{scheme}://{masked}" if sep else masked
 
 
+_HOST_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
+
+
+def _host_problem(host: str, text: str) -> Optional[str]:
+    """Why a URL's host cannot be used the same way by a form and by a worker, or None.
+
+    IP addresses must be written canonically (``127.0.0.1``, not ``2130706433``, ``0177.0.0.1``,
+    ``127.1`` or ``127.0.0.1.``): the legacy spellings that the C resolver accepts are read
+    differently by the HTTP clients, so one is refused where the other would be accepted. Names
+    must be IDNA-encodable to ASCII labels; a ``%`` (zone index or escape) is refused."""
+    if "%" in host or "%" in text.split("//", 1)[-1].split("/", 1)[0]:
+        return "has a '%' in its host, which is not accepted (no zone index or escape)"
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "has a host that is not a valid IPv6 address"
+        return None
+    addr = parse_ip(host)
+    if addr is not None:
+        canonical = str(addr)
+        if canonical != host:
+            return f"spells the IP address {host!r} in a legacy form; write it as {canonical}"
+        return None
+    try:
+        ascii_name = host.rstrip(".").encode("idna").decode("ascii")
+    except (UnicodeError, ValueError):
+        return f"has a host name {host!r} that is not a valid (IDNA) host name"
+    labels = ascii_name.split(".")
+    if len(ascii_name) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        return f"has a host name {host!r} that is not a valid host name (letters, digits, '-', '_' and dots)"
+    return None
+
+
 def validate_base_url(url: str, what: str = "agent_base_url") -> str:
     """Check and normalise a service base URL (contract rule 13, DESIGN.md).
 
@@ -273,6 +310,9 @@ def validate_base_url(url: str, what: str = "agent_base_url") -> str:
         raise InvalidBaseURL(f"{what} must be an absolute http:// or https:// URL (got {shown!r})")
     if not parts.hostname:
         raise InvalidBaseURL(f"{what} has no host (got {shown!r})")
+    host_problem = _host_problem(parts.hostname, text)
+    if host_problem:
+        raise InvalidBaseURL(f"{what} {host_problem} (got {shown!r})")
     if parts.query or text.endswith("?"):
         raise InvalidBaseURL(f"{what} must not have a query string (got {shown!r})")
     if parts.fragment or "#" in text:

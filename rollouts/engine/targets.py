@@ -207,10 +207,23 @@ def parse_ip(host: str) -> Optional[IPAddress]:
         return None
 
 
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
 def _plain(addr: IPAddress) -> IPAddress:
-    """An IPv4-mapped IPv6 address as the IPv4 address it carries; any other as it is."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+    """An IPv6 address that carries an IPv4 address as the IPv4 address it carries (IPv4-mapped,
+    6to4 ``2002::/16``, Teredo's client, NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48`` with the IPv4
+    address in the last 32 bits, RFC 6052/8215); any other as it is."""
+    if not isinstance(addr, ipaddress.IPv6Address):
+        return addr
+    if addr.ipv4_mapped is not None:
         return addr.ipv4_mapped
+    if addr.sixtofour is not None:
+        return addr.sixtofour
+    if addr.teredo is not None:
+        return addr.teredo[1]
+    if any(addr in n for n in _NAT64):
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
     return addr
 
 

@@ -8,6 +8,12 @@ which keeps SIGTERM's default action, dies in its sleep, and the main process th
 ``Event.set`` for good. Here the event is set from a helper thread and the main process waits for
 the sentinel to end either way.
 
+A worker SIGKILLed while it waited for a task dies holding the task queue's lock, and every later
+worker then waits on that lock for good, so none reads the sentinel's STOP and django-q2's stop
+never ends. Here the sentinel's stop is bounded: workers still alive after a short grace get SIGTERM
+(each releases its in-flight rollouts and exits), and whatever is left after the release timeout is
+killed.
+
 What the worker processes do on a stop (release their in-flight rollouts at once) is in
 ``rollouts.collection.dispatch.start_in_worker_process``.
 """
@@ -15,17 +21,99 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import uuid
 
 from django.conf import settings
 from django.utils.translation import gettext as _
 from django_q import cluster as q_cluster
-from django_q.conf import logger
+from django_q.conf import Conf, logger
+from django_q.status import Stat
 from django_q.management.commands.qcluster import Command as QClusterCommand
+
+
+# How long workers get to take their STOP from the task queue before they are signalled directly.
+STOP_GRACE_S = 2.0
+# How long the pusher and the monitor get to end on their own.
+HELPER_STOP_S = 10.0
+
+
+def _wait_until_dead(processes, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+class Sentinel(q_cluster.Sentinel):
+    """django-q2's sentinel whose stop ends in bounded time, also when a worker waits on a lock
+    that a killed worker held. Bound: ``STOP_GRACE_S`` + ``GYMWEB_RELEASE_TIMEOUT_S`` + about 35 s."""
+
+    def stop(self) -> None:
+        name = q_cluster.current_process().name
+        Stat(self).save()
+        logger.info(_("%(name)s stopping cluster processes") % {"name": name})
+        self.event_out.set()
+        _wait_until_dead([self.pusher], HELPER_STOP_S)
+        if self.pusher.is_alive():
+            self.pusher.terminate()
+        for __ in range(len(self.pool)):
+            self.task_queue.put("STOP")
+        self.task_queue.close()
+        self.task_queue.join_thread()
+        _wait_until_dead(self.pool, STOP_GRACE_S)
+        stuck = [p for p in self.pool if p.is_alive()]
+        if stuck:
+            # SIGTERM runs the worker's own handler (rollouts.collection.dispatch.start_in_worker_process):
+            # it releases the in-flight rollouts, then ends the process.
+            logger.info(_("%(name)s signalling %(n)d worker(s) directly") % {"name": name, "n": len(stuck)})
+            for p in stuck:
+                p.terminate()
+            _wait_until_dead(stuck, settings.GYMWEB_RELEASE_TIMEOUT_S + 10.0)
+            for p in stuck:
+                if p.is_alive():
+                    logger.warning(_("%(name)s killing worker %(pid)s, which did not end") % {"name": name, "pid": p.pid})
+                    p.kill()
+                    p.join(5.0)
+        self.pool.clear()
+        self.result_queue.put("STOP")
+        self.result_queue.close()
+        self.result_queue.join_thread()
+        logger.info(_("%(name)s waiting for the monitor.") % {"name": name})
+        _wait_until_dead([self.monitor], HELPER_STOP_S)
+        if self.monitor.is_alive():
+            self.monitor.terminate()
+            self.monitor.join(5.0)
+        count = 0
+        while self.status() == Conf.STOPPING and count < (self.timeout or 30) * 10:
+            time.sleep(0.1)
+            count += 1
+        Stat(self).save()
 
 
 class Cluster(q_cluster.Cluster):
     """django-q2's ``Cluster`` whose ``stop`` returns once the sentinel has ended, also when the
-    sentinel was killed while sleeping on the stop event."""
+    sentinel was killed while sleeping on the stop event, and whose sentinel stops in bounded time."""
+
+    def start(self) -> int:
+        """Start the sentinel (gymweb's ``Sentinel``) and wait until it runs or has ended.
+        Raises RuntimeError when the sentinel fails to start."""
+        self.stop_event = q_cluster.Event()
+        self.start_event = q_cluster.Event()
+        self.sentinel = q_cluster.get_mp_context().Process(
+            target=Sentinel,
+            name=f"Process-{uuid.uuid4().hex}",
+            args=(self.stop_event, self.start_event, self.cluster_id, self.broker, self.timeout),
+        )
+        self.sentinel.start()
+        logger.info(_("Q Cluster %(name)s starting.") % {"name": self.name})
+        # Polled, not waited on: a signal during wait() would deadlock with the sentinel's set().
+        while self.start_event and not self.start_event.is_set():
+            if not self.sentinel.is_alive():
+                if self.sentinel.exitcode == 0:
+                    break
+                raise RuntimeError(f"Q Cluster {self.name} failed to start: sentinel exited with code {self.sentinel.exitcode}")
+            time.sleep(0.1)
+        return self.pid
 
     def stop(self) -> bool:
         """Ask the sentinel to stop its processes in order and wait until it has ended. Returns
@@ -37,7 +125,11 @@ class Cluster(q_cluster.Cluster):
         # Event.set blocks until each process sleeping on the event has woken; a dead sentinel
         # never wakes, so a daemon thread does it and the main process only waits for the sentinel.
         threading.Thread(target=stop_event.set, name="qcluster-stop", daemon=True).start()
-        sentinel.join()
+        sentinel.join(STOP_GRACE_S + settings.GYMWEB_RELEASE_TIMEOUT_S + 4 * HELPER_STOP_S + (self.timeout or 30))
+        if sentinel.is_alive():
+            logger.warning(_("Q Cluster %(name)s: the sentinel did not end; killing it") % {"name": self.name})
+            sentinel.kill()
+            sentinel.join(5.0)
         logger.info(_("Q Cluster %(name)s has stopped.") % {"name": self.name})
         self.start_event = None
         self.stop_event = None
