@@ -282,9 +282,10 @@ GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP = int(os.environ.get("GYMWEB_DISPLAY_MAX_ITEMS
 # so each gunicorn worker computes its own. With several web workers or machines, point
 # GYMWEB_CACHE_URL at a Redis database of its own (e.g. redis://127.0.0.1:6379/1; not the
 # GYMWEB_REDIS_URL one: clearing the cache empties the whole database) so they share one copy.
+# While Redis does not answer the cache fails open (gymweb.cache): pages are slower, never broken.
 _cache_url = os.environ.get("GYMWEB_CACHE_URL", "").strip()
 if _cache_url:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
+    CACHES = {"default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 1000}}}
 

@@ -201,6 +201,8 @@ def iter_rows(
     given, is fed every line as read. Lines are read by ``iter_lines`` (linear time, at most
     ``max_line_bytes`` per line). Raises ``DatasetError`` naming the first bad or too long line."""
     for number, raw in iter_lines(stream, source, max_line_bytes):
+        if number == 1 and raw[:2] in (b"\x1f\x8b", "\x1f\x8b"):
+            raise DatasetError("the file is gzip-compressed; give the uncompressed .jsonl file", None, source)
         if isinstance(raw, bytes):
             if digest is not None:
                 digest.update(raw)
@@ -218,7 +220,7 @@ def iter_rows(
         if not text:
             continue
         try:
-            row = strict_loads(text)
+            row = strict_loads(text, unique_keys=True)
         except NotJSON as exc:
             raise DatasetError(f"not valid JSON ({_json_problem(exc, indent)})", number, source) from None
         yield number, text, validate_row(row, number, source)

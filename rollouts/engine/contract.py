@@ -232,16 +232,30 @@ def _finite_float(literal: str) -> float:
     return value
 
 
-def strict_loads(text: "str | bytes") -> Any:
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise NotJSON(f"the key {name!r} appears twice in one object")
+            seen.add(name)
+    return value
+
+
+def strict_loads(text: "str | bytes", *, unique_keys: bool = False) -> Any:
     """``json.loads`` that accepts only what every JSON reader accepts and gymweb can store.
 
     Rejects NaN/Infinity (Python's json reads them; NeMo Gym's files must not carry them), numbers
     past a 64-bit float's range like ``1e400`` (they would read as infinity), nesting
     deeper than Python can handle, and unpaired UTF-16 surrogates (``"\\ud800"``), which cannot be
-    written as UTF-8. Raises ``NotJSON`` with the reason; returns the decoded value.
+    written as UTF-8. ``unique_keys`` also rejects an object that names a key twice (files a user
+    wrote; replies keep JSON's last-one-wins, as NeMo Gym reads them). Raises ``NotJSON`` with the
+    reason; returns the decoded value.
     """
+    hook = _no_duplicate_keys if unique_keys else None
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=hook)
     except RecursionError:
         raise NotJSON("nested too deeply") from None
     except NotJSON:

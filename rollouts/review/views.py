@@ -352,12 +352,11 @@ def run_review_context(request, run: Run) -> dict[str, Any]:
 @login_required
 def account(request):
     """The user's page: their API tokens (name, prefix, created, last used), a form to make one
-    (shown once, right after) and revoke buttons."""
+    (shown once, in the answer to the POST that made it) and revoke buttons."""
+    new_token = None
     if request.method == "POST":
-        _row, token = tokens.create_token(request.user, request.POST.get("name", ""))
-        request.session["gymweb_new_token"] = token  # shown once on the next page, then dropped
-        return redirect("account")
-    new_token = request.session.pop("gymweb_new_token", None)
+        # Rendered into this answer only: the token is kept nowhere in plain text (not in the session).
+        _row, new_token = tokens.create_token(request.user, request.POST.get("name", ""))
     context = {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token}
     response = render(request, "rollouts/review/account.html", context)
     response["Cache-Control"] = "no-store"
