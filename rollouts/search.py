@@ -127,7 +127,7 @@ def sqlite_has_trigram(connection=default_connection) -> bool:
 
 
 def _sqlite_index_present(cursor) -> bool:
-    cursor.execute("SELECT name FROM sqlite_master WHERE name IN (%s, %s, %s, %s)" % ("?", "?", "?", "?"),
+    cursor.execute("SELECT name FROM sqlite_master WHERE name IN (%s, %s, %s, %s)",
                    [FTS_TABLE, f"{FTS_TABLE}_ai", f"{FTS_TABLE}_ad", f"{FTS_TABLE}_au"])
     return len(cursor.fetchall()) == 4
 

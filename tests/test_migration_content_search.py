@@ -83,3 +83,16 @@ def test_lost_triggers_are_put_back_and_the_index_refilled():
     call_command("migrate", verbosity=0)
     assert search.filter_text(rollouts, "unindexed").exists()
     assert search.ensure_index(connection) == "present"
+
+
+@pytest.mark.parametrize("debug", [True, False], ids=["DEBUG on", "DEBUG off"])
+def test_the_migration_applies_with_django_debug_cursor_on_and_off(debug):
+    # DEBUG on logs every query through the debug cursor, which formats the SQL with its parameters:
+    # a query written with the backend's own placeholders instead of %s fails there only.
+    _migrate(BEFORE)
+    connection.force_debug_cursor = debug
+    try:
+        _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    finally:
+        connection.force_debug_cursor = False
+    assert _index_objects() >= 1
