@@ -187,8 +187,9 @@ class Summary:
     tokens: dict[str, Optional[int]] = field(default_factory=dict)
     usage_reported: int = 0
     finished_attempts: int = 0
-    recent_per_min: float = 0.0
+    recent_per_min: Optional[float] = None  # None while the run has not run for a whole window
     overall_per_min: Optional[float] = None
+    rate_span_s: Optional[float] = None  # the seconds overall_per_min is measured over
     mean_duration_ms: Optional[float] = None
 
     @property
@@ -391,10 +392,11 @@ def run_summary(run: Run, now=None, progress: Optional[Progress] = None) -> Summ
             .filter(run_plus_zero=run.pk)
             .aggregate(n=Count("id", filter=Q(status__in=FINISHED)))["n"]
         )
-    overall = None
+    overall = span_s = None
     if run.started and finished_attempts:
         end = run.finished or now
-        minutes = max((end - run.started).total_seconds(), 1.0) / 60.0
+        span_s = max((end - run.started).total_seconds(), 1.0)
+        minutes = span_s / 60.0
         since = finished_attempts
         if run.created and (run.started - run.created).total_seconds() > RELAUNCH_AFTER_S:
             # Retry relaunches the run (``started`` moves to that moment): only the attempts
@@ -414,8 +416,10 @@ def run_summary(run: Run, now=None, progress: Optional[Progress] = None) -> Summ
         tokens=fin.tokens,
         usage_reported=fin.usage_reported,
         finished_attempts=finished_attempts,
-        recent_per_min=recent * 60.0 / RATE_WINDOW_S,
+        # A rate over the last minute exists only once the run has run for a minute.
+        recent_per_min=recent * 60.0 / RATE_WINDOW_S if span_s is not None and span_s >= RATE_WINDOW_S else None,
         overall_per_min=overall,
+        rate_span_s=span_s if overall is not None else None,
         mean_duration_ms=fin.mean_duration_ms,
     )
 

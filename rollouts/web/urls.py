@@ -1,5 +1,6 @@
 """Dashboard routes. Run pages live in ``views``; trajectory and import pages in ``trajectory_views``."""
 from django.urls import path
+from django.views.generic import RedirectView
 
 from rollouts.web import analysis_views
 
@@ -11,6 +12,7 @@ from rollouts.web import views
 
 urlpatterns = [
     path("", views.runs_list, name="runs"),
+    path("runs/", RedirectView.as_view(pattern_name="runs", query_string=True)),  # where people look for the list
     path("runs/new/", views.run_new, name="run_new"),
     path("runs/<int:run_id>/", views.run_detail, name="run"),
     path("runs/<int:run_id>/live/", views.run_live, name="run_live"),

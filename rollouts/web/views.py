@@ -227,6 +227,25 @@ def _live_signature(run: Run, progress: metrics.Progress, live_workers: Optional
 _UNSET = object()
 
 
+def retry_label(run: Run, p: metrics.Progress) -> Optional[str]:
+    """The Retry button's label, named for what it would run, or None when it would run nothing
+    (every failure terminal or out of attempts, nothing cancelled or interrupted, an imported run,
+    a run still going). Keys are counted only for a final run with failed or not-run keys, so the
+    live poll of a running run pays nothing for it."""
+    if not run.is_final or run.status == Run.Status.IMPORTED or not (p.failed or p.not_run):
+        return None
+    keys = runs.retryable_keys(run)
+    not_run = sum(1 for _task, _attempt, kill_shaped in keys.values() if kill_shaped)
+    failed = len(keys) - not_run
+    if failed and not_run:
+        return f"Retry {failed:,} failed and run {not_run:,} not run"
+    if failed:
+        return f"Retry {failed:,} failed"
+    if not_run:
+        return f"Run the {not_run:,} not run"
+    return None
+
+
 def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_workers=_UNSET) -> dict:
     summary = metrics.run_summary(run, progress=progress)
     p = summary.progress
@@ -241,7 +260,7 @@ def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_wo
         "s": summary,
         "p": p,
         "signature": _live_signature(run, p, live_workers),
-        "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
+        "retry_label": retry_label(run, p),
         "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
         # gym eval compare looks for it beside the rollouts file, named after it
         "aggregate_file": aggregate_metrics_path(export_filename(run.pk, "rollouts")).name,
