@@ -94,3 +94,10 @@ def test_a_run_older_than_a_minute_shows_both_rates(signed_in, db):
 def test_runs_slash_leads_to_the_runs_list(signed_in, db):
     response = signed_in.get("/runs/?page=2")
     assert response.status_code == 302 and response["Location"] == reverse("runs") + "?page=2"
+
+
+def test_a_long_run_name_wraps_between_its_parts_and_stays_escaped(signed_in, db):
+    make_run(1, name="swebench/<b>x</b>_tasks.jsonl")
+    html = signed_in.get(reverse("runs")).content.decode()
+    assert "swebench/<wbr>&lt;b&gt;x&lt;/<wbr>b&gt;_<wbr>tasks.<wbr>jsonl" in html
+    assert "<b>x</b>" not in html

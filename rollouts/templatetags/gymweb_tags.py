@@ -3,10 +3,12 @@ envs: filters return escaped strings (``django.utils.html.escape``) and never ma
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django import template
 from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -72,3 +74,13 @@ def num(value: Any) -> str:
             return f"{value:.1f}"
         return f"{value:.4f}".rstrip("0").rstrip(".")
     return str(value)
+
+
+_BREAK_AFTER = re.compile(r"([/_.\-])")
+
+
+@register.filter(name="soft_breaks")
+def soft_breaks(value: Any) -> str:
+    """``value`` escaped, with a line-break opportunity (``<wbr>``) after each ``/``, ``_``, ``.`` and
+    ``-``, so a long file-like name wraps between its parts rather than mid-word."""
+    return mark_safe(_BREAK_AFTER.sub(r"\1<wbr>", str(escape(value))))
