@@ -101,3 +101,20 @@ def test_a_long_run_name_wraps_between_its_parts_and_stays_escaped(signed_in, db
     html = signed_in.get(reverse("runs")).content.decode()
     assert "swebench/<wbr>&lt;b&gt;x&lt;/<wbr>b&gt;_<wbr>tasks.<wbr>jsonl" in html
     assert "<b>x</b>" not in html
+
+
+def test_a_cancelled_placeholder_that_a_later_attempt_replaced_leaves_the_table_and_review(signed_in, db):
+    from .run_factories import new_attempt
+
+    run = make_run(2)
+    finish(key(run, 0, 0), S.SUCCEEDED, 1.0)
+    finish(key(run, 1, 0), S.CANCELLED)
+    retried = new_attempt(run, 1, 0)
+    finish(retried, S.SUCCEEDED, 0.5)
+    html = _page(signed_in, run)
+    table = html.split('id="rollout-table"', 1)[1]
+    assert table.count('class="rollout-link mono"') == 2  # one row per key: the placeholder is gone
+    assert "cancelled" not in table
+    # It stays under its key: the retried rollout's page lists it among the key's attempts.
+    page = signed_in.get(reverse("rollout", args=[run.pk, retried.pk])).content.decode()
+    assert page.count('class="attempt') == 2 and "cancelled" in page

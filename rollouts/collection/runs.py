@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from rollouts.collection.datasets import ParsedDataset, materialize
@@ -125,6 +125,16 @@ def launch(run: Run) -> None:
         status=Run.Status.RUNNING, started=timezone.now(), finished=None
     )
     run.refresh_from_db()
+
+
+def without_superseded(qs: QuerySet) -> QuerySet:
+    """``qs`` (rollouts) without the kill-shaped rows (cancelled, interrupted) that a later attempt of
+    the same key replaced: such a row is not an attempt and no file holds it; it stays reachable
+    under its key, among the key's attempts on the rollout page."""
+    later = Rollout.objects.filter(
+        run=OuterRef("run"), task_index=OuterRef("task_index"), rollout_index=OuterRef("rollout_index"), id__gt=OuterRef("id")
+    )
+    return qs.exclude(Q(status__in=Rollout.KILL_SHAPED) & Exists(later))
 
 
 def retryable_keys(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:

@@ -15,6 +15,7 @@ from django.utils import timezone
 from rollouts import targets
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
+from rollouts.collection import runs
 from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
 from rollouts.evaluation.health import CHECK_IDS as HEALTH_CHECK_IDS
@@ -472,4 +473,4 @@ def filtered_rollouts(run, data, kinds: Optional[list[str]] = None) -> tuple[Que
     form that read it. Other pages (a rollout's prev/next) can call this with the querystring
     that the run page put on their link."""
     form = RolloutFilterForm(data, kinds=kinds)
-    return form.apply(Rollout.objects.filter(run=run)), form
+    return form.apply(runs.without_superseded(Rollout.objects.filter(run=run))), form
