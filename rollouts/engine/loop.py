@@ -220,7 +220,8 @@ class RolloutOutcome:
     (a ``FailureKind`` value), ``error`` (the explained message), ``terminal``; ``response`` holds
     the partial merged response when at least one agent reply came. ``usage`` is the summed usage
     (rule 8) or None when the agent never reported any. ``refused_reply``: the agent reply that
-    ended the rollout when gymweb refused it (``RefusedBody``), else None. Times in ms.
+    ended the rollout when gymweb refused it (``RefusedBody``), else None. ``agent_url``/``env_url``:
+    the base URLs this rollout was driven against. Times in ms.
     """
 
     ok: bool
@@ -238,6 +239,8 @@ class RolloutOutcome:
     total_ms: float = 0.0
     warnings: list[str] = field(default_factory=list)
     refused_reply: Optional[RefusedBody] = None
+    agent_url: Optional[str] = None
+    env_url: Optional[str] = None
 
 
 class _Failure(Exception):
@@ -969,8 +972,11 @@ async def run_rollout(
             failure_kind=FailureKind.INTERNAL_ERROR,
             error=f"gymweb could not start this rollout from its row: {exc.__class__.__name__}: {exc}",
             total_ms=(time.perf_counter() - started) * 1000,
+            agent_url=settings.agent_base_url,
+            env_url=settings.env_base_url,
         )
     outcome = rollout.outcome
+    outcome.agent_url, outcome.env_url = settings.agent_base_url, settings.env_base_url
     try:
         async with asyncio.timeout(settings.run_timeout_s):
             await rollout.drive()
