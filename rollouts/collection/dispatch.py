@@ -50,6 +50,7 @@ from rollouts import targets
 from rollouts.collection import runs
 from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
+from rollouts.engine.contract import prepare_reply_validation
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, Task, TrajectoryItem, Worker
 from rollouts.search import fill_missing
@@ -982,6 +983,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         if self._stop.is_set():  # stopped before it started: nothing to serve, nothing held
             return
+        prepare_reply_validation()  # before any rollout is in flight, not at the first reply
         self.db = _DbThread()
         # The DB thread's ORM work holds the GIL in 5 ms slices by default, which adds up to that
         # much latency to every HTTP step of every in-flight rollout; hand the GIL over sooner.

@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from rollouts.engine.reply_schema import ITEM_TAGS, ReplyModel, ReplyUsage
 
 __all__ = [
     "AgentReply",
@@ -29,15 +28,22 @@ __all__ = [
     "find_asks",
     "has_assistant_message",
     "parse_reply",
+    "prepare_reply_validation",
     "tool_name_problem",
     "arguments_problem",
     "refused_tool_output",
 ]
 
 
-# The reply models live in ``reply_schema`` (the openai package's Responses types, as NeMo Gym's).
-AgentReply = ReplyModel
-Usage = ReplyUsage
+def __getattr__(name: str) -> Any:
+    """``AgentReply`` (a valid reply) and ``Usage`` (a complete usage): the models of
+    ``reply_schema``, imported on first use, because importing the openai package costs about a
+    second of CPU that commands which never read an agent reply should not pay."""
+    if name in ("AgentReply", "Usage"):
+        from rollouts.engine import reply_schema
+
+        return reply_schema.ReplyModel if name == "AgentReply" else reply_schema.ReplyUsage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class NotJSON(ValueError):
@@ -117,6 +123,8 @@ def _json_path(data: Any, loc: tuple[Any, ...], missing: bool) -> list[Any]:
     """The part of pydantic's ``loc`` that names places in ``data``: union member labels
     (``function_call``, ``OutputText``, ``str``, ``list[...]``) are dropped; a missing field's name
     is kept as the last step."""
+    from rollouts.engine import reply_schema
+
     path: list[Any] = []
     here: Any = data
     for position, step in enumerate(loc):
@@ -127,7 +135,7 @@ def _json_path(data: Any, loc: tuple[Any, ...], missing: bool) -> list[Any]:
         elif isinstance(here, list) and isinstance(step, int) and 0 <= step < len(here):
             here = here[step]
             path.append(step)
-        elif last and missing and isinstance(step, str) and step not in ITEM_TAGS:
+        elif last and missing and isinstance(step, str) and step not in reply_schema.ITEM_TAGS:
             path.append(step)
     return path
 
@@ -164,15 +172,28 @@ def _describe(errors: list[ReplyError], total: int, limit: int = 8) -> str:
     return "; ".join(lines)
 
 
-def parse_reply(data: dict[str, Any]) -> AgentReply:
+def prepare_reply_validation() -> None:
+    """Import and build the reply models now (about a second of CPU, once per process), so that a
+    long-lived event loop is not paused by it at its first reply."""
+    from rollouts.engine.reply_schema import ReplyModel
+
+    ReplyModel.model_validate({
+        "id": "r", "created_at": 0, "model": "m", "object": "response", "parallel_tool_calls": True,
+        "tool_choice": "auto", "tools": [], "output": [], "usage": None,
+    })
+
+
+def parse_reply(data: dict[str, Any]) -> "AgentReply":
     """Validate one agent reply (a JSON object already decoded into a dict).
 
     Returns the validated ``AgentReply``. Raises ``InvalidReply`` naming every bad field with its
     JSON path (contract rule 3, DESIGN.md). The caller keeps ``data`` itself as the stored record, so
     nothing the agent sent is normalised away.
     """
+    from rollouts.engine.reply_schema import ReplyModel
+
     try:
-        return AgentReply.model_validate(data)
+        return ReplyModel.model_validate(data)
     except ValidationError as exc:
         errors = _errors(data, exc)
         raise InvalidReply(f"{len(errors)} validation error(s): {_describe(errors, len(errors))}", errors) from None
