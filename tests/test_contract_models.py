@@ -325,3 +325,13 @@ def test_add_usage_does_not_mutate_its_inputs():
     first, second = usage(1, 2), usage(3, 4)
     add_usage(add_usage(None, first), second)
     assert first == usage(1, 2) and second == usage(3, 4)
+
+
+def test_negative_and_numeric_string_token_counts_are_accepted_as_nemo_gym_does_and_summed_as_integers():
+    first = usage(7, 3)
+    first["input_tokens"] = -5
+    second = {**usage(1, 1), "output_tokens": "4"}
+    parse_reply(reply(message(), use=first))
+    parse_reply(reply(message(), use=second))
+    total = add_usage(add_usage(None, first), second)
+    assert total["input_tokens"] == -4 and total["output_tokens"] == 7
