@@ -232,6 +232,9 @@ GYMWEB_ALLOW_LOCAL_TARGETS = os.environ.get("GYMWEB_ALLOW_LOCAL_TARGETS", "").st
 # Every reply read from an agent or an env is capped (bytes; streamed with a running count, never
 # buffered past the cap). Over it the rollout fails with failure kind `reply_too_large`.
 GYMWEB_MAX_REPLY_BYTES = int(os.environ.get("GYMWEB_MAX_REPLY_BYTES", 64 * 1024 * 1024))
+# An agent reply gymweb refused (redirect, HTTP error, not JSON, invalid Responses object) is kept
+# for the rollout page up to this many bytes (NeMo Gym's message keeps 500 characters).
+GYMWEB_FAILED_REPLY_MAX_BYTES = int(os.environ.get("GYMWEB_FAILED_REPLY_MAX_BYTES", 1024 * 1024))
 
 # Worker tuning (seconds). A claim's lease must be renewed within GYMWEB_LEASE_S or the attempt
 # counts as interrupted and its key runs again (crash recovery); dispatchers renew every

@@ -98,6 +98,10 @@ class Run(models.Model):
     reverified_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverifications"
     )
+    # Each resume that changed the agent or env URL (``collect --resume --allow-url-change``), in
+    # order: ``{"at": ISO time, "agent_url": [old, new], "env_url": [old, new]}`` (a key only when
+    # that URL changed).
+    url_changes = JSONTextField(default=list, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -165,6 +169,10 @@ class Rollout(models.Model):
 
     worker = models.CharField(max_length=100, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The agent and env base URLs this attempt was driven against (blank: not run by gymweb, or
+    # ended before it ran).
+    agent_url = models.CharField(max_length=2000, blank=True)
+    env_url = models.CharField(max_length=2000, blank=True)
 
     reward = models.FloatField(null=True, blank=True)
     failure_kind = LosslessCharField(max_length=40, blank=True)
@@ -236,6 +244,30 @@ class Rollout(models.Model):
     @property
     def key(self) -> str:
         return f"{self.task_index}:{self.rollout_index}"
+
+
+class RefusedReply(models.Model):
+    """The agent reply that ended an attempt because gymweb refused it (a redirect, an HTTP error,
+    not JSON, an invalid Responses object), as it arrived: the first ``GYMWEB_FAILED_REPLY_MAX_BYTES``
+    bytes of the body, its whole size (bytes), its HTTP status and content type, and for an
+    invalid object the validation errors, each ``{"path": [key or index, ...], "message": str}``
+    (a JSON path into the body). One per refused attempt; model output, so escape it when shown."""
+
+    rollout = models.OneToOneField(Rollout, on_delete=models.CASCADE, related_name="refused_reply")
+    http_status = models.PositiveSmallIntegerField()
+    content_type = LosslessCharField(max_length=200, blank=True)
+    body = models.BinaryField()
+    size = models.BigIntegerField(help_text="the whole body's length in bytes")
+    truncated = models.BooleanField(default=False)
+    errors = JSONTextField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"refused reply of {self.rollout}"
+
+    @property
+    def text(self) -> str:
+        """The kept body as text (UTF-8; undecodable bytes as U+FFFD)."""
+        return bytes(self.body).decode("utf-8", "replace")
 
 
 class AgentCall(models.Model):

@@ -54,11 +54,56 @@ def test_resume_retries_failed_keys_and_keeps_successes(tmp_path, counter_env_ur
     out = tmp_path / "rollouts.jsonl"
     args = ["--env-url", counter_env_url, "--input", str(counter_tasks_path), "--output", str(out), "--no-progress"]
     call_command("collect", "--agent-url", "http://127.0.0.1:9", *args)
-    call_command("collect", "--agent-url", counter_agent_url, "--resume", *args)
+    call_command("collect", "--agent-url", counter_agent_url, "--resume", "--allow-url-change", *args)
     assert len(_read(out)) == 5
     assert len(_read(tmp_path / "rollouts_failures.jsonl")) == 5  # the first attempts stay on record
     run = Run.objects.get()
     assert set(Rollout.objects.filter(run=run).values_list("attempt", flat=True)) == {1, 2}
+
+
+def test_a_resume_with_another_agent_url_is_refused_and_changes_nothing(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+    out = tmp_path / "rollouts.jsonl"
+    args = ["--env-url", counter_env_url, "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "2"]
+    call_command("collect", "--agent-url", "http://127.0.0.1:9", *args)
+    run = Run.objects.get()
+    before = Rollout.objects.filter(run=run).count()
+    with pytest.raises(CommandError) as info:
+        call_command("collect", "--agent-url", counter_agent_url, "--resume", *args)
+    text = str(info.value)
+    assert f"--agent-url {counter_agent_url}" in text and "http://127.0.0.1:9" in text and "--allow-url-change" in text
+    run.refresh_from_db()
+    assert run.agent_url == "http://127.0.0.1:9" and run.url_changes == []
+    assert Rollout.objects.filter(run=run).count() == before, "a refused resume adds no attempt"
+    assert _read(out) == []
+
+
+def test_a_resume_with_another_env_url_is_refused_too(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+    out = tmp_path / "rollouts.jsonl"
+    common = ["--agent-url", "http://127.0.0.1:9", "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "1"]
+    call_command("collect", "--env-url", counter_env_url, *common)
+    with pytest.raises(CommandError, match="--env-url http://127.0.0.1:8"):
+        call_command("collect", "--env-url", "http://127.0.0.1:8", "--resume", *common)
+
+
+def test_allow_url_change_records_the_change_and_each_attempt_keeps_its_urls(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys):
+    out = tmp_path / "rollouts.jsonl"
+    args = ["--env-url", counter_env_url, "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "2"]
+    call_command("collect", "--agent-url", "http://127.0.0.1:9", *args)
+    call_command("collect", "--agent-url", counter_agent_url, "--resume", "--allow-url-change", *args)
+    run = Run.objects.get()
+    assert run.agent_url == counter_agent_url
+    (change,) = run.url_changes
+    assert change["agent_url"] == ["http://127.0.0.1:9", counter_agent_url] and "env_url" not in change and change["at"]
+    urls = dict(Rollout.objects.filter(run=run).values_list("attempt", "agent_url").distinct())
+    assert urls == {1: "http://127.0.0.1:9", 2: counter_agent_url}
+    assert set(Rollout.objects.filter(run=run).values_list("env_url", flat=True)) == {counter_env_url}
+    assert "changes from http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_allow_url_change_without_resume_is_refused(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+    with pytest.raises(CommandError, match="only with --resume"):
+        call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
+                     "--output", str(tmp_path / "r.jsonl"), "--allow-url-change")
 
 
 @pytest.mark.parametrize(

@@ -145,11 +145,19 @@ async def test_it_never_follows_a_redirect():
     assert report.codes() == {"redirect"}
 
 
+@async_test
+async def test_a_relative_redirect_is_shown_resolved_against_the_request_url():
+    async with AgentService(Reply(308, text="", headers=[("Location", "/v2/responses")])) as redirector:
+        report = await check_agent(redirector.url, policy=LOCAL)
+    (finding,) = found(report, "redirect", ERROR)
+    assert finding.title == f"HTTP 308 redirect to {redirector.url}/v2/responses (Location: /v2/responses) (not followed)"
+
+
 def test_it_reports_a_redirect_as_an_error_whatever_the_target():
     report, requests = run_check("redirect")
     (finding,) = found(report, "redirect", ERROR)
     assert "HTTP 307 redirect to http://127.0.0.1:1/elsewhere/v1/responses (not followed)" == finding.title
-    assert "point agent_base_url at the final address" in finding.how_to_fix.lower()
+    assert "point the agent url (nemo gym's agent_base_url) at the final address" in finding.how_to_fix.lower()
     assert finding.probes == PROBES and len(requests) == 4
 
 

@@ -208,11 +208,24 @@ def test_an_assistant_message_with_an_unknown_content_part_is_invalid():
     invalid(reply(item))
 
 
-@pytest.mark.parametrize("kind", ["mcp_call", "web_search_call", "code_interpreter_call", "image_generation_call"])
-def test_hosted_tool_items_pass_through(kind):
-    item = {"type": kind, "id": "h1", "anything": {"nested": [1, 2]}, "status": "completed"}
-    parsed = parse_reply(reply(item, message()))
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "mcp_call", "name": "t", "arguments": "{}", "status": "anything"},
+        {"type": "web_search_call", "id": "h1", "status": "completed", "action": {"type": "search", "query": "q"}},
+        {"type": "code_interpreter_call", "id": "h1", "status": "completed", "code": "1", "container_id": "c", "outputs": None},
+        {"type": "image_generation_call", "id": "h1", "status": "completed", "result": None},
+    ],
+    ids=lambda item: item["type"],
+)
+def test_hosted_tool_items_in_their_sdk_shape_pass_through_with_extra_fields(item):
+    parsed = parse_reply(reply({**item, "anything": {"nested": [1, 2]}}, message()))
     assert len(parsed.output) == 2
+
+
+@pytest.mark.parametrize("kind, missing", [("web_search_call", "action"), ("code_interpreter_call", "container_id")])
+def test_a_hosted_tool_item_missing_a_field_of_its_sdk_shape_is_invalid(kind, missing):
+    assert f"output.0.{missing}: Field required" in invalid(reply({"type": kind, "id": "h1", "status": "completed"}))
 
 
 def test_an_invalid_reply_lists_the_field_errors_readably():
@@ -312,3 +325,13 @@ def test_add_usage_does_not_mutate_its_inputs():
     first, second = usage(1, 2), usage(3, 4)
     add_usage(add_usage(None, first), second)
     assert first == usage(1, 2) and second == usage(3, 4)
+
+
+def test_negative_and_numeric_string_token_counts_are_accepted_as_nemo_gym_does_and_summed_as_integers():
+    first = usage(7, 3)
+    first["input_tokens"] = -5
+    second = {**usage(1, 1), "output_tokens": "4"}
+    parse_reply(reply(message(), use=first))
+    parse_reply(reply(message(), use=second))
+    total = add_usage(add_usage(None, first), second)
+    assert total["input_tokens"] == -4 and total["output_tokens"] == 7

@@ -50,8 +50,9 @@ from rollouts import targets
 from rollouts.collection import runs
 from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
+from rollouts.engine.contract import prepare_reply_validation
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
-from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem, Worker
+from rollouts.models import AgentCall, RefusedReply, Rollout, Run, Task, TrajectoryItem, Worker
 from rollouts.search import fill_missing
 
 log = logging.getLogger("gymweb.dispatch")
@@ -225,7 +226,8 @@ def _usage_fields(usage: Optional[dict[str, Any]]) -> dict[str, Any]:
         "reasoning_tokens": usage["output_tokens_details"]["reasoning_tokens"],
     }
     if any(isinstance(v, int) and not 0 <= v <= TOKENS_MAX for v in counts.values()):
-        # Summed counts past 64 bits: the per-call usage stays in the agent calls' JSON.
+        # Negative counts (NeMo Gym accepts them) or sums past 64 bits: the per-call usage stays
+        # in the agent calls' JSON.
         return {"usage_reported": False}
     return {"usage_reported": True, **counts}
 
@@ -333,6 +335,8 @@ def _storage_failure(out: RolloutOutcome, missing: list[str], keep_payloads: boo
         verify_ms=out.verify_ms,
         total_ms=out.total_ms,
         warnings=list(out.warnings) if keep_payloads else [],
+        agent_url=out.agent_url,
+        env_url=out.env_url,
     )
 
 
@@ -453,7 +457,7 @@ def _write_batch(batch: _Batch, worker: str) -> None:
             usage = _usage_fields(out.usage)
             warnings = list(out.warnings)
             if out.usage and not usage["usage_reported"]:
-                warnings.append("the summed token counts do not fit in 64 bits: token metrics are empty (each call's usage is kept)")
+                warnings.append("the summed token counts are negative or do not fit in 64 bits: token metrics are empty (each call's usage is kept)")
             fields = dict(
                 status=Rollout.Status.SUCCEEDED if out.ok else Rollout.Status.FAILED,
                 finished=now,
@@ -471,6 +475,8 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 num_tool_calls=out.num_tool_calls,
                 verify_ms=out.verify_ms,
                 duration_ms=out.total_ms,
+                agent_url=out.agent_url or "",
+                env_url=out.env_url or "",
                 **usage,
             )
             if out.response is not None:
@@ -480,6 +486,12 @@ def _write_batch(batch: _Batch, worker: str) -> None:
             if not _finish_rollout(rollout_id, worker, fields):
                 # Our lease expired and the key was queued again: the newer attempt owns the key.
                 log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
+            elif out.refused_reply is not None:  # in the same transaction as the attempt's result
+                kept = out.refused_reply
+                RefusedReply.objects.bulk_create([RefusedReply(
+                    rollout_id=rollout_id, http_status=kept.status, content_type=kept.content_type, body=kept.body,
+                    size=kept.size, truncated=kept.truncated, errors=kept.errors,
+                )], ignore_conflicts=True)
         for rollout_id, status in batch.killed:
             Rollout.objects.filter(pk=rollout_id, status=Rollout.Status.RUNNING, worker=worker).update(
                 status=status, finished=now, lease_until=None,
@@ -886,7 +898,8 @@ class Dispatcher:
             outcome = await run_rollout(self.client, row, info.settings, _Recorder(rollout_id, self))
         except Exception as exc:  # the loop turns failures into outcomes; this is the last guard
             log.exception("rollout %s crashed", rollout_id)
-            outcome = RolloutOutcome(ok=False, failure_kind=FailureKind.INTERNAL_ERROR, error=f"gymweb internal error: {exc.__class__.__name__}: {exc}")
+            outcome = RolloutOutcome(ok=False, failure_kind=FailureKind.INTERNAL_ERROR, error=f"gymweb internal error: {exc.__class__.__name__}: {exc}",
+                                     agent_url=info.settings.agent_base_url, env_url=info.settings.env_base_url)
         except asyncio.CancelledError:
             status = Rollout.Status.CANCELLED if run_id in self.cancelling else Rollout.Status.INTERRUPTED
             self.batch.killed.append((rollout_id, status))
@@ -907,6 +920,7 @@ class Dispatcher:
                 remote_responses_timeout_s=r["remote_responses_timeout_s"],
                 run_timeout_s=r["run_timeout_s"],
                 retry_pause_s=settings.GYMWEB_CONNECT_RETRY_PAUSE_S,
+                refused_reply_max_bytes=settings.GYMWEB_FAILED_REPLY_MAX_BYTES,
             )
             fresh[r["id"]] = _RunInfo(r["id"], r["concurrency"], loop_settings, r["pending"])
         # Runs we still hold rollouts of stay known until those end.
@@ -969,6 +983,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         if self._stop.is_set():  # stopped before it started: nothing to serve, nothing held
             return
+        prepare_reply_validation()  # before any rollout is in flight, not at the first reply
         self.db = _DbThread()
         # The DB thread's ORM work holds the GIL in 5 ms slices by default, which adds up to that
         # much latency to every HTTP step of every in-flight rollout; hand the GIL over sooner.

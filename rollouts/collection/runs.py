@@ -223,6 +223,40 @@ def resume(run: Run, max_attempts: Optional[int] = None) -> int:
     return len(keys)
 
 
+class URLChangeRefused(ValueError):
+    """A resume names other agent or env URLs than the run's, without allowing the change."""
+
+
+def change_urls(run: Run, agent_url: str, env_url: str, *, allow: bool) -> dict[str, list[str]]:
+    """Point a run about to be resumed at ``agent_url``/``env_url`` (validated base URLs).
+
+    Same URLs: nothing happens. Other URLs: with ``allow`` the run's URLs are replaced and the
+    change is appended to ``Run.url_changes`` (``{"at", "agent_url": [old, new], "env_url": [old,
+    new]}``, a key only for a URL that changed), which the run page shows; without it,
+    ``URLChangeRefused`` naming both URLs. Returns the changes (empty when none). Each attempt keeps
+    the URLs it ran against (``Rollout.agent_url``/``env_url``).
+    """
+    changes = {
+        name: [old, new]
+        for name, old, new in (("agent_url", run.agent_url, agent_url), ("env_url", run.env_url, env_url))
+        if old != new
+    }
+    if not changes:
+        return changes
+    if not allow:
+        flags = {"agent_url": "--agent-url", "env_url": "--env-url"}
+        said = "; ".join(f"{flags[name]} {new} but the run was collected with {old}" for name, (old, new) in changes.items())
+        raise URLChangeRefused(
+            f"run #{run.pk} cannot be resumed against other services without saying so: {said}. "
+            "Resume with the run's URLs, or add --allow-url-change to switch (the run keeps each attempt's "
+            "URLs and its page shows the change)."
+        )
+    run.agent_url, run.env_url = agent_url, env_url
+    run.url_changes = [*(run.url_changes or []), {"at": timezone.now().isoformat(), **changes}]
+    run.save(update_fields=["agent_url", "env_url", "url_changes"])
+    return changes
+
+
 def cancel(run: Run) -> bool:
     """Stop a run: no new claims from now on; pending attempts become ``cancelled`` at once and
     in-flight ones end as ``cancelled`` within a few seconds (their workers poll the run status).

@@ -2,210 +2,48 @@
 
 No Django here: the loop (``rollouts.engine.loop``) and the conformance check use it directly.
 
-The reference is NeMo Gym's ``NeMoGymResponse`` (``nemo_gym/openai_utils.py``): openai-python's
-``Response`` with ``output`` typed as the *input-item* union and a ``usage`` that is either absent,
-``null`` or complete (contract rule 3, DESIGN.md). Validation is pydantic's default (lax) mode, as in
-NeMo Gym; unknown extra fields are tolerated everywhere.
+A valid reply is one NeMo Gym's ``NeMoGymResponse`` accepts (contract rule 3, DESIGN.md); the models
+are in ``rollouts.engine.reply_schema``. This module turns their verdict into gymweb's messages and
+the JSON paths of each error (``InvalidReply``).
 """
 from __future__ import annotations
 
 import json
 import math
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import ValidationError
+
 
 __all__ = [
     "AgentReply",
     "NotJSON",
     "strict_loads",
     "InvalidReply",
+    "ReplyError",
     "RESERVED_ENV_ROUTES",
     "Usage",
     "add_usage",
     "find_asks",
     "has_assistant_message",
     "parse_reply",
+    "prepare_reply_validation",
     "tool_name_problem",
     "arguments_problem",
     "refused_tool_output",
 ]
 
 
-class _Loose(BaseModel):
-    # Unknown extra fields are tolerated and kept (rule 3); the stored item is the agent's own dict.
-    model_config = ConfigDict(extra="allow")
+def __getattr__(name: str) -> Any:
+    """``AgentReply`` (a valid reply) and ``Usage`` (a complete usage): the models of
+    ``reply_schema``, imported on first use, because importing the openai package costs about a
+    second of CPU that commands which never read an agent reply should not pay."""
+    if name in ("AgentReply", "Usage"):
+        from rollouts.engine import reply_schema
 
-
-class OutputText(_Loose):
-    type: Literal["output_text"]
-    text: str
-    annotations: list[Any]
-
-
-class Refusal(_Loose):
-    type: Literal["refusal"]
-    refusal: str
-
-
-class OutputMessage(_Loose):
-    """An assistant message as a model returns it (``ResponseOutputMessage``)."""
-
-    type: Literal["message"]
-    id: str
-    role: Literal["assistant"]
-    content: list[Annotated[Union[OutputText, Refusal], Field(discriminator="type")]]
-    status: Optional[Literal["in_progress", "completed", "incomplete"]] = "completed"
-
-
-class InputText(_Loose):
-    type: Literal["input_text"]
-    text: str
-
-
-class InputMedia(_Loose):
-    type: Literal["input_image", "input_file", "input_audio"]
-
-
-class InputMessage(_Loose):
-    """An "easy" input message (any role, content a string or a list of input parts)."""
-
-    type: Literal["message"]
-    role: Literal["user", "assistant", "system", "developer"]
-    content: Union[str, list[Annotated[Union[InputText, InputMedia], Field(discriminator="type")]]]
-
-
-class FunctionCall(_Loose):
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str  # a JSON *string*, as the Responses API sends it
-    id: Optional[str] = None
-    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
-
-
-class FunctionCallOutput(_Loose):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: Union[str, list[dict[str, Any]]]
-    id: Optional[str] = None
-    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
-
-
-class SummaryText(_Loose):
-    type: Literal["summary_text"]
-    text: str
-
-
-class Reasoning(_Loose):
-    type: Literal["reasoning"]
-    id: str
-    summary: list[SummaryText]
-
-
-# Hosted-tool and client-executed call items pass through untouched (rule 3); their inner shapes are
-# the provider's business, so only `type` is checked.
-HOSTED_ITEM_TYPES = (
-    "mcp_call",
-    "mcp_list_tools",
-    "mcp_approval_request",
-    "mcp_approval_response",
-    "web_search_call",
-    "file_search_call",
-    "computer_call",
-    "computer_call_output",
-    "image_generation_call",
-    "code_interpreter_call",
-    "local_shell_call",
-    "local_shell_call_output",
-    "custom_tool_call",
-    "custom_tool_call_output",
-)
-
-
-class HostedItem(_Loose):
-    type: Literal[HOSTED_ITEM_TYPES]  # type: ignore[valid-type]
-
-
-def _item_kind(value: Any) -> str:
-    if isinstance(value, dict):
-        kind = value.get("type")
-        if isinstance(kind, str):
-            return kind if kind in _TAGGED else "hosted" if kind in HOSTED_ITEM_TYPES else "unknown"
-        return "untyped"
-    return "unknown"
-
-
-_TAGGED = {"message", "function_call", "function_call_output", "reasoning"}
-
-
-class _UnknownItem(BaseModel):
-    """Never valid: routes items with an unknown or missing ``type`` to a clear error."""
-
-    type: Annotated[str, Field(description="must be a known Responses item type")]
-
-    @field_validator("type")
-    @classmethod
-    def _reject(cls, value: str) -> str:
-        raise ValueError(f"unknown output item type {value!r}")
-
-
-class _UntypedItem(BaseModel):
-    type: str  # missing -> "Field required" error, which is the message we want
-
-
-OutputItem = Annotated[
-    Union[
-        # Smart union, as in NeMo Gym: an assistant message may come in either shape.
-        Annotated[Union[OutputMessage, InputMessage], Tag("message")],
-        Annotated[FunctionCall, Tag("function_call")],
-        Annotated[FunctionCallOutput, Tag("function_call_output")],
-        Annotated[Reasoning, Tag("reasoning")],
-        Annotated[HostedItem, Tag("hosted")],
-        Annotated[_UnknownItem, Tag("unknown")],
-        Annotated[_UntypedItem, Tag("untyped")],
-    ],
-    Discriminator(_item_kind),
-]
-
-
-# Token counts are counts: negative or absurd values (beyond a 64-bit column) are invalid.
-TokenCount = Annotated[int, Field(ge=0, lt=2**63)]
-
-
-class InputTokensDetails(_Loose):
-    # Required but nullable, as in NeMo Gym's NeMoGymResponseInputTokensDetails: null = unknown.
-    cached_tokens: Optional[TokenCount]
-
-
-class OutputTokensDetails(_Loose):
-    reasoning_tokens: Optional[TokenCount]
-
-
-class Usage(_Loose):
-    """Complete token usage of one reply (rule 3: partial usage is invalid). Units: tokens."""
-
-    input_tokens: TokenCount
-    output_tokens: TokenCount
-    total_tokens: TokenCount
-    input_tokens_details: InputTokensDetails
-    output_tokens_details: OutputTokensDetails
-
-
-class AgentReply(_Loose):
-    """A valid Responses API object from the agent service (contract rule 3, DESIGN.md)."""
-
-    id: str
-    created_at: float
-    model: str
-    object: Literal["response"]
-    output: list[OutputItem]
-    parallel_tool_calls: bool
-    tool_choice: Union[str, dict[str, Any]]
-    tools: list[Any]
-    usage: Optional[Usage] = None
-    incomplete_details: Optional[Any] = None
+        return reply_schema.ReplyModel if name == "AgentReply" else reply_schema.ReplyUsage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class NotJSON(ValueError):
@@ -275,38 +113,104 @@ def strict_loads(text: "str | bytes", *, unique_keys: bool = False) -> Any:
     return value
 
 
+class ReplyError(dict):
+    """One validation error of a reply: ``{"path": [...], "message": str}``. ``path`` is the JSON
+    path into the body the agent sent (object keys and list indices; a missing field's name last)."""
+
+
 class InvalidReply(Exception):
     """The agent's JSON object is not a valid Responses API object: a terminal failure (rule 3).
 
-    ``str(exc)`` is a readable list of every field error, e.g. ``"output.0.call_id: Field required"``.
+    ``str(exc)`` is a readable list of every field error, e.g. ``"output.0.call_id: Field required"``;
+    ``errors`` the same as ``ReplyError`` dicts (at most ``ERRORS_KEPT``).
     """
 
+    def __init__(self, message: str, errors: Optional[list[ReplyError]] = None):
+        super().__init__(message)
+        self.errors = errors or []
 
-def _describe(exc: ValidationError, limit: int = 8) -> str:
-    lines = []
-    for err in exc.errors()[:limit]:
-        where = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _ALL_TAGS)) or "(top level)"
-        lines.append(f"{where}: {err['msg']}")
-    more = exc.error_count() - limit
+
+ERRORS_KEPT = 50
+
+
+def _json_path(data: Any, loc: tuple[Any, ...], missing: bool) -> list[Any]:
+    """The part of pydantic's ``loc`` that names places in ``data``: union member labels
+    (``function_call``, ``OutputText``, ``str``, ``list[...]``) are dropped; a missing field's name
+    is kept as the last step."""
+    from rollouts.engine import reply_schema
+
+    path: list[Any] = []
+    here: Any = data
+    for position, step in enumerate(loc):
+        last = position == len(loc) - 1
+        if isinstance(here, dict) and isinstance(step, str) and step in here:
+            here = here[step]
+            path.append(step)
+        elif isinstance(here, list) and isinstance(step, int) and 0 <= step < len(here):
+            here = here[step]
+            path.append(step)
+        elif last and missing and isinstance(step, str) and step not in reply_schema.ITEM_TAGS:
+            path.append(step)
+    return path
+
+
+def _message(err: Any) -> str:
+    """pydantic's message, in words for the item-type errors (its own lists every known tag)."""
+    if err["type"] == "union_tag_invalid":
+        return f"unknown output item type {err.get('ctx', {}).get('tag')!r}"
+    if err["type"] == "union_tag_not_found":
+        return "the item has no usable 'type' (an object with a string 'type' is needed)"
+    return err["msg"]
+
+
+def _errors(data: Any, exc: ValidationError) -> list[ReplyError]:
+    found: list[ReplyError] = []
+    seen: set[tuple[str, str]] = set()
+    for err in exc.errors():
+        path = _json_path(data, tuple(err["loc"]), err["type"] == "missing")
+        key = (json.dumps(path), err["msg"])
+        if key in seen:  # one line per place and message (a union reports each member)
+            continue
+        seen.add(key)
+        found.append(ReplyError(path=path, message=_message(err)))
+        if len(found) >= ERRORS_KEPT:
+            break
+    return found
+
+
+def _describe(errors: list[ReplyError], total: int, limit: int = 8) -> str:
+    lines = [f"{'.'.join(str(p) for p in e['path']) or '(top level)'}: {e['message']}" for e in errors[:limit]]
+    more = total - min(limit, len(errors))
     if more > 0:
         lines.append(f"... and {more} more")
     return "; ".join(lines)
 
 
-_ALL_TAGS = {"message", "OutputMessage", "InputMessage", "function_call", "function_call_output", "reasoning", "hosted", "unknown", "untyped"}
+def prepare_reply_validation() -> None:
+    """Import and build the reply models now (about a second of CPU, once per process), so that a
+    long-lived event loop is not paused by it at its first reply."""
+    from rollouts.engine.reply_schema import ReplyModel
+
+    ReplyModel.model_validate({
+        "id": "r", "created_at": 0, "model": "m", "object": "response", "parallel_tool_calls": True,
+        "tool_choice": "auto", "tools": [], "output": [], "usage": None,
+    })
 
 
-def parse_reply(data: dict[str, Any]) -> AgentReply:
+def parse_reply(data: dict[str, Any]) -> "AgentReply":
     """Validate one agent reply (a JSON object already decoded into a dict).
 
-    Returns the validated ``AgentReply``. Raises ``InvalidReply`` naming every bad field
-    (contract rule 3, DESIGN.md). The caller keeps ``data`` itself as the stored record, so nothing
-    the agent sent is normalised away.
+    Returns the validated ``AgentReply``. Raises ``InvalidReply`` naming every bad field with its
+    JSON path (contract rule 3, DESIGN.md). The caller keeps ``data`` itself as the stored record, so
+    nothing the agent sent is normalised away.
     """
+    from rollouts.engine.reply_schema import ReplyModel
+
     try:
-        return AgentReply.model_validate(data)
+        return ReplyModel.model_validate(data)
     except ValidationError as exc:
-        raise InvalidReply(f"{exc.error_count()} validation error(s): {_describe(exc)}") from None
+        errors = _errors(data, exc)
+        raise InvalidReply(f"{len(errors)} validation error(s): {_describe(errors, len(errors))}", errors) from None
 
 
 def find_asks(output: list[dict[str, Any]]) -> list[dict[str, Any]]:

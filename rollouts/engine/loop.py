@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import httpx
@@ -56,6 +56,7 @@ __all__ = [
     "ItemRecord",
     "LoopClient",
     "RawReply",
+    "RefusedBody",
     "make_client",
     "run_rollout",
     "validate_base_url",
@@ -67,6 +68,8 @@ DEFAULT_REMOTE_RESPONSES_TIMEOUT_S = 1800.0
 DEFAULT_RUN_TIMEOUT_S = 2100.0
 DEFAULT_CONCURRENCY = 32
 CONNECT_ATTEMPTS = 3
+# How much of an agent reply gymweb refused is kept for the user to read (NeMo Gym keeps 500 characters).
+DEFAULT_REFUSED_REPLY_MAX_BYTES = 1024 * 1024
 
 
 class FailureKind:
@@ -127,6 +130,7 @@ class LoopSettings:
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
     connect_attempts: int = CONNECT_ATTEMPTS
     retry_pause_s: float = 0.5
+    refused_reply_max_bytes: int = DEFAULT_REFUSED_REPLY_MAX_BYTES
 
 
 @dataclass
@@ -196,6 +200,21 @@ class _NullObserver:
 
 
 @dataclass
+class RefusedBody:
+    """An agent reply gymweb refused (redirect, HTTP error, not JSON, invalid Responses object), as
+    it arrived: ``status`` (HTTP), ``content_type`` (the header, "" when absent), ``body`` (the first
+    ``refused_reply_max_bytes`` bytes), ``size`` (the whole body's length in bytes), ``truncated``,
+    and for an invalid object ``errors`` (``contract.ReplyError``: JSON path and message)."""
+
+    status: int
+    content_type: str
+    body: bytes
+    size: int
+    truncated: bool
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class RolloutOutcome:
     """The end of one rollout.
 
@@ -203,7 +222,9 @@ class RolloutOutcome:
     a dict), ``response`` (the merged Responses object, rule 9). On failure: ``failure_kind``
     (a ``FailureKind`` value), ``error`` (the explained message), ``terminal``; ``response`` holds
     the partial merged response when at least one agent reply came. ``usage`` is the summed usage
-    (rule 8) or None when the agent never reported any. Times in ms.
+    (rule 8) or None when the agent never reported any. ``refused_reply``: the agent reply that
+    ended the rollout when gymweb refused it (``RefusedBody``), else None. ``agent_url``/``env_url``:
+    the base URLs this rollout was driven against. Times in ms.
     """
 
     ok: bool
@@ -220,6 +241,9 @@ class RolloutOutcome:
     verify_ms: Optional[float] = None
     total_ms: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    refused_reply: Optional[RefusedBody] = None
+    agent_url: Optional[str] = None
+    env_url: Optional[str] = None
 
 
 class _Failure(Exception):
@@ -624,6 +648,19 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"
 
 
+def _redirect_message(status: int, url: str, location: Optional[str]) -> str:
+    """The failure message of a redirect (rule 1): where it pointed, resolved against ``url`` (the
+    request's URL), and which setting to change: gymweb's agent URL, NeMo Gym's ``agent_base_url``."""
+    fix = "point the agent URL (NeMo Gym's agent_base_url) at the final address"
+    if not location:
+        return f"the agent service answered HTTP {status} redirecting without a Location header; redirects are never followed"
+    resolved = urljoin(url, location.strip())
+    shown = resolved if resolved == location else f"{resolved} (Location: {_excerpt(location)})"
+    if resolved.endswith("/v1/responses"):
+        fix += f", {resolved[: -len('/v1/responses')]}"
+    return f"the agent service answered HTTP {status} redirecting to {shown}; redirects are never followed: {fix}"
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -657,6 +694,7 @@ class _Rollout:
         self.merged: list[dict[str, Any]] = []
         self.usage: Optional[dict[str, Any]] = None
         self.usage_seen = False
+        self.replies = 0  # valid replies received
         self.last_reply: Optional[dict[str, Any]] = None
         self.agent_calls = 0
         self.tool_calls = 0
@@ -817,13 +855,10 @@ class _Rollout:
                 raise _Failure(kind, exc.message) from None
             step.http_status = response.status_code
             if 300 <= response.status_code < 400:  # rule 1
-                location = response.headers.get("location", "(no Location header)")
-                raise _Failure(
-                    FailureKind.AGENT_REDIRECT,
-                    f"the agent service answered HTTP {response.status_code} redirecting to {location}; "
-                    "redirects are never followed: point agent_base_url at the final address",
-                )
+                self._keep_refused(response)
+                raise _Failure(FailureKind.AGENT_REDIRECT, _redirect_message(response.status_code, url, response.headers.get("location")))
             if not response.is_success:  # rule 2
+                self._keep_refused(response)
                 raise _Failure(
                     FailureKind.AGENT_HTTP_ERROR,
                     f"the agent service answered HTTP {response.status_code}: {_excerpt(response.text)}",
@@ -831,10 +866,12 @@ class _Rollout:
             try:
                 data = strict_loads(response.content)
             except NotJSON as exc:
+                self._keep_refused(response)
                 raise _Failure(
                     FailureKind.AGENT_BAD_JSON, f"the agent service's reply is not JSON ({exc}): {_excerpt(response.text)}"
                 ) from None
             if not isinstance(data, dict):
+                self._keep_refused(response)
                 raise _Failure(
                     FailureKind.AGENT_BAD_JSON,
                     f"the agent service's reply is JSON but not an object ({type(data).__name__}): {_excerpt(response.text)}",
@@ -842,10 +879,12 @@ class _Rollout:
             try:
                 parse_reply(data)  # rule 3
             except InvalidReply as exc:
+                self._keep_refused(response, exc.errors)
                 raise _Failure(
                     FailureKind.AGENT_INVALID_RESPONSE,
                     f"the agent service returned an invalid Responses API object: {exc}",
                 ) from None
+            self.replies += 1
             return data, step
         except _Failure as exc:
             step.error = exc.message
@@ -854,6 +893,19 @@ class _Rollout:
             step.latency_ms = (time.perf_counter() - started) * 1000
             if step.error is not None:
                 self.obs.on_step(step, [])
+
+    def _keep_refused(self, response: Any, errors: Optional[list[dict[str, Any]]] = None) -> None:
+        """Keep the reply being refused (up to ``refused_reply_max_bytes``) on the outcome."""
+        content = response.content or b""
+        cap = max(0, self.s.refused_reply_max_bytes)
+        self.outcome.refused_reply = RefusedBody(
+            status=response.status_code,
+            content_type=str(response.headers.get("content-type") or "")[:200],
+            body=content[:cap],
+            size=len(content),
+            truncated=len(content) > cap,
+            errors=list(errors or []),
+        )
 
     def _agent_body(self) -> bytes:
         """``_dumps({**params, "input": self.input})`` (the key order of the row's params kept),
@@ -960,8 +1012,11 @@ async def run_rollout(
             failure_kind=FailureKind.INTERNAL_ERROR,
             error=f"gymweb could not start this rollout from its row: {exc.__class__.__name__}: {exc}",
             total_ms=(time.perf_counter() - started) * 1000,
+            agent_url=settings.agent_base_url,
+            env_url=settings.env_base_url,
         )
     outcome = rollout.outcome
+    outcome.agent_url, outcome.env_url = settings.agent_base_url, settings.env_base_url
     try:
         async with asyncio.timeout(settings.run_timeout_s):
             await rollout.drive()
@@ -980,7 +1035,7 @@ async def run_rollout(
         outcome.error = f"gymweb internal error: {exc.__class__.__name__}: {exc}"
     outcome.terminal = outcome.failure_kind in FailureKind.TERMINAL
     outcome.usage = rollout.usage
-    if not rollout.usage_seen and rollout.agent_calls:
+    if not rollout.usage_seen and rollout.replies:  # only where a reply arrived, and none had usage
         outcome.warnings.append("the agent service reported no usage; token metrics are empty")
     if not outcome.ok:
         outcome.reward = None

@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
+from urllib.parse import urljoin
 
 import aiohttp
 import httpx
@@ -137,7 +138,7 @@ CHECKS: dict[str, Check] = {
     "redirect": Check(
         ERROR,
         "contract rule 1, DESIGN.md; the seed's \"Gotchas\"",
-        "Point agent_base_url at the final address (the Location shown). Redirects are never followed: a "
+        "Point the agent URL (NeMo Gym's agent_base_url) at the final address (the Location shown). Redirects are never followed: a "
         "301/302/303 would turn the POST into a body-less GET, a 307/308 would send the task somewhere you never "
         "configured.",
     ),
@@ -674,8 +675,13 @@ class _Run:
         if probe.latency_ms > self.slow_s * 1000:
             self.add(probe, "slow", f"the reply took {probe.latency_ms / 1000:.1f} s (more than {self.slow_s:g} s)")
         if 300 <= response.status_code < 400:
-            location = response.headers.get("location", "(no Location header)")
-            self.add(probe, "redirect", f"HTTP {response.status_code} redirect to {location} (not followed)")
+            location = response.headers.get("location")
+            if not location:
+                where = "(no Location header)"
+            else:  # resolved against the request URL, as the loop's failure message says it
+                resolved = urljoin(self.url, location.strip())
+                where = resolved if resolved == location else f"{resolved} (Location: {_cut(location, 200)})"
+            self.add(probe, "redirect", f"HTTP {response.status_code} redirect to {where} (not followed)")
             return None
         if not response.is_success:
             self.add(probe, "http_error", f"HTTP {response.status_code} instead of 200")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from django.conf import settings
 from django.db.models.functions import Substr
@@ -36,13 +36,14 @@ from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.evaluation import metrics
 from rollouts.lossless import LosslessTextField
-from rollouts.models import Dataset, Label, Rollout, Run
+from rollouts.models import Dataset, Label, RefusedReply, Rollout, Run
 from rollouts.review import actions, curated, selection, sft
 from rollouts.review.actions import ReviewError
 from rollouts.review.aggregates import reward_aggregates
 from rollouts.review.filters import corrected_reward
 from rollouts.review.tokens import user_for_token
 from rollouts.web.forms import RunForm, export_filename, filtered_rollouts
+from rollouts.web.refused import refused_data
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 from rollouts.web.views import _launch_from_form, _run_for
 
@@ -148,6 +149,8 @@ class RunOut(Schema):
     finished: Optional[datetime]
     agent_url: str
     env_url: str
+    url_changes: list[dict[str, Any]] = Field(
+        default_factory=list, description="each resume that switched URLs: {at, agent_url: [old, new], env_url: [old, new]}")
     agent_name: str
     num_tasks: int
     num_keys: int
@@ -236,7 +239,24 @@ class RolloutPage(Schema):
     items: list[RolloutOut]
 
 
+class ReplyErrorOut(Schema):
+    path: list[Union[str, int]] = Field(..., description="JSON path into the body: object keys and list indices")
+    message: str
+
+
+class RefusedReplyOut(Schema):
+    http_status: int
+    content_type: str
+    size: int = Field(..., description="the whole body's length in bytes")
+    truncated: bool = Field(..., description="only the first GYMWEB_FAILED_REPLY_MAX_BYTES bytes are kept")
+    errors: list[ReplyErrorOut] = Field(..., description="validation errors of an invalid Responses object")
+    body: str = Field(..., description="the kept body as UTF-8 text (undecodable bytes as U+FFFD); model output: escape it")
+
+
 class RolloutDetailOut(RolloutOut):
+    agent_url: str = Field("", description="the agent base URL this attempt ran against")
+    env_url: str = Field("", description="the env base URL this attempt ran against")
+    refused_reply: Optional[RefusedReplyOut] = Field(None, description="the agent reply gymweb refused, ending this attempt")
     label_uses: list[LabelUse]
     note_list: list[NoteOut]
     correction: Optional[CorrectionOut]
@@ -283,7 +303,7 @@ def _run_out(request, run: Run, progress: Optional[metrics.Progress] = None) -> 
     return {
         "id": run.pk, "name": run.name, "status": run.status, "final": run.is_final, "created": run.created,
         "started": run.started, "finished": run.finished, "agent_url": run.agent_url, "env_url": run.env_url,
-        "agent_name": run.agent_name, "num_tasks": run.num_tasks, "num_keys": run.num_keys,
+        "url_changes": run.url_changes or [], "agent_name": run.agent_name, "num_tasks": run.num_tasks, "num_keys": run.num_keys,
         "tasks_from": {"dataset": run.dataset_id, "dataset_name": dataset.name if dataset else "",
                        "source_run": dataset.source_run_id if dataset else None,
                        "source_filters": dataset.source_filters if dataset else ""},
@@ -331,6 +351,8 @@ def _rollout_detail(request, rollout: Rollout) -> dict[str, Any]:
     state = actions.review_state(rollout)
     corr = state.correction
     out = _rollout_out(request, rollout, [e["label"].name for e in state.on], len(state.notes), corr.reward if corr else None)
+    out["agent_url"], out["env_url"] = rollout.agent_url, rollout.env_url
+    out["refused_reply"] = refused_data(RefusedReply.objects.filter(rollout=rollout).first())
     out["label_uses"] = [{"name": e["label"].name, "by": e["use"]["by"], "at": e["use"]["created"]} for e in state.on]
     out["note_list"] = [{"id": n.pk, "text": n.text, "item": n.item_seq, "by": n.created_by.get_username() if n.created_by else None,
                          "at": n.created} for n in state.notes]

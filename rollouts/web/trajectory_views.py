@@ -36,10 +36,11 @@ from rollouts.evaluation import health
 from rollouts.web.evaluation_views import rollout_findings
 from rollouts.web.outline import fold_summary as item_summary, outline
 from rollouts.lossless import dumps
-from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.review.views import review_context
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 from rollouts.web import rendering
+from rollouts.web.refused import refused_data, refused_view
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
@@ -515,6 +516,8 @@ def _trajectory_context(request, rollout: Rollout) -> dict[str, Any]:
     }
     context["live_seen"] = _live_signature(rollout.status, num_items, sum(1 for s in steps if s["call"] is not None))
     context["error_text"], context["error_cut"] = _Budget(display_max_chars()).clip(rollout.error or "")
+    refused = RefusedReply.objects.filter(rollout=rollout).first() if rollout.status == Rollout.Status.FAILED else None
+    context["refused"] = refused_view(refused, display_max_chars())
     context.update(rollout_findings(rollout, steps))  # health findings, each on its step
     return context
 
@@ -661,8 +664,9 @@ def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
 @login_required
 def rollout_raw(request, run_id, rollout_id):
     """The attempt's output-file row (``raw_row``) as JSON. ``?item=N`` gives trajectory item N
-    whole instead, and ``?item=input`` the task's materialised row (what the trajectory page links
-    to when it cuts a long text), for attempts of any status."""
+    whole instead, ``?item=input`` the task's materialised row (what the trajectory page links
+    to when it cuts a long text), for attempts of any status, and ``?item=refused`` the agent reply
+    gymweb refused (``refused.refused_data``; 404 when there is none)."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
     which = request.GET.get("item")
     if which is not None:
@@ -685,6 +689,11 @@ def _json_response(body: Any, status: int = 200) -> HttpResponse:
 
 
 def _raw_item(rollout: Rollout, which: str) -> HttpResponse:
+    if which == "refused":
+        data = refused_data(RefusedReply.objects.filter(rollout=rollout).first())
+        if data is None:
+            return _json_response({"error": "gymweb refused no agent reply in this attempt"}, status=404)
+        return _json_response(data)
     if which == "input":
         try:
             return _json_response(json.loads(rollout.task.row_json))

@@ -94,6 +94,8 @@ class Command(BaseCommand):
         files = parser.add_mutually_exclusive_group()
         files.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
         files.add_argument("--overwrite", action="store_true", help="replace existing output files with a new run (without it, existing files are refused)")
+        parser.add_argument("--allow-url-change", action="store_true",
+                            help="with --resume: allow --agent-url/--env-url to differ from the run's (recorded on the run)")
         parser.add_argument("--overrides", default=None, help='JSON object merged into every row\'s responses_create_params, e.g. \'{"temperature": 0.2}\'')
         parser.add_argument("--name", default=None, help="run name shown in the dashboard (default: the input file name)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -106,6 +108,8 @@ class Command(BaseCommand):
             env_url = validate_base_url(opts["env_url"], "--env-url")
         except InvalidBaseURL as exc:
             raise CommandError(str(exc)) from None
+        if opts["allow_url_change"] and not opts["resume"]:
+            raise CommandError("--allow-url-change applies only with --resume (a new run takes any URLs)")
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if opts["num_repeats"] < 1:
@@ -170,8 +174,12 @@ class Command(BaseCommand):
             if run is None:
                 self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
         if run is not None:
-            run.agent_url, run.env_url = agent_url, env_url
-            run.save(update_fields=["agent_url", "env_url"])
+            try:
+                changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"])
+            except runs.URLChangeRefused as exc:
+                raise CommandError(f"--resume: {exc}") from None
+            for name, (old, new) in changed.items():
+                self.stderr.write(f"note: --allow-url-change: the run's {name} changes from {old} to {new}")
             added = runs.resume(run, max_attempts=max_attempts)
             self.stdout.write(f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})")
         else:
