@@ -242,6 +242,11 @@ GYMWEB_FAILED_REPLY_MAX_BYTES = int(os.environ.get("GYMWEB_FAILED_REPLY_MAX_BYTE
 GYMWEB_LEASE_S = float(os.environ.get("GYMWEB_LEASE_S", 30))
 GYMWEB_HEARTBEAT_S = float(os.environ.get("GYMWEB_HEARTBEAT_S", 2))
 GYMWEB_POLL_S = float(os.environ.get("GYMWEB_POLL_S", 0.5))
+# Runs made in the web and the API retry their non-terminal failures by themselves (up to
+# max_attempts) before they complete, the first wave GYMWEB_AUTO_RETRY_DELAY_S after the last failure,
+# each later wave twice as late; 0 turns that off. `collect` keeps NeMo Gym's semantics (--auto-retry).
+GYMWEB_AUTO_RETRY = os.environ.get("GYMWEB_AUTO_RETRY", "1").strip().lower() not in ("0", "false", "no", "off", "")
+GYMWEB_AUTO_RETRY_DELAY_S = float(os.environ.get("GYMWEB_AUTO_RETRY_DELAY_S", 5))
 GYMWEB_FLUSH_S = float(os.environ.get("GYMWEB_FLUSH_S", 0.25))
 # First threshold of Python's garbage collector while a dispatcher runs (rollouts.collection.dispatch.
 # collector_tuned; 0 = Python's default of 700): with thousands of rollouts in flight the default

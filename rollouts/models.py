@@ -82,6 +82,9 @@ class Run(models.Model):
     num_repeats = models.PositiveIntegerField(default=1)
     limit = models.PositiveIntegerField(null=True, blank=True)
     max_attempts = models.PositiveIntegerField(default=3)
+    auto_retry = models.BooleanField(
+        default=False, help_text="failed keys get new attempts (up to max_attempts) before the run completes"
+    )
     remote_responses_timeout_s = models.FloatField(default=1800.0)
     run_timeout_s = models.FloatField(default=2100.0)
     overrides = JSONTextField(default=dict, blank=True, help_text="merged into responses_create_params")

@@ -1179,12 +1179,20 @@ def run_in_process(run_id: int, on_progress: Optional[Callable[[int], None]] = N
     Workers sharing the database (``qcluster``) may claim part of the run; this returns only when
     every attempt of the run has ended, wherever it ran (none pending, none running under a live
     lease), so the caller's files hold the whole run. ``on_progress(left)`` is called after each
-    poll with the run's attempts still pending or running over all workers. Ctrl-C
-    (KeyboardInterrupt) releases this process's in-flight rollouts as ``interrupted`` before it
-    propagates."""
-    dispatcher = Dispatcher(only={run_id}, exit_when_idle=True, on_progress=on_progress)
-    asyncio.run(dispatcher.run())
-    runs.finish_if_done(run_id)
+    poll with the run's attempts still pending or running over all workers. A run with
+    ``auto_retry`` is waited for until its failed keys' automatic attempts are due, and they run here
+    too. Ctrl-C (KeyboardInterrupt) releases this process's in-flight rollouts as ``interrupted``
+    before it propagates."""
+    while True:
+        dispatcher = Dispatcher(only={run_id}, exit_when_idle=True, on_progress=on_progress)
+        asyncio.run(dispatcher.run())
+        if runs.finish_if_done(run_id):
+            return
+        run = Run.objects.filter(pk=run_id).first()
+        wait = runs.auto_retry_wait(run) if run is not None and run.status == Run.Status.RUNNING else None
+        if wait is None and not Rollout.objects.filter(run_id=run_id, status=Rollout.Status.PENDING).exists():
+            return  # ended elsewhere (cancelled, or finished by another worker)
+        time.sleep(min(wait or 0.0, 60.0))  # the failed keys' automatic retry is due then
 
 
 def supervise() -> str:

@@ -273,12 +273,54 @@ def cancel(run: Run) -> bool:
     return bool(changed)
 
 
+def auto_retry_wait(run: Run, now=None) -> Optional[float]:
+    """Seconds until ``run``'s failed keys get their automatic new attempt (0: due now), or None when
+    the run retries nothing by itself: ``auto_retry`` off, or no failed key with attempts left
+    (terminal failures and keys at ``max_attempts`` never are; cancelled or interrupted keys are run
+    by Retry or by the worker that reaps them, not here).
+
+    The wait before the wave of attempt ``n`` is ``GYMWEB_AUTO_RETRY_DELAY_S`` × 2^(n-2), counted
+    from the run's last failure: an env restarted within seconds is back by then."""
+    if not run.auto_retry:
+        return None
+    due = [attempt for _task, attempt, kill_shaped in retryable_keys(run).values() if not kill_shaped]
+    if not due:
+        return None
+    delay = float(settings.GYMWEB_AUTO_RETRY_DELAY_S) * 2 ** max(0, min(due) - 2)
+    last = Rollout.objects.filter(run=run, status=Rollout.Status.FAILED).aggregate(last=Max("finished"))["last"]
+    if last is None:
+        return 0.0
+    elapsed = ((now or timezone.now()) - last).total_seconds()
+    return max(0.0, delay - elapsed)
+
+
+def _retry_failed(run: Run) -> int:
+    """New pending attempts for the run's failed keys that have attempts left (not kill-shaped)."""
+    keys = {k: v for k, v in retryable_keys(run).items() if not v[2]}
+    Rollout.objects.bulk_create(
+        (Rollout(run=run, task_id=task_id, task_index=t, rollout_index=r, attempt=attempt) for (t, r), (task_id, attempt, _) in keys.items()),
+        batch_size=BULK,
+    )
+    if keys:
+        log.info("run %s: %d failed rollout(s) retried automatically", run.pk, len(keys))
+    return len(keys)
+
+
 def finish_if_done(run_id: int) -> bool:
-    """Mark a running run completed when no attempt is pending or running. Returns True when this
-    call finished it (exactly one caller wins)."""
+    """Mark a running run completed when no attempt is pending or running and none is due for an
+    automatic retry (``auto_retry_wait``; when one is due now its new attempts are queued here).
+    Returns True when this call finished it (exactly one caller wins: the run's row is locked first)."""
     with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id, status=Run.Status.RUNNING).first()
+        if run is None:
+            return False
         busy = Rollout.objects.filter(run_id=run_id, status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING]).exists()
         if busy:
+            return False
+        wait = auto_retry_wait(run)
+        if wait is not None:
+            if wait <= 0:
+                _retry_failed(run)
             return False
         return bool(
             Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.COMPLETED, finished=timezone.now())

@@ -264,6 +264,7 @@ class RunForm(forms.Form):
             "num_repeats": d["num_repeats"],
             "limit": d["limit"],
             "max_attempts": d["max_attempts"],
+            "auto_retry": bool(settings.GYMWEB_AUTO_RETRY),
             "remote_responses_timeout_s": d["remote_responses_timeout_s"],
             "run_timeout_s": d["run_timeout_s"],
             "overrides": d["overrides"],

@@ -94,6 +94,9 @@ class Command(BaseCommand):
         files = parser.add_mutually_exclusive_group()
         files.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
         files.add_argument("--overwrite", action="store_true", help="replace existing output files with a new run (without it, existing files are refused)")
+        parser.add_argument("--auto-retry", action="store_true",
+                            help="retry failed keys automatically (up to --max-attempts, with backoff) before the command ends, "
+                            "instead of leaving them to --resume (NeMo Gym's way)")
         parser.add_argument("--allow-url-change", action="store_true",
                             help="with --resume: allow --agent-url/--env-url to differ from the run's (recorded on the run)")
         parser.add_argument("--overrides", default=None, help='JSON object merged into every row\'s responses_create_params, e.g. \'{"temperature": 0.2}\'')
@@ -201,6 +204,7 @@ class Command(BaseCommand):
                 num_repeats=opts["num_repeats"],
                 limit=opts["limit"],
                 max_attempts=max_attempts,
+                auto_retry=opts["auto_retry"],
                 remote_responses_timeout_s=opts["remote_responses_timeout_s"],
                 run_timeout_s=opts["run_timeout_s"],
                 overrides=overrides,
