@@ -232,6 +232,9 @@ GYMWEB_ALLOW_LOCAL_TARGETS = os.environ.get("GYMWEB_ALLOW_LOCAL_TARGETS", "").st
 # Every reply read from an agent or an env is capped (bytes; streamed with a running count, never
 # buffered past the cap). Over it the rollout fails with failure kind `reply_too_large`.
 GYMWEB_MAX_REPLY_BYTES = int(os.environ.get("GYMWEB_MAX_REPLY_BYTES", 64 * 1024 * 1024))
+# The bytes all replies being read at once in one worker process may hold together (0: unbounded);
+# a reply that would pass it fails as reply_over_budget (not terminal) instead of the worker's memory.
+GYMWEB_REPLY_BUDGET_BYTES = int(os.environ.get("GYMWEB_REPLY_BUDGET_BYTES", 512 * 1024 * 1024))
 # An agent reply gymweb refused (redirect, HTTP error, not JSON, invalid Responses object) is kept
 # for the rollout page up to this many bytes (NeMo Gym's message keeps 500 characters).
 GYMWEB_FAILED_REPLY_MAX_BYTES = int(os.environ.get("GYMWEB_FAILED_REPLY_MAX_BYTES", 1024 * 1024))

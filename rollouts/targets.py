@@ -68,7 +68,8 @@ def refused_services(agent_url: str, env_url: str) -> list[str]:
 
 def async_client(concurrency: int = 32) -> httpx.AsyncClient:
     """``loop.make_client`` with this instance's policy and reply cap (use inside an event loop)."""
-    return make_client(concurrency, policy=policy(), max_reply_bytes=max_reply_bytes())
+    budget = int(getattr(settings, "GYMWEB_REPLY_BUDGET_BYTES", 0) or 0) or None
+    return make_client(concurrency, policy=policy(), max_reply_bytes=max_reply_bytes(), reply_budget_bytes=budget)
 
 
 def sync_client(timeout_s: Optional[float] = 30.0) -> httpx.Client:

@@ -443,13 +443,14 @@ def settings(agent_url: str, env_url: str, **overrides: Any) -> LoopSettings:
 
 
 async def drive(agent: Any, env: Any, row: Optional[dict] = None, observer: Any = None, *,
-                policy: TargetPolicy = LOCAL, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, **overrides: Any):
+                policy: TargetPolicy = LOCAL, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+                reply_budget_bytes: Optional[int] = None, **overrides: Any):
     """Run one rollout of ``row`` (default ``task_row()``) against ``agent`` and ``env`` (servers or
     URLs) through a fresh shared client with the target ``policy`` (default: local targets allowed)
     and reply cap; returns the ``RolloutOutcome``."""
     agent_url = agent if isinstance(agent, str) else agent.url
     env_url = env if isinstance(env, str) else env.url
-    client = make_client(4, policy=policy, max_reply_bytes=max_reply_bytes)
+    client = make_client(4, policy=policy, max_reply_bytes=max_reply_bytes, reply_budget_bytes=reply_budget_bytes)
     try:
         return await run_rollout(client, row if row is not None else task_row(), settings(agent_url, env_url, **overrides), observer)
     finally:

@@ -26,6 +26,7 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
+from rollouts.engine.budget import ReplyBudget, ReplyOverBudget
 from rollouts.engine.targets import (
     DEFAULT_MAX_REPLY_BYTES,
     PolicyAsyncTransport,
@@ -90,6 +91,8 @@ class FailureKind:
     TARGET_REFUSED = "target_refused"
     # A reply of the agent or the env was larger than GYMWEB_MAX_REPLY_BYTES.
     REPLY_TOO_LARGE = "reply_too_large"
+    # The replies being read at once in the worker passed GYMWEB_REPLY_BUDGET_BYTES (not terminal).
+    REPLY_OVER_BUDGET = "reply_over_budget"
     # Set by the dispatcher, never by the loop: part of the attempt could not be stored.
     STORAGE_FAILED = "storage_failed"
 
@@ -108,6 +111,7 @@ class FailureKind:
         STORAGE_FAILED,
         TARGET_REFUSED,
         REPLY_TOO_LARGE,
+        REPLY_OVER_BUDGET,
     )
     # Only an invalid Responses object is terminal: retrying cannot fix it (rule 3).
     TERMINAL = frozenset({AGENT_INVALID_RESPONSE})
@@ -371,8 +375,12 @@ class LoopClient(httpx.AsyncClient):
     ``post``.
     """
 
-    def __init__(self, transport: PolicyAsyncTransport, aiohttp_transport: AiohttpTransport, **kwargs: Any):
+    def __init__(
+        self, transport: PolicyAsyncTransport, aiohttp_transport: AiohttpTransport,
+        budget: Optional[ReplyBudget] = None, **kwargs: Any,
+    ):
         super().__init__(transport=transport, **kwargs)
+        self.budget = budget if budget is not None else ReplyBudget(None)
         self._policy_transport = transport
         self._aiohttp_transport = aiohttp_transport
         self._base_headers = {k.lower(): v for k, v in self.headers.items()}
@@ -406,7 +414,8 @@ class LoopClient(httpx.AsyncClient):
         maps aiohttp's errors to (connection refused/reset/dropped: ``ConnectError``,
         ``ConnectTimeout`` or ``ReadError``; a resolver refusal stays in the cause chain, as
         ``targets.find_refusal`` reads it), or an unmapped ``aiohttp.ClientError`` when the peer does
-        not speak HTTP. Never follows redirects; sets no timeout (the caller bounds it)."""
+        not speak HTTP; ``budget.ReplyOverBudget`` when the replies being read at once in this
+        process pass the client's budget. Never follows redirects; sets no timeout (the caller bounds it)."""
         self._check_target(url)
         limit = self._policy_transport.max_reply_bytes
         sent = {**self._base_headers, **headers}
@@ -419,11 +428,18 @@ class LoopClient(httpx.AsyncClient):
                 if length.isdigit() and int(length) > limit:
                     raise ReplyTooLarge(url, limit)
                 chunks, seen = [], 0
-                async for chunk in resp.content.iter_any():
-                    seen += len(chunk)
-                    if seen > limit:
-                        raise ReplyTooLarge(url, limit)
-                    chunks.append(chunk)
+                budget = self.budget
+                try:
+                    async for chunk in resp.content.iter_any():
+                        seen += len(chunk)
+                        if seen > limit:
+                            raise ReplyTooLarge(url, limit)
+                        if not budget.take(len(chunk)):
+                            seen -= len(chunk)
+                            raise ReplyOverBudget(url, budget.limit or 0)
+                        chunks.append(chunk)
+                finally:
+                    budget.give(seen)
                 status, raw_headers = resp.status, resp.headers
         return RawReply(status, raw_headers, chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
@@ -491,6 +507,7 @@ def make_client(
     concurrency: int = DEFAULT_CONCURRENCY,
     policy: Optional[TargetPolicy] = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    reply_budget_bytes: Optional[int] = None,
 ) -> "LoopClient":
     """One shared HTTP client for a worker process: httpx over the aiohttp transport (a
     ``LoopClient``, whose ``post_bytes`` the loop uses).
@@ -505,7 +522,8 @@ def make_client(
     connector's resolver drops refused addresses, IP-literal hosts are judged before connecting);
     None means the strict default ``TargetPolicy()`` (public addresses only). Refusals raise
     ``targets.TargetRefused``. ``max_reply_bytes``: every reply body is counted as it streams and
-    refused past this many bytes (``targets.ReplyTooLarge``).
+    refused past this many bytes (``targets.ReplyTooLarge``). ``reply_budget_bytes``: the bytes all
+    replies being read at once may hold together (``budget.ReplyBudget``; None: unbounded).
     """
     limit = max(4, 2 * int(concurrency) + 8)
     policy = policy if policy is not None else TargetPolicy()
@@ -524,6 +542,7 @@ def make_client(
     return LoopClient(
         transport,
         inner,
+        budget=ReplyBudget(reply_budget_bytes),
         trust_env=False,
         follow_redirects=False,
         timeout=None,
@@ -616,13 +635,15 @@ def _policy_failure(exc: BaseException, who: str, url: str) -> Optional["_Failur
     if refused is not None:
         return _Failure(FailureKind.TARGET_REFUSED, f"gymweb did not connect to {who} at {url}: {refused}")
     too_large = find_too_large(exc)
+    if isinstance(too_large, ReplyOverBudget):
+        return _Failure(FailureKind.REPLY_OVER_BUDGET, f"{who} at {url}: {too_large.args[0]}; the rollout can run again")
     if too_large is not None:
         return _Failure(FailureKind.REPLY_TOO_LARGE, f"{who} at {url} sent a reply larger than {too_large.limit:,} bytes "
                         f"(GYMWEB_MAX_REPLY_BYTES); gymweb stopped reading it")
     return None
 
 
-_OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE)
+_OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE, FailureKind.REPLY_OVER_BUDGET)
 
 
 # Connection tries that failed because this process had no file descriptor left, waited out (a
