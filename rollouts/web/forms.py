@@ -17,7 +17,7 @@ from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
 from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
-from rollouts.evaluation.health import CHECK_IDS as HEALTH_CHECK_IDS
+from rollouts.evaluation.health import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Dataset, Rollout, RolloutHealth
 from rollouts.web.uploads import human_bytes, upload_limit_message
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
@@ -308,7 +308,7 @@ class RolloutFilterForm(ReviewFilterFields):
     task = forms.IntegerField(label="task", required=False, widget=forms.NumberInput(attrs={"size": 5}))
     # Health verdicts of the last health check (rollouts.evaluation.health), one row per checked rollout.
     verdict = forms.ChoiceField(label="health", choices=[("", "any health")] + list(RolloutHealth.Verdict.choices), required=False)
-    check = forms.ChoiceField(label="finding", choices=[("", "any finding")] + [(c, c) for c in HEALTH_CHECK_IDS], required=False)
+    check = forms.ChoiceField(label="finding", choices=[("", "any finding")] + [(c, c) for c in CHECK_IDS + GYMWEB_CHECK_IDS], required=False)
     # Content search (rollouts.search): case-insensitive substrings, every character literal.
     text = forms.CharField(label="trajectory contains", max_length=SEARCH_MAX, required=False,
                            widget=forms.TextInput(attrs={"type": "search", "size": 14, "placeholder": "any item's text"}))
