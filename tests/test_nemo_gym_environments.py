@@ -4,6 +4,11 @@ on retry, and the mis-wiring (an agent URL that is NeMo Gym's own agent server) 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -234,3 +239,60 @@ def test_registered_head_servers_list_their_environments_with_health_and_tools(h
     assert [(e.name, e.url, e.healthy) for e in envs] == [(ENV_NAME, counter_env_url, True)]
     assert set(envs[0].tools) == {"increment_counter", "get_counter_value"}
     assert heads[0].agents and heads[0].agents[0]["name"] == "remote_agent"
+
+
+# -- env start / env list ------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_env_start_runs_gym_registers_the_head_server_and_stops_its_process_group(tmp_path, counter_agent_url):
+    from tests.conftest import REPO, _worker_env, free_port, wait_for
+
+    port = free_port()
+    config = _counter_config(tmp_path, counter_agent_url)
+    local = tmp_path / "local.yaml"
+    local.write_text(f"head_server:\n  host: 127.0.0.1\n  port: {port}\n")
+    gym = tmp_path / "gym"
+    gym.write_text(f"#!/bin/sh\ncd {REPO}\nexec {sys.executable} -m tests.fake_gym \"$@\"\n")
+    gym.chmod(0o755)
+    pids_file = tmp_path / "pids.json"
+    out = (tmp_path / "env_start.out").open("wb")
+    proc = subprocess.Popen([sys.executable, str(REPO / "manage.py"), "env", "start", str(config), str(local), "--gym", str(gym),
+                             "--log", str(tmp_path / "gym.log")],
+                            cwd=REPO, env=_worker_env({"FAKE_GYM_PIDS": str(pids_file)}), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "Ctrl-C stops NeMo Gym" in (tmp_path / "env_start.out").read_text() or proc.poll() is not None,
+                 timeout=60, what="env start ready")
+        printed = (tmp_path / "env_start.out").read_text()
+        assert proc.poll() is None, printed
+        assert f"head server http://127.0.0.1:{port} registered with gymweb" in printed
+        assert re.search(rf"environment {ENV_NAME}  http://127\.0\.0\.1:\d+  healthy  tools: ", printed)
+        assert f"--head-url http://127.0.0.1:{port} --agent-name remote_agent" in printed
+        assert HeadServer.objects.filter(url=f"http://127.0.0.1:{port}").exists()
+        gym_pids = json.loads(pids_file.read_text())
+        assert len(gym_pids) == 2 and all(_alive(p) for p in gym_pids)
+        listed = subprocess.run([sys.executable, str(REPO / "manage.py"), "env", "list"], cwd=REPO, env=_worker_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert f"head server http://127.0.0.1:{port}" in listed.stdout and f"environment {ENV_NAME}" in listed.stdout
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert "stopped NeMo Gym" in (tmp_path / "env_start.out").read_text()
+        wait_for(lambda: not any(_alive(p) for p in gym_pids), timeout=10, what="gym's processes gone")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out.close()
+
+
+def test_env_start_without_nemo_gym_says_how_to_install_it(tmp_path, settings):
+    settings.GYMWEB_NEMO_GYM_BIN = str(tmp_path / "nowhere" / "gym")
+    with pytest.raises(CommandError, match="NeMo Gym needs Python >= 3.13"):
+        call_command("env", "start", str(DATA / "counter_remote.yaml"))
