@@ -21,12 +21,12 @@ from rollouts import targets
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 from rollouts.models import HeadServer as HeadServerRecord, Run
 from rollouts.nemo import head_server, miswiring
-from rollouts.nemo.config import NemoConfig, NemoConfigError
+from rollouts.nemo.config import NemoConfig, NemoConfigError, run_config_yaml
 from rollouts.nemo.head_server import DEFAULT_HEAD_URL, HeadServer, HeadServerError
 
 __all__ = [
     "NemoConfigError", "HeadServerError", "Resolved", "default_head_url", "fetch_head", "known_environments",
-    "miswiring_problem", "name_the_meant_url", "refresh_env_url", "register_head", "resolve",
+    "miswiring_problem", "name_the_meant_url", "refresh_env_url", "register_head", "resolve", "run_config",
 ]
 
 HEAD_TIMEOUT_S = 10.0
@@ -80,21 +80,30 @@ class Resolved:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def resolve(config: Optional[NemoConfig], *, head_url: Optional[str] = None, agent_name: Optional[str] = None) -> Resolved:
+def resolve(config: Optional[NemoConfig], *, head_url: Optional[str] = None, agent_name: Optional[str] = None,
+            env_name: Optional[str] = None) -> Resolved:
     """The agent (``agent_name`` or the single one with an ``agent_base_url``) and its environment.
 
     Without ``config``, the head server's own config is read (``head_url``, else
     ``default_head_url``). The env URL comes from the head server's ``/server_instances`` whenever
     a head server is named (or the config gives the env no host/port), else from the config's
-    ``host``/``port``. Raises ``NemoConfigError`` (file and key path) or ``HeadServerError`` (head
-    server URL and the name)."""
+    ``host``/``port``. ``env_name`` picks another resources server of the config than the
+    agent's. Raises ``NemoConfigError`` (file and key path) or ``HeadServerError`` (head server URL
+    and the name)."""
     head: Optional[HeadServer] = None
     if config is None:
         head = fetch_head(head_url or default_head_url())
         config = head.config
     agent = config.agent(agent_name)
-    env = config.environment(agent)
     sources = dict(agent.sources)
+    if env_name and env_name != agent.resources_server:
+        servers = config.resources_servers()
+        if env_name not in servers:
+            raise NemoConfigError(f"{config.label}: no resources server named {env_name!r} (there: {', '.join(servers) or 'none'})")
+        env = servers[env_name]
+        sources["env"] = "the environment chosen"
+    else:
+        env = config.environment(agent)
     if head is None and (head_url or not env.url):
         head = fetch_head(head_url or default_head_url(config))
     if head is not None:
@@ -267,3 +276,29 @@ def known_environments(with_tools: bool = True, max_urls: int = 50) -> tuple[lis
                 env.num_runs = max(env.num_runs, named.count())
                 env.runs = env.runs or list(named.only("id", "name", "created", "status")[:5])
     return heads, past
+
+
+def run_config(run: Run) -> str:
+    """``run``'s settings as a NeMo Gym config (``rollouts.nemo.config.run_config_yaml``), headed by
+    the two commands that repeat the run with NeMo Gym itself. The resources server's directory
+    name is read from the run's head server when it answers, else left as NeMo Gym's ``???``."""
+    env_name, env_server = run.env_name or "gymweb_environment", None
+    if run.head_url and run.env_name:
+        try:
+            server = fetch_head(run.head_url, PROBE_TIMEOUT_S).config.resources_servers().get(run.env_name)
+            env_server = server.server if server else None
+        except HeadServerError:
+            env_server = None
+    agent = run.agent_name or "remote_agent"
+    header = "\n".join([
+        f"gymweb run #{run.pk} ({run.name}) as a NeMo Gym config, to repeat it with NeMo Gym itself:",
+        "  gym env start \"+config_paths=[THIS_FILE.yaml]\"",
+        f"  gym eval run --no-serve +agent_name={agent} +input_jsonl_fpath=TASKS.jsonl "
+        f"+output_jsonl_fpath=results/rollouts.jsonl +num_repeats={run.num_repeats}",
+        f"The run's environment was {run.env_url}" + (f" ({run.env_name} of the head server {run.head_url})." if run.head_url else "."),
+        *([] if env_server else ["Replace ??? with the name of that resources server (e.g. example_session_state_mgmt)."]),
+    ])
+    return run_config_yaml(
+        agent_name=agent, agent_url=run.agent_url, env_name=env_name, env_server=env_server,
+        concurrency=run.concurrency, max_steps=run.max_steps, remote_responses_timeout_s=run.remote_responses_timeout_s,
+        run_timeout_s=run.run_timeout_s, num_repeats=run.num_repeats, header=header)

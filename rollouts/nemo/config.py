@@ -35,7 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 __all__ = [
     "AGENTS", "RESOURCES_SERVERS", "AgentConfig", "NemoConfig", "NemoConfigError", "ResourcesServerConfig",
-    "load_files", "load_texts",
+    "load_files", "load_texts", "run_config_yaml",
 ]
 
 AGENTS = "responses_api_agents"
@@ -321,3 +321,27 @@ def load_files(paths: Sequence[Union[str, Path]]) -> NemoConfig:
     for raw in paths:
         visit(Path(raw), str(raw), None)
     return _merge(ordered)
+
+
+def run_config_yaml(*, agent_name: str, agent_url: str, env_name: str, env_server: Optional[str],
+                    concurrency: int, max_steps: Optional[int], remote_responses_timeout_s: float, run_timeout_s: float,
+                    num_repeats: int = 1, header: str = "") -> str:
+    """A run's settings as a NeMo Gym config that ``gym env start "+config_paths=[FILE]"`` and
+    ``gym eval run --no-serve +agent_name=AGENT`` accept: the resources server block (``env_server``
+    is its directory name under ``resources_servers``; None writes NeMo Gym's ``???``, which NeMo Gym
+    refuses until it is filled in) and the remote_agent block with the run's knobs. ``header``:
+    comment lines put first."""
+    config = {
+        env_name: {RESOURCES_SERVERS: {env_server or MISSING: {"entrypoint": "app.py", "domain": "agent"}}},
+        agent_name: {AGENTS: {"remote_agent": {
+            "entrypoint": "app.py",
+            "agent_base_url": agent_url,
+            "resources_server": {"type": RESOURCES_SERVERS, "name": env_name},
+            "concurrency": int(concurrency),
+            "max_steps": int(max_steps) if max_steps else None,
+            "remote_responses_timeout_secs": float(remote_responses_timeout_s),
+            "run_timeout_secs": float(run_timeout_s),
+        }}},
+    }
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
