@@ -671,8 +671,8 @@ class _Run:
         probe.status = response.status_code
         routes = agent_server_routes(doc if isinstance(doc, dict) else None)
         probe.received = f"HTTP {response.status_code}: routes {', '.join(routes) or '(none of /run, /v1/responses)'}"
-        self.report.probes.append(probe)
-        if is_nemo_gym_agent_server(doc if isinstance(doc, dict) else None):
+        if is_nemo_gym_agent_server(doc if isinstance(doc, dict) else None):  # listed only when it found this
+            self.report.probes.append(probe)
             self.add(probe, "nemo_gym_agent_server", f"{self.base_url} is a NeMo Gym agent server (it serves {', '.join(routes)}), not an agent service")
 
     async def probe(self, name: str, purpose: str, request: dict[str, Any], jar: SessionJar) -> Optional[dict[str, Any]]:

@@ -366,7 +366,7 @@ class RunForm(forms.Form):
                 if error is None:
                     for name in ("agent_url", "env_url"):
                         if not data.get(name):
-                            self.add_error(name, "Enter a URL, or give a NeMo Gym config or head server to find it.")
+                            self.add_error(name, "This field is required: enter a URL, or give a NeMo Gym config or head server to find it.")
                 return
             self.nemo = resolved
             for name in ("agent_url", "env_url"):
