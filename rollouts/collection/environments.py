@@ -31,6 +31,8 @@ __all__ = [
 
 HEAD_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 3.0
+# a FastAPI app builds its OpenAPI document on the first request: seconds on a loaded machine
+OPENAPI_TIMEOUT_S = 15.0
 
 
 def client(timeout_s: float = HEAD_TIMEOUT_S) -> httpx.Client:
@@ -157,7 +159,7 @@ def miswiring_problem(agent_url: str, head_url: Optional[str] = None) -> Optiona
     the URL the user most likely meant (the agent's ``agent_base_url`` in the head server's config;
     the head servers tried: ``head_url``, else the setting, the registered ones and port 11000 of
     the agent's host). None when it is not one, or cannot be asked."""
-    with client(PROBE_TIMEOUT_S) as c:
+    with client(OPENAPI_TIMEOUT_S) as c:
         doc = head_server.openapi(c, agent_url)
     if not miswiring.is_nemo_gym_agent_server(doc):
         return None
@@ -220,7 +222,8 @@ class HeadListing:
 def _probe(c: httpx.Client, env: Environment, with_tools: bool) -> None:
     env.healthy, env.health = head_server.health(c, env.url)
     if with_tools and env.healthy:
-        env.tools = head_server.openapi_tools(c, env.url)
+        with client(OPENAPI_TIMEOUT_S) as slow:
+            env.tools = head_server.openapi_tools(slow, env.url)
 
 
 def head_listing(url: str, with_tools: bool = True) -> HeadListing:

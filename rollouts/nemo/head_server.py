@@ -30,7 +30,7 @@ __all__ = [
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"
 # Routes every NeMo Gym resources server serves besides its tools (SimpleResourcesServer).
-NOT_TOOLS = frozenset({"/seed_session", "/verify", "/aggregate_metrics", "/stats", "/health", "/healthz", "/livez", "/readyz", "/"})
+NOT_TOOLS = frozenset({"/seed_session", "/close_session", "/verify", "/aggregate_metrics", "/stats", "/health", "/healthz", "/livez", "/readyz", "/"})
 
 
 class HeadServerError(Exception):
@@ -158,8 +158,8 @@ def health(client: httpx.Client, url: str) -> tuple[bool, str]:
 
 def openapi_tools(client: httpx.Client, url: str) -> Optional[list[str]]:
     """The tools a resources server serves: the POST routes of its OpenAPI document (NeMo Gym
-    resources servers are FastAPI apps) other than ``/seed_session``, ``/verify`` and
-    ``/aggregate_metrics``. None when the document cannot be read."""
+    resources servers are FastAPI apps) other than ``/seed_session``, ``/close_session``,
+    ``/verify`` and ``/aggregate_metrics``. None when the document cannot be read."""
     doc = openapi(client, url)
     if doc is None:
         return None

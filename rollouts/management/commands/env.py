@@ -6,7 +6,8 @@ Python >= 3.13 in a virtual environment of its own: gymweb never imports it, it 
 executable: ``--gym``, else ``GYMWEB_NEMO_GYM_BIN``, else ``gym`` on PATH), waits until the head
 server reports every server ready (its ``/health`` answers 200), registers the head server, prints
 the resolved URLs and the ``collect`` command to use, and runs until Ctrl-C or SIGTERM, which stop
-NeMo Gym's whole process group (nothing is left running). ``env list`` shows the registered head
+every process NeMo Gym started (its session: its process group and Ray's workers; nothing is left
+running). ``env list`` shows the registered head
 servers and their environments with health and tools; ``env add URL`` registers a head server that
 is already running.
 """
@@ -146,7 +147,7 @@ class Command(BaseCommand):
             _stop_group(proc)
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        self.stdout.write("stopped NeMo Gym (its whole process group)")
+        self.stdout.write("stopped NeMo Gym (every process it started)")
 
     def _wait_ready(self, proc: subprocess.Popen, head_url: str, timeout: float, log_path: Path, stopping: dict) -> None:
         deadline = time.monotonic() + timeout
@@ -188,19 +189,42 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """Stop NeMo Gym's process group: SIGINT (its own clean shutdown), then SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _session_members(sid: int) -> list[int]:
+    """Pids of the live processes in session ``sid`` (Linux ``/proc``; elsewhere only ``sid``).
+    Ray puts its workers in process groups of their own, still in the session ``gym`` leads."""
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return [sid]
+    out = []
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after "pid (comm)": state, ppid, pgrp, session
+        if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop everything ``gym env start`` started (its session, which it leads: every process group
+    in it): SIGINT first (NeMo Gym's own clean shutdown), then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        members = _session_members(proc.pid)
+        if not members and proc.poll() is not None:
+            return
+        for pid in [proc.pid, *members]:
+            try:
+                os.killpg(pid, sig) if pid == proc.pid else os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             proc.poll()
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
+            if not _session_members(proc.pid):
                 return
-            time.sleep(0.1)
+            time.sleep(0.2)
     proc.poll()
