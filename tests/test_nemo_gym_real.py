@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command

@@ -116,3 +116,22 @@ def test_a_runs_settings_download_as_a_nemo_gym_config(signed_in, head, counter_
     agent = load_texts([("out", text)]).agent()
     assert (agent.agent_base_url, agent.resources_server, agent.concurrency, agent.max_steps, agent.run_timeout_s) == (
         counter_agent_url, ENV_NAME, 6, 9, 300.0)
+
+
+def test_the_api_retry_resolves_the_env_again(client, user, counter_agent_url, counter_env_url):
+    from rollouts.review.tokens import create_token
+
+    token = create_token(user, "tests")[1]
+    head = FakeHeadServer(env_url=counter_env_url, agent_base_url=counter_agent_url)
+    try:
+        run = Run.objects.create(name="r", status=Run.Status.COMPLETED, agent_url=counter_agent_url, env_url="http://127.0.0.1:9",
+                                 head_url=head.url, env_name=ENV_NAME)
+        response = client.post(f"/api/v1/runs/{run.pk}/retry", HTTP_AUTHORIZATION=f"Bearer {token}")
+        assert response.status_code == 200
+        run.refresh_from_db()
+        assert run.env_url == counter_env_url
+        head.stop()
+        response = client.post(f"/api/v1/runs/{run.pk}/retry", HTTP_AUTHORIZATION=f"Bearer {token}")
+        assert response.status_code == 400 and "cannot reach the NeMo Gym head server" in response.content.decode()
+    finally:
+        head.stop()

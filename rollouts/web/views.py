@@ -129,7 +129,9 @@ def run_new(request):
             if request.GET.get(name):
                 initial[name] = request.GET[name][:2000]
         form = RunForm(initial=initial or None)
-    context = {"form": form, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
+        if initial.get("head_url"):  # from the Environments page: what that head server runs now
+            head = environments.head_listing(initial["head_url"], with_tools=False)
+    context = {"form": form, "head": head, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
 
 
