@@ -296,3 +296,12 @@ def test_env_start_without_nemo_gym_says_how_to_install_it(tmp_path, settings):
     settings.GYMWEB_NEMO_GYM_BIN = str(tmp_path / "nowhere" / "gym")
     with pytest.raises(CommandError, match="NeMo Gym needs Python >= 3.13"):
         call_command("env", "start", str(DATA / "counter_remote.yaml"))
+
+
+def test_a_config_without_the_envs_port_uses_the_default_head_server_setting(tmp_path, settings, head, counter_agent_url, counter_env_url, counter_tasks_path):
+    settings.GYMWEB_NEMO_GYM_HEAD_URL = head.url
+    out = tmp_path / "rollouts.jsonl"
+    call_command("collect", "--config", str(_counter_config(tmp_path, counter_agent_url)), "--input", str(counter_tasks_path),
+                 "--output", str(out), "--no-progress", "--no-health-check")
+    assert [r["reward"] for r in _read(out)] == [1.0] * 5
+    assert (Run.objects.get().head_url, Run.objects.get().env_url) == (head.url, counter_env_url)
