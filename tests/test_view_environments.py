@@ -135,3 +135,11 @@ def test_the_api_retry_resolves_the_env_again(client, user, counter_agent_url, c
         assert response.status_code == 400 and "cannot reach the NeMo Gym head server" in response.content.decode()
     finally:
         head.stop()
+
+
+def test_the_form_lists_the_default_head_servers_environments_and_agents(signed_in, settings, head, counter_env_url, counter_agent_url):
+    settings.GYMWEB_NEMO_GYM_HEAD_URL = head.url
+    page = signed_in.get(reverse("run_new")).content.decode()
+    assert f'value="{head.url}"' in page
+    assert ENV_NAME in page and counter_env_url in page and "healthy" in page
+    assert counter_agent_url in page  # the agent's agent_base_url

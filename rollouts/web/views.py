@@ -129,8 +129,10 @@ def run_new(request):
             if request.GET.get(name):
                 initial[name] = request.GET[name][:2000]
         form = RunForm(initial=initial or None)
-        if initial.get("head_url"):  # from the Environments page: what that head server runs now
-            head = environments.head_listing(initial["head_url"], with_tools=False)
+        # what the head server of the Environments page's link (or GYMWEB_NEMO_GYM_HEAD_URL) runs now
+        head_url = initial.get("head_url") or getattr(settings, "GYMWEB_NEMO_GYM_HEAD_URL", "")
+        if head_url:
+            head = environments.head_listing(head_url, with_tools=False)
     context = {"form": form, "head": head, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
 
