@@ -242,6 +242,17 @@ async def liveness(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    """GET /openapi.json: the routes, as the FastAPI app of a NeMo Gym resources server lists them
+    (gymweb's Environments page reads the tools from it)."""
+    paths = {
+        resource.canonical: {route.method.lower(): {} for route in resource if route.method != "HEAD"}
+        for resource in request.app.router.resources()
+        if isinstance(resource, web.PlainResource) and resource.canonical != "/openapi.json"
+    }
+    return json_response({"openapi": "3.1.0", "info": {"title": "counter env", "version": "0"}, "paths": paths})
+
+
 def make_app(
     max_sessions: int = DEFAULT_MAX_SESSIONS, aggregate_metrics_route: bool = True, verify_reply: str = "echo"
 ) -> web.Application:
@@ -261,6 +272,8 @@ def make_app(
         app.router.add_post("/aggregate_metrics", aggregate_metrics)
     app.router.add_get("/reverify_mode", reverify_mode)
     app.router.add_get("/", liveness)
+    app.router.add_get("/health", liveness)
+    app.router.add_get("/openapi.json", openapi)
     add_fallback_routes(app)
     return app
 

@@ -220,6 +220,15 @@ FILE_UPLOAD_HANDLERS = [
 GYMWEB_DEFAULT_AGENT_URL = os.environ.get("GYMWEB_DEFAULT_AGENT_URL", "")
 GYMWEB_DEFAULT_ENV_URL = os.environ.get("GYMWEB_DEFAULT_ENV_URL", "")
 
+# NeMo Gym environments (rollouts.nemo; docs/nemo-gym-environments.md). GYMWEB_NEMO_GYM_HEAD_URL: the
+# head server `collect --config`, the new-run form and `env list` use when none is named (empty: the
+# config's head_server block, else NeMo Gym's default http://127.0.0.1:11000). GYMWEB_NEMO_GYM_BIN:
+# NeMo Gym's `gym` executable for `manage.py env start` (empty: `gym` on PATH); NeMo Gym runs in its
+# own Python >= 3.13 environment and gymweb never imports it. Tests that start a real `gym env start`
+# run only when it is set.
+GYMWEB_NEMO_GYM_HEAD_URL = os.environ.get("GYMWEB_NEMO_GYM_HEAD_URL", "")
+GYMWEB_NEMO_GYM_BIN = os.environ.get("GYMWEB_NEMO_GYM_BIN", "")
+
 # Which hosts a run may reach (rollouts.engine.targets; README, "Which hosts a run may reach"),
 # enforced at connection time on every request gymweb sends to an agent or an env.
 # GYMWEB_ALLOWED_TARGET_HOSTS: comma-separated `host`, `host:port`, IP, CIDR (`10.0.0.0/8`) or any of

@@ -77,6 +77,11 @@ class Run(models.Model):
     agent_url = models.CharField(max_length=2000, blank=True)
     env_url = models.CharField(max_length=2000, blank=True)
     agent_name = LosslessCharField(max_length=200, default="remote_agent")
+    # A NeMo Gym environment found through its head server (rollouts.nemo): the head server's URL
+    # and the resources server's config name; env_url is resolved from them again on every retry
+    # (ports move across `gym env start`s). Blank: env_url was given directly.
+    head_url = models.CharField(max_length=2000, blank=True)
+    env_name = LosslessCharField(max_length=200, blank=True)
     concurrency = models.PositiveIntegerField(default=32)
     max_steps = models.PositiveIntegerField(null=True, blank=True, help_text="agent calls per rollout; empty or 0 = unbounded")
     num_repeats = models.PositiveIntegerField(default=1)
@@ -508,3 +513,20 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class HeadServer(models.Model):
+    """A NeMo Gym head server gymweb knows (``manage.py env start`` or ``env add`` registered it, or
+    a run used it): its environments are read from it live (``rollouts.nemo.head_server``), never
+    stored, since their ports move on every start."""
+
+    url = models.CharField(max_length=2000, unique=True)
+    added = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    config_files = LosslessTextField(blank=True, help_text="the config files it was started with, one a line")
+
+    class Meta:
+        ordering = ["url"]
+
+    def __str__(self) -> str:
+        return self.url

@@ -132,3 +132,19 @@ def test_a_taken_example_port_is_a_clear_error_naming_the_flag(tmp_path):
         assert demo.proc.wait(timeout=120) != 0
     assert f"127.0.0.1:{port} is already in use" in demo.output and f"--env-port {port + 1}" in demo.output
     assert not (tmp_path / "gymweb.sqlite3").exists()  # nothing touched
+
+
+def test_the_demo_runs_on_a_nemo_gym_head_servers_environment(tmp_path, counter_env_url):
+    from tests.nemo_fakes import ENV_NAME, FakeHeadServer
+
+    head = FakeHeadServer(env_url=counter_env_url)
+    ports = ["--port", str(free_port()), "--env-port", str(free_port()), "--agent-port", str(free_port())]
+    demo = Demo(tmp_path, *ports, "--head-url", head.url, "--num-repeats", "1", "--exit-when-done")
+    try:
+        demo.wait_for("gymweb is running")
+        assert f"NeMo Gym    {ENV_NAME} at {counter_env_url} (head server {head.url})" in demo.output
+        assert demo.proc.wait(timeout=180) == 0, demo.output[-3000:]
+    finally:
+        demo.stop()
+        head.stop()
+    assert "demo run completed: 5 succeeded, 0 failed" in demo.output

@@ -52,6 +52,7 @@ from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.contract import prepare_reply_validation
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
+from rollouts.nemo import miswiring
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, Task, TrajectoryItem, Worker
 from rollouts.search import fill_missing
 
@@ -514,22 +515,38 @@ def _write_batch(batch: _Batch, worker: str) -> None:
 class _Recorder:
     """The loop's observer for one rollout: queues rows for the next batch (never blocks)."""
 
-    __slots__ = ("rollout_id", "dispatcher")
+    __slots__ = ("rollout_id", "dispatcher", "tool_items")
 
     def __init__(self, rollout_id: int, dispatcher: "Dispatcher"):
         self.rollout_id = rollout_id
         self.dispatcher = dispatcher
+        # (item, origin) of the tool calls and results, for the mis-wiring check at the end
+        self.tool_items: list[tuple[dict[str, Any], str]] = []
 
     def on_seeded(self, latency_ms: float) -> None:
         self.dispatcher.batch.seeds[self.rollout_id] = latency_ms
+
+    def _keep_tools(self, items: list[ItemRecord]) -> None:
+        self.tool_items.extend((rec.item, rec.origin) for rec in items if rec.kind in ("function_call", "function_call_output"))
 
     def on_step(self, step: StepRecord, items: list[ItemRecord]) -> None:
         batch = self.dispatcher.batch
         batch.calls.append(_call_row(self.rollout_id, step))
         batch.items.extend(_item_row(self.rollout_id, rec) for rec in items)
+        self._keep_tools(items)
 
     def on_items(self, items: list[ItemRecord]) -> None:
         self.dispatcher.batch.items.extend(_item_row(self.rollout_id, rec) for rec in items)
+        self._keep_tools(items)
+
+    def miswiring_warning(self, row: dict[str, Any]) -> Optional[str]:
+        """The rollout's warning when its agent reported results of the env's tools that the env
+        never executed (``rollouts.nemo.miswiring``), else None."""
+        if not self.tool_items:
+            return None
+        unexecuted = miswiring.unexecuted_tool_results(
+            self.tool_items, miswiring.declared_tools(row.get("responses_create_params")))
+        return miswiring.rollout_warning(unexecuted) if unexecuted else None
 
 
 @dataclass
@@ -894,8 +911,12 @@ class Dispatcher:
 
     async def _run_one(self, rollout_id: int, run_id: int, row: dict[str, Any]) -> None:
         info = self.runs[run_id]
+        recorder = _Recorder(rollout_id, self)
         try:
-            outcome = await run_rollout(self.client, row, info.settings, _Recorder(rollout_id, self))
+            outcome = await run_rollout(self.client, row, info.settings, recorder)
+            warning = recorder.miswiring_warning(row)
+            if warning:
+                outcome.warnings.append(warning)
         except Exception as exc:  # the loop turns failures into outcomes; this is the last guard
             log.exception("rollout %s crashed", rollout_id)
             outcome = RolloutOutcome(ok=False, failure_kind=FailureKind.INTERNAL_ERROR, error=f"gymweb internal error: {exc.__class__.__name__}: {exc}",
@@ -913,7 +934,9 @@ class Dispatcher:
         fresh = {}
         for r in rows:
             known = self.runs.get(r["id"])
-            loop_settings = known.settings if known else LoopSettings(
+            # a retry may have moved the env (a NeMo Gym resources server resolved again by name)
+            same = known and (known.settings.agent_base_url, known.settings.env_base_url) == (r["agent_url"], r["env_url"])
+            loop_settings = known.settings if same else LoopSettings(
                 agent_base_url=r["agent_url"],
                 env_base_url=r["env_url"],
                 max_steps=r["max_steps"] or None,

@@ -27,6 +27,10 @@ Findings (code → severity; rules cite DESIGN.md, "Contract rules", and the see
 ``duplicate_call_id``, ``orphan_call_output`` (rule 4) are errors: the rollout goes on but the
 agent broke the contract. ``no_usage`` (rule 3), ``arguments_not_json`` (rule 6),
 ``repeated_call_id`` (rule 4), ``no_progress`` (rule 10), ``slow`` (rule 12) are warnings.
+``nemo_gym_agent_server`` (an error: ``GET /openapi.json`` shows NeMo Gym's ``/run`` beside
+``/v1/responses``, so the URL is NeMo Gym's own agent server) and ``agent_ran_env_tools`` (a
+warning: a reply answers calls of the declared tools itself, so the env never runs them) catch the
+mis-wiring of ``rollouts.nemo.miswiring``.
 Each code's advice is in ``CHECKS``.
 
 No Django here: a view, the ``check_agent`` command or a test can call it.
@@ -59,6 +63,7 @@ from rollouts.engine.contract import (
 )
 from rollouts.engine.loop import BODY_EXCERPT_CHARS, SessionJar, make_client, validate_base_url
 from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy, find_refusal, find_too_large
+from rollouts.nemo.miswiring import agent_server_routes, is_nemo_gym_agent_server, unexecuted_tool_results
 
 __all__ = [
     "CHECKS",
@@ -216,6 +221,22 @@ CHECKS: dict[str, Check] = {
         "Only return a function_call_output together with the function_call of the same call_id (your own tool's "
         "record, paired in the same reply). Never answer a call nobody made; gymweb adds the outputs of the calls "
         "it runs itself.",
+    ),
+    "nemo_gym_agent_server": Check(
+        ERROR,
+        "docs/nemo-gym-environments.md, \"The mis-wiring\"",
+        "This URL is NeMo Gym's own agent server (it serves /run), not your agent service: it calls your agent "
+        "itself and runs the environment's tools in a session of its own, so gymweb's environment would see no "
+        "tool call and every rollout would score 0.0. Use your agent service's URL (the agent_base_url of the "
+        "agent in your NeMo Gym config), or run collect with --config/--head-url and --agent-name and no agent URL.",
+    ),
+    "agent_ran_env_tools": Check(
+        WARNING,
+        "contract rule 4, DESIGN.md; docs/nemo-gym-environments.md, \"The mis-wiring\"",
+        "The reply already carries the results of the environment's own tools (function_call + function_call_output "
+        "for a declared tool): gymweb runs only unanswered calls, so the environment never sees these and /verify "
+        "scores a session the tools never touched. Return the function_call alone and let gymweb run it, or point "
+        "gymweb at your agent service instead of a server that runs the tools itself.",
     ),
     "repeated_call_id": Check(
         WARNING,
@@ -579,6 +600,10 @@ def check_reply(request: dict[str, Any], data: dict[str, Any]) -> list[tuple[str
                 found.append(("arguments_not_json", f"the arguments of the ask for {name!r} (call_id {ask['call_id']!r}) are not valid JSON: {arguments[:100]!r}"))
         if ask["call_id"] in earlier_ids:
             found.append(("repeated_call_id", f"the ask for {name!r} reuses call_id {ask['call_id']!r} from earlier in the conversation"))
+    ran_env_tools = unexecuted_tool_results([(i, "agent") for i in items], declared)
+    if ran_env_tools and declared:
+        found.append(("agent_ran_env_tools", f"the reply answers {len(ran_env_tools)} call(s) of the declared tools itself "
+                                             f"(call_id {ran_env_tools[0]!r}): the environment never runs them"))
     for item in items:
         if item.get("type") == "function_call_output" and item["call_id"] not in calls_here | earlier_ids:
             found.append(("orphan_call_output", f"a function_call_output answers call_id {item['call_id']!r}, which no function_call made (neither in this reply nor in the input)"))
@@ -629,6 +654,27 @@ class _Run:
         )
         self._by_key[(code, title)] = finding
         self.report.findings.append(finding)
+
+    async def probe_nemo_gym_agent_server(self) -> None:
+        """``GET {base}/openapi.json``: a NeMo Gym agent server (``/run`` beside ``/v1/responses``)
+        is reported as ``nemo_gym_agent_server``. Silent when the document cannot be read."""
+        url = f"{self.base_url}/openapi.json"
+        probe = ProbeResult(name="openapi", purpose="is it NeMo Gym's own agent server? (GET /openapi.json)", url=url, request={}, sent=f"GET {url}")
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                response = await self.client.get(url)
+                await response.aread()
+            doc = json.loads(response.content) if response.status_code == 200 else None
+        except (TimeoutError, httpx.HTTPError, aiohttp.ClientError, ValueError):
+            return
+        probe.latency_ms = (time.perf_counter() - started) * 1000
+        probe.status = response.status_code
+        routes = agent_server_routes(doc if isinstance(doc, dict) else None)
+        probe.received = f"HTTP {response.status_code}: routes {', '.join(routes) or '(none of /run, /v1/responses)'}"
+        if is_nemo_gym_agent_server(doc if isinstance(doc, dict) else None):  # listed only when it found this
+            self.report.probes.append(probe)
+            self.add(probe, "nemo_gym_agent_server", f"{self.base_url} is a NeMo Gym agent server (it serves {', '.join(routes)}), not an agent service")
 
     async def probe(self, name: str, purpose: str, request: dict[str, Any], jar: SessionJar) -> Optional[dict[str, Any]]:
         """Send one probe; record it and its findings. Returns the reply object when it is one."""
@@ -732,6 +778,7 @@ async def check_agent(
         reply = await run.probe("counter_task", "a counter task with two declared tools", first, jar)
         if run.unreachable:
             return run.report
+        await run.probe_nemo_gym_agent_server()
         follow_up, purpose = _follow_up_request(first, reply)
         await run.probe("follow_up", purpose, follow_up, jar)
         await run.probe("string_input", "input given as a string", {"input": STRING_TASK, "tools": PROBE_TOOLS}, SessionJar())

@@ -33,6 +33,9 @@ rollout_token_count_mismatch       the row's ``response.usage`` (what trains) di
                                    the calls' usage
 model_call_runaway_generation      ``incomplete_details.reason`` is a length limit and the reply has
                                    no content
+tool_results_not_executed          gymweb's own: the agent's replies carry results of the env's tools
+                                   (declared by the task) that the env never executed through gymweb
+                                   (``rollouts.nemo.miswiring``; collected runs only)
 task_consistently_unhealthy        every computable repeat of a task is unhealthy (>= 2 computable)
 task_no_successful_model_calls     no repeat of a task got one successful agent call
 ================================== ===================================================================
@@ -55,7 +58,8 @@ import orjson
 from django.db import transaction
 from django.utils import timezone
 
-from rollouts.models import AgentCall, Rollout, RolloutHealth, Run, TrajectoryItem
+from rollouts.models import AgentCall, Rollout, RolloutHealth, Run, Task, TrajectoryItem
+from rollouts.nemo import miswiring
 
 __all__ = [
     "CHECK_IDS", "ROLLOUT_CHECK_IDS", "TASK_CHECK_IDS", "QUALITY_SUMMARY_FILENAME", "ROLLOUT_VERDICTS_FILENAME",
@@ -83,6 +87,11 @@ ROLLOUT_CHECK_IDS = (
 )
 TASK_CHECK_IDS = ("task_consistently_unhealthy", "task_no_successful_model_calls")
 CHECK_IDS = ROLLOUT_CHECK_IDS + TASK_CHECK_IDS
+# gymweb's own checks, on runs gymweb collected only (a file has no record of which tool results the
+# env executed); they appear in a summary only when some rollout could be checked, so NeMo Gym's
+# files come out byte for byte.
+TOOL_RESULTS_NOT_EXECUTED = "tool_results_not_executed"
+GYMWEB_CHECK_IDS = (TOOL_RESULTS_NOT_EXECUTED,)
 # Checks that need the record only; every other rollout check reads the trajectory.
 RECORD_ONLY = {"check_execution_error", "record_unreadable", "rollout_duplicate_identity"}
 TURN_CHECKS = {"rollout_missing_agent_turns", "agent_turn_hollow"}
@@ -109,6 +118,7 @@ CHECK_TEXT = {
     "model_call_runaway_generation": "hit the length limit with no content",
     "task_consistently_unhealthy": "every repeat of the task is unhealthy",
     "task_no_successful_model_calls": "no repeat of the task got a successful agent call",
+    TOOL_RESULTS_NOT_EXECUTED: "the agent reported results of the env's tools that the env never executed",
 }
 
 
@@ -197,6 +207,9 @@ class Evidence:
     turns: Optional[list[Turn]] = None
     stage_index: Any = None
     rollout_pk: Optional[int] = None
+    # call_ids of tool results the agent reported for the env's tools that the env never executed
+    # (rollouts.nemo.miswiring); None when not observed (a file row).
+    unexecuted_tool_results: Optional[list[str]] = None
 
 
 @dataclass
@@ -224,6 +237,7 @@ class Digest:
     capture_prompt_tokens: int = 0
     capture_completion_tokens: int = 0
     rollout_pk: Optional[int] = None
+    gymweb_observed: bool = False
 
 
 @dataclass
@@ -359,6 +373,14 @@ def check_evidence(ev: Evidence, ignored: frozenset[str] = frozenset()) -> Diges
         for finding, step in found:
             digest.findings.append(finding)
             digest.finding_steps.append(step)
+    if ev.unexecuted_tool_results is not None and TOOL_RESULTS_NOT_EXECUTED not in ignored:
+        digest.gymweb_observed = True
+        if ev.unexecuted_tool_results:
+            digest.findings.append(_finding(TOOL_RESULTS_NOT_EXECUTED, {"call_id": ev.unexecuted_tool_results[0]}, {
+                "reason": "the agent's replies carry results of the env's tools that the env never executed "
+                          "(is the agent URL NeMo Gym's own agent server?)",
+                "count": len(ev.unexecuted_tool_results)}))
+            digest.finding_steps.append(None)
     digest.verdict = "unhealthy" if digest.findings else "unobserved" if digest.unobserved else "healthy"
     failed = [c for c in calls if c.failed]
     digest.capture_observed = bool(calls)
@@ -457,12 +479,19 @@ def _reduce(digests: list[Digest], ignored: frozenset[str]) -> dict[str, Any]:
             "repeats": len(repeats_of[task]), "healthy": counts["healthy"], "unhealthy": counts["unhealthy"],
             "unobserved": counts["unobserved"], "flags": task_flags.get(task, []),
         }
+    issue_counts = {c: issues[c] for c in CHECK_IDS}
+    for c in GYMWEB_CHECK_IDS:
+        if c in ignored or any(d.gymweb_observed for d in digests):
+            issue_counts[c] = issues[c]
+            coverage[c] = {"evaluated": sum(d.gymweb_observed for d in digests), "unobserved": 0,
+                           "ignored": len(digests) if c in ignored else 0}
+            coverage[c]["unobserved"] = len(digests) - coverage[c]["evaluated"] - coverage[c]["ignored"]
     return {
         "run": {
             "ignored_checks": sorted(ignored),
             "artifacts": {"records": len(digests), "captures": sum(d.capture_observed for d in digests), "coverage": coverage},
             "verdicts": {v: verdicts[v] for v in ("healthy", "unhealthy", "unobserved")},
-            "issues": {c: issues[c] for c in CHECK_IDS},
+            "issues": issue_counts,
             "stats": {
                 "model_call_errors": {
                     "total": sum(d.model_call_errors for d in digests),
@@ -496,7 +525,7 @@ def normalize_ignored(checks: Union[str, Sequence[str], None]) -> frozenset[str]
         return frozenset()
     raw = checks.split(",") if isinstance(checks, str) else checks
     ids = [c.strip() for c in raw if c.strip()]
-    unknown = sorted(set(ids) - set(CHECK_IDS))
+    unknown = sorted(set(ids) - set(CHECK_IDS) - set(GYMWEB_CHECK_IDS))
     if unknown:
         raise ValueError(f"Unknown rollout health check(s): {', '.join(unknown)}")
     return frozenset(ids)
@@ -649,6 +678,14 @@ def _record(r: Rollout) -> dict[str, Any]:
     return {"reward": 0.0, "response": {"usage": None}}
 
 
+def _task_row(text: str) -> Optional[dict]:
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
 def run_evidence(run: Run, ids: list[int], chunk: int = 200) -> Iterator[Evidence]:
     """Evidence of the given rollouts of a stored run, read in chunks (calls and the agent's items
     of each). Imported runs give record-only evidence (no per-call data exists for them)."""
@@ -664,11 +701,18 @@ def run_evidence(run: Run, ids: list[int], chunk: int = 200) -> Iterator[Evidenc
             agent_items = TrajectoryItem.objects.filter(rollout_id__in=part, origin=TrajectoryItem.Origin.AGENT)
             for rid, step, payload in agent_items.order_by("rollout_id", "seq").values_list("rollout_id", "step", "payload"):
                 items_of[rid][step].append(payload)
+            tools_of: dict[int, list[tuple[dict, str]]] = defaultdict(list)
+            tool_items = TrajectoryItem.objects.filter(rollout_id__in=part, kind__in=("function_call", "function_call_output"))
+            for rid, payload, origin in tool_items.order_by("rollout_id", "seq").values_list("rollout_id", "payload", "origin"):
+                tools_of[rid].append((payload, origin))
+            declared = {t.pk: miswiring.declared_tools((_task_row(t.row_json) or {}).get("responses_create_params"))
+                        for t in Task.objects.filter(rollouts__id__in=part).distinct().only("id", "row_json")}
         for r in rollouts:
             ev = Evidence(task_index=r.task_index, rollout_index=r.rollout_index,
                           rollout_id=f"{r.task_index}-{r.rollout_index}", record=_record(r), rollout_pk=r.pk)
             if not imported:
                 ev.calls, ev.turns = _calls_of(calls_of.get(r.pk, []), items_of.get(r.pk, {}))
+                ev.unexecuted_tool_results = miswiring.unexecuted_tool_results(tools_of.get(r.pk, []), declared.get(r.task_id))
             yield ev
 
 

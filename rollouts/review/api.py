@@ -31,7 +31,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from rollouts import targets
-from rollouts.collection import runs
+from rollouts.collection import environments, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.evaluation import metrics
@@ -474,6 +474,10 @@ def retry_run(request, run_id: int):
     run = _run_for(request, run_id)
     if run.status == Run.Status.IMPORTED:
         raise HttpError(400, "an imported run has no services to run against")
+    try:
+        environments.refresh_env_url(run)  # a NeMo Gym environment: found again by name
+    except environments.HeadServerError as exc:
+        raise HttpError(400, f"not retried: {exc}") from None
     refused = targets.refused_services(run.agent_url, run.env_url)
     if refused:  # nothing is queued: the attempts would only fail with target_refused
         raise HttpError(400, "not retried: " + " ".join(refused))

@@ -46,6 +46,7 @@ from rollouts.web import charts
 from rollouts.evaluation import compare as nemo_compare
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts import targets
+from rollouts.collection import environments
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
 from rollouts.web.forms import clean_agent_url, export_filename
 from rollouts.engine.loop import InvalidBaseURL
@@ -890,6 +891,7 @@ def check_agent(request):
             except InvalidBaseURL as exc:  # validated above; kept for safety (the message never echoes credentials)
                 form.add_error("agent_url", str(exc))
             else:
+                environments.name_the_meant_url(report, form.cleaned_data["agent_url"])
                 refused = [f for f in report.findings if f.code == "target_refused"]
                 if refused:  # judged again when connecting (the name's addresses may have changed)
                     form.add_error("agent_url", f"agent URL: {refused[0].title}.")

@@ -58,7 +58,7 @@ def _health_context(run: Run, url_base: str) -> dict[str, Any]:
         return {"health": None}
     verdicts = summary["run"]["verdicts"]
     issues = [{"check": c, "count": n, "text": health.CHECK_TEXT.get(c, c),
-               "url": f"{url_base}?check={c}#rollouts" if c in health.ROLLOUT_CHECK_IDS else ""}
+               "url": f"{url_base}?check={c}#rollouts" if c in health.ROLLOUT_CHECK_IDS + health.GYMWEB_CHECK_IDS else ""}
               for c, n in summary["run"]["issues"].items() if n]
     coverage = summary["run"]["artifacts"]["coverage"]
     unobserved = [c for c, cov in coverage.items() if cov["unobserved"] and not cov["evaluated"]]

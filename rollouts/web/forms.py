@@ -18,9 +18,12 @@ from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
 from rollouts.collection import runs
 from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
-from rollouts.evaluation.health import CHECK_IDS as HEALTH_CHECK_IDS
+from rollouts.evaluation.health import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Dataset, Rollout, RolloutHealth
 from rollouts.web.uploads import human_bytes, upload_limit_message
+from rollouts.collection import environments
+from rollouts.collection.environments import Resolved
+from rollouts.nemo.config import NemoConfigError, load_texts
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
 from rollouts import search
 
@@ -136,19 +139,43 @@ class RunForm(forms.Form):
         label="…or reuse an earlier dataset",
         empty_label="(none)",
     )
+    nemo_config = forms.CharField(
+        required=False,
+        label="NeMo Gym config (YAML)",
+        help_text="Paste a NeMo Gym config (e.g. counter_remote.yaml): the agent's agent_base_url, its environment, "
+                  "concurrency, max_steps and timeouts fill the fields below.",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
+    )
+    nemo_config_file = forms.FileField(
+        required=False, label="…or upload it",
+        widget=forms.ClearableFileInput(attrs={"accept": ".yaml,.yml,application/yaml,text/yaml"}),
+    )
+    head_url = forms.CharField(
+        required=False, max_length=2000, label="NeMo Gym head server",
+        help_text="Where `gym env start` runs (NeMo Gym's default http://127.0.0.1:11000): the environment is found "
+                  "there by name, at its current port, when the run starts and on every retry.",
+        widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:11000", "size": 48, "autocomplete": "off"}),
+    )
+    env_name = forms.CharField(
+        required=False, max_length=200, label="Environment name",
+        help_text="The resources server's name in the head server's config (default: the agent's resources_server).",
+    )
     agent_url = forms.CharField(
+        required=False,
         label="Agent base URL",
         max_length=2000,
         help_text="Your service: gymweb POSTs to {agent_url}/v1/responses.",
         widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:9102", "size": 48, "autocomplete": "off"}),
     )
     env_url = forms.CharField(
+        required=False,
         label="Environment base URL",
         max_length=2000,
         help_text="A NeMo Gym resources server: /seed_session, one route per tool, /verify.",
         widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:9101", "size": 48, "autocomplete": "off"}),
     )
-    agent_name = forms.CharField(max_length=200, initial="remote_agent", help_text="agent_ref.name in the output rows.")
+    agent_name = forms.CharField(max_length=200, initial="remote_agent",
+                                 help_text="agent_ref.name in the output rows; with a NeMo Gym config or head server, the agent to use.")
     concurrency = forms.IntegerField(min_value=1, max_value=4096, initial=DEFAULT_CONCURRENCY, help_text="Rollouts in flight at once.")
     max_steps = forms.IntegerField(min_value=0, required=False, help_text="Agent calls per rollout; empty or 0 = unbounded.")
     num_repeats = forms.IntegerField(min_value=1, max_value=100000, initial=1, help_text="Rollouts per task.")
@@ -180,14 +207,94 @@ class RunForm(forms.Form):
         self.fields["run_timeout_s"].widget.attrs["max"] = f"{self.max_run_timeout_s:g}"
         self.max_upload_bytes = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
         self.fields["dataset_file"].help_text += f" Up to {human_bytes(self.max_upload_bytes)}."
+        self.fields["head_url"].initial = getattr(settings, "GYMWEB_NEMO_GYM_HEAD_URL", "") or None
         self.parsed: Optional[ParsedDataset] = None
+        self.nemo: Optional[Resolved] = None  # what a NeMo Gym config / head server gave
+
+    # -- NeMo Gym --------------------------------------------------------------------------------
+    NEMO_FIELDS = {"agent_url": "agent_url", "env_url": "env_url", "concurrency": "concurrency", "max_steps": "max_steps",
+                   "remote_responses_timeout_s": "remote_responses_timeout_s", "run_timeout_s": "run_timeout_s"}
+
+    def nemo_config_text(self) -> tuple[str, str]:
+        """``(source name, YAML)`` of the uploaded or pasted config; ``("", "")`` when none."""
+        upload = self.files.get("nemo_config_file") if self.files else None
+        if upload is not None:
+            if upload.size > 1024 * 1024:
+                raise NemoConfigError(f"{upload.name}: a NeMo Gym config over 1 MB is not accepted")
+            return PurePath(upload.name).name, upload.read().decode("utf-8", errors="replace")
+        text = (self.data.get("nemo_config") or "").strip() if self.data else ""
+        return ("the pasted config", text) if text else ("", "")
+
+    def resolve_nemo(self) -> tuple[Optional[Resolved], Optional[tuple[str, str]]]:
+        """The agent, env and knobs of the NeMo Gym config and/or head server in the form's raw
+        data: ``(resolved, None)``, ``(None, (field, error))``, or ``(None, None)`` when neither is given."""
+        try:
+            source, text = self.nemo_config_text()
+        except NemoConfigError as exc:
+            return None, ("nemo_config_file", str(exc))
+        head_url = (self.data.get("head_url") or "").strip() if self.data else ""
+        if not text and not head_url:
+            return None, None
+        agent_name = (self.data.get("agent_name") or "").strip() or None
+        env_name = (self.data.get("env_name") or "").strip() or None
+        try:
+            config = load_texts([(source, text)]) if text else None
+            if agent_name == self.fields["agent_name"].initial:
+                names = {a.name for a in (config.agents() if config else [])}
+                if agent_name not in names:
+                    agent_name = None  # the form's default name: take the config's single agent
+            resolved = environments.resolve(config, head_url=head_url or None, agent_name=agent_name, env_name=env_name)
+        except NemoConfigError as exc:
+            return None, ("nemo_config" if text else "head_url", str(exc))
+        except environments.HeadServerError as exc:
+            return None, ("head_url", str(exc))
+        return resolved, None
+
+    def fill_from_nemo(self) -> Optional[dict[str, Any]]:
+        """The form's data with the fields the NeMo Gym config / head server gives filled in (use
+        ``annotate_sources`` on the new form to say where from). None when nothing could be read;
+        ``fill_error`` then says why."""
+        self.fill_error: Optional[tuple[str, str]] = None
+        resolved, error = self.resolve_nemo()
+        if resolved is None:
+            self.fill_error = error or ("nemo_config", "Paste or upload a NeMo Gym config, or enter a head server, first.")
+            return None
+        data = self.data.copy()
+        values = {"agent_url": resolved.agent_url, "env_url": resolved.env_url, "agent_name": resolved.agent_name,
+                  "env_name": resolved.env_name, "head_url": resolved.head_url or "", **resolved.options}
+        for name, value in values.items():
+            if value is not None:
+                data[name] = str(value)
+        self.nemo = resolved
+        return data
+
+    def annotate_sources(self, resolved: Resolved) -> None:
+        """Add "from FILE: key.path" to the help text of each field the config filled."""
+        for name, key in (("agent_url", "agent_url"), ("env_url", "env_url"), ("env_name", "env"), ("concurrency", "concurrency"),
+                          ("max_steps", "max_steps"), ("remote_responses_timeout_s", "remote_responses_timeout_s"),
+                          ("run_timeout_s", "run_timeout_s")):
+            if key in resolved.sources:
+                self.fields[name].help_text = f"From {resolved.sources[key]}. " + str(self.fields[name].help_text)
 
     # -- services --------------------------------------------------------------------------------
     def clean_agent_url(self) -> str:
-        return clean_agent_url(self)
+        if not self.cleaned_data.get("agent_url"):
+            return ""
+        url = clean_agent_url(self)
+        problem = environments.miswiring_problem(url, (self.data.get("head_url") or "").strip() or None)
+        if problem:
+            raise forms.ValidationError(problem, code="nemo_gym_agent_server")
+        return url
 
     def clean_env_url(self) -> str:
+        if not self.cleaned_data.get("env_url"):
+            return ""
         return clean_target_url(self, "env_url", "environment URL")
+
+    def clean_head_url(self) -> str:
+        if not self.cleaned_data.get("head_url"):
+            return ""
+        return clean_target_url(self, "head_url", "head server URL")
 
     # -- knobs -----------------------------------------------------------------------------------
     def clean_run_timeout_s(self) -> float:
@@ -231,6 +338,7 @@ class RunForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        self._clean_services(data)
         upload, dataset = data.get("dataset_file"), data.get("dataset")
         if "dataset_file" in self.errors:
             return data
@@ -246,6 +354,45 @@ class RunForm(forms.Form):
                 self.add_error("num_repeats", str(exc).replace("--limit/num_repeats", "the limit or num repeats"))
         return data
 
+    def _clean_services(self, data: dict[str, Any]) -> None:
+        """The agent and env: as typed, or from the NeMo Gym config / head server when left empty;
+        a head server's env is kept by name (resolved again on retry)."""
+        if "agent_url" in self.errors or "env_url" in self.errors:
+            return
+        if not data.get("agent_url") or not data.get("env_url"):
+            resolved, error = self.resolve_nemo()
+            if error is not None:
+                self.add_error(*error)
+            if resolved is None:
+                if error is None:
+                    for name in ("agent_url", "env_url"):
+                        if not data.get(name):
+                            self.add_error(name, "This field is required: enter a URL, or give a NeMo Gym config or head server to find it.")
+                return
+            self.nemo = resolved
+            for name in ("agent_url", "env_url"):
+                if not data.get(name):
+                    value = getattr(resolved, name)
+                    if not value:
+                        self.add_error(name, f"The NeMo Gym config gives no {name.replace('_', ' ')}: enter it.")
+                        continue
+                    try:
+                        if name == "agent_url":
+                            problem = environments.miswiring_problem(validate_base_url(value, "agent URL"), resolved.head_url)
+                            if problem:
+                                self.add_error(name, problem)
+                                continue
+                        data[name] = validate_base_url(value, name.replace("_", " "))
+                        targets.check_url(data[name])
+                    except InvalidBaseURL as exc:
+                        self.add_error(name, str(exc))
+                    except targets.TargetRefused as exc:
+                        self.add_error(name, target_refused_message(name.replace("_", " "), value, exc))
+        elif data.get("head_url") and not self.nemo:
+            resolved, _ = self.resolve_nemo()
+            if resolved is not None and resolved.env_url == data.get("env_url"):
+                self.nemo = resolved
+
     def dataset_name(self) -> str:
         upload = self.cleaned_data.get("dataset_file")
         if upload:
@@ -255,9 +402,12 @@ class RunForm(forms.Form):
     def run_options(self) -> dict[str, Any]:
         """``Run`` fields for ``runs.create_run``."""
         d = self.cleaned_data
+        by_head = self.nemo is not None and self.nemo.head_url and self.nemo.env_url == d["env_url"]
         return {
             "agent_url": d["agent_url"],
             "env_url": d["env_url"],
+            "head_url": self.nemo.head_url if by_head else "",
+            "env_name": self.nemo.env_name if by_head else "",
             "agent_name": d["agent_name"],
             "concurrency": d["concurrency"],
             "max_steps": d["max_steps"] or None,
@@ -310,7 +460,7 @@ class RolloutFilterForm(ReviewFilterFields):
     task = forms.IntegerField(label="task", required=False, widget=forms.NumberInput(attrs={"size": 5}))
     # Health verdicts of the last health check (rollouts.evaluation.health), one row per checked rollout.
     verdict = forms.ChoiceField(label="health", choices=[("", "any health")] + list(RolloutHealth.Verdict.choices), required=False)
-    check = forms.ChoiceField(label="finding", choices=[("", "any finding")] + [(c, c) for c in HEALTH_CHECK_IDS], required=False)
+    check = forms.ChoiceField(label="finding", choices=[("", "any finding")] + [(c, c) for c in CHECK_IDS + GYMWEB_CHECK_IDS], required=False)
     # Content search (rollouts.search): case-insensitive substrings, every character literal.
     text = forms.CharField(label="trajectory contains", max_length=SEARCH_MAX, required=False,
                            widget=forms.TextInput(attrs={"type": "search", "size": 14, "placeholder": "any item's text"}))

@@ -4,6 +4,8 @@ from django.views.generic import RedirectView
 
 from rollouts.web import analysis_views
 
+from rollouts.web import environment_views
+
 from rollouts.web import evaluation_views
 
 from rollouts.web import trajectory_views
@@ -36,4 +38,6 @@ urlpatterns = [
     path("compare/", analysis_views.compare, name="compare"),
     path("compare/compare_report.<str:fmt>", analysis_views.compare_report_file, name="compare_report_file"),
     path("check/", analysis_views.check_agent, name="check_agent"),
+    path("environments/", environment_views.environments_page, name="environments"),
+    path("runs/<int:run_id>/nemo_gym_config.yaml", environment_views.run_nemo_config, name="run_nemo_config"),
 ]

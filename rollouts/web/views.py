@@ -36,6 +36,7 @@ from rollouts import targets
 from rollouts.collection import runs
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
+from rollouts.collection import environments
 from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filter_problem, filtered_rollouts
 from rollouts.web.uploads import too_large_uploads
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
@@ -96,6 +97,23 @@ def runs_list(request):
 def run_new(request):
     """The new-run form; a valid POST stores the dataset and the run and launches it. Uploads pass
     ``uploads.SizeLimitUploadHandler`` (a file over the limit is an error on its field)."""
+    head = None
+    if request.method == "POST" and "fill" in request.POST:
+        # "Fill from NeMo Gym": the fields the config / head server gives, each saying where from
+        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
+        filled = form.fill_from_nemo()
+        if filled is not None:
+            resolved = form.nemo
+            form = RunForm(initial={k: v for k, v in filled.items() if k != "csrfmiddlewaretoken"})
+            form.annotate_sources(resolved)
+            if resolved.head_url:
+                head = environments.head_listing(resolved.head_url, with_tools=False)
+        else:
+            error = form.fill_error
+            form = RunForm(initial={k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"})
+            form.fill_problem = error[1]
+        return render(request, "rollouts/run_new.html", {"form": form, "head": head, "filled": filled is not None},
+                      status=200 if filled is not None else 400)
     if request.method == "POST":
         form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
@@ -105,8 +123,17 @@ def run_new(request):
             return redirect("run", run.pk)
     else:
         # ?dataset=ID preselects a stored dataset (the import page links here for a dataset file).
-        form = RunForm(initial={"dataset": request.GET.get("dataset")} if request.GET.get("dataset", "").isdigit() else None)
-    context = {"form": form, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
+        initial = {"dataset": request.GET.get("dataset")} if request.GET.get("dataset", "").isdigit() else {}
+        # the Environments page's "new run" links pre-fill the environment
+        for name in ("agent_url", "env_url", "head_url", "env_name", "agent_name"):
+            if request.GET.get(name):
+                initial[name] = request.GET[name][:2000]
+        form = RunForm(initial=initial or None)
+        # what the head server of the Environments page's link (or GYMWEB_NEMO_GYM_HEAD_URL) runs now
+        head_url = initial.get("head_url") or getattr(settings, "GYMWEB_NEMO_GYM_HEAD_URL", "")
+        if head_url:
+            head = environments.head_listing(head_url, with_tools=False)
+    context = {"form": form, "head": head, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
 
 
@@ -379,6 +406,12 @@ def run_retry(request, run_id):
     if run.status == Run.Status.IMPORTED:
         messages.error(request, "An imported run has no services to run against.")
         return HttpResponseRedirect(reverse("run", args=[run.pk]))
+    if run.head_url and run.env_name:  # a NeMo Gym environment: its port may have moved since
+        try:
+            environments.refresh_env_url(run)
+        except environments.HeadServerError as exc:
+            messages.error(request, f"Not retried: {exc}.")
+            return HttpResponseRedirect(reverse("run", args=[run.pk]))
     refused = targets.refused_services(run.agent_url, run.env_url)
     if refused:  # nothing is queued: the attempts would only fail with target_refused
         for text in refused:

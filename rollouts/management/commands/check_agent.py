@@ -17,6 +17,7 @@ import json
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from rollouts.collection import environments
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, DEFAULT_TIMEOUT_S, check_agent_sync
 from rollouts import targets
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
@@ -51,6 +52,8 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help=f"seconds per probe (default {DEFAULT_TIMEOUT_S:g})")
         parser.add_argument("--slow", type=_seconds, default=DEFAULT_SLOW_S, help=f"warn about replies slower than this, seconds (default {DEFAULT_SLOW_S:g})")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        parser.add_argument("--head-url", default=None,
+                            help="a NeMo Gym head server: when URL is NeMo Gym's own agent server, the report names the agent_base_url meant")
 
     def handle(self, *args, **opts) -> None:
         try:
@@ -67,6 +70,7 @@ class Command(BaseCommand):
             raise CommandError(_refused(url, exc), returncode=2) from None
         report = check_agent_sync(url, timeout_s=opts["timeout"], slow_s=opts["slow"], policy=policy,
                                   max_reply_bytes=targets.max_reply_bytes())
+        environments.name_the_meant_url(report, url, opts["head_url"])
         refused = [f for f in report.findings if f.code == "target_refused"]
         if refused:  # judged again when connecting
             raise CommandError(f"{refused[0].title}\n{refused[0].how_to_fix}", returncode=2)

@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from rollouts.collection import runs
+from rollouts.collection import environments, runs
 from rollouts.evaluation import health
 from rollouts.evaluation.aggregate import fetch_aggregate_metrics, write_run_aggregate_metrics
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
@@ -30,6 +30,8 @@ from rollouts.collection.dispatch import run_in_process
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
 from rollouts.models import Rollout, Run
+from rollouts.nemo import miswiring
+from rollouts.nemo.config import NemoConfigError, load_files
 
 
 def _positive_int(value: str) -> int:
@@ -66,6 +68,14 @@ def default_max_attempts() -> int:
     return value
 
 
+def miswired_rollouts(run: Run) -> int:
+    """Finished attempts of ``run`` whose agent reported results of the env's tools that the env
+    never executed (the warning ``rollouts.collection.dispatch`` stores)."""
+    rows = (Rollout.objects.filter(run=run, status__in=[Rollout.Status.SUCCEEDED, Rollout.Status.FAILED])
+            .exclude(warnings=[]).values_list("warnings", flat=True))
+    return sum(1 for ws in rows.iterator() if any(str(w).startswith(miswiring.ROLLOUT_WARNING) for w in ws or []))
+
+
 class Command(BaseCommand):
     help = (
         "Collect rollouts: drive the agent service at --agent-url through the tasks of --input against "
@@ -79,18 +89,24 @@ class Command(BaseCommand):
     requires_system_checks = ["models", "gymweb"]
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--agent-url", required=True, help="agent service base URL (POST {URL}/v1/responses)")
-        parser.add_argument("--env-url", required=True, help="resources server base URL (/seed_session, tools, /verify)")
+        parser.add_argument("--agent-url", default=None, help="agent service base URL (POST {URL}/v1/responses); default: the agent's agent_base_url in --config")
+        parser.add_argument("--env-url", default=None, help="resources server base URL (/seed_session, tools, /verify); default: found through --config/--head-url")
+        parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                            help="a NeMo Gym config file (repeatable: merged in order, later wins, as +config_paths=[...])")
+        parser.add_argument("--head-url", default=None,
+                            help="a NeMo Gym head server (gym env start; NeMo Gym's default http://127.0.0.1:11000): finds the environment by name")
         parser.add_argument("--input", required=True, help="input JSONL (one task per line, with responses_create_params)")
         parser.add_argument("--output", required=True, help="output JSONL for successes; sidecars are written beside it")
-        parser.add_argument("--concurrency", type=_positive_int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once (default 32)")
+        parser.add_argument("--concurrency", type=_positive_int, default=None, help="rollouts in flight at once (default: the config's, else 32)")
         parser.add_argument("--max-steps", type=_positive_int, default=None, help="agent calls per rollout (default: unbounded)")
         parser.add_argument("--num-repeats", type=_positive_int, default=1, help="rollouts per task (default 1)")
         parser.add_argument("--limit", type=_positive_int, default=None, help="only the first N rows of the input")
         parser.add_argument("--max-attempts", type=_positive_int, default=None, help="attempts per key incl. retries (default 3, or $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS)")
-        parser.add_argument("--remote-responses-timeout-s", type=_positive_float, default=DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, help="per agent call timeout, seconds (default 1800)")
-        parser.add_argument("--run-timeout-s", type=_positive_float, default=DEFAULT_RUN_TIMEOUT_S, help="whole-rollout timeout, seconds (default 2100)")
-        parser.add_argument("--agent-name", default="remote_agent", help="agent_ref name written into rows (default remote_agent)")
+        parser.add_argument("--remote-responses-timeout-s", type=_positive_float, default=None, help="per agent call timeout, seconds (default: the config's, else 1800)")
+        parser.add_argument("--run-timeout-s", type=_positive_float, default=None, help="whole-rollout timeout, seconds (default: the config's, else 2100)")
+        parser.add_argument("--agent-name", default=None,
+                            help="the agent in --config/the head server's config (default: the single one with an agent_base_url); "
+                                 "agent_ref name written into rows (default remote_agent)")
         files = parser.add_mutually_exclusive_group()
         files.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
         files.add_argument("--overwrite", action="store_true", help="replace existing output files with a new run (without it, existing files are refused)")
@@ -106,6 +122,10 @@ class Command(BaseCommand):
                             help="skip the health check that writes quality_summary.json and rollout_verdicts.jsonl")
 
     def handle(self, *args, **opts) -> None:
+        nemo = self._nemo_gym(opts)
+        if not opts["agent_url"] or not opts["env_url"]:
+            missing = " and ".join(f for f in ("--agent-url", "--env-url") if not opts[f[2:].replace("-", "_")])
+            raise CommandError(f"pass {missing}, or a NeMo Gym config (--config FILE) and/or head server (--head-url URL)")
         try:
             agent_url = validate_base_url(opts["agent_url"], "--agent-url")
             env_url = validate_base_url(opts["env_url"], "--env-url")
@@ -113,6 +133,11 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if opts["allow_url_change"] and not opts["resume"]:
             raise CommandError("--allow-url-change applies only with --resume (a new run takes any URLs)")
+        problem = environments.miswiring_problem(agent_url, nemo.head_url if nemo else opts["head_url"])
+        if problem:
+            raise CommandError(f"{problem}\nNothing was run.")
+        head_url = nemo.head_url if nemo and env_url == nemo.env_url and nemo.head_url else ""
+        env_name = nemo.env_name if head_url else ""
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if opts["num_repeats"] < 1:
@@ -177,12 +202,18 @@ class Command(BaseCommand):
             if run is None:
                 self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
         if run is not None:
+            # An env found again through the same head server by the same name moves with each
+            # `gym env start` (a new port): that change is expected, and recorded like any other.
+            env_moved = bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
             try:
-                changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"])
+                changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
             except runs.URLChangeRefused as exc:
                 raise CommandError(f"--resume: {exc}") from None
             for name, (old, new) in changed.items():
-                self.stderr.write(f"note: --allow-url-change: the run's {name} changes from {old} to {new}")
+                why = "found again through the head server" if env_moved and not opts["allow_url_change"] else "--allow-url-change"
+                self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
+            run.head_url, run.env_name = head_url, env_name
+            run.save(update_fields=["head_url", "env_name"])
             added = runs.resume(run, max_attempts=max_attempts)
             self.stdout.write(f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})")
         else:
@@ -198,7 +229,9 @@ class Command(BaseCommand):
                 name=opts["name"] or input_path.name,
                 agent_url=agent_url,
                 env_url=env_url,
-                agent_name=opts["agent_name"],
+                head_url=head_url,
+                env_name=env_name,
+                agent_name=opts["agent_name"] or "remote_agent",
                 concurrency=opts["concurrency"],
                 max_steps=opts["max_steps"] or None,
                 num_repeats=opts["num_repeats"],
@@ -230,6 +263,51 @@ class Command(BaseCommand):
             self._aggregate_metrics_file(run, output)
         if not opts["no_health_check"]:
             self.stdout.write(health.auto_check(run, output.parent))
+
+    def _nemo_gym(self, opts: dict) -> "environments.Resolved | None":
+        """Fill the agent, the env and the knobs the command line leaves out from ``--config`` /
+        ``--head-url`` (flags win), and say where each came from. None without either."""
+        if not opts["config"] and not opts["head_url"]:
+            for name, default in (("concurrency", DEFAULT_CONCURRENCY), ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S),
+                                  ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)):
+                if opts[name] is None:
+                    opts[name] = default
+            return None
+        try:
+            config = load_files(opts["config"]) if opts["config"] else None
+            if opts["env_url"] and config is not None and not opts["head_url"]:
+                agent = config.agent(opts["agent_name"])
+                resolved = environments.Resolved(
+                    agent_name=agent.name, agent_url=agent.agent_base_url, env_name="", env_url=opts["env_url"], head_url=None,
+                    options={k: getattr(agent, k) for k in ("concurrency", "max_steps", "remote_responses_timeout_s", "run_timeout_s")
+                             if getattr(agent, k) is not None},
+                    sources=dict(agent.sources))
+            else:
+                resolved = environments.resolve(config, head_url=opts["head_url"], agent_name=opts["agent_name"])
+        except (NemoConfigError, environments.HeadServerError) as exc:
+            raise CommandError(str(exc)) from None
+        lines = []
+        for flag, key, value in (("--agent-url", "agent_url", resolved.agent_url), ("--env-url", "env_url", resolved.env_url)):
+            if opts[key]:
+                lines.append(f"{flag} {opts[key]} (command line)")
+            elif value:
+                opts[key] = value
+                lines.append(f"{flag} {value} ({resolved.sources.get(key, 'config')})")
+        for key, default in (("concurrency", DEFAULT_CONCURRENCY), ("max_steps", None),
+                             ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S), ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)):
+            flag = "--" + key.replace("_", "-")
+            if opts[key] is not None:
+                lines.append(f"{flag} {opts[key]} (command line)")
+            elif key in resolved.options:
+                opts[key] = resolved.options[key]
+                lines.append(f"{flag} {opts[key]} ({resolved.sources.get(key, 'config')})")
+            else:
+                opts[key] = default
+        if not opts["agent_name"]:
+            opts["agent_name"] = resolved.agent_name
+        self.stdout.write(f"NeMo Gym agent {resolved.agent_name!r}, environment {resolved.env_name or opts['env_url']!r}:\n  "
+                          + "\n  ".join(lines))
+        return resolved
 
     def _aggregate_metrics_file(self, run: Run, output: Path) -> None:
         """NeMo Gym's ``<stem>_aggregate_metrics.json`` beside the rollouts (``gym eval compare``
@@ -308,6 +386,13 @@ class Command(BaseCommand):
         ]
         if kinds:
             lines.append("failures by kind: " + ", ".join(f"{k}={n}" for k, n in kinds.most_common()))
+        miswired = miswired_rollouts(run)
+        if miswired:
+            lines.append(
+                f"WARNING: {miswired} rollout(s) got {miswiring.ROLLOUT_WARNING}: the agent ran the environment's tools "
+                "itself (is --agent-url NeMo Gym's own remote_agent server instead of your agent service?); "
+                "their rewards are not real"
+            )
         lines.append(f"wrote {written['rollouts']} row(s) to {names['rollouts']}")
         lines.append(f"wrote {written['failures']} row(s) to {names['failures']}")
         lines.append(f"wrote {written['materialized']} row(s) to {names['materialized']}")

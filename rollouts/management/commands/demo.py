@@ -62,6 +62,9 @@ class Command(BaseCommand):
         parser.add_argument("--user", default="demo", help="sign-in user to create (default demo)")
         parser.add_argument("--password", default=None, help="its password (default: the one it had in the last demo, else a new random one; printed)")
         parser.add_argument("--num-repeats", type=int, default=4, help="rollouts per counter task in the demo run (default 4)")
+        parser.add_argument("--head-url", default=None,
+                            help="a running NeMo Gym head server (manage.py env start examples/nemo_gym/counter_remote.yaml): "
+                                 "the demo run uses its counter environment, found by name, instead of the example env")
         parser.add_argument("--no-run", action="store_true", help="start everything but launch no demo run")
         parser.add_argument("--exit-when-done", action="store_true", help="stop once the demo run is final (for scripts and CI)")
 
@@ -86,6 +89,7 @@ class Command(BaseCommand):
         call_command("collectstatic", verbosity=0, interactive=False)
         user, password = self._demo_user(opts["user"], opts["password"])
 
+        nemo = self._nemo_gym_env(opts["head_url"]) if opts["head_url"] else None
         env_url = self._spawn("counter env", [sys.executable, "-m", "examples.counter_env", "--port", str(opts["env_port"])])
         agent_url = self._spawn("counter agent", [sys.executable, "-m", "examples.counter_agent", "--port", str(opts["agent_port"])])
         served = {
@@ -93,6 +97,7 @@ class Command(BaseCommand):
             "GYMWEB_SECRET_KEY": os.environ.get("GYMWEB_SECRET_KEY") or _kept_secret(Path(settings.VAR_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
             "GYMWEB_DEFAULT_AGENT_URL": agent_url,
             "GYMWEB_DEFAULT_ENV_URL": env_url,
+            "GYMWEB_NEMO_GYM_HEAD_URL": nemo.head_url if nemo else "",
         }
         self._spawn_plain("worker", [sys.executable, "manage.py", "qcluster"], served)
         web_url = f"http://{opts['host']}:{opts['port']}"
@@ -110,7 +115,9 @@ class Command(BaseCommand):
                 user=user,
                 dataset=dataset,
                 agent_url=agent_url,
-                env_url=env_url,
+                env_url=nemo.env_url if nemo else env_url,
+                head_url=nemo.head_url if nemo else "",
+                env_name=nemo.env_name if nemo else "",
                 num_repeats=opts["num_repeats"],
                 max_steps=8,
                 concurrency=8,
@@ -121,6 +128,8 @@ class Command(BaseCommand):
         self.stdout.write(f"  open        {web_url}/" + (f"runs/{run.pk}/" if run else ""))
         self.stdout.write(f"  sign in as  {opts['user']} / {password}")
         self.stdout.write(f"  example env {env_url}   example agent {agent_url}")
+        if nemo:
+            self.stdout.write(f"  NeMo Gym    {nemo.env_name} at {nemo.env_url} (head server {nemo.head_url}): the demo run's environment")
         self.stdout.write("  Ctrl-C stops everything.\n")
 
         while True:
@@ -134,6 +143,24 @@ class Command(BaseCommand):
                     self.stdout.write(f"demo run {run.status}: {counts['succeeded']} succeeded, {counts['failed']} failed")
                     return
             time.sleep(0.5)
+
+    def _nemo_gym_env(self, head_url: str):
+        """The counter environment of a running NeMo Gym head server (its only resources server,
+        or the one its agent names), registered with gymweb. The demo is a local set-up: local
+        targets are allowed here as in its web server and worker."""
+        from rollouts.collection import environments
+
+        settings.GYMWEB_ALLOW_LOCAL_TARGETS = True
+        try:
+            head = environments.fetch_head(head_url)
+            servers = list(head.config.resources_servers())
+            env_name = servers[0] if len(servers) == 1 else head.config.agent().resources_server
+            resolved = environments.resolve(head.config, head_url=head.url, env_name=env_name,
+                                            agent_name=next((a.name for a in head.config.agents() if a.resources_server == env_name), None))
+        except (environments.HeadServerError, environments.NemoConfigError) as exc:
+            raise CommandError(f"--head-url: {exc}") from None
+        environments.register_head(head.url)
+        return resolved
 
     def _demo_user(self, username: str, wanted: str | None):
         """The sign-in user (a superuser) and its password: ``wanted``, else the one kept from the
