@@ -223,7 +223,7 @@ class Client(_Base):
                         response.read()
                         _raise_for(response, f"reading run {run_id}'s results")
                     lines = _Lines()
-                    for chunk in response.iter_raw():
+                    for chunk in response.iter_bytes():
                         for row in lines.feed(chunk):
                             after += 1
                             got_any = True
@@ -315,7 +315,7 @@ class AsyncClient(_Base):
                         await response.aread()
                         _raise_for(response, f"reading run {run_id}'s results")
                     lines = _Lines()
-                    async for chunk in response.aiter_raw():
+                    async for chunk in response.aiter_bytes():
                         for row in lines.feed(chunk):
                             after += 1
                             got_any = True
