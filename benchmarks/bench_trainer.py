@@ -126,7 +126,9 @@ def main() -> None:
     from django.contrib.auth import get_user_model
 
     from gymweb.client import Client
-    from rollouts.models import Worker
+    from django.db.models import Max, Min
+
+    from rollouts.models import Run, Worker
     from rollouts.review.tokens import create_token
 
     user = get_user_model().objects.create_user(username="trainer", password=secrets.token_urlsafe(16))
@@ -155,13 +157,19 @@ def main() -> None:
         client = Client(f"http://127.0.0.1:{web_port}", token)
 
         def gymweb_batch(rows):
-            t0 = time.monotonic()
+            t0, w0 = time.monotonic(), time.time()
             first, rewards = None, []
             for _row, result in client.run_examples(rows, agent_url=agent_url, env_url=env_url, max_steps=10):
                 if first is None:
                     first = time.monotonic() - t0
                 rewards.append(result.get("reward"))
-            return {"batch_s": time.monotonic() - t0, "first_s": first, "n": len(rewards), "rewards": rewards}
+            out = {"batch_s": time.monotonic() - t0, "first_s": first, "n": len(rewards), "rewards": rewards}
+            # Where the time went: submit to the first rollout started, and the last stored to the last read.
+            run = Run.objects.order_by("-id").first()
+            spans = run.rollouts.aggregate(start=Min("started"), end=Max("finished"))
+            out["start_s"] = spans["start"].timestamp() - w0
+            out["tail_s"] = w0 + out["batch_s"] - spans["end"].timestamp()
+            return out
 
         def nemo_start(concurrency: int):
             nonlocal stack, loop
@@ -216,6 +224,9 @@ def main() -> None:
                 ok = sum(1 for o in outs for r in o["rewards"] if r == 1.0)
                 print(f"  {size:>4} × {args.batches} {name:>8}: batch {_summary(batch)}, {statistics.median(batch) / ideal:.2f} × ideal; "
                       f"first result {_summary(first)}; reward 1.0 in {ok}/{size * args.batches}", flush=True)
+                if name == "gymweb":
+                    print(f"  {'':>4}   {'':>8}  submit → first rollout started {_summary([o['start_s'] for o in outs])}; "
+                          f"last stored → last read {_summary([o['tail_s'] for o in outs])}", flush=True)
             if nemo:
                 g = statistics.median(o["batch_s"] for o in times["gymweb"])
                 n = statistics.median(o["batch_s"] for o in times["nemo_gym"])

@@ -188,46 +188,82 @@ def _create_run(request, ctype: str, spool) -> Status:
 
 
 # -- results out ---------------------------------------------------------------------------------
-def _ended_rows(run: Run, after: int) -> Iterator[str]:
-    """The run's finished attempts from position ``after`` (0-based) in finishing order, each as
-    its NeMo Gym row (JSON text without newline), as long as there are any now. Rows without a
-    finishing number (imported, older) come first, in id order."""
-    base = Rollout.objects.filter(run=run)
-    fields = ("id", "result_seq", "status", "task_index", "rollout_index", "verify_json", "error", "terminal",
+class _Rows:
+    """Reads a run's finished attempts in finishing order from a position, keeping its place
+    between reads: rows without a finishing number (imported, older) first in id order, then by
+    ``result_seq``. The position (``after``) is turned into a row key once; later reads go on from
+    the last row's key."""
+
+    FIELDS = ("id", "result_seq", "status", "task_index", "rollout_index", "verify_json", "error", "terminal",
               "failure_kind", "task__row_json")
-    stamp = export.stamps_rows(run)
-    unnumbered = base.filter(result_seq__isnull=True, status__in=FINISHED).order_by("id")
-    skip = after
-    n_unnumbered = unnumbered.count() if skip else None
-    last_id = last_seq = None
-    if skip and n_unnumbered and skip <= n_unnumbered:
-        last_id = unnumbered.values_list("id", flat=True)[skip - 1]
-        skip = 0
-    elif skip:
-        skip -= n_unnumbered or 0
-    while True:
-        if last_seq is None:
-            qs = unnumbered.filter(id__gt=last_id) if last_id is not None else unnumbered
-            page = list(qs.values_list(*fields)[:CHUNK]) if not skip else []
-            if not page:
-                numbered = base.filter(result_seq__isnull=False).order_by("result_seq")
-                page = list(numbered.values_list(*fields)[skip: skip + CHUNK])
-                skip = 0
-        else:
-            page = list(base.filter(result_seq__gt=last_seq).order_by("result_seq").values_list(*fields)[:CHUNK])
-        if not page:
+
+    def __init__(self, run: Run, after: int):
+        self.run = run
+        self.stamp = export.stamps_rows(run)
+        self.skip = after  # rows still to pass over before the key is known
+        self.last_id: Optional[int] = None  # in the unnumbered rows
+        self.last_seq: Optional[int] = None  # in the numbered rows
+        self.numbered = False
+
+    def _unnumbered(self):
+        return Rollout.objects.filter(run=self.run, result_seq__isnull=True, status__in=FINISHED).order_by("id")
+
+    def _numbered(self):
+        return Rollout.objects.filter(run=self.run, result_seq__isnull=False).order_by("result_seq")
+
+    def _place(self) -> bool:
+        """Turn ``skip`` into a key; False while there are not that many rows yet."""
+        if not self.numbered:
+            ids = list(self._unnumbered().values_list("id", flat=True)[self.skip - 1: self.skip])
+            if ids:
+                self.last_id, self.skip = ids[0], 0
+                return True
+            self.skip -= self._unnumbered().count()
+            self.numbered = True
+            if self.skip == 0:
+                return True
+        seqs = list(self._numbered().values_list("result_seq", flat=True)[self.skip - 1: self.skip])
+        if not seqs:
+            self.skip += self._unnumbered().count()  # try again from the start next time
+            self.numbered = False
+            return False
+        self.last_seq, self.skip = seqs[0], 0
+        return True
+
+    def read(self) -> Iterator[str]:
+        """Every row stored now after the place reached, as JSON text (no newline)."""
+        if self.skip and not self._place():
             return
-        for rid, seq, status, ti, ri, verify_json, error, terminal, kind, task_json in page:
-            task_row = json.loads(task_json)
-            if status == Rollout.Status.SUCCEEDED:
-                row = export.success_row(verify_json, ti, ri, export.agent_ref_of(task_row, run), stamp)
+        while True:
+            if not self.numbered:
+                qs = self._unnumbered()
+                if self.last_id is not None:
+                    qs = qs.filter(id__gt=self.last_id)
+                page = list(qs.values_list(*self.FIELDS)[:CHUNK])
+                if not page:
+                    self.numbered = True
+                    continue
             else:
-                row = export.failure_row(task_row, ri, error, terminal, kind, stamp)
-            yield export._dumps(row)
-            if seq is None:
-                last_id = rid
-            else:
-                last_seq = seq
+                qs = self._numbered()
+                if self.last_seq is not None:
+                    qs = qs.filter(result_seq__gt=self.last_seq)
+                page = list(qs.values_list(*self.FIELDS)[:CHUNK])
+                if not page:
+                    return
+            for rid, seq, status, ti, ri, verify_json, error, terminal, kind, task_json in page:
+                yield self._line(status, ti, ri, verify_json, error, terminal, kind, task_json)
+                if seq is None:
+                    self.last_id = rid
+                else:
+                    self.last_seq = seq
+
+    def _line(self, status, ti, ri, verify_json, error, terminal, kind, task_json) -> str:
+        task_row = json.loads(task_json)
+        if status == Rollout.Status.SUCCEEDED:
+            row = export.success_row(verify_json, ti, ri, export.agent_ref_of(task_row, self.run), self.stamp)
+        else:
+            row = export.failure_row(task_row, ri, error, terminal, kind, self.stamp)
+        return export._dumps(row)
 
 
 def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
@@ -235,29 +271,31 @@ def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
     (every ``GYMWEB_STREAM_POLL_S``) until the run is final and everything is sent, sending an
     empty line after ``GYMWEB_STREAM_KEEPALIVE_S`` of silence, for at most ``GYMWEB_STREAM_MAX_S``
     (the client then reconnects with its cursor)."""
-    sent = after
     poll_s, keepalive_s = settings.GYMWEB_STREAM_POLL_S, settings.GYMWEB_STREAM_KEEPALIVE_S
     started = last_out = time.monotonic()
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return
+    rows = _Rows(run, after)
     while True:
-        run = Run.objects.filter(pk=run_id).first()
-        if run is None:
+        status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+        if status is None:
             return
-        final = run.is_final  # read before the rows: every result of a final run is already stored
-        lines = []
-        for line in _ended_rows(run, sent):
+        final = status in Run.FINAL  # read before the rows: every result of a final run is already stored
+        lines, sent = [], False
+        for line in rows.read():
             lines.append(line)
             if len(lines) >= CHUNK:
-                sent += len(lines)
                 yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
-                lines = []
-                last_out = time.monotonic()
+                lines, sent = [], True
         if lines:
-            sent += len(lines)
             yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
-            last_out = time.monotonic()
+            sent = True
+        now = time.monotonic()
+        if sent:
+            last_out = now
         elif final or not wait:
             return
-        now = time.monotonic()
         if now - started >= settings.GYMWEB_STREAM_MAX_S:
             return
         if now - last_out >= keepalive_s:
