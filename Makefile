@@ -73,7 +73,7 @@ bench-vs-nemo: $(BIN)/.installed
 	NGPEER_WORK=$(NGPEER_WORK) GYMWEB_ALLOW_LOCAL_TARGETS=1 bash $(NGPEER_DIR)/sidebyside.sh $(CURDIR) $(CURDIR)/$(BIN)/python $(ROWS) $(C) $(SLEEP_MS)
 
 # A training loop: 20 consecutive batches of 32 and of 512 rollouts, gymweb's client against NeMo Gym
-# 0.7.0's run_examples batch by batch in one run (NeMo Gym's venv at NGPEER_VENV_DIR/venv; port 11000 free).
+# 0.7.0's run_examples batch by batch in one run (NeMo Gym's venv at NGPEER_VENV_DIR/venv; ports 20500-20510).
 # make bench-trainer [NGPEER_VENV_DIR=/work/ngpeer] [DB=sqlite|postgres] [TRAINER_ARGS='--sizes 32 --batches 5']
 NGPEER_VENV_DIR ?= /work/ngpeer
 bench-trainer: $(BIN)/.installed

@@ -8,8 +8,14 @@ call to the last and to the first result). An empty line ends it.
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
+
+# Results go to the original stdout; anything NeMo Gym prints goes to stderr.
+RESULTS = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
 
 from nemo_gym.config_types import BaseServerConfig
 from nemo_gym.rollout_collection import RolloutCollectionHelper
@@ -40,7 +46,8 @@ async def main():
         if not line.strip():
             return
         out = await one_batch(helper, head, json.loads(line)["rows"])
-        print(json.dumps(out), flush=True)
+        RESULTS.write(json.dumps(out) + "\n")
+        RESULTS.flush()
 
 
 if __name__ == "__main__":

@@ -7,14 +7,14 @@ client (``gymweb.client.Client.run_examples``) against NeMo Gym 0.7.0's
 
 Both drive the same scripted agent (``../shared/nemo_gym_peer/scripted_agent.py``: a fixed sleep per
 call, 4 calls per rollout) and NeMo Gym's own counter resources server code. NeMo Gym: its stack
-(``gym env start``: head server on 127.0.0.1:11000, the counter, ``remote_agent`` with concurrency =
+(``gym env start``: its head server on 127.0.0.1:port-base+10, the counter, ``remote_agent`` with concurrency =
 batch size) and a loop on ``run_examples`` in NeMo Gym's venv (``benchmarks/_nemo_trainer_loop.py``).
 gymweb: gunicorn (gthread) + one ``qcluster`` worker on a fresh database, the counter served
 standalone (``serve_counter.py``), and the client sending each batch inline and reading the results
 stream. Ideal batch time = latency × 4 calls; "first" = time to the first result of a batch.
 
-Needs NeMo Gym's venv (``--ngpeer``/venv/bin/gym, see ../shared/nemo_gym_peer/README.md); port
-11000 must be free (``--skip-nemo`` measures gymweb alone). Every server binds 127.0.0.1 and is
+Needs NeMo Gym's venv (``--ngpeer``/venv/bin/gym, see ../shared/nemo_gym_peer/README.md); the
+ports must be free (``--skip-nemo`` measures gymweb alone). Every server binds 127.0.0.1 and is
 stopped at the end. One untimed warm-up batch per system and size comes first.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import statistics
@@ -102,7 +101,8 @@ def main() -> None:
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--redis-url", default=os.environ.get("GYMWEB_REDIS_URL", "redis://127.0.0.1:6379/5"))
     parser.add_argument("--ngpeer", default=os.environ.get("NGPEER_WORK", "/work/ngpeer"), help="NeMo Gym's venv, counter and gymrun")
-    parser.add_argument("--port-base", type=int, default=20500, help="web, agent and env ports: base, base+1, base+2")
+    parser.add_argument("--port-base", type=int, default=20500,
+                        help="web, agent, env and NeMo Gym head server ports: base, base+1, base+2, base+10")
     parser.add_argument("--skip-nemo", action="store_true")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -111,10 +111,8 @@ def main() -> None:
     if not (ngpeer / "venv" / "bin" / "gym").exists():
         raise SystemExit(f"NeMo Gym's venv is not at {ngpeer}/venv (see {PEER}/README.md); its agent and counter are needed")
     nemo = not args.skip_nemo
-    if nemo and not _port_free(11000):
-        raise SystemExit("port 11000 (NeMo Gym's head server) is in use: free it, or pass --skip-nemo")
-    web_port, agent_port, env_port = args.port_base, args.port_base + 1, args.port_base + 2
-    for port in (web_port, agent_port, env_port):
+    web_port, agent_port, env_port, head_port = args.port_base, args.port_base + 1, args.port_base + 2, args.port_base + 10
+    for port in (web_port, agent_port, env_port, head_port):
         if not _port_free(port):
             raise SystemExit(f"port {port} is in use: pick another --port-base")
 
@@ -182,13 +180,15 @@ def main() -> None:
                 f"      agent_base_url: {agent_url}" if line.strip().startswith("agent_base_url:")
                 else f"      concurrency: {concurrency}" if line.strip().startswith("concurrency:") else line
                 for line in cfg.splitlines())
-            (run_dir / "remote_counter.yaml").write_text(cfg + "\n")
+            cfg += f"\nhead_server:\n  host: 127.0.0.1\n  port: {head_port}\n"
+            (run_dir / "remote_counter.yaml").write_text(cfg)
             os.symlink(ngpeer / "gymrun" / "data", run_dir / "data")
             ng_env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
             stack = _start([ngpeer / "venv" / "bin" / "gym", "env", "start", "--config", "remote_counter.yaml"],
                            work / f"gym_env-{concurrency}.log", ng_env, cwd=run_dir)
-            _wait(lambda: _http_ok("http://127.0.0.1:11000/readyz"), "NeMo Gym's stack", [(stack, work / f"gym_env-{concurrency}.log")], 600)
-            loop = subprocess.Popen([str(ng_python), str(h.REPO / "benchmarks" / "_nemo_trainer_loop.py")], stdin=subprocess.PIPE,
+            _wait(lambda: _http_ok(f"http://127.0.0.1:{head_port}/readyz"), "NeMo Gym's stack", [(stack, work / f"gym_env-{concurrency}.log")], 600)
+            loop = subprocess.Popen([str(ng_python), str(h.REPO / "benchmarks" / "_nemo_trainer_loop.py"), "--head-port", str(head_port)],
+                                    stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=open(work / "nemo_loop.log", "ab"), text=True, cwd=run_dir,
                                     env=ng_env, start_new_session=True)
 
@@ -244,8 +244,7 @@ def main() -> None:
         _stop(stack)
         for proc in reversed(procs):
             _stop(proc)
-        if args.db == "sqlite":
-            shutil.rmtree(work, ignore_errors=True)
+        print(f"logs: {work}")
 
 
 if __name__ == "__main__":

@@ -266,3 +266,9 @@ def test_the_openapi_document_declares_filters_answers_and_content_types(client,
     assert all("404" in op["responses"] for path, o in paths.items() if "{" in path for op in o.values())
     create = paths["/api/v1/runs"]["post"]
     assert {"application/json", "application/x-ndjson"} <= set(create["requestBody"]["content"])
+
+
+def test_the_new_routes_answer_401_without_a_token(client, auth, inline_run):
+    assert client.get(f"{API}/runs/{inline_run.pk}/results?wait=0").status_code == 401
+    assert client.post(f"{API}/runs?agent_url={AGENT}&env_url={ENV}", data="{}", content_type="application/x-ndjson").status_code == 401
+    assert Run.objects.count() == 1
