@@ -48,10 +48,11 @@ def _start(cmd: list, log: Path, env: dict | None = None, cwd: Path | None = Non
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _stop(proc) -> None:
+def _stop(proc, first: int = signal.SIGTERM) -> None:
+    """Stop a process started by ``_start`` (its whole process group): ``first``, then SIGTERM, then SIGKILL."""
     if proc is None or proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    for sig, wait in ((first, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -172,7 +173,7 @@ def main() -> None:
         def nemo_start(concurrency: int):
             nonlocal stack, loop
             _stop(loop)
-            _stop(stack)
+            _stop(stack, signal.SIGINT)  # as stack.sh stops it
             run_dir = work / f"gymrun-{concurrency}"
             run_dir.mkdir()
             cfg = (ngpeer / "gymrun" / "remote_counter.yaml").read_text()
@@ -241,7 +242,7 @@ def main() -> None:
             except OSError:
                 pass
         _stop(loop)
-        _stop(stack)
+        _stop(stack, signal.SIGINT)
         for proc in reversed(procs):
             _stop(proc)
         print(f"logs: {work}")

@@ -145,6 +145,11 @@ class _Base:
         self.retries = retries
         self.retry_pause_s = retry_pause_s
 
+    STREAM_READ_TIMEOUT_S = 120.0  # the server sends a keep-alive line after 15 s of silence
+
+    def _stream_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout, read=self.STREAM_READ_TIMEOUT_S)
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
@@ -217,7 +222,7 @@ class Client(_Base):
         while True:
             got_any = False
             try:
-                with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results",
+                with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results", timeout=self._stream_timeout(),
                                       params={"after": after, "wait": int(wait)}) as response:
                     if response.status_code >= 400:
                         response.read()
@@ -239,6 +244,8 @@ class Client(_Base):
                 return
             if self.run(run_id)["status"] in FINAL:
                 wait = False  # one last look from the cursor: a stream cut short closes like one that ended
+            elif not got_any:
+                time.sleep(self.retry_pause_s)
 
     def run_examples(self, rows: Iterable[dict], *, agent_url: Optional[str] = None, env_url: Optional[str] = None,
                      head_url: Optional[str] = None, agent_name: Optional[str] = None, **settings: Any) -> Iterator[tuple[dict, dict]]:
@@ -309,7 +316,7 @@ class AsyncClient(_Base):
         while True:
             got_any = False
             try:
-                async with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results",
+                async with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results", timeout=self._stream_timeout(),
                                             params={"after": after, "wait": int(wait)}) as response:
                     if response.status_code >= 400:
                         await response.aread()
@@ -331,6 +338,8 @@ class AsyncClient(_Base):
                 return
             if (await self.run(run_id))["status"] in FINAL:
                 wait = False
+            elif not got_any:
+                await asyncio.sleep(self.retry_pause_s)
 
     async def iter_examples(self, rows: Iterable[dict], *, agent_url: Optional[str] = None, env_url: Optional[str] = None,
                             head_url: Optional[str] = None, agent_name: Optional[str] = None,

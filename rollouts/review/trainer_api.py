@@ -137,7 +137,13 @@ def create_run(request):
 def _create_run(request, ctype: str, spool) -> Status:
     files: dict[str, Any] = {}
     if ctype in JSONL_TYPES:
-        data = _settings_from(dict(request.GET.items()), "querystring")
+        query: dict[str, Any] = dict(request.GET.items())
+        if query.get("overrides"):  # JSON text in the querystring
+            try:
+                query["overrides"] = strict_loads(query["overrides"])
+            except NotJSON as exc:
+                raise _bad(f"overrides: not valid JSON ({exc})", "overrides") from None
+        data = _settings_from(query, "querystring")
         spool.seek(0, 2)
         size = spool.tell()
         spool.seek(0)
@@ -375,7 +381,7 @@ def nemo_gym_row(rollout: Rollout) -> Optional[dict[str, Any]]:
     return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind, stamp)
 
 
-@api.get("/rollouts/{rollout_id}", response={200: RolloutWholeOut, 409: Error},
+@api.get("/rollouts/{rollout_id}", response={200: RolloutWholeOut, 400: Error, 409: Error},
          summary="One rollout whole: trajectory, steps, verify reply, review",
          openapi_extra={"parameters": [{"name": "format", "in": "query", "required": False,
                                         "schema": {"type": "string", "enum": ["", "nemo_gym"]},
