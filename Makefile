@@ -25,7 +25,7 @@ test: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -71,3 +71,11 @@ bench-vs-nemo: $(BIN)/.installed
 	  exit 1; \
 	fi
 	NGPEER_WORK=$(NGPEER_WORK) GYMWEB_ALLOW_LOCAL_TARGETS=1 bash $(NGPEER_DIR)/sidebyside.sh $(CURDIR) $(CURDIR)/$(BIN)/python $(ROWS) $(C) $(SLEEP_MS)
+
+# A training loop: 20 consecutive batches of 32 and of 512 rollouts, gymweb's client against NeMo Gym
+# 0.7.0's run_examples batch by batch in one run (NeMo Gym's venv at NGPEER_VENV_DIR/venv; ports 20500-20510).
+# make bench-trainer [NGPEER_VENV_DIR=/work/ngpeer] [DB=sqlite|postgres] [TRAINER_ARGS='--sizes 32 --batches 5']
+NGPEER_VENV_DIR ?= /work/ngpeer
+bench-trainer: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_trainer --db $(DB) --ngpeer $(NGPEER_VENV_DIR) $(TRAINER_ARGS)
+

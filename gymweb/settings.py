@@ -260,6 +260,16 @@ GYMWEB_POLL_S = float(os.environ.get("GYMWEB_POLL_S", 0.5))
 GYMWEB_AUTO_RETRY = os.environ.get("GYMWEB_AUTO_RETRY", "1").strip().lower() not in ("0", "false", "no", "off", "")
 GYMWEB_AUTO_RETRY_DELAY_S = float(os.environ.get("GYMWEB_AUTO_RETRY_DELAY_S", 5))
 GYMWEB_FLUSH_S = float(os.environ.get("GYMWEB_FLUSH_S", 0.25))
+# An idle dispatcher starts a launched run at once (rollouts.collection.wakeup): PostgreSQL notifies
+# it; on SQLite it reads the database's change counter every GYMWEB_WAKE_POLL_S (0 = off: polls only).
+GYMWEB_WAKE_POLL_S = float(os.environ.get("GYMWEB_WAKE_POLL_S", 0.01))
+# The results stream (GET /api/v1/runs/{id}/results) looks for new results this often while it is
+# open, and sends an empty line after this many seconds without one (proxies close silent streams).
+GYMWEB_STREAM_POLL_S = float(os.environ.get("GYMWEB_STREAM_POLL_S", 0.05))
+GYMWEB_STREAM_KEEPALIVE_S = float(os.environ.get("GYMWEB_STREAM_KEEPALIVE_S", 15))
+# A stream ends after this many seconds even if its run goes on (the client reconnects with its
+# cursor): below gunicorn's --timeout, which would otherwise kill the sync worker serving it.
+GYMWEB_STREAM_MAX_S = float(os.environ.get("GYMWEB_STREAM_MAX_S", 240))
 # First threshold of Python's garbage collector while a dispatcher runs (rollouts.collection.dispatch.
 # collector_tuned; 0 = Python's default of 700): with thousands of rollouts in flight the default
 # made the collector walk the whole heap again and again (issue 14).

@@ -213,6 +213,10 @@ class Rollout(models.Model):
     seed_ms = models.FloatField(null=True, blank=True)
     verify_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
+    # Finishing order within the run (1, 2, ...; gaps allowed): set when a worker writes the attempt's
+    # result, under a lock on the run row, so a higher number always commits later. The results
+    # stream reads it (rollouts.review.trainer_api). Empty on imported and older rows.
+    result_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["task_index", "rollout_index", "attempt", "id"]
@@ -225,6 +229,8 @@ class Rollout(models.Model):
             models.Index(fields=["run", "failure_kind"], name="rollout_run_kind"),
             # The run page's reward statistics and histogram read only this index.
             models.Index(fields=["run", "status", "reward"], name="rollout_run_status_reward"),
+            # The results stream: a run's finished attempts in finishing order.
+            models.Index(fields=["run", "result_seq"], name="rollout_run_result_seq"),
             # Token and duration totals, read from the index alone: on SQLite these columns sit
             # behind the large verify_json text, whose overflow pages a table scan would walk.
             models.Index(

@@ -47,7 +47,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from rollouts import targets
-from rollouts.collection import runs
+from rollouts.collection import runs, wakeup
 from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.contract import prepare_reply_validation
@@ -161,6 +161,7 @@ class _Batch:
     killed: list[tuple[int, str]] = field(default_factory=list)
     unclaimed: list[int] = field(default_factory=list)  # claimed by a stopping dispatcher, never started
     run_ids: set[int] = field(default_factory=set)  # runs whose rollouts ended in this batch
+    run_of: dict[int, int] = field(default_factory=dict)  # finished rollout id -> its run id
 
     def __bool__(self) -> bool:
         return bool(self.calls or self.items or self.seeds or self.finished or self.killed or self.unclaimed)
@@ -174,6 +175,7 @@ class _Batch:
         self.killed += newer.killed
         self.unclaimed += newer.unclaimed
         self.run_ids |= newer.run_ids
+        self.run_of.update(newer.run_of)
         return self
 
 
@@ -438,9 +440,44 @@ def _finish_rollout(rollout_id: int, worker: str, fields: dict[str, Any]) -> int
         return cursor.rowcount
 
 
+def _reserve_result_seqs(batch: _Batch) -> dict[int, int]:
+    """Each finished rollout's place in its run's finishing order: ``{rollout_id: result_seq}``,
+    numbered on from the run's highest. Locks the runs' rows (in id order, first in the write's
+    transaction, as a claim does) until the transaction ends, so numbers commit in order and a
+    reader that has seen number n has seen every number below it (the results stream's cursor)."""
+    from django.db import connection
+
+    ids = [rollout_id for rollout_id, _ in batch.finished]
+    run_of = {r: batch.run_of[r] for r in ids if r in batch.run_of}
+    missing = [r for r in ids if r not in run_of]
+    if missing:
+        run_of.update(Rollout.objects.filter(id__in=missing).values_list("id", "run_id"))
+    qn = connection.ops.quote_name
+    run_t, rollout_t = qn(Run._meta.db_table), qn(Rollout._meta.db_table)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    top: dict[int, int] = {}
+    with connection.cursor() as cursor:
+        for run_id in sorted(set(run_of.values())):
+            cursor.execute(f"SELECT id FROM {run_t} WHERE id = %s{lock}", [run_id])
+            cursor.execute(
+                f"SELECT result_seq FROM {rollout_t} WHERE run_id = %s AND result_seq IS NOT NULL ORDER BY result_seq DESC LIMIT 1",
+                [run_id],
+            )
+            row = cursor.fetchone()
+            top[run_id] = row[0] if row else 0
+    seqs = {}
+    for rollout_id in ids:
+        run_id = run_of.get(rollout_id)
+        if run_id is not None:
+            top[run_id] += 1
+            seqs[rollout_id] = top[run_id]
+    return seqs
+
+
 def _write_batch(batch: _Batch, worker: str) -> None:
     now = _now()
     with transaction.atomic():
+        seqs = _reserve_result_seqs(batch) if batch.finished else {}
         if batch.calls:
             _insert_ignoring_conflicts(AgentCall, batch.calls)
         if batch.items:
@@ -484,6 +521,8 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 fields["num_items"] = len(out.response.get("output") or [])
             if rollout_id in batch.seeds:
                 fields["seed_ms"] = batch.seeds[rollout_id]
+            if rollout_id in seqs:
+                fields["result_seq"] = seqs[rollout_id]
             if not _finish_rollout(rollout_id, worker, fields):
                 # Our lease expired and the key was queued again: the newer attempt owns the key.
                 log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
@@ -837,6 +876,21 @@ class Dispatcher:
             except RuntimeError:  # its loop already closed: it has returned
                 pass
 
+    def poke(self) -> None:
+        """Look at the running runs at once instead of at the next poll (thread-safe; called by
+        the ``wakeup.Watcher`` when a run is launched)."""
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._poked)
+            except RuntimeError:  # its loop already closed
+                pass
+
+    def _poked(self) -> None:
+        self._next_poll = 0.0
+        if self._wake is not None:
+            self._wake.set()
+
     # -- internals -----------------------------------------------------------------------------
     async def _db(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.wrap_future(self.db.submit(_db_call, fn, *args))
@@ -927,6 +981,7 @@ class Dispatcher:
             self.batch.run_ids.add(run_id)
             raise
         self.batch.finished.append((rollout_id, outcome))
+        self.batch.run_of[rollout_id] = run_id
         self.batch.run_ids.add(run_id)
 
     async def _refresh_runs(self) -> None:
@@ -1016,8 +1071,14 @@ class Dispatcher:
         raise_fd_limit(2 * self.capacity + 64)
         self.client = targets.async_client(max(self.capacity, 32))
         self._next_poll = self._next_beat = self._next_flush = 0.0
-        with collector_tuned(settings.GYMWEB_GC_THRESHOLD):
-            await self._serve()
+        # A launched run wakes a dispatcher that serves every run (rollouts.collection.wakeup).
+        watcher = wakeup.Watcher(self.poke).start() if self.only is None else None
+        try:
+            with collector_tuned(settings.GYMWEB_GC_THRESHOLD):
+                await self._serve()
+        finally:
+            if watcher is not None:
+                watcher.stop()
 
     async def _serve(self) -> None:
         try:

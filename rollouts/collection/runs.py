@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from rollouts.collection import wakeup
 from rollouts.collection.datasets import ParsedDataset, materialize
 from rollouts.lossless import dumps
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
@@ -119,11 +120,14 @@ def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Optional
 
 
 def launch(run: Run) -> None:
-    """Mark the run running: every worker's dispatcher picks it up at its next poll
-    (``GYMWEB_POLL_S``) and claims rollouts atomically (``rollouts.collection.dispatch``)."""
-    Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]).update(
+    """Mark the run running: idle dispatchers are woken at once (``rollouts.collection.wakeup``),
+    busy ones pick it up at their next poll (``GYMWEB_POLL_S``), and claim rollouts atomically
+    (``rollouts.collection.dispatch``)."""
+    changed = Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]).update(
         status=Run.Status.RUNNING, started=timezone.now(), finished=None
     )
+    if changed:
+        wakeup.notify_launch(run.pk)
     run.refresh_from_db()
 
 

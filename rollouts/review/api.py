@@ -14,7 +14,6 @@ the run table's filter (``RolloutFilterForm``, also the review filters); files s
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any, Optional, Union
 
@@ -42,10 +41,10 @@ from rollouts.review.actions import ReviewError
 from rollouts.review.aggregates import reward_aggregates
 from rollouts.review.filters import corrected_reward
 from rollouts.review.tokens import user_for_token
-from rollouts.web.forms import RunForm, export_filename, filtered_rollouts
+from rollouts.web.forms import export_filename, filtered_rollouts
 from rollouts.web.refused import refused_data
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
-from rollouts.web.views import _launch_from_form, _run_for
+from rollouts.web.views import _run_for
 
 MAX_PAGE = 1000
 MAX_OFFSET = 10**12  # past any table; larger ones would overflow the database's bigint (a 500)
@@ -76,7 +75,17 @@ class StrictJSONParser(Parser):
             raise
 
 
-api = NinjaAPI(
+class GymwebAPI(NinjaAPI):
+    """``NinjaAPI`` whose OpenAPI document also declares what the routes' signatures cannot
+    (``rollouts.review.openapi``: filter values, 401/403/404 answers, file content types)."""
+
+    def get_openapi_schema(self, *args, **kwargs):
+        from rollouts.review.openapi import complete
+
+        return complete(super().get_openapi_schema(*args, **kwargs))
+
+
+api = GymwebAPI(
     title="gymweb API",
     version="1",
     description="Datasets, runs, NeMo Gym files and review for scripts and training loops. "
@@ -102,22 +111,6 @@ class DatasetOut(Schema):
     created: datetime
     source_run: Optional[int] = Field(None, description="the run whose filtered list these tasks came from")
     source_filters: str = Field("", description="that list's filter querystring")
-
-
-class RunIn(Schema):
-    dataset: int = Field(..., description="a dataset id (POST /datasets to upload one)")
-    agent_url: str
-    env_url: str
-    name: str = ""
-    agent_name: str = "remote_agent"
-    concurrency: int = 32
-    max_steps: Optional[int] = None
-    num_repeats: int = 1
-    limit: Optional[int] = None
-    max_attempts: int = 3
-    remote_responses_timeout_s: float = 1800.0
-    run_timeout_s: float = 2100.0
-    overrides: dict[str, Any] = Field(default_factory=dict, description="merged into every row's responses_create_params")
 
 
 class ProgressOut(Schema):
@@ -425,20 +418,6 @@ def list_runs(request, limit: int = 50, offset: int = OFFSET):
     return [_run_out(request, run, progress[run.pk]) for run in page]
 
 
-@api.post("/runs", response={201: RunOut, 400: Error}, summary="Launch a run on a stored dataset")
-def create_run(request, payload: RunIn):
-    """Validated by the new-run form (the same checks of the agent and env URLs, timeouts,
-    overrides and run size) and launched like it: the workers pick it up at once."""
-    data = payload.dict()
-    data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
-    data = {k: ("" if v is None else v) for k, v in data.items()}
-    form = RunForm(data=data)
-    if not form.is_valid():
-        raise _form_error(form)
-    run, _reused = _launch_from_form(form, request.user)
-    return Status(201, _run_out(request, run))
-
-
 @api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")
 def get_run(request, run_id: int):
     run = _run_for(request, run_id)
@@ -567,11 +546,6 @@ def list_rollouts(request, run_id: int, limit: int = 100, offset: int = OFFSET,
     return {"count": count, "offset": offset, "limit": limit, "items": items}
 
 
-@api.get("/rollouts/{rollout_id}", response=RolloutDetailOut, summary="One rollout with its labels, notes and correction")
-def get_rollout(request, rollout_id: int):
-    return _rollout_detail(request, _rollout(request, rollout_id))
-
-
 @api.post("/rollouts/{rollout_id}/labels", response={200: RolloutDetailOut, 400: Error}, summary="Put a label on a rollout")
 def add_label(request, rollout_id: int, payload: LabelIn):
     rollout = _rollout(request, rollout_id)
@@ -633,3 +607,7 @@ def create_label(request, payload: NewLabelIn):
     except ReviewError as exc:
         raise _review_error(exc) from None
     return Status(201, {"name": lab.name, "description": lab.description, "position": lab.position})
+
+
+# The training-loop routes (POST /runs, GET /runs/{id}/results, GET /rollouts/{id}) register on `api`.
+from rollouts.review import trainer_api  # noqa: E402,F401

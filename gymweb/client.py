@@ -1,0 +1,383 @@
+"""A Python client of gymweb's API for training loops (httpx; sync ``Client`` and asyncio
+``AsyncClient``). ``docs/trainer-api.md`` describes the routes it uses.
+
+A training step in three lines::
+
+    from gymweb.client import Client
+    client = Client("http://gymweb:8000", token="gw_...")        # or GYMWEB_URL / GYMWEB_TOKEN
+    for row, result in client.run_examples(rows, agent_url="http://agent:9102", env_url="http://env:9101"):
+        ...
+
+``run_examples`` sends the batch inline (``POST /api/v1/runs``), then reads the results stream
+(``GET /api/v1/runs/{id}/results``) and yields ``(row, result)`` as each rollout finishes: ``row``
+is the caller's own row object, ``result`` the NeMo Gym row (a success as ``rollouts.jsonl`` has
+it, a failure as the failures sidecar has it: ``_ng_failure_class``, ``error``, ``reward`` 0.0).
+It mirrors NeMo Gym's ``RolloutCollectionHelper.run_examples``: rows run as given (one rollout
+each; repeat a row for more), results in finishing order. ``AsyncClient.run_examples`` returns,
+like NeMo Gym's, an iterator of awaitables, each giving the next finished ``(row, result)``.
+
+A dropped stream is reconnected with its cursor (every row exactly once), up to ``retries`` times
+in a row with ``retry_pause_s`` between tries. Settings the server refuses raise
+``RefusedSettings`` (its message names the field, or the row and field); a bad token raises
+``Unauthorized``; a run that ends without a result for every row (cancelled) raises ``RunEnded``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any, AsyncIterator, Awaitable, Iterable, Iterator, Optional
+
+import httpx
+
+__all__ = ["AsyncClient", "Client", "GymwebError", "RefusedSettings", "RunEnded", "Unauthorized"]
+
+API = "/api/v1"
+FINAL = ("completed", "cancelled", "imported")
+
+
+class GymwebError(Exception):
+    """An answer of the gymweb server that is not what was asked for. ``status``: the HTTP status
+    (None when the server could not be reached); ``detail``: its message; ``errors``: per field."""
+
+    def __init__(self, message: str, status: Optional[int] = None, detail: str = "", errors: Optional[dict] = None):
+        super().__init__(message)
+        self.status = status
+        self.detail = detail or message
+        self.errors = errors or {}
+
+
+class RefusedSettings(GymwebError):
+    """The server refused the run (400/413/415): a setting or a row is wrong. ``str(exc)`` says
+    which (e.g. ``rows[2] (row 3): the row has no 'responses_create_params'``); nothing was stored."""
+
+
+class Unauthorized(GymwebError):
+    """401: no token, or an unknown or revoked one (make one with ``manage.py api_token create``)."""
+
+
+class RunEnded(GymwebError):
+    """The run became final (cancelled, or resumed nowhere) before every row had a result.
+    ``run``: the run as the server describes it; ``received``: how many results came."""
+
+    def __init__(self, message: str, run: dict, received: int):
+        super().__init__(message)
+        self.run = run
+        self.received = received
+
+
+def _raise_for(response: httpx.Response, what: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    detail = str(body.get("detail") or response.text[:500] or response.reason_phrase)
+    errors = body.get("errors") or {}
+    message = f"{what}: HTTP {response.status_code}: {detail}"
+    if response.status_code == 401:
+        raise Unauthorized(message, 401, detail, errors)
+    if response.status_code in (400, 413, 415, 422):
+        raise RefusedSettings(message, response.status_code, detail, errors)
+    raise GymwebError(message, response.status_code, detail, errors)
+
+
+def _keyed_rows(rows: Iterable[dict]) -> tuple[list[dict], list[dict], dict[tuple[int, int], int]]:
+    """``(originals, rows to send, {(task index, rollout index): position})``. A row without
+    ``_ng_task_index`` gets one of its own (never one that another row carries), so every row is
+    one rollout; rows sharing a task index are that task's rollouts 0, 1, ... in order (the
+    server's rule, ``rollouts.collection.datasets.materialize``)."""
+    originals = list(rows)
+    if not originals:
+        raise ValueError("run_examples needs at least one row")
+    explicit = {r["_ng_task_index"] for r in originals if isinstance(r, dict) and isinstance(r.get("_ng_task_index"), int)}
+    sent, keys, seen = [], {}, {}
+    fresh = 0
+    for position, row in enumerate(originals):
+        if not isinstance(row, dict):
+            raise TypeError(f"rows[{position}] is a {type(row).__name__}, not a dict (a NeMo Gym task row)")
+        task = row.get("_ng_task_index")
+        if not isinstance(task, int) or isinstance(task, bool):
+            while fresh in explicit:
+                fresh += 1
+            task = fresh
+            fresh += 1
+            row = {**row, "_ng_task_index": task}
+        index = seen.get(task, 0)
+        seen[task] = index + 1
+        keys[(task, index)] = position
+        sent.append(row)
+    return originals, sent, keys
+
+
+def _run_body(sent: list[dict], agent_url: Optional[str], env_url: Optional[str], head_url: Optional[str],
+              agent_name: Optional[str], settings: dict[str, Any]) -> dict[str, Any]:
+    if head_url is not None or (agent_url is None or env_url is None):
+        raise RefusedSettings(
+            "give agent_url= and env_url= (this gymweb server does not find environments by name through a head server)")
+    body = {"rows": sent, "agent_url": agent_url, "env_url": env_url, "concurrency": min(len(sent), 4096), **settings}
+    if agent_name:
+        body["agent_name"] = agent_name
+    return body
+
+
+class _Lines:
+    """Complete NDJSON lines out of byte chunks: a line cut by a dropped connection never counts."""
+
+    def __init__(self) -> None:
+        self.rest = b""
+
+    def feed(self, chunk: bytes) -> list[dict]:
+        data = self.rest + chunk
+        *lines, self.rest = data.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+class _Base:
+    def __init__(self, url: Optional[str], token: Optional[str], retries: int, retry_pause_s: float):
+        url = url or os.environ.get("GYMWEB_URL") or ""
+        if not url:
+            raise ValueError("give the gymweb server's URL (or set GYMWEB_URL)")
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("GYMWEB_TOKEN", "")
+        self.retries = retries
+        self.retry_pause_s = retry_pause_s
+
+    STREAM_READ_TIMEOUT_S = 120.0  # the server sends a keep-alive line after 15 s of silence
+
+    def _stream_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout, read=self.STREAM_READ_TIMEOUT_S)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    @staticmethod
+    def _match(result: dict, keys: dict, originals: list, run_id: int) -> tuple[dict, dict]:
+        key = (result.get("_ng_task_index"), result.get("_ng_rollout_index"))
+        if key not in keys:
+            raise GymwebError(f"run {run_id} sent a result for task {key[0]} rollout {key[1]}, which no row asked for")
+        return originals[keys.pop(key)], result
+
+
+class Client(_Base):
+    """Synchronous client. ``url``: the server (default ``GYMWEB_URL``); ``token``: an API token
+    (default ``GYMWEB_TOKEN``); ``timeout``: seconds for one request (the stream's reads wait
+    longer: it may stay quiet while rollouts run); ``retries``: reconnections in a row after a
+    dropped connection. Use as a context manager or call ``close()``."""
+
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, timeout: float = 60.0, retries: int = 10,
+                 retry_pause_s: float = 0.5, http: Optional[httpx.Client] = None):
+        super().__init__(url, token, retries, retry_pause_s)
+        self.timeout = timeout
+        self.http = http or httpx.Client(timeout=httpx.Timeout(timeout, read=None), headers=self._headers())
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- single calls ------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+        failures = 0
+        # A POST is tried again only when it never reached the server (a second run otherwise).
+        retryable = (httpx.ConnectError, httpx.ConnectTimeout) if method == "POST" else (httpx.TransportError,)
+        while True:
+            try:
+                response = self.http.request(method, self.url + API + path, timeout=self.timeout, **kwargs)
+            except retryable as exc:
+                failures += 1
+                if failures > self.retries:
+                    raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
+                time.sleep(self.retry_pause_s)
+                continue
+            _raise_for(response, what)
+            return response
+
+    def submit(self, rows: list[dict], *, agent_url: str, env_url: str, **settings: Any) -> dict:
+        """Launch a run on ``rows`` (sent inline); returns the run as ``GET /runs/{id}`` shows it.
+        ``settings``: the run's other fields (num_repeats, concurrency, max_steps, overrides, ...)."""
+        body = {"rows": list(rows), "agent_url": agent_url, "env_url": env_url, **settings}
+        return self._request("POST", "/runs", "launching the run", json=body).json()
+
+    def run(self, run_id: int) -> dict:
+        """The run's status, progress and aggregates."""
+        return self._request("GET", f"/runs/{run_id}", f"reading run {run_id}").json()
+
+    def rollout(self, rollout_id: int, nemo_gym: bool = False) -> dict:
+        """One rollout whole (trajectory, steps, verify reply), or only its NeMo Gym row."""
+        params = {"format": "nemo_gym"} if nemo_gym else None
+        return self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params).json()
+
+    # -- the results stream ------------------------------------------------------------------------
+    def results(self, run_id: int, after: int = 0, wait: bool = True) -> Iterator[dict]:
+        """The run's NeMo Gym rows from position ``after`` in finishing order, each once; with
+        ``wait``, until the run is final, reconnecting after a dropped connection."""
+        failures = 0
+        while True:
+            got_any = False
+            try:
+                with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results", timeout=self._stream_timeout(),
+                                      params={"after": after, "wait": int(wait)}) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        _raise_for(response, f"reading run {run_id}'s results")
+                    lines = _Lines()
+                    for chunk in response.iter_bytes():
+                        for row in lines.feed(chunk):
+                            after += 1
+                            got_any = True
+                            yield row
+            except httpx.TransportError as exc:
+                failures = 0 if got_any else failures + 1
+                if failures > self.retries:
+                    raise GymwebError(f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
+                time.sleep(self.retry_pause_s)
+                continue
+            failures = 0
+            if not wait:
+                return
+            if self.run(run_id)["status"] in FINAL:
+                wait = False  # one last look from the cursor: a stream cut short closes like one that ended
+            elif not got_any:
+                time.sleep(self.retry_pause_s)
+
+    def run_examples(self, rows: Iterable[dict], *, agent_url: Optional[str] = None, env_url: Optional[str] = None,
+                     head_url: Optional[str] = None, agent_name: Optional[str] = None, **settings: Any) -> Iterator[tuple[dict, dict]]:
+        """Run each row once and yield ``(row, result)`` as each rollout finishes (NeMo Gym's
+        ``run_examples``). ``settings``: other run fields (max_steps, overrides, timeouts,
+        concurrency: default the batch size). Raises ``RefusedSettings`` before anything runs when
+        the server refuses a row or a setting; ``RunEnded`` when the run ends short."""
+        originals, sent, keys = _keyed_rows(rows)
+        body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
+        run = self._request("POST", "/runs", "launching the run", json=body).json()
+        for result in self.results(run["id"]):
+            yield self._match(result, keys, originals, run["id"])
+            if not keys:
+                return
+        final = self.run(run["id"])
+        raise RunEnded(f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
+                       final, len(originals) - len(keys))
+
+
+class AsyncClient(_Base):
+    """The asyncio client: the same methods as ``Client``, awaited. ``run_examples`` returns an
+    iterator of awaitables as NeMo Gym's does (``for f in client.run_examples(...): row, result = await f``);
+    ``iter_examples`` is the same as an async iterator."""
+
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, timeout: float = 60.0, retries: int = 10,
+                 retry_pause_s: float = 0.5, http: Optional[httpx.AsyncClient] = None):
+        super().__init__(url, token, retries, retry_pause_s)
+        self.timeout = timeout
+        self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(timeout, read=None), headers=self._headers())
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+        failures = 0
+        retryable = (httpx.ConnectError, httpx.ConnectTimeout) if method == "POST" else (httpx.TransportError,)
+        while True:
+            try:
+                response = await self.http.request(method, self.url + API + path, timeout=self.timeout, **kwargs)
+            except retryable as exc:
+                failures += 1
+                if failures > self.retries:
+                    raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
+                await asyncio.sleep(self.retry_pause_s)
+                continue
+            _raise_for(response, what)
+            return response
+
+    async def submit(self, rows: list[dict], *, agent_url: str, env_url: str, **settings: Any) -> dict:
+        body = {"rows": list(rows), "agent_url": agent_url, "env_url": env_url, **settings}
+        return (await self._request("POST", "/runs", "launching the run", json=body)).json()
+
+    async def run(self, run_id: int) -> dict:
+        return (await self._request("GET", f"/runs/{run_id}", f"reading run {run_id}")).json()
+
+    async def rollout(self, rollout_id: int, nemo_gym: bool = False) -> dict:
+        params = {"format": "nemo_gym"} if nemo_gym else None
+        return (await self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params)).json()
+
+    async def results(self, run_id: int, after: int = 0, wait: bool = True) -> AsyncIterator[dict]:
+        failures = 0
+        while True:
+            got_any = False
+            try:
+                async with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results", timeout=self._stream_timeout(),
+                                            params={"after": after, "wait": int(wait)}) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        _raise_for(response, f"reading run {run_id}'s results")
+                    lines = _Lines()
+                    async for chunk in response.aiter_bytes():
+                        for row in lines.feed(chunk):
+                            after += 1
+                            got_any = True
+                            yield row
+            except httpx.TransportError as exc:
+                failures = 0 if got_any else failures + 1
+                if failures > self.retries:
+                    raise GymwebError(f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
+                await asyncio.sleep(self.retry_pause_s)
+                continue
+            failures = 0
+            if not wait:
+                return
+            if (await self.run(run_id))["status"] in FINAL:
+                wait = False
+            elif not got_any:
+                await asyncio.sleep(self.retry_pause_s)
+
+    async def iter_examples(self, rows: Iterable[dict], *, agent_url: Optional[str] = None, env_url: Optional[str] = None,
+                            head_url: Optional[str] = None, agent_name: Optional[str] = None,
+                            **settings: Any) -> AsyncIterator[tuple[dict, dict]]:
+        """``async for row, result in client.iter_examples(rows, ...)``: as ``Client.run_examples``."""
+        originals, sent, keys = _keyed_rows(rows)
+        body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
+        run = (await self._request("POST", "/runs", "launching the run", json=body)).json()
+        async for result in self.results(run["id"]):
+            yield self._match(result, keys, originals, run["id"])
+            if not keys:
+                return
+        final = await self.run(run["id"])
+        raise RunEnded(f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
+                       final, len(originals) - len(keys))
+
+    def run_examples(self, rows: Iterable[dict], **kwargs: Any) -> Iterator[Awaitable[tuple[dict, dict]]]:
+        """NeMo Gym's shape: one awaitable per row, each giving the next ``(row, result)`` to
+        finish. The batch is sent when the first one is awaited; an error is raised by every
+        awaitable from then on."""
+        rows = list(rows)
+        queue: "asyncio.Queue[Any]" = asyncio.Queue()
+        state: dict[str, Any] = {}
+
+        async def pump() -> None:
+            try:
+                async for pair in self.iter_examples(rows, **kwargs):
+                    queue.put_nowait(pair)
+            except Exception as exc:
+                queue.put_nowait(exc)
+
+        async def next_result() -> tuple[dict, dict]:
+            if "task" not in state:
+                state["task"] = asyncio.ensure_future(pump())
+            item = await queue.get()
+            if isinstance(item, Exception):
+                queue.put_nowait(item)
+                raise item
+            return item
+
+        return (next_result() for _ in rows)

@@ -1,0 +1,109 @@
+"""What the API's OpenAPI document declares beyond the routes' signatures (``complete``):
+
+- the run table's filter on every route that reads it (the rollout list, the file downloads, a
+  dataset from a selection), each parameter with its type and, for a choice, its allowed values,
+  taken from the filter form itself (``RolloutFilterForm``), so they cannot drift apart;
+- the 401 answer of every route behind the token, the 404 of every route with an id in its path,
+  the 403 where a route declares one, all with the ``Error`` body;
+- the content type of the downloaded files (JSONL) and of the results stream (NDJSON).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from rollouts.engine.loop import FailureKind
+
+FILTERED = ("/rollouts", "/rollouts.jsonl", "/rollouts_failures.jsonl", "/sft.jsonl", "/selection/dataset")
+FILES = {"/rollouts.jsonl", "/rollouts_failures.jsonl", "/rollouts_materialized_inputs.jsonl", "/sft.jsonl"}
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+ANSWERS = {
+    "401": "no token, a malformed `Authorization` header, or an unknown or revoked token (`{\"detail\": \"Unauthorized\"}`)",
+    "403": "the token's user may not do this",
+    "404": "no such object (or not visible to the token's user)",
+}
+_FILTER_DOC = {
+    "label": "a label's name (GET /labels), or `(none)` for rollouts without any label",
+    "not_label": "a label's name (GET /labels): rollouts without it",
+    "text": "case-insensitive substring of any trajectory item",
+    "tool": "a tool's exact name: rollouts that called it",
+    "output": "case-insensitive substring of a tool output",
+    "error": "case-insensitive substring of the failure message",
+    "kind": "a failure kind",
+    "task": "a task index",
+}
+_EXPORT_PARAMS = [
+    {"name": "review", "in": "query", "required": False, "schema": {"type": "string", "enum": ["", "0", "1"]},
+     "description": "1: each row gets `gymweb_review` (labels, notes, correction)"},
+]
+
+
+def filter_parameters() -> list[dict[str, Any]]:
+    """The run table's filter as OpenAPI query parameters (name, type, allowed values)."""
+    from rollouts.web.forms import FILTER_FIELDS, RolloutFilterForm
+
+    form = RolloutFilterForm({})
+    out = []
+    for name in FILTER_FIELDS:
+        field = form.fields[name]
+        schema: dict[str, Any]
+        if isinstance(field, forms.FloatField):
+            schema = {"type": "number"}
+        elif isinstance(field, forms.IntegerField):
+            schema = {"type": "integer", "minimum": 0}
+        elif name == "kind":
+            schema = {"type": "string", "enum": [""] + list(FailureKind.ALL)}
+        elif isinstance(field, forms.ChoiceField) and name not in ("label", "not_label"):
+            schema = {"type": "string", "enum": [str(v) for v, _ in field.choices]}
+        else:
+            schema = {"type": "string"}
+            if getattr(field, "max_length", None):
+                schema["maxLength"] = field.max_length
+        desc = _FILTER_DOC.get(name) or str(field.label or name)
+        out.append({"name": name, "in": "query", "required": False, "schema": schema, "description": desc})
+    return out
+
+
+def _content(op: dict[str, Any], ctype: str, what: str) -> None:
+    ok = op.setdefault("responses", {}).setdefault("200", {"description": "OK"})
+    ok["content"] = {ctype: {"schema": {"type": "string", "description": what}}}
+
+
+def complete(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (django-ninja's OpenAPI document of the API) with the declarations above added.
+    Returns the same dict."""
+    schema.setdefault("components", {}).setdefault("schemas", {}).setdefault(
+        "Error", {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]})
+    filters = filter_parameters()
+    for path, ops in schema.get("paths", {}).items():
+        for method, op in ops.items():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue
+            responses: dict[str, Any] = {}
+            for code, answer in op["responses"].items():  # ninja's codes are ints, openapi_extra's strings
+                responses[str(code)] = {**responses.get(str(code), {}), **answer}
+            op["responses"] = responses
+            if op.get("security") or schema.get("security"):
+                responses.setdefault("401", {"description": ANSWERS["401"], "content": {"application/json": {"schema": ERROR_REF}}})
+            if "{" in path:
+                responses.setdefault("404", {"description": ANSWERS["404"], "content": {"application/json": {"schema": ERROR_REF}}})
+            if "403" in responses:
+                responses["403"].setdefault("description", ANSWERS["403"])
+            tail = path[path.rfind("}") + 1:] if "{" in path else path
+            if method == "get" and tail in FILES:
+                _content(op, "application/jsonl", "JSONL: one JSON object per line")
+            if path.startswith("/api/v1/runs/{run_id}") and tail in FILTERED:
+                have = {p["name"] for p in op.get("parameters", [])}
+                params = op.setdefault("parameters", [])
+                for p in filters:
+                    if p["name"] in have:
+                        for q in params:
+                            if q["name"] == p["name"]:
+                                q["schema"] = {**q.get("schema", {}), **{k: v for k, v in p["schema"].items() if k != "type"}}
+                                q.setdefault("description", p["description"])
+                    else:
+                        params.append(p)
+                if tail in FILES:
+                    params.extend(p for p in _EXPORT_PARAMS if p["name"] not in have)
+    return schema

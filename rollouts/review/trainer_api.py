@@ -1,0 +1,425 @@
+"""The API's routes for training loops (registered on ``rollouts.review.api.api``): batches in
+(``POST /runs`` with the task rows inline), results out as they finish (``GET /runs/{id}/results``,
+NDJSON) and one rollout whole (``GET /rollouts/{id}``). ``docs/trainer-api.md`` describes them;
+``gymweb.client`` is their Python client.
+
+Rows are the NeMo Gym rows of the run's files, made by the files' own writer
+(``rollouts.collection.export``): a success as ``rollouts.jsonl`` has it, a failure as the failures
+sidecar has it. The stream's order is the finishing order (``Rollout.result_seq``); its cursor is
+the number of rows already read, so a client that reconnects with ``?after=<rows it has>`` gets
+every row exactly once.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from typing import Any, Iterator, Optional
+
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile as DjangoUploadedFile
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from ninja import Query, Schema
+from ninja.errors import HttpError
+from ninja.responses import Status
+from pydantic import Field, ValidationError
+
+from rollouts.collection import export
+from rollouts.collection.datasets import DatasetError, validate_row
+from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.lossless import dumps
+from rollouts.models import AgentCall, Rollout, Run
+from rollouts.review.api import Error, RolloutDetailOut, RunOut, _form_error, _rollout, _rollout_detail, _run_out, api
+from rollouts.web.forms import RunForm
+from rollouts.web.uploads import upload_limit_message
+from rollouts.web.views import _launch_from_form, _run_for
+
+NDJSON = "application/x-ndjson"
+JSONL_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/jsonlines", "text/plain")
+FINISHED = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
+CHUNK = 500
+INLINE_NAME = "inline rows"  # the dataset name of rows sent inline (and what their errors name)
+
+
+# -- batches in ----------------------------------------------------------------------------------
+class RunSettings(Schema):
+    """A run's settings (the new-run form's fields)."""
+
+    name: str = ""
+    agent_url: str
+    env_url: str
+    agent_name: str = "remote_agent"
+    concurrency: int = 32
+    max_steps: Optional[int] = None
+    num_repeats: int = 1
+    limit: Optional[int] = None
+    max_attempts: int = 3
+    remote_responses_timeout_s: float = 1800.0
+    run_timeout_s: float = 2100.0
+    overrides: dict[str, Any] = Field(default_factory=dict, description="merged into every row's responses_create_params")
+
+
+class RunIn(RunSettings):
+    dataset: Optional[int] = Field(None, description="a stored dataset's id (POST /datasets); or send `rows`")
+    rows: Optional[list[Any]] = Field(None, description="the task rows inline (NeMo Gym dataset rows), instead of `dataset`")
+
+
+def _bad(detail: str, field: str, status: int = 400) -> HttpError:
+    err = HttpError(status, detail)
+    err.errors = {field: [detail]}
+    return err
+
+
+def _read_body(request: HttpRequest) -> "tempfile.SpooledTemporaryFile":
+    """The request body in a spooled file, refused (413) past ``GYMWEB_MAX_UPLOAD_BYTES``, the
+    limit of a dataset file."""
+    limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    if declared.isdigit() and int(declared) > limit:
+        raise _bad(upload_limit_message(limit), "rows", 413)
+    spool = tempfile.SpooledTemporaryFile(max_size=int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE))
+    size = 0
+    while True:
+        chunk = request.read(1 << 20)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            spool.close()
+            raise _bad(upload_limit_message(limit), "rows", 413)
+        spool.write(chunk)
+    spool.seek(0)
+    return spool
+
+
+def _settings_from(data: dict[str, Any], where: str) -> dict[str, Any]:
+    try:
+        parsed = RunIn.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise _bad(f"{field}: {first['msg']} ({where})", field) from None
+    return parsed.model_dump()
+
+
+def _as_upload(spool, name: str, size: int) -> DjangoUploadedFile:
+    return DjangoUploadedFile(file=spool, name=name, content_type="application/jsonl", size=size)
+
+
+@api.post("/runs", response={201: RunOut, 400: Error, 413: Error}, summary="Launch a run: task rows inline or a stored dataset",
+          openapi_extra={"requestBody": {"required": True, "content": {
+              "application/json": {"schema": RunIn.model_json_schema(ref_template="#/components/schemas/{model}")},
+              NDJSON: {"schema": {"type": "string", "description": "JSONL: one task row per line; the run settings go in the querystring"}},
+          }}, "parameters": [
+              {"name": name, "in": "query", "required": False,
+               "schema": {"type": "string"}, "description": f"with a JSONL body: the run setting `{name}`"}
+              for name in RunSettings.model_fields]})
+def create_run(request):
+    """The tasks come either inline or as a stored dataset:
+
+    - `application/json`: an object with the run settings and either `dataset` (an id) or `rows`
+      (a JSON array of task rows);
+    - `application/x-ndjson` (or `application/jsonl`): the body is the rows, one per line, and the
+      run settings are in the querystring (`?agent_url=...&env_url=...&num_repeats=4`).
+
+    Rows are validated as a dataset file is (same rules, same size limits,
+    `GYMWEB_MAX_UPLOAD_BYTES` and `GYMWEB_MAX_LINE_BYTES`); the settings by the new-run form. Any
+    error is a 400 naming the row (or line) and the field, and nothing is stored. Answers at once
+    with the run, launched: an idle worker starts it within tens of milliseconds."""
+    ctype = (request.content_type or "").lower()
+    spool = _read_body(request)
+    try:
+        return _create_run(request, ctype, spool)
+    finally:
+        spool.close()
+
+
+def _create_run(request, ctype: str, spool) -> Status:
+    files: dict[str, Any] = {}
+    if ctype in JSONL_TYPES:
+        query: dict[str, Any] = dict(request.GET.items())
+        if query.get("overrides"):  # JSON text in the querystring
+            try:
+                query["overrides"] = strict_loads(query["overrides"])
+            except NotJSON as exc:
+                raise _bad(f"overrides: not valid JSON ({exc})", "overrides") from None
+        data = _settings_from(query, "querystring")
+        spool.seek(0, 2)
+        size = spool.tell()
+        spool.seek(0)
+        files["dataset_file"] = _as_upload(spool, INLINE_NAME, size)
+        field = "body"
+    else:
+        if ctype not in ("", "application/json"):
+            raise _bad(f"unsupported Content-Type {ctype!r}: send application/json or application/x-ndjson", "body", 415)
+        try:
+            body = strict_loads(spool.read())
+        except NotJSON as exc:
+            raise _bad(f"the request body is not valid JSON: {exc}", "body") from None
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object (the run settings with `rows` or `dataset`)", "body")
+        data = _settings_from(body, "body")
+        rows = data.pop("rows")
+        field = "rows"
+        if rows is not None:
+            if data["dataset"] is not None:
+                raise _bad("send either `rows` or `dataset`, not both", "rows")
+            if not rows:
+                raise _bad("`rows` is empty: send at least one task row", "rows")
+            for i, row in enumerate(rows):
+                try:
+                    validate_row(row, i + 1, "")
+                except DatasetError as exc:
+                    raise _bad(f"rows[{i}] (row {i + 1}): {exc.reason}", "rows") from None
+            inline = tempfile.SpooledTemporaryFile(max_size=int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE))
+            for row in rows:
+                inline.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
+            size = inline.tell()
+            inline.seek(0)
+            files["dataset_file"] = _as_upload(inline, INLINE_NAME, size)
+    data.pop("rows", None)
+    data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
+    data = {k: ("" if v is None else v) for k, v in data.items()}
+    form = RunForm(data=data, files=files)
+    if not form.is_valid():
+        err = _form_error(form)
+        if "dataset_file" in err.errors:  # the rows: say so under the name they were sent as
+            first = err.message.startswith("dataset_file")
+            err.errors[field] = err.errors.pop("dataset_file")
+            if first:
+                err.message = err.errors[field][0]
+        raise err
+    run, _reused = _launch_from_form(form, request.user)
+    return Status(201, _run_out(request, run))
+
+
+# -- results out ---------------------------------------------------------------------------------
+class _Rows:
+    """Reads a run's finished attempts in finishing order from a position, keeping its place
+    between reads: rows without a finishing number (imported, older) first in id order, then by
+    ``result_seq``. The position (``after``) is turned into a row key once; later reads go on from
+    the last row's key."""
+
+    FIELDS = ("id", "result_seq", "status", "task_index", "rollout_index", "verify_json", "error", "terminal",
+              "failure_kind", "task__row_json")
+
+    def __init__(self, run: Run, after: int):
+        self.run = run
+        self.stamp = export.stamps_rows(run)
+        self.skip = after  # rows still to pass over before the key is known
+        self.last_id: Optional[int] = None  # in the unnumbered rows
+        self.last_seq: Optional[int] = None  # in the numbered rows
+        self.numbered = False
+
+    def _unnumbered(self):
+        return Rollout.objects.filter(run=self.run, result_seq__isnull=True, status__in=FINISHED).order_by("id")
+
+    def _numbered(self):
+        return Rollout.objects.filter(run=self.run, result_seq__isnull=False).order_by("result_seq")
+
+    def _place(self) -> bool:
+        """Turn ``skip`` into a key; False while there are not that many rows yet."""
+        if not self.numbered:
+            ids = list(self._unnumbered().values_list("id", flat=True)[self.skip - 1: self.skip])
+            if ids:
+                self.last_id, self.skip = ids[0], 0
+                return True
+            self.skip -= self._unnumbered().count()
+            self.numbered = True
+            if self.skip == 0:
+                return True
+        seqs = list(self._numbered().values_list("result_seq", flat=True)[self.skip - 1: self.skip])
+        if not seqs:
+            self.skip += self._unnumbered().count()  # try again from the start next time
+            self.numbered = False
+            return False
+        self.last_seq, self.skip = seqs[0], 0
+        return True
+
+    def read(self) -> Iterator[str]:
+        """Every row stored now after the place reached, as JSON text (no newline)."""
+        if self.skip and not self._place():
+            return
+        while True:
+            if not self.numbered:
+                qs = self._unnumbered()
+                if self.last_id is not None:
+                    qs = qs.filter(id__gt=self.last_id)
+                page = list(qs.values_list(*self.FIELDS)[:CHUNK])
+                if not page:
+                    self.numbered = True
+                    continue
+            else:
+                qs = self._numbered()
+                if self.last_seq is not None:
+                    qs = qs.filter(result_seq__gt=self.last_seq)
+                page = list(qs.values_list(*self.FIELDS)[:CHUNK])
+                if not page:
+                    return
+            for rid, seq, status, ti, ri, verify_json, error, terminal, kind, task_json in page:
+                yield self._line(status, ti, ri, verify_json, error, terminal, kind, task_json)
+                if seq is None:
+                    self.last_id = rid
+                else:
+                    self.last_seq = seq
+
+    def _line(self, status, ti, ri, verify_json, error, terminal, kind, task_json) -> str:
+        task_row = json.loads(task_json)
+        if status == Rollout.Status.SUCCEEDED:
+            row = export.success_row(verify_json, ti, ri, export.agent_ref_of(task_row, self.run), self.stamp)
+        else:
+            row = export.failure_row(task_row, ri, error, terminal, kind, self.stamp)
+        return export._dumps(row)
+
+
+def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
+    """NDJSON lines of the run's NeMo Gym rows from ``after``; with ``wait``, polls for more
+    (every ``GYMWEB_STREAM_POLL_S``) until the run is final and everything is sent, sending an
+    empty line after ``GYMWEB_STREAM_KEEPALIVE_S`` of silence, for at most ``GYMWEB_STREAM_MAX_S``
+    (the client then reconnects with its cursor)."""
+    poll_s, keepalive_s = settings.GYMWEB_STREAM_POLL_S, settings.GYMWEB_STREAM_KEEPALIVE_S
+    started = last_out = time.monotonic()
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return
+    rows = _Rows(run, after)
+    while True:
+        status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+        if status is None:
+            return
+        final = status in Run.FINAL  # read before the rows: every result of a final run is already stored
+        lines, sent = [], False
+        for line in rows.read():
+            lines.append(line)
+            if len(lines) >= CHUNK:
+                yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+                lines, sent = [], True
+        if lines:
+            yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+            sent = True
+        now = time.monotonic()
+        if sent:
+            last_out = now
+        elif final or not wait:
+            return
+        if now - started >= settings.GYMWEB_STREAM_MAX_S:
+            return
+        if now - last_out >= keepalive_s:
+            yield b"\n"
+            last_out = now
+        time.sleep(poll_s)
+
+
+_RESULTS_DOC = (
+    "NDJSON, one NeMo Gym row per finished attempt, in finishing order: a success as `rollouts.jsonl` has it, "
+    "a failure as the failures sidecar (`rollouts_failures.jsonl`) has it (`_ng_failure_class`, `error`, `reward: 0.0`). "
+    "Cancelled and interrupted attempts are not rows (their keys run again or stay not run). "
+    "`after`: how many rows you already have (the cursor; 0 = from the start); reconnecting with it gives every row exactly once. "
+    "`wait=1` (default) keeps the connection open until the run is final (completed or cancelled) and every row is sent; "
+    "`wait=0` answers at once with what is there. An empty line is a keep-alive. A stream also ends after "
+    "`GYMWEB_STREAM_MAX_S`: when it ends before the run is final, reconnect with your count.")
+
+
+@api.get("/runs/{run_id}/results", summary="The run's finished rollouts as NeMo Gym rows, streamed as they finish",
+         description=_RESULTS_DOC, response={200: None, 400: Error},
+         openapi_extra={"responses": {"200": {"description": "NDJSON rows", "content": {NDJSON: {"schema": {"type": "string"}}}}}})
+def run_results(request, run_id: int, after: int = Query(0, ge=0, le=10**9, description="rows already read (the cursor)"),
+                wait: bool = Query(True, description="keep the stream open until the run is final")):
+    run = _run_for(request, run_id)
+    response = StreamingHttpResponse(result_lines(run.pk, after, wait), content_type=f"{NDJSON}; charset=utf-8")
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass rows on as they come
+    return response
+
+
+# -- one rollout whole ---------------------------------------------------------------------------
+class StepOut(Schema):
+    index: int = Field(..., description="0-based agent call")
+    started: Any
+    latency_ms: float
+    http_status: Optional[int]
+    response_id: str
+    model: str
+    usage: Optional[dict[str, Any]]
+    incomplete_details: Optional[Any]
+    num_asks: int
+    error: str
+
+
+class ItemOut(Schema):
+    seq: int
+    step: int
+    type: str
+    origin: str = Field(..., description="input, agent or tool")
+    call_id: str
+    name: str
+    latency_ms: Optional[float] = Field(None, description="a tool call's time in the env")
+    tool_status: Optional[int]
+    item: Any = Field(..., description="the item as it came")
+
+
+class RolloutWholeOut(RolloutDetailOut):
+    response: Optional[dict[str, Any]] = Field(None, description="the merged response as NeMo Gym writes it (a failure: what it had)")
+    verify: Optional[dict[str, Any]] = Field(None, description="the env's /verify reply as it came (successes)")
+    steps: list[StepOut]
+    items: list[ItemOut]
+    seed_ms: Optional[float]
+    verify_ms: Optional[float]
+
+
+def nemo_gym_row(rollout: Rollout) -> Optional[dict[str, Any]]:
+    """The rollout's NeMo Gym row (success or failure row, by the files' writer); None for an
+    attempt that has not ended or was cancelled/interrupted."""
+    if rollout.status not in FINISHED:
+        return None
+    task_row = json.loads(rollout.task.row_json)
+    stamp = export.stamps_rows(rollout.run)
+    if rollout.status == Rollout.Status.SUCCEEDED:
+        return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index,
+                                  export.agent_ref_of(task_row, rollout.run), stamp)
+    return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind, stamp)
+
+
+@api.get("/rollouts/{rollout_id}", response={200: RolloutWholeOut, 400: Error, 409: Error},
+         summary="One rollout whole: trajectory, steps, verify reply, review",
+         openapi_extra={"parameters": [{"name": "format", "in": "query", "required": False,
+                                        "schema": {"type": "string", "enum": ["", "nemo_gym"]},
+                                        "description": "`nemo_gym`: only its NeMo Gym row (a success as rollouts.jsonl has it, a failure as the sidecar has it)"}]})
+def get_rollout(request, rollout_id: int):
+    """The rollout with its labels, notes and correction, the merged response, every agent call
+    (latency, usage), every trajectory item and the verify reply. ``?format=nemo_gym``: its NeMo
+    Gym row instead (409 while it has none: pending, running, cancelled or interrupted)."""
+    rollout = _rollout(request, rollout_id)
+    fmt = request.GET.get("format", "")
+    if fmt not in ("", "nemo_gym"):
+        raise _bad("format must be nemo_gym or empty", "format")
+    if fmt == "nemo_gym":
+        row = nemo_gym_row(rollout)
+        if row is None:
+            raise HttpError(409, f"rollout {rollout.pk} is {rollout.status}: it has no NeMo Gym row")
+        return HttpResponse(export._dumps(row).encode("utf-8", "surrogatepass"), content_type="application/json")
+    out = _rollout_detail(request, rollout)
+    verify = json.loads(rollout.verify_json) if rollout.verify_json else None
+    if verify is not None:
+        response = verify.get("response")
+    elif rollout.partial_response_json:
+        response = json.loads(rollout.partial_response_json)
+    else:
+        response = None
+    out["response"] = response
+    out["verify"] = verify
+    out["steps"] = [
+        {"index": c.index, "started": c.started, "latency_ms": c.latency_ms, "http_status": c.http_status,
+         "response_id": c.response_id, "model": c.model, "usage": c.usage, "incomplete_details": c.incomplete_details,
+         "num_asks": c.num_asks, "error": c.error}
+        for c in AgentCall.objects.filter(rollout=rollout).order_by("index")
+    ]
+    out["items"] = [
+        {"seq": i.seq, "step": i.step, "type": i.kind, "origin": i.origin, "call_id": i.call_id, "name": i.name,
+         "latency_ms": i.latency_ms, "tool_status": i.tool_status, "item": i.payload}
+        for i in rollout.items.order_by("seq").defer("search_text")
+    ]
+    out["seed_ms"] = rollout.seed_ms
+    out["verify_ms"] = rollout.verify_ms
+    return out

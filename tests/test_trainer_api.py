@@ -1,0 +1,274 @@
+"""The training-loop routes: batches sent inline (bad rows answer a 400 naming row and field, and
+store nothing), the results stream (finishing order, the files' own rows, a cursor that gives every
+row exactly once across reconnects), one rollout whole, the api_token command and what the OpenAPI
+document declares."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from rollouts.collection import dispatch, export
+from rollouts.engine.loop import RolloutOutcome
+from rollouts.models import AgentCall, ApiToken, Dataset, Rollout, Run
+from rollouts.review.tokens import create_token, user_for_token
+
+from .conftest import COUNTER_TASKS
+
+API = "/api/v1"
+AGENT, ENV = "http://127.0.0.1:9102", "http://127.0.0.1:9101"
+
+
+@pytest.fixture
+def auth(user):
+    _row, token = create_token(user, "trainer")
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+def task_rows(n: int = 5) -> list[dict]:
+    rows = [json.loads(line) for line in COUNTER_TASKS.read_text().splitlines() if line.strip()]
+    assert len(rows) >= n
+    return rows[:n]
+
+
+def post_json(client, auth, body):
+    return client.post(f"{API}/runs", data=json.dumps(body), content_type="application/json", **auth)
+
+
+def nothing_stored():
+    return Run.objects.count() == 0 and Dataset.objects.count() == 0 and Rollout.objects.count() == 0
+
+
+# -- batches in ------------------------------------------------------------------------------------
+def test_rows_sent_inline_make_a_launched_run(client, auth):
+    rows = task_rows(3)
+    response = post_json(client, auth, {"rows": rows, "agent_url": AGENT, "env_url": ENV, "num_repeats": 2, "name": "step 7"})
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    assert run.status == Run.Status.RUNNING and run.name == "step 7"
+    assert run.num_keys == 6 and run.rollouts.count() == 6
+    assert run.dataset.num_rows == 3
+
+
+def test_a_jsonl_body_with_settings_in_the_querystring(client, auth):
+    body = "\n".join(json.dumps(r) for r in task_rows(4)) + "\n"
+    response = client.post(f"{API}/runs?agent_url={AGENT}&env_url={ENV}&concurrency=4", data=body,
+                           content_type="application/x-ndjson", **auth)
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    assert run.num_keys == 4 and run.concurrency == 4
+
+
+@pytest.mark.parametrize("bad, where, field", [
+    ({"responses_create_params": {"temperature": 0.1}}, "rows[2] (row 3)", "'input'"),
+    ({"no_params": 1}, "rows[2] (row 3)", "responses_create_params"),
+    ([1, 2], "rows[2] (row 3)", "JSON object"),
+    ({"responses_create_params": {"input": "x"}, "_ng_task_index": "seven"}, "rows[2] (row 3)", "_ng_task_index"),
+])
+def test_a_bad_row_is_a_400_naming_row_and_field_and_nothing_is_stored(client, auth, bad, where, field):
+    rows = task_rows(4)
+    rows[2] = bad
+    response = post_json(client, auth, {"rows": rows, "agent_url": AGENT, "env_url": ENV})
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert where in detail and field in detail, detail
+    assert response.json()["errors"]["rows"] == [detail]
+    assert nothing_stored()
+
+
+def test_a_bad_jsonl_line_names_its_line(client, auth):
+    lines = [json.dumps(r) for r in task_rows(3)]
+    lines[1] = '{"responses_create_params": {"input": "x"'
+    response = client.post(f"{API}/runs?agent_url={AGENT}&env_url={ENV}", data="\n".join(lines),
+                           content_type="application/x-ndjson", **auth)
+    assert response.status_code == 400
+    assert "line 2" in response.json()["detail"] and "not valid JSON" in response.json()["detail"]
+    assert nothing_stored()
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"concurrency": 0}, "concurrency"),
+    ({"concurrency": "many"}, "concurrency"),
+    ({"env_url": "not a url"}, "env_url"),
+    ({"overrides": {"tools": "x"}}, "overrides"),
+])
+def test_a_refused_setting_names_the_field_and_stores_nothing(client, auth, change, field):
+    body = {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV, **change}
+    response = post_json(client, auth, body)
+    assert response.status_code == 400, response.content
+    assert field in response.json()["detail"] or field in response.json().get("errors", {})
+    assert nothing_stored()
+
+
+def test_rows_and_dataset_together_or_neither_are_refused(client, auth):
+    assert post_json(client, auth, {"rows": task_rows(1), "dataset": 1, "agent_url": AGENT, "env_url": ENV}).status_code == 400
+    neither = post_json(client, auth, {"agent_url": AGENT, "env_url": ENV})
+    assert neither.status_code == 400 and "dataset" in json.dumps(neither.json())
+    assert post_json(client, auth, {"rows": [], "agent_url": AGENT, "env_url": ENV}).status_code == 400
+    assert nothing_stored()
+
+
+def test_an_inline_batch_has_a_files_size_limit(client, auth, settings):
+    settings.GYMWEB_MAX_UPLOAD_BYTES = 300
+    response = post_json(client, auth, {"rows": task_rows(5), "agent_url": AGENT, "env_url": ENV})
+    assert response.status_code == 413 and "rows" in response.json()["errors"]
+    assert nothing_stored()
+
+
+def test_a_launch_wakes_idle_workers_through_the_database(transactional_db):
+    """The SQLite watcher sees a run launched by another connection (PostgreSQL: LISTEN/NOTIFY)."""
+    import threading
+
+    from rollouts.collection import runs, wakeup
+    from rollouts.collection.datasets import read_jsonl
+
+    woken = threading.Event()
+    watcher = wakeup.Watcher(woken.set, poll_s=0.01).start()
+    try:
+        assert not woken.wait(0.3)  # nothing launched: no wake-up
+        with COUNTER_TASKS.open("rb") as fh:
+            run = runs.create_run(read_jsonl(fh), name="w", agent_url=AGENT, env_url=ENV)
+        runs.launch(run)
+        assert woken.wait(30), "the watcher never saw the launch"
+    finally:
+        watcher.stop()
+
+
+# -- results out -----------------------------------------------------------------------------------
+def finish_some(run: Run, n: int, fail_every: int = 0) -> list[int]:
+    """Claim ``n`` pending rollouts and write their ends through the dispatcher's own writer."""
+    claimed = dispatch.claim(run.pk, "test-worker", n, 60.0)
+    assert len(claimed) == n
+    batch = dispatch._Batch()
+    for i, (rollout_id, row_json, rollout_index) in enumerate(reversed(claimed)):  # not in key order
+        row = json.loads(row_json)
+        if fail_every and i % fail_every == 0:
+            out = RolloutOutcome(ok=False, failure_kind="agent_http_error", error=f"HTTP 500 from the agent ({rollout_id})")
+        else:
+            verify = {"responses_create_params": row["responses_create_params"], "reward": 1.0,
+                      "response": {"id": f"r{rollout_id}", "output": [{"type": "message", "role": "assistant",
+                                   "content": [{"type": "output_text", "text": "ok", "logprobs": [{"token": "ok", "logprob": -0.25}]}],
+                                   "generation_token_ids": [7, 8, 9]}]}}
+            out = RolloutOutcome(ok=True, reward=1.0, verify_response=verify)
+        batch.finished.append((rollout_id, out))
+        batch.run_of[rollout_id] = run.pk
+    dispatch.write_batch(batch, "test-worker")
+    return [rollout_id for rollout_id, _, _ in reversed(claimed)]
+
+
+def read_stream(client, auth, run, after=0, wait=0) -> list[bytes]:
+    response = client.get(f"{API}/runs/{run.pk}/results?after={after}&wait={wait}", **auth)
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/x-ndjson")
+    return [line for line in b"".join(response.streaming_content).split(b"\n") if line.strip()]
+
+
+@pytest.fixture
+def inline_run(client, auth):
+    response = post_json(client, auth, {"rows": task_rows(5), "agent_url": AGENT, "env_url": ENV, "num_repeats": 2})
+    assert response.status_code == 201
+    return Run.objects.get(pk=response.json()["id"])
+
+
+def test_the_stream_gives_the_files_rows_in_finishing_order_and_each_once_across_reconnects(client, auth, inline_run):
+    run = inline_run
+    first = finish_some(run, 3, fail_every=3)
+    got = read_stream(client, auth, run)
+    assert len(got) == 3
+    # finishing order: the order the writer was given them
+    assert [json.loads(line).get("_ng_task_index") for line in got] == \
+        [Rollout.objects.get(pk=r).task_index for r in first]
+    again = read_stream(client, auth, run, after=2)  # a client that kept 2 rows reconnects
+    assert again == got[2:]
+    finish_some(run, 4, fail_every=2)
+    later = read_stream(client, auth, run, after=3)
+    assert len(later) == 4
+    finish_some(run, 3)
+    dispatch._finish_idle([run.pk], after_finish=False)
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED
+    whole = got + later + read_stream(client, auth, run, after=7, wait=1)  # a final run: answers at once
+    assert len(whole) == 10 and len(set(whole)) == 10
+    # the same bytes the run's files hold, row for row
+    files = set(export.iter_successes(run)) | set(export.iter_failures(run))
+    assert {line.decode() for line in whole} == files
+    assert read_stream(client, auth, run, after=10, wait=1) == []
+    # the token-level fields the agent sent come through unchanged
+    success = next(json.loads(line) for line in whole if "_ng_failure_class" not in json.loads(line))
+    item = success["response"]["output"][0]
+    assert item["generation_token_ids"] == [7, 8, 9] and item["content"][0]["logprobs"][0]["logprob"] == -0.25
+
+
+def test_the_stream_waits_for_rows_until_the_run_is_final(client, auth, inline_run, settings):
+    settings.GYMWEB_STREAM_POLL_S = 0.01
+    settings.GYMWEB_STREAM_MAX_S = 0.3  # the stream ends by itself; the client reconnects
+    run = inline_run
+    finish_some(run, 2)
+    got = read_stream(client, auth, run, wait=1)
+    assert len(got) == 2  # ended by the time bound with the two rows, the run still running
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+
+
+def test_one_rollout_whole_and_as_its_nemo_gym_row(client, auth, inline_run):
+    run = inline_run
+    rollout_id = finish_some(run, 1)[0]
+    AgentCall.objects.create(rollout_id=rollout_id, index=0, started="2026-12-01T00:00:00Z", latency_ms=12.5, http_status=200,
+                             usage={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5})
+    whole = client.get(f"{API}/rollouts/{rollout_id}", **auth).json()
+    assert whole["status"] == "succeeded" and whole["verify"]["reward"] == 1.0
+    assert whole["response"]["id"] == f"r{rollout_id}"
+    assert whole["steps"][0]["latency_ms"] == 12.5 and whole["steps"][0]["usage"]["total_tokens"] == 5
+    row = client.get(f"{API}/rollouts/{rollout_id}?format=nemo_gym", **auth)
+    assert row.status_code == 200
+    assert row.content.decode() in set(export.iter_successes(run))
+    pending = run.rollouts.filter(status=Rollout.Status.PENDING).first()
+    assert client.get(f"{API}/rollouts/{pending.pk}?format=nemo_gym", **auth).status_code == 409
+    assert client.get(f"{API}/rollouts/{rollout_id}?format=csv", **auth).status_code == 400
+
+
+# -- api_token -------------------------------------------------------------------------------------
+def test_api_token_create_list_revoke(user):
+    out = io.StringIO()
+    call_command("api_token", "create", "--user", user.username, "--name", "trainer", stdout=out, stderr=io.StringIO())
+    token = out.getvalue().strip()
+    assert token.startswith("gw_") and user_for_token(token) == user
+    listing = io.StringIO()
+    call_command("api_token", "list", "--user", user.username, stdout=listing)
+    row = ApiToken.objects.get(user=user)
+    assert row.prefix in listing.getvalue() and "trainer" in listing.getvalue() and token not in listing.getvalue()
+    call_command("api_token", "revoke", "--user", user.username, "--id", str(row.pk), stdout=io.StringIO())
+    assert user_for_token(token) is None and not ApiToken.objects.exists()
+    with pytest.raises(CommandError, match="no user named"):
+        call_command("api_token", "list", "--user", "nobody")
+    with pytest.raises(CommandError, match="no such token"):
+        call_command("api_token", "revoke", "--user", user.username, "--all")
+
+
+# -- OpenAPI ---------------------------------------------------------------------------------------
+def test_the_openapi_document_declares_filters_answers_and_content_types(client, db):
+    doc = client.get(f"{API}/openapi.json").json()
+    paths = doc["paths"]
+    listing = paths["/api/v1/runs/{run_id}/rollouts"]["get"]
+    params = {p["name"]: p for p in listing["parameters"]}
+    assert params["status"]["schema"]["enum"] == ["", "pending", "running", "succeeded", "failed", "cancelled", "interrupted"]
+    assert "agent_timeout" in params["kind"]["schema"]["enum"] and "verdict" in params and "check" in params
+    assert set(params["sort"]["schema"]["enum"]) >= {"reward", "-reward"}
+    download = paths["/api/v1/runs/{run_id}/rollouts.jsonl"]["get"]
+    assert "status" in {p["name"] for p in download["parameters"]}
+    assert "application/jsonl" in download["responses"]["200"]["content"]
+    assert "application/x-ndjson" in paths["/api/v1/runs/{run_id}/results"]["get"]["responses"]["200"]["content"]
+    ops = [op for ops in paths.values() for op in ops.values()]
+    assert ops and all("401" in op["responses"] for op in ops)
+    assert all("404" in op["responses"] for path, o in paths.items() if "{" in path for op in o.values())
+    create = paths["/api/v1/runs"]["post"]
+    assert {"application/json", "application/x-ndjson"} <= set(create["requestBody"]["content"])
+
+
+def test_the_new_routes_answer_401_without_a_token(client, auth, inline_run):
+    assert client.get(f"{API}/runs/{inline_run.pk}/results?wait=0").status_code == 401
+    assert client.post(f"{API}/runs?agent_url={AGENT}&env_url={ENV}", data="{}", content_type="application/x-ndjson").status_code == 401
+    assert Run.objects.count() == 1

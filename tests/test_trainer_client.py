@@ -1,0 +1,137 @@
+"""gymweb.client against a live gymweb on 127.0.0.1 with a real worker and the example env and agent
+(sync and asyncio, NeMo Gym's run_examples shape), its errors, and its reconnection after a dropped
+stream (no row lost or repeated)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from gymweb.client import AsyncClient, Client, GymwebError, RefusedSettings, Unauthorized
+from rollouts.models import Run
+from rollouts.review.tokens import create_token
+
+from .conftest import COUNTER_TASKS, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def task_rows() -> list[dict]:
+    rows = [json.loads(line) for line in COUNTER_TASKS.read_text().splitlines() if line.strip()]
+    assert rows
+    return rows
+
+
+@pytest.fixture
+def token(django_user_model):
+    user = django_user_model.objects.create_user(username="trainer", password="x")
+    return create_token(user, "trainer")[1]
+
+
+def test_run_examples_yields_each_row_with_its_result_as_rollouts_finish(live_server, workers, token, counter_env_url,
+                                                                          counter_agent_url):
+    # Polls far apart: the batch can only start because the launch woke the idle worker.
+    workers.start(workers=1, GYMWEB_POLL_S="600")
+    from rollouts.models import Worker
+
+    wait_for(lambda: Worker.objects.exists(), timeout=60, what="a live worker")
+    rows = task_rows()
+    with Client(live_server.url, token) as client:
+        pairs = list(client.run_examples(rows, agent_url=counter_agent_url, env_url=counter_env_url))
+        second = list(client.run_examples(rows[:2], agent_url=counter_agent_url, env_url=counter_env_url))
+    assert len(pairs) == len(rows) and len(second) == 2
+    assert sorted(id(row) for row, _ in pairs) == sorted(id(row) for row in rows)  # the caller's own rows
+    for row, result in pairs:
+        assert result["reward"] == 1.0 and result["_ng_task_index"] == rows.index(row)
+        assert result["responses_create_params"]["input"] == row["responses_create_params"]["input"]
+    assert Run.objects.count() == 2
+
+
+def test_the_async_client_has_nemo_gyms_shape(live_server, workers, token, counter_env_url, counter_agent_url):
+    workers.start(workers=1)
+    rows = task_rows()
+
+    async def train_step():
+        async with AsyncClient(live_server.url, token) as client:
+            out = []
+            for future in client.run_examples(rows, agent_url=counter_agent_url, env_url=counter_env_url):
+                out.append(await future)
+            async for pair in client.iter_examples(rows[:1], agent_url=counter_agent_url, env_url=counter_env_url):
+                out.append(pair)
+            return out
+
+    pairs = asyncio.run(train_step())
+    assert len(pairs) == len(rows) + 1 and all(result["reward"] == 1.0 for _, result in pairs)
+
+
+def test_refused_settings_and_tokens_raise_clear_errors(live_server, token, counter_env_url, counter_agent_url):
+    rows = task_rows()
+    rows[1] = {"responses_create_params": {"temperature": 0}}
+    with Client(live_server.url, token) as client:
+        with pytest.raises(RefusedSettings, match=r"rows\[1\] \(row 2\).*'input'") as exc:
+            next(client.run_examples(rows, agent_url=counter_agent_url, env_url=counter_env_url))
+        assert exc.value.status == 400 and "rows" in exc.value.errors
+        with pytest.raises(RefusedSettings, match="max_steps"):
+            next(client.run_examples(task_rows(), agent_url=counter_agent_url, env_url=counter_env_url, max_steps=-1))
+        with pytest.raises(RefusedSettings, match="agent_url= and env_url="):
+            next(client.run_examples(task_rows(), head_url="http://127.0.0.1:11000"))
+    with Client(live_server.url, "gw_wrong") as client, pytest.raises(Unauthorized, match="401"):
+        next(client.run_examples(task_rows(), agent_url=counter_agent_url, env_url=counter_env_url))
+    assert not Run.objects.exists()
+
+
+class _Cut(httpx.SyncByteStream):
+    """A body that sends ``data`` and then drops the connection."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __iter__(self):
+        yield self.data
+        raise httpx.ReadError("connection reset by peer")
+
+
+def test_a_dropped_stream_is_read_on_from_its_cursor_without_losing_or_repeating_a_row():
+    rows = [{"responses_create_params": {"input": f"task {i}"}} for i in range(5)]
+    results = [json.dumps({"_ng_task_index": i, "_ng_rollout_index": 0, "reward": float(i)}).encode() + b"\n" for i in range(5)]
+    afters, state = [], {"final": False}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "POST" and path == "/api/v1/runs":
+            sent = json.loads(request.content)["rows"]
+            assert [r["_ng_task_index"] for r in sent] == [0, 1, 2, 3, 4]
+            return httpx.Response(201, json={"id": 9, "status": "running"})
+        if path == "/api/v1/runs/9/results":
+            after = int(request.url.params["after"])
+            afters.append(after)
+            if len(afters) == 1:  # two rows and half of the third, then the connection drops
+                return httpx.Response(200, stream=_Cut(results[0] + results[1] + results[2][:9]))
+            if len(afters) == 2:
+                return httpx.Response(200, stream=_Cut(b"".join(results[after:4])))
+            state["final"] = True
+            return httpx.Response(200, content=b"\n" + b"".join(results[after:]))
+        if path == "/api/v1/runs/9":
+            return httpx.Response(200, json={"id": 9, "status": "completed" if state["final"] else "running"})
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    client = Client("http://gymweb.test", "gw_x", http=http, retry_pause_s=0.0)
+    pairs = list(client.run_examples(rows, agent_url="http://a", env_url="http://e"))
+    assert afters == [0, 2, 4]
+    assert [result["reward"] for _, result in pairs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [row for row, _ in pairs] == rows
+
+
+def test_a_stream_that_never_comes_back_raises_after_its_retries():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(201, json={"id": 3, "status": "running"})
+        raise httpx.ConnectError("connection refused")
+
+    client = Client("http://gymweb.test", "gw_x", http=httpx.Client(transport=httpx.MockTransport(handler)),
+                    retries=2, retry_pause_s=0.0)
+    with pytest.raises(GymwebError, match="3 tries"):
+        list(client.run_examples([{"responses_create_params": {"input": "x"}}], agent_url="http://a", env_url="http://e"))
