@@ -31,7 +31,7 @@ from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 
 REPO = Path(settings.BASE_DIR)
-COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
+COUNTER_TASKS = REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl"
 _LISTENING = re.compile(r"listening on (http://\S+)")
 DEFAULT_ENV_PORT = 9101
 DEFAULT_AGENT_PORT = 9102
@@ -93,8 +93,8 @@ class Command(BaseCommand):
         call_command("collectstatic", verbosity=0, interactive=False)
         user, password = self._demo_user(opts["user"], opts["password"])
 
-        env_url = self._spawn("counter env", [sys.executable, "-m", "examples.counter_env", "--port", str(opts["env_port"])])
-        agent_url = self._spawn("counter agent", [sys.executable, "-m", "examples.counter_agent", "--port", str(opts["agent_port"])])
+        env_url = self._spawn("counter env", [sys.executable, "-m", "gymweb.examples.counter_env", "--port", str(opts["env_port"])])
+        agent_url = self._spawn("counter agent", [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", str(opts["agent_port"])])
         served = {
             "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
             "GYMWEB_SECRET_KEY": os.environ.get("GYMWEB_SECRET_KEY") or _kept_secret(Path(settings.VAR_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
