@@ -12,6 +12,8 @@ import dj_database_url
 from csp.constants import NONE, SELF
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Templates and static files ship inside the package (the wheel carries them).
+PACKAGE_DIR = Path(__file__).resolve().parent
 VAR_DIR = Path(os.environ.get("GYMWEB_VAR_DIR", BASE_DIR / "var"))
 
 
@@ -80,7 +82,7 @@ ROOT_URLCONF = "gymweb.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [PACKAGE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -188,7 +190,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [PACKAGE_DIR / "static"]
 # ``manage.py collectstatic`` writes here; WhiteNoise serves it, compressed, under hashed names
 # (cached forever by browsers). With DEBUG off, pages need it: run collectstatic after each update.
 STATIC_ROOT = Path(os.environ.get("GYMWEB_STATIC_ROOT", VAR_DIR / "staticfiles"))
