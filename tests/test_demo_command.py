@@ -38,7 +38,7 @@ class Demo:
     def __init__(self, var_dir, *args):
         env = {k: v for k, v in os.environ.items()
                if k not in ("DATABASE_URL", "GYMWEB_REDIS_URL", "GYMWEB_SECRET_KEY", "GYMWEB_SQLITE_PATH", "GYMWEB_DEBUG")}
-        env.update(GYMWEB_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", GYMWEB_Q_WORKERS="1")
+        env.update(GYMWEB_DATA_DIR=str(var_dir), PYTHONUNBUFFERED="1", GYMWEB_Q_WORKERS="1")
         self.proc = subprocess.Popen([sys.executable, "manage.py", "demo", *args], cwd=REPO, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []

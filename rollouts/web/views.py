@@ -251,7 +251,7 @@ def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_wo
 def _shared_table_key(request, run: Run) -> Optional[str]:
     """The cache key of a running run's rollout table (``#rollout-table``) for this query string,
     or None when the table is rendered fresh (a final run; ``GYMWEB_LIVE_CACHE_S`` is 0)."""
-    if run.status != Run.Status.RUNNING or float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0)) <= 0:
+    if run.status != Run.Status.RUNNING or float(settings.GYMWEB_LIVE_CACHE_S) <= 0:
         return None
     created = run.created.timestamp() if run.created else 0
     return f"gymweb:table-live:v2:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"

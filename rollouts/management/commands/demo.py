@@ -1,4 +1,4 @@
-"""``python manage.py demo``: the whole product on the embedded default, in one command.
+"""``gymweb demo``: the whole product on the embedded default, in one command.
 
 Migrates, collects static files, makes a sign-in user (printing how to sign in), starts the example
 counter env and agent, a django-q2 worker and the web server, launches a demo run on the real
@@ -6,7 +6,7 @@ counter dataset, prints the URL, and stops everything cleanly on Ctrl-C.
 
 Restarts keep what a user of the last demo relies on: the env and agent listen on fixed ports
 (``--env-port``/``--agent-port``), so earlier demo runs can be retried; the user keeps its password
-(``var/demo_password``) and the web server its secret key (``var/secret_key``, unless
+(``demo_password`` in the data directory) and the web server its secret key (``secret_key`` there, unless
 ``GYMWEB_SECRET_KEY`` is set), so a browser that was signed in stays signed in. The web server and
 the worker run with ``GYMWEB_ALLOW_LOCAL_TARGETS=1`` (the example services are on 127.0.0.1) and the
 new-run form is pre-filled with the example URLs (``GYMWEB_DEFAULT_AGENT_URL``/``_ENV_URL``).
@@ -27,11 +27,11 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from gymweb import examples
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 
-REPO = Path(settings.BASE_DIR)
-COUNTER_TASKS = REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl"
+COUNTER_TASKS = Path(examples.__file__).resolve().parent / "data" / "counter_tasks.jsonl"
 _LISTENING = re.compile(r"listening on (http://\S+)")
 DEFAULT_ENV_PORT = 9101
 DEFAULT_AGENT_PORT = 9102
@@ -97,13 +97,13 @@ class Command(BaseCommand):
         agent_url = self._spawn("counter agent", [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", str(opts["agent_port"])])
         served = {
             "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
-            "GYMWEB_SECRET_KEY": os.environ.get("GYMWEB_SECRET_KEY") or _kept_secret(Path(settings.VAR_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
+            "GYMWEB_SECRET_KEY": settings.GYMWEB_SECRET_KEY or _kept_secret(Path(settings.DATA_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
             "GYMWEB_DEFAULT_AGENT_URL": agent_url,
             "GYMWEB_DEFAULT_ENV_URL": env_url,
         }
-        self._spawn_plain("worker", [sys.executable, "manage.py", "qcluster"], served)
+        self._spawn_plain("worker", [sys.executable, "-m", "gymweb", "worker"], served)
         web_url = f"http://{opts['host']}:{opts['port']}"
-        self._spawn_plain("web", [sys.executable, "manage.py", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"], served)
+        self._spawn_plain("web", [sys.executable, "-m", "gymweb", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"], served)
         self._wait_http(web_url + "/accounts/login/")
 
         run = None
@@ -144,9 +144,9 @@ class Command(BaseCommand):
 
     def _demo_user(self, username: str, wanted: str | None):
         """The sign-in user (a superuser) and its password: ``wanted``, else the one kept from the
-        last demo (``var/demo_password``) if it still signs in, else a new random one. The password
+        last demo (``demo_password`` in the data directory) if it still signs in, else a new random one. The password
         is only set when it changes: setting it anew would sign out every open browser."""
-        kept = Path(settings.VAR_DIR) / "demo_password"
+        kept = Path(settings.DATA_DIR) / "demo_password"
         User = get_user_model()
         user, _created = User.objects.get_or_create(username=username, defaults={"is_staff": True, "is_superuser": True})
         password = wanted
@@ -170,7 +170,7 @@ class Command(BaseCommand):
         return list(zip(self.names, self.children))
 
     def _popen(self, name, cmd, **kwargs):
-        proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, **kwargs)
+        proc = subprocess.Popen(cmd, cwd=settings.DATA_DIR, start_new_session=True, **kwargs)
         self.children.append(proc)
         self.names.append(name)
         return proc
@@ -205,7 +205,7 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(
                     f"{host}:{port} is already in use ({exc.strerror}); is another gymweb demo running? "
-                    f"Pick another port: python manage.py demo {flag} {port + 1}"
+                    f"Pick another port: gymweb demo {flag} {port + 1}"
                 ) from None
 
     def _wait_http(self, url: str, timeout: float = 30) -> None:
