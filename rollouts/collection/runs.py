@@ -125,6 +125,7 @@ def launch(run: Run) -> None:
         status=Run.Status.RUNNING, started=timezone.now(), finished=None
     )
     run.refresh_from_db()
+    log.info("run %s launched: %s (concurrency %s)", run.pk, run.status, run.concurrency, extra={"run": run.pk})
 
 
 def retryable_keys(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:
@@ -236,9 +237,14 @@ def finish_if_done(run_id: int) -> bool:
         busy = Rollout.objects.filter(run_id=run_id, status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING]).exists()
         if busy:
             return False
-        return bool(
+        done = bool(
             Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.COMPLETED, finished=timezone.now())
         )
+    if done:
+        by_status = {k: v for k, v in counts(Run(pk=run_id)).items() if v}
+        log.info("run %s completed: %s", run_id, ", ".join(f"{n} {status}" for status, n in by_status.items()) or "no rollouts",
+                 extra={"run": run_id, "counts": by_status})
+    return done
 
 
 def counts(run: Run) -> dict[str, int]:
