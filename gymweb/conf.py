@@ -230,7 +230,7 @@ def unknown_variables(environ: dict[str, str] | None = None) -> list[tuple[str, 
     known = known_names()
     out = []
     for name in sorted(environ):
-        if name.upper().startswith(PREFIX) and name not in known:
+        if name.upper().startswith(PREFIX) and name.upper() not in known:
             close = difflib.get_close_matches(name.upper(), sorted(known), n=1, cutoff=0.75)
             out.append((name, close[0] if close else None))
     return out
