@@ -3,7 +3,7 @@
 ``gymweb serve`` runs gunicorn with the production settings (README, "Production"), ``gymweb worker``
 a django-q2 cluster (``qcluster``), and every other word is a management command (``gymweb demo``,
 ``gymweb collect``, ``gymweb migrate``, ``gymweb settings``, ...). ``gymweb --help`` lists them.
-The commands that start servers print the data directory first.
+The commands that start servers log the data directory first.
 """
 from __future__ import annotations
 
@@ -105,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command in PRINTS_DATA_DIR and "--help" not in rest and "-h" not in rest:
+        import logging
+
         from django.conf import settings
 
-        print(f"gymweb: data directory {settings.DATA_DIR}", file=sys.stderr, flush=True)
+        # Through logging, so that with GYMWEB_LOG_FORMAT=json this line is JSON too.
+        logging.getLogger("gymweb.cli").info("data directory %s", settings.DATA_DIR, extra={"data_dir": str(settings.DATA_DIR)})
     if command == "serve":
         return serve(rest)
     from django.core.management import execute_from_command_line
