@@ -18,7 +18,7 @@ PORT ?= 8000
 ENV_PORT ?= 9101
 AGENT_PORT ?= 9102
 demo: $(BIN)/.installed
-	$(BIN)/python manage.py demo --port $(PORT) --env-port $(ENV_PORT) --agent-port $(AGENT_PORT) $(DEMO_ARGS)
+	$(BIN)/gymweb demo --port $(PORT) --env-port $(ENV_PORT) --agent-port $(AGENT_PORT) $(DEMO_ARGS)
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

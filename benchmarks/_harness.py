@@ -25,7 +25,7 @@ def setup_django(db: str) -> str:
     os.environ["GYMWEB_ALLOW_LOCAL_TARGETS"] = "1"
     if db == "sqlite":
         tmp = tempfile.mkdtemp(prefix="gymweb-bench-")
-        os.environ["GYMWEB_VAR_DIR"] = tmp
+        os.environ["GYMWEB_DATA_DIR"] = tmp
         os.environ.pop("DATABASE_URL", None)
         where = f"SQLite in {tmp}"
     else:

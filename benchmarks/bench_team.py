@@ -392,8 +392,8 @@ def main() -> None:
     if args.db == "postgres":
         os.environ["GYMWEB_REDIS_URL"] = args.redis_url
     where = h.setup_django(args.db)
-    tmp = Path(os.environ.get("GYMWEB_VAR_DIR") or __import__("tempfile").mkdtemp(prefix="gymweb-bench-team-"))
-    os.environ["GYMWEB_VAR_DIR"] = str(tmp)
+    tmp = Path(os.environ.get("GYMWEB_DATA_DIR") or __import__("tempfile").mkdtemp(prefix="gymweb-bench-team-"))
+    os.environ["GYMWEB_DATA_DIR"] = str(tmp)
     os.environ["GYMWEB_STATIC_ROOT"] = str(tmp / "static")
     from django.conf import settings
     from django.contrib.auth import get_user_model

@@ -26,7 +26,7 @@ def setup(repo: Path) -> None:
     sys.path.insert(0, str(repo))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gymweb.settings")
     os.environ["GYMWEB_DISPATCH_IN_WORKERS"] = "0"
-    os.environ["GYMWEB_VAR_DIR"] = tempfile.mkdtemp(prefix="gymweb-bench-traj-")
+    os.environ["GYMWEB_DATA_DIR"] = tempfile.mkdtemp(prefix="gymweb-bench-traj-")
     os.environ.pop("DATABASE_URL", None)
     import django
 

@@ -7,6 +7,8 @@
 - Deploy checks (``manage.py check --deploy``; registered by importing this module, which
   ``rollouts.apps`` does): the same key is an error; no ``collectstatic`` output is a warning
   (with DEBUG off pages name their stylesheet by its hashed name from that output).
+- Unknown ``GYMWEB_*`` variables (every command's checks, gymweb.W010): a warning naming the
+  closest known one.
 """
 from __future__ import annotations
 
@@ -66,4 +68,20 @@ def check_collected_static(app_configs, **kwargs):
             "GYMWEB_STATIC_ROOT to where it wrote them.",
             id="gymweb.W001",
         )
+    ]
+
+
+@checks.register()
+def check_unknown_variables(app_configs, **kwargs):
+    """A ``GYMWEB_*`` environment variable that gymweb does not read is a warning (gymweb.W010),
+    with the closest known name: a typo must not pass silently."""
+    from gymweb.conf import unknown_variables
+
+    return [
+        checks.Warning(
+            f"{name} is set but gymweb reads no such setting.",
+            hint=(f"Did you mean {close}? " if close else "") + "`gymweb settings` lists every setting (docs/settings.md).",
+            id="gymweb.W010",
+        )
+        for name, close in unknown_variables()
     ]

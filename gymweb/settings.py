@@ -11,31 +11,29 @@ from pathlib import Path
 import dj_database_url
 from csp.constants import NONE, SELF
 
+from gymweb import conf as _conf
+
+# Every GYMWEB_* variable is read once, typed, in gymweb.conf; each field ``x`` is
+# ``settings.GYMWEB_X`` here. Below, only what Django and its apps name otherwise.
+GYMWEB = _conf.load()
+globals().update(_conf.django_settings(GYMWEB))
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("GYMWEB_VAR_DIR", BASE_DIR / "var"))
-
-
-def _env_flag(name: str, default: bool = False) -> bool:
-    """An on/off switch from the environment: ``1``/``true``/``yes``/``on`` (any case) is on."""
-    value = os.environ.get(name)
-    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _env_list(name: str, default: str = "") -> list[str]:
-    """A comma-separated list from the environment, blanks dropped."""
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
-
+# Templates and static files ship inside the package (the wheel carries them).
+PACKAGE_DIR = Path(__file__).resolve().parent
+# State (the SQLite database, collected static files, the demo's key and password): never the checkout.
+DATA_DIR = VAR_DIR = Path(GYMWEB.data_dir).expanduser()
 
 # The built-in key only suits local development: with DEBUG off, gymweb.wsgi and gymweb.asgi (so
 # gunicorn, runserver and any other server) refuse to start on it (gymweb.checks), while commands
 # that serve no pages (collect, profile, qcluster, tests) still run. ``make demo`` keeps a key of
 # its own in var/.
 GYMWEB_DEVELOPMENT_SECRET_KEY = "dev-insecure-change-me-gymweb"
-SECRET_KEY = os.environ.get("GYMWEB_SECRET_KEY") or GYMWEB_DEVELOPMENT_SECRET_KEY
+SECRET_KEY = GYMWEB.secret_key.get_secret_value() or GYMWEB_DEVELOPMENT_SECRET_KEY
 # Off by default: with DEBUG on, Django records every SQL query of long-lived worker threads
 # (memory grows without bound) and spends more CPU per query than the query itself.
-DEBUG = os.environ.get("GYMWEB_DEBUG", "0") == "1"
-ALLOWED_HOSTS = _env_list("GYMWEB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+DEBUG = GYMWEB.debug
+ALLOWED_HOSTS = GYMWEB.allowed_hosts
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -80,7 +78,7 @@ ROOT_URLCONF = "gymweb.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [PACKAGE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -118,11 +116,11 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get("GYMWEB_SQLITE_PATH", str(VAR_DIR / "gymweb.sqlite3")),
+            "NAME": GYMWEB.sqlite_path or str(VAR_DIR / "gymweb.sqlite3"),
             "OPTIONS": dict(SQLITE_OPTIONS),
             # A file, not :memory:, so worker subprocesses in tests can share it; one per test
             # process so two test sessions on one machine never clobber each other.
-            "TEST": {"NAME": os.environ.get("GYMWEB_TEST_SQLITE_PATH", str(VAR_DIR / f"test_gymweb_{os.getpid()}.sqlite3"))},
+            "TEST": {"NAME": GYMWEB.test_sqlite_path or str(VAR_DIR / f"test_gymweb_{os.getpid()}.sqlite3")},
         }
     }
 
@@ -144,8 +142,8 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = int(os.environ.get("GYMWEB_SIGNIN_FAILURE_LIMIT", 10))
-AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("GYMWEB_SIGNIN_LOCKOUT_MINUTES", 15)))
+AXES_FAILURE_LIMIT = GYMWEB.signin_failure_limit
+AXES_COOLOFF_TIME = timedelta(minutes=GYMWEB.signin_lockout_minutes)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "rollouts.web.sessions.locked_out"
@@ -154,16 +152,18 @@ AXES_LOCKOUT_CALLABLE = "rollouts.web.sessions.locked_out"
 # Behind a TLS-terminating proxy: the header it sets to "https" (e.g. X-Forwarded-Proto), so
 # Django knows the request was secure (CSRF's origin check and SSL redirect depend on it). Only
 # set it when the proxy always sets or strips that header.
-_proxy_ssl_header = os.environ.get("GYMWEB_SECURE_PROXY_SSL_HEADER", "").strip()
+_proxy_ssl_header = GYMWEB.secure_proxy_ssl_header.strip()
 if _proxy_ssl_header:
     SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
 # Origins (scheme://host[:port]) whose form posts are trusted, e.g. https://gymweb.example.com.
-CSRF_TRUSTED_ORIGINS = _env_list("GYMWEB_CSRF_TRUSTED_ORIGINS")
-SECURE_SSL_REDIRECT = _env_flag("GYMWEB_SSL_REDIRECT")
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_flag("GYMWEB_SECURE_COOKIES")
-SECURE_HSTS_SECONDS = int(os.environ.get("GYMWEB_HSTS_SECONDS", 0))
-SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_flag("GYMWEB_HSTS_INCLUDE_SUBDOMAINS")
-SECURE_HSTS_PRELOAD = _env_flag("GYMWEB_HSTS_PRELOAD")
+CSRF_TRUSTED_ORIGINS = GYMWEB.csrf_trusted_origins
+SECURE_SSL_REDIRECT = GYMWEB.ssl_redirect
+# A load balancer's probes and Prometheus may speak plain http to the instance itself.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = GYMWEB.secure_cookies
+SECURE_HSTS_SECONDS = GYMWEB.hsts_seconds
+SECURE_HSTS_INCLUDE_SUBDOMAINS = GYMWEB.hsts_include_subdomains
+SECURE_HSTS_PRELOAD = GYMWEB.hsts_preload
 
 # Content-Security-Policy (django-csp): only this origin's scripts and styles, no inline code, no
 # framing. htmx's own indicator <style> is off (base.html's htmx-config; app.css has the rules).
@@ -188,10 +188,10 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [PACKAGE_DIR / "static"]
 # ``manage.py collectstatic`` writes here; WhiteNoise serves it, compressed, under hashed names
 # (cached forever by browsers). With DEBUG off, pages need it: run collectstatic after each update.
-STATIC_ROOT = Path(os.environ.get("GYMWEB_STATIC_ROOT", VAR_DIR / "staticfiles"))
+STATIC_ROOT = Path(GYMWEB.static_root or VAR_DIR / "staticfiles")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
@@ -201,133 +201,37 @@ STORAGES = {
 # a file once it passes GYMWEB_MAX_UPLOAD_BYTES; a request whose declared size passes
 # GYMWEB_MAX_REQUEST_BYTES is refused (413) before its body is read. Dataset and rollouts files are
 # read line by line; one line may hold at most GYMWEB_MAX_LINE_BYTES.
-GYMWEB_MAX_UPLOAD_BYTES = int(os.environ.get("GYMWEB_MAX_UPLOAD_BYTES", 200 * 1024 * 1024))
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # The import form takes two files (rollouts and failures), plus the other fields.
-GYMWEB_MAX_REQUEST_BYTES = int(
-    os.environ.get("GYMWEB_MAX_REQUEST_BYTES", 2 * GYMWEB_MAX_UPLOAD_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE)
-)
-GYMWEB_MAX_LINE_BYTES = int(os.environ.get("GYMWEB_MAX_LINE_BYTES", 64 * 1024 * 1024))
+GYMWEB_MAX_REQUEST_BYTES = GYMWEB.max_request_bytes or 2 * GYMWEB.max_upload_bytes + DATA_UPLOAD_MAX_MEMORY_SIZE
 FILE_UPLOAD_HANDLERS = [
     "rollouts.web.uploads.SizeLimitUploadHandler",
     "django.core.files.uploadhandler.MemoryFileUploadHandler",
     "django.core.files.uploadhandler.TemporaryFileUploadHandler",
 ]
 
-# Pre-filled on the new-run form (and the agent check): the services this instance usually runs
-# against. ``make demo`` sets them to its example agent and env.
-GYMWEB_DEFAULT_AGENT_URL = os.environ.get("GYMWEB_DEFAULT_AGENT_URL", "")
-GYMWEB_DEFAULT_ENV_URL = os.environ.get("GYMWEB_DEFAULT_ENV_URL", "")
-
-# NeMo Gym environments (rollouts.nemo; docs/nemo-gym-environments.md). GYMWEB_NEMO_GYM_HEAD_URL: the
-# head server `collect --config`, the new-run form and `env list` use when none is named (empty: the
-# config's head_server block, else NeMo Gym's default http://127.0.0.1:11000). GYMWEB_NEMO_GYM_BIN:
-# NeMo Gym's `gym` executable for `manage.py env start` (empty: `gym` on PATH); NeMo Gym runs in its
-# own Python >= 3.13 environment and gymweb never imports it. Tests that start a real `gym env start`
-# run only when it is set.
-GYMWEB_NEMO_GYM_HEAD_URL = os.environ.get("GYMWEB_NEMO_GYM_HEAD_URL", "")
-GYMWEB_NEMO_GYM_BIN = os.environ.get("GYMWEB_NEMO_GYM_BIN", "")
-
-# Which hosts a run may reach (rollouts.engine.targets; README, "Which hosts a run may reach"),
-# enforced at connection time on every request gymweb sends to an agent or an env.
-# GYMWEB_ALLOWED_TARGET_HOSTS: comma-separated `host`, `host:port`, IP, CIDR (`10.0.0.0/8`) or any of
-# those with a port (`10.0.0.0/8:8000`, `[fd00::/8]:8000`); when not empty only listed targets are
-# allowed. Empty: public addresses, plus loopback/private ones with GYMWEB_ALLOW_LOCAL_TARGETS=1
-# (a local single-user set-up; `make demo` sets it). Link-local and cloud-metadata addresses are
-# refused unless listed explicitly.
-GYMWEB_ALLOWED_TARGET_HOSTS = [h.strip() for h in os.environ.get("GYMWEB_ALLOWED_TARGET_HOSTS", "").split(",") if h.strip()]
-GYMWEB_ALLOW_LOCAL_TARGETS = os.environ.get("GYMWEB_ALLOW_LOCAL_TARGETS", "").strip().lower() in ("1", "true", "yes", "on")
-# Every reply read from an agent or an env is capped (bytes; streamed with a running count, never
-# buffered past the cap). Over it the rollout fails with failure kind `reply_too_large`.
-GYMWEB_MAX_REPLY_BYTES = int(os.environ.get("GYMWEB_MAX_REPLY_BYTES", 64 * 1024 * 1024))
-# The bytes all replies being read at once in one worker process may hold together (0: unbounded);
-# a reply that would pass it fails as reply_over_budget (not terminal) instead of the worker's memory.
-GYMWEB_REPLY_BUDGET_BYTES = int(os.environ.get("GYMWEB_REPLY_BUDGET_BYTES", 512 * 1024 * 1024))
-# An agent reply gymweb refused (redirect, HTTP error, not JSON, invalid Responses object) is kept
-# for the rollout page up to this many bytes (NeMo Gym's message keeps 500 characters).
-GYMWEB_FAILED_REPLY_MAX_BYTES = int(os.environ.get("GYMWEB_FAILED_REPLY_MAX_BYTES", 1024 * 1024))
-
-# Worker tuning (seconds). A claim's lease must be renewed within GYMWEB_LEASE_S or the attempt
-# counts as interrupted and its key runs again (crash recovery); dispatchers renew every
-# GYMWEB_HEARTBEAT_S and notice a cancel then. Tests shorten these.
-GYMWEB_LEASE_S = float(os.environ.get("GYMWEB_LEASE_S", 30))
-GYMWEB_HEARTBEAT_S = float(os.environ.get("GYMWEB_HEARTBEAT_S", 2))
-GYMWEB_POLL_S = float(os.environ.get("GYMWEB_POLL_S", 0.5))
-# Runs made in the web and the API retry their non-terminal failures by themselves (up to
-# max_attempts) before they complete, the first wave GYMWEB_AUTO_RETRY_DELAY_S after the last failure,
-# each later wave twice as late; 0 turns that off. `collect` keeps NeMo Gym's semantics (--auto-retry).
-GYMWEB_AUTO_RETRY = os.environ.get("GYMWEB_AUTO_RETRY", "1").strip().lower() not in ("0", "false", "no", "off", "")
-GYMWEB_AUTO_RETRY_DELAY_S = float(os.environ.get("GYMWEB_AUTO_RETRY_DELAY_S", 5))
-GYMWEB_FLUSH_S = float(os.environ.get("GYMWEB_FLUSH_S", 0.25))
-# An idle dispatcher starts a launched run at once (rollouts.collection.wakeup): PostgreSQL notifies
-# it; on SQLite it reads the database's change counter every GYMWEB_WAKE_POLL_S (0 = off: polls only).
-GYMWEB_WAKE_POLL_S = float(os.environ.get("GYMWEB_WAKE_POLL_S", 0.01))
-# The results stream (GET /api/v1/runs/{id}/results) looks for new results this often while it is
-# open, and sends an empty line after this many seconds without one (proxies close silent streams).
-GYMWEB_STREAM_POLL_S = float(os.environ.get("GYMWEB_STREAM_POLL_S", 0.05))
-GYMWEB_STREAM_KEEPALIVE_S = float(os.environ.get("GYMWEB_STREAM_KEEPALIVE_S", 15))
-# A stream ends after this many seconds even if its run goes on (the client reconnects with its
-# cursor): below gunicorn's --timeout, which would otherwise kill the sync worker serving it.
-GYMWEB_STREAM_MAX_S = float(os.environ.get("GYMWEB_STREAM_MAX_S", 240))
-# First threshold of Python's garbage collector while a dispatcher runs (rollouts.collection.dispatch.
-# collector_tuned; 0 = Python's default of 700): with thousands of rollouts in flight the default
-# made the collector walk the whole heap again and again (issue 14).
-GYMWEB_GC_THRESHOLD = int(os.environ.get("GYMWEB_GC_THRESHOLD", 200000))
-GYMWEB_CONNECT_RETRY_PAUSE_S = float(os.environ.get("GYMWEB_CONNECT_RETRY_PAUSE_S", 0.5))
-# Each django-q2 worker process runs one dispatcher thread that serves every running run
-# (rollouts.collection.dispatch). It keeps at most this many rollouts in flight (a memory bound).
-GYMWEB_PROCESS_CAPACITY = int(os.environ.get("GYMWEB_PROCESS_CAPACITY", 2000))
-GYMWEB_DISPATCH_IN_WORKERS = os.environ.get("GYMWEB_DISPATCH_IN_WORKERS", "1") == "1"
-# On SIGTERM a worker releases its in-flight rollouts; this bounds how long that may take.
-GYMWEB_RELEASE_TIMEOUT_S = float(os.environ.get("GYMWEB_RELEASE_TIMEOUT_S", 20))
-# The run page caches aggregates over finished attempts (keyed by their counts, so never stale).
-GYMWEB_SUMMARY_CACHE_S = float(os.environ.get("GYMWEB_SUMMARY_CACHE_S", 600))
-# While a run is running its finished counts change on every poll, so count-keyed caches never
-# hit: a running run's page reuses its aggregates over finished attempts (reward statistics,
-# histogram, failure kinds, tokens) and its rollout table's automatic refresh for at most
-# GYMWEB_LIVE_CACHE_S, and its profile page and charts for at most GYMWEB_LIVE_ANALYSIS_CACHE_S.
-# Progress counts, workers and status are always read fresh; a final run's caches are exact. 0 =
-# no such reuse. (benchmarks/README.md, "A busy team")
-GYMWEB_LIVE_CACHE_S = float(os.environ.get("GYMWEB_LIVE_CACHE_S", 2))
-GYMWEB_LIVE_ANALYSIS_CACHE_S = float(os.environ.get("GYMWEB_LIVE_ANALYSIS_CACHE_S", 15))
-# /aggregate_metrics is called once a run completes, with at most this many rows (stripped as NeMo
-# Gym strips them: a few hundred bytes each) and this timeout; past the limit the file is computed
-# locally instead.
-GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 200000))
-GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))
-# Reverify from the run page runs in the request; larger runs use `manage.py reverify`.
-GYMWEB_REVERIFY_WEB_MAX_ROWS = int(os.environ.get("GYMWEB_REVERIFY_WEB_MAX_ROWS", 2000))
-# Most (task, rollout) keys in one run: a run is created in one transaction (all or nothing),
-# which holds SQLite's write lock while it lasts (200,000 keys: a few seconds).
-GYMWEB_MAX_KEYS_PER_RUN = int(os.environ.get("GYMWEB_MAX_KEYS_PER_RUN", 200_000))
-# The largest run_timeout_s a run may have (form and CLI check it).
-GYMWEB_MAX_RUN_TIMEOUT_S = float(os.environ.get("GYMWEB_MAX_RUN_TIMEOUT_S", 24 * 3600))
-# The trajectory page shows at most this many characters of one item's text (message, arguments,
-# tool output, reasoning, JSON; a note links to the raw JSON) and this many items of one step.
-GYMWEB_DISPLAY_MAX_CHARS = int(os.environ.get("GYMWEB_DISPLAY_MAX_CHARS", 20_000))
-GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP = int(os.environ.get("GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP", 500))
+# The other GYMWEB_* settings (target policy, reply cap, worker tuning, page caches, display limits)
+# are only read as settings.GYMWEB_*: their types, defaults and descriptions are in gymweb/conf.py.
 
 # Django's cache (the run page's and profile's aggregates, the live table): per process by default,
 # so each gunicorn worker computes its own. With several web workers or machines, point
 # GYMWEB_CACHE_URL at a Redis database of its own (e.g. redis://127.0.0.1:6379/1; not the
 # GYMWEB_REDIS_URL one: clearing the cache empties the whole database) so they share one copy.
 # While Redis does not answer the cache fails open (gymweb.cache): pages are slower, never broken.
-_cache_url = os.environ.get("GYMWEB_CACHE_URL", "").strip()
+_cache_url = GYMWEB.cache_url.strip()
 if _cache_url:
     CACHES = {"default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 1000}}}
 
-_redis_url = os.environ.get("GYMWEB_REDIS_URL")
-# How often (minutes) the supervisor revives runs whose workers died (rollouts.collection.dispatch.supervise).
-GYMWEB_SUPERVISE_MINUTES = int(os.environ.get("GYMWEB_SUPERVISE_MINUTES", 1))
+_redis_url = GYMWEB.redis_url
 # django-q2 tasks are short bookkeeping jobs (rollouts run in the dispatcher threads, not in
 # tasks), so ordinary bounds fit.
 _q_timeout = 600
 Q_CLUSTER = {
-    "name": os.environ.get("GYMWEB_Q_NAME", "gymweb"),
-    "workers": int(os.environ.get("GYMWEB_Q_WORKERS", 2)),
+    "name": GYMWEB.q_name,
+    "workers": GYMWEB.q_workers,
     "timeout": _q_timeout,
     "retry": _q_timeout + 60,
     "max_attempts": 1,
@@ -338,24 +242,33 @@ Q_CLUSTER = {
     "save_limit": 500,
     # A recycled worker process would take its dispatcher (and in-flight rollouts) with it.
     "recycle": 10**9,
-    "log_level": os.environ.get("GYMWEB_Q_LOG_LEVEL", "WARNING"),
+    "log_level": GYMWEB.q_log_level,
 }
 if _redis_url:
     Q_CLUSTER["redis"] = _redis_url
 else:
     Q_CLUSTER["orm"] = "default"
 
+# Every line carries time, level and logger (GYMWEB_LOG_FORMAT=json: one JSON object per line;
+# gymweb.logs). Django's default sends request errors to the console only with DEBUG on; in
+# production a 500 must leave its traceback in the server's log (django.request logs it with
+# exc_info), and 4xx warnings (not found, CSRF refusals) land there too.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "gymweb.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": GYMWEB.log_format}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "gymweb": {"handlers": ["console"], "level": os.environ.get("GYMWEB_LOG_LEVEL", "INFO")},
-        "django_q": {"handlers": ["console"], "level": "WARNING"},
-        # Django's default sends request errors to the console only with DEBUG on; in production a
-        # 500 must leave its traceback in the server's log (django.request logs it with exc_info).
-        # 4xx warnings (not found, CSRF refusals) land there too. runserver's own access log
-        # (django.server) keeps Django's default handler.
-        "django": {"handlers": ["console"], "level": "WARNING"},
+        "gymweb": {"handlers": ["console"], "level": GYMWEB.log_level, "propagate": False},
+        "rollouts": {"handlers": ["console"], "level": GYMWEB.log_level, "propagate": False},
+        "django-q": {"handlers": ["console"], "level": GYMWEB.q_log_level, "propagate": False},
+        "django_q": {"handlers": ["console"], "level": GYMWEB.q_log_level, "propagate": False},
+        "django": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        # runserver's access lines, in the same format.
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }

@@ -5,6 +5,9 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from rollouts.operations.metrics import metrics_view
+from rollouts.operations.probes import healthz, readyz
+
 
 class FaviconView(RedirectView):
     """``/favicon.ico`` (which browsers ask for on every page) → the static SVG icon."""
@@ -16,6 +19,10 @@ class FaviconView(RedirectView):
 
 
 urlpatterns = [
+    # For load balancers and Prometheus: no sign-in (/metrics wants its token or an allowed address).
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     # A signed-in user who opens the sign-in page goes to the runs list (or to ``next``).
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

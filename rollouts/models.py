@@ -414,6 +414,23 @@ class Worker(models.Model):
         return self.name
 
 
+class MetricTotal(models.Model):
+    """A fleet-wide running total that every worker adds to (rollouts.operations.metrics): a
+    counter, or one histogram bucket, sum or count, named by ``name`` and canonical ``labels``
+    (``k=v,k=v``, sorted). ``/metrics`` on any web server reads them, so one scrape covers every
+    worker on every machine."""
+
+    name = models.CharField(max_length=100)
+    labels = models.CharField(max_length=300, blank=True, default="")
+    value = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "labels"], name="metric_total_name_labels")]
+
+    def __str__(self) -> str:
+        return f"{self.name}{{{self.labels}}} {self.value}"
+
+
 # -- review: labels, notes, corrected rewards, review progress, API tokens (rollouts.review) ------
 class Label(models.Model):
     """A label reviewers put on rollouts. One set per instance; it starts with ``good``, ``bad``,

@@ -32,7 +32,7 @@ def policy() -> TargetPolicy:
     ``GYMWEB_ALLOWED_TARGET_HOSTS``."""
     try:
         return TargetPolicy.from_settings(
-            getattr(settings, "GYMWEB_ALLOW_LOCAL_TARGETS", False), getattr(settings, "GYMWEB_ALLOWED_TARGET_HOSTS", [])
+            settings.GYMWEB_ALLOW_LOCAL_TARGETS, settings.GYMWEB_ALLOWED_TARGET_HOSTS
         )
     except InvalidAllowEntry as exc:
         raise ImproperlyConfigured(str(exc)) from None
@@ -40,7 +40,7 @@ def policy() -> TargetPolicy:
 
 def max_reply_bytes() -> int:
     """``GYMWEB_MAX_REPLY_BYTES`` (default 64 MB), at least 1."""
-    return max(1, int(getattr(settings, "GYMWEB_MAX_REPLY_BYTES", DEFAULT_MAX_REPLY_BYTES)))
+    return max(1, int(settings.GYMWEB_MAX_REPLY_BYTES))
 
 
 def check_url(url: str, *, resolve_names: bool = True) -> None:
@@ -68,7 +68,7 @@ def refused_services(agent_url: str, env_url: str) -> list[str]:
 
 def async_client(concurrency: int = 32) -> httpx.AsyncClient:
     """``loop.make_client`` with this instance's policy and reply cap (use inside an event loop)."""
-    budget = int(getattr(settings, "GYMWEB_REPLY_BUDGET_BYTES", 0) or 0) or None
+    budget = settings.GYMWEB_REPLY_BUDGET_BYTES or None
     return make_client(concurrency, policy=policy(), max_reply_bytes=max_reply_bytes(), reply_budget_bytes=budget)
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from examples import counter_agent
-from examples._serve import add_fallback_routes
+from gymweb.examples import counter_agent
+from gymweb.examples._serve import add_fallback_routes
 
-TOOLS = json.loads((Path(__file__).resolve().parents[1] / "examples" / "data" / "counter_tasks.jsonl").read_text().splitlines()[0])[
+TOOLS = json.loads((Path(__file__).resolve().parents[1] / "gymweb" / "examples" / "data" / "counter_tasks.jsonl").read_text().splitlines()[0])[
     "responses_create_params"
 ]["tools"]
 

@@ -1,9 +1,9 @@
 """Misbehaving agent services for the conformance check's tests (``rollouts.evaluation.conformance``).
 
-Each bad agent is the example counter agent (``examples.counter_agent``: it solves the counter
+Each bad agent is the example counter agent (``gymweb.examples.counter_agent``: it solves the counter
 tasks and answers anything else with a message) with ONE breach of the contract added, so a test
 can show that exactly that breach is found and nothing else. They run on 127.0.0.1:<free port>
-through ``examples._serve.BackgroundServer``:
+through ``gymweb.examples._serve.BackgroundServer``:
 
     with serve("undeclared_tool") as agent:
         report = check_agent_sync(agent.url, policy=LOCAL)
@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from examples import counter_agent as good
-from examples._serve import BackgroundServer, read_json
+from gymweb.examples import counter_agent as good
+from gymweb.examples._serve import BackgroundServer, read_json
 from tests.servers import LOCAL
 
 Twist = Callable[[dict, dict, int], Any]

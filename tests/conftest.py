@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 REPO = Path(__file__).resolve().parents[1]
-COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
+COUNTER_TASKS = REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl"
 # NeMo Gym's real data beside the checkout (a git worktree elsewhere names it in GYMWEB_NEMO_GYM_DATA)
 SHARED_DATA = Path(os.environ.get("GYMWEB_NEMO_GYM_DATA") or REPO.parent / "shared" / "data" / "nemo_gym")
 
@@ -46,8 +46,8 @@ def manifest_static(settings, collected_static):
 @pytest.fixture(scope="session")
 def counter_env_url():
     """The example counter resources server, running for the whole session."""
-    from examples._serve import BackgroundServer
-    from examples.counter_env import make_app
+    from gymweb.examples._serve import BackgroundServer
+    from gymweb.examples.counter_env import make_app
 
     server = BackgroundServer(make_app()).start()
     yield server.url
@@ -57,8 +57,8 @@ def counter_env_url():
 @pytest.fixture(scope="session")
 def counter_agent_url():
     """The example counter agent service, running for the whole session."""
-    from examples._serve import BackgroundServer
-    from examples.counter_agent import make_app
+    from gymweb.examples._serve import BackgroundServer
+    from gymweb.examples.counter_agent import make_app
 
     server = BackgroundServer(make_app()).start()
     yield server.url

@@ -4,7 +4,7 @@
 character, U+2028/U+2029, astral characters, gymweb's own escape character, a 1 MB string,
 nesting 500 deep, huge and tiny numbers, ``-0.0``, integers past 64 bits, keys in a non-sorted
 order. ``make_agent()``/``make_env()`` are aiohttp apps (run them with
-``examples._serve.BackgroundServer``) that put it everywhere a rollout can carry it: task rows, the
+``gymweb.examples._serve.BackgroundServer``) that put it everywhere a rollout can carry it: task rows, the
 agent's reply items and extra fields, call ids, arguments, usage extra keys, incomplete_details,
 tool outputs (a binary-looking body), verify replies, agent error bodies and /aggregate_metrics.
 They answer deterministically, so a rollout run twice gives the same bytes.

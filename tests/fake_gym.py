@@ -13,8 +13,8 @@ import sys
 import yaml
 from aiohttp import web
 
-from examples._serve import _start, json_response
-from examples.counter_env import make_app as counter_env
+from gymweb.examples._serve import _start, json_response
+from gymweb.examples.counter_env import make_app as counter_env
 
 
 async def main(paths: list[str]) -> None:

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 from aiohttp import web
 
-from examples._serve import BackgroundServer, json_response
+from gymweb.examples._serve import BackgroundServer, json_response
 
 DATA = Path(__file__).parent / "data" / "head_server"
 ENV_NAME = "example_session_state_mgmt_resources_server"

@@ -9,7 +9,7 @@ import math
 import pytest
 from aiohttp import web
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.collection.stamps import environment_server_name, stamp
 from rollouts.evaluation.aggregate_metrics import (
     aggregate_metrics_bytes,

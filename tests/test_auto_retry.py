@@ -12,8 +12,8 @@ from aiohttp import web
 from django.core.management import call_command
 from django.utils import timezone
 
-from examples import counter_agent
-from examples._serve import BackgroundServer, add_fallback_routes
+from gymweb.examples import counter_agent
+from gymweb.examples._serve import BackgroundServer, add_fallback_routes
 from rollouts.collection import runs
 from rollouts.models import Rollout, Run
 

@@ -157,8 +157,8 @@ def test_the_outline_folds_away_on_a_narrow_screen(browser, live_server, transac
 @pytest.fixture
 def slow_agent_url():
     """The example counter agent, sleeping 1.5 s on every call: a rollout runs long enough to watch."""
-    from examples._serve import BackgroundServer
-    from examples.counter_agent import make_app
+    from gymweb.examples._serve import BackgroundServer
+    from gymweb.examples.counter_agent import make_app
 
     server = BackgroundServer(make_app(latency_ms=1500)).start()
     yield server.url

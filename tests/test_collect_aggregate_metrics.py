@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from examples._serve import BackgroundServer
-from examples.counter_env import make_app
+from gymweb.examples._serve import BackgroundServer
+from gymweb.examples.counter_env import make_app
 from rollouts.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)

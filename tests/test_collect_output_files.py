@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from django.core.management import CommandError, call_command
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,7 +7,7 @@ import pytest
 from aiohttp import web
 from django.core.management import call_command
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.models import AgentCall, Rollout
 
 pytestmark = pytest.mark.django_db(transaction=True)

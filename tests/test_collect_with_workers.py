@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.db import connections
 from django.utils import timezone
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.models import Rollout, Run, Worker
 
 from . import agents

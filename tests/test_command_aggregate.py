@@ -8,8 +8,8 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from examples._serve import BackgroundServer
-from examples.counter_env import make_app
+from gymweb.examples._serve import BackgroundServer
+from gymweb.examples.counter_env import make_app
 from rollouts.evaluation.shards import expand_input_glob, merge_shards
 
 

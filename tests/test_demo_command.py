@@ -25,21 +25,21 @@ def test_make_demo_passes_the_port_and_the_example_ports():
     if not shutil.which("make"):
         pytest.skip("make is not installed")
     out = subprocess.run(["make", "-n", "demo", "PORT=8001"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert "manage.py demo --port 8001 --env-port 9101 --agent-port 9102" in out
+    assert "gymweb demo --port 8001 --env-port 9101 --agent-port 9102" in out
     out = subprocess.run(["make", "-n", "demo", "PORT=8001", "ENV_PORT=9301", "AGENT_PORT=9302"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout
     assert "--port 8001 --env-port 9301 --agent-port 9302" in out
 
 
 class Demo:
-    """``manage.py demo`` in a subprocess with its own var/ (SQLite) directory; its output is read
-    by a thread so the pipe never fills."""
+    """``gymweb demo`` in a subprocess with its own data directory (SQLite), started outside the
+    checkout; its output is read by a thread so the pipe never fills."""
 
     def __init__(self, var_dir, *args):
         env = {k: v for k, v in os.environ.items()
                if k not in ("DATABASE_URL", "GYMWEB_REDIS_URL", "GYMWEB_SECRET_KEY", "GYMWEB_SQLITE_PATH", "GYMWEB_DEBUG")}
-        env.update(GYMWEB_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", GYMWEB_Q_WORKERS="1")
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "demo", *args], cwd=REPO, env=env,
+        env.update(GYMWEB_DATA_DIR=str(var_dir), PYTHONUNBUFFERED="1", GYMWEB_Q_WORKERS="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gymweb", "demo", *args], cwd=var_dir, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

@@ -10,7 +10,7 @@ from collections import Counter
 
 from django.db.models import Count
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.collection import runs
 from rollouts.apps import _ensure_supervisor
 from rollouts.collection.datasets import read_jsonl

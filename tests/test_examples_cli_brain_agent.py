@@ -1,4 +1,4 @@
-"""The command-line-brain agent (`examples/cli_brain_agent.py`) with `examples/fake_brain.py` as its model."""
+"""The command-line-brain agent (`gymweb/examples/cli_brain_agent.py`) with `gymweb/examples/fake_brain.py` as its model."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from examples import cli_brain_agent, counter_env
-from examples._serve import BackgroundServer
+from gymweb.examples import cli_brain_agent, counter_env
+from gymweb.examples._serve import BackgroundServer
 from tests.test_examples_counter_agent import TASKS, assert_full_responses_object, drive
 
 REPO = Path(__file__).resolve().parents[1]
-FAKE_BRAIN = REPO / "examples" / "fake_brain.py"
+FAKE_BRAIN = REPO / "gymweb" / "examples" / "fake_brain.py"
 # Runs the stand-in as a script path, so it works whatever the server's working directory is.
 FAKE_BRAIN_CMD = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_BRAIN))}"
 
@@ -115,8 +115,8 @@ def test_the_prompt_reaches_the_brain_as_one_argument_and_the_model_is_expanded(
 
 def test_a_command_without_a_prompt_placeholder_gets_claudes_flags_appended(monkeypatch):
     monkeypatch.delenv("CLAUDE_MODEL", raising=False)
-    argv = cli_brain_agent.build_argv("python -m examples.fake_brain", "P", "haiku")
-    assert argv == ["python", "-m", "examples.fake_brain", "-p", "P", "--output-format", "json", "--model", "haiku"]
+    argv = cli_brain_agent.build_argv("python -m gymweb.examples.fake_brain", "P", "haiku")
+    assert argv == ["python", "-m", "gymweb.examples.fake_brain", "-p", "P", "--output-format", "json", "--model", "haiku"]
 
 
 def test_the_rendered_prompt_shows_the_conversation_and_the_tools():
@@ -132,7 +132,7 @@ def test_the_rendered_prompt_shows_the_conversation_and_the_tools():
 
 def test_the_fake_brain_has_claudes_command_line_shape():
     done = subprocess.run(
-        [sys.executable, "-m", "examples.fake_brain", "-p", "[user] add 2 then add 9 then get the count",
+        [sys.executable, "-m", "gymweb.examples.fake_brain", "-p", "[user] add 2 then add 9 then get the count",
          "--output-format", "json", "--model", "haiku"],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
     )
@@ -148,7 +148,7 @@ def test_the_fake_brain_has_claudes_command_line_shape():
 def test_it_starts_with_one_command_and_prints_its_address():
     env = {"AGENT_BRAIN_CMD": FAKE_BRAIN_CMD, "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.cli_brain_agent", "--port", "0"],
+        [sys.executable, "-m", "gymweb.examples.cli_brain_agent", "--port", "0"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -1,4 +1,4 @@
-"""The scripted example agent (`examples/counter_agent.py`), driven by hand against the counter env."""
+"""The scripted example agent (`gymweb/examples/counter_agent.py`), driven by hand against the counter env."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from examples._serve import BackgroundServer
-from examples import counter_agent, counter_env
+from gymweb.examples._serve import BackgroundServer
+from gymweb.examples import counter_agent, counter_env
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = [json.loads(line) for line in (REPO / "examples" / "data" / "counter_tasks.jsonl").read_text().splitlines()
+TASKS = [json.loads(line) for line in (REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl").read_text().splitlines()
          if line.strip()]
 USAGE_KEYS = {"input_tokens", "output_tokens", "total_tokens", "input_tokens_details", "output_tokens_details"}
 
@@ -215,7 +215,7 @@ def test_the_latency_option_delays_every_call():
 
 def test_it_starts_with_one_command_and_prints_its_address():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.counter_agent", "--port", "0", "--latency-ms", "1"],
+        [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", "0", "--latency-ms", "1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

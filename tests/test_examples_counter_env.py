@@ -1,4 +1,4 @@
-"""The example counter env (`examples/counter_env.py`) over real HTTP on 127.0.0.1."""
+"""The example counter env (`gymweb/examples/counter_env.py`) over real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import aiohttp
 import httpx
 import pytest
 
-from examples._serve import BackgroundServer
-from examples.counter_env import COOKIE_NAME, make_app
+from gymweb.examples._serve import BackgroundServer
+from gymweb.examples.counter_env import COOKIE_NAME, make_app
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
+TASKS = REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl"
 
 
 def load_tasks() -> list[dict]:
@@ -276,7 +276,7 @@ def test_it_serves_thousands_of_concurrent_sessions_without_mixing_them(env_url)
 
 def test_it_starts_with_one_command_and_prints_its_address():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.counter_env", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "gymweb.examples.counter_env", "--host", "127.0.0.1", "--port", "0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

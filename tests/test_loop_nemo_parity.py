@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from examples._serve import BackgroundServer
-from examples.counter_env import make_app
+from gymweb.examples._serve import BackgroundServer
+from gymweb.examples.counter_env import make_app
 from tests.servers import AgentService, RecordingObserver, async_test, call, drive, message, reply, task_row, usage
 
 

@@ -21,7 +21,7 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.collection import export, runs
 from rollouts.collection.datasets import materialize, read_jsonl
 from rollouts.collection.importer import import_rollouts

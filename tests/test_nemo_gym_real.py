@@ -33,7 +33,7 @@ pytestmark = [
 
 def test_collect_by_agent_name_against_a_real_gym_env_start(tmp_path, counter_agent_url, counter_tasks_path):
     config = tmp_path / "counter_remote.yaml"
-    config.write_text((REPO / "examples/nemo_gym/counter_remote.yaml").read_text().replace("http://127.0.0.1:9102", counter_agent_url))
+    config.write_text((REPO / "gymweb/examples/nemo_gym/counter_remote.yaml").read_text().replace("http://127.0.0.1:9102", counter_agent_url))
     files = [str(config)] + ([EXTRA] if EXTRA else [])
     head_url = load_files(files).head_server_url() or "http://127.0.0.1:11000"
     out = (tmp_path / "env_start.out").open("wb")

@@ -22,7 +22,7 @@ def headless_block() -> str:
 
 def test_the_block_turns_local_targets_on_before_collect():
     block = headless_block()
-    assert block.index("export GYMWEB_ALLOW_LOCAL_TARGETS=1") < block.index("manage.py collect")
+    assert block.index("export GYMWEB_ALLOW_LOCAL_TARGETS=1") < block.index("gymweb collect")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -34,7 +34,7 @@ def test_the_readme_headless_command_collects_the_counter_tasks(tmp_path):
     lines = block.splitlines()
     wait = (f"for p in {env_port} {agent_port}; do for i in $(seq 1 100); do "
             "(exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done; done")
-    collect_at = next(i for i, line in enumerate(lines) if "manage.py collect" in line)
+    collect_at = next(i for i, line in enumerate(lines) if "gymweb collect" in line)
     script = "\n".join(["set -e", "trap 'kill $(jobs -p) 2>/dev/null' EXIT", *lines[:collect_at], wait, *lines[collect_at:]])
     env = _worker_env()
     env.pop("GYMWEB_ALLOW_LOCAL_TARGETS", None)

@@ -113,7 +113,7 @@ async def test_a_reply_at_the_cap_is_read_whole():
 
 def test_a_worker_run_fails_with_reply_too_large_under_the_setting(settings, transactional_db, counter_env_url):
     """The dispatcher's client takes ``GYMWEB_MAX_REPLY_BYTES`` (the path of workers and ``collect``)."""
-    from examples._serve import BackgroundServer
+    from gymweb.examples._serve import BackgroundServer
 
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
@@ -149,7 +149,7 @@ async def test_the_agent_check_reports_a_reply_past_the_cap():
 
 
 def test_the_envs_aggregate_metrics_reply_is_capped_too():
-    from examples._serve import BackgroundServer
+    from gymweb.examples._serve import BackgroundServer
 
     from rollouts.evaluation.aggregate_metrics import EnvAggregateError, post_aggregate_metrics
 

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from django.core.management import CommandError, call_command
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.evaluation import reverify
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from tests.run_factories import finish, key, make_run

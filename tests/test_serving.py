@@ -122,7 +122,7 @@ def _readme_production_env() -> dict[str, str]:
 
 
 def _check_deploy(env: dict[str, str], static_root) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GYMWEB_") or k in ("GYMWEB_VAR_DIR",)}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GYMWEB_") or k in ("GYMWEB_DATA_DIR",)}
     base.pop("DATABASE_URL", None)
     base.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the tests' own (for Playwright); never in production
     return subprocess.run(

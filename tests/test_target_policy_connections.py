@@ -134,7 +134,7 @@ async def test_allow_local_lets_a_local_run_through():
 def test_the_sync_client_refuses_loopback_in_every_spelling_and_sends_nothing(spelling):
     from aiohttp import web
 
-    from examples._serve import BackgroundServer
+    from gymweb.examples._serve import BackgroundServer
 
     hits = []
 

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from django.urls import reverse
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from tests.bad_agents import make_bad_agent, serve
 from tests.servers import free_url
 

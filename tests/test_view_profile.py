@@ -329,10 +329,10 @@ def test_the_profile_and_charts_are_inert_whatever_the_run_holds(signed_in, db):
 
 def test_no_new_template_or_module_marks_data_safe():
     files = [REPO / "rollouts" / "web" / "analysis_views.py", REPO / "rollouts" / "web" / "charts.py",
-             *(REPO / "templates" / "rollouts").glob("profile.html"), *(REPO / "templates" / "rollouts").glob("compare.html"),
-             *(REPO / "templates" / "rollouts").glob("check_agent.html")]
+             *(REPO / "gymweb" / "templates" / "rollouts").glob("profile.html"), *(REPO / "gymweb" / "templates" / "rollouts").glob("compare.html"),
+             *(REPO / "gymweb" / "templates" / "rollouts").glob("check_agent.html")]
     for pattern in ("profile_*.html", "compare_*.html", "check_*.html", "chart_*.html"):
-        files += sorted((REPO / "templates" / "rollouts" / "partials").glob(pattern))
+        files += sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob(pattern))
     assert len(files) > 15
     for path in files:
         text = path.read_text()

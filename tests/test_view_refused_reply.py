@@ -11,7 +11,7 @@ from aiohttp import web
 from django.core.management import call_command
 from django.urls import reverse
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.models import RefusedReply, Rollout, Run
 from rollouts.review.tokens import create_token
 

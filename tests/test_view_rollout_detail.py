@@ -488,7 +488,7 @@ def test_j_and_k_are_bound_to_next_and_previous(signed_in, ten_rollouts):
     assert 'rel="next"' in html and 'rel="prev"' in html
     from pathlib import Path
 
-    script = (Path(__file__).resolve().parents[1] / "static" / "gymweb" / "trajectory.js").read_text()
+    script = (Path(__file__).resolve().parents[1] / "gymweb" / "static" / "gymweb" / "trajectory.js").read_text()
     assert '"j"' in script and '"k"' in script and "data-nav" in script
 
 

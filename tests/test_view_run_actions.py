@@ -53,7 +53,7 @@ def test_cancel_asks_for_confirmation_before_it_is_sent(signed_in, running_run):
     html = signed_in.get(reverse("run", args=[running_run.pk])).content.decode()
     form = html[html.rindex("<form", 0, html.index('id="cancel-run"')):html.index('id="cancel-run"')]
     assert f'action="{reverse("run_cancel", args=[running_run.pk])}"' in form
-    assert 'data-confirm="Cancel this run?' in form  # static/gymweb/confirm.js asks (see the browser test)
+    assert 'data-confirm="Cancel this run?' in form  # gymweb/static/gymweb/confirm.js asks (see the browser test)
     assert "gymweb/confirm." in html
 
 

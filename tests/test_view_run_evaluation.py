@@ -12,7 +12,7 @@ from aiohttp import web
 from django.urls import reverse
 from django.utils import timezone
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.evaluation import health
 from rollouts.models import AgentCall, Rollout, RolloutHealth, Run, TrajectoryItem
 from tests.run_factories import finish, key, make_run

@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 from django.db import OperationalError
 
-from examples._serve import BackgroundServer
+from gymweb.examples._serve import BackgroundServer
 from rollouts.collection import dispatch, runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run, Worker

@@ -114,9 +114,9 @@ def test_the_pretty_json_filter_escapes_what_it_returns():
 
 def test_no_template_or_view_of_the_trajectory_marks_data_safe():
     files = [REPO / "rollouts" / "web" / "trajectory_views.py", REPO / "rollouts" / "collection" / "importer.py",
-             REPO / "rollouts" / "templatetags" / "gymweb_tags.py", REPO / "templates" / "rollouts" / "rollout_detail.html",
-             REPO / "templates" / "rollouts" / "import.html", *sorted((REPO / "templates" / "rollouts" / "partials").glob("item_*.html")),
-             *sorted((REPO / "templates" / "rollouts" / "partials").glob("rollout_*.html"))]
+             REPO / "rollouts" / "templatetags" / "gymweb_tags.py", REPO / "gymweb" / "templates" / "rollouts" / "rollout_detail.html",
+             REPO / "gymweb" / "templates" / "rollouts" / "import.html", *sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob("item_*.html")),
+             *sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob("rollout_*.html"))]
     for path in files:
         text = path.read_text()
         for bad in ("|safe", "mark_safe", "autoescape off", "safeseq", "SafeString"):

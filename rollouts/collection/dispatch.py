@@ -54,6 +54,7 @@ from rollouts.engine.contract import prepare_reply_validation
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
 from rollouts.nemo import miswiring
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, Task, TrajectoryItem, Worker
+from rollouts.operations import metrics
 from rollouts.search import fill_missing
 
 log = logging.getLogger("gymweb.dispatch")
@@ -259,6 +260,23 @@ def write_batch(batch: _Batch, worker: str) -> None:
     except Exception as exc:
         log.warning("a batch could not be stored whole (%s: %s); storing it part by part", exc.__class__.__name__, exc)
         _write_piecewise(batch, worker)
+    metrics.record_batch(batch)
+    _log_failures(batch)
+
+
+def _log_failures(batch: _Batch) -> None:
+    """One WARNING line per failed attempt: run, key, attempt and failure kind (never the agent's
+    or env's payloads, nor the error text, which may quote them)."""
+    failed = {rollout_id: out.failure_kind for rollout_id, out in batch.finished if not out.ok}
+    if not failed:
+        return
+    for rollout_id, run_id, task_index, rollout_index, attempt in Rollout.objects.filter(pk__in=list(failed)).values_list(
+        "id", "run_id", "task_index", "rollout_index", "attempt"
+    ):
+        log.warning("run %s: task %s rollout %s attempt %s failed: %s", run_id, task_index, rollout_index, attempt,
+                    failed[rollout_id] or "unknown",
+                    extra={"run": run_id, "task_index": task_index, "rollout_index": rollout_index, "attempt": attempt,
+                           "failure_kind": str(failed[rollout_id] or "unknown")})
 
 
 def _describe_rollout(rollout_id: int) -> str:
@@ -694,12 +712,25 @@ def _heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: floa
         defaults={"host": name.split(":")[0], "pid": os.getpid(), "last_seen": now, "inflight": len(inflight), "capacity": capacity},
     )
     Worker.objects.filter(last_seen__lt=now - timedelta(seconds=max(60.0, 10 * lease_s))).delete()
+    metrics.add("gymweb_worker_heartbeats")
+    _flush_metrics()
     live = Worker.objects.filter(last_seen__gte=now - timedelta(seconds=lease_s)).count()
     statuses = dict(Run.objects.filter(pk__in=run_ids).values_list("id", "status"))
     return max(1, live), statuses
 
 
+def _flush_metrics() -> None:
+    """Add this process's metric counts to the fleet's totals; a failure keeps them for next time."""
+    try:
+        metrics.flush()
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        log.exception("the metric totals could not be written; they are kept for the next heartbeat")
+
+
 def _retire(name: str) -> None:
+    _flush_metrics()
     Worker.objects.filter(name=name).delete()
 
 
@@ -740,6 +771,7 @@ def _flush_and_claim(
     claimed = []
     for run_id, want in wants:
         claimed.extend((run_id, *row) for row in claim(run_id, worker, want, lease_s, reap=reap))
+    metrics.record_claimed(len(claimed))
     return claimed
 
 
@@ -989,6 +1021,9 @@ class Dispatcher:
         fresh = {}
         for r in rows:
             known = self.runs.get(r["id"])
+            if known is None:
+                log.info("run %s: worker %s serves it (concurrency %s)", r["id"], self.name, r["concurrency"],
+                         extra={"run": r["id"], "worker": self.name})
             # a retry may have moved the env (a NeMo Gym resources server resolved again by name)
             same = known and (known.settings.agent_base_url, known.settings.env_base_url) == (r["agent_url"], r["env_url"])
             loop_settings = known.settings if same else LoopSettings(

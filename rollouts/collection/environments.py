@@ -43,7 +43,7 @@ def client(timeout_s: float = HEAD_TIMEOUT_S) -> httpx.Client:
 def default_head_url(config: Optional[NemoConfig] = None) -> str:
     """The head server to use when none is named: the config's ``head_server`` block, else
     ``GYMWEB_NEMO_GYM_HEAD_URL``, else NeMo Gym's default ``http://127.0.0.1:11000``."""
-    return (config.head_server_url() if config else None) or getattr(settings, "GYMWEB_NEMO_GYM_HEAD_URL", "") or DEFAULT_HEAD_URL
+    return (config.head_server_url() if config else None) or settings.GYMWEB_NEMO_GYM_HEAD_URL or DEFAULT_HEAD_URL
 
 
 def fetch_head(url: str, timeout_s: float = HEAD_TIMEOUT_S) -> HeadServer:
@@ -146,7 +146,7 @@ def register_head(url: str, config_files: Optional[list[str]] = None) -> HeadSer
 def _candidate_heads(agent_url: str, head_url: Optional[str]) -> list[str]:
     if head_url:
         return [head_url]
-    out = [getattr(settings, "GYMWEB_NEMO_GYM_HEAD_URL", "")]
+    out = [settings.GYMWEB_NEMO_GYM_HEAD_URL]
     out += list(HeadServerRecord.objects.values_list("url", flat=True)[:10])
     host = urlsplit(agent_url).hostname
     if host:

@@ -129,6 +129,7 @@ def launch(run: Run) -> None:
     if changed:
         wakeup.notify_launch(run.pk)
     run.refresh_from_db()
+    log.info("run %s launched: %s (concurrency %s)", run.pk, run.status, run.concurrency, extra={"run": run.pk})
 
 
 def without_superseded(qs: QuerySet) -> QuerySet:
@@ -326,9 +327,14 @@ def finish_if_done(run_id: int) -> bool:
             if wait <= 0:
                 _retry_failed(run)
             return False
-        return bool(
+        done = bool(
             Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.COMPLETED, finished=timezone.now())
         )
+    if done:
+        by_status = {k: v for k, v in counts(Run(pk=run_id)).items() if v}
+        log.info("run %s completed: %s", run_id, ", ".join(f"{n} {status}" for status, n in by_status.items()) or "no rollouts",
+                 extra={"run": run_id, "counts": by_status})
+    return done
 
 
 def counts(run: Run) -> dict[str, int]:

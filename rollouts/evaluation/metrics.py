@@ -347,7 +347,7 @@ def _cached_finished_aggregates(run: Run, progress: Progress) -> _Finished:
     if ttl <= 0:
         return _finished_aggregates(run, progress)
     created = run.created.timestamp() if run.created else 0
-    live_ttl = float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0))
+    live_ttl = float(settings.GYMWEB_LIVE_CACHE_S)
     if run.status == Run.Status.RUNNING and live_ttl > 0:
         key, ttl = f"gymweb:finished-live:v1:{run.pk}:{created}", live_ttl
     else:

@@ -119,11 +119,11 @@ def _cached(kind: str, run: Run, build):
     While the run is running those counts change all the time (a team opening its profile during
     collection recomputed it on every view): then it is cached under the run alone for
     ``GYMWEB_LIVE_ANALYSIS_CACHE_S``, and the run's end (a new status) starts exact caching again."""
-    ttl = float(getattr(settings, "GYMWEB_SUMMARY_CACHE_S", 600))
+    ttl = float(settings.GYMWEB_SUMMARY_CACHE_S)
     if ttl <= 0:
         return build()
     created = run.created.timestamp() if run.created else 0
-    live_ttl = float(getattr(settings, "GYMWEB_LIVE_ANALYSIS_CACHE_S", 0))
+    live_ttl = float(settings.GYMWEB_LIVE_ANALYSIS_CACHE_S)
     if run.status == Run.Status.RUNNING and live_ttl > 0:
         key, ttl = f"gymweb:{kind}-live:v1:{run.pk}:{created}", live_ttl
     else:

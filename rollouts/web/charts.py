@@ -1,6 +1,6 @@
 """Small server-rendered charts: pure functions from numbers to shapes and coordinates.
 
-No Django and no HTML here. The templates (``templates/rollouts/partials/chart_*.html``) draw the
+No Django and no HTML here. The templates (``gymweb/templates/rollouts/partials/chart_*.html``) draw the
 shapes as inline SVG, with every coordinate a number and every label or tooltip autoescaped text:
 labels are untrusted (failure kinds, agent names), so nothing built here is ever marked safe, and
 no label ever becomes an attribute name, a class name or markup. Series colours are chosen by

@@ -144,7 +144,7 @@ def run_reverify(request, run_id):
     use ``manage.py reverify``)."""
     run = _run_for(request, run_id)
     form = ReverifyForm(request.POST)
-    limit = int(getattr(settings, "GYMWEB_REVERIFY_WEB_MAX_ROWS", 2000))
+    limit = int(settings.GYMWEB_REVERIFY_WEB_MAX_ROWS)
     if form.is_valid():
         n = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count()
         if not run.is_final:

@@ -199,15 +199,15 @@ class RunForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.too_large_uploads = too_large_uploads or set()
         # The services an instance offers by default (``make demo`` sets its example env and agent).
-        self.fields["agent_url"].initial = getattr(settings, "GYMWEB_DEFAULT_AGENT_URL", "") or None
-        self.fields["env_url"].initial = getattr(settings, "GYMWEB_DEFAULT_ENV_URL", "") or None
+        self.fields["agent_url"].initial = settings.GYMWEB_DEFAULT_AGENT_URL or None
+        self.fields["env_url"].initial = settings.GYMWEB_DEFAULT_ENV_URL or None
         self.max_run_timeout_s = float(settings.GYMWEB_MAX_RUN_TIMEOUT_S)
         self.fields["run_timeout_s"].initial = min(DEFAULT_RUN_TIMEOUT_S, self.max_run_timeout_s)
         self.fields["run_timeout_s"].help_text += f" At most {self.max_run_timeout_s:g} s."
         self.fields["run_timeout_s"].widget.attrs["max"] = f"{self.max_run_timeout_s:g}"
         self.max_upload_bytes = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
         self.fields["dataset_file"].help_text += f" Up to {human_bytes(self.max_upload_bytes)}."
-        self.fields["head_url"].initial = getattr(settings, "GYMWEB_NEMO_GYM_HEAD_URL", "") or None
+        self.fields["head_url"].initial = settings.GYMWEB_NEMO_GYM_HEAD_URL or None
         self.parsed: Optional[ParsedDataset] = None
         self.nemo: Optional[Resolved] = None  # what a NeMo Gym config / head server gave
 

@@ -138,9 +138,7 @@ def _neighbours_by_window(qs: QuerySet, order: list[str], rollout_id: int) -> di
 # -- display limits -------------------------------------------------------------------------------
 # One agent can write a 30 MB message or 5,000 tool calls in one reply: the page shows at most
 # ``GYMWEB_DISPLAY_MAX_CHARS`` characters of each item's text (a note links to the item's raw JSON)
-# and at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step.
-DEFAULT_DISPLAY_MAX_CHARS = 20_000
-DEFAULT_DISPLAY_MAX_ITEMS_PER_STEP = 500
+# and at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step (defaults: gymweb/conf.py).
 # Pretty-printing millions of small JSON values is slow (the indenting encoder is pure Python):
 # longer JSON is shown as it came (compact), cut like any other text.
 PRETTY_MAX_CHARS = 1_000_000
@@ -148,11 +146,11 @@ SHORT_MAX_CHARS = 300  # names, call ids, roles, labels
 
 
 def display_max_chars() -> int:
-    return max(1, int(getattr(settings, "GYMWEB_DISPLAY_MAX_CHARS", DEFAULT_DISPLAY_MAX_CHARS)))
+    return max(1, int(settings.GYMWEB_DISPLAY_MAX_CHARS))
 
 
 def display_max_items() -> int:
-    return max(1, int(getattr(settings, "GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP", DEFAULT_DISPLAY_MAX_ITEMS_PER_STEP)))
+    return max(1, int(settings.GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP))
 
 
 _more_text = rendering.more_text

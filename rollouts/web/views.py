@@ -130,7 +130,7 @@ def run_new(request):
                 initial[name] = request.GET[name][:2000]
         form = RunForm(initial=initial or None)
         # what the head server of the Environments page's link (or GYMWEB_NEMO_GYM_HEAD_URL) runs now
-        head_url = initial.get("head_url") or getattr(settings, "GYMWEB_NEMO_GYM_HEAD_URL", "")
+        head_url = initial.get("head_url") or settings.GYMWEB_NEMO_GYM_HEAD_URL
         if head_url:
             head = environments.head_listing(head_url, with_tools=False)
     context = {"form": form, "head": head, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
@@ -297,7 +297,7 @@ def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_wo
 def _shared_table_key(request, run: Run) -> Optional[str]:
     """The cache key of a running run's rollout table (``#rollout-table``) for this query string,
     or None when the table is rendered fresh (a final run; ``GYMWEB_LIVE_CACHE_S`` is 0)."""
-    if run.status != Run.Status.RUNNING or float(getattr(settings, "GYMWEB_LIVE_CACHE_S", 0)) <= 0:
+    if run.status != Run.Status.RUNNING or float(settings.GYMWEB_LIVE_CACHE_S) <= 0:
         return None
     created = run.created.timestamp() if run.created else 0
     return f"gymweb:table-live:v2:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"

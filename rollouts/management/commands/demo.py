@@ -1,7 +1,7 @@
-"""``python manage.py demo``: the whole product on the embedded default, in one command.
+"""``gymweb demo``: the whole product on the embedded default, in one command.
 
-What it starts and what a restart keeps: docs/development.md. The secret key in ``var/secret_key``
-is used unless ``GYMWEB_SECRET_KEY`` is set; the new-run form is pre-filled through
+What it starts and what a restart keeps: docs/development.md. The secret key in ``secret_key`` in
+the data directory is used unless ``GYMWEB_SECRET_KEY`` is set; the new-run form is pre-filled through
 ``GYMWEB_DEFAULT_AGENT_URL``/``_ENV_URL``.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from gymweb import examples
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 
-REPO = Path(settings.BASE_DIR)
-COUNTER_TASKS = REPO / "examples" / "data" / "counter_tasks.jsonl"
+COUNTER_TASKS = Path(examples.__file__).resolve().parent / "data" / "counter_tasks.jsonl"
 _LISTENING = re.compile(r"listening on (http://\S+)")
 DEFAULT_ENV_PORT = 9101
 DEFAULT_AGENT_PORT = 9102
@@ -63,7 +63,7 @@ class Command(BaseCommand):
         parser.add_argument("--password", default=None, help="its password (default: the one it had in the last demo, else a new random one; printed)")
         parser.add_argument("--num-repeats", type=int, default=4, help="rollouts per counter task in the demo run (default 4)")
         parser.add_argument("--head-url", default=None,
-                            help="a running NeMo Gym head server (manage.py env start examples/nemo_gym/counter_remote.yaml): "
+                            help="a running NeMo Gym head server (manage.py env start gymweb/examples/nemo_gym/counter_remote.yaml): "
                                  "the demo run uses its counter environment, found by name, instead of the example env")
         parser.add_argument("--no-run", action="store_true", help="start everything but launch no demo run")
         parser.add_argument("--exit-when-done", action="store_true", help="stop once the demo run is final (for scripts and CI)")
@@ -90,18 +90,18 @@ class Command(BaseCommand):
         user, password = self._demo_user(opts["user"], opts["password"])
 
         nemo = self._nemo_gym_env(opts["head_url"]) if opts["head_url"] else None
-        env_url = self._spawn("counter env", [sys.executable, "-m", "examples.counter_env", "--port", str(opts["env_port"])])
-        agent_url = self._spawn("counter agent", [sys.executable, "-m", "examples.counter_agent", "--port", str(opts["agent_port"])])
+        env_url = self._spawn("counter env", [sys.executable, "-m", "gymweb.examples.counter_env", "--port", str(opts["env_port"])])
+        agent_url = self._spawn("counter agent", [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", str(opts["agent_port"])])
         served = {
             "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
-            "GYMWEB_SECRET_KEY": os.environ.get("GYMWEB_SECRET_KEY") or _kept_secret(Path(settings.VAR_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
+            "GYMWEB_SECRET_KEY": settings.GYMWEB_SECRET_KEY or _kept_secret(Path(settings.DATA_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
             "GYMWEB_DEFAULT_AGENT_URL": agent_url,
             "GYMWEB_DEFAULT_ENV_URL": env_url,
             "GYMWEB_NEMO_GYM_HEAD_URL": nemo.head_url if nemo else "",
         }
-        self._spawn_plain("worker", [sys.executable, "manage.py", "qcluster"], served)
+        self._spawn_plain("worker", [sys.executable, "-m", "gymweb", "worker"], served)
         web_url = f"http://{opts['host']}:{opts['port']}"
-        self._spawn_plain("web", [sys.executable, "manage.py", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"], served)
+        self._spawn_plain("web", [sys.executable, "-m", "gymweb", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"], served)
         self._wait_http(web_url + "/accounts/login/")
 
         run = None
@@ -164,9 +164,9 @@ class Command(BaseCommand):
 
     def _demo_user(self, username: str, wanted: str | None):
         """The sign-in user (a superuser) and its password: ``wanted``, else the one kept from the
-        last demo (``var/demo_password``) if it still signs in, else a new random one. The password
+        last demo (``demo_password`` in the data directory) if it still signs in, else a new random one. The password
         is only set when it changes: setting it anew would sign out every open browser."""
-        kept = Path(settings.VAR_DIR) / "demo_password"
+        kept = Path(settings.DATA_DIR) / "demo_password"
         User = get_user_model()
         user, _created = User.objects.get_or_create(username=username, defaults={"is_staff": True, "is_superuser": True})
         password = wanted
@@ -190,7 +190,7 @@ class Command(BaseCommand):
         return list(zip(self.names, self.children))
 
     def _popen(self, name, cmd, **kwargs):
-        proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, **kwargs)
+        proc = subprocess.Popen(cmd, cwd=settings.DATA_DIR, start_new_session=True, **kwargs)
         self.children.append(proc)
         self.names.append(name)
         return proc
@@ -225,7 +225,7 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(
                     f"{host}:{port} is already in use ({exc.strerror}); is another gymweb demo running? "
-                    f"Pick another port: python manage.py demo {flag} {port + 1}"
+                    f"Pick another port: gymweb demo {flag} {port + 1}"
                 ) from None
 
     def _wait_http(self, url: str, timeout: float = 30) -> None:

@@ -38,7 +38,7 @@ STOP_GRACE_S = 30.0
 def find_gym(explicit: Optional[str]) -> str:
     """The ``gym`` executable: ``explicit``, else ``GYMWEB_NEMO_GYM_BIN``, else ``gym`` on PATH.
     Raises ``CommandError`` saying how to install NeMo Gym when there is none."""
-    candidate = explicit or getattr(settings, "GYMWEB_NEMO_GYM_BIN", "") or shutil.which("gym")
+    candidate = explicit or settings.GYMWEB_NEMO_GYM_BIN or shutil.which("gym")
     if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
     where = f"{candidate} is not an executable file" if candidate else "no `gym` on PATH"
@@ -59,7 +59,7 @@ class Command(BaseCommand):
         start.add_argument("configs", nargs="+", metavar="CONFIG", help="NeMo Gym config files (merged in order, as +config_paths=[...])")
         start.add_argument("--gym", default=None, help="NeMo Gym's `gym` executable (default: GYMWEB_NEMO_GYM_BIN, else `gym` on PATH)")
         start.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every server (default 600, NeMo Gym's own)")
-        start.add_argument("--log", default=None, help="file for NeMo Gym's output (default: var/nemo_gym_env_start.log)")
+        start.add_argument("--log", default=None, help="file for NeMo Gym's output (default: nemo_gym_env_start.log in the data directory)")
         sub.add_parser("list", help="registered head servers and their environments, with health")
         add = sub.add_parser("add", help="register a running head server")
         add.add_argument("url", help=f"the head server's URL (NeMo Gym's default {DEFAULT_HEAD_URL})")
@@ -122,7 +122,7 @@ class Command(BaseCommand):
             pass
         else:
             raise CommandError(f"a NeMo Gym head server already answers at {head_url}: stop it first, or register it with `env add {head_url}`")
-        log_path = Path(opts["log"] or Path(settings.BASE_DIR) / "var" / "nemo_gym_env_start.log")
+        log_path = Path(opts["log"] or Path(settings.DATA_DIR) / "nemo_gym_env_start.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [gym, "env", "start", f"+config_paths=[{','.join(str(p) for p in paths)}]"]
         self.stdout.write(f"starting: {' '.join(argv)}\n  NeMo Gym's output: {log_path}")

@@ -2,8 +2,8 @@
 download its ``rollouts.jsonl`` (NeMo Gym's format).
 
     export GYMWEB_TOKEN=gw_...            # made on your account page (click your name)
-    python -m examples.api_client --url http://127.0.0.1:8000 \\
-        --dataset examples/data/counter_tasks.jsonl \\
+    python -m gymweb.examples.api_client --url http://127.0.0.1:8000 \\
+        --dataset gymweb/examples/data/counter_tasks.jsonl \\
         --agent-url http://127.0.0.1:9102 --env-url http://127.0.0.1:9101 \\
         --output results/rollouts.jsonl
 

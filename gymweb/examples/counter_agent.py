@@ -27,7 +27,7 @@ parallel_tool_calls, tool_choice, tools, usage` with full usage (`input_tokens, 
 total_tokens, input_tokens_details.cached_tokens, output_tokens_details.reasoning_tokens`),
 estimated at ~4 characters per token.
 
-Run:  python -m examples.counter_agent --host 127.0.0.1 --port 9102 [--latency-ms 50]
+Run:  python -m gymweb.examples.counter_agent --host 127.0.0.1 --port 9102 [--latency-ms 50]
       (prints "counter agent listening on http://127.0.0.1:9102" when ready)
 In-process: `make_app(latency_ms=0)` returns the aiohttp Application.
 """
@@ -44,7 +44,7 @@ from typing import Any
 
 from aiohttp import web
 
-from examples._serve import add_fallback_routes, json_response, read_json, serve_forever
+from gymweb.examples._serve import add_fallback_routes, json_response, read_json, serve_forever
 
 COOKIE_NAME = "agent_session"
 CALL_HEADER = "X-Agent-Call"

@@ -29,13 +29,13 @@ Configuration (environment variables, or the arguments of `make_app`):
     AGENT_BRAIN_TIMEOUT_S    seconds one brain run may take (default 300).
     AGENT_BRAIN_CONCURRENCY  brain processes run at once; further calls wait (default 16).
 
-Try it without Claude, with the deterministic stand-in `examples/fake_brain.py`:
+Try it without Claude, with the deterministic stand-in `gymweb/examples/fake_brain.py`:
 
-    AGENT_BRAIN_CMD="python -m examples.fake_brain" python -m examples.cli_brain_agent --port 9103
+    AGENT_BRAIN_CMD="python -m gymweb.examples.fake_brain" python -m gymweb.examples.cli_brain_agent --port 9103
 
 With Claude Code (on PATH and logged in, or ANTHROPIC_API_KEY set):
 
-    CLAUDE_MODEL=haiku python -m examples.cli_brain_agent --port 9103
+    CLAUDE_MODEL=haiku python -m gymweb.examples.cli_brain_agent --port 9103
 
 It prints "cli brain agent listening on http://HOST:PORT" when ready. `make_app(...)` returns the
 aiohttp Application for in-process use.
@@ -53,8 +53,8 @@ from typing import Any
 
 from aiohttp import web
 
-from examples._serve import add_fallback_routes, json_response, read_json, serve_forever
-from examples.counter_agent import (
+from gymweb.examples._serve import add_fallback_routes, json_response, read_json, serve_forever
+from gymweb.examples.counter_agent import (
     as_items,
     assistant_message,
     bad_request,
@@ -99,7 +99,7 @@ class BrainError(Exception):
 
 def render(items: list[Any]) -> str:
     """The conversation as prompt lines: `[user] ...`, `[assistant] ...`, `[you asked for] name(args)`,
-    `[tool result] ...` (the format `examples/fake_brain.py` reads)."""
+    `[tool result] ...` (the format `gymweb/examples/fake_brain.py` reads)."""
     lines = []
     for item in items:
         if not isinstance(item, dict):

@@ -1,7 +1,7 @@
 """A stand-in for `claude -p PROMPT --output-format json --model M` that solves counter tasks.
 
 Same command-line shape as the Claude Code CLI's print mode, no model behind it: it reads the
-prompt rendered by `examples/cli_brain_agent.py` (lines `[user] ...`, `[you asked for] name(args)`,
+prompt rendered by `gymweb/examples/cli_brain_agent.py` (lines `[user] ...`, `[you asked for] name(args)`,
 `[tool result] ...`), decides deterministically and prints one JSON envelope to stdout:
 
     {"type": "result", "subtype": "success", "is_error": false, "result": "<decision JSON>",
@@ -13,8 +13,8 @@ increment_counter Y]}`, then `{"tool_calls": [get_counter_value]}`, then `{"fina
 N."}` with N from the last tool result. Anything else: `{"final": "I cannot parse this task: ..."}`.
 Token counts are ~4 characters per token. Exit status 0; a missing `-p` is exit status 2 (argparse).
 
-Use it as the brain:  AGENT_BRAIN_CMD="python -m examples.fake_brain" python -m examples.cli_brain_agent
-Run it by hand:       python -m examples.fake_brain -p "[user] add 1 then add 2 then get the count"
+Use it as the brain:  AGENT_BRAIN_CMD="python -m gymweb.examples.fake_brain" python -m gymweb.examples.cli_brain_agent
+Run it by hand:       python -m gymweb.examples.fake_brain -p "[user] add 1 then add 2 then get the count"
 
 Standalone on purpose (no imports from this package), so it also runs as `python path/to/fake_brain.py`.
 """

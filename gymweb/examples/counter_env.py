@@ -1,7 +1,7 @@
 """A NeMo Gym-compatible resources server for the stateful counter tasks (aiohttp, no Django).
 
 Behaves like NeMo Gym's `resources_servers/example_session_state_mgmt` ("add 1 then add 2 then
-get the count"; data in `examples/data/counter_tasks.jsonl`):
+get the count"; data in `gymweb/examples/data/counter_tasks.jsonl`):
 
     POST /seed_session       body: the task row; reads `initial_count` (default 0).
                              Starts a fresh session, sets cookie `counter_session`. Reply `{}`.
@@ -28,7 +28,7 @@ validate are HTTP 422 in FastAPI's shape `{"detail": [{"type","loc","msg","input
 /verify without a known session is not an error: reward 0.0, as in NeMo Gym (there the counter is
 simply absent), with a `failure_reason` saying why.
 
-Run:  python -m examples.counter_env --host 127.0.0.1 --port 9101 [--no-aggregate-metrics]
+Run:  python -m gymweb.examples.counter_env --host 127.0.0.1 --port 9101 [--no-aggregate-metrics]
                                      [--verify-reply echo|nemo_gym]
       (prints "counter env listening on http://127.0.0.1:9101" when ready)
 In-process: `make_app()` returns the aiohttp Application.
@@ -44,7 +44,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from examples._serve import add_fallback_routes, json_error, json_response, read_json, serve_forever
+from gymweb.examples._serve import add_fallback_routes, json_error, json_response, read_json, serve_forever
 from rollouts.evaluation.aggregate_metrics import compute_aggregate_metrics
 
 COOKIE_NAME = "counter_session"

@@ -1,0 +1,1 @@
+"""Operating gymweb: the load balancer's probes (``probes``) and Prometheus metrics (``metrics``)."""
