@@ -9,6 +9,7 @@ Settings (docs/production.md, "Which hosts a run may reach"): ``GYMWEB_ALLOWED_T
 from __future__ import annotations
 
 from typing import Optional
+from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
@@ -36,6 +37,23 @@ def policy() -> TargetPolicy:
         )
     except InvalidAllowEntry as exc:
         raise ImproperlyConfigured(str(exc)) from None
+
+
+def refusal_of_misspelled(url: str) -> Optional[TargetRefused]:
+    """For a URL ``loop.validate_base_url`` refused: the policy's refusal of its host when the host
+    is an IP literal (any spelling) or a name the policy refuses by itself, else None. A refused
+    host is named as refused whatever else is wrong with its spelling: that is what to act on."""
+    try:
+        parts = urlsplit((url or "").strip())
+        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        current = policy()
+    except (ValueError, ImproperlyConfigured):
+        return None
+    try:
+        current.check_literal(host, port)
+    except TargetRefused as exc:
+        return exc
+    return None
 
 
 def max_reply_bytes() -> int:

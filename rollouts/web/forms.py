@@ -75,6 +75,9 @@ def clean_target_url(form: forms.Form, name: str, what: str) -> str:
     try:
         url = validate_base_url(raw, what)
     except InvalidBaseURL as exc:
+        refused = targets.refusal_of_misspelled(raw)
+        if refused is not None:
+            raise forms.ValidationError(target_refused_message(what, raw.strip(), refused), code="host_not_allowed") from None
         raise forms.ValidationError(str(exc), code="invalid_url") from None
     try:
         targets.check_url(url)

@@ -59,6 +59,9 @@ class Command(BaseCommand):
         try:
             url = validate_base_url(opts["url"], "URL")
         except InvalidBaseURL as exc:
+            refused = targets.refusal_of_misspelled(opts["url"])
+            if refused is not None:
+                raise CommandError(_refused(opts["url"].strip(), refused), returncode=2) from None
             raise CommandError(str(exc), returncode=2) from None
         try:
             policy = targets.policy()
