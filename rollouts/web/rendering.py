@@ -626,3 +626,28 @@ def fields_body(fields: Iterable[tuple[str, Any]], *, max_chars: int) -> Body:
         total += len(value) if isinstance(value, str) else len(_pretty_text(value)[0])
         rows.append(f'<dt class="f-k">{escape(str(key))}</dt><dd class="f-v">{value_html(str(key), value, budget)}</dd>')
     return Body(sanitise(f'<dl class="fields">{"".join(rows)}</dl>'), total, budget.cut, rich=True)
+
+
+def text_body(key: str, text: str, *, max_chars: int) -> Body:
+    """A judge's or env's text (a verify field) rendered by content: JSON as a tree, a diff, code
+    for code-like keys (``CODE_KEYS``), otherwise Markdown with thinking folded; at most
+    ``max_chars`` characters."""
+    budget = Budget(max_chars)
+    if parse_json_text(text) is not None or (len(text) <= RICH_MAX_CHARS and looks_like_diff(text)) or key.lower() in CODE_KEYS:
+        html = _string_value(key, text, budget, 0, False)
+    else:
+        html = _message_text(text, budget, False) or '<span class="j-l">(empty)</span>'
+    return Body(sanitise(html), len(text), budget.cut, rich=True)
+
+
+def tree_body(value: Any, *, max_chars: int) -> Body:
+    """A list or object (a verify field) as a JSON tree, at most ``max_chars`` characters of its
+    texts (``value_body`` shows an object as a field list instead)."""
+    budget = Budget(max_chars)
+    text = _pretty_text(value)[0]
+    if len(text) > RICH_MAX_CHARS:
+        shown, note = budget.clip(text)
+        html = _pre(shown, "part-json") + _note(note)
+    else:
+        html = _json_block(value, budget)
+    return Body(sanitise(html), len(text), budget.cut, rich=True)
