@@ -60,11 +60,13 @@ def test_swe_bench_resolved_and_the_patch_are_on_the_panel_with_the_patch_as_a_d
         if data["metadata"]["model_patch"]:
             assert '<span class="verdict-name">metadata.model_patch</span>' in panel
             assert '<pre class="diff">' in panel
+        else:  # an empty patch explains a 0: shown, not hidden
+            assert "<dt>metadata.model_patch</dt><dd>&quot;&quot;</dd>" in panel
         assert "responses_create_params" not in panel and "agent_ref" not in panel and "_ng_task_index" not in panel
 
 
 @pytest.mark.django_db
-def test_the_tau2_judgement_inside_result_is_opened_and_its_empty_values_are_counted(signed_in, shared_data):
+def test_the_tau2_judgement_inside_result_is_opened_and_its_null_values_are_counted(signed_in, shared_data):
     run = _import(shared_data, "tau2")
     rollout = run.rollouts.order_by("task_index").first()
     data = json.loads(rollout.verify_json)
@@ -72,7 +74,7 @@ def test_the_tau2_judgement_inside_result_is_opened_and_its_empty_values_are_cou
     assert f"<dt>result.reward_info.db_check.db_match</dt><dd class=\"v-true\">true</dd>" in panel
     assert f"<dt>result.termination_reason</dt><dd>{data['result']['termination_reason']}</dd>" in panel
     assert "<dt>result.reward_info.nl_assertions</dt>" not in panel  # null inside an opened object
-    assert re.search(r"\d+ empty values inside these fields not shown", panel)
+    assert re.search(r"\d+ null values inside these fields not shown", panel)
     # the 12-message copy of the conversation is a tree that starts folded
     assert re.search(r'<details class="verdict-tree"><summary><span class="verdict-name">result.messages</span>', panel)
 

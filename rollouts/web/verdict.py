@@ -10,7 +10,7 @@ the latter:
   ``agent_ref``, ``_ng_*`` keys, and every field the task row holds with the same value. An
   imported run's task row is the imported row itself, so there every other field is shown (the
   panel says so).
-- Objects are opened (up to ``OPEN_DEPTH`` levels, ``OPEN_MAX_KEYS`` keys each, ``OPEN_TOP_MAX_KEYS``
+- Objects are opened (nulls inside them are counted, not shown; up to ``OPEN_DEPTH`` levels, ``OPEN_MAX_KEYS`` keys each, ``OPEN_TOP_MAX_KEYS``
   for a field of the reply): their scalars are
   shown inline under dotted names (``metadata.eval_report.<id>.resolved``).
 - Scalars inline; texts rendered by ``rendering.text_body`` (Markdown, diffs, JSON); lists and
@@ -62,9 +62,9 @@ def _is_scalar(value: Any) -> bool:
 
 def scalar_text(value: Any) -> str:
     """A scalar as the panel shows it: JSON literals (``true``, ``null``, numbers) and strings as
-    they are; a list of scalars as compact JSON."""
+    they are (the empty string as ``""``); a list of scalars as compact JSON."""
     if isinstance(value, str):
-        return value
+        return value or '""'
     try:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
@@ -151,9 +151,9 @@ def verdict_entries(verify: dict[str, Any], task_row: dict[str, Any], *, importe
 
 def _walk(path: str, value: Any, depth: int) -> Iterator[tuple[str, str, Any]]:
     """``(kind, dotted name, value)`` for the panel: ``scalar``, ``text``, ``table``, ``tree``,
-    and ``empty`` for a null or empty value inside an opened object (counted, not shown)."""
+    and ``empty`` for a null inside an opened object (counted, not shown)."""
     rows = judgement_rows(value)
-    if depth and (value is None or value == "" or value == [] or value == {}):
+    if depth and value is None:
         yield "empty", path, value
     elif rows is not None:
         yield "table", path, rows
@@ -264,7 +264,7 @@ def references(entries: list[dict[str, Any]], index: ItemIndex) -> list[dict[str
 def verdict_view(verify: Any, task_row: Any, *, imported: bool, items: Iterable[tuple[int, Any]], max_chars: int) -> Optional[dict[str, Any]]:
     """The verdict panel's context: ``scalars`` and ``blocks`` (each ``{"kind": scalar|text|table|tree,
     "name", "text"/"html"/"rows", "refs"}``), ``references``, ``imported``, ``cut`` (a text or tree
-    was cut at ``max_chars``), ``empty`` (null or empty values inside opened objects, not shown);
+    was cut at ``max_chars``), ``empty`` (nulls inside opened objects, not shown);
     None when ``verify`` is not an object or the env added nothing."""
     if not isinstance(verify, dict):
         return None
