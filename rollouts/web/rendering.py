@@ -33,6 +33,8 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
+from rollouts.thinking import split_thinking
+
 # Longer texts are shown as plain text (no Markdown, no JSON tree, no diff colouring).
 RICH_MAX_CHARS = 200_000
 # JSON inside JSON strings is decoded this many levels deep; JSON values nest this deep at most
@@ -147,34 +149,6 @@ def _render_image(self, tokens, idx, options, env) -> str:
 _MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False, "breaks": True})
 _MD.enable(["table", "strikethrough"])
 _MD.add_render_rule("image", _render_image)
-
-_THINK_RE = re.compile(r"<(/?)(think|thinking)>", re.I)
-
-
-def split_thinking(text: str) -> list[tuple[bool, str]]:
-    """``text`` as ``[(is_thinking, segment), ...]`` in order: spans between ``<think>`` and
-    ``</think>`` (or ``<thinking>``/``</thinking>``) are thinking. A closing tag with no opening
-    one makes everything before it thinking (models whose template opens the span in the prompt,
-    e.g. Qwen3); an opening tag never closed makes the rest thinking. Tags are left out."""
-    matches = list(_THINK_RE.finditer(text))
-    if not matches:
-        return [(False, text)] if text else []
-    out: list[tuple[bool, str]] = []
-    pos, inside = 0, False
-    if matches[0].group(1):  # starts with a closing tag: the opening one was in the prompt
-        inside = True
-    for m in matches:
-        closing = bool(m.group(1))
-        if closing and inside:
-            out.append((True, text[pos:m.start()]))
-            pos, inside = m.end(), False
-        elif not closing and not inside:
-            out.append((False, text[pos:m.start()]))
-            pos, inside = m.end(), True
-        # a stray tag of the wrong kind (nested or repeated) stays in the text
-    out.append((inside, text[pos:]))
-    return [(t, s) for t, s in out if s]
-
 
 def _think(text: str, note: str, total: Optional[int] = None) -> str:
     n = total if total is not None else len(text)
