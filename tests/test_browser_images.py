@@ -40,7 +40,7 @@ def test_an_inline_image_is_drawn_and_a_remote_one_is_never_requested(browser, l
     assert small["height"] <= 320 and small["width"] < 600  # sized to fit
     img.click()
     expect(img).to_have_class("part-img enlarged")
-    assert img.bounding_box()["width"] == 600  # full size on click
+    assert img.bounding_box()["width"] >= 600 > small["width"]  # full size on click (plus its border)
     img.click()
     expect(img).to_have_class("part-img")
 
