@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator, Optional
 from rollouts.web import rendering
 
 SKIP_KEYS = frozenset({"reward", "responses_create_params", "response", "agent_ref"})
-OPEN_DEPTH = 4
+OPEN_DEPTH = 6
 OPEN_MAX_KEYS = 20  # a nested object with more keys is a tree
 OPEN_TOP_MAX_KEYS = 30  # the same for a field of the reply itself
 SCALAR_MAX_CHARS = 200  # a one-line string up to this length is a scalar
