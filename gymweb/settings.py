@@ -172,7 +172,9 @@ CONTENT_SECURITY_POLICY = {
         "default-src": [SELF],
         "script-src": [SELF],
         "style-src": [SELF],
-        "img-src": [SELF],
+        # data: for the images an agent saw (base64 input_image parts; rollouts/web/rendering.py
+        # inlines only PNG, JPEG, GIF and WebP); remote image URLs are links, never loaded
+        "img-src": [SELF, "data:"],
         "connect-src": [SELF],
         "font-src": [SELF],
         "object-src": [NONE],

@@ -44,15 +44,17 @@ def finish(
     duration_ms: float = 100.0,
     calls: int = 2,
     tokens: Optional[int] = None,
+    output: Optional[list] = None,
 ) -> Rollout:
-    """End ``rollout`` like a worker would: a success stores the env's /verify reply."""
+    """End ``rollout`` like a worker would: a success stores the env's /verify reply (``output``:
+    its ``response.output``, default none)."""
     rollout.status = status
     rollout.finished = timezone.now()
     if status == Rollout.Status.SUCCEEDED:
         row = json.loads(rollout.task.row_json)
         row["_ng_rollout_index"] = rollout.rollout_index
         verify = {**{k: v for k, v in row.items() if not k.startswith("_ng_") and k != "agent_ref"},
-                  "response": {"id": "r", "object": "response", "output": [], "usage": None}, "reward": reward}
+                  "response": {"id": "r", "object": "response", "output": output or [], "usage": None}, "reward": reward}
         rollout.verify_json = json.dumps(verify)
         rollout.reward = reward
     elif status == Rollout.Status.FAILED:
@@ -84,3 +86,7 @@ def new_attempt(run: Run, task_index: int, rollout_index: int = 0) -> Rollout:
         run=run, task_id=last.task_id, task_index=task_index, rollout_index=rollout_index,
         attempt=last.attempt + (1 if spent else 0),
     )
+
+
+ANSWER = [{"type": "message", "role": "assistant", "id": "msg_a", "status": "completed",
+           "content": [{"type": "output_text", "text": "the answer", "annotations": []}]}]

@@ -151,8 +151,11 @@ def test_files_take_the_filters_and_review_options(api, user, run):
     rows = [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
     assert [r["_ng_task_index"] for r in rows] == [1] and rows[0]["gymweb_review"]["labels"][0]["name"] == "bad"
     assert response["X-Gymweb-Reward-Source"] == "corrected"
-    sft = b"".join(api.get(f"/runs/{run.pk}/sft.jsonl?reasoning=drop").streaming_content).decode().splitlines()
-    assert len(sft) == 2 and json.loads(sft[0])["messages"][0]["content"] == "task 0"
+    response = api.get(f"/runs/{run.pk}/sft.jsonl?reasoning=drop")
+    sft = b"".join(response.streaming_content).decode().splitlines()
+    # these successes hold no agent reply: no valid training example, each left out and counted
+    assert sft == [] and response["X-Gymweb-Left-Out"] == "2"
+    assert response["X-Gymweb-Left-Out-Reasons"] == "2 rollouts left out: no assistant turn"
     assert api.get(f"/runs/{run.pk}/sft.jsonl?reasoning=maybe").status_code == 400
 
 

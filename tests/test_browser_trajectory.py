@@ -100,8 +100,10 @@ def test_outline_folding_keys_and_search_on_a_real_trace(browser, live_server, t
     folds = page.locator("#timeline details.fold")
     assert folds.count() == 55 + 2  # every item, and the two input messages
     expect(page.locator("#timeline details.fold[open]")).to_have_count(0)
-    folded_height = page.evaluate("document.documentElement.scrollHeight")
-    assert folded_height < 3 * 1000 < full_height
+    # (the verdict panel above the trace is not part of it)
+    verdict = page.evaluate("document.getElementById('traj-verdict').getBoundingClientRect().height")
+    folded_height = page.evaluate("document.documentElement.scrollHeight") - verdict
+    assert folded_height < 3 * 1000 < full_height - verdict
     summary = page.locator("#step-0 details.fold summary").first.inner_text()
     assert "assistant" in summary and "chars" in summary
     # c again folds the steps too; e opens everything.

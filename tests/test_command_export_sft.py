@@ -11,7 +11,7 @@ from rollouts.models import Rollout
 from rollouts.review import actions
 from rollouts.review.sft import conversation
 
-from .run_factories import finish, key, make_run
+from .run_factories import ANSWER, finish, key, make_run
 
 
 def run_command(*args):
@@ -50,7 +50,7 @@ def test_a_bad_line_is_an_error_naming_it(tmp_path):
 def test_it_exports_a_stored_run_s_filtered_successes(tmp_path, user):
     run = make_run(3)
     for t in range(3):
-        finish(key(run, t), Rollout.Status.SUCCEEDED, 1.0)
+        finish(key(run, t), Rollout.Status.SUCCEEDED, 1.0, output=ANSWER)
     actions.set_label(key(run, 1), actions.find_label("good"), True, user)
     actions.correct_reward(key(run, 1), 0.5, "half right", user)
     out, _ = run_command("--run", str(run.pk), "--filter", "label=good", "--metadata", "--reward-source", "corrected",

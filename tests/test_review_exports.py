@@ -12,7 +12,7 @@ from rollouts.collection import export
 from rollouts.models import Rollout
 from rollouts.review import actions
 
-from .run_factories import finish, key, make_run
+from .run_factories import ANSWER, finish, key, make_run
 
 S = Rollout.Status
 
@@ -29,10 +29,10 @@ def url(run, kind, query=""):
 @pytest.fixture
 def run(db, user):
     run = make_run(4)
-    finish(key(run, 0), S.SUCCEEDED, 1.0)
-    finish(key(run, 1), S.SUCCEEDED, 0.0)
+    finish(key(run, 0), S.SUCCEEDED, 1.0, output=ANSWER)
+    finish(key(run, 1), S.SUCCEEDED, 0.0, output=ANSWER)
     finish(key(run, 2), S.FAILED, kind="seed_failed", error="env down")
-    finish(key(run, 3), S.SUCCEEDED, 1.0)
+    finish(key(run, 3), S.SUCCEEDED, 1.0, output=ANSWER)
     actions.set_label(key(run, 0), actions.find_label("good"), True, user)
     actions.set_label(key(run, 3), actions.find_label("reward-hack"), True, user)
     actions.add_note(key(run, 3), "it printed the expected answer without calling the tool", user)

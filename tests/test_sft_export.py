@@ -25,7 +25,7 @@ def real_rows(shared_data):
 
 def assert_valid_chat(conv: dict) -> None:
     """What fine-tuning tools check: roles, tool calls answered before the next turn (the last
-    message may end on calls), tool messages answering a call of the assistant message before."""
+    message too), tool messages answering a call of the assistant message before."""
     messages = conv["messages"]
     assert messages and set(conv) == {"messages", "tools"}
     open_calls: set = set()
@@ -44,10 +44,10 @@ def assert_valid_chat(conv: dict) -> None:
             assert len(ids) == len(set(ids))
             for c in calls:
                 assert c["type"] == "function" and isinstance(c["function"]["arguments"], str) and c["function"]["name"]
-            if i != len(messages) - 1:
-                open_calls = set(ids)
+            open_calls = set(ids)
         else:
             assert isinstance(m["content"], (str, list))
+    assert not open_calls, f"calls {open_calls} are never answered"
     for tool in conv["tools"]:
         assert tool["type"] == "function" and tool["function"]["name"]
 
@@ -59,9 +59,10 @@ def test_every_real_trace_converts_to_valid_chat(shared_data):
             conv = conversation(row, reasoning=reasoning)
             assert_valid_chat(conv)
         n += 1
-        # Every tool output and every assistant text of the trajectory is in the conversation.
+        # Every tool output and every assistant text of the trajectory is in the conversation
+        # (with reasoning=think: thinking spans stay in the text as they came).
         items = row["response"]["output"]
-        text = json.dumps(conv, ensure_ascii=False)
+        text = json.dumps(conversation(row, reasoning="think"), ensure_ascii=False)
         for item in items:
             if item["type"] == "function_call_output":
                 assert json.dumps(item["output"], ensure_ascii=False)[1:-1] in text, where
@@ -82,14 +83,16 @@ def test_two_real_traces_match_the_expected_file(shared_data):
 
 def test_the_expected_file_reads_as_intended():
     # What the fixed file says, in words: a developer prompt as system, one tool call answered,
-    # the final answer; and a coding agent whose last turn ends on an unanswered call.
+    # the final answer; and a coding agent whose last call was never answered: dropped, its
+    # thinking kept as reasoning_content, the <think> spans out of every content.
     weather, swe = [json.loads(line) for line in EXPECTED.read_text().splitlines()]
     assert [m["role"] for m in weather["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     assert weather["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
         {"id": "chatcmpl-tool-aecb7a4507d66fe1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "New York"}'}}]}
     assert weather["tools"][0]["function"]["strict"] is True and "type" not in weather["tools"][0]["function"]
     last = swe["messages"][-1]
-    assert last["role"] == "assistant" and len(last["tool_calls"]) == 1 and swe["tools"] == []
+    assert last["role"] == "assistant" and "tool_calls" not in last and last["reasoning_content"] and swe["tools"] == []
+    assert not any("<think>" in (m.get("content") or "") or "</think>" in (m.get("content") or "") for m in swe["messages"][2:])
 
 
 def row_of(output, *, input_items=None, instructions=None, tools=None):
@@ -158,14 +161,14 @@ def test_parallel_calls_make_one_assistant_message_and_a_repeated_call_id_keeps_
     assert [m["role"] for m in conv["messages"]] == ["user", "assistant", "tool", "tool", "assistant"]
 
 
-def test_an_unanswered_call_is_kept_only_at_the_end():
+def test_an_unanswered_call_is_dropped_even_at_the_end_and_turns_left_side_by_side_are_joined():
     middle = conversation(row_of([call("a"), call("lost"), output("a"), ANSWER]))
     assert [c["id"] for c in middle["messages"][1]["tool_calls"]] == ["a"]
     only_lost = conversation(row_of([{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": ""}]}, call("lost"),
                                      {"type": "message", "role": "user", "content": "go on"}, ANSWER]))
-    assert [m["role"] for m in only_lost["messages"]] == ["user", "user", "assistant"]
+    assert only_lost["messages"] == [{"role": "user", "content": "hi\n\ngo on"}, {"role": "assistant", "content": "42"}]
     end = conversation(row_of([call("a"), output("a"), call("stopped")]))
-    assert end["messages"][-1]["tool_calls"][0]["id"] == "stopped"
+    assert [m["role"] for m in end["messages"]] == ["user", "assistant", "tool"]
 
 
 def test_non_string_arguments_are_written_as_json_text():

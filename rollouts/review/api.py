@@ -501,8 +501,8 @@ def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = Fal
         raise HttpError(400, f"reasoning must be one of {', '.join(sft.REASONING_MODES)}")
     qs, form = _filtered(request, run)
     options = curated.ExportOptions.from_params(request.GET)
-    lines = curated.sft_lines(run, qs if form.active else None, options, reasoning=reasoning, metadata=metadata)
-    return curated.streaming_response(lines, export_filename(run.pk, "sft", form), options)
+    return curated.sft_response(run, qs if form.active else None, options, export_filename(run.pk, "sft", form),
+                                reasoning=reasoning, metadata=metadata)
 
 
 @api.post("/runs/{run_id}/selection/dataset", response={201: DatasetOut, 400: Error},

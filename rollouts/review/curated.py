@@ -10,6 +10,8 @@ are read in chunks, and each chunk's review in three queries.
 from __future__ import annotations
 
 import json
+import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
@@ -158,17 +160,19 @@ def lines(run: Run, kind: str, rollouts: Optional[QuerySet], options: ExportOpti
 
 
 def sft_lines(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *, reasoning: str = "keep",
-              metadata: bool = False, skipped: Optional[list[str]] = None) -> Iterator[str]:
+              metadata: bool = False, skipped: Optional[list[str]] = None, left_out: Optional[Counter] = None) -> Iterator[str]:
     """SFT lines (``rollouts.review.sft``) of the selection's succeeded attempts. ``metadata`` adds
     ``"metadata": {"run", "task_index", "rollout_index", "reward", "reward_source", "labels"}``
-    (``reward`` by ``options.reward_source``). Rows that cannot be converted are left out and named
-    in ``skipped``."""
+    (``reward`` by ``options.reward_source``). Rows that cannot be made valid chat examples are left
+    out, named in ``skipped`` and counted by reason in ``left_out``."""
     for row, info in iter_success_rows(run, rollouts, ExportOptions(reward_source=options.reward_source)):
         try:
             out = sft.conversation(row, reasoning=reasoning)
         except sft.NotConvertible as exc:
             if skipped is not None:
                 skipped.append(f"task {row['_ng_task_index']} rollout {row['_ng_rollout_index']}: {exc}")
+            if left_out is not None:
+                left_out[exc.reason] += 1
             continue
         if metadata:
             out["metadata"] = {
@@ -177,6 +181,46 @@ def sft_lines(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *,
                 "labels": [entry["name"] for entry in info["labels"]],
             }
         yield json.dumps(out, ensure_ascii=False)
+
+
+SFT_SPOOL_BYTES = 32 * 1024 * 1024
+
+
+def sft_response(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, filename: str, *, reasoning: str = "keep",
+                 metadata: bool = False) -> StreamingHttpResponse:
+    """The SFT download (``sft_lines``), written whole first (in memory up to ``SFT_SPOOL_BYTES``,
+    then a temporary file) so that its headers can say what was left out: ``X-Gymweb-Rows``
+    (rows written), ``X-Gymweb-Left-Out`` (rows left out) and ``X-Gymweb-Left-Out-Reasons``
+    (``sft.left_out_text``, ASCII)."""
+    left_out: Counter = Counter()
+    spool = tempfile.SpooledTemporaryFile(max_size=SFT_SPOOL_BYTES, mode="w+b")
+    rows = 0
+    for line in sft_lines(run, rollouts, options, reasoning=reasoning, metadata=metadata, left_out=left_out):
+        spool.write(line.encode("utf-8") + b"\n")
+        rows += 1
+    spool.seek(0)
+
+    def chunks() -> Iterator[bytes]:
+        with spool:
+            while chunk := spool.read(1 << 16):
+                yield chunk
+
+    response = StreamingHttpResponse(chunks(), content_type="application/jsonl; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    response["X-Gymweb-Reward-Source"] = options.reward_source
+    response["X-Gymweb-Review"] = "included" if options.review else "omitted"
+    response["X-Gymweb-Rows"] = str(rows)
+    response["X-Gymweb-Left-Out"] = str(sum(left_out.values()))
+    response["X-Gymweb-Left-Out-Reasons"] = sft.left_out_text(left_out).encode("ascii", "replace").decode("ascii")
+    return response
+
+
+def sft_check(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *, reasoning: str = "keep") -> tuple[int, Counter]:
+    """``(rows the SFT export writes, rows left out counted by reason)`` for the selection."""
+    left_out: Counter = Counter()
+    rows = sum(1 for _ in sft_lines(run, rollouts, options, reasoning=reasoning, left_out=left_out))
+    return rows, left_out
 
 
 def streaming_response(line_iter: Iterator[str], filename: str, options: ExportOptions) -> StreamingHttpResponse:

@@ -48,28 +48,50 @@ what chat cannot say:
 
 - a ``call_id`` repeated within one assistant message keeps its last call (the one that ran,
   rule 4);
-- a function call that no later ``function_call_output`` answers is kept only in the
-  conversation's last message (a rollout may end on asks: rule 10, or ``max_steps``); elsewhere
-  it is dropped, and an assistant message left empty with it, since chat requires every tool call
-  to be answered before the next turn;
+- a function call that no tool message right after its assistant message answers is dropped (also
+  at the end: a rollout may end on asks, rule 10, or ``max_steps``), and an assistant message left
+  empty with it; turns of one role left side by side are joined;
+- thinking spans inside assistant text (``<think>…</think>``, read by ``rollouts.thinking``, the
+  spans the trajectory page folds) are reasoning too: ``keep`` moves them to
+  ``reasoning_content``, ``drop`` removes them, ``think`` leaves them in the content;
+- user messages after the last assistant or tool message are left out (a user simulator's closing
+  line teaches nothing);
+- the result must be a valid chat example (``_check_valid``): one system message at most, first;
+  user and assistant turns alternating; every tool call answered by the tool messages right after
+  it; at least one assistant turn. A row that is not is not convertible;
 - a ``function_call_output`` whose call was never made in this conversation, and any item of
   another type (hosted-tool items such as ``web_search_call`` or ``mcp_call``, content parts that
-  are neither text nor images) make the row unconvertible: ``NotConvertible`` says which item.
+  are neither text nor images) make the row unconvertible: ``NotConvertible`` says which item,
+  and its ``reason`` the kind of fault exports count (``left_out_text``).
 """
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any, Iterable, Iterator, Optional
 
-__all__ = ["REASONING_MODES", "NotConvertible", "conversation", "tools_to_chat", "convert_lines"]
+from rollouts.thinking import split_thinking
+
+__all__ = ["REASONING_MODES", "NotConvertible", "conversation", "tools_to_chat", "convert_lines", "left_out_text"]
 
 REASONING_MODES = ("keep", "think", "drop")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 class NotConvertible(ValueError):
-    """A row whose trajectory has something the chat format cannot hold. ``str(exc)`` names the
-    item (``"item 7 (web_search_call): no chat representation"``)."""
+    """A row that cannot be made a valid chat example. ``str(exc)`` names the item (``"item 7
+    (web_search_call): no chat representation"``); ``reason`` is the short kind of fault that
+    exports count rows by (``"no assistant turn"``)."""
+
+    def __init__(self, message: str, reason: str = "an item chat cannot hold"):
+        super().__init__(message)
+        self.reason = reason
+
+
+def left_out_text(reasons: Counter) -> str:
+    """``"3 rollouts left out: no assistant turn; 1 rollout left out: …"`` for counted reasons
+    (most first); ``""`` for none."""
+    return "; ".join(f"{n:,} rollout{'' if n == 1 else 's'} left out: {why}" for why, n in reasons.most_common())
 
 
 def _text_of_parts(parts: Any) -> list[str]:
@@ -143,6 +165,8 @@ class _Assistant:
         if not self.any:
             return None
         content = "".join(self.content)
+        if reasoning != "think":
+            content = self._take_thinking(content)
         if reasoning == "think" and self.reasoning:
             content = "".join(f"<think>{t}</think>" for t in self.reasoning) + content
         msg: dict[str, Any] = {"role": "assistant", "content": content if content or not self.calls else None}
@@ -153,6 +177,17 @@ class _Assistant:
         if self.calls:
             msg["tool_calls"] = list(self.calls.values())
         return msg
+
+    def _take_thinking(self, content: str) -> str:
+        """``content`` without its thinking spans (``rollouts.thinking``: what the trajectory page
+        folds as thinking); the spans join the message's reasoning."""
+        segments = split_thinking(content)
+        if not any(thinking for thinking, _ in segments):
+            return content
+        for thinking, text in segments:
+            if thinking and text.strip():
+                self.reasoning.append(text.strip("\n"))
+        return "".join(text for thinking, text in segments if not thinking).strip()
 
 
 def _items(row: dict[str, Any]) -> list[Any]:
@@ -176,7 +211,6 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
     params = row.get("responses_create_params")
     params = params if isinstance(params, dict) else {}
     items = _items(row)
-    answered = {it.get("call_id") for it in items if isinstance(it, dict) and it.get("type") == "function_call_output"}
     messages: list[dict[str, Any]] = []
     pending = _Assistant()
     made: set[str] = set()
@@ -233,7 +267,8 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
             call_id = item.get("call_id")
             flush()
             if call_id not in made:
-                raise NotConvertible(f"{where}: answers call_id {call_id!r}, which no earlier function_call made")
+                raise NotConvertible(f"{where}: answers call_id {call_id!r}, which no earlier function_call made",
+                                     "a tool output without its call")
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": _content(output, where)})
         else:
@@ -241,17 +276,30 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
         if kind == "function_call":
             made.add(item["call_id"])
     flush()
-    _drop_unanswered(messages, answered)
+    _drop_unanswered(messages)
+    _merge_turns(messages)
+    while messages and messages[-1]["role"] == "user":
+        messages.pop()  # a user turn after the last answer teaches nothing
     _fold_instructions(messages, params.get("instructions"))
+    _check_valid(messages)
     return {"messages": messages, "tools": tools_to_chat(params.get("tools"))}
 
 
-def _drop_unanswered(messages: list[dict[str, Any]], answered: set) -> None:
-    """Remove unanswered tool calls except in the last message (see the module doc)."""
-    last = len(messages) - 1
+def _empty(msg: dict[str, Any]) -> bool:
+    return not msg.get("content") and not msg.get("tool_calls") and not msg.get("reasoning_content") and not msg.get("refusal")
+
+
+def _drop_unanswered(messages: list[dict[str, Any]]) -> None:
+    """Remove tool calls that no tool message right after their assistant message answers (see
+    the module doc), and assistant messages left empty by it."""
     keep = []
     for i, msg in enumerate(messages):
-        if msg["role"] == "assistant" and msg.get("tool_calls") and i != last:
+        if msg["role"] == "assistant" and msg.get("tool_calls"):
+            answered = set()
+            for later in messages[i + 1:]:
+                if later["role"] != "tool":
+                    break
+                answered.add(later["tool_call_id"])
             calls = [c for c in msg["tool_calls"] if c["id"] in answered]
             if calls:
                 msg["tool_calls"] = calls
@@ -259,10 +307,69 @@ def _drop_unanswered(messages: list[dict[str, Any]], answered: set) -> None:
                 del msg["tool_calls"]
                 if msg.get("content") is None:
                     msg["content"] = ""
-                if not msg["content"] and not msg.get("reasoning_content") and not msg.get("refusal"):
+                if _empty(msg):
                     continue
         keep.append(msg)
     messages[:] = keep
+
+
+def _merge_turns(messages: list[dict[str, Any]]) -> None:
+    """Join consecutive user messages, and consecutive assistant messages whose first has no tool
+    calls, into one (dropping unanswered calls can leave two turns of one role side by side)."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        prev = out[-1] if out else None
+        if prev is not None and prev["role"] == msg["role"] == "user":
+            prev["content"] = _join_content(prev["content"], msg["content"])
+            continue
+        if prev is not None and prev["role"] == msg["role"] == "assistant" and not prev.get("tool_calls"):
+            prev["content"] = "\n\n".join(t for t in (prev.get("content"), msg.get("content")) if t) or (None if msg.get("tool_calls") else "")
+            for key in ("reasoning_content", "refusal"):
+                joined = "\n\n".join(t for t in (prev.get(key), msg.get(key)) if t)
+                if joined:
+                    prev[key] = joined
+            if msg.get("tool_calls"):
+                prev["tool_calls"] = msg["tool_calls"]
+            continue
+        out.append(msg)
+    messages[:] = out
+
+
+def _join_content(a: Any, b: Any) -> Any:
+    if isinstance(a, str) and isinstance(b, str):
+        return "\n\n".join(t for t in (a, b) if t)
+    def parts(c: Any) -> list:
+        return [{"type": "text", "text": c}] if isinstance(c, str) else list(c)
+    return parts(a) + parts(b)
+
+
+def _check_valid(messages: list[dict[str, Any]]) -> None:
+    """Raise ``NotConvertible`` unless ``messages`` is a valid chat example: at most one system
+    message, first; user and assistant turns alternating (tool messages after the assistant message
+    whose calls they answer, each call answered); at least one assistant turn."""
+    if not any(m["role"] == "assistant" for m in messages):
+        raise NotConvertible("the conversation has no assistant turn", "no assistant turn")
+    open_calls: set = set()
+    prev = ""
+    for i, msg in enumerate(messages):
+        role = msg["role"]
+        if role == "system" and i:
+            raise NotConvertible(f"message {i}: a system message after the conversation started", "a system message mid-conversation")
+        if role == "tool":
+            if msg["tool_call_id"] not in open_calls:
+                raise NotConvertible(f"message {i}: a tool message that answers no call of the assistant turn before it",
+                                     "a tool output without its call")
+            open_calls.discard(msg["tool_call_id"])
+        elif open_calls:  # _drop_unanswered leaves none: a guard for what it cannot fix
+            raise NotConvertible(f"message {i}: tool calls {sorted(open_calls)} are not answered before it", "an unanswered tool call")
+        elif role == prev and role in ("user", "assistant"):
+            raise NotConvertible(f"message {i}: two {role} turns in a row", f"two {role} turns in a row")
+        if role == "assistant":
+            open_calls = {c["id"] for c in msg.get("tool_calls") or ()}
+        if role != "tool":
+            prev = role
+        elif not open_calls:
+            prev = "tool"
 
 
 def _fold_instructions(messages: list[dict[str, Any]], instructions: Any) -> None:
@@ -280,10 +387,11 @@ def _fold_instructions(messages: list[dict[str, Any]], instructions: Any) -> Non
 
 
 def convert_lines(rows: Iterable[dict[str, Any]], *, reasoning: str = "keep",
-                  skipped: Optional[list[str]] = None, where: Optional[Iterable[str]] = None) -> Iterator[str]:
+                  skipped: Optional[list[str]] = None, where: Optional[Iterable[str]] = None,
+                  left_out: Optional[Counter] = None) -> Iterator[str]:
     """JSON lines (no newline) of ``conversation`` for each row. A row that is not convertible is
     left out and, when ``skipped`` is a list, ``"<where>: <why>"`` is appended to it (``where``
-    names each row, default ``row N``)."""
+    names each row, default ``row N``); ``left_out`` counts them by ``NotConvertible.reason``."""
     names = iter(where) if where is not None else None
     for n, row in enumerate(rows, 1):
         name = next(names) if names is not None else f"row {n}"
@@ -292,3 +400,5 @@ def convert_lines(rows: Iterable[dict[str, Any]], *, reasoning: str = "keep",
         except NotConvertible as exc:
             if skipped is not None:
                 skipped.append(f"{name}: {exc}")
+            if left_out is not None:
+                left_out[exc.reason] += 1

@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<int:run_id>/review/reset/", views.review_reset, name="review_reset"),
     path("runs/<int:run_id>/selection/dataset/", views.selection_dataset, name="selection_dataset"),
     path("runs/<int:run_id>/export/sft.jsonl", views.run_export_sft, name="run_export_sft"),
+    path("runs/<int:run_id>/export/sft-check/", views.run_export_sft_check, name="run_export_sft_check"),
     path("datasets/<int:dataset_id>/new-run/", views.dataset_new_run, name="dataset_new_run"),
     path("labels/", views.labels_page, name="labels"),
     path("labels/<int:label_id>/up/", views.label_up, name="label_up"),

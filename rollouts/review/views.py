@@ -315,11 +315,28 @@ def run_export_sft(request, run_id):
     if filter_problem(form):
         return HttpResponseBadRequest(f"bad filter: {filter_problem(form)}; nothing was exported\n", content_type="text/plain; charset=utf-8")
     options = curated.ExportOptions.from_params(request.GET)
-    lines = curated.sft_lines(run, qs if form.active else None, options, reasoning=reasoning,
-                              metadata=request.GET.get("metadata") in curated.TRUE)
-    response = curated.streaming_response(lines, export_filename(run.pk, "sft", form), options)
+    response = curated.sft_response(run, qs if form.active else None, options, export_filename(run.pk, "sft", form),
+                                    reasoning=reasoning, metadata=request.GET.get("metadata") in curated.TRUE)
     response["X-Gymweb-Reasoning"] = reasoning
     return response
+
+
+@login_required
+@require_safe
+def run_export_sft_check(request, run_id):
+    """What the SFT download of this selection would hold (the run page's export panel loads it):
+    rows written and rows left out by reason ("3 rollouts left out: no assistant turn").
+    Querystring as ``run_export_sft``."""
+    run = _run_for(request, run_id)
+    reasoning = request.GET.get("reasoning") or "keep"
+    if reasoning not in sft.REASONING_MODES:
+        reasoning = "keep"
+    qs, form = filtered_rollouts(run, request.GET)
+    if filter_problem(form):
+        return HttpResponseBadRequest(f"bad filter: {filter_problem(form)}", content_type="text/plain; charset=utf-8")
+    rows, left_out = curated.sft_check(run, qs if form.active else None, curated.ExportOptions.from_params(request.GET), reasoning=reasoning)
+    return render(request, "rollouts/review/sft_check.html", {"rows": rows, "left_out": sft.left_out_text(left_out),
+                                                              "left_out_n": sum(left_out.values())})
 
 
 def curated_export_response(request, run: Run, kind: str):

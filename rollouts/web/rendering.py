@@ -9,9 +9,10 @@ Everything rendered here is untrusted model or environment output. The rules:
   and the markup around it is constant.
 - ``sanitise`` is the ONE place that turns markup into something a template prints as HTML: it
   runs nh3 (the Rust ``ammonia`` sanitiser) with explicit allowlists of tags, attributes, CSS
-  classes and URL schemes (``http``, ``https``, ``mailto``; relative links; never ``javascript:``
-  or ``data:``; no event handlers, no ``style``, no ``id``, no ``hx-*``), then escapes quotes in
-  text as Django's autoescape does. Every body the trajectory page prints comes out of it.
+  classes and URL schemes (``http``, ``https``, ``mailto``; relative links; never ``javascript:``;
+  ``data:`` only as the ``src`` of an ``img`` holding a PNG, JPEG, GIF or WebP, and ``img`` takes
+  no other ``src``; no event handlers, no ``style``, no ``id``, no ``hx-*``), then escapes quotes
+  in text as Django's autoescape does. Every body the trajectory page prints comes out of it.
 - Functions are pure (no database, no request): ``trajectory_views`` calls them with an item's
   payload and a character budget.
 
@@ -33,6 +34,8 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
+from rollouts.thinking import split_thinking
+
 # Longer texts are shown as plain text (no Markdown, no JSON tree, no diff colouring).
 RICH_MAX_CHARS = 200_000
 # JSON inside JSON strings is decoded this many levels deep; JSON values nest this deep at most
@@ -52,12 +55,13 @@ COMPACT_OBJECT_CHARS = 100
 _TAGS = {
     "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "blockquote", "pre", "code",
     "em", "strong", "s", "del", "a", "table", "thead", "tbody", "tr", "th", "td",
-    "details", "summary", "div", "span", "dl", "dt", "dd",
+    "details", "summary", "div", "span", "dl", "dt", "dd", "img",
 }
-_ATTRIBUTES = {"a": {"href"}, "ol": {"start"}, "details": {"open"}, "*": set()}  # "*": no generic title/lang
+_ATTRIBUTES = {"a": {"href"}, "ol": {"start"}, "details": {"open"}, "img": {"src", "alt"}, "*": set()}  # "*": no generic title/lang
 _CLASSES = {
     "div": {"md", "md-plain", "part-refusal", "part-label", "fields", "json", "j-in", "j-row", "diff-stat",
-            "think-body", "elided", "nested-note", "out-parts"},
+            "think-body", "elided", "nested-note", "out-parts", "part-image", "part-image-remote"},
+    "img": {"part-img"},
     "span": {"badge", "failed", "j-k", "j-s", "j-n", "j-l", "j-c", "j-note", "d-a", "d-d", "d-h", "d-f", "md-img",
              "think-len", "code-lang"},
     "pre": {"code", "diff", "out-text", "part-json", "args", "args-raw", "j-m", "think-text", "plain"},
@@ -65,10 +69,29 @@ _CLASSES = {
     "summary": {"think-sum", "j-sum"},
     "dl": {"fields"}, "dt": {"f-k"}, "dd": {"f-v"},
 }
-_URL_SCHEMES = {"http", "https", "mailto"}
+_URL_SCHEMES = {"http", "https", "mailto", "data"}  # data: only as an image's src (_url_filter)
+# An inline image: a base64 data URL of a raster type browsers decode safely (never SVG, which
+# can carry script). The page's Content-Security-Policy allows exactly ``data:`` images besides its own.
+DATA_IMAGE_RE = re.compile(r"data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]*", re.I)
+# Larger images are not inlined (a note and the raw JSON link instead).
+IMAGE_MAX_CHARS = 8_000_000
+
+
+def _url_filter(tag: str, attribute: str, value: str) -> Optional[str]:
+    """nh3's attribute filter: an ``img`` keeps only a ``src`` that is an inline image
+    (``DATA_IMAGE_RE``; never a remote URL the browser would fetch); no other element may carry a
+    ``data:`` URL."""
+    if tag == "img" and attribute == "src":
+        return value if DATA_IMAGE_RE.fullmatch(value) else None
+    if attribute in ("href", "src") and value.strip().lower().startswith("data:"):
+        return None
+    return value
+
+
 _CLEANER = nh3.Cleaner(
     tags=_TAGS, attributes=_ATTRIBUTES, allowed_classes=_CLASSES, url_schemes=_URL_SCHEMES,
     clean_content_tags={"script", "style"}, strip_comments=True, link_rel="noopener noreferrer nofollow",
+    attribute_filter=_url_filter,
 )
 # nh3's output is well-formed and its attribute values never hold '<' or '>' (it escapes them):
 # splitting on tags finds every text node.
@@ -147,34 +170,6 @@ def _render_image(self, tokens, idx, options, env) -> str:
 _MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False, "breaks": True})
 _MD.enable(["table", "strikethrough"])
 _MD.add_render_rule("image", _render_image)
-
-_THINK_RE = re.compile(r"<(/?)(think|thinking)>", re.I)
-
-
-def split_thinking(text: str) -> list[tuple[bool, str]]:
-    """``text`` as ``[(is_thinking, segment), ...]`` in order: spans between ``<think>`` and
-    ``</think>`` (or ``<thinking>``/``</thinking>``) are thinking. A closing tag with no opening
-    one makes everything before it thinking (models whose template opens the span in the prompt,
-    e.g. Qwen3); an opening tag never closed makes the rest thinking. Tags are left out."""
-    matches = list(_THINK_RE.finditer(text))
-    if not matches:
-        return [(False, text)] if text else []
-    out: list[tuple[bool, str]] = []
-    pos, inside = 0, False
-    if matches[0].group(1):  # starts with a closing tag: the opening one was in the prompt
-        inside = True
-    for m in matches:
-        closing = bool(m.group(1))
-        if closing and inside:
-            out.append((True, text[pos:m.start()]))
-            pos, inside = m.end(), False
-        elif not closing and not inside:
-            out.append((False, text[pos:m.start()]))
-            pos, inside = m.end(), True
-        # a stray tag of the wrong kind (nested or repeated) stays in the text
-    out.append((inside, text[pos:]))
-    return [(t, s) for t, s in out if s]
-
 
 def _think(text: str, note: str, total: Optional[int] = None) -> str:
     n = total if total is not None else len(text)
@@ -467,7 +462,9 @@ def _parts(content: Any, budget: Budget, plain: bool, markdown: bool) -> str:
             out.append(_pre(shown, "part-json") + _note(note))
         else:
             ptype = part.get("type")
-            if ptype == "refusal" or (ptype is None and isinstance(part.get("refusal"), str)):
+            if ptype == "input_image" and not plain and _image_url(part) is not None:
+                out.append(_image(part))
+            elif ptype == "refusal" or (ptype is None and isinstance(part.get("refusal"), str)):
                 shown, note = budget.clip(str(part.get("refusal") or ""))
                 out.append(f'<div class="part-refusal"><span class="badge failed">refusal</span> {escape(shown)}</div>{_note(note)}')
             elif isinstance(part.get("text"), str):
@@ -482,6 +479,38 @@ def _parts(content: Any, budget: Budget, plain: bool, markdown: bool) -> str:
                 else:
                     out.append(label + _json_block(part, budget))
     return "".join(out)
+
+
+def _image_url(part: dict) -> Optional[str]:
+    url = part.get("image_url")
+    if isinstance(url, dict):
+        url = url.get("url")
+    return url if isinstance(url, str) and url else None
+
+
+def _image(part: dict) -> str:
+    """An ``input_image`` part: a data URL of a known type (``DATA_IMAGE_RE``) inlined as an image
+    sized to fit (the page enlarges it on click); a remote URL as a link the browser never loads
+    unless followed; anything else named but not shown."""
+    url = _image_url(part) or ""
+    head = url[:40].lower()
+    if head.startswith("data:"):
+        kind = head[len("data:image/"):].split(";", 1)[0] if head.startswith("data:image/") else "?"
+        size = len(url) * 3 // 4
+        label = f"image ({escape(kind)}, {_size(size)})"
+        if len(url) > IMAGE_MAX_CHARS:
+            return f'<div class="part-image-remote"><span class="badge">{label}</span> too large to show here: see the raw JSON</div>'
+        if not DATA_IMAGE_RE.fullmatch(url):
+            return f'<div class="part-image-remote"><span class="badge">{label}</span> not shown: only base64 PNG, JPEG, GIF and WebP images are</div>'
+        return f'<div class="part-image"><img class="part-img" src="{escape(url)}" alt="{label}"></div>'
+    if head.startswith(("http://", "https://")):
+        return (f'<div class="part-image-remote"><span class="badge">remote image</span> <a href="{escape(url)}">'
+                f'{escape(_short(url, 300))}</a> (not loaded: open the link to see it)</div>')
+    return f'<div class="part-image-remote"><span class="badge">image</span> {escape(_short(url, 300))} (not shown)</div>'
+
+
+def _size(n: int) -> str:
+    return f"{n:,} B" if n < 1024 else f"{n / 1024:,.0f} KB" if n < 1024 * 1024 else f"{n / 1024 / 1024:,.1f} MB"
 
 
 def _text(text: str, budget: Budget, plain: bool, markdown: bool) -> str:
@@ -588,7 +617,7 @@ def item_body(payload: Any, kind: str, *, max_chars: int, plain: bool = False) -
     return Body(sanitise(html), total, budget.cut, notes, rich)
 
 
-_RICH_MARKERS = ('class="json"', 'class="fields"', 'class="diff"', 'class="md"', 'class="think"')
+_RICH_MARKERS = ('class="json"', 'class="fields"', 'class="diff"', 'class="md"', 'class="think"', 'class="part-image')
 
 
 def reasoning_texts(item: dict) -> list[str]:
@@ -626,3 +655,28 @@ def fields_body(fields: Iterable[tuple[str, Any]], *, max_chars: int) -> Body:
         total += len(value) if isinstance(value, str) else len(_pretty_text(value)[0])
         rows.append(f'<dt class="f-k">{escape(str(key))}</dt><dd class="f-v">{value_html(str(key), value, budget)}</dd>')
     return Body(sanitise(f'<dl class="fields">{"".join(rows)}</dl>'), total, budget.cut, rich=True)
+
+
+def text_body(key: str, text: str, *, max_chars: int) -> Body:
+    """A judge's or env's text (a verify field) rendered by content: JSON as a tree, a diff, code
+    for code-like keys (``CODE_KEYS``), otherwise Markdown with thinking folded; at most
+    ``max_chars`` characters."""
+    budget = Budget(max_chars)
+    if parse_json_text(text) is not None or (len(text) <= RICH_MAX_CHARS and looks_like_diff(text)) or key.lower() in CODE_KEYS:
+        html = _string_value(key, text, budget, 0, False)
+    else:
+        html = _message_text(text, budget, False) or '<span class="j-l">(empty)</span>'
+    return Body(sanitise(html), len(text), budget.cut, rich=True)
+
+
+def tree_body(value: Any, *, max_chars: int) -> Body:
+    """A list or object (a verify field) as a JSON tree, at most ``max_chars`` characters of its
+    texts (``value_body`` shows an object as a field list instead)."""
+    budget = Budget(max_chars)
+    text = _pretty_text(value)[0]
+    if len(text) > RICH_MAX_CHARS:
+        shown, note = budget.clip(text)
+        html = _pre(shown, "part-json") + _note(note)
+    else:
+        html = _json_block(value, budget)
+    return Body(sanitise(html), len(text), budget.cut, rich=True)

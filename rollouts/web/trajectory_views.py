@@ -42,6 +42,7 @@ from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 from rollouts.web import rendering
 from rollouts.web.refused import refused_data, refused_view
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
+from rollouts.web.verdict import verdict_view
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
 # The run page's own reader of its querystring (``forms.filtered_rollouts``) decides the list, so
@@ -405,16 +406,28 @@ def _verify_view(verify_json: str, item_url: str = "", max_chars: Optional[int] 
             "show_all_href": show_all if any_cut else "", "full": full}
 
 
+def _verdict(rollout: Rollout, imported: bool, payloads: list[tuple[int, Any]]) -> Optional[dict[str, Any]]:
+    """The verdict panel (``verdict.verdict_view``) of a succeeded attempt; None without a verify
+    reply the env added anything to."""
+    try:
+        verify_data = json.loads(rollout.verify_json) if rollout.verify_json else None
+        task_row = json.loads(rollout.task.row_json)
+    except ValueError:
+        return None
+    return verdict_view(verify_data, task_row, imported=imported, items=payloads, max_chars=display_max_chars())
+
+
 def item_url_base(rollout: Rollout) -> str:
     """The item endpoint's URL for ``rollout`` without the item's key (``…/items/``)."""
     return reverse("rollout_item", args=[rollout.run_id, rollout.pk, "input"])[: -len("input/")]
 
 
-def _timeline(rollout: Rollout, prefix: str = "") -> tuple[list[dict[str, Any]], int]:
+def _timeline(rollout: Rollout, prefix: str = "", payloads: Optional[list] = None) -> tuple[list[dict[str, Any]], int]:
     """Steps in order: ``{"call": AgentCall|None, "index": n, "items": [view, ...], "tail": [view, ...],
     "hidden": note}``: at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step are shown (its
     first ones and its last few; ``hidden`` says how many are left out between them). One query
-    for the items and one for the agent calls."""
+    for the items and one for the agent calls. ``payloads``, when given, gets every item's
+    ``(seq, payload)`` appended."""
     max_chars, max_items = display_max_chars(), display_max_items()
     item_url = item_url_base(rollout)
     calls = list(AgentCall.objects.filter(rollout=rollout).order_by("index"))
@@ -430,6 +443,8 @@ def _timeline(rollout: Rollout, prefix: str = "") -> tuple[list[dict[str, Any]],
     count = 0
     for seq, step, kind, call_id, origin, asked, paired, refused, latency_ms, tool_status, payload in rows:
         count += 1
+        if payloads is not None:
+            payloads.append((seq, payload))
         if kind == "function_call" and call_id and isinstance(payload, dict):
             call_names[call_id] = str(payload.get("name") or "")
         view = item_view(payload, seq=seq, origin=origin, asked=asked, paired=paired, refused=refused,
@@ -497,7 +512,8 @@ def _trajectory_context(request, rollout: Rollout) -> dict[str, Any]:
     outline, the header's counts, the failure and verify panels, health findings."""
     run = rollout.run
     imported = run.status == Run.Status.IMPORTED
-    steps, num_items = _timeline(rollout)
+    payloads: list[tuple[int, Any]] = []
+    steps, num_items = _timeline(rollout, payloads=payloads)
     context = {
         "run": run,
         "rollout": rollout,
@@ -508,6 +524,7 @@ def _trajectory_context(request, rollout: Rollout) -> dict[str, Any]:
         "outline": outline(steps, imported=imported, started=None),
         "live": rollout.status in ACTIVE_STATUSES and not imported,
         "verify": _verify_view(rollout.verify_json, item_url_base(rollout)) if rollout.status == Rollout.Status.SUCCEEDED else None,
+        "verdict": _verdict(rollout, imported, payloads) if rollout.status == Rollout.Status.SUCCEEDED else None,
         "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
         "live_url": reverse("rollout_live", args=[run.pk, rollout.pk]),
         "kill_shaped": rollout.status in Rollout.KILL_SHAPED,

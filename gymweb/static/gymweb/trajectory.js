@@ -100,6 +100,12 @@
   }
   window.addEventListener("hashchange", openHash);
 
+  // -- images: an inline image the agent saw grows to its full size on click, and back --------
+  document.addEventListener("click", function (event) {
+    var img = event.target.closest && event.target.closest("img.part-img");
+    if (img) img.classList.toggle("enlarged");
+  });
+
   // -- folding --------------------------------------------------------------------------------
   function expandAll() {
     var all = document.querySelectorAll("#timeline details.step, #timeline details.fold");

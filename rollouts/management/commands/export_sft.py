@@ -5,6 +5,7 @@ or of a stored run's (filtered) successes. An existing ``--output`` is refused u
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -36,6 +37,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         skipped: list[str] = []
+        left_out: Counter = Counter()
         output = Path(options["output"])
         if options["input"]:
             path = Path(options["input"])
@@ -44,7 +46,7 @@ class Command(BaseCommand):
             if output.exists() and output.samefile(path):  # even with --overwrite: the input would be lost
                 raise CommandError("--output is the --input file; writing it would destroy the input")
         if options["input"]:
-            lines = self._file_lines(path, options["reasoning"], skipped)
+            lines = self._file_lines(path, options["reasoning"], skipped, left_out)
         else:
             run = Run.objects.filter(pk=options["run"]).first()
             if run is None:
@@ -58,7 +60,8 @@ class Command(BaseCommand):
             if form.errors:
                 raise CommandError("--filter: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
             lines = curated.sft_lines(run, qs if form.active else None, curated.ExportOptions.from_params(params),
-                                      reasoning=options["reasoning"], metadata=options["metadata"], skipped=skipped)
+                                      reasoning=options["reasoning"], metadata=options["metadata"], skipped=skipped,
+                                      left_out=left_out)
         try:  # before any row is read (the lines are lazy): never replace a file silently
             check_outputs([output], overwrite=options["overwrite"])
         except OSError as exc:
@@ -71,12 +74,15 @@ class Command(BaseCommand):
         for why in skipped:
             self.stderr.write(f"skipped {why}")
         self.stdout.write(f"wrote {n} conversation(s) to {options['output']}" + (f"; skipped {len(skipped)} (see above)" if skipped else ""))
+        if left_out:
+            self.stdout.write(sft.left_out_text(left_out))
 
     @staticmethod
-    def _file_lines(path: Path, reasoning: str, skipped: list[str]):
+    def _file_lines(path: Path, reasoning: str, skipped: list[str], left_out: Counter):
         with path.open("rb") as fh:
             for n, _text, row in iter_rows(fh, source=str(path)):
                 try:
                     yield json.dumps(sft.conversation(row, reasoning=reasoning), ensure_ascii=False)
                 except sft.NotConvertible as exc:
                     skipped.append(f"{path}, line {n}: {exc}")
+                    left_out[exc.reason] += 1
