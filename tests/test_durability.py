@@ -147,9 +147,11 @@ def test_faults_are_accounted_once_per_attempt_and_a_retry_raises_successes(
     tmp_path, workers, counter_env_url
 ):
     stats = agents.Stats()
-    agent = _agent(stats, faulty=True, slow_s=1.5)
+    # A wide gap between the injected slowness and the timeout: on a loaded machine an ordinary
+    # call must never pass the timeout and count as a fault that was not injected.
+    agent = _agent(stats, faulty=True, slow_s=8.0)
     try:
-        run = _run(tmp_path, 500, agent.url, counter_env_url, concurrency=32, remote_responses_timeout_s=0.75)
+        run = _run(tmp_path, 500, agent.url, counter_env_url, concurrency=32, remote_responses_timeout_s=3.0)
         workers.start(workers=1)
         workers.start(workers=1)
         wait_for(lambda: _status(run) == Run.Status.COMPLETED, 240, what="the faulty run to complete")
