@@ -30,18 +30,47 @@ def uses_development_key() -> bool:
     return settings.SECRET_KEY == settings.GYMWEB_DEVELOPMENT_SECRET_KEY
 
 
+# Shorter keys, or keys of fewer distinct characters, are refused with DEBUG off (Django's own deploy
+# check only warns below 50 characters and 5 distinct ones).
+MIN_KEY_LENGTH = 32
+MIN_KEY_CHARACTERS = 5
+
+
+def weak_key_problem() -> str | None:
+    """Why ``SECRET_KEY`` is too weak to serve pages with, or None."""
+    key = str(settings.SECRET_KEY)
+    if len(key) < MIN_KEY_LENGTH or len(set(key)) < MIN_KEY_CHARACTERS:
+        return (
+            f"GYMWEB_SECRET_KEY is {len(key)} character(s) long with {len(set(key))} distinct: refusing to serve "
+            f"pages with DEBUG off on a key shorter than {MIN_KEY_LENGTH} characters or of fewer than "
+            f"{MIN_KEY_CHARACTERS} distinct ones (it could be guessed, and sessions forged). Set it to a long random "
+            "value, e.g. the output of `python -c \"import secrets; print(secrets.token_urlsafe(50))\"`."
+        )
+    return None
+
+
 def refuse_development_key() -> None:
-    """Raise ``ImproperlyConfigured`` (``DEVELOPMENT_KEY_MESSAGE``) when DEBUG is off and the
-    secret key is the built-in development one; return otherwise."""
-    if not settings.DEBUG and uses_development_key():
+    """Raise ``ImproperlyConfigured`` when DEBUG is off and the secret key is the built-in
+    development one (``DEVELOPMENT_KEY_MESSAGE``) or too weak (``weak_key_problem``); return
+    otherwise."""
+    if settings.DEBUG:
+        return
+    if uses_development_key():
         raise ImproperlyConfigured(DEVELOPMENT_KEY_MESSAGE)
+    problem = weak_key_problem()
+    if problem:
+        raise ImproperlyConfigured(problem)
 
 
 @checks.register(checks.Tags.security, deploy=True)
 def check_secret_key(app_configs, **kwargs):
-    """``check --deploy``: the built-in development key is an error (gymweb.E001)."""
+    """``check --deploy``: the built-in development key (gymweb.E001) or a weak key (gymweb.E002)
+    is an error."""
     if uses_development_key():
         return [checks.Error(DEVELOPMENT_KEY_MESSAGE, id="gymweb.E001")]
+    problem = weak_key_problem()
+    if problem:
+        return [checks.Error(problem, id="gymweb.E002")]
     return []
 
 

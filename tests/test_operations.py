@@ -3,6 +3,7 @@ counts through the database), log lines as JSON with GYMWEB_LOG_FORMAT=json."""
 from __future__ import annotations
 
 import json
+import secrets
 import os
 import socket
 import subprocess
@@ -59,7 +60,7 @@ def test_with_the_database_down_healthz_is_200_and_readyz_503_without_detail(tmp
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYMWEB_")}
     # PostgreSQL where nothing listens: every connection is refused.
-    env.update(DATABASE_URL=f"postgres://gymweb:pw-not-shown@127.0.0.1:{_free_port()}/gymweb", GYMWEB_SECRET_KEY="k" * 50,
+    env.update(DATABASE_URL=f"postgres://gymweb:pw-not-shown@127.0.0.1:{_free_port()}/gymweb", GYMWEB_SECRET_KEY=secrets.token_urlsafe(50),
                GYMWEB_DATA_DIR=str(tmp_path), GYMWEB_Q_NAME="gymweb-readyz-test")
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "gymweb.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"],

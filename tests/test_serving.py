@@ -94,6 +94,14 @@ def test_with_debug_off_the_wsgi_app_refuses_to_start_on_the_development_key():
     assert _import_wsgi(GYMWEB_DEBUG="1").returncode == 0  # local development
 
 
+@pytest.mark.parametrize("key", ["x", "k" * 60, "short-but-random-ish"], ids=["one character", "one distinct character", "20 characters"])
+def test_with_debug_off_the_wsgi_app_refuses_a_weak_key(key):
+    result = _import_wsgi(GYMWEB_DEBUG="0", GYMWEB_SECRET_KEY=key)
+    assert result.returncode != 0
+    assert "refusing to serve pages with DEBUG off on a key shorter than 32 characters" in result.stderr
+    assert _import_wsgi(GYMWEB_DEBUG="1", GYMWEB_SECRET_KEY=key).returncode == 0  # local development
+
+
 def test_gunicorn_does_not_boot_on_the_development_key(gunicorn):
     gunicorn.start(wait=False, GYMWEB_SECRET_KEY=None)
     proc = gunicorn.procs[-1]
