@@ -184,6 +184,15 @@ class Rollout(models.Model):
     # non-empty makes the attempt a `storage_failed` failure, never a success with holes.
     storage_error = LosslessTextField(blank=True)
 
+    # Imported runs only (collection.importer): the row's position among the result rows of its
+    # kind (rollouts.jsonl rows, failures-sidecar rows) and among the materialised inputs, so the
+    # files download in the imported order; and the line as it came wherever the export would not
+    # write it byte for byte (blank otherwise). One attempt per key carries the input line.
+    source_ordinal = models.PositiveIntegerField(null=True, blank=True)
+    source_text = LosslessTextField(blank=True)
+    input_ordinal = models.PositiveIntegerField(null=True, blank=True)
+    input_text = LosslessTextField(blank=True)
+
     usage_reported = models.BooleanField(default=False)
     input_tokens = models.BigIntegerField(null=True, blank=True)
     output_tokens = models.BigIntegerField(null=True, blank=True)

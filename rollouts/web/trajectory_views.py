@@ -654,7 +654,7 @@ def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
         agent_ref = task_row.get("agent_ref") or {"name": rollout.run.agent_name}
         return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, agent_ref, stamp)
     if rollout.status == Rollout.Status.FAILED:
-        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind, stamp)
+        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
     return None
 
 
