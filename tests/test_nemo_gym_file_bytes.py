@@ -113,3 +113,30 @@ def test_a_line_the_export_would_write_otherwise_is_kept_as_it_came(shared_data)
     text = b"\n".join(spaced) + b"\n"
     summary = import_rollouts(None, failures=[text.decode()], materialized=(folder / "rollouts_materialized_inputs.jsonl").open("rb"))
     assert "".join(line + "\n" for line in export.iter_failures(summary.run)).encode() == text
+
+
+@pytest.mark.django_db
+def test_reverifying_nemo_gyms_run_a_from_its_files_sends_every_task_field(shared_data, counter_env_url, tmp_path, capsys):
+    """``reverify --inputs --rollouts --output`` on runA's files: every /verify carries the task
+    fields NeMo Gym's env left out of the results (``expected_count``, ``initial_count``, taken from
+    the materialised inputs), so all 80 are verified (before, all 80 failed with HTTP 422). The
+    counter env scores a verify without the rollout's session 0.0, which is what NeMo Gym's
+    reverify (it sends no session either) gets from the same env for the same rows."""
+    from django.core.management import call_command
+
+    from rollouts.models import Run
+
+    folder = shared_data / "eval_0.7.0/runA"
+    out = tmp_path / "reverified.jsonl"
+    call_command("reverify", "--inputs", str(folder / "rollouts_materialized_inputs.jsonl"),
+                 "--rollouts", str(folder / "rollouts.jsonl"), "--output", str(out), "--env-url", counter_env_url, "--force")
+    assert "80 reverified, 0 /verify failure(s)" in capsys.readouterr().out
+    new = Run.objects.get(reverified_from__isnull=False)
+    assert new.name.startswith("unsafe_")
+    inputs = _materialized_rows(folder)
+    rows = [json.loads(line) for line in _lines(tmp_path / "unsafe_reverified.jsonl")]
+    assert len(rows) == 80
+    for row in rows:
+        task = inputs[(row["_ng_task_index"], row["_ng_rollout_index"])]
+        assert (row["expected_count"], row["initial_count"]) == (task["expected_count"], task["initial_count"])
+        assert row["reward"] == 0.0
