@@ -253,7 +253,8 @@ class AgentCall(models.Model):
 
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="agent_calls")
     index = models.PositiveIntegerField(help_text="0-based")
-    started = models.DateTimeField()
+    # Null when unknown: an imported row records no call times (only its last reply's created_at).
+    started = models.DateTimeField(null=True, blank=True)
     latency_ms = models.FloatField()
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_id = LosslessCharField(max_length=300, blank=True)

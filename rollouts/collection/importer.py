@@ -34,7 +34,8 @@ Rules:
 - Items come from the row's merged ``response.output``, origin ``imported``. Step boundaries are
   inferred: a new agent call starts when an item other than a ``function_call_output`` follows a
   ``function_call_output``; an output belongs to the step whose call it answers. One ``AgentCall``
-  per inferred step, latency unknown (stored as 0; pages say "latency unknown" for imported runs).
+  per inferred step, latency unknown (stored as 0; pages say "latency unknown" for imported runs);
+  its start time unknown (null) except the last call's, the row's ``response.created_at``.
 - Who executed a tool call cannot be known from a file: a ``function_call`` answered by a later
   output is marked ``paired`` (never ``asked``, which would claim gymweb ran it); a call with no
   output anywhere stays unpaired (as in real coding-agent data); outputs are never marked as gym's.
@@ -51,6 +52,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from pathlib import PurePath
 from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Union
 
@@ -169,6 +172,16 @@ def _usage_fields(usage: Any) -> tuple[dict[str, Any], Optional[str]]:
         "cached_tokens": u.input_tokens_details.cached_tokens,
         "reasoning_tokens": u.output_tokens_details.reasoning_tokens,
     }, None
+
+
+def _created_at(response: dict[str, Any]) -> Optional[datetime]:
+    """When the row's last agent reply was created (``response.created_at``, Unix seconds), the one
+    call time a NeMo Gym row records; None when it is missing or not a real time (a failure row's
+    placeholder says 0)."""
+    value = response.get("created_at")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 253402300800:
+        return None
+    return datetime.fromtimestamp(value, tz=dt_timezone.utc)
 
 
 def _str_field(value: Any, limit: int) -> str:
@@ -450,7 +463,7 @@ class _Importer:
             calls.append(
                 AgentCall(
                     index=index,
-                    started=self.now,
+                    started=_created_at(response) if is_last else None,  # a file records no other call times
                     latency_ms=0.0,  # unknown: an imported file has no timings
                     http_status=None,
                     response_id=_str_field(response.get("id"), 300) if is_last else "",

@@ -29,6 +29,7 @@ from rollouts.collection.datasets import DatasetError, read_jsonl, validate_over
 from rollouts.collection.dispatch import run_in_process
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Rollout, Run
 
 
@@ -66,7 +67,7 @@ def default_max_attempts() -> int:
     return value
 
 
-class Command(BaseCommand):
+class Command(NemoGymFlags, BaseCommand):
     help = (
         "Collect rollouts: drive the agent service at --agent-url through the tasks of --input against "
         "the resources server at --env-url; write OUT.jsonl (successes), OUT_failures.jsonl and "
@@ -77,6 +78,12 @@ class Command(BaseCommand):
     # checks (django-ninja's API schemas, the renderers): about 1 s of start-up CPU per command,
     # a third of a 300-rollout run's CPU (issue 14, benchmarks/README.md).
     requires_system_checks = ["models", "gymweb"]
+    # NeMo Gym's `gym eval run` keys (+resume_from_cache=true, +num_repeats=4, ...) as aliases.
+    nemo_gym_flags = {
+        "resume_from_cache": "--resume", "input_jsonl_fpath": "--input", "output_jsonl_fpath": "--output",
+        "limit": "--limit", "num_repeats": "--num-repeats", "num_samples_in_parallel": "--concurrency",
+        "agent_name": "--agent-name", "disable_health_check": "--no-health-check",
+    }
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--agent-url", required=True, help="agent service base URL (POST {URL}/v1/responses)")

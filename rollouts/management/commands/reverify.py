@@ -18,12 +18,16 @@ from rollouts.collection.datasets import DatasetError
 from rollouts.collection.export import write_run_files
 from rollouts.collection.importer import import_rollouts
 from rollouts.evaluation import reverify
+from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Run
 
 
-class Command(BaseCommand):
+class Command(NemoGymFlags, BaseCommand):
     help = ("Reverify a stored run's successes (RUN), or a rollouts.jsonl with its materialised inputs "
             "(--inputs/--rollouts/--output), against --env-url (no agent calls); stores a new run linked to it.")
+
+    nemo_gym_flags = {"materialized_inputs_jsonl_fpath": "--inputs", "rollouts_jsonl_fpath": "--rollouts",
+                      "output_jsonl_fpath": "--output", "force": "--force", "num_samples_in_parallel": "--concurrency"}
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("run", type=int, nargs="?", help="id of the stored run to reverify (or give --inputs/--rollouts/--output)")
