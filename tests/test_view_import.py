@@ -122,3 +122,32 @@ def test_a_file_over_the_upload_limit_is_refused(signed_in, settings):
     response = signed_in.post(reverse("import"), {"rollouts": upload("big.jsonl", json.dumps(ROW))})
     assert response.status_code == 400 and "upload limit" in response.context["form"].errors["rollouts"][0]
     assert Run.objects.count() == 0
+
+
+def test_the_materialised_inputs_slot_imports_the_third_file_and_every_file_downloads_unchanged(signed_in, shared_data):
+    folder = shared_data / "eval_0.7.0" / "runB"
+    files = {kind: (folder / name).read_bytes() for kind, name in (
+        ("rollouts", "rollouts.jsonl"), ("rollouts_failures", "rollouts_failures.jsonl"),
+        ("rollouts_materialized_inputs", "rollouts_materialized_inputs.jsonl"))}
+    html = signed_in.get(reverse("import")).content.decode()
+    assert 'name="materialized"' in html
+    response = signed_in.post(reverse("import"), {
+        "rollouts": upload("rollouts.jsonl", files["rollouts"]),
+        "failures": upload("rollouts_failures.jsonl", files["rollouts_failures"]),
+        "materialized": upload("rollouts_materialized_inputs.jsonl", files["rollouts_materialized_inputs"]),
+    })
+    assert response.status_code == 302
+    run = Run.objects.get()
+    for kind, content in files.items():
+        got = b"".join(signed_in.get(reverse("run_export", args=[run.pk, kind])).streaming_content)
+        assert got == content, kind
+
+
+def test_a_result_row_in_the_materialised_inputs_slot_is_refused_there(signed_in):
+    response = signed_in.post(reverse("import"), {
+        "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
+        "materialized": upload("inputs.jsonl", json.dumps(ROW)),
+    })
+    assert response.status_code == 400
+    assert "materialised inputs file holds task rows only" in response.context["form"].errors["materialized"][0]
+    assert Run.objects.count() == 0
