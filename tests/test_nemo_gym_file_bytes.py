@@ -9,7 +9,7 @@ import pytest
 
 from rollouts.collection import export
 from rollouts.collection.importer import import_rollouts
-from rollouts.engine.nemo_request import as_sent, materialize
+from rollouts.engine.nemo_request import as_sent, materialize, materialize_response
 from rollouts.models import Rollout
 
 DATA = Path(__file__).parent / "data"
@@ -37,6 +37,13 @@ def test_the_request_model_dumps_params_as_nemo_gyms_model_does():
         assert json.dumps(as_sent(case["params"])) == json.dumps(case["sent"]), case["source"]
     refused = [c for c in cases if c.get("nemo_gym_refuses")]
     assert refused and all(materialize(c["params"]) == c["params"] for c in refused)
+
+
+def test_the_response_model_dumps_replies_as_nemo_gyms_model_does():
+    cases = json.loads((DATA / "nemo_request_dumps.json").read_text())["responses"]
+    assert len(cases) > 10
+    for case in cases:
+        assert json.dumps(materialize_response(case["response"])) == json.dumps(case["materialized"]), case["source"]
 
 
 def test_failure_rows_are_nemo_gyms_bytes(shared_data):

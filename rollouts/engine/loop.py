@@ -725,7 +725,7 @@ class _Rollout:
 
     async def verify(self) -> None:
         body = dict(self.record)
-        body["response"] = self.merged_response()
+        body["response"] = nemo_request.materialize_response(self.merged_response())
         started = time.perf_counter()
         try:
             response = await self._post_env("verify", body)

@@ -8,13 +8,16 @@ NeMo Gym validates a row's ``responses_create_params`` into its request model
   with their defaults (``"type":"message"``, ``"phase":null`` on a message). This is what the env
   receives in ``/seed_session`` and ``/verify`` and what a failure row carries (NeMo Gym's
   ``model_dump()``).
+- ``materialize_response(response)``: the merged response as NeMo Gym's ``NeMoGymResponse`` dumps
+  it (openai's ``Response``, every field in order), the ``response`` of ``/verify``.
 - ``as_sent(params)``: only the fields the row set, in the model's field order, and each input item
   with only the fields it set, in its model's field order. This is the body the agent service
   receives from NeMo Gym's remote_agent (``model_dump(exclude_unset=True)``).
 
 NeMo Gym's own item models (messages, ``function_call``, ``function_call_output``, ``reasoning``)
 are materialised here; other typed items (hosted tool calls and their outputs) pass through as they
-came. Params NeMo Gym's model would refuse (an unknown field, a wrong type) are kept as they came:
+came. Params NeMo Gym's model would refuse (an unknown field, a wrong type, nesting past pydantic's
+depth limit) are kept as they came:
 gymweb does not refuse a task row NeMo Gym would refuse, it only cannot reshape it. No Django here.
 """
 from __future__ import annotations
@@ -40,9 +43,14 @@ from openai.types.responses.response_input_content_param import ResponseInputCon
 from openai.types.responses.response_output_text_param import Annotation, Logprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_reasoning_item import Summary
-from pydantic import BaseModel, ValidationError
+from openai.types.responses import Response as _OpenAIResponse
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
+from pydantic import BaseModel
 
-__all__ = ["as_sent", "function_call_output", "materialize", "materialize_item", "run_record", "sent_input", "sent_item"]
+__all__ = [
+    "as_sent", "function_call_output", "materialize", "materialize_item", "materialize_response", "run_record",
+    "sent_input", "sent_item",
+]
 
 # Keys NeMo Gym's remote_agent drops from a row before it goes to the env or into a failure row
 # (its ``_RESERVED_RESULT_KEYS``), and the alias its run request model reads but never writes back.
@@ -198,7 +206,7 @@ def _dump_item(item: Any, exclude_unset: bool) -> Any:
         return item
     try:
         return model.model_validate(item).model_dump(mode="json", exclude_unset=exclude_unset)
-    except ValidationError:
+    except (ValueError, RecursionError):  # refused, or nested past pydantic's depth limit
         return item
 
 
@@ -219,7 +227,7 @@ def _dump(params: Any, exclude_unset: bool) -> Any:
         return params
     try:
         model = _Params.model_validate(params)
-    except ValidationError:
+    except (ValueError, RecursionError):  # refused, or nested past pydantic's depth limit
         return params
     out = model.model_dump(mode="json", exclude_unset=exclude_unset)
     items = params["input"]
@@ -263,6 +271,42 @@ def run_record(row: dict[str, Any]) -> dict[str, Any]:
         if key not in record and key not in RESERVED_KEYS:
             record[key] = value
     return record
+
+
+class _InputTokensDetails(InputTokensDetails):
+    cached_tokens: Optional[int]
+
+
+class _OutputTokensDetails(OutputTokensDetails):
+    reasoning_tokens: Optional[int]
+
+
+class _Usage(ResponseUsage):
+    input_tokens_details: _InputTokensDetails
+    output_tokens_details: _OutputTokensDetails
+
+
+class _Response(_OpenAIResponse):
+    """openai's ``Response`` with NeMo Gym's two changes (``NeMoGymResponse``): ``output`` items are
+    materialised item by item (``materialize_item``), ``usage`` may have null detail counts."""
+
+    output: List[Any]
+    usage: Optional[_Usage] = None
+
+
+def materialize_response(response: Any) -> Any:
+    """A merged response as NeMo Gym's remote_agent sends it to ``/verify`` (its ``NeMoGymResponse``
+    dumped whole: every field of openai's ``Response`` in its order, output items materialised).
+    A value its model refuses comes back unchanged (the loop has validated the replies already)."""
+    if not isinstance(response, dict):
+        return response
+    try:
+        out = _Response.model_validate(response).model_dump(mode="json")
+    except (ValueError, RecursionError):  # refused, or nested past pydantic's depth limit
+        return response
+    if isinstance(response.get("output"), list):
+        out["output"] = [materialize_item(i) for i in response["output"]]
+    return out
 
 
 def function_call_output(call_id: str, output: str) -> dict[str, Any]:
