@@ -253,11 +253,14 @@ def as_sent(params: Any) -> Any:
 
 def sent_input(params: Any) -> list[Any]:
     """The first ``input`` list sent to the agent: ``as_sent(params)["input"]``, a string input
-    turned into one user message as NeMo Gym's remote_agent turns it (contract rule 7)."""
+    turned into one user message as NeMo Gym's remote_agent turns it (contract rule 7). Raises
+    ``ValueError`` for an ``input`` that is neither a string nor a list."""
     value = as_sent(params).get("input", []) if isinstance(params, dict) else []
     if isinstance(value, str):
         return [{"content": value, "role": "user"}]
-    return list(value) if isinstance(value, list) else []
+    if not isinstance(value, list):
+        raise ValueError(f"responses_create_params.input must be a string or a list (got {type(value).__name__})")
+    return list(value)
 
 
 def run_record(row: dict[str, Any]) -> dict[str, Any]:
