@@ -147,3 +147,14 @@ def test_reverifying_nemo_gyms_run_a_from_its_files_sends_every_task_field(share
         task = inputs[(row["_ng_task_index"], row["_ng_rollout_index"])]
         assert (row["expected_count"], row["initial_count"]) == (task["expected_count"], task["initial_count"])
         assert row["reward"] == 0.0
+
+
+@pytest.mark.django_db
+def test_the_raw_row_of_an_imported_failure_is_its_line(shared_data):
+    from rollouts.web.trajectory_views import raw_row
+
+    folder = shared_data / "collect_outputs/mixed"
+    with (folder / "rollouts_failures.jsonl").open("rb") as failures, (folder / "rollouts_materialized_inputs.jsonl").open("rb") as inputs:
+        run = import_rollouts(None, failures=failures, materialized=inputs).run
+    failed = Rollout.objects.get(run=run, status=Rollout.Status.FAILED)
+    assert raw_row(failed) == json.loads(_lines(folder / "rollouts_failures.jsonl")[0])

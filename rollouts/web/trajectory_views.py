@@ -647,7 +647,10 @@ def rollout_item(request, run_id, rollout_id, key):
 
 def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
     """The output-file row of an attempt, built exactly as the exports build it: a success's
-    ``rollouts.jsonl`` row, a failure's sidecar row; None for attempts written to no file."""
+    ``rollouts.jsonl`` row, a failure's sidecar row (an imported line kept as it came, as it came);
+    None for attempts written to no file."""
+    if rollout.source_text and rollout.status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED):
+        return json.loads(rollout.source_text)
     task_row = json.loads(rollout.task.row_json)
     stamp = export.stamps_rows(rollout.run)
     if rollout.status == Rollout.Status.SUCCEEDED:
