@@ -158,3 +158,29 @@ def test_the_raw_row_of_an_imported_failure_is_its_line(shared_data):
         run = import_rollouts(None, failures=failures, materialized=inputs).run
     failed = Rollout.objects.get(run=run, status=Rollout.Status.FAILED)
     assert raw_row(failed) == json.loads(_lines(folder / "rollouts_failures.jsonl")[0])
+
+
+def _other_rollouts_files(root: Path) -> list[Path]:
+    """Every other NeMo Gym rollouts file in the shared data (examples, tau2, coding agents, ...)."""
+    run_dirs = {root / d for d in RUN_DIRS}
+    return sorted(p for p in root.rglob("*rollouts.jsonl") if p.parent not in run_dirs)
+
+
+@pytest.mark.django_db
+def test_every_other_nemo_gym_rollouts_file_downloads_unchanged(shared_data):
+    files = _other_rollouts_files(shared_data)
+    assert len(files) >= 8
+    for path in files:
+        inputs = export.output_stems(path)["materialized"]
+        with path.open("rb") as fh:
+            materialized = inputs.open("rb") if inputs.exists() else None
+            try:
+                run = import_rollouts(fh, source=str(path), materialized=materialized).run
+            finally:
+                if materialized:
+                    materialized.close()
+        got = "".join(line + "\n" for line in export.iter_successes(run)).encode()
+        content = path.read_bytes()  # one of them lacks the final newline: every downloaded line ends with one
+        assert got == content + (b"" if content.endswith(b"\n") else b"\n"), path
+        if inputs.exists():
+            assert "".join(line + "\n" for line in export.iter_materialized(run)).encode() == inputs.read_bytes(), inputs

@@ -26,7 +26,8 @@ Rules:
   to no file) explained as never run.
 - The materialised inputs, when given, are read first and decide the tasks' rows; then the sidecar,
   so a key's failed attempts come before its success (resume order).
-- Every imported line downloads again byte for byte (surrounding whitespace and blank lines aside):
+- Every imported line downloads again byte for byte (surrounding whitespace, blank lines and a
+  missing final newline aside):
   each row keeps its position among its file's rows (``Rollout.source_ordinal``, ``input_ordinal``),
   and a line the export (``export.row_line`` over ``success_row``/``failure_row``/
   ``materialized_row``) would not write identically is kept as it came (``source_text``,
