@@ -200,6 +200,15 @@ class Rollout(models.Model):
     # non-empty makes the attempt a `storage_failed` failure, never a success with holes.
     storage_error = LosslessTextField(blank=True)
 
+    # Imported runs only (collection.importer): the row's position among the result rows of its
+    # kind (rollouts.jsonl rows, failures-sidecar rows) and among the materialised inputs, so the
+    # files download in the imported order; and the line as it came wherever the export would not
+    # write it byte for byte (blank otherwise). One attempt per key carries the input line.
+    source_ordinal = models.PositiveIntegerField(null=True, blank=True)
+    source_text = LosslessTextField(blank=True)
+    input_ordinal = models.PositiveIntegerField(null=True, blank=True)
+    input_text = LosslessTextField(blank=True)
+
     usage_reported = models.BooleanField(default=False)
     input_tokens = models.BigIntegerField(null=True, blank=True)
     output_tokens = models.BigIntegerField(null=True, blank=True)
@@ -289,7 +298,8 @@ class AgentCall(models.Model):
 
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="agent_calls")
     index = models.PositiveIntegerField(help_text="0-based")
-    started = models.DateTimeField()
+    # Null when unknown: an imported row records no call times (only its last reply's created_at).
+    started = models.DateTimeField(null=True, blank=True)
     latency_ms = models.FloatField()
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_id = LosslessCharField(max_length=300, blank=True)

@@ -128,6 +128,9 @@ def test_the_env_gets_stripped_rows_in_task_then_repeat_order_and_its_reply_fill
         (200, "not json", "not JSON"),
         (200, [1, 2], "not an object"),
         (200, {"group_level_metrics": {"a": 1}}, "'group_level_metrics' that is not a list of objects"),
+        # Another shape: NeMo Gym's model would take it as empty metrics, which its compare refuses.
+        (200, {"mean/reward": 0.8}, "not NeMo Gym's AggregateMetrics (none of group_level_metrics"),
+        (200, {}, "its keys: none"),
     ],
 )
 def test_without_a_usable_env_reply_the_entry_is_computed_locally_and_says_why(status, reply, says):

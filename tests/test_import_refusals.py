@@ -153,7 +153,9 @@ def test_imported_runs_are_named_by_file_name_not_path(shared_data):
     call_command("import_rollouts", str(folder.resolve() / "rollouts.jsonl"), "--failures", str(folder.resolve() / "rollouts_failures.jsonl"))
     run = Run.objects.get()
     assert run.name == "rollouts.jsonl + rollouts_failures.jsonl"
-    assert run.source_file == f"{folder.resolve() / 'rollouts.jsonl'} + {folder.resolve() / 'rollouts_failures.jsonl'}"
+    # the materialised inputs beside the file are imported with it (and named in the source, not the name)
+    assert run.source_file == (f"{folder.resolve() / 'rollouts.jsonl'} + {folder.resolve() / 'rollouts_failures.jsonl'}"
+                               f" + {folder.resolve() / 'rollouts_materialized_inputs.jsonl'}")
 
 
 def test_an_imported_run_with_rows_never_run_does_not_mention_retry(signed_in):

@@ -76,7 +76,7 @@ def test_it_keeps_each_success_row_so_exporting_gives_the_file_back(shared_data)
     assert exported == original
 
 
-def test_it_numbers_rows_without_indices_by_line_and_leaves_agent_ref_to_the_run(shared_data):
+def test_it_numbers_rows_without_indices_by_line_and_downloads_them_as_they_came(shared_data):
     path = shared_data / "example_single_tool_call" / "example_rollouts.jsonl"
     with path.open("rb") as fh:
         run = import_rollouts(fh, name="single").run
@@ -85,8 +85,9 @@ def test_it_numbers_rows_without_indices_by_line_and_leaves_agent_ref_to_the_run
     assert run.name == "single" and run.num_tasks == 5 and run.num_keys == 5
     first = json.loads(Task.objects.get(run=run, task_index=0).row_json)
     assert first["_ng_task_index"] == 0 and "reward" not in first and "response" not in first
-    row = json.loads(next(export.iter_successes(run)))
-    assert row["agent_ref"] == {"name": "remote_agent"}
+    # An imported file downloads byte for byte: no indices or agent_ref are added to its lines.
+    assert [line + "\n" for line in export.iter_successes(run)] == path.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert run.agent_name == "remote_agent"
 
 
 def test_it_infers_step_boundaries_from_the_merged_output_on_a_known_row(shared_data):

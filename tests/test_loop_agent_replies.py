@@ -6,6 +6,7 @@ import json
 import pytest
 
 from rollouts.engine.loop import FailureKind
+from rollouts.engine.nemo_request import materialize
 from tests.servers import (
     AgentService,
     EnvService,
@@ -200,7 +201,9 @@ async def test_a_string_input_becomes_one_user_message():
         outcome = await drive(agent, env, row=row)
     assert outcome.ok, outcome.error
     sent = agent.calls[0].json["input"]
-    assert sent == [{"type": "message", "role": "user", "content": "add 1 then get the count"}]
+    # As NeMo Gym's remote_agent sends it: the message model's fields that were set, in its order.
+    assert sent == [{"content": "add 1 then get the count", "role": "user"}]
+    assert b'"input":[{"content":"add 1 then get the count","role":"user"}]' in agent.calls[0].body
 
 
 @async_test
@@ -210,7 +213,7 @@ async def test_a_string_input_is_followed_by_the_conversation_on_later_calls():
     async with EnvService({"increment_counter": {"count": 1}}) as env, AgentService(*script) as agent:
         await drive(agent, env, row=row)
     second = agent.calls[1].json["input"]
-    assert second[0] == {"type": "message", "role": "user", "content": "add 1"}
+    assert second[0] == {"content": "add 1", "role": "user"}
     assert [i["type"] for i in second[1:]] == ["function_call", "function_call_output"]
 
 
@@ -229,8 +232,12 @@ async def test_the_agent_never_receives_row_fields_other_than_responses_create_p
             assert forbidden not in text
         assert rec.json["tools"] == row["responses_create_params"]["tools"]
         assert "authorization" not in rec.headers, "gymweb sends no credential to the agent"
-    # ... while the env got the whole row on seed and verify.
-    assert env.at("/seed_session")[0].json == row
+    # ... while the env got the whole row on seed and verify, its params materialised by NeMo Gym's
+    # request model (every field, in that model's order), as NeMo Gym's remote_agent sends them.
+    seeded = env.at("/seed_session")[0].json
+    assert seeded == {**row, "responses_create_params": materialize(row["responses_create_params"])}
+    assert list(seeded) == list(row) and len(seeded["responses_create_params"]) == 30
+    assert seeded["responses_create_params"]["background"] is None and seeded["responses_create_params"]["input"] == "add 1"
     assert env.verify_body["verifier_metadata"] == row["verifier_metadata"]
 
 

@@ -22,9 +22,15 @@ def test_the_body_equals_the_json_of_the_whole_conversation_at_every_step():
     assert json.loads(rollout._agent_body())["input"][-1]["output"] == [1, 2.5, -0.0, 1e308]
 
 
-def test_the_input_keeps_its_place_among_the_params_and_is_added_last_when_missing():
+def test_the_params_go_in_nemo_gyms_field_order_with_fields_it_does_not_know_last():
+    """NeMo Gym's remote_agent sends the params it was given in its request model's field order
+    (``model_dump(exclude_unset=True)``); fields that model does not know (NeMo Gym refuses them)
+    keep their order after those."""
     first = _Rollout(None, {"responses_create_params": {"a": 1, "input": [], "z": 2}}, LoopSettings("http://h", "http://e"), None)
-    assert first._agent_body() == b'{"a":1,"input":[],"z":2}'
+    assert first._agent_body() == b'{"input":[],"a":1,"z":2}'
+    params = {"tools": [], "temperature": 0.5, "input": [{"role": "user", "content": "x"}], "model": "m"}
+    known = _Rollout(None, {"responses_create_params": params}, LoopSettings("http://h", "http://e"), None)
+    assert known._agent_body() == b'{"input":[{"content":"x","role":"user"}],"model":"m","temperature":0.5,"tools":[]}'
     missing = _Rollout(None, {"responses_create_params": {"model": "m"}}, LoopSettings("http://h", "http://e"), None)
     missing.input.append({"role": "user", "content": "x"})
     assert missing._agent_body() == _dumps({"model": "m", "input": [{"role": "user", "content": "x"}]})

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from rollouts.engine.loop import FailureKind, ItemRecord, StepRecord
+from rollouts.engine.nemo_request import materialize_item, materialize_response, run_record
 from tests.servers import (
     AgentService,
     EnvService,
@@ -67,14 +68,18 @@ async def test_the_verify_body_is_the_row_plus_the_merged_response():
         outcome = await drive(agent, env, row=row)
     assert outcome.ok, outcome.error
     body = env.verify_body
-    assert {k: v for k, v in body.items() if k != "response"} == row, "every other row field reaches /verify"
+    # What NeMo Gym's remote_agent sends: the row with its params materialised by NeMo Gym's request
+    # model, and the merged response materialised by its response model (nemo_request).
+    assert {k: v for k, v in body.items() if k != "response"} == run_record(row), "every other row field reaches /verify"
+    assert list(body) == [*run_record(row), "response"]
     response = body["response"]
+    assert response == materialize_response(outcome.response) and len(response) >= 33
     assert response["id"] == "resp_c" and response["model"] == "model-c", "the last reply"
     assert response["extra_from_last"] == "yes"
     assert response["object"] == "response"
-    assert response["output"] == expected_output(turns), "every item of every step, in order"
+    assert response["output"] == [materialize_item(i) for i in expected_output(turns)], "every item of every step, in order"
     assert response["usage"] == SUMMED
-    assert outcome.response == response
+    assert outcome.response["output"] == expected_output(turns)  # stored as the agent sent them
     # and the agent's last call carried the task input plus everything so far
     first_input = row["responses_create_params"]["input"]
     assert agent.calls[2].json["input"] == first_input + expected_output(turns)[:-1]

@@ -79,15 +79,15 @@ def oracle(services, tmp_path_factory):
     keys = asyncio.run(run_all())
     files = {"rollouts": [], "failures": [], "materialized": []}
     for (task_index, rollout_index), (row, outcome, _) in sorted(keys.items()):
-        files["materialized"].append(canon(row))
+        files["materialized"].append(export.row_line(row))  # the files' writer: NeMo Gym's bytes
         if outcome.ok:
             line = dict(outcome.verify_response)
             line["_ng_task_index"], line["_ng_rollout_index"], line["agent_ref"] = task_index, rollout_index, row["agent_ref"]
-            files["rollouts"].append(canon(stamp(line, row["agent_ref"], add=True)))  # NeMo Gym's two stamps, last
+            files["rollouts"].append(export.row_line(stamp(line, row["agent_ref"], add=True)))  # NeMo Gym's two stamps, last
         else:
             task_row = {k: v for k, v in row.items() if k != "_ng_rollout_index"}
             files["failures"].append(
-                canon(export.failure_row(task_row, rollout_index, outcome.error, outcome.terminal, outcome.failure_kind))
+                export.row_line(export.failure_row(task_row, rollout_index, outcome.error, outcome.terminal))
             )
     outcomes = [o for _, o, _ in keys.values()]
     # The corpus reaches the loop as intended: two successes and one failure, all of them awkward.
@@ -140,7 +140,7 @@ def _check_pages(client, run: Run, oracle) -> None:
         page = client.get(reverse("rollout", args=[run.pk, rollout.pk]))
         assert page.status_code == 200
         raw = client.get(reverse("rollout_raw", args=[run.pk, rollout.pk]))
-        assert canon(json.loads(raw.content)) == expected[rollout.task_index]
+        assert export.row_line(json.loads(raw.content)) == expected[rollout.task_index]
         for item in TrajectoryItem.objects.filter(rollout=rollout):
             one = client.get(reverse("rollout_raw", args=[run.pk, rollout.pk]) + f"?item={item.seq}")
             assert canon(json.loads(one.content)) == canon(item.payload)

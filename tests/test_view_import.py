@@ -122,3 +122,51 @@ def test_a_file_over_the_upload_limit_is_refused(signed_in, settings):
     response = signed_in.post(reverse("import"), {"rollouts": upload("big.jsonl", json.dumps(ROW))})
     assert response.status_code == 400 and "upload limit" in response.context["form"].errors["rollouts"][0]
     assert Run.objects.count() == 0
+
+
+def test_the_materialised_inputs_slot_imports_the_third_file_and_every_file_downloads_unchanged(signed_in, shared_data):
+    folder = shared_data / "eval_0.7.0" / "runB"
+    files = {kind: (folder / name).read_bytes() for kind, name in (
+        ("rollouts", "rollouts.jsonl"), ("rollouts_failures", "rollouts_failures.jsonl"),
+        ("rollouts_materialized_inputs", "rollouts_materialized_inputs.jsonl"))}
+    html = signed_in.get(reverse("import")).content.decode()
+    assert 'name="materialized"' in html
+    response = signed_in.post(reverse("import"), {
+        "rollouts": upload("rollouts.jsonl", files["rollouts"]),
+        "failures": upload("rollouts_failures.jsonl", files["rollouts_failures"]),
+        "materialized": upload("rollouts_materialized_inputs.jsonl", files["rollouts_materialized_inputs"]),
+    })
+    assert response.status_code == 302
+    run = Run.objects.get()
+    for kind, content in files.items():
+        got = b"".join(signed_in.get(reverse("run_export", args=[run.pk, kind])).streaming_content)
+        assert got == content, kind
+
+
+def test_a_result_row_in_the_materialised_inputs_slot_is_refused_there(signed_in):
+    response = signed_in.post(reverse("import"), {
+        "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
+        "materialized": upload("inputs.jsonl", json.dumps(ROW)),
+    })
+    assert response.status_code == 400
+    assert "materialised inputs file holds task rows only" in response.context["form"].errors["materialized"][0]
+    assert Run.objects.count() == 0
+
+
+def test_the_api_imports_the_three_files_and_says_which_one_is_bad(client, user, shared_data):
+    from rollouts.review.tokens import create_token
+
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {create_token(user, 'tests')[1]}"}
+    folder = shared_data / "collect_outputs" / "mixed"
+    names = ("rollouts.jsonl", "rollouts_failures.jsonl", "rollouts_materialized_inputs.jsonl")
+    data = dict(zip(("rollouts", "failures", "materialized"), (upload(n, (folder / n).read_bytes()) for n in names)))
+    response = client.post("/api/v1/runs/import", data, **auth)
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    assert run.status == Run.Status.IMPORTED
+    got = b"".join(client.get(f"/api/v1/runs/{run.pk}/rollouts_materialized_inputs.jsonl", **auth).streaming_content)
+    assert got == (folder / "rollouts_materialized_inputs.jsonl").read_bytes()
+    bad = client.post("/api/v1/runs/import", {"rollouts": upload("r.jsonl", json.dumps(ROW)),
+                                              "materialized": upload("m.jsonl", "not json\n")}, **auth)
+    assert bad.status_code == 400 and "m.jsonl, line 1" in bad.json()["detail"]
+    assert Run.objects.count() == 1

@@ -2,12 +2,16 @@
 
 - ``rollouts.jsonl``: successes only; each row is the env's ``/verify`` reply as it came plus
   ``_ng_task_index``, ``_ng_rollout_index``, ``agent_ref`` and NeMo Gym's two routing stamps.
-- ``<stem>_failures.jsonl`` (the failures sidecar): one row per failed attempt: the materialised
-  row, ``reward: 0.0``, a placeholder ``response``, ``error``, ``_ng_failure_class``,
-  ``_ng_failure_terminal`` where terminal, the indices, ``agent_ref``, gymweb's finer
-  ``_gymweb_failure_kind`` and the two stamps.
+- ``<stem>_failures.jsonl`` (the failures sidecar): one row per failed attempt, exactly as NeMo
+  Gym 0.7.0's remote_agent builds it (``failure_row``). gymweb's finer failure kind stays in the
+  database, the pages and the API; it is not written here.
 - ``<stem>_materialized_inputs.jsonl``: every (task, rollout) key's materialised row (unstamped, as
   NeMo Gym writes it for rows routed by their agent).
+
+Every row is written by ``row_line``: orjson, compact, keys in the order the row was built, as NeMo
+Gym's collector writes them. An imported run's files come back byte for byte: each line the export
+would not write identically was stored as it came (``Rollout.source_text``/``input_text``), and the
+lines come in the imported order (``source_ordinal``/``input_ordinal``).
 
 The stamps are what NeMo Gym 0.7.0's collector adds to every result of a remote_agent run
 (``rollout_collection.py``; see ``eval_0.7.0/runA/rollouts.jsonl``), last, after ``agent_ref``:
@@ -24,46 +28,49 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
+import orjson
 from django.db.models import QuerySet
 
-from rollouts.lossless import dumps
 from rollouts.collection.stamps import stamp as _stamp
+from rollouts.engine.nemo_request import run_record
 from rollouts.models import Rollout, Run
 
 CHUNK = 500
 FAILURE_CLASS = "remote_agent_error"
+# NeMo Gym's verify-response fields after ``reward``, with their defaults (``BaseVerifyResponse``).
+_VERIFY_DEFAULTS = (("mask_sample", False), ("failure_kind", None), ("failure_reason", None))
 
 
-def _dumps(obj: Any) -> str:
-    return dumps(obj)  # rollouts.lossless: the one JSON text writer for storage and files
+def row_line(row: Any) -> str:
+    """One line of a NeMo Gym file (without newline): orjson, compact, keys in the row's order, as
+    NeMo Gym writes its rows. A value orjson cannot write (an integer past 64 bits, a lone
+    surrogate) falls back to Python's compact JSON, so a stored row is never unwritable."""
+    try:
+        return orjson.dumps(row).decode()
+    except TypeError:
+        text = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def placeholder_response() -> dict[str, Any]:
-    """The ``response`` of a failure row, shaped like NeMo Gym's (an empty assistant message)."""
+    """The ``response`` of a failure row: NeMo Gym's remote_agent placeholder (an empty assistant
+    message), dumped as its ``NeMoGymResponse`` model dumps it (33 keys, in that order)."""
     return {
-        "id": "remote_agent_failure",
-        "created_at": 0.0,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": None,
-        "metadata": None,
-        "model": "remote_agent",
-        "object": "response",
+        "id": "remote_agent_failure", "created_at": 0.0, "error": None, "incomplete_details": None,
+        "instructions": None, "metadata": None, "model": "remote_agent", "object": "response",
         "output": [
             {
                 "id": "msg_0",
                 "content": [{"annotations": [], "text": "", "type": "output_text", "logprobs": None}],
-                "role": "assistant",
-                "status": "completed",
-                "type": "message",
+                "role": "assistant", "status": "completed", "type": "message", "phase": None,
             }
         ],
-        "parallel_tool_calls": False,
-        "temperature": None,
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": None,
-        "usage": None,
+        "parallel_tool_calls": False, "temperature": None, "tool_choice": "auto", "tools": [], "top_p": None,
+        "background": None, "completed_at": None, "conversation": None, "max_output_tokens": None,
+        "max_tool_calls": None, "moderation": None, "previous_response_id": None, "prompt": None,
+        "prompt_cache_key": None, "prompt_cache_retention": None, "reasoning": None, "safety_identifier": None,
+        "service_tier": None, "status": None, "text": None, "top_logprobs": None, "truncation": None,
+        "usage": None, "user": None,
     }
 
 
@@ -97,19 +104,30 @@ def success_row(
 
 
 def failure_row(
-    task_row: dict[str, Any], rollout_index: int, error: str, terminal: bool, failure_kind: str, stamp: bool = True
+    task_row: dict[str, Any], rollout_index: int, error: str, terminal: bool, stamp: bool = True
 ) -> dict[str, Any]:
-    """One failures-sidecar row: the materialised row plus the failure fields and (``stamp``: a
-    collected run) the stamps."""
-    row = dict(task_row)
-    row["_ng_rollout_index"] = rollout_index
+    """One failures-sidecar row, built as NeMo Gym 0.7.0's remote_agent builds it for any failed
+    rollout (``_failure_response``: its verify-response model over the row, the reward, the
+    placeholder and the routing keys): ``responses_create_params`` materialised by NeMo Gym's request
+    model (``nemo_request.run_record``), the placeholder ``response``, ``reward: 0.0``,
+    ``mask_sample``/``failure_kind``/``failure_reason`` (the row's, else ``false``/``null``/``null``:
+    NeMo Gym's remote_agent never sets them), the row's other fields in order with
+    ``_ng_rollout_index``, then ``_ng_failure_class``, ``error``, ``_ng_failure_terminal`` where
+    terminal, and (``stamp``: a collected run) the two stamps."""
+    record = run_record(task_row)
+    row: dict[str, Any] = {}
+    if "responses_create_params" in record:
+        row["responses_create_params"] = record.pop("responses_create_params")
     row["response"] = placeholder_response()
     row["reward"] = 0.0
+    for key, default in _VERIFY_DEFAULTS:
+        row[key] = record.pop(key, default)
+    row.update(record)
+    row["_ng_rollout_index"] = rollout_index
     row["_ng_failure_class"] = FAILURE_CLASS
     row["error"] = error
     if terminal:
         row["_ng_failure_terminal"] = True
-    row["_gymweb_failure_kind"] = failure_kind
     return _stamp(row, row.get("agent_ref"), stamp, move=True)
 
 
@@ -119,33 +137,53 @@ def stamps_rows(run: Run) -> bool:
     return run.status != Run.Status.IMPORTED
 
 
+def materialized_row(task_row: dict[str, Any], rollout_index: int) -> dict[str, Any]:
+    """One ``<stem>_materialized_inputs.jsonl`` row: the task row with ``_ng_rollout_index`` last."""
+    row = dict(task_row)
+    row["_ng_rollout_index"] = rollout_index
+    return row
+
+
 def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
     """Lines (without newline) of ``rollouts.jsonl`` for the run's succeeded attempts, optionally
-    restricted to a filtered queryset of its rollouts."""
+    restricted to a filtered queryset of its rollouts: by (task, rollout) for a collected run, in
+    the imported order for an imported one."""
     qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.SUCCEEDED)
-    # Rows come ordered by task, so remembering the last task's agent_ref keeps memory constant.
+    # Rows of a collected run come ordered by task, so remembering the last task's agent_ref keeps
+    # memory constant.
     last_task, ref = None, None
     stamp = stamps_rows(run)
-    fetch = qs.order_by("task_index", "rollout_index", "id").values_list("task_index", "rollout_index", "verify_json", "task__row_json")
-    for task_index, rollout_index, verify_json, task_json in fetch.iterator(chunk_size=CHUNK):
+    order = ("source_ordinal", "id") if run.status == Run.Status.IMPORTED else ("task_index", "rollout_index", "id")
+    fetch = qs.order_by(*order).values_list("task_index", "rollout_index", "verify_json", "source_text", "task__row_json")
+    for task_index, rollout_index, verify_json, source_text, task_json in fetch.iterator(chunk_size=CHUNK):
+        if source_text:
+            yield source_text
+            continue
         if task_index != last_task:
             last_task, ref = task_index, agent_ref_of(json.loads(task_json), run)
-        yield _dumps(success_row(verify_json, task_index, rollout_index, ref, stamp))
+        yield row_line(success_row(verify_json, task_index, rollout_index, ref, stamp))
 
 
 def iter_failures(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
-    """Lines of the failures sidecar: one per failed attempt (kill-shaped attempts excluded)."""
+    """Lines of the failures sidecar: one per failed attempt (kill-shaped attempts excluded), by
+    key and attempt for a collected run, in the imported order for an imported one."""
     qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.FAILED)
-    fetch = qs.order_by("task_index", "rollout_index", "attempt", "id").values_list(
-        "task_index", "rollout_index", "error", "terminal", "failure_kind", "task__row_json"
-    )
+    order = ("source_ordinal", "id") if run.status == Run.Status.IMPORTED else ("task_index", "rollout_index", "attempt", "id")
+    fetch = qs.order_by(*order).values_list("rollout_index", "error", "terminal", "source_text", "task__row_json")
     stamp = stamps_rows(run)
-    for task_index, rollout_index, error, terminal, kind, task_json in fetch.iterator(chunk_size=CHUNK):
-        yield _dumps(failure_row(json.loads(task_json), rollout_index, error, terminal, kind, stamp))
+    for rollout_index, error, terminal, source_text, task_json in fetch.iterator(chunk_size=CHUNK):
+        yield source_text or row_line(failure_row(json.loads(task_json), rollout_index, error, terminal, stamp))
 
 
 def iter_materialized(run: Run) -> Iterator[str]:
-    """Lines of ``<stem>_materialized_inputs.jsonl``: each key's materialised row, aabbcc order."""
+    """Lines of ``<stem>_materialized_inputs.jsonl``: each key's materialised row, aabbcc order; for
+    a run imported with its materialised inputs, that file's lines in its order."""
+    imported = Rollout.objects.filter(run=run, input_ordinal__isnull=False)
+    if run.status == Run.Status.IMPORTED and imported.exists():
+        fetch = imported.order_by("input_ordinal").values_list("rollout_index", "input_text", "task__row_json")
+        for rollout_index, input_text, task_json in fetch.iterator(chunk_size=CHUNK):
+            yield input_text or row_line(materialized_row(json.loads(task_json), rollout_index))
+        return
     keys = (
         Rollout.objects.filter(run=run)
         .order_by("task_index", "rollout_index")
@@ -153,9 +191,7 @@ def iter_materialized(run: Run) -> Iterator[str]:
         .distinct()
     )
     for _task_index, rollout_index, task_json in keys.iterator(chunk_size=CHUNK):
-        row = json.loads(task_json)
-        row["_ng_rollout_index"] = rollout_index
-        yield _dumps(row)
+        yield row_line(materialized_row(json.loads(task_json), rollout_index))
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> int:

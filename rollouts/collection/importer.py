@@ -1,5 +1,5 @@
-"""Import a NeMo Gym ``rollouts.jsonl`` (and optionally its failures sidecar) into a new run with
-status ``imported``, to inspect it without running anything (DESIGN.md, "Import").
+"""Import a NeMo Gym ``rollouts.jsonl`` (and optionally its failures sidecar and its
+``rollouts_materialized_inputs.jsonl``) into a new run with status ``imported``, to inspect it without running anything (DESIGN.md, "Import").
 
 No views here: the import page and ``manage.py import_rollouts`` both call ``import_rollouts`` (one
 file and its sidecar) or ``import_shards`` (several shards of one run, as ``gym eval aggregate``
@@ -24,11 +24,19 @@ Rules:
   ``failure_kind`` from ``_gymweb_failure_kind`` (else ``"imported_failure"``). A row with no
   result at all among result rows is kept as a ``cancelled`` attempt (kill-shaped: shown, written
   to no file) explained as never run.
-- The sidecar is read first, so a key's failed attempts come before its success (resume order).
+- The materialised inputs, when given, are read first and decide the tasks' rows; then the sidecar,
+  so a key's failed attempts come before its success (resume order).
+- Every imported line downloads again byte for byte (surrounding whitespace, blank lines and a
+  missing final newline aside):
+  each row keeps its position among its file's rows (``Rollout.source_ordinal``, ``input_ordinal``),
+  and a line the export (``export.row_line`` over ``success_row``/``failure_row``/
+  ``materialized_row``) would not write identically is kept as it came (``source_text``,
+  ``input_text``).
 - Items come from the row's merged ``response.output``, origin ``imported``. Step boundaries are
   inferred: a new agent call starts when an item other than a ``function_call_output`` follows a
   ``function_call_output``; an output belongs to the step whose call it answers. One ``AgentCall``
-  per inferred step, latency unknown (stored as 0; pages say "latency unknown" for imported runs).
+  per inferred step, latency unknown (stored as 0; pages say "latency unknown" for imported runs);
+  its start time unknown (null) except the last call's, the row's ``response.created_at``.
 - Who executed a tool call cannot be known from a file: a ``function_call`` answered by a later
   output is marked ``paired`` (never ``asked``, which would claim gymweb ran it); a call with no
   output anywhere stays unpaired (as in real coding-agent data); outputs are never marked as gym's.
@@ -39,12 +47,14 @@ Rules:
 Bad input raises ``DatasetError`` naming the file and line; nothing is stored (one transaction). A
 row the database refuses is reported the same way (with its line), never as a crash.
 Rows are streamed and written with ``bulk_create`` in batches: memory is bounded by a batch plus
-small per-key maps (task ids, attempt counters).
+small per-key maps (task ids, attempt counters) and each task's row.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from pathlib import PurePath
 from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Union
 
@@ -55,6 +65,7 @@ from pydantic import ValidationError
 
 from rollouts.engine.contract import Usage
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields
+from rollouts.collection.export import failure_row, materialized_row, row_line, success_row
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 from rollouts.collection.profile_numbers import profile_json_for_verify
@@ -118,11 +129,10 @@ def _dumps(obj: Any) -> str:
     return dumps(obj)  # rollouts.lossless: the one JSON text writer for storage and files
 
 
-def _iter_rows(stream: Lines, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, row)`` for every non-blank line (at most ``GYMWEB_MAX_LINE_BYTES`` each);
-    raises ``DatasetError`` on a bad or too long line."""
-    for number, _text, row in iter_rows(stream, source, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES)):
-        yield number, row
+def _iter_rows(stream: Lines, source: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """``(line number, line text, row)`` for every non-blank line (at most ``GYMWEB_MAX_LINE_BYTES``
+    each); raises ``DatasetError`` on a bad or too long line."""
+    yield from iter_rows(stream, source, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
 
 
 def infer_steps(output: list[dict[str, Any]]) -> list[int]:
@@ -163,6 +173,16 @@ def _usage_fields(usage: Any) -> tuple[dict[str, Any], Optional[str]]:
         "cached_tokens": u.input_tokens_details.cached_tokens,
         "reasoning_tokens": u.output_tokens_details.reasoning_tokens,
     }, None
+
+
+def _created_at(response: dict[str, Any]) -> Optional[datetime]:
+    """When the row's last agent reply was created (``response.created_at``, Unix seconds), the one
+    call time a NeMo Gym row records; None when it is missing or not a real time (a failure row's
+    placeholder says 0)."""
+    value = response.get("created_at")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 253402300800:
+        return None
+    return datetime.fromtimestamp(value, tz=dt_timezone.utc)
 
 
 def _str_field(value: Any, limit: int) -> str:
@@ -213,9 +233,57 @@ class _Importer:
         self.other_slot_kind: dict[bool, Optional[bool]] = {}  # sidecar? -> does its first row have a class
         self.pending_items = 0
         self.summary = ImportSummary(run=run)
+        self.task_rows: dict[int, dict[str, Any]] = {}  # task index -> its row, to tell canonical lines
+        # (task, rollout) -> (ordinal, text or "") of its materialised input line, until a rollout takes it
+        self.inputs: dict[tuple[int, int], tuple[int, str]] = {}
+
+    def _add_task(self, task_index: int, task_row: dict[str, Any], line: int, source: str) -> None:
+        self.task_ids[task_index] = None
+        self.task_rows[task_index] = task_row
+        self.new_tasks.append((Task(run=self.run, task_index=task_index, row_json=_dumps(task_row)), line, source))
+
+    # -- the materialised inputs ---------------------------------------------------------------
+    def add_input(self, row: dict[str, Any], text: str, ordinal: int, line: int, source: str) -> None:
+        """One row of ``<stem>_materialized_inputs.jsonl``: it decides its task's row (the first row
+        seen of a task) and is kept for its key's download."""
+        if any(k in row for k in ("reward", "response", "_ng_failure_class")):
+            raise DatasetError(
+                f"this row has a result ({_what(row)}): the materialised inputs file holds task rows only "
+                "(rollouts_materialized_inputs.jsonl); give result rows as the rollouts or failures file",
+                line, source,
+            )
+        task_index = row.get("_ng_task_index", ordinal)
+        rollout_index = row.get("_ng_rollout_index", 0)
+        key = (task_index, rollout_index)
+        if key in self.inputs or key in self.attempts:
+            raise DatasetError(f"a second materialised row for task {task_index}, rollout {rollout_index}", line, source)
+        if task_index not in self.task_ids:
+            task_row = dict(row)
+            task_row.pop("_ng_rollout_index", None)
+            task_row["_ng_task_index"] = task_index
+            self._add_task(task_index, task_row, line, source)
+        self.rollouts_per_task.setdefault(task_index, set()).add(rollout_index)
+        same = row_line(materialized_row(self.task_rows[task_index], rollout_index)) == text
+        self.inputs[key] = (ordinal, "" if same else text)
+
+    def add_not_run_inputs(self) -> None:
+        """A ``cancelled`` attempt (kill-shaped: shown, written to no result file) for every key of
+        the materialised inputs that no result row named: it was never run (or never finished)."""
+        for (task_index, rollout_index), (ordinal, text) in sorted(self.inputs.items(), key=lambda kv: kv[1][0]):
+            self.attempts[(task_index, rollout_index)] = 1
+            rollout = Rollout(
+                run=self.run, task_index=task_index, rollout_index=rollout_index, attempt=1, finished=self.now,
+                status=Rollout.Status.CANCELLED, error=NOT_RUN_ERROR, input_ordinal=ordinal, input_text=text,
+            )
+            self.pending.append((rollout, [], [], 0, "the materialised inputs"))
+            self.summary.not_run += 1
+            self.summary.rows += 1
+            if len(self.pending) >= ROWS_PER_BATCH:
+                self.flush()
+        self.inputs = {}
 
     # -- one row ---------------------------------------------------------------------------------
-    def add(self, row: dict[str, Any], ordinal: int, line: int, source: str, sidecar: bool) -> None:
+    def add(self, row: dict[str, Any], text: str, ordinal: int, line: int, source: str, sidecar: bool) -> None:
         where = f"{source}, line {line}"
         task_index = row.get("_ng_task_index", ordinal)
         rollout_index = row.get("_ng_rollout_index", 0)
@@ -246,8 +314,7 @@ class _Importer:
             strip_result_fields(task_row)
             task_row.pop("_ng_rollout_index", None)
             task_row["_ng_task_index"] = task_index
-            self.task_ids[task_index] = None
-            self.new_tasks.append((Task(run=self.run, task_index=task_index, row_json=_dumps(task_row)), line, source))
+            self._add_task(task_index, task_row, line, source)
         self.rollouts_per_task.setdefault(task_index, set()).add(rollout_index)
 
         attempt = self.attempts.get(key, 0) + 1
@@ -258,7 +325,10 @@ class _Importer:
             rollout_index=rollout_index,
             attempt=attempt,
             finished=self.now,
+            source_ordinal=ordinal,
         )
+        if key in self.inputs:  # the key's first attempt carries its materialised input line
+            rollout.input_ordinal, rollout.input_text = self.inputs.pop(key)
         if failed:
             error = row.get("error")
             rollout.status = Rollout.Status.FAILED
@@ -301,6 +371,9 @@ class _Importer:
         if warning and not failed:
             rollout.warnings = [warning]
 
+        if rollout.status != Rollout.Status.CANCELLED and self._exported_line(rollout, row) != text:
+            rollout.source_text = text  # the export would not give this line back: keep it as it came
+
         calls, items = self._trajectory(rollout, response or {}, output)
         rollout.num_items = len(items)
         rollout.num_agent_calls = len(calls)
@@ -311,6 +384,17 @@ class _Importer:
         self.summary.items += len(items)
         if len(self.pending) >= ROWS_PER_BATCH or self.pending_items >= ITEMS_PER_BATCH:
             self.flush()
+
+    def _exported_line(self, rollout: Rollout, row: dict[str, Any]) -> Optional[str]:
+        """The line the export writes for ``rollout`` (``export.success_row``/``failure_row`` over
+        the stored values); None when it depends on the run's agent name, known only at the end."""
+        task_row = self.task_rows[rollout.task_index]
+        if rollout.status == Rollout.Status.FAILED:
+            return row_line(failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp=False))
+        ref = task_row.get("agent_ref")
+        if not ref:
+            return None
+        return row_line(success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, ref, stamp=False))
 
     def _check_slot(self, row: dict[str, Any], line: int, source: str, sidecar: bool) -> None:
         """Refuse a row of the other slot's kind (``WrongFileError``), saying what was found."""
@@ -380,7 +464,7 @@ class _Importer:
             calls.append(
                 AgentCall(
                     index=index,
-                    started=self.now,
+                    started=_created_at(response) if is_last else None,  # a file records no other call times
                     latency_ms=0.0,  # unknown: an imported file has no timings
                     http_status=None,
                     response_id=_str_field(response.get("id"), 300) if is_last else "",
@@ -468,10 +552,13 @@ def import_rollouts(
     source: str = "rollouts.jsonl",
     failures: Optional[Lines] = None,
     failures_source: str = "rollouts_failures.jsonl",
+    materialized: Optional[Lines] = None,
+    materialized_source: str = "rollouts_materialized_inputs.jsonl",
     user=None,
 ) -> ImportSummary:
     """Import a ``rollouts.jsonl`` (``stream``: lines, bytes or text; None for none) and optionally
-    its failures sidecar (``failures``) into a new run with status ``imported``.
+    its failures sidecar (``failures``) and materialised inputs (``materialized``) into a new run
+    with status ``imported``.
 
     ``source``/``failures_source`` name the files in error messages (the run is named after their
     file names). Returns an ``ImportSummary`` (its ``run`` is the new run). Raises ``DatasetError``
@@ -481,12 +568,14 @@ def import_rollouts(
     """
     shards = [(stream, source)] if stream is not None else []
     sidecars = [(failures, failures_source)] if failures is not None else []
-    return import_shards(shards, sidecars, name=name, user=user)
+    inputs = [(materialized, materialized_source)] if materialized is not None else []
+    return import_shards(shards, sidecars, inputs, name=name, user=user)
 
 
 def import_shards(
     shards: Sequence[tuple[Lines, str]],
     failures: Sequence[tuple[Lines, str]] = (),
+    materialized: Sequence[tuple[Lines, str]] = (),
     *,
     name: str = "",
     user=None,
@@ -495,8 +584,12 @@ def import_shards(
     into ONE new run with status ``imported``, as NeMo Gym's ``gym eval aggregate`` treats shards as
     one run (``import_rollouts`` is the case of one file and its sidecar).
 
-    Every sidecar is read first (in the order given), then every shard, so a key's failed attempts
-    come before its success (resume order). Rows keep their ``_ng_task_index``/``_ng_rollout_index``;
+    ``materialized`` (``<stem>_materialized_inputs.jsonl`` files) is read before all: its rows are
+    the tasks' rows (NeMo Gym's result rows may lack task fields their env dropped, such as the
+    counter's ``expected_count``), its lines download again as they came, and a key it lists
+    without any result row becomes a ``cancelled`` attempt explained as never run. Every sidecar is
+    read next (in the order given), then every shard, so a key's failed attempts come before its
+    success (resume order). Rows keep their ``_ng_task_index``/``_ng_rollout_index``;
     rows without them are numbered by their row number, counted on across the files of one kind
     (sidecars apart from shards). Shards must not overlap: a second success row for a (task,
     rollout) key is a ``DatasetError`` naming both places (shards of runs that reuse task indices,
@@ -508,6 +601,7 @@ def import_shards(
         raise ValueError("import_shards needs at least one file")
     names = [src for _, src in shards] + [src for _, src in failures]
     shown = [PurePath(n).name for n in names]
+    names += [src for _, src in materialized]
     run = Run(
         name=(name.strip() or (" + ".join(shown) if len(shown) <= 2 else f"{shown[0]} + {len(shown) - 1} more file(s)")
               or "imported rollouts")[:200],
@@ -525,21 +619,30 @@ def import_shards(
                 first = _first_row(lines)
                 importer.other_slot_kind[sidecar] = None if first is None else "_ng_failure_class" in first
         main_rows = main_results = 0
+        ordinal = 0
+        for lines, src in materialized:
+            for line, text, row in _iter_rows(lines, src):
+                try:
+                    importer.add_input(row, text, ordinal, line, src)
+                except RecursionError:
+                    raise DatasetError(TOO_DEEP, line, src) from None
+                ordinal += 1
         ordinals = {True: 0, False: 0}  # rows without indices: numbered on across files of one kind
         for lines, src, sidecar in inputs:
-            for line, row in _iter_rows(lines, src):
+            for line, text, row in _iter_rows(lines, src):
                 if agent_name is None and isinstance(row.get("agent_ref"), dict) and isinstance(row["agent_ref"].get("name"), str):
                     agent_name = row["agent_ref"]["name"]
                 if not sidecar:
                     main_rows += 1
                     main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
                 try:
-                    importer.add(row, ordinals[sidecar], line, src, sidecar)
+                    importer.add(row, text, ordinals[sidecar], line, src, sidecar)
                 except RecursionError:
                     raise DatasetError(TOO_DEEP, line, src) from None
                 ordinals[sidecar] += 1
         if main_rows and not main_results:
             raise LooksLikeDatasetError(shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards), main_rows)
+        importer.add_not_run_inputs()
         importer.flush()
         summary = importer.summary
         if summary.rows == 0:

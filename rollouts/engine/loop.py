@@ -37,6 +37,7 @@ from rollouts.engine.targets import (
     find_too_large,
     parse_ip,
 )
+from rollouts.engine import nemo_request
 from rollouts.engine.contract import (
     InvalidReply,
     NotJSON,
@@ -701,12 +702,12 @@ class _Rollout:
         self.obs = observer
         self.env_jar = SessionJar()
         self.agent_jar = SessionJar()
-        params = dict(row.get("responses_create_params") or {})
-        first_input = params.get("input", [])
-        if isinstance(first_input, str):  # rule 7
-            first_input = [{"type": "message", "role": "user", "content": first_input}]
+        # What NeMo Gym's remote_agent sends: the agent gets the params it was given, the env the
+        # materialised record (``nemo_request``).
+        params = nemo_request.as_sent(dict(row.get("responses_create_params") or {}))
         self.params = params
-        self.input: list[Any] = list(first_input)
+        self.input: list[Any] = nemo_request.sent_input(params)  # a string input as one message (rule 7)
+        self.record = nemo_request.run_record(row)
         # The conversation is re-sent on every agent call; each item is serialised once and the
         # body joined from the pieces (byte for byte what ``_dumps`` of the whole would give), so
         # step k costs a join of k pieces, not a json.dumps of the whole conversation.
@@ -788,7 +789,7 @@ class _Rollout:
     async def seed(self) -> None:
         started = time.perf_counter()
         try:
-            response = await self._post_env("seed_session", self.row)
+            response = await self._post_env("seed_session", self.record)
         except _Failure as exc:
             raise _Failure(_kind(exc, FailureKind.SEED_FAILED), f"seed_session failed: {exc.message}") from None
         if not response.is_success:
@@ -818,12 +819,12 @@ class _Rollout:
             # Any status: the body text is the call's output and the rollout goes on (rules 5, 15).
             output = response.text
             self.tool_calls += 1
-        record.item = {"type": "function_call_output", "call_id": call["call_id"], "output": output}
+        record.item = nemo_request.function_call_output(call["call_id"], output)
         return record
 
     async def verify(self) -> None:
-        body = dict(self.row)
-        body["response"] = self.merged_response()
+        body = dict(self.record)
+        body["response"] = nemo_request.materialize_response(self.merged_response())
         started = time.perf_counter()
         try:
             response = await self._post_env("verify", body)
@@ -988,7 +989,7 @@ class _Rollout:
                     )
                 )
                 self.merged.append(item)
-            self.input.extend(output)
+            self.input.extend(nemo_request.sent_item(item) for item in output)
             self.obs.on_step(step, records)
 
             # A reply with incomplete_details ends the loop before its asks run: they stay in the

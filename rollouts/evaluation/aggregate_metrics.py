@@ -271,9 +271,18 @@ class EnvAggregateError(Exception):
 
 def _validated_reply(data: Any, url: str) -> dict[str, Any]:
     """The reply as NeMo Gym's ``AggregateMetrics.model_validate`` takes it: an object whose known
-    fields have the right types (missing ones default to empty; unknown ones are ignored)."""
+    fields have the right types (missing ones default to empty; unknown ones are ignored). A reply
+    with none of those fields (another shape, such as ``{"mean/reward": 0.8}``) would validate as an
+    empty ``AggregateMetrics`` and give a file ``gym eval compare`` refuses ("share no metric
+    keys"): it is refused here, so the caller computes the file locally and says so."""
     if not isinstance(data, dict):
         raise EnvAggregateError(f"{url} answered with JSON that is not an object")
+    if not any(name in data for name in (*REPLY_FIELDS, "perf_summary")):
+        shown = ", ".join(repr(k) for k in list(data)[:5]) + (", ..." if len(data) > 5 else "")
+        raise EnvAggregateError(
+            f"{url} answered with an object that is not NeMo Gym's AggregateMetrics (none of "
+            f"{', '.join(REPLY_FIELDS)}; its keys: {shown or 'none'})"
+        )
     reply: dict[str, Any] = {}
     for name, kind in REPLY_FIELDS.items():
         value = data.get(name, kind())

@@ -367,12 +367,16 @@ def aggregate_metrics_path_for(rollouts_path: Path) -> Path:
     return rollouts_path.with_stem(rollouts_path.stem + "_aggregate_metrics").with_suffix(".json")
 
 
-def side_from_file(path: Union[str, Path], role: str, index: int = 0) -> Side:
-    """A NeMo Gym run as one side, from its ``rollouts.jsonl`` path: its ``*_aggregate_metrics.json``
-    sibling, or, when there is none, the entry computed from the rollouts file (NeMo Gym stops
-    there; gymweb computes what ``gym eval aggregate`` would). Raises ``CompareError``."""
+def side_from_file(path: Union[str, Path], role: str, index: int = 0, metrics: Union[str, Path, None] = None) -> Side:
+    """A NeMo Gym run as one side, from its ``rollouts.jsonl`` path: its aggregate-metrics file
+    (``metrics``, NeMo Gym's ``--baseline-agg-metrics``/``--candidates-agg-metrics``, else the
+    ``*_aggregate_metrics.json`` sibling), or, when there is none, the entry computed from the
+    rollouts file (NeMo Gym stops there; gymweb computes what ``gym eval aggregate`` would). Raises
+    ``CompareError``."""
     p = Path(path).expanduser()
-    metrics_path = aggregate_metrics_path_for(p)
+    metrics_path = Path(metrics).expanduser() if metrics else aggregate_metrics_path_for(p)
+    if metrics and not metrics_path.is_file():
+        raise CompareError(f"{metrics_path}: no such aggregate-metrics file")
     if metrics_path.is_file():
         try:
             payload = json.loads(metrics_path.read_bytes())
@@ -419,17 +423,23 @@ def _rows_of(path: Path) -> Iterator[dict]:
         yield row
 
 
-def resolve_side(spec: Union[str, int, Run], role: str, index: int = 0) -> Side:
-    """A side from a run id (digits), a ``Run``, or a path to a ``rollouts.jsonl``."""
+def resolve_side(spec: Union[str, int, Run], role: str, index: int = 0, metrics: Union[str, Path, None] = None) -> Side:
+    """A side from a run id (digits), a ``Run``, or a path to a ``rollouts.jsonl`` (with
+    ``metrics``: its aggregate-metrics file when it is not the sibling; not for a run)."""
     if isinstance(spec, Run):
-        return side_from_run(spec, role, index)
-    text = str(spec).strip()
-    if text.isdigit() and not Path(text).exists():
-        run = Run.objects.filter(pk=int(text)).first()
-        if run is None:
-            raise CompareError(f"no run #{text}")
+        run: Optional[Run] = spec
+    else:
+        text = str(spec).strip()
+        run = None
+        if text.isdigit() and not Path(text).exists():
+            run = Run.objects.filter(pk=int(text)).first()
+            if run is None:
+                raise CompareError(f"no run #{text}")
+    if run is not None:
+        if metrics:
+            raise CompareError(f"an aggregate-metrics file goes with a rollouts.jsonl, not with run #{run.pk} (it has its own)")
         return side_from_run(run, role, index)
-    return side_from_file(text, role, index)
+    return side_from_file(text, role, index, metrics)
 
 
 # -- metric rows -----------------------------------------------------------------------------------
@@ -641,6 +651,26 @@ def _tighter(paired: dict[str, Any], row: Optional[dict[str, Any]], index: int) 
 
 
 # -- the report --------------------------------------------------------------------------------------
+def _pick_agents(baseline: Side, candidates: list[Side], baseline_agent: Optional[str],
+                 candidate_agents: Optional[list[str]]) -> None:
+    """NeMo Gym's ``--baseline-agent``/``--candidate-agents``: compare one named agent of each side
+    (in ``--candidates`` order), whatever their names; each side keeps only that entry."""
+    if candidate_agents is not None and len(candidate_agents) != len(candidates):
+        raise CompareError(f"--candidate-agents names {len(candidate_agents)} agent(s) for {len(candidates)} candidate(s)")
+    names = [baseline_agent, *(candidate_agents or [None] * len(candidates))]
+    sides = [baseline, *candidates]
+    for s, name in zip(sides, names):
+        if name is None:
+            if len(s.entries) != 1:
+                raise CompareError(f"{s.aggregate_metrics_fpath} holds several agents ({', '.join(sorted(s.entries))}): "
+                                   "name one with --baseline-agent/--candidate-agents")
+        elif name not in s.entries:
+            raise CompareError(f"agent '{name}' is not in {s.aggregate_metrics_fpath}; available: {', '.join(sorted(s.entries))}")
+    chosen = [name or next(iter(s.entries)) for s, name in zip(sides, names)]
+    for s, name in zip(sides, chosen):
+        s.entries = {chosen[0]: {**s.entries[name], "_gymweb_agent": name}}
+
+
 def _agent_selection(baseline: Side, candidates: list[Side], agent: Optional[str]) -> tuple[list[str], list[str], dict]:
     if agent:
         for s in (baseline, *candidates):
@@ -707,12 +737,19 @@ def _agent_comparison(base: dict[str, Any], cands: list[dict[str, Any]], agent: 
     }
 
 
-def compare_sides(baseline: Side, candidates: list[Side], *, command: str = "", agent: Optional[str] = None) -> dict[str, Any]:
+def compare_sides(baseline: Side, candidates: list[Side], *, command: str = "", agent: Optional[str] = None,
+                  baseline_agent: Optional[str] = None, candidate_agents: Optional[list[str]] = None) -> dict[str, Any]:
     """The ``compare_report.json`` object (NeMo Gym's schema, version "1") for a baseline and 1 to
     ``MAX_CANDIDATES`` candidates, plus gymweb's ``gymweb`` key: per agent and candidate the paired
-    interval of ``mean/reward`` and which interval is tighter. Raises ``CompareError``."""
+    interval of ``mean/reward`` and which interval is tighter. ``agent``: the one agent on every
+    side; ``baseline_agent``/``candidate_agents``: a named agent per side (NeMo Gym's flags). Raises
+    ``CompareError``."""
     if not 1 <= len(candidates) <= MAX_CANDIDATES:
         raise CompareError(f"give 1 to {MAX_CANDIDATES} candidates (got {len(candidates)})")
+    if baseline_agent is not None or candidate_agents is not None:
+        if agent:
+            raise CompareError("give --agent-name, or --baseline-agent/--candidate-agents, not both")
+        _pick_agents(baseline, candidates, baseline_agent, candidate_agents)
     agents, warns, skipped = _agent_selection(baseline, candidates, agent)
     comparisons, paired = [], []
     for name in agents:
@@ -877,20 +914,30 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_compare_report(report: dict[str, Any], output_dir: Union[str, Path], *, overwrite: bool = False) -> list[Path]:
-    """Write ``compare_report.md`` and ``compare_report.json`` (orjson, 2-space indent, as NeMo Gym)
-    into ``output_dir``. Raises ``FileExistsError`` when either exists and ``overwrite`` is false
-    (nothing written then)."""
+REPORT_FORMATS = ("md", "json", "both")
+
+
+def write_compare_report(report: dict[str, Any], output_dir: Union[str, Path], *, overwrite: bool = False,
+                         report_format: str = "both") -> list[Path]:
+    """Write ``compare_report.md`` and/or ``compare_report.json`` (orjson, 2-space indent, as NeMo
+    Gym) into ``output_dir``; ``report_format`` is NeMo Gym's ``--report-format`` (``md``, ``json``,
+    ``both``). Raises ``FileExistsError`` when one to write exists and ``overwrite`` is false
+    (nothing written then), ``CompareError`` for an unknown format."""
     import orjson
 
+    if report_format not in REPORT_FORMATS:
+        raise CompareError(f"--report-format must be one of {', '.join(REPORT_FORMATS)} (got {report_format!r})")
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise CompareError(f"--output-dir '{out}' exists and is not a directory")
-    paths = [out / COMPARE_MD, out / COMPARE_JSON]
+    paths = [p for p, fmt in ((out / COMPARE_MD, "md"), (out / COMPARE_JSON, "json")) if report_format in (fmt, "both")]
     existing = [str(p) for p in paths if p.exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{', '.join(existing)} already exist(s); pass --overwrite to replace")
     out.mkdir(parents=True, exist_ok=True)
-    paths[0].write_text(render_markdown(report), encoding="utf-8")
-    paths[1].write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    for p in paths:
+        if p.name == COMPARE_MD:
+            p.write_text(render_markdown(report), encoding="utf-8")
+        else:
+            p.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return paths

@@ -418,6 +418,40 @@ def list_runs(request, limit: int = 50, offset: int = OFFSET):
     return [_run_out(request, run, progress[run.pk]) for run in page]
 
 
+@api.post("/runs/import", response={201: RunOut, 400: Error, 413: Error}, summary="Import NeMo Gym output files as a run")
+def import_run(request,
+               rollouts: Optional[UploadedFile] = File(None, description="rollouts.jsonl (successes); optional with failures"),
+               failures: Optional[UploadedFile] = File(None, description="rollouts_failures.jsonl (the failures sidecar)"),
+               materialized: Optional[UploadedFile] = File(None, description="rollouts_materialized_inputs.jsonl (the task rows)"),
+               name: str = Form("", description="defaults to the file names")):
+    """The import page's three slots (``collection.importer``): a new run with status ``imported``,
+    all or nothing; a bad line is reported with its file and line (``errors`` names the field).
+    Every imported file downloads again byte for byte. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` per file."""
+    from rollouts.collection.importer import import_shards
+    from rollouts.evaluation import health
+
+    limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
+    uploads = {"rollouts": rollouts, "failures": failures, "materialized": materialized}
+    for field, upload in uploads.items():
+        if field in too_large_uploads(request) or (upload is not None and upload.size > limit):
+            raise HttpError(413, upload_limit_message(limit))
+    if rollouts is None and failures is None:
+        err = HttpError(400, "no file: send 'rollouts', 'failures' or both (and optionally 'materialized') as multipart fields")
+        err.errors = {"rollouts": ["this field is required"]}
+        raise err
+    sources = {field: (u.name or f"{field}.jsonl").rsplit("/", 1)[-1] for field, u in uploads.items() if u is not None}
+    pick = lambda field: [(uploads[field], sources[field])] if uploads[field] is not None else []  # noqa: E731
+    try:
+        summary = import_shards(pick("rollouts"), pick("failures"), pick("materialized"), name=name[:200], user=request.user)
+    except DatasetError as exc:
+        err = HttpError(400, str(exc))
+        field = next((f for f, src in sources.items() if src == exc.source), "rollouts")
+        err.errors = {field: [str(exc)]}
+        raise err from None
+    health.auto_check(summary.run)
+    return Status(201, _run_out(request, summary.run))
+
+
 @api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")
 def get_run(request, run_id: int):
     run = _run_for(request, run_id)

@@ -129,7 +129,7 @@ def iter_successes(run: Run, rollouts: Optional[QuerySet], options: ExportOption
         yield from export.iter_successes(run, rollouts)
         return
     for row, _info in iter_success_rows(run, rollouts, options):
-        yield export._dumps(row)
+        yield export.row_line(row)
 
 
 def iter_failures(run: Run, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:
@@ -143,9 +143,9 @@ def iter_failures(run: Run, rollouts: Optional[QuerySet], options: ExportOptions
     for chunk in _chunks(fetch):
         info = review_info([row[0] for row in chunk])
         for rollout_id, rollout_index, error, terminal, kind, task_json in chunk:
-            row = export.failure_row(json.loads(task_json), rollout_index, error, terminal, kind)
+            row = export.failure_row(json.loads(task_json), rollout_index, error, terminal)
             row["gymweb_review"] = _review_field(info[rollout_id], None, "env")
-            yield export._dumps(row)
+            yield export.row_line(row)
 
 
 def lines(run: Run, kind: str, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:

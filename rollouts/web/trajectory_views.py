@@ -665,14 +665,17 @@ def rollout_item(request, run_id, rollout_id, key):
 
 def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
     """The output-file row of an attempt, built exactly as the exports build it: a success's
-    ``rollouts.jsonl`` row, a failure's sidecar row; None for attempts written to no file."""
+    ``rollouts.jsonl`` row, a failure's sidecar row (an imported line kept as it came, as it came);
+    None for attempts written to no file."""
+    if rollout.source_text and rollout.status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED):
+        return json.loads(rollout.source_text)
     task_row = json.loads(rollout.task.row_json)
     stamp = export.stamps_rows(rollout.run)
     if rollout.status == Rollout.Status.SUCCEEDED:
         agent_ref = task_row.get("agent_ref") or {"name": rollout.run.agent_name}
         return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, agent_ref, stamp)
     if rollout.status == Rollout.Status.FAILED:
-        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind, stamp)
+        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
     return None
 
 
@@ -739,6 +742,12 @@ class ImportForm(forms.Form):
         help_text="optional: the rollouts_failures.jsonl of each file above (one failed attempt per line)",
         allow_empty_file=True,  # NeMo Gym writes an empty sidecar when nothing failed
     )
+    materialized = MultipleFileField(
+        label="materialised inputs",
+        required=False,
+        help_text="optional: the rollouts_materialized_inputs.jsonl beside them (the task rows, with the task fields "
+        "NeMo Gym's envs leave out of their results; needed to re-verify the run)",
+    )
     name = forms.CharField(max_length=200, required=False, help_text="default: the file names")
 
     def __init__(self, *args, too_large_uploads: Optional[set] = None, **kwargs):
@@ -748,7 +757,7 @@ class ImportForm(forms.Form):
     def clean(self):
         data = super().clean()
         limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
-        for field in ("rollouts", "failures"):
+        for field in ("rollouts", "failures", "materialized"):
             uploads = data.get(field) or []
             too_large = [u.name for u in uploads if u.size > limit]
             if field in self.too_large_uploads or too_large:
@@ -797,8 +806,9 @@ def _dataset_offer(upload, user) -> dict[str, Any]:
 
 @login_required
 def import_rollouts(request):
-    """The import page: one ``rollouts.jsonl`` (and its sidecar, or the sidecar alone), or several
-    shards of one run with their sidecars, into one new imported run (``importer.import_shards``)."""
+    """The import page: one ``rollouts.jsonl`` (and its sidecar, or the sidecar alone, and optionally
+    its materialised inputs), or several shards of one run with their sidecars, into one new
+    imported run (``importer.import_shards``)."""
     offer = None
     if request.method == "POST":
         form = ImportForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
@@ -806,9 +816,11 @@ def import_rollouts(request):
             taken: set = set()
             shards = _upload_sources(form.cleaned_data.get("rollouts") or [], "rollouts.jsonl", taken)
             sidecars = _upload_sources(form.cleaned_data.get("failures") or [], "failures sidecar", taken)
+            inputs = _upload_sources(form.cleaned_data.get("materialized") or [], "materialised inputs", taken)
             sidecar_sources = {src for _, src in sidecars}
+            input_sources = {src for _, src in inputs}
             try:
-                summary = import_shards(shards, sidecars, name=form.cleaned_data.get("name") or "", user=request.user)
+                summary = import_shards(shards, sidecars, inputs, name=form.cleaned_data.get("name") or "", user=request.user)
             except LooksLikeDatasetError as exc:
                 form.add_error("rollouts", str(exc))
                 if len(shards) == 1:
@@ -816,7 +828,8 @@ def import_rollouts(request):
             except WrongFileError as exc:
                 form.add_error(None if exc.swapped else ("failures" if exc.source in sidecar_sources else "rollouts"), str(exc))
             except DatasetError as exc:
-                form.add_error("failures" if exc.source in sidecar_sources else "rollouts", str(exc))
+                field = "failures" if exc.source in sidecar_sources else "materialized" if exc.source in input_sources else "rollouts"
+                form.add_error(field, str(exc))
             else:
                 parts = [f"{summary.succeeded} succeeded", f"{summary.failed} failed"]
                 if summary.not_run:

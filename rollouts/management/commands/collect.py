@@ -29,6 +29,7 @@ from rollouts.collection.datasets import DatasetError, read_jsonl, validate_over
 from rollouts.collection.dispatch import run_in_process
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Rollout, Run
 from rollouts.nemo import miswiring
 from rollouts.nemo.config import NemoConfigError, load_files
@@ -76,7 +77,7 @@ def miswired_rollouts(run: Run) -> int:
     return sum(1 for ws in rows.iterator() if any(str(w).startswith(miswiring.ROLLOUT_WARNING) for w in ws or []))
 
 
-class Command(BaseCommand):
+class Command(NemoGymFlags, BaseCommand):
     help = (
         "Collect rollouts: drive the agent service at --agent-url through the tasks of --input against "
         "the resources server at --env-url; write OUT.jsonl (successes), OUT_failures.jsonl and "
@@ -87,6 +88,12 @@ class Command(BaseCommand):
     # checks (django-ninja's API schemas, the renderers), a large part of a short run's CPU
     # (benchmarks/README.md).
     requires_system_checks = ["models", "gymweb"]
+    # NeMo Gym's `gym eval run` keys (+resume_from_cache=true, +num_repeats=4, ...) as aliases.
+    nemo_gym_flags = {
+        "resume_from_cache": "--resume", "input_jsonl_fpath": "--input", "output_jsonl_fpath": "--output",
+        "limit": "--limit", "num_repeats": "--num-repeats", "num_samples_in_parallel": "--concurrency",
+        "agent_name": "--agent-name", "disable_health_check": "--no-health-check",
+    }
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--agent-url", default=None, help="agent service base URL (POST {URL}/v1/responses); default: the agent's agent_base_url in --config")

@@ -1,9 +1,10 @@
-"""``python manage.py import_rollouts [FILE ...] [--input-glob GLOB] [--failures F] [--name N] [--no-health-check]``:
+"""``python manage.py import_rollouts [FILE ...] [--input-glob GLOB] [--failures F] [--materialized-inputs M] [--name N] [--no-health-check]``:
 import a NeMo Gym ``rollouts.jsonl`` (and its failures sidecar, or the sidecar alone), or several
 shards of one run, into a new run with status ``imported``.
 
-What it accepts and refuses: docs/evaluate.md. One FILE: its sidecar only when given with
-``--failures``; shards: ``collection.importer.import_shards``.
+What it accepts and refuses: docs/evaluate.md and docs/nemo-gym-files.md. One FILE: its sidecar
+only when given with ``--failures``; its ``<stem>_materialized_inputs.jsonl`` when given with
+``--materialized-inputs`` or found beside FILE; shards: ``collection.importer.import_shards``.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from rollouts.collection.datasets import DatasetError
+from rollouts.collection.export import output_stems
 from rollouts.collection.importer import LooksLikeDatasetError, import_shards
 from rollouts.evaluation import health
 from rollouts.evaluation.shards import expand_input_glob, failures_path_for
@@ -29,6 +31,8 @@ class Command(BaseCommand):
                             help="rollouts.jsonl written by NeMo Gym (or gymweb); several = shards of one run; optional with --failures")
         parser.add_argument("--input-glob", help="shards of one run, e.g. 'shards/*.jsonl' (quote it; comma-separated globs allowed)")
         parser.add_argument("--failures", help="the failures sidecar of a single FILE (rollouts_failures.jsonl), or alone")
+        parser.add_argument("--materialized-inputs", metavar="FILE",
+                            help="the run's rollouts_materialized_inputs.jsonl (default: the one beside a single FILE, if any)")
         parser.add_argument("--name", default="", help="the run's name (default: the file names)")
         parser.add_argument("--no-health-check", action="store_true", help="skip the health check of the imported rows")
 
@@ -48,14 +52,20 @@ class Command(BaseCommand):
             failures = [failures_path_for(p) for p in paths if failures_path_for(p).is_file()]
         if not paths and not failures:
             raise CommandError("give a rollouts.jsonl, a --failures file, both, or several shards (FILE... or --input-glob)")
-        for p in paths + failures:
+        inputs: list[Path] = []
+        if options.get("materialized_inputs"):
+            inputs.append(Path(options["materialized_inputs"]))
+        elif len(paths) == 1 and output_stems(paths[0])["materialized"].is_file():
+            inputs.append(output_stems(paths[0])["materialized"])
+        for p in paths + failures + inputs:
             if not p.is_file():
                 raise CommandError(f"{p}: no such file")
         try:
             with ExitStack() as stack:
                 shards = [(stack.enter_context(p.open("rb")), str(p)) for p in paths]
                 sidecars = [(stack.enter_context(p.open("rb")), str(p)) for p in failures]
-                summary = import_shards(shards, sidecars, name=options["name"])
+                materialized = [(stack.enter_context(p.open("rb")), str(p)) for p in inputs]
+                summary = import_shards(shards, sidecars, materialized, name=options["name"])
         except LooksLikeDatasetError as exc:
             raise CommandError(
                 f"{exc}: manage.py collect --input {paths[0]} --agent-url ... --env-url ... --output results/rollouts.jsonl"
@@ -64,6 +74,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         run = summary.run
         files = f" from {len(paths)} shard(s) and {len(failures)} failures sidecar(s)" if len(paths) > 1 else ""
+        if inputs:
+            files += f" with the materialised inputs {inputs[0]}"
         self.stdout.write(
             f"imported run #{run.pk} {run.name!r}{files}: {summary.rows} row(s), {summary.succeeded} succeeded, "
             f"{summary.failed} failed, {summary.not_run} never run, {summary.items} item(s); "

@@ -28,15 +28,20 @@ from rollouts.evaluation.run_profile import (
     write_files_profile,
     write_profile,
 )
+from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Run
 
 
-class Command(BaseCommand):
+class Command(NemoGymFlags, BaseCommand):
     help = (
         "Profile rewards like NeMo Gym's `gym eval profile`: RUN --output-dir DIR for a stored run, or "
         "--inputs MATERIALIZED.jsonl --rollouts ROLLOUTS.jsonl for files (written beside the rollouts file "
         "unless --output-dir). Writes NeMo Gym's three profile files plus gymweb's pass@k file."
     )
+
+    # NeMo Gym's `gym eval profile` keys (++allow_partial_rollouts=True, ...) as aliases.
+    nemo_gym_flags = {"allow_partial_rollouts": "--allow-partial-rollouts", "materialized_inputs_jsonl_fpath": "--inputs",
+                      "rollouts_jsonl_fpath": "--rollouts"}
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("run", nargs="?", help="a run id (as shown in the dashboard)")

@@ -1,0 +1,318 @@
+"""NeMo Gym's request model: ``responses_create_params`` as NeMo Gym 0.7.0 materialises it.
+
+NeMo Gym validates a row's ``responses_create_params`` into its request model
+(``NeMoGymResponseCreateParamsNonStreaming`` in ``nemo_gym/openai_utils.py``, built on the
+``openai`` package's Responses types) and then uses it in two shapes:
+
+- ``materialize(params)``: every field present, in the model's field order (30 keys), input items
+  with their defaults (``"type":"message"``, ``"phase":null`` on a message). This is what the env
+  receives in ``/seed_session`` and ``/verify`` and what a failure row carries (NeMo Gym's
+  ``model_dump()``).
+- ``materialize_response(response)``: the merged response as NeMo Gym's ``NeMoGymResponse`` dumps
+  it (openai's ``Response``, every field in order), the ``response`` of ``/verify``.
+- ``as_sent(params)``: only the fields the row set, in the model's field order, and each input item
+  with only the fields it set, in its model's field order. This is the body the agent service
+  receives from NeMo Gym's remote_agent (``model_dump(exclude_unset=True)``).
+
+NeMo Gym's own item models (messages, ``function_call``, ``function_call_output``, ``reasoning``)
+are materialised here; other typed items (hosted tool calls and their outputs) pass through as they
+came. Params NeMo Gym's model would refuse (an unknown field, a wrong type, nesting past pydantic's
+depth limit) are kept as they came:
+gymweb does not refuse a task row NeMo Gym would refuse, it only cannot reshape it. No Django here.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Literal, Optional, Union
+
+from openai.types.responses.response_conversation_param_param import ResponseConversationParamParam
+from openai.types.responses.response_create_params import (
+    ContextManagement,
+    Metadata,
+    Moderation,
+    Reasoning,
+    ResponseIncludable,
+    ResponsePromptParam,
+    ResponsesModel,
+    ResponseTextConfigParam,
+    StreamOptions,
+    ToolChoice,
+    ToolParam,
+)
+from openai.types.responses.response_function_call_output_item_list_param import ResponseFunctionCallOutputItemListParam
+from openai.types.responses.response_input_content_param import ResponseInputContentParam
+from openai.types.responses.response_output_text_param import Annotation, Logprob
+from openai.types.responses.response_reasoning_item import Content as ReasoningContent
+from openai.types.responses.response_reasoning_item import Summary
+from openai.types.responses import Response as _OpenAIResponse
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
+from pydantic import BaseModel
+
+__all__ = [
+    "as_sent", "function_call_output", "materialize", "materialize_item", "materialize_response", "run_record",
+    "sent_input", "sent_item",
+]
+
+# Keys NeMo Gym's remote_agent drops from a row before it goes to the env or into a failure row
+# (its ``_RESERVED_RESULT_KEYS``), and the alias its run request model reads but never writes back.
+RESERVED_KEYS = frozenset({"reward", "response", "error", "_ng_failure_class", "_ng_no_persist", "_ng_failure_terminal", "_ng_rollout_id"})
+
+_Status = Literal["in_progress", "completed", "incomplete"]
+_Phase = Optional[Literal["commentary", "final_answer"]]
+
+
+class _EasyMessage(BaseModel):
+    content: Union[str, List[ResponseInputContentParam]]
+    role: Literal["user", "assistant", "system", "developer"]
+    type: Literal["message"] = "message"
+    phase: _Phase = None
+
+
+class _InputMessage(BaseModel):
+    content: List[ResponseInputContentParam]
+    role: Literal["user", "system", "developer"]
+    status: _Status = "completed"
+    type: Literal["message"] = "message"
+
+
+class _OutputText(BaseModel):
+    annotations: List[Annotation]
+    text: str
+    type: Literal["output_text"] = "output_text"
+    logprobs: Optional[List[Logprob]] = None
+
+
+class _Refusal(BaseModel):
+    refusal: str
+    type: Literal["refusal"] = "refusal"
+
+
+class _OutputMessage(BaseModel):
+    id: str
+    content: List[Union[_OutputText, _Refusal]]
+    role: Literal["assistant"] = "assistant"
+    status: _Status = "completed"
+    type: Literal["message"] = "message"
+    phase: _Phase = None
+
+
+class _FunctionCall(BaseModel):
+    arguments: str
+    call_id: str
+    name: str
+    type: Literal["function_call"] = "function_call"
+    id: Optional[str] = None
+    status: Optional[_Status] = None
+    namespace: Optional[str] = None
+
+
+class _FunctionCallOutput(BaseModel):
+    call_id: str
+    output: Union[str, ResponseFunctionCallOutputItemListParam]
+    type: Literal["function_call_output"] = "function_call_output"
+    id: Optional[str] = None
+    status: Optional[_Status] = None
+
+
+class _Reasoning(BaseModel):
+    id: str
+    summary: List[Summary]
+    type: Literal["reasoning"] = "reasoning"
+    encrypted_content: Optional[str] = None
+    content: Optional[List[ReasoningContent]] = None
+
+
+class _Params(BaseModel):
+    """The request's top-level fields in NeMo Gym's order; ``input`` is handled item by item."""
+
+    background: Optional[bool] = None
+    include: Optional[List[ResponseIncludable]] = None
+    input: Any = None
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    max_tool_calls: Optional[int] = None
+    metadata: Optional[Metadata] = None
+    model: Optional[ResponsesModel] = None
+    parallel_tool_calls: bool = True
+    previous_response_id: Optional[str] = None
+    prompt: Optional[ResponsePromptParam] = None
+    reasoning: Optional[Reasoning] = None
+    service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority"]] = None
+    store: Optional[bool] = None
+    context_management: Optional[List[ContextManagement]] = None
+    conversation: Union[str, ResponseConversationParamParam, None] = None
+    moderation: Optional[Moderation] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_retention: Optional[Literal["in_memory", "24h"]] = None
+    safety_identifier: Optional[str] = None
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = None
+    text: Optional[ResponseTextConfigParam] = None
+    tool_choice: ToolChoice = "auto"
+    tools: List[ToolParam] = []
+    top_logprobs: Optional[int] = None
+    top_p: Optional[float] = None
+    truncation: Optional[Literal["auto", "disabled"]] = None
+    user: Optional[str] = None
+    stream: Optional[Literal[False]] = None
+
+
+_SIMPLE_ROLES = frozenset({"user", "system", "developer"})
+_STATUSES = frozenset({"in_progress", "completed", "incomplete"})
+_OUTPUT_PARTS = frozenset({"output_text", "refusal"})
+
+
+def _first_part_type(content: Any) -> Optional[str]:
+    if not isinstance(content, list) or not content or not isinstance(content[0], dict):
+        return None
+    first = content[0]
+    return first.get("type") or ("refusal" if "refusal" in first else None)
+
+
+def _message_model(item: dict[str, Any]) -> type[BaseModel]:
+    """Which message model NeMo Gym's input union picks: by role, content and status."""
+    content = item.get("content")
+    if item.get("role") in _SIMPLE_ROLES:
+        return _InputMessage if isinstance(content, list) and item.get("status") in _STATUSES else _EasyMessage
+    if isinstance(content, list) and (
+        (content and _first_part_type(content) in _OUTPUT_PARTS) or (not content and isinstance(item.get("id"), str))
+    ):
+        return _OutputMessage
+    return _EasyMessage
+
+
+def _item_model(item: Any) -> Optional[type[BaseModel]]:
+    """The model NeMo Gym's input union gives ``item``; None for items passed through as they came."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type")
+    if kind == "message":
+        return _message_model(item)
+    if kind is None:
+        if item.get("role") is not None and isinstance(item.get("content"), (str, list)):
+            return _message_model(item)
+        if "arguments" in item and "name" in item and "call_id" in item:
+            return _FunctionCall
+        if isinstance(item.get("call_id"), str) and "output" in item:
+            return _FunctionCallOutput
+        if isinstance(item.get("id"), str) and isinstance(item.get("summary"), list):
+            return _Reasoning
+        return None
+    return {"function_call": _FunctionCall, "function_call_output": _FunctionCallOutput, "reasoning": _Reasoning}.get(kind)
+
+
+def _dump_item(item: Any, exclude_unset: bool) -> Any:
+    model = _item_model(item)
+    if model is None:
+        return item
+    try:
+        return model.model_validate(item).model_dump(mode="json", exclude_unset=exclude_unset)
+    except (ValueError, RecursionError):  # refused, or nested past pydantic's depth limit
+        return item
+
+
+def sent_item(item: Any) -> Any:
+    """One item as NeMo Gym's remote_agent re-sends it to the agent service: only the fields given,
+    in its model's order; an item it does not model, or cannot validate, as it came."""
+    return _dump_item(item, exclude_unset=True)
+
+
+def materialize_item(item: Any) -> Any:
+    """One input item as NeMo Gym's model dumps it (every field, defaults filled); an item it does
+    not model, or cannot validate, as it came."""
+    return _dump_item(item, exclude_unset=False)
+
+
+def _dump(params: Any, exclude_unset: bool) -> Any:
+    if not isinstance(params, dict) or "input" not in params:
+        return params
+    try:
+        model = _Params.model_validate(params)
+    except (ValueError, RecursionError):  # refused, or nested past pydantic's depth limit
+        return params
+    out = model.model_dump(mode="json", exclude_unset=exclude_unset)
+    items = params["input"]
+    out["input"] = [_dump_item(i, exclude_unset) for i in items] if isinstance(items, list) else items
+    for key, value in params.items():  # fields NeMo Gym's model does not know: kept, last
+        if key not in out:
+            out[key] = value
+    return out
+
+
+def materialize(params: Any) -> Any:
+    """``responses_create_params`` as NeMo Gym's request model dumps it: all 30 fields in its order,
+    input items materialised (``materialize_item``); unknown fields kept at the end. A value that is
+    not an object with ``input``, or that NeMo Gym's model refuses, comes back unchanged."""
+    return _dump(params, exclude_unset=False)
+
+
+def as_sent(params: Any) -> Any:
+    """``responses_create_params`` as NeMo Gym's remote_agent sends it to the agent service: only the
+    fields given, in the model's order, each input item likewise. Unchanged where ``materialize`` is."""
+    return _dump(params, exclude_unset=True)
+
+
+def sent_input(params: Any) -> list[Any]:
+    """The first ``input`` list sent to the agent: ``as_sent(params)["input"]``, a string input
+    turned into one user message as NeMo Gym's remote_agent turns it (contract rule 7). Raises
+    ``ValueError`` for an ``input`` that is neither a string nor a list."""
+    value = as_sent(params).get("input", []) if isinstance(params, dict) else []
+    if isinstance(value, str):
+        return [{"content": value, "role": "user"}]
+    if not isinstance(value, list):
+        raise ValueError(f"responses_create_params.input must be a string or a list (got {type(value).__name__})")
+    return list(value)
+
+
+def run_record(row: dict[str, Any]) -> dict[str, Any]:
+    """The row as NeMo Gym's remote_agent passes it on (its run request model's ``model_dump()``,
+    reserved keys dropped): ``responses_create_params`` first and materialised, then the row's other
+    fields in order. The body of ``/seed_session``, and of ``/verify`` with ``response`` added."""
+    record: dict[str, Any] = {}
+    if "responses_create_params" in row:
+        record["responses_create_params"] = materialize(row["responses_create_params"])
+    for key, value in row.items():
+        if key not in record and key not in RESERVED_KEYS:
+            record[key] = value
+    return record
+
+
+class _InputTokensDetails(InputTokensDetails):
+    cached_tokens: Optional[int]
+
+
+class _OutputTokensDetails(OutputTokensDetails):
+    reasoning_tokens: Optional[int]
+
+
+class _Usage(ResponseUsage):
+    input_tokens_details: _InputTokensDetails
+    output_tokens_details: _OutputTokensDetails
+
+
+class _Response(_OpenAIResponse):
+    """openai's ``Response`` with NeMo Gym's two changes (``NeMoGymResponse``): ``output`` items are
+    materialised item by item (``materialize_item``), ``usage`` may have null detail counts."""
+
+    output: List[Any]
+    usage: Optional[_Usage] = None
+
+
+def materialize_response(response: Any) -> Any:
+    """A merged response as NeMo Gym's remote_agent sends it to ``/verify`` (its ``NeMoGymResponse``
+    dumped whole: every field of openai's ``Response`` in its order, output items materialised).
+    A value its model refuses comes back unchanged (the loop has validated the replies already)."""
+    if not isinstance(response, dict):
+        return response
+    try:
+        out = _Response.model_validate(response).model_dump(mode="json")
+    except (ValueError, RecursionError):  # refused, or nested past pydantic's depth limit
+        return response
+    if isinstance(response.get("output"), list):
+        out["output"] = [materialize_item(i) for i in response["output"]]
+    return out
+
+
+def function_call_output(call_id: str, output: str) -> dict[str, Any]:
+    """The ``function_call_output`` item NeMo Gym's remote_agent appends after a tool call, with its
+    fields in NeMo Gym's order (as the agent receives it)."""
+    return {"call_id": call_id, "output": output, "type": "function_call_output"}
