@@ -268,8 +268,8 @@ class _Rows:
         if status == Rollout.Status.SUCCEEDED:
             row = export.success_row(verify_json, ti, ri, export.agent_ref_of(task_row, self.run), self.stamp)
         else:
-            row = export.failure_row(task_row, ri, error, terminal, kind, self.stamp)
-        return export._dumps(row)
+            row = export.failure_row(task_row, ri, error, terminal, self.stamp)
+        return export.row_line(row)
 
 
 def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
@@ -378,7 +378,7 @@ def nemo_gym_row(rollout: Rollout) -> Optional[dict[str, Any]]:
     if rollout.status == Rollout.Status.SUCCEEDED:
         return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index,
                                   export.agent_ref_of(task_row, rollout.run), stamp)
-    return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, rollout.failure_kind, stamp)
+    return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
 
 
 @api.get("/rollouts/{rollout_id}", response={200: RolloutWholeOut, 400: Error, 409: Error},
@@ -398,7 +398,7 @@ def get_rollout(request, rollout_id: int):
         row = nemo_gym_row(rollout)
         if row is None:
             raise HttpError(409, f"rollout {rollout.pk} is {rollout.status}: it has no NeMo Gym row")
-        return HttpResponse(export._dumps(row).encode("utf-8", "surrogatepass"), content_type="application/json")
+        return HttpResponse(export.row_line(row).encode("utf-8", "surrogatepass"), content_type="application/json")
     out = _rollout_detail(request, rollout)
     verify = json.loads(rollout.verify_json) if rollout.verify_json else None
     if verify is not None:
