@@ -7,6 +7,7 @@ Scale-out: set ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/gymwe
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -284,7 +285,7 @@ GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP = int(os.environ.get("GYMWEB_DISPLAY_MAX_ITEMS
 # GYMWEB_REDIS_URL one: clearing the cache empties the whole database) so they share one copy.
 _cache_url = os.environ.get("GYMWEB_CACHE_URL", "").strip()
 if _cache_url:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
+    CACHES: dict[str, dict[str, Any]] = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 1000}}}
 

@@ -23,7 +23,6 @@ from aiohttp import web
 
 from examples import counter_agent as good
 from examples._serve import BackgroundServer, read_json
-from tests.servers import LOCAL
 
 Twist = Callable[[dict, dict, int], Any]
 

@@ -17,7 +17,6 @@ from tests.servers import (
     message,
     reply,
     task_row,
-    usage,
 )
 
 

@@ -13,7 +13,6 @@ import sys
 import time
 
 import httpx
-import pytest
 from django.templatetags.static import static
 from django.test import Client
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.models import AgentCall, Rollout, Run, Task
+from rollouts.models import AgentCall, Rollout, Run
 from rollouts.evaluation.run_profile import write_run_profile
 
 from .run_factories import finish, key, make_run, new_attempt
