@@ -318,6 +318,7 @@ def test_every_interval_is_scipys_student_t_interval_to_the_last_bit():
             low, high = stats.t.interval(0.95, df=n - 1, loc=mean, scale=sem)
             assert (entry[f"ci_low_95/{col}"], entry[f"ci_high_95/{col}"]) == (float(low), float(high))
             checked += 1
+    assert checked == 5 * 3  # each of the five repeats, three columns
     agent = result.agent_metrics[0]
     for col in ("mean/reward", "mean/input_tokens"):
         low, high = stats.t.interval(0.95, df=4, loc=agent[f"mean_across_repeats/{col}"], scale=agent[f"se_across_repeats/{col}"])
