@@ -28,6 +28,7 @@ def test_the_block_turns_local_targets_on_before_collect():
     assert block.index("export GYMWEB_ALLOW_LOCAL_TARGETS=1") < block.index("manage.py collect")
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_readme_headless_command_collects_the_counter_tasks(tmp_path):
     env_port, agent_port = (free_url().rsplit(":", 1)[1] for _ in range(2))

@@ -13,10 +13,14 @@ import sys
 import time
 
 import httpx
+import pytest
 from django.templatetags.static import static
 from django.test import Client
 
 from .conftest import REPO, _worker_env, free_port
+
+# Servers and commands in other processes, each importing Django and the settings anew.
+pytestmark = pytest.mark.slow
 
 README = (REPO / "README.md").read_text()
 
