@@ -26,8 +26,9 @@ test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Everything but the tests marked slow (browser, gunicorn, workers in other processes, demo, durability).
+# On pytest-xdist's workers, one per core; compiled test modules cached (__pycache__) between runs.
 test-fast: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -m "not slow" -n auto $(PYTEST_ARGS)
 
 # ruff (lint and format check), mypy and the import-linter contracts; configured in pyproject.toml.
 lint: $(BIN)/.installed
