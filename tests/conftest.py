@@ -17,8 +17,9 @@ SHARED_DATA = Path(os.environ.get("GYMWEB_NEMO_GYM_DATA") or REPO.parent / "shar
 
 
 # Marked ``slow`` (left out by ``make test-fast``): every test that uses one of these fixtures
-# (a browser, gunicorn or qcluster processes), besides the tests marked ``slow`` by hand.
-SLOW_FIXTURES = frozenset({"browser", "gunicorn", "workers"})
+# (a browser, gunicorn or qcluster processes, collectstatic's compressed output), besides the tests
+# marked ``slow`` by hand.
+SLOW_FIXTURES = frozenset({"browser", "gunicorn", "workers", "collected_static"})
 
 
 def pytest_collection_modifyitems(config, items):
