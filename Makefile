@@ -1,9 +1,10 @@
-# gymweb: `make demo` runs the dashboard with the example env and agent; `make test` runs the tests.
+# gymweb: `make demo` runs the dashboard with the example env and agent; `make test` runs the tests,
+# `make test-fast` all but the slow ones, `make lint` ruff, mypy and the import contracts.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install collect-demo
+.PHONY: demo test test-fast lint install collect-demo
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,8 +21,21 @@ AGENT_PORT ?= 9102
 demo: $(BIN)/.installed
 	$(BIN)/gymweb demo --port $(PORT) --env-port $(ENV_PORT) --agent-port $(AGENT_PORT) $(DEMO_ARGS)
 
+# PYTEST_ARGS: more pytest options (e.g. PYTEST_ARGS="-x tests/test_charts.py").
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Everything but the tests marked slow (browser, gunicorn, workers in other processes, demo, durability).
+# On pytest-xdist's workers, one per core; compiled test modules cached (__pycache__) between runs.
+test-fast: $(BIN)/.installed
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -m "not slow" -n auto $(PYTEST_ARGS)
+
+# ruff (lint and format check), mypy and the import-linter contracts; configured in pyproject.toml.
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import os
 import threading
 import time
 

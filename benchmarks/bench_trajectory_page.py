@@ -109,7 +109,7 @@ def main() -> None:
     steps = (args.items + 2) // 3
     pages = [
         (f"rollout with {args.items} items", reverse("rollout", args=[run.pk, long.pk]), 200, 150),
-        (f"  the same with ?q=count", reverse("rollout", args=[run.pk, long.pk]) + "?q=count", 200, 150),
+        ("  the same with ?q=count", reverse("rollout", args=[run.pk, long.pk]) + "?q=count", 200, 150),
         (f"running rollout ({args.items} items), live tail page", reverse("rollout", args=[run.pk, running.pk]), 200, 150),
         ("  live poll, nothing new (204)", f"{live}?from={steps - 1}&seen={_live_signature('running', args.items, steps)}", 204, None),
         ("  live poll, something new", f"{live}?from={steps - 1}&seen=running.0.0", 200, None),

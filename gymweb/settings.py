@@ -7,6 +7,7 @@ Scale-out: set ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/gymwe
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -223,7 +224,7 @@ FILE_UPLOAD_HANDLERS = [
 # While Redis does not answer the cache fails open (gymweb.cache): pages are slower, never broken.
 _cache_url = GYMWEB.cache_url.strip()
 if _cache_url:
-    CACHES = {"default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
+    CACHES: dict[str, dict[str, Any]] = {"default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 1000}}}
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
@@ -84,7 +84,18 @@ def clip_encoded(text: str, limit: int) -> str:
     return "".join(out)
 
 
-class _Lossless:
+class _ValueOnInstances:
+    """For the type checker only: on a model instance the attribute holds the value, not the field
+    (Django's own fields get this from django-stubs, which gymweb does not use)."""
+
+    if TYPE_CHECKING:
+
+        def __get__(self, instance: Any, owner: Any) -> Any: ...
+
+        def __set__(self, instance: Any, value: Any) -> None: ...
+
+
+class _Lossless(_ValueOnInstances):
     """Shared by the two plain-text fields: encode on the way in, decode on the way out."""
 
     def from_db_value(self, value, expression, connection):
@@ -110,7 +121,7 @@ class LosslessCharField(_Lossless, models.CharField):
     value lives in a JSON column beside them)."""
 
 
-class JSONTextField(models.TextField):
+class JSONTextField(_ValueOnInstances, models.TextField):
     """A JSON value stored as JSON text (``dumps``) in a ``text`` column on every backend: exact
     (key order, ``-0.0``, ``1.0``, big numbers, ``\\u0000`` anywhere) where ``jsonb`` is not. Reads
     give the decoded value; ``None`` is SQL NULL (so a JSON ``null`` reads back as ``None`` too).

@@ -16,24 +16,61 @@ COUNTER_TASKS = REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl"
 SHARED_DATA = Path(os.environ.get("GYMWEB_NEMO_GYM_DATA") or REPO.parent / "shared" / "data" / "nemo_gym")
 
 
+# Marked ``slow`` (left out by ``make test-fast``): every test that uses one of these fixtures
+# (a browser, gunicorn or qcluster processes, collectstatic's compressed output), besides the tests
+# marked ``slow`` by hand.
+SLOW_FIXTURES = frozenset({"browser", "gunicorn", "workers", "collected_static"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def _static_root(tmp_path_factory) -> Path:
+    """Where collectstatic writes for this test run: one folder shared by pytest-xdist's workers."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    return base / "staticfiles"
+
+
 @pytest.fixture(scope="session", autouse=True)
-def collected_static(tmp_path_factory):
-    """Static files collected once per session with the production storage (WhiteNoise's
-    ``CompressedManifestStaticFilesStorage``: compressed copies, hashed names in a manifest), for
-    the subprocesses that serve pages as in production (gunicorn, runserver; passed as
-    ``GYMWEB_STATIC_ROOT``). In this process pages name the plain files, as Django advises for
-    tests: the live server serves them through the finders, which know no hashed names. Tests that
-    check hashed names use the ``manifest_static`` fixture."""
+def _plain_static_names(tmp_path_factory):
+    """In this process pages name the plain static files, as Django advises for tests: the live
+    server serves them through the finders, which know no hashed names. The production storage
+    stays in ``GYMWEB_PRODUCTION_STORAGES`` for ``collected_static`` and ``manifest_static``."""
+    from django.conf import settings as dj
+    from django.test import override_settings
+
+    plain = {**dj.STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    with override_settings(STATIC_ROOT=_static_root(tmp_path_factory), STORAGES=plain,
+                           GYMWEB_PRODUCTION_STORAGES=dict(dj.STORAGES)):
+        yield
+
+
+@pytest.fixture(scope="session")
+def collected_static(tmp_path_factory, _plain_static_names):
+    """Static files collected with the production storage (WhiteNoise's
+    ``CompressedManifestStaticFilesStorage``: compressed copies, hashed names in a manifest), once
+    per test run and only when a test asks for them: the subprocesses that serve pages as in
+    production (gunicorn, runserver; passed as ``GYMWEB_STATIC_ROOT``) and ``manifest_static``.
+    pytest-xdist's workers share one copy (a file lock; the manifest is written last)."""
+    import fcntl
+
     from django.conf import settings as dj
     from django.core.management import call_command
     from django.test import override_settings
 
-    root = tmp_path_factory.mktemp("staticfiles")
-    with override_settings(STATIC_ROOT=root):
-        call_command("collectstatic", interactive=False, verbosity=0)
-        plain = {**dj.STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
-        with override_settings(STORAGES=plain, GYMWEB_PRODUCTION_STORAGES=dict(dj.STORAGES)):
-            yield root
+    root = _static_root(tmp_path_factory)
+    root.mkdir(parents=True, exist_ok=True)
+    with (root.parent / "staticfiles.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "staticfiles.json").exists():
+            with override_settings(STORAGES=dj.GYMWEB_PRODUCTION_STORAGES):
+                call_command("collectstatic", interactive=False, verbosity=0)
+    return root
 
 
 @pytest.fixture
@@ -41,6 +78,34 @@ def manifest_static(settings, collected_static):
     """Pages name static files by collectstatic's hashed names, as with DEBUG off in production."""
     settings.STORAGES = settings.GYMWEB_PRODUCTION_STORAGES
     return collected_static
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(request, settings):
+    """Test users' passwords are hashed with MD5 (Django's advice for tests: the production hasher
+    costs about a second of CPU per user). Not where a server in another process checks them."""
+    if "gunicorn" not in request.fixturenames:
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser():
+    """Debian's chromium, headless, through Playwright (skips when either is missing)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"],
+        )
+        yield browser
+        browser.close()
 
 
 @pytest.fixture(scope="session")

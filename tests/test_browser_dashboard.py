@@ -11,26 +11,12 @@ import pytest
 
 from rollouts.models import Run
 
-CHROMIUM = "/usr/bin/chromium"
+from .conftest import CHROMIUM
 
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
     pytest.mark.timeout(240),
 ]
-
-
-@pytest.fixture
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"],
-        )
-        yield browser
-        browser.close()
 
 
 def test_a_run_started_in_the_browser_completes_live_and_downloads(

@@ -11,7 +11,7 @@ import pytest
 from rollouts.models import Run
 
 from .run_factories import make_run
-from .test_browser_dashboard import CHROMIUM, browser  # noqa: F401  (the fixture)
+from .conftest import CHROMIUM
 
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),

@@ -11,7 +11,7 @@ import pytest
 from rollouts.models import Note, ReviewMark, Rollout, RolloutLabel
 
 from .run_factories import finish, key, make_run
-from .test_browser_dashboard import CHROMIUM, browser  # noqa: F401 (fixture)
+from .conftest import CHROMIUM
 
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),

@@ -16,7 +16,7 @@ from rollouts.collection.datasets import read_jsonl
 from rollouts.collection.importer import import_rollouts
 from rollouts.models import AgentCall, Rollout, Run
 
-from .test_browser_dashboard import CHROMIUM, browser  # noqa: F401 (fixture)
+from .conftest import CHROMIUM
 
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),

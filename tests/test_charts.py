@@ -89,6 +89,7 @@ def test_labels_read_like_units():
 def test_bars_sit_on_the_baseline_and_the_tallest_reaches_its_round_top():
     chart = charts.bar_chart([("a", 1), ("b", 4), ("c", 0)], id="t", title="t")
     f = chart.frame
+    assert len(chart.bars) == 3
     for bar in chart.bars:
         assert bar.y + bar.height == pytest.approx(f.bottom, abs=0.01)
         assert f.left <= bar.x and bar.x + bar.width <= f.right + 0.01

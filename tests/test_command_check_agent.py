@@ -88,6 +88,7 @@ def test_the_timeout_option_bounds_each_probe():
     assert "no reply within 0.1 s" in text
 
 
+@pytest.mark.slow
 def test_the_exit_status_reaches_the_shell(counter_agent_url):
     def status(*args: str) -> int:
         # the agents run on 127.0.0.1: a local single-user set-up allows local targets

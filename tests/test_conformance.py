@@ -116,6 +116,7 @@ def test_a_slow_reply_is_a_warning_with_its_latency():
     report, _ = run_check("slow", slow_s=0.1)
     hits = found(report, "slow", WARNING)
     assert report.ok and report.codes() == {"slow"}
+    assert hits and report.probes
     assert all("more than 0.1 s" in f.title for f in hits)
     assert all(float(f.title.split("took ")[1].split(" s")[0]) >= SLOW_DELAY_S - 0.05 for f in hits)
     assert sorted(p for f in hits for p in f.probes) == sorted(PROBES)

@@ -18,7 +18,7 @@ import pytest
 
 from .conftest import REPO, free_port
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def test_make_demo_passes_the_port_and_the_example_ports():

@@ -145,6 +145,7 @@ def test_the_fake_brain_has_claudes_command_line_shape():
     ]}
 
 
+@pytest.mark.slow
 def test_it_starts_with_one_command_and_prints_its_address():
     env = {"AGENT_BRAIN_CMD": FAKE_BRAIN_CMD, "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(

@@ -213,6 +213,7 @@ def test_the_latency_option_delays_every_call():
         assert time.perf_counter() - started >= 0.15
 
 
+@pytest.mark.slow
 def test_it_starts_with_one_command_and_prints_its_address():
     proc = subprocess.Popen(
         [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", "0", "--latency-ms", "1"],

@@ -256,6 +256,7 @@ def test_aggregate_metrics_can_be_left_out_and_then_answers_404():
     assert reply.status_code == 404
 
 
+@pytest.mark.slow
 def test_it_serves_thousands_of_concurrent_sessions_without_mixing_them(env_url):
     async def one(session: aiohttp.ClientSession, n: int) -> int:
         async with session.post(f"{env_url}/seed_session", json={"initial_count": n}) as r:
@@ -274,6 +275,7 @@ def test_it_serves_thousands_of_concurrent_sessions_without_mixing_them(env_url)
     assert asyncio.run(main()) == [2 * n for n in range(2000)]
 
 
+@pytest.mark.slow
 def test_it_starts_with_one_command_and_prints_its_address():
     proc = subprocess.Popen(
         [sys.executable, "-m", "gymweb.examples.counter_env", "--host", "127.0.0.1", "--port", "0"],

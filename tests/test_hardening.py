@@ -13,7 +13,7 @@ from rollouts.collection.dispatch import _Batch, write_batch
 from rollouts.engine.loop import FailureKind, RolloutOutcome
 from rollouts.models import Rollout, Run
 
-from .servers import AgentService, EnvService, Reply, async_test, drive, message, reply, task_row
+from .servers import AgentService, EnvService, Reply, async_test, drive, message, reply
 
 GOOD = '{"responses_create_params": {"input": "hi"}}'
 

@@ -18,7 +18,6 @@ from tests.servers import (
     message,
     reply,
     task_row,
-    usage,
 )
 
 
@@ -225,6 +224,7 @@ async def test_the_agent_never_receives_row_fields_other_than_responses_create_p
     async with EnvService({"increment_counter": {"count": 1}}) as env, AgentService(*script) as agent:
         outcome = await drive(agent, env, row=row)
     assert outcome.ok, outcome.error
+    assert len(agent.calls) == 2
     for rec in agent.calls:
         text = rec.body.decode()
         assert set(rec.json) == set(row["responses_create_params"]), "exactly the params, input grown"

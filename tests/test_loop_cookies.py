@@ -41,6 +41,7 @@ async def test_env_cookies_from_seed_go_on_every_tool_call_and_verify_and_never_
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert env.at("/seed_session")[0].cookie_header is None, "a rollout starts with an empty jar"
+    assert len(env.tool_requests) == 2 and len(env.at("/verify")) == 1
     for rec in env.tool_requests + env.at("/verify"):
         assert rec.cookies == {"env_session": "ENVSECRET", "env_other": "2"}, rec.path
     assert len(agent.calls) == 3
@@ -108,6 +109,7 @@ async def test_the_agents_cookies_are_echoed_on_its_later_calls_and_never_sent_t
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert [r.cookie_header for r in agent.calls] == [None, "agent_state=turn0", "agent_state=turn1"]
+    assert env.requests
     for rec in env.requests:
         assert rec.cookie_header is None, rec.path
 
@@ -171,6 +173,7 @@ async def test_two_concurrent_rollouts_through_one_shared_client_never_see_each_
     for rec in env.tool_requests:
         name = rec.json["task"]
         assert rec.cookies in ({"env_sid": f"ENV-{name}"}, {"env_sid": f"ENV-{name}-2"}), (name, rec.cookie_header)
+    assert len(env.at("/verify")) == 3 and len(env.at("/seed_session")) == 3
     for rec in env.at("/verify"):
         assert rec.cookies == {"env_sid": f"ENV-{rec.json['task']}-2"}
     for rec in env.at("/seed_session"):

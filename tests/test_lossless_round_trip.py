@@ -164,6 +164,7 @@ def _downloads(client, run: Run) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_the_cli_writes_and_stores_exactly_what_the_loop_saw(services, oracle, tmp_path, signed_in):
     agent_url, env_url = services
     out = tmp_path / "results" / "rollouts.jsonl"
@@ -197,6 +198,7 @@ def test_a_worker_process_stores_exactly_what_the_loop_saw(services, oracle, wor
     _check_pages(signed_in, run, oracle)
 
 
+@pytest.mark.slow
 def test_importing_the_files_and_exporting_them_gives_the_same_bytes(oracle, tmp_path, signed_in):
     folder = tmp_path / "files"
     folder.mkdir()

@@ -10,7 +10,7 @@ from django.db.migrations.executor import MigrationExecutor
 from rollouts import search
 from rollouts.models import Rollout, TrajectoryItem
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # migrates back and forth
 
 BEFORE = [("rollouts", "0012_review")]
 

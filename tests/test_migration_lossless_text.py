@@ -11,7 +11,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # migrates back and forth
 
 BEFORE = [("rollouts", "0009_health_and_reverify")]
 AFTER = [("rollouts", "0006_lossless_text")]

@@ -5,9 +5,9 @@ tests/data/profile_fixture/ is preferred so a lone clone (no ../shared) still ru
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
+import os
 import random
 import warnings
 from pathlib import Path
@@ -318,6 +318,7 @@ def test_every_interval_is_scipys_student_t_interval_to_the_last_bit():
             low, high = stats.t.interval(0.95, df=n - 1, loc=mean, scale=sem)
             assert (entry[f"ci_low_95/{col}"], entry[f"ci_high_95/{col}"]) == (float(low), float(high))
             checked += 1
+    assert checked == 5 * 3  # each of the five repeats, three columns
     agent = result.agent_metrics[0]
     for col in ("mean/reward", "mean/input_tokens"):
         low, high = stats.t.interval(0.95, df=4, loc=agent[f"mean_across_repeats/{col}"], scale=agent[f"se_across_repeats/{col}"])
@@ -399,19 +400,24 @@ def test_gymweb_extras_from_rows_can_count_failures_as_zero():
     assert "pass@4" not in with_failures and with_failures["num_tasks@3"] == 1
 
 
-# --- byte for byte what it was: random inputs against digests of a checked implementation ---------
+# --- what it was: random inputs against snapshots of a checked implementation ----------------------
 #
-# Digests of NeMo Gym's three files, the completion summary and gymweb's extras of random inputs
-# (fan-out, masks, missing fields, groups of 9 and 17 rollouts, where numpy's pairwise sums differ
-# from naive ones): any change to a byte of them, or to a float's last bit, shows here. Taken from
-# the numpy/scipy implementation; over 300 such inputs it agreed bit for bit with the pure-Python one
-# before it (commit e860ac7) except in the Student-t interval bounds, which that one computed to
-# ~1e-15 relative instead of scipy's exact bits. Update them only for a deliberate change of the output.
+# NeMo Gym's three files, the completion summary and gymweb's extras of random inputs (fan-out,
+# masks, missing fields, groups of 9 and 17 rollouts, where numpy's pairwise sums differ from naive
+# ones), as JSON in tests/data/profile_snapshots/ (one file per seed, one row per line): a change
+# shows as the first differing value, by its path. Taken from the numpy/scipy implementation; over
+# 300 such inputs it agreed bit for bit with the pure-Python one before it (commit e860ac7) except in
+# the Student-t interval bounds, which that one computed to ~1e-15 relative instead of scipy's exact
+# bits. Update them only for a deliberate change of the output, and read the diff:
+#     GYMWEB_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest tests/test_profile_module.py -k snapshot
 #
-# Floats are hashed rounded to 10 significant digits (and below 1e-9 to 0): numpy picks its SIMD kernels by CPU (AVX2 on
-# one host, AVX-512 on another), and their pairwise sums differ in the last bits, so exact-bit digests
-# failed on a host other than the one that made them. The byte-for-byte check against NeMo Gym's own
-# files (profile_fixture) stays exact; this one guards the logic (what is counted, grouped, masked).
+# Floats are kept rounded to 10 significant digits (and below 1e-9 to 0): numpy picks its SIMD
+# kernels by CPU (AVX2 on one host, AVX-512 on another), and their pairwise sums differ in the last
+# bits, so exact-bit snapshots failed on a host other than the one that made them. The byte-for-byte
+# check against NeMo Gym's own files (profile_fixture) stays exact; this one guards the logic (what
+# is counted, grouped, masked).
+SNAPSHOTS = Path(__file__).resolve().parent / "data" / "profile_snapshots"
+SNAPSHOT_SEEDS = range(40)
 
 
 def golden_case(seed):
@@ -462,38 +468,84 @@ def _dumps_rounded(value) -> bytes:
     return orjson.dumps(_rounded(value), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def golden_digest(seed):
+def _plain(value):
+    """``value`` rounded (see above) and as JSON reads it back (tuples as lists, numpy as Python)."""
+    return orjson.loads(_dumps_rounded(value))
+
+
+def profile_snapshot(seed) -> dict:
+    """Everything profiling ``golden_case(seed)`` gives, by part; ``{"error": ...}`` when it refuses."""
     materialized, rows, partial = golden_case(seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             result = P.profile_rows(materialized, rows, allow_partial_rollouts=partial)
         except ValueError as exc:
-            return "error: " + str(exc)[:60]
-    parts = [_dumps_rounded(x) for x in (result.reward_profiling, result.agent_metrics, result.repeat_level_metrics,
-                                                result.completion_summary, [result.masked_rollouts])]
+            return {"error": str(exc)}
+    snapshot = {
+        "reward_profiling": _plain(result.reward_profiling), "agent_metrics": _plain(result.agent_metrics),
+        "repeat_level_metrics": _plain(result.repeat_level_metrics),
+        "completion_summary": _plain(result.completion_summary), "masked_rollouts": _plain(result.masked_rollouts),
+    }
     for continuous in ("expected_max", "first_k"):
-        parts.append(_dumps_rounded(P.gymweb_extras(result, continuous=continuous)))
-        parts.append(_dumps_rounded(P.gymweb_extras(rows, continuous=continuous)))
-    parts.append("|".join(str(w.message) for w in caught).encode())
-    return hashlib.sha256(b"\n".join(parts)).hexdigest()[:16]
+        snapshot[f"gymweb_extras/{continuous}"] = _plain(P.gymweb_extras(result, continuous=continuous))
+        snapshot[f"gymweb_extras/{continuous}/from_rows"] = _plain(P.gymweb_extras(rows, continuous=continuous))
+    snapshot["warnings"] = [str(w.message) for w in caught]
+    return snapshot
 
 
-MISSING_ROLLOUTS = "error: Materialized input rows and rollout results do not have matc"  # strict mode
-GOLDEN_DIGESTS = {
-    0: '123c9a6b44b9a4ea', 1: 'b6b841882c035926', 2: '3b61717ff9763bc1', 3: '60ac709e3457b8e1',
-    4: '8f4f36f63f0dd088', 5: '2f6840c224843042', 6: '9b0bf4c98f14b1d0', 7: '98fb28b945d7cf23',
-    8: '037896a64d423228', 9: '124723eed57f4a1e', 10: '2b4a4d1d7f5e929f', 11: MISSING_ROLLOUTS,
-    12: MISSING_ROLLOUTS, 13: '6c09eafd74d8359e', 14: 'e0cbe8e46c2478b6', 15: 'e1138047fcbc888b',
-    16: '9f76216541fade0a', 17: 'bab2e77e7c896926', 18: '269e25c38d20384b', 19: 'fed4075359c8fbf2',
-    20: '5848c83befb932e3', 21: '91fca193d97dc62a', 22: '65dc10eb2f70ca67', 23: '57c2335b19d84c5b',
-    24: '3bb18de34606d219', 25: 'fad34ea5eea58a23', 26: '46b3afee97f6d6f9', 27: 'bbe8f90da4efdef8',
-    28: '46b45c74b9831517', 29: 'a84af31e9333f039', 30: '971ef78092e745bc', 31: 'fda84cf2fb9514ce',
-    32: '84db8129eb95006c', 33: '2b7d487cefda66ee', 34: MISSING_ROLLOUTS, 35: '69790de55bf6e343',
-    36: 'c5a2727a85c87a36', 37: '7343637d8138944d', 38: 'db81df4525bb5d2a', 39: 'e48e054dcb720d8d',
-}
+def _snapshot_text(snapshot: dict) -> str:
+    """JSON with one top-level part, or one row of a part that is a list, per line."""
+    def one(value):
+        return json.dumps(value, ensure_ascii=False, sort_keys=False)
+
+    lines = []
+    for name, value in snapshot.items():
+        if isinstance(value, list) and value:
+            lines.append(f"  {one(name)}: [\n" + ",\n".join(f"    {one(v)}" for v in value) + "\n  ]")
+        else:
+            lines.append(f"  {one(name)}: {one(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-@pytest.mark.parametrize("seed", sorted(GOLDEN_DIGESTS))
-def test_random_inputs_profile_to_the_same_bytes_as_the_checked_implementation(seed):
-    assert golden_digest(seed) == GOLDEN_DIGESTS[seed]
+def _difference(expected, actual, path="") -> str | None:
+    """Where ``actual`` first differs from ``expected`` (a JSON path) and the two values there."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        if list(expected) != list(actual):
+            return f"{path or 'top level'}: keys {list(expected)} expected, got {list(actual)}"
+        for key in expected:
+            found = _difference(expected[key], actual[key], f"{path}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(actual, list):
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            found = _difference(e, a, f"{path}[{i}]")
+            if found:
+                return found
+        if len(expected) != len(actual):
+            return f"{path}: {len(expected)} items expected, got {len(actual)}"
+        return None
+    if expected != actual or type(expected) is not type(actual):
+        return f"{path}: {expected!r} expected, got {actual!r}"
+    return None
+
+
+def test_the_snapshot_diff_names_the_first_changed_value():
+    assert _difference({"a": [1, {"b": 2.0}]}, {"a": [1, {"b": 2.5}]}) == "['a'][1]['b']: 2.0 expected, got 2.5"
+    assert _difference({"a": [1]}, {"a": [1, 2]}) == "['a']: 1 items expected, got 2"
+    assert _difference({"a": 1}, {"a": 1.0}) == "['a']: 1 expected, got 1.0"
+    assert _difference({"a": 1}, {"a": 1}) is None
+
+
+@pytest.mark.parametrize("seed", SNAPSHOT_SEEDS)
+def test_random_inputs_profile_to_the_snapshot_of_the_checked_implementation(seed):
+    path = SNAPSHOTS / f"seed_{seed:02d}.json"
+    actual = profile_snapshot(seed)
+    if os.environ.get("GYMWEB_UPDATE_SNAPSHOTS"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(_snapshot_text(actual))
+    expected = json.loads(path.read_text())
+    assert expected and json.loads(_snapshot_text(actual)) == actual  # the file holds exactly what was profiled
+    difference = _difference(expected, actual)
+    assert difference is None, f"seed {seed} ({path.name}): {difference}"

@@ -255,7 +255,9 @@ def test_texts_that_are_not_numbers_of_this_version_read_as_unknown(text):
 
 
 def test_profile_json_for_verify_is_the_numbers_of_the_row_the_export_writes():
-    for row in iter_jsonl(FIXTURE / "rollouts.jsonl"):
+    fixture_rows = list(iter_jsonl(FIXTURE / "rollouts.jsonl"))
+    assert len(fixture_rows) == 20
+    for row in fixture_rows:
         verify = {k: v for k, v in row.items() if k not in (T, R, "agent_ref")}
         exported = {**verify, T: row[T], R: row[R], "agent_ref": row["agent_ref"]}
         assert profile_json_for_verify(verify) == dumps_profile_numbers(profile_numbers(exported))
@@ -299,6 +301,7 @@ def test_an_imported_file_stores_the_numbers_and_profiles_like_nemo_gym(db):
     # The numbers are NeMo Gym's own (its files for this fixture; the samples differ: an imported
     # run's task rows come from the rollouts file, not from the materialised inputs).
     nemo = json.loads((FIXTURE / "rollouts_agent_metrics.json").read_text())
+    assert nemo and nemo[0]
     for key_, value in nemo[0].items():
         assert math.isclose(result.agent_metrics[0][key_], value, rel_tol=1e-9) if isinstance(value, float) else result.agent_metrics[0][key_] == value
     assert [t["num_passed"] for t in extras["per_task"]] == [4, 3, 1, 0, 2]

@@ -1,12 +1,15 @@
 """The README's headless command works as written: its block (the example env and agent on
 127.0.0.1, then ``collect``) runs in a shell whose environment does not allow local targets, so the
 block itself must turn them on (docs/production.md, "Which hosts a run may reach"). Only the ports and the
-output folder are moved, since other test runs share the machine."""
+output folder are moved, since other test runs share the machine, and the README's
+``.venv/bin/...`` commands run with this test run's interpreter (wherever its environment lives)."""
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -25,11 +28,13 @@ def test_the_block_turns_local_targets_on_before_collect():
     assert block.index("export GYMWEB_ALLOW_LOCAL_TARGETS=1") < block.index("gymweb collect")
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_readme_headless_command_collects_the_counter_tasks(tmp_path):
     env_port, agent_port = (free_url().rsplit(":", 1)[1] for _ in range(2))
     block = headless_block().replace("9101", env_port).replace("9102", agent_port)
     block = block.replace("results/rollouts.jsonl", str(tmp_path / "results" / "rollouts.jsonl"))
+    block = block.replace(".venv/bin/python", shlex.quote(sys.executable))
     # wait for the two services as a user would, then run the rest; stop the services at the end
     lines = block.splitlines()
     wait = (f"for p in {env_port} {agent_port}; do for i in $(seq 1 100); do "

@@ -88,7 +88,9 @@ def test_gymweb_review_lists_labels_notes_and_the_correction_when_asked(signed_i
 
 def test_the_rest_of_a_row_is_unchanged_by_the_review_options(signed_in, run):
     plain = {r["_ng_task_index"]: r for r in rows(signed_in.get(url(run, "rollouts")))}
-    for r in rows(signed_in.get(url(run, "rollouts", "review=1&reward_source=corrected"))):
+    reviewed = rows(signed_in.get(url(run, "rollouts", "review=1&reward_source=corrected")))
+    assert plain and len(reviewed) == len(plain)
+    for r in reviewed:
         before = plain[r["_ng_task_index"]]
         assert list(r) == list(before) + ["_gymweb_reward_source", "gymweb_review"]  # key order kept, ours last
         assert {k: v for k, v in r.items() if k in before and k != "reward"} == {k: v for k, v in before.items() if k != "reward"}

@@ -3,7 +3,6 @@ actions (HTMX and plain), the Labels page, the run table's columns and filters, 
 failures (anonymous, CSRF)."""
 from __future__ import annotations
 
-import json
 
 import pytest
 from django.test import Client

@@ -19,6 +19,9 @@ from django.test import Client
 
 from .conftest import REPO, _worker_env, free_port
 
+# Servers and commands in other processes, each importing Django and the settings anew.
+pytestmark = pytest.mark.slow
+
 PRODUCTION = (REPO / "docs" / "production.md").read_text()
 
 

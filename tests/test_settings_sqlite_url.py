@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
@@ -29,6 +31,7 @@ def _probe(tmp_path, url):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_sqlite_database_url_runs_in_wal_mode_without_a_sync_per_commit(tmp_path):
     got = _probe(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite3'}")
     assert got == {"mode": "wal", "sync": 1, "busy": 30000, "tx": "IMMEDIATE"}

@@ -76,6 +76,7 @@ def test_every_real_trace_converts_to_valid_chat(shared_data):
 
 def test_two_real_traces_match_the_expected_file(shared_data):
     expected = [json.loads(line) for line in EXPECTED.read_text().splitlines()]
+    assert len(expected) == len(EXPECTED_SOURCES) == 2
     for (folder, n), want in zip(EXPECTED_SOURCES, expected):
         row = json.loads((shared_data / folder / "example_rollouts.jsonl").read_text().splitlines()[n])
         assert conversation(row) == want

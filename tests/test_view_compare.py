@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from rollouts.models import AgentCall, Rollout, TrajectoryItem
 
 from .run_factories import dataset_lines, finish, key, make_run
 from .test_xss import EVIL, assert_inert

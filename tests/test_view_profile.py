@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.models import AgentCall, Rollout, Run, Task
+from rollouts.models import AgentCall, Rollout, Run
 from rollouts.evaluation.run_profile import write_run_profile
 
 from .run_factories import finish, key, make_run, new_attempt
@@ -124,7 +124,9 @@ def test_a_run_collected_in_process_shows_every_task_with_mean_reward_one_and_pa
     table = re.search(r'<table class="compact pass-table">.*?</table>', html, re.S).group(0)
     assert re.findall(r"<tr><td>(\d)</td><td class=\"num\">([^<]*)</td>", table) == [("1", "1.0"), ("2", "1.0"), ("3", "1.0")]
     # the downloads are the files the profile command writes
-    for path, kind in zip(write_run_profile(run, tmp_path), KINDS):
+    written = write_run_profile(run, tmp_path)
+    assert len(written) == len(KINDS)
+    for path, kind in zip(written, KINDS):
         assert client.get(reverse("run_profile_file", args=[run.pk, kind])).content == path.read_bytes()
 
 
@@ -132,6 +134,7 @@ def test_a_run_collected_in_process_shows_every_task_with_mean_reward_one_and_pa
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_four_downloads_equal_write_run_profile_s_files(signed_in, mixed, tmp_path):
     paths = write_run_profile(mixed, tmp_path)
+    assert len(paths) == len(KINDS)
     for kind, path in zip(KINDS, paths):
         response = signed_in.get(reverse("run_profile_file", args=[mixed.pk, kind]))
         assert response.status_code == 200

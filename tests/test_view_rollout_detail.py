@@ -311,6 +311,7 @@ def test_a_step_with_more_items_than_the_cap_shows_its_first_and_last_items_and_
     assert "The count is 100." in html
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_5000_tool_calls_in_one_step_make_a_page_of_bounded_size(signed_in):
     run = make_run()

@@ -49,7 +49,7 @@ def test_the_section_shows_verdict_counts_findings_and_links_that_filter(signed_
     page = signed_in.get(reverse("run_evaluation", args=[run.pk]), HTTP_HX_REQUEST="true").content.decode()
     assert "1 healthy" in page and "2 unhealthy" in page and "0 unobserved" in page
     assert "agent_turn_hollow" in page and "rollout_ended_on_failed_model_call" in page
-    assert f"?verdict=unhealthy#rollouts" in page and f"?check=agent_turn_hollow#rollouts" in page
+    assert "?verdict=unhealthy#rollouts" in page and "?check=agent_turn_hollow#rollouts" in page
     assert "<html" not in page  # a partial
 
 

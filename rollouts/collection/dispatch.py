@@ -39,6 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 from django.conf import settings
@@ -305,32 +306,32 @@ def _write_piecewise(batch: _Batch, worker: str) -> None:
 
     touched: set[int] = set()
     for call in batch.calls:
-        error = attempt(lambda call=call: AgentCall.objects.bulk_create([call], ignore_conflicts=True))
+        error = attempt(partial(AgentCall.objects.bulk_create, [call], ignore_conflicts=True))
         if error is not None:
             lost(call.rollout_id, f"agent call {call.index + 1}", error)
     for item in batch.items:
-        error = attempt(lambda item=item: TrajectoryItem.objects.bulk_create([item], ignore_conflicts=True))
+        error = attempt(partial(TrajectoryItem.objects.bulk_create, [item], ignore_conflicts=True))
         if error is not None:
             lost(item.rollout_id, f"trajectory item #{item.seq} ({item.kind or 'no type'})", error)
     for rollout_id in touched:
         note = "\n".join(_missing[rollout_id])
-        attempt(lambda rollout_id=rollout_id, note=note: Rollout.objects.filter(pk=rollout_id).update(storage_error=note))
+        attempt(partial(Rollout.objects.filter(pk=rollout_id).update, storage_error=note))
     for rollout_id, out in batch.finished:
         one = _Batch(finished=[(rollout_id, out)], seeds={k: v for k, v in batch.seeds.items() if k == rollout_id})
-        error = attempt(lambda one=one: _write_batch(one, worker))
+        error = attempt(partial(_write_batch, one, worker))
         if error is not None:
             lost(rollout_id, "the rollout's result (status, reward, verify reply, counts)", error)
             failed = _storage_failure(out, _missing[rollout_id], keep_payloads=False)
-            error = attempt(lambda f=failed: _write_batch(_Batch(finished=[(rollout_id, f)]), worker))
+            error = attempt(partial(_write_batch, _Batch(finished=[(rollout_id, failed)]), worker))
             if error is not None:
                 log.error("%s: could not store its failure either (%s: %s)", _describe_rollout(rollout_id), error.__class__.__name__, error)
             _missing.pop(rollout_id, None)
     for rollout_id, status in batch.killed:
-        if attempt(lambda one=_Batch(killed=[(rollout_id, status)]): _write_batch(one, worker)) is None:
+        if attempt(partial(_write_batch, _Batch(killed=[(rollout_id, status)]), worker)) is None:
             _missing.pop(rollout_id, None)
     for rollout_id, seed_ms in batch.seeds.items():
         if rollout_id not in {r for r, _ in batch.finished}:
-            attempt(lambda r=rollout_id, v=seed_ms: Rollout.objects.filter(pk=r).update(seed_ms=v))
+            attempt(partial(Rollout.objects.filter(pk=rollout_id).update, seed_ms=seed_ms))
 
 
 def _storage_failure(out: RolloutOutcome, missing: list[str], keep_payloads: bool = True) -> RolloutOutcome:
@@ -378,7 +379,7 @@ def _plain_types(field: Any, connection: Any) -> frozenset:
     exact = type(field)
     if exact in (models.ForeignKey, models.IntegerField, models.PositiveIntegerField, models.PositiveSmallIntegerField,
                  models.SmallIntegerField, models.BigIntegerField):
-        candidates = (int,)  # a foreign key to a non-integer key fails the probe below
+        candidates: tuple[type, ...] = (int,)  # a foreign key to a non-integer key fails the probe below
     elif exact is models.FloatField:
         candidates = (float,)
     elif exact is models.BooleanField:
@@ -400,7 +401,7 @@ def _plain_types(field: Any, connection: Any) -> frozenset:
     return frozenset(plain)
 
 
-def _insert_ignoring_conflicts(model: type, objs: list) -> None:
+def _insert_ignoring_conflicts(model: type[models.Model], objs: list) -> None:
     """``model.objects.bulk_create(objs, ignore_conflicts=True)`` as one ``executemany`` of a
     statement built once per backend: the same SQL Django writes (``INSERT OR IGNORE`` on SQLite,
     ``ON CONFLICT DO NOTHING`` on PostgreSQL) and the same values (each field's
@@ -768,7 +769,7 @@ def _flush_and_claim(
 ) -> list[tuple[int, int, str, int]]:
     if batch:
         write_batch(batch, worker)
-    claimed = []
+    claimed: list[tuple[int, int, str, int]] = []
     for run_id, want in wants:
         claimed.extend((run_id, *row) for row in claim(run_id, worker, want, lease_s, reap=reap))
     metrics.record_claimed(len(claimed))
@@ -857,6 +858,8 @@ class Dispatcher:
     (with ``only``): called after each poll with how many attempts of those runs are still pending
     or running over all workers.
     """
+
+    _next_flush: float  # monotonic time of the next flush (set when serving starts)
 
     def __init__(
         self,
@@ -988,7 +991,7 @@ class Dispatcher:
             self.run_of[rollout_id] = run_id
             self.inflight[run_id] = self.inflight.get(run_id, 0) + 1
             task = self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
-            task.add_done_callback(lambda _t, r=rollout_id: self._task_ended(r))
+            task.add_done_callback(lambda _t, r=rollout_id: self._task_ended(r))  # type: ignore[misc]
 
     def _task_ended(self, rollout_id: int) -> None:
         self._ended.append(rollout_id)
@@ -1009,7 +1012,7 @@ class Dispatcher:
                                      agent_url=info.settings.agent_base_url, env_url=info.settings.env_base_url)
         except asyncio.CancelledError:
             status = Rollout.Status.CANCELLED if run_id in self.cancelling else Rollout.Status.INTERRUPTED
-            self.batch.killed.append((rollout_id, status))
+            self.batch.killed.append((rollout_id, status))  # type: ignore[arg-type]
             self.batch.run_ids.add(run_id)
             raise
         self.batch.finished.append((rollout_id, outcome))

@@ -597,7 +597,7 @@ def _expired(attrs: str) -> bool:
                 return False
         if key == "expires":
             try:
-                return http.cookiejar.http2time(val.strip()) < time.time()  # type: ignore[operator]
+                return http.cookiejar.http2time(val.strip()) < time.time()  # type: ignore[attr-defined,operator]
             except TypeError:
                 return False
     return False
@@ -743,7 +743,7 @@ class _Rollout:
             try:
                 async with asyncio.timeout(timeout_s):
                     if self.fast:
-                        response = await self.client.post_bytes(url, body, jar.headers())
+                        response = await self.client.post_bytes(url, body, jar.headers())  # type: ignore[attr-defined]
                     else:
                         response = await self.client.post(url, content=body, headers=jar.headers())
                         await response.aread()

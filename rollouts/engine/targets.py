@@ -43,7 +43,7 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Optional, Union
 from urllib.parse import urlsplit
 
 import httpx
-from aiohttp.abc import AbstractResolver
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 __all__ = [
     "ALLOW_LOCAL_SETTING",
@@ -517,7 +517,7 @@ class PolicyResolver(AbstractResolver):
     def __init__(self, policy: TargetPolicy):
         self.policy = policy
 
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
         why = self.policy.check_name(host, port)
         if why:
             raise _RefusedOSError(TargetRefused(_name(host), port, why))

@@ -207,7 +207,7 @@ def compute_aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> 
     indices count as 0. Raises ``ValueError`` for two rows with the same (task, rollout) key (NeMo
     Gym's env answers HTTP 500 then: "Duplicate result row for rollout key ...").
     """
-    empty = {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "perf_summary": None, "repeat_level_metrics": []}
+    empty: dict[str, Any] = {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "perf_summary": None, "repeat_level_metrics": []}
     if not verify_responses:
         return empty
     scored = [r for r in verify_responses if not r.get(MASK_SAMPLE)]

@@ -306,7 +306,8 @@ def aggregate_entry_from_rows(rows: Iterable[Any], agent_name: str) -> dict[str,
     rows = list(rows)
     if not rows:
         raise CompareError(f"agent {agent_name!r} has no successful rollouts: nothing to compare")
-    synthetic, filled = [], []
+    synthetic: list[dict[str, Any]] = []
+    filled: list[Any] = []  # ReducedRollout or row mappings, as profile_rows takes them
     for r in rows:
         if isinstance(r, ReducedRollout):
             synthetic.append({"_ng_task_index": r.task_index, "_ng_rollout_index": r.rollout_index, "agent_ref": {"name": "agent"}})
@@ -504,7 +505,7 @@ def _metric_rows(base: dict[str, Any], cands: list[dict[str, Any]]) -> list[dict
             continue
         b = _metric_value(base_metrics, name)
         b_point = _point(b) if b else None
-        candidates = []
+        candidates: list[dict[str, Any] | None] = []
         for c_entry, metrics in zip(cands, cand_metrics):
             c = _metric_value(metrics, name)
             if c is None:
@@ -872,7 +873,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             else:
                 lines += [f"Rewards are not binary, so this lists the largest per-task changes in `{s['field']}` rather than pass/fail flips.", "",
                           f"**{s['common_task_count']} common tasks · {len(s['flips'])} changed · {s['unchanged_count']} unchanged**", ""]
-            shown, per = [], {}
+            shown: list[dict[str, Any]] = []
+            per: dict[str, int] = {}
             for f in s["flips"]:
                 if per.get(f["direction"], 0) < MAX_FLIPS_SHOWN:
                     per[f["direction"]] = per.get(f["direction"], 0) + 1

@@ -430,8 +430,8 @@ def _reduce(digests: list[Digest], ignored: frozenset[str]) -> dict[str, Any]:
             per_rollout[_hashable(d.rollout_index)].append(d)
         repeats = []
         for copies in per_rollout.values():
-            verdicts = {c.verdict for c in copies}
-            repeats.append((verdicts.pop() if len(verdicts) == 1 else "unobserved",
+            seen = {c.verdict for c in copies}
+            repeats.append((seen.pop() if len(seen) == 1 else "unobserved",
                             all(c.policy_calls_observed for c in copies),
                             max(c.successful_model_calls for c in copies)))
         repeats_of[task] = repeats

@@ -444,13 +444,18 @@ def profile_rows(
     results: Dict[Tuple[Any, Any], _Result] = {}
     duplicate_result_key = None
     for position, result in enumerate(rollout_rows, 1):
-        reduced = isinstance(result, ReducedRollout)
-        key = (result.task_index, result.rollout_index) if reduced else _key_of(result, "rollout row", position)
+        if isinstance(result, ReducedRollout):
+            key = (result.task_index, result.rollout_index)
+        else:
+            key = _key_of(result, "rollout row", position)
         if key in results:
             if duplicate_result_key is None:
                 duplicate_result_key = key
             continue
-        results[key] = _reduce_numbers(result, key, layouts) if reduced else _reduce_result(result, key, layouts)
+        if isinstance(result, ReducedRollout):
+            results[key] = _reduce_numbers(result, key, layouts)
+        else:
+            results[key] = _reduce_result(result, key, layouts)
     masked_keys = {k for k, r in results.items() if r.masked}
 
     # 2. Materialised rows, streamed: keys, run keys, one representative row per (task, run key).
@@ -966,6 +971,7 @@ def pass_at_1_avg_of_k(rewards: Sequence[float], k: int) -> float:
 def _extras_groups(source: Union[ProfileResult, Iterable[Mapping[str, Any]]]) -> List[Tuple[Any, Optional[str], List[Any]]]:
     """(task, agent name, rewards in rollout-index order) per task."""
     groups: List[Tuple[Any, Optional[str], List[Any]]] = []
+    row: Mapping[str, Any]
     if isinstance(source, ProfileResult):
         for row in source.reward_profiling:
             agent = (row.get(AGENT_REF_KEY_NAME) or {}).get("name")
@@ -1100,7 +1106,7 @@ def write_gymweb_extras(
     if isinstance(source, dict) and "per_task" in source and "overall" in source:
         extras = source
     else:
-        extras = gymweb_extras(source, continuous=continuous)
+        extras = gymweb_extras(source, continuous=continuous)  # type: ignore[arg-type]
     (path,) = check_outputs([gymweb_extras_path(output_stem)], overwrite)
     return write_bytes(path, dumps(extras))
 

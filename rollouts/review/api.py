@@ -306,19 +306,25 @@ def _run_out(request, run: Run, progress: Optional[metrics.Progress] = None) -> 
     }
 
 
+class FieldsError(HttpError):
+    """An HTTP 400 whose body also names the fields at fault (``errors``: field name → messages)."""
+
+    def __init__(self, message: str, errors: dict[str, list[str]]):
+        super().__init__(400, message)
+        self.errors = errors
+
+
 def _form_error(form) -> HttpError:
     errors = {name: [str(e) for e in errs] for name, errs in form.errors.items()}
     first = next(iter(errors.items()), ("", ["invalid input"]))
     detail = f"{first[0]}: {first[1][0]}" if first[0] and first[0] != "__all__" else first[1][0]
-    exc = HttpError(400, detail)
-    exc.errors = errors
-    return exc
+    return FieldsError(detail, errors)
 
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
     body = {"detail": getattr(request, "_gymweb_body_error", None) or exc.message}
-    if getattr(exc, "errors", None):
+    if isinstance(exc, FieldsError) and exc.errors:
         body["errors"] = exc.errors
     return api.create_response(request, body, status=exc.status_code)
 
@@ -363,10 +369,7 @@ def _filtered(request, run: Run):
 
 
 def _review_error(exc: ReviewError) -> HttpError:
-    err = HttpError(400, str(exc))
-    if exc.field:
-        err.errors = {exc.field: [str(exc)]}
-    return err
+    return FieldsError(str(exc), {exc.field: [str(exc)]}) if exc.field else HttpError(400, str(exc))
 
 
 # -- datasets ------------------------------------------------------------------------------------
@@ -386,20 +389,15 @@ def create_dataset(request, file: Optional[UploadedFile] = File(None, descriptio
     if "file" in too_large_uploads(request) or (file is not None and file.size > limit):
         raise HttpError(413, upload_limit_message(limit))
     if file is None:
-        err = HttpError(400, "no file: send the dataset as the multipart field 'file'")
-        err.errors = {"file": ["this field is required"]}
-        raise err
+        raise FieldsError("no file: send the dataset as the multipart field 'file'", {"file": ["this field is required"]})
     source = (file.name or "dataset.jsonl").rsplit("/", 1)[-1]
     try:
         parsed = read_jsonl(file, source=source)
     except DatasetError as exc:
-        err = HttpError(400, str(exc))
-        err.errors = {"file": [str(exc)]}
-        raise err from None
+        raise FieldsError(str(exc), {"file": [str(exc)]}) from None
     if len(name) > 200:  # the column's size: a cut name would be stored otherwise than sent
-        err = HttpError(400, f"the name has {len(name):,} characters; at most 200")
-        err.errors = {"name": [err.message]}
-        raise err
+        message = f"the name has {len(name):,} characters; at most 200"
+        raise FieldsError(message, {"name": [message]})
     dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user)
     return Status(201, _dataset_out(dataset))
 
@@ -545,9 +543,8 @@ def selection_dataset(request, run_id: int, name: str = ""):
     """The querystring is the run table's filter; each task with a rollout in the list gives one row."""
     run = _run_for(request, run_id)
     if len(name) > 200:
-        err = HttpError(400, f"the name has {len(name):,} characters; at most 200")
-        err.errors = {"name": [err.message]}
-        raise err
+        message = f"the name has {len(name):,} characters; at most 200"
+        raise FieldsError(message, {"name": [message]})
     qs, form = _filtered(request, run)
     try:
         dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user, name=name or None)

@@ -239,7 +239,7 @@ def _agent_tables(entry: dict) -> dict[str, Any]:
     rows = []
     for name in names:
         s, a = stats.get(name, {}), across.get(name)
-        row = {"name": name, "cells": [_fmt(s.get(x)) for x in STATS], "across": None}
+        row: dict[str, Any] = {"name": name, "cells": [_fmt(s.get(x)) for x in STATS], "across": None}
         if a:
             ci = "—"
             if a.get("ci_low_95") is not None and a.get("ci_high_95") is not None:

@@ -195,7 +195,7 @@ def rollout_findings(rollout: Rollout, steps: list[dict[str, Any]]) -> dict[str,
     if h is None:
         return {"health": None}
     by_step: dict[int, list] = {}
-    whole = []
+    whole: list[dict[str, Any]] = []
     for finding, step in zip(h.findings, h.finding_steps or [None] * len(h.findings)):
         view = {"check": finding.get("check"), "text": health.CHECK_TEXT.get(finding.get("check"), ""),
                 "detail": json.dumps(finding.get("detail") or {}, ensure_ascii=False, sort_keys=True),

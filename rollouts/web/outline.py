@@ -117,7 +117,7 @@ def fold_summary(payload: Any) -> dict[str, str]:
 
 
 try:  # the rendering module (issue 11's content rendering) owns the summary once it is there
-    from rollouts.web.rendering import item_summary as _rendering_summary
+    from rollouts.web.rendering import item_summary as _rendering_summary  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on which branch is merged first
     _rendering_summary = None
 

@@ -303,9 +303,9 @@ def _json(value: Any, budget: Budget, levels: int = 0, depth: int = 0) -> str:
     if compact is not None:
         shown, note = budget.clip(compact)
         return f'<span class="j-s">{escape(shown)}</span>{_note(note)}'
-    entries: Iterable = value.items() if is_dict else enumerate(value)
+    entries: Iterable = value.items() if isinstance(value, dict) else enumerate(value)
     rows = []
-    shown = 0
+    listed = 0
     for k, v in entries:
         if budget.spent:
             budget.cut = True
@@ -313,9 +313,9 @@ def _json(value: Any, budget: Budget, levels: int = 0, depth: int = 0) -> str:
         key = str(k)
         label = f'<span class="j-k">{escape(key)}</span>: ' if is_dict else ""
         rows.append(f'<div class="j-row">{label}{_json(v, budget, levels, depth + 1) if isinstance(v, (dict, list)) else _leaf(key, v, budget, levels)}</div>')
-        shown += 1
-    if shown < len(value):
-        left = len(value) - shown
+        listed += 1
+    if listed < len(value):
+        left = len(value) - listed
         rows.append(_note(f"… {left:,} more entr{'y' if left == 1 else 'ies'}"))
     size = _plural(len(value), "key") if is_dict else _plural(len(value), "item")
     opener, closer = ("{", "}") if is_dict else ("[", "]")

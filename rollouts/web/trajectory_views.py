@@ -53,7 +53,7 @@ FILTER_PARAMS = FILTER_FIELDS
 def filter_querystring(params: Mapping[str, Any]) -> str:
     """The run-page filter part of a querystring (known parameters with values only; anything
     else dropped), ``""`` when there is none; safe to append after ``?``."""
-    pairs = []
+    pairs: list[tuple[str, Any]] = []
     getlist = getattr(params, "getlist", None)
     for name in FILTER_PARAMS:
         values = getlist(name) if getlist else ([params[name]] if name in params else [])
@@ -335,7 +335,7 @@ def _task_input(task_row: dict[str, Any], item_url: str = "", max_chars: Optiona
     item (key ``input-K``), at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` of them."""
     params = task_row.get("responses_create_params") or {}
     max_chars, max_items = max_chars or display_max_chars(), display_max_items()
-    opts = {"origin": "input", "max_chars": max_chars, "item_url": item_url, "plain": plain, "full": full, "prefix": prefix}
+    opts: dict[str, Any] = {"origin": "input", "max_chars": max_chars, "item_url": item_url, "plain": plain, "full": full, "prefix": prefix}
     views = []
     instructions = params.get("instructions")
     if isinstance(instructions, str) and instructions:

@@ -118,7 +118,7 @@ class Cluster(q_cluster.Cluster):
     def stop(self) -> bool:
         """Ask the sentinel to stop its processes in order and wait until it has ended. Returns
         False when it had ended already."""
-        sentinel, stop_event = self.sentinel, self.stop_event
+        sentinel, stop_event = self.sentinel, self.stop_event  # type: ignore[has-type]
         if sentinel is None or stop_event is None or not sentinel.is_alive():
             return False
         logger.info(_("Q Cluster %(name)s stopping.") % {"name": self.name})
