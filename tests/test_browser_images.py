@@ -11,7 +11,7 @@ from rollouts.models import TrajectoryItem
 from tests.test_view_images import png, user_with_images
 from tests.test_view_rollout_detail import make_rollout, make_run, make_task, msg
 
-from .test_browser_dashboard import CHROMIUM, browser  # noqa: F401 (fixture)
+from .conftest import CHROMIUM
 from .test_browser_trajectory import _page
 
 pytestmark = [

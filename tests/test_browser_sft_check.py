@@ -8,7 +8,7 @@ import pytest
 
 from rollouts.collection.importer import import_rollouts
 
-from .test_browser_dashboard import CHROMIUM, browser  # noqa: F401 (fixture)
+from .conftest import CHROMIUM
 from .test_browser_trajectory import _page
 from .test_sft_validity import mixed_file  # noqa: F401 (fixture)
 

@@ -12,7 +12,7 @@ import pytest
 from rollouts.collection.importer import import_rollouts
 from rollouts.models import Rollout
 
-from .test_browser_dashboard import CHROMIUM, browser  # noqa: F401 (fixture)
+from .conftest import CHROMIUM
 from .test_browser_trajectory import _page, _screenshot
 
 pytestmark = [

@@ -56,13 +56,14 @@ async def test_an_agent_reply_with_a_number_past_float_range_is_bad_json_not_inf
 
 
 @async_test
-async def test_absurd_token_counts_make_an_invalid_responses_object():
+async def test_absurd_token_counts_are_accepted_as_nemo_gym_accepts_them():
+    # NeMo Gym 0.7.0's NeMoGymResponse takes any integer counts (tests/data/reply_corpus.jsonl records
+    # its verdict); the token columns then stay empty (tests/test_collect_token_counts.py).
     bad_usage = {"input_tokens": 10**30, "output_tokens": -1, "total_tokens": 5,
                  "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
     async with EnvService() as env, AgentService(reply(message(), use=bad_usage)) as agent:
         outcome = await drive(agent, env)
-    assert outcome.failure_kind == FailureKind.AGENT_INVALID_RESPONSE and outcome.terminal
-    assert "usage.input_tokens" in outcome.error and "usage.output_tokens" in outcome.error
+    assert outcome.ok and outcome.failure_kind is None
 
 
 @async_test

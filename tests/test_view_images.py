@@ -105,5 +105,5 @@ def test_the_raw_view_of_an_image_item_shows_its_json(signed_in):
 
 
 def test_the_page_script_enlarges_an_image_on_click():
-    script = (Path(__file__).resolve().parents[1] / "static" / "gymweb" / "trajectory.js").read_text()
+    script = (Path(__file__).resolve().parents[1] / "gymweb" / "static" / "gymweb" / "trajectory.js").read_text()
     assert 'closest("img.part-img")' in script and 'classList.toggle("enlarged")' in script

@@ -309,12 +309,12 @@ def _run_out(request, run: Run, progress: Optional[metrics.Progress] = None) -> 
 class FieldsError(HttpError):
     """An HTTP 400 whose body also names the fields at fault (``errors``: field name → messages)."""
 
-    def __init__(self, message: str, errors: dict[str, list[str]]):
-        super().__init__(400, message)
+    def __init__(self, message: str, errors: dict[str, list[str]], status: int = 400):
+        super().__init__(status, message)
         self.errors = errors
 
 
-def _form_error(form) -> HttpError:
+def _form_error(form) -> FieldsError:
     errors = {name: [str(e) for e in errs] for name, errs in form.errors.items()}
     first = next(iter(errors.items()), ("", ["invalid input"]))
     detail = f"{first[0]}: {first[1][0]}" if first[0] and first[0] != "__all__" else first[1][0]
@@ -434,18 +434,15 @@ def import_run(request,
         if field in too_large_uploads(request) or (upload is not None and upload.size > limit):
             raise HttpError(413, upload_limit_message(limit))
     if rollouts is None and failures is None:
-        err = HttpError(400, "no file: send 'rollouts', 'failures' or both (and optionally 'materialized') as multipart fields")
-        err.errors = {"rollouts": ["this field is required"]}
-        raise err
+        raise FieldsError("no file: send 'rollouts', 'failures' or both (and optionally 'materialized') as multipart fields",
+                          {"rollouts": ["this field is required"]})
     sources = {field: (u.name or f"{field}.jsonl").rsplit("/", 1)[-1] for field, u in uploads.items() if u is not None}
     pick = lambda field: [(uploads[field], sources[field])] if uploads[field] is not None else []  # noqa: E731
     try:
         summary = import_shards(pick("rollouts"), pick("failures"), pick("materialized"), name=name[:200], user=request.user)
     except DatasetError as exc:
-        err = HttpError(400, str(exc))
         field = next((f for f, src in sources.items() if src == exc.source), "rollouts")
-        err.errors = {field: [str(exc)]}
-        raise err from None
+        raise FieldsError(str(exc), {field: [str(exc)]}) from None
     health.auto_check(summary.run)
     return Status(201, _run_out(request, summary.run))
 

@@ -29,7 +29,7 @@ from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run
-from rollouts.review.api import Error, RolloutDetailOut, RunOut, _form_error, _rollout, _rollout_detail, _run_out, api
+from rollouts.review.api import Error, FieldsError, RolloutDetailOut, RunOut, _form_error, _rollout, _rollout_detail, _run_out, api
 from rollouts.web.forms import RunForm
 from rollouts.web.uploads import upload_limit_message
 from rollouts.web.views import _launch_from_form, _run_for
@@ -65,9 +65,7 @@ class RunIn(RunSettings):
 
 
 def _bad(detail: str, field: str, status: int = 400) -> HttpError:
-    err = HttpError(status, detail)
-    err.errors = {field: [detail]}
-    return err
+    return FieldsError(detail, {field: [detail]}, status)
 
 
 def _read_body(request: HttpRequest) -> "tempfile.SpooledTemporaryFile":

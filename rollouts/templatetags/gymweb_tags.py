@@ -7,8 +7,7 @@ import re
 from typing import Any
 
 from django import template
-from django.utils.html import escape
-from django.utils.safestring import mark_safe
+from django.utils.html import escape, format_html, format_html_join
 
 register = template.Library()
 
@@ -76,11 +75,14 @@ def num(value: Any) -> str:
     return str(value)
 
 
-_BREAK_AFTER = re.compile(r"([/_.\-])")
+_BREAK_AFTER = re.compile(r"(?<=[/_.\-])")
 
 
 @register.filter(name="soft_breaks")
 def soft_breaks(value: Any) -> str:
     """``value`` escaped, with a line-break opportunity (``<wbr>``) after each ``/``, ``_``, ``.`` and
-    ``-``, so a long file-like name wraps between its parts rather than mid-word."""
-    return mark_safe(_BREAK_AFTER.sub(r"\1<wbr>", str(escape(value))))
+    ``-``, so a long file-like name wraps between its parts rather than mid-word (``format_html``
+    escapes every part)."""
+    parts = _BREAK_AFTER.split(str(value))
+    head = format_html_join("", "{}<wbr>", ((part,) for part in parts[:-1]))
+    return format_html("{}{}", head, parts[-1])
