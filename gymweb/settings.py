@@ -268,6 +268,11 @@ GYMWEB_AGGREGATE_MAX_ROWS = int(os.environ.get("GYMWEB_AGGREGATE_MAX_ROWS", 2000
 GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 60))
 # Reverify from the run page runs in the request; larger runs use `manage.py reverify`.
 GYMWEB_REVERIFY_WEB_MAX_ROWS = int(os.environ.get("GYMWEB_REVERIFY_WEB_MAX_ROWS", 2000))
+# Archived runs (rollouts.collection.archive): their NeMo Gym files, zstd-compressed, go in
+# GYMWEB_ARCHIVE_DIR/run-<id>/. Delete, archive and restore change at most GYMWEB_DELETE_BATCH
+# rollouts (with everything under them) per transaction, so no write lock lasts long.
+GYMWEB_ARCHIVE_DIR = Path(os.environ.get("GYMWEB_ARCHIVE_DIR", VAR_DIR / "archive"))
+GYMWEB_DELETE_BATCH = int(os.environ.get("GYMWEB_DELETE_BATCH", 200))
 # Most (task, rollout) keys in one run: a run is created in one transaction (all or nothing),
 # which holds SQLite's write lock while it lasts (200,000 keys: a few seconds).
 GYMWEB_MAX_KEYS_PER_RUN = int(os.environ.get("GYMWEB_MAX_KEYS_PER_RUN", 200_000))

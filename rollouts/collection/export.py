@@ -121,7 +121,15 @@ def stamps_rows(run: Run) -> bool:
 
 def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
     """Lines (without newline) of ``rollouts.jsonl`` for the run's succeeded attempts, optionally
-    restricted to a filtered queryset of its rollouts."""
+    restricted to a filtered queryset of its rollouts. An archived run's whole file is read from its
+    archive (the same lines); a selection of it raises ``archive.RunArchived``."""
+    if run.is_archived:
+        from rollouts.collection import archive  # archive builds on this module
+
+        if rollouts is not None:
+            raise archive.RunArchived(run, "a selection of its rollouts.jsonl")
+        yield from archive.archived_lines(run, "rollouts")
+        return
     qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.SUCCEEDED)
     # Rows come ordered by task, so remembering the last task's agent_ref keeps memory constant.
     last_task, ref = None, None

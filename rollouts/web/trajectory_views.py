@@ -40,6 +40,7 @@ from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.review.views import review_context
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 from rollouts.web import rendering
+from rollouts.web.archive_views import archived_rollout_response
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
@@ -530,6 +531,8 @@ def rollout_detail(request, run_id, rollout_id):
     and while the attempt runs, a tail that polls ``rollout_live`` for new steps."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
     run = rollout.run
+    if run.is_archived:
+        return archived_rollout_response(request, rollout)
     try:
         task_row = json.loads(rollout.task.row_json)
     except ValueError:
@@ -572,6 +575,8 @@ def rollout_live(request, run_id, rollout_id):
     counts, the outline and, once the attempt is final, its failure and verify panels. The tail of
     a final attempt carries no trigger, so polling stops."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if rollout.run.is_archived:
+        return archived_rollout_response(request, rollout, page=False)
     try:
         start = max(0, int(request.GET.get("from", "0")))
     except ValueError:
@@ -606,6 +611,8 @@ def rollout_item(request, run_id, rollout_id, key):
     they came. 404 for a rollout not of this run, an item it does not have, an unknown key, and
     ``verify`` of an attempt that did not succeed."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if rollout.run.is_archived:
+        return archived_rollout_response(request, rollout, page=False)
     if not _ITEM_KEY_RE.match(key):
         raise Http404("no such item")
     plain = request.GET.get("view") == "plain"
@@ -664,6 +671,8 @@ def rollout_raw(request, run_id, rollout_id):
     whole instead, and ``?item=input`` the task's materialised row (what the trajectory page links
     to when it cuts a long text), for attempts of any status."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if rollout.run.is_archived:
+        return archived_rollout_response(request, rollout, page=False)
     which = request.GET.get("item")
     if which is not None:
         return _raw_item(rollout, which)

@@ -33,7 +33,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from rollouts.evaluation import metrics
 
 from rollouts import targets
-from rollouts.collection import runs
+from rollouts.collection import archive, runs
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
 from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filter_problem, filtered_rollouts
@@ -241,7 +241,7 @@ def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_wo
         "s": summary,
         "p": p,
         "signature": _live_signature(run, p, live_workers),
-        "can_retry": run.status != Run.Status.IMPORTED and bool(p.failed or p.not_run),
+        "can_retry": run.status != Run.Status.IMPORTED and not run.is_archived and bool(p.failed or p.not_run),
         "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
         # gym eval compare looks for it beside the rollouts file, named after it
         "aggregate_file": aggregate_metrics_path(export_filename(run.pk, "rollouts")).name,
@@ -360,6 +360,9 @@ def run_retry(request, run_id):
     if run.status == Run.Status.IMPORTED:
         messages.error(request, "An imported run has no services to run against.")
         return HttpResponseRedirect(reverse("run", args=[run.pk]))
+    if run.is_archived:
+        messages.error(request, str(archive.RunArchived(run, "a retry")))
+        return HttpResponseRedirect(reverse("run", args=[run.pk]))
     refused = targets.refused_services(run.agent_url, run.env_url)
     if refused:  # nothing is queued: the attempts would only fail with target_refused
         for text in refused:
@@ -385,6 +388,11 @@ def run_export(request, run_id, kind):
     problem = filter_problem(RolloutFilterForm(request.GET))
     if problem:  # a hand-edited link: a file of another list than asked for would be silently wrong
         return HttpResponseBadRequest(f"bad filter: {problem}; nothing was exported\n", content_type="text/plain; charset=utf-8")
+    from rollouts.review.curated import ExportOptions
+
+    refused = archive.download_refusal(run, kind, RolloutFilterForm(request.GET).active, ExportOptions.from_params(request.GET).plain)
+    if refused:  # an archived run: this file needs the responses archiving dropped
+        return HttpResponse(refused + "\n", status=409, content_type="text/plain; charset=utf-8")
     curated = curated_export_response(request, run, kind)
     if curated is not None:
         return curated
