@@ -270,9 +270,14 @@ GYMWEB_AGGREGATE_TIMEOUT_S = float(os.environ.get("GYMWEB_AGGREGATE_TIMEOUT_S", 
 GYMWEB_REVERIFY_WEB_MAX_ROWS = int(os.environ.get("GYMWEB_REVERIFY_WEB_MAX_ROWS", 2000))
 # Archived runs (rollouts.collection.archive): their NeMo Gym files, zstd-compressed, go in
 # GYMWEB_ARCHIVE_DIR/run-<id>/. Delete, archive and restore change at most GYMWEB_DELETE_BATCH
-# rollouts (with everything under them) per transaction, so no write lock lasts long.
+# rollouts (with everything under them) per transaction, so no write lock lasts long
+# (benchmarks/README.md, bench-archive).
 GYMWEB_ARCHIVE_DIR = Path(os.environ.get("GYMWEB_ARCHIVE_DIR", VAR_DIR / "archive"))
 GYMWEB_DELETE_BATCH = int(os.environ.get("GYMWEB_DELETE_BATCH", 200))
+# ... and at most this many trajectory items (a rollout with more makes a transaction of its own).
+GYMWEB_DELETE_BATCH_ITEMS = int(os.environ.get("GYMWEB_DELETE_BATCH_ITEMS", 500))
+# Pause between two such transactions (seconds), so writers waiting for the lock get it.
+GYMWEB_DELETE_PAUSE_S = float(os.environ.get("GYMWEB_DELETE_PAUSE_S", 0.05))
 # Most (task, rollout) keys in one run: a run is created in one transaction (all or nothing),
 # which holds SQLite's write lock while it lasts (200,000 keys: a few seconds).
 GYMWEB_MAX_KEYS_PER_RUN = int(os.environ.get("GYMWEB_MAX_KEYS_PER_RUN", 200_000))

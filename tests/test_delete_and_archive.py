@@ -29,6 +29,7 @@ KINDS = ("rollouts", "rollouts_failures", "rollouts_materialized_inputs")
 def _archive_dir(settings, tmp_path):
     settings.GYMWEB_ARCHIVE_DIR = tmp_path / "archive"
     settings.GYMWEB_DELETE_BATCH = 3  # several batches even for small runs
+    settings.GYMWEB_DELETE_PAUSE_S = 0
     return settings.GYMWEB_ARCHIVE_DIR
 
 

@@ -42,14 +42,16 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import zstandard
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from rollouts.collection import export
+from rollouts.collection.dispatch import _insert_ignoring_conflicts as insert_rows
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem
+from rollouts.search import fill_missing
 
 __all__ = [
     "ArchiveError", "RunArchived", "RunBusy", "Outcome", "archive_dir", "archive_run", "archived_lines", "delete_run",
@@ -107,10 +109,16 @@ class Outcome:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def timed(self, fn: Callable[[], Any]) -> Any:
+        """Run one write transaction ``fn``, note its time, then pause ``GYMWEB_DELETE_PAUSE_S`` so
+        a writer waiting for the lock gets it (SQLite's busy wait polls; without a gap, batch after
+        batch could keep it waiting)."""
         t0 = time.perf_counter()
         out = fn()
         self.longest_transaction_s = max(self.longest_transaction_s, time.perf_counter() - t0)
         self.batches += 1
+        pause = float(getattr(settings, "GYMWEB_DELETE_PAUSE_S", 0) or 0)
+        if pause > 0:
+            time.sleep(pause)
         return out
 
 
@@ -147,15 +155,32 @@ def _check_idle(run: Run, doing: str) -> None:
         raise RunBusy(f"run {run.pk} still has {active} rollout(s) in flight; try again when they have stopped.")
 
 
-def _id_batches(qs, size: int) -> Iterator[list[int]]:
-    """The ids of ``qs`` in ascending batches of ``size``, each read fresh (keyset paging)."""
-    last = 0
+def _items_cap() -> int:
+    return max(1, int(getattr(settings, "GYMWEB_DELETE_BATCH_ITEMS", 500)))
+
+
+def _id_batches(qs, size: int, weight: Optional[str] = None) -> Iterator[list[int]]:
+    """The ids of ``qs`` in ascending batches of at most ``size``, each page read fresh (keyset
+    paging). With ``weight`` (a count column, ``num_items``), a batch also ends once the weights
+    reach ``GYMWEB_DELETE_BATCH_ITEMS`` (one heavy row still makes a batch of its own)."""
+    last, cap = 0, _items_cap()
     while True:
-        ids = list(qs.filter(id__gt=last).order_by("id").values_list("id", flat=True)[:size])
-        if not ids:
+        page = list(qs.filter(id__gt=last).order_by("id").values_list("id", weight or "id")[:size])
+        if not page:
             return
-        yield ids
-        last = ids[-1]
+        last = page[-1][0]
+        if weight is None:
+            yield [pk for pk, _ in page]
+            continue
+        batch, load = [], 0
+        for pk, w in page:
+            if batch and load + (w or 0) > cap:
+                yield batch
+                batch, load = [], 0
+            batch.append(pk)
+            load += w or 0
+        if batch:
+            yield batch
 
 
 # -- delete -----------------------------------------------------------------------------------------
@@ -167,7 +192,7 @@ def delete_run(run: Run, *, batch: Optional[int] = None, remove_archive: bool = 
     size = _batch(batch)
     out = Outcome(run=run.pk, path=run.archive_path)
     t0 = time.perf_counter()
-    for ids in _id_batches(Rollout.objects.filter(run=run), size):
+    for ids in _id_batches(Rollout.objects.filter(run=run), size, "num_items"):
         def one(ids=ids):
             with transaction.atomic():
                 out.items += TrajectoryItem.objects.filter(rollout_id__in=ids).delete()[0]
@@ -236,7 +261,7 @@ def _response_output(rollout_status: str, verify: Optional[dict], partial_json: 
     return output if isinstance(output, list) else []
 
 
-def _details(r: dict[str, Any], line: Optional[str], calls: list[AgentCall], items: list[TrajectoryItem]) -> dict[str, Any]:
+def _details(r: dict[str, Any], line: Optional[str], calls: list[dict[str, Any]], items: list[dict[str, Any]]) -> dict[str, Any]:
     """One line of ``gymweb_details.jsonl``: what restoring rollout ``r`` needs beyond its
     ``rollouts.jsonl`` line. ``verify`` says how to get ``verify_json`` back: ``"line"`` (the line
     is it), ``"stripped"`` (the line without the export's fields) or the text itself; an item's
@@ -258,9 +283,9 @@ def _details(r: dict[str, Any], line: Optional[str], calls: list[AgentCall], ite
     output = _response_output(r["status"], verify_obj if isinstance(verify_obj, dict) else None, r["partial_response_json"])
     out_items = []
     for item in items:
-        entry = {name: getattr(item, name) for name in _ITEM_FIELDS}
-        text = dumps(item.payload)
-        if item.seq < len(output) and dumps(output[item.seq]) == text:
+        entry = {name: item[name] for name in _ITEM_FIELDS}
+        text = dumps(item["payload"])
+        if item["seq"] < len(output) and dumps(output[item["seq"]]) == text:
             entry["payload_in_output"] = True
         else:
             entry["payload"] = text
@@ -268,7 +293,7 @@ def _details(r: dict[str, Any], line: Optional[str], calls: list[AgentCall], ite
     return {
         "rollout": r["id"], "task_index": r["task_index"], "rollout_index": r["rollout_index"], "status": r["status"],
         "verify": verify, "partial_response_json": r["partial_response_json"],
-        "agent_calls": [{**{name: getattr(c, name) for name in _CALL_FIELDS}, "started": c.started.isoformat()} for c in calls],
+        "agent_calls": [{**c, "started": c["started"].isoformat()} for c in calls],
         "items": out_items,
     }
 
@@ -285,10 +310,10 @@ def _write_details(run: Run, writer: _Writer, size: int) -> None:
         ids = [r["id"] for r in chunk]
         calls: dict[int, list] = {i: [] for i in ids}
         items: dict[int, list] = {i: [] for i in ids}
-        for c in AgentCall.objects.filter(rollout_id__in=ids).order_by("rollout_id", "index"):
-            calls[c.rollout_id].append(c)
-        for it in TrajectoryItem.objects.filter(rollout_id__in=ids).defer("search_text").order_by("rollout_id", "seq"):
-            items[it.rollout_id].append(it)
+        for c in AgentCall.objects.filter(rollout_id__in=ids).order_by("rollout_id", "index").values("rollout_id", "started", *_CALL_FIELDS):
+            calls[c.pop("rollout_id")].append(c)
+        for it in TrajectoryItem.objects.filter(rollout_id__in=ids).order_by("rollout_id", "seq").values("rollout_id", "payload", *_ITEM_FIELDS):
+            items[it.pop("rollout_id")].append(it)
         for r in chunk:
             line = next(successes) if r["status"] == Rollout.Status.SUCCEEDED else None
             writer.write(dumps(_details(r, line, calls[r["id"]], items[r["id"]])))
@@ -338,7 +363,7 @@ def _write_files(run: Run, folder: Path, size: int) -> dict[str, dict[str, Any]]
 def _drop(run: Run, size: int, out: Outcome) -> None:
     """Drop the archived run's items, agent calls and stored responses, ``size`` rollouts per
     transaction. A success without profile numbers gets them first (the profile page reads them)."""
-    for ids in _id_batches(Rollout.objects.filter(run=run), size):
+    for ids in _id_batches(Rollout.objects.filter(run=run), size, "num_items"):
         def one(ids=ids):
             with transaction.atomic():
                 out.items += TrajectoryItem.objects.filter(rollout_id__in=ids).delete()[0]
@@ -434,14 +459,24 @@ def _restore_chunk(chunk: list[tuple[dict[str, Any], Optional[str]]], out: Outco
             payload = output[it["seq"]] if it.get("payload_in_output") else json.loads(it["payload"])
             items.append(TrajectoryItem(rollout_id=rid, payload=payload, **{k: it[k] for k in _ITEM_FIELDS}))
         updates.append((rid, verify_json, d["partial_response_json"]))
-    with transaction.atomic():
-        TrajectoryItem.objects.filter(rollout_id__in=ids).delete()
-        AgentCall.objects.filter(rollout_id__in=ids).delete()
-        AgentCall.objects.bulk_create(calls, batch_size=2000)
-        TrajectoryItem.objects.bulk_create(items, batch_size=1000)
-        for rid, verify_json, partial in updates:
-            if verify_json or partial:
-                Rollout.objects.filter(id=rid).update(verify_json=verify_json, partial_response_json=partial)
+    fill_missing(items)  # the content search's text, computed before the write lock is taken
+    updates = [u for u in updates if u[1] or u[2]]
+    meta, qn = Rollout._meta, connection.ops.quote_name
+    update_sql = "UPDATE %s SET %s = %%s, %s = %%s WHERE %s = %%s" % (
+        qn(meta.db_table), qn(meta.get_field("verify_json").column), qn(meta.get_field("partial_response_json").column), qn(meta.pk.column))
+
+    def write():
+        with transaction.atomic():
+            TrajectoryItem.objects.filter(rollout_id__in=ids).delete()
+            AgentCall.objects.filter(rollout_id__in=ids).delete()
+            # the dispatcher's insert (one executemany, values prepared as bulk_create would)
+            insert_rows(AgentCall, calls)
+            insert_rows(TrajectoryItem, items)
+            if updates:
+                with connection.cursor() as cursor:
+                    cursor.executemany(update_sql, [(v, p, rid) for rid, v, p in updates])
+
+    out.timed(write)
     out.rollouts += len(chunk)
     out.items += len(items)
     out.agent_calls += len(calls)
@@ -461,15 +496,17 @@ def restore_run(run: Run, *, batch: Optional[int] = None, keep_files: bool = Fal
     folder = Path(run.archive_path)
     successes = archived_lines(run, "rollouts")
     chunk: list[tuple[dict[str, Any], Optional[str]]] = []
+    cap, load = _items_cap(), 0
     for text in _read_lines(folder / FILES["details"]):
         d = json.loads(text)
         line = next(successes) if d["status"] == Rollout.Status.SUCCEEDED else None
+        if chunk and (len(chunk) >= size or load + len(d["items"]) > cap):
+            _restore_chunk(chunk, out)
+            chunk, load = [], 0
         chunk.append((d, line))
-        if len(chunk) >= size:
-            out.timed(lambda: _restore_chunk(chunk, out))
-            chunk = []
+        load += len(d["items"])
     if chunk:
-        out.timed(lambda: _restore_chunk(chunk, out))
+        _restore_chunk(chunk, out)
     out.timed(lambda: Run.objects.filter(pk=run.pk).update(archived=None, archive_path=""))
     run.archived, run.archive_path = None, ""
     if not keep_files:
