@@ -186,7 +186,10 @@ def main() -> None:
 
     def report(what, out, probe):
         wait = f"{probe.longest_s * 1000:.0f} ms" + (f", errors: {probe.errors[0][:80]}" if probe.errors else "")
-        print(f"{what}: {out.seconds:.1f} s, {out.batches} transactions (≤{batch} rollouts, ≤{settings.GYMWEB_DELETE_BATCH_ITEMS} items each), longest {out.longest_transaction_s * 1000:.0f} ms; "
+        d = sorted(out.durations)
+        median, p99 = d[len(d) // 2], d[min(len(d) - 1, int(len(d) * 0.99))]
+        print(f"{what}: {out.seconds:.1f} s, {out.batches} transactions (≤{batch} rollouts, ≤{settings.GYMWEB_DELETE_BATCH_ITEMS} items each), "
+              f"median {median * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, longest {out.longest_transaction_s * 1000:.0f} ms; "
               f"a concurrent writer waited at most {wait} ({probe.writes} writes)")
 
     out, probe = measure(lambda: archive.archive_run(Run.objects.get(pk=big.pk), batch=args.batch))

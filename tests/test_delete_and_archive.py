@@ -137,6 +137,39 @@ def test_archive_and_restore_give_back_every_file_byte_for_byte_and_every_item(c
     assert _snapshot(bad) == snap[bad.pk] and _files(bad) == before[bad.pk]
 
 
+def test_round_trip_keeps_what_the_export_cannot_give_back(collected):
+    """A verify reply that carries fields the export overwrites, an item that is not the response's
+    output item at its position, and a failure's partial response: all come back exactly."""
+    good, bad = collected
+    successes = list(Rollout.objects.filter(run=good, status="succeeded").order_by("id"))
+    assert len(successes) == 10
+    odd = successes[0]
+    verify = json.loads(odd.verify_json)
+    verify["agent_ref"] = {"name": "someone else"}  # export.success_row replaces it in place
+    verify["_ng_rollout_index"] = 99
+    Rollout.objects.filter(pk=odd.pk).update(verify_json=json.dumps(verify, indent=1))
+    item = TrajectoryItem.objects.filter(rollout=successes[1]).order_by("seq").first()
+    item.payload = {**item.payload, "extra": "not in the response", "nul": "a\x00b", "neg": -0.0}
+    item.search_text = ""  # recomputed from the new payload on save
+    item.save()
+    Rollout.objects.filter(run=bad, status="failed").update(partial_response_json=json.dumps({"output": [{"type": "message"}]}))
+    snap = {run.pk: _snapshot(run) for run in (good, bad)}
+    before = {run.pk: _files(run) for run in (good, bad)}
+    for run in (good, bad):
+        archive.archive_run(run)
+        assert not Rollout.objects.filter(run=run).exclude(verify_json="", partial_response_json="").exists()
+        if run == good:  # the odd ones were written whole; the others by reference to rollouts.jsonl
+            details = [json.loads(line) for line in archive._read_lines(archive.archive_dir(run) / archive.FILES["details"])]
+            assert len(details) == 10
+            assert [d["rollout"] for d in details if isinstance(d["verify"], dict)] == [odd.pk]
+            assert len({d["verify"] for d in details if not isinstance(d["verify"], dict)} & {"line", "unstamped", "stripped"}) == 1
+            whole = [(d["rollout"], i["seq"]) for d in details for i in d["items"] if "payload" in i]
+            assert whole == [(successes[1].pk, item.seq)]
+        archive.restore_run(Run.objects.get(pk=run.pk))
+        assert _snapshot(run) == snap[run.pk]
+        assert _files(run) == before[run.pk]
+
+
 def test_an_imported_nemo_gym_file_round_trips_byte_for_byte(shared_data):
     path = shared_data / "example_tool_call_multireward" / "example_rollouts.jsonl"
     summary = import_rollouts(path.open("rb"), source="rollouts.jsonl")
@@ -149,6 +182,18 @@ def test_an_imported_nemo_gym_file_round_trips_byte_for_byte(shared_data):
     assert "".join(line + "\n" for line in archive.archived_lines(run, "rollouts")).encode() == before["rollouts"]
     archive.restore_run(run)
     assert _snapshot(run) == snap and _files(run) == before
+
+
+def test_archiving_twice_from_stale_objects_writes_once_and_loses_nothing(collected, _archive_dir):
+    good, _ = collected
+    stale = Run.objects.get(pk=good.pk)
+    before, snap = _files(good), _snapshot(good)
+    archive.archive_run(good)
+    out = archive.archive_run(stale)  # a second request that loaded the run before the first archived it
+    assert out.files == {} and stale.is_archived
+    assert [p.name for p in _archive_dir.iterdir()] == [f"run-{good.pk}"]  # no temporary folder left
+    archive.restore_run(Run.objects.get(pk=good.pk))
+    assert _snapshot(good) == snap and _files(good) == before
 
 
 def test_restore_refuses_a_damaged_archive_and_changes_nothing(collected):

@@ -19,8 +19,9 @@
 
 Only a final run (completed, cancelled, imported) with no rollout in flight can be deleted or
 archived: a run being collected is refused (``RunBusy``), never cancelled behind the user's back.
-Cancel it first. Every step can be run again after a crash: delete continues, archive keeps the
-written files and finishes the drop, restore replaces what a partial restore wrote.
+Cancel it first. Every step can be run again after a crash: delete continues; archive marks the
+run archived only once its files are complete, drops nothing before they read back as written, and
+archiving it again finishes the drop; restore replaces what a partial restore wrote.
 
 While a run is archived, its plain ``rollouts.jsonl`` is read from the archive
 (``archived_lines``); the failures and materialised inputs are still written from the database (the
@@ -35,6 +36,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -107,6 +109,7 @@ class Outcome:
     longest_transaction_s: float = 0.0
     path: str = ""
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    durations: list[float] = field(default_factory=list, repr=False)  # each transaction's seconds
 
     def timed(self, fn: Callable[[], Any]) -> Any:
         """Run one write transaction ``fn``, note its time, then pause ``GYMWEB_DELETE_PAUSE_S`` so
@@ -114,7 +117,8 @@ class Outcome:
         batch could keep it waiting)."""
         t0 = time.perf_counter()
         out = fn()
-        self.longest_transaction_s = max(self.longest_transaction_s, time.perf_counter() - t0)
+        self.durations.append(time.perf_counter() - t0)
+        self.longest_transaction_s = max(self.longest_transaction_s, self.durations[-1])
         self.batches += 1
         pause = float(getattr(settings, "GYMWEB_DELETE_PAUSE_S", 0) or 0)
         if pause > 0:
@@ -245,11 +249,19 @@ def _read_lines(path: Path) -> Iterator[str]:
             yield line[:-1] if line.endswith("\n") else line
 
 
-def _stripped_verify(line: str) -> str:
-    """A ``rollouts.jsonl`` line without what ``export.success_row`` adds (indices, ``agent_ref``,
-    stamps): the ``/verify`` reply it was made from, when that reply had none of them."""
+_STAMPS = (ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY)
+_EXPORT_KEYS = ("_ng_task_index", "_ng_rollout_index", "agent_ref", *_STAMPS)
+
+
+def _verify_from_line(line: str, how: str) -> str:
+    """The ``/verify`` reply a ``rollouts.jsonl`` line was made from (``export.success_row``), when
+    ``how`` says what the export added: ``"line"`` nothing (an imported row), ``"unstamped"`` the
+    stamps (a reply that echoed the indices and ``agent_ref``), ``"stripped"`` the indices,
+    ``agent_ref`` and the stamps."""
+    if how == "line":
+        return line
     row = json.loads(line)
-    for key in ("_ng_task_index", "_ng_rollout_index", "agent_ref", ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY):
+    for key in (_STAMPS if how == "unstamped" else _EXPORT_KEYS):
         row.pop(key, None)
     return dumps(row)
 
@@ -263,19 +275,16 @@ def _response_output(rollout_status: str, verify: Optional[dict], partial_json: 
 
 def _details(r: dict[str, Any], line: Optional[str], calls: list[dict[str, Any]], items: list[dict[str, Any]]) -> dict[str, Any]:
     """One line of ``gymweb_details.jsonl``: what restoring rollout ``r`` needs beyond its
-    ``rollouts.jsonl`` line. ``verify`` says how to get ``verify_json`` back: ``"line"`` (the line
-    is it), ``"stripped"`` (the line without the export's fields) or the text itself; an item's
+    ``rollouts.jsonl`` line. ``verify`` says how to get ``verify_json`` back from the line
+    (``_verify_from_line``: ``"line"``, ``"unstamped"``, ``"stripped"``) or holds the text itself
+    (``{"text": ...}``); an item's
     payload is left out (``"payload_in_output": true``) when it is the response's output item at its
     position, byte for byte."""
     verify = None
     verify_obj = None
     if r["status"] == Rollout.Status.SUCCEEDED:
-        if line == r["verify_json"]:
-            verify = "line"
-        elif line is not None and _stripped_verify(line) == r["verify_json"]:
-            verify = "stripped"
-        else:
-            verify = {"text": r["verify_json"]}
+        how = next((h for h in ("line", "unstamped", "stripped") if line is not None and _verify_from_line(line, h) == r["verify_json"]), None)
+        verify = how or {"text": r["verify_json"]}
         try:
             verify_obj = json.loads(r["verify_json"])
         except ValueError:
@@ -329,34 +338,26 @@ def _write_details(run: Run, writer: _Writer, size: int) -> None:
         raise ArchiveError(f"run {run.pk}: rollouts.jsonl has more rows than the run's successes")
 
 
-def _write_files(run: Run, folder: Path, size: int) -> dict[str, dict[str, Any]]:
-    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+def _write_files(run: Run, tmp: Path, size: int) -> dict[str, dict[str, Any]]:
+    """Write the archive's files into the new folder ``tmp``; returns the manifest's ``files``."""
     tmp.mkdir(parents=True)
-    try:
-        files: dict[str, dict[str, Any]] = {}
-        sources = {
-            "rollouts": lambda: export.iter_successes(run),
-            "rollouts_failures": lambda: export.iter_failures(run),
-            "rollouts_materialized_inputs": lambda: export.iter_materialized(run),
-        }
-        for kind, lines in sources.items():
-            writer = _Writer(tmp / FILES[kind])
-            for line in lines():
-                writer.write(line)
-            files[FILES[kind]] = writer.close()
-        writer = _Writer(tmp / FILES["details"])
-        _write_details(run, writer, size)
-        files[FILES["details"]] = writer.close()
-        manifest = {"format": FORMAT, "run": run.pk, "name": run.name, "status": run.status,
-                    "archived": timezone.now().isoformat(), "files": files}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.replace(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    files: dict[str, dict[str, Any]] = {}
+    sources = {
+        "rollouts": lambda: export.iter_successes(run),
+        "rollouts_failures": lambda: export.iter_failures(run),
+        "rollouts_materialized_inputs": lambda: export.iter_materialized(run),
+    }
+    for kind, lines in sources.items():
+        writer = _Writer(tmp / FILES[kind])
+        for line in lines():
+            writer.write(line)
+        files[FILES[kind]] = writer.close()
+    writer = _Writer(tmp / FILES["details"])
+    _write_details(run, writer, size)
+    files[FILES["details"]] = writer.close()
+    manifest = {"format": FORMAT, "run": run.pk, "name": run.name, "status": run.status,
+                "archived": timezone.now().isoformat(), "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return files
 
 
@@ -380,21 +381,38 @@ def _drop(run: Run, size: int, out: Outcome) -> None:
 
 def archive_run(run: Run, *, batch: Optional[int] = None) -> Outcome:
     """Archive ``run`` (see the module doc). Raises ``RunBusy`` for a run being collected,
-    ``ArchiveError`` when the folder cannot be written (nothing is dropped then). Archiving an
-    archived run again finishes an interrupted drop and writes nothing."""
+    ``ArchiveError`` when the folder cannot be written or does not read back as written (nothing is
+    dropped then). Archiving an archived run again checks its files and finishes an interrupted
+    drop, writing nothing."""
     _check_idle(run, "archived")
     size = _batch(batch)
     out = Outcome(run=run.pk)
     t0 = time.perf_counter()
+    run.refresh_from_db(fields=["archived", "archive_path"])
     if not run.is_archived:
         folder = archive_dir(run)
+        tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}.tmp")
         try:
-            out.files = _write_files(run, folder, size)
+            out.files = _write_files(run, tmp, size)
         except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
             raise ArchiveError(f"cannot write the archive of run {run.pk} to {folder}: {exc}") from exc
-        run.archived, run.archive_path = timezone.now(), str(folder)
-        out.timed(lambda: Run.objects.filter(pk=run.pk).update(archived=run.archived, archive_path=run.archive_path))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        # Marked only if nobody archived it meanwhile (two requests at once: one wins, the other's
+        # files are thrown away before they could replace the winner's).
+        when = timezone.now()
+        marked = out.timed(lambda: Run.objects.filter(pk=run.pk, archived__isnull=True).update(archived=when, archive_path=str(folder)))
+        if not marked:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ArchiveError(f"run {run.pk} was archived by another request meanwhile")
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.replace(folder)
+        run.archived, run.archive_path = when, str(folder)
     out.path = run.archive_path
+    verify_files(run)  # nothing is dropped unless the files read back as written
     _drop(run, size, out)
     out.seconds = time.perf_counter() - t0
     return out
@@ -450,7 +468,7 @@ def _restore_chunk(chunk: list[tuple[dict[str, Any], Optional[str]]], out: Outco
         if rid not in existing:
             raise ArchiveError(f"rollout {rid} of the archive is not in the database; nothing of this batch was restored")
         verify = d["verify"]
-        verify_json = "" if verify is None else line if verify == "line" else _stripped_verify(line) if verify == "stripped" else verify["text"]
+        verify_json = "" if verify is None else verify["text"] if isinstance(verify, dict) else _verify_from_line(line, verify)
         verify_obj = json.loads(verify_json) if verify_json else None
         output = _response_output(d["status"], verify_obj if isinstance(verify_obj, dict) else None, d["partial_response_json"])
         for c in d["agent_calls"]:
@@ -487,6 +505,7 @@ def restore_run(run: Run, *, batch: Optional[int] = None, keep_files: bool = Fal
     ``ArchiveError`` and nothing changed if a file differs), ``batch`` rollouts per transaction,
     then mark it not archived and remove the files (unless ``keep_files``). Raises ``ArchiveError``
     if the run is not archived."""
+    run.refresh_from_db(fields=["archived", "archive_path"])
     if not run.is_archived:
         raise ArchiveError(f"run {run.pk} is not archived")
     verify_files(run)
@@ -494,6 +513,19 @@ def restore_run(run: Run, *, batch: Optional[int] = None, keep_files: bool = Fal
     out = Outcome(run=run.pk, path=run.archive_path)
     t0 = time.perf_counter()
     folder = Path(run.archive_path)
+    try:
+        _restore_files(run, folder, size, out)
+    except OSError as exc:
+        raise ArchiveError(f"run {run.pk}: reading {folder} failed while restoring ({exc}); run the restore again") from exc
+    out.timed(lambda: Run.objects.filter(pk=run.pk).update(archived=None, archive_path=""))
+    run.archived, run.archive_path = None, ""
+    if not keep_files:
+        shutil.rmtree(folder, ignore_errors=True)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _restore_files(run: Run, folder: Path, size: int, out: Outcome) -> None:
     successes = archived_lines(run, "rollouts")
     chunk: list[tuple[dict[str, Any], Optional[str]]] = []
     cap, load = _items_cap(), 0
@@ -507,12 +539,6 @@ def restore_run(run: Run, *, batch: Optional[int] = None, keep_files: bool = Fal
         load += len(d["items"])
     if chunk:
         _restore_chunk(chunk, out)
-    out.timed(lambda: Run.objects.filter(pk=run.pk).update(archived=None, archive_path=""))
-    run.archived, run.archive_path = None, ""
-    if not keep_files:
-        shutil.rmtree(folder, ignore_errors=True)
-    out.seconds = time.perf_counter() - t0
-    return out
 
 
 # -- prune ------------------------------------------------------------------------------------------
