@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import zstandard
 from django.conf import settings
@@ -58,7 +58,7 @@ from rollouts.search import fill_missing
 __all__ = [
     "ArchiveError", "RunArchived", "RunBusy", "Outcome", "archive_dir", "archive_run", "archived_lines", "delete_run",
     "download_refusal",
-    "parse_age", "prune", "require_items", "restore_run", "FILES",
+    "parse_age", "prune", "prune_candidates", "require_items", "restore_run", "verify_files", "FILES",
 ]
 
 FORMAT = "gymweb-archive/1"

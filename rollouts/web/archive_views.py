@@ -12,7 +12,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from rollouts.collection import archive
-from rollouts.models import Rollout, Run
+from rollouts.models import Rollout
 from rollouts.web.views import _run_for
 
 
