@@ -399,6 +399,7 @@ def test_pages_of_an_archived_run_say_so_and_keep_every_aggregate(collected, sig
     assert good.is_archived
     page = signed_in.get(reverse("run", args=[good.pk])).content.decode()
     assert 'id="run-archived"' in page and reverse("run_restore", args=[good.pk]) in page
+    assert signed_in.get(reverse("runs")).content.decode().count('class="badge archived"') == 1
     assert _stats(signed_in, good) == before
     # the trajectory page says the run is archived and offers restore; its parts answer 409
     traj = signed_in.get(reverse("rollout", args=[good.pk, r.pk]))
