@@ -263,6 +263,16 @@ def test_delete_run_command(collected, capsys):
     assert list(Run.objects.values_list("pk", flat=True)) == [bad.pk]
 
 
+def test_collect_resume_refuses_an_archived_run(tmp_path, collected, counter_env_url, counter_agent_url, counter_tasks_path):
+    good, _ = collected
+    archive.archive_run(good)
+    out = tmp_path / "good" / "rollouts.jsonl"
+    with pytest.raises(CommandError, match=f"run #{good.pk} is archived; restore it first"):
+        call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
+                     "--output", str(out), "--no-progress", "--resume")
+    assert Rollout.objects.filter(run=good).count() == 10
+
+
 def test_archive_and_restore_commands(collected, capsys):
     good, _ = collected
     call_command("archive_run", str(good.pk))

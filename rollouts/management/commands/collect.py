@@ -170,6 +170,8 @@ class Command(BaseCommand):
             if run is None:
                 self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
         if run is not None:
+            if run.is_archived:
+                raise CommandError(f"--resume: run #{run.pk} is archived; restore it first: manage.py restore_run {run.pk}")
             run.agent_url, run.env_url = agent_url, env_url
             run.save(update_fields=["agent_url", "env_url"])
             added = runs.resume(run, max_attempts=max_attempts)
