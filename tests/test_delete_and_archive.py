@@ -424,3 +424,12 @@ def test_pages_of_an_archived_run_say_so_and_keep_every_aggregate(collected, sig
     assert response.status_code == 302 and response["Location"] == reverse("rollout", args=[good.pk, r.pk])
     assert TrajectoryItem.objects.filter(rollout=r).count() > 0
     assert "is archived" not in signed_in.get(reverse("rollout", args=[good.pk, r.pk])).content.decode()
+
+
+def test_delete_page_refuses_a_run_being_collected(db, signed_in):
+    run = make_run(2, status=Run.Status.RUNNING)
+    page = signed_in.get(reverse("run_delete", args=[run.pk])).content.decode()
+    assert 'id="delete-busy"' in page and "Cancel it first" in page and 'id="confirm-delete"' not in page
+    response = signed_in.post(reverse("run_delete", args=[run.pk]), follow=True)
+    assert "Cancel it first" in response.content.decode()
+    assert Run.objects.filter(pk=run.pk).exists() and Rollout.objects.filter(run=run).count() == 2
