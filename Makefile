@@ -39,7 +39,7 @@ lint: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -64,6 +64,10 @@ bench-jsonl: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_jsonl_line
 bench-search: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_search --db $(DB)
+# Archive, restore and delete of a large run: time and the longest write lock (ROLLOUTS=100000).
+ROLLOUTS ?= 100000
+bench-archive: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_archive --db $(DB) --rollouts $(ROLLOUTS)
 # 20 users browsing gunicorn during a 2,000-rollout qcluster run (DB=postgres: PostgreSQL + Redis at
 # GYMWEB_REDIS_URL); BENCH_PORT picks gunicorn's port (default 9300).
 bench-team: $(BIN)/.installed

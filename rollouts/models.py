@@ -110,6 +110,10 @@ class Run(models.Model):
     # order: ``{"at": ISO time, "agent_url": [old, new], "env_url": [old, new]}`` (a key only when
     # that URL changed).
     url_changes = JSONTextField(default=list, blank=True)
+    # Archive (rollouts.collection.archive): when the run's items went to compressed files in
+    # ``archive_path``; null = its items are in the database.
+    archived = models.DateTimeField(null=True, blank=True)
+    archive_path = models.CharField(max_length=1000, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -123,6 +127,11 @@ class Run(models.Model):
     @property
     def is_final(self) -> bool:
         return self.status in self.FINAL
+
+    @property
+    def is_archived(self) -> bool:
+        """Whether the run's items are in archive files (``rollouts.collection.archive``), not here."""
+        return self.archived is not None
 
     @property
     def repeats_label(self) -> str:

@@ -147,7 +147,15 @@ def materialized_row(task_row: dict[str, Any], rollout_index: int) -> dict[str, 
 def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
     """Lines (without newline) of ``rollouts.jsonl`` for the run's succeeded attempts, optionally
     restricted to a filtered queryset of its rollouts: by (task, rollout) for a collected run, in
-    the imported order for an imported one."""
+    the imported order for an imported one. An archived run's whole file is read from its archive
+    (the same lines); a selection of it raises ``archive.RunArchived``."""
+    if run.is_archived:
+        from rollouts.collection import archive  # archive builds on this module
+
+        if rollouts is not None:
+            raise archive.RunArchived(run, "a selection of its rollouts.jsonl")
+        yield from archive.archived_lines(run, "rollouts")
+        return
     qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.SUCCEEDED)
     # Rows of a collected run come ordered by task, so remembering the last task's agent_ref keeps
     # memory constant.

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional, Union
 from django.conf import settings
 
 from rollouts import targets
-from rollouts.collection.export import CHUNK, agent_ref_of, stamps_rows, success_row
+from rollouts.collection.export import CHUNK, agent_ref_of, iter_successes, stamps_rows, success_row
 from rollouts.collection.stamps import environment_server_name
 from rollouts.evaluation.aggregate_metrics import (
     LOCAL_NOTE,
@@ -51,6 +51,10 @@ def run_aggregate_rows(run: Run) -> Iterator[dict[str, Any]]:
     """The run's success rows as ``/aggregate_metrics`` gets them: each ``rollouts.jsonl`` row
     (``export.success_row``: stamps included) stripped (``aggregate_metrics.strip_row``), in key
     order. One parse per row; the responses are dropped at once."""
+    if run.is_archived:  # its rows are in the archive's rollouts.jsonl
+        for line in iter_successes(run):
+            yield strip_row(json.loads(line))
+        return
     stamp = stamps_rows(run)
     last_task, ref = None, None
     fetch = (

@@ -30,7 +30,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from rollouts import targets
-from rollouts.collection import environments, runs
+from rollouts.collection import archive, environments, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.evaluation import metrics
@@ -150,6 +150,7 @@ class RunOut(Schema):
     tasks_from: TasksFrom
     progress: ProgressOut
     url: str
+    archived: Optional[datetime] = Field(None, description="when the run was archived (its items are in files); null when they are here")
 
 
 class RewardStatsOut(Schema):
@@ -303,6 +304,7 @@ def _run_out(request, run: Run, progress: Optional[metrics.Progress] = None) -> 
         "progress": {"total": p.total, "done": p.done, "succeeded": p.succeeded, "failed": p.failed, "pending": p.pending,
                      "running": p.running, "not_run": p.not_run, "failed_attempts": p.failed_attempts, "percent": p.percent},
         "url": _absolute(request, run.get_absolute_url()),
+        "archived": run.archived,
     }
 
 
@@ -482,6 +484,8 @@ def retry_run(request, run_id: int):
     run = _run_for(request, run_id)
     if run.status == Run.Status.IMPORTED:
         raise HttpError(400, "an imported run has no services to run against")
+    if run.is_archived:
+        raise HttpError(400, str(archive.RunArchived(run, "a retry")))
     try:
         environments.refresh_env_url(run)  # a NeMo Gym environment: found again by name
     except environments.HeadServerError as exc:
@@ -498,6 +502,9 @@ def _file(request, run_id: int, kind: str):
     run = _run_for(request, run_id)
     qs, form = _filtered(request, run)
     options = curated.ExportOptions.from_params(request.GET)
+    refused = archive.download_refusal(run, kind, form.active, options.plain)
+    if refused:
+        raise HttpError(409, refused)
     return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), export_filename(run.pk, kind, form), options)
 
 
@@ -526,6 +533,9 @@ def file_materialized(request, run_id: int):
                      "`reward_source`, `metadata=1`. See README, \"SFT export\".")
 def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = False):
     run = _run_for(request, run_id)
+    refused = archive.download_refusal(run, "sft", False, True)
+    if refused:
+        raise HttpError(409, refused)
     if reasoning not in sft.REASONING_MODES:
         raise HttpError(400, f"reasoning must be one of {', '.join(sft.REASONING_MODES)}")
     qs, form = _filtered(request, run)
@@ -639,3 +649,9 @@ def create_label(request, payload: NewLabelIn):
 
 # The training-loop routes (POST /runs, GET /runs/{id}/results, GET /rollouts/{id}) register on `api`.
 from rollouts.review import trainer_api  # noqa: E402,F401
+
+# Delete, archive and restore (DELETE /runs/{id}, POST /runs/{id}/archive, /restore): their own module.
+from rollouts.review import api_archive  # noqa: E402
+
+api.delete(api_archive.DELETE_PATH, **api_archive.DELETE_ROUTE)(api_archive.delete_run)
+api.add_router("", api_archive.router)

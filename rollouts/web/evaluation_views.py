@@ -23,6 +23,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
+from rollouts.collection import archive
 from rollouts.evaluation import atif, health, reverify
 from rollouts.models import Rollout, RolloutHealth, Run
 from rollouts.web.forms import clean_target_url
@@ -106,6 +107,8 @@ def run_health_check(request, run_id):
     run = _run_for(request, run_id)
     if not run.is_final:
         messages.error(request, "The run is still going: check its health when it is finished.")
+    elif run.is_archived:
+        messages.error(request, str(archive.RunArchived(run, "the health check")))
     else:
         result, _ = health.run_health_check(run)
         v = result.summary["run"]["verdicts"]
@@ -149,6 +152,8 @@ def run_reverify(request, run_id):
         n = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count()
         if not run.is_final:
             form.add_error(None, "The run is still going: reverify it when it is finished.")
+        elif run.is_archived:
+            form.add_error(None, str(archive.RunArchived(run, "reverify")))
         elif n > limit:
             form.add_error(None, f"The run has {n} successes; the page reverifies at most {limit} "
                                  f"(GYMWEB_REVERIFY_WEB_MAX_ROWS). Use: manage.py reverify {run.pk} --env-url URL")
@@ -172,6 +177,8 @@ def run_atif(request, run_id):
     """The run's ATIF v1.7 export as a zip (``?failures=1`` adds failed keys), built in a temporary
     file so memory stays bounded."""
     run = _run_for(request, run_id)
+    if run.is_archived:
+        return HttpResponse(str(archive.RunArchived(run, "the ATIF export")) + "\n", status=409, content_type="text/plain; charset=utf-8")
     include_failures = request.GET.get("failures") == "1"
     spool = tempfile.TemporaryFile()
     try:

@@ -41,6 +41,7 @@ from rollouts.review.views import review_context
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 from rollouts.web import rendering
 from rollouts.web.refused import refused_data, refused_view
+from rollouts.web.archive_views import archived_rollout_response
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 from rollouts.web.verdict import verdict_view
 
@@ -548,6 +549,8 @@ def rollout_detail(request, run_id, rollout_id):
     and while the attempt runs, a tail that polls ``rollout_live`` for new steps."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
     run = rollout.run
+    if run.is_archived:
+        return archived_rollout_response(request, rollout)
     try:
         task_row = json.loads(rollout.task.row_json)
     except ValueError:
@@ -590,6 +593,8 @@ def rollout_live(request, run_id, rollout_id):
     counts, the outline and, once the attempt is final, its failure and verify panels. The tail of
     a final attempt carries no trigger, so polling stops."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if rollout.run.is_archived:
+        return archived_rollout_response(request, rollout, page=False)
     try:
         start = max(0, int(request.GET.get("from", "0")))
     except ValueError:
@@ -624,6 +629,8 @@ def rollout_item(request, run_id, rollout_id, key):
     they came. 404 for a rollout not of this run, an item it does not have, an unknown key, and
     ``verify`` of an attempt that did not succeed."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if rollout.run.is_archived:
+        return archived_rollout_response(request, rollout, page=False)
     if not _ITEM_KEY_RE.match(key):
         raise Http404("no such item")
     plain = request.GET.get("view") == "plain"
@@ -686,6 +693,8 @@ def rollout_raw(request, run_id, rollout_id):
     to when it cuts a long text), for attempts of any status, and ``?item=refused`` the agent reply
     gymweb refused (``refused.refused_data``; 404 when there is none)."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if rollout.run.is_archived:
+        return archived_rollout_response(request, rollout, page=False)
     which = request.GET.get("item")
     if which is not None:
         return _raw_item(rollout, which)

@@ -4,6 +4,8 @@ from django.views.generic import RedirectView
 
 from rollouts.web import analysis_views
 
+from rollouts.web import archive_views
+
 from rollouts.web import environment_views
 
 from rollouts.web import evaluation_views
@@ -20,6 +22,9 @@ urlpatterns = [
     path("runs/<int:run_id>/live/", views.run_live, name="run_live"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run_cancel"),
     path("runs/<int:run_id>/retry/", views.run_retry, name="run_retry"),
+    path("runs/<int:run_id>/delete/", archive_views.run_delete, name="run_delete"),
+    path("runs/<int:run_id>/archive/", archive_views.run_archive, name="run_archive"),
+    path("runs/<int:run_id>/restore/", archive_views.run_restore, name="run_restore"),
     path("runs/<int:run_id>/export/<str:kind>.jsonl", views.run_export, name="run_export"),
     path("runs/<int:run_id>/export/rollouts_aggregate_metrics.json", analysis_views.run_aggregate_metrics_file, name="run_aggregate_metrics"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),

@@ -33,7 +33,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from rollouts.evaluation import metrics
 
 from rollouts import targets
-from rollouts.collection import runs
+from rollouts.collection import archive, runs
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
 from rollouts.collection import environments
@@ -256,10 +256,10 @@ _UNSET = object()
 
 def retry_label(run: Run, p: metrics.Progress) -> Optional[str]:
     """The Retry button's label, named for what it would run, or None when it would run nothing
-    (every failure terminal or out of attempts, nothing cancelled or interrupted, an imported run,
+    (every failure terminal or out of attempts, nothing cancelled or interrupted, an imported or archived run,
     a run still going). Keys are counted only for a final run with failed or not-run keys, so the
     live poll of a running run pays nothing for it."""
-    if not run.is_final or run.status == Run.Status.IMPORTED or not (p.failed or p.not_run):
+    if not run.is_final or run.status == Run.Status.IMPORTED or run.is_archived or not (p.failed or p.not_run):
         return None
     keys = runs.retryable_keys(run)
     not_run = sum(1 for _task, _attempt, kill_shaped in keys.values() if kill_shaped)
@@ -406,6 +406,9 @@ def run_retry(request, run_id):
     if run.status == Run.Status.IMPORTED:
         messages.error(request, "An imported run has no services to run against.")
         return HttpResponseRedirect(reverse("run", args=[run.pk]))
+    if run.is_archived:
+        messages.error(request, str(archive.RunArchived(run, "a retry")))
+        return HttpResponseRedirect(reverse("run", args=[run.pk]))
     if run.head_url and run.env_name:  # a NeMo Gym environment: its port may have moved since
         try:
             environments.refresh_env_url(run)
@@ -437,6 +440,11 @@ def run_export(request, run_id, kind):
     problem = filter_problem(RolloutFilterForm(request.GET))
     if problem:  # a hand-edited link: a file of another list than asked for would be silently wrong
         return HttpResponseBadRequest(f"bad filter: {problem}; nothing was exported\n", content_type="text/plain; charset=utf-8")
+    from rollouts.review.curated import ExportOptions
+
+    refused = archive.download_refusal(run, kind, RolloutFilterForm(request.GET).active, ExportOptions.from_params(request.GET).plain)
+    if refused:  # an archived run: this file needs the responses archiving dropped
+        return HttpResponse(refused + "\n", status=409, content_type="text/plain; charset=utf-8")
     curated = curated_export_response(request, run, kind)
     if curated is not None:
         return curated

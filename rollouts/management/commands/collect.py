@@ -209,6 +209,8 @@ class Command(NemoGymFlags, BaseCommand):
             if run is None:
                 self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
         if run is not None:
+            if run.is_archived:
+                raise CommandError(f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}")
             # An env found again through the same head server by the same name moves with each
             # `gym env start` (a new port): that change is expected, and recorded like any other.
             env_moved = bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
