@@ -163,8 +163,11 @@ def test_round_trip_keeps_what_the_export_cannot_give_back(collected):
             assert len(details) == 10
             assert [d["rollout"] for d in details if isinstance(d["verify"], dict)] == [odd.pk]
             assert len({d["verify"] for d in details if not isinstance(d["verify"], dict)} & {"line", "unstamped", "stripped"}) == 1
+            # Items equal to their place in the stored response are kept by reference; the changed
+            # one is always kept whole (the response /verify got is NeMo Gym's dump of the items,
+            # which may differ from the items as the agent sent them: then those are whole too).
             whole = [(d["rollout"], i["seq"]) for d in details for i in d["items"] if "payload" in i]
-            assert whole == [(successes[1].pk, item.seq)]
+            assert (successes[1].pk, item.seq) in whole
         archive.restore_run(Run.objects.get(pk=run.pk))
         assert _snapshot(run) == snap[run.pk]
         assert _files(run) == before[run.pk]

@@ -302,7 +302,8 @@ def _details(r: dict[str, Any], line: Optional[str], calls: list[dict[str, Any]]
     return {
         "rollout": r["id"], "task_index": r["task_index"], "rollout_index": r["rollout_index"], "status": r["status"],
         "verify": verify, "partial_response_json": r["partial_response_json"],
-        "agent_calls": [{**c, "started": c["started"].isoformat()} for c in calls],
+        # An imported run's agent calls have no recorded start (None).
+        "agent_calls": [{**c, "started": c["started"].isoformat() if c["started"] else None} for c in calls],
         "items": out_items,
     }
 
@@ -472,7 +473,8 @@ def _restore_chunk(chunk: list[tuple[dict[str, Any], Optional[str]]], out: Outco
         verify_obj = json.loads(verify_json) if verify_json else None
         output = _response_output(d["status"], verify_obj if isinstance(verify_obj, dict) else None, d["partial_response_json"])
         for c in d["agent_calls"]:
-            calls.append(AgentCall(rollout_id=rid, started=datetime.fromisoformat(c["started"]), **{k: c[k] for k in _CALL_FIELDS}))
+            calls.append(AgentCall(rollout_id=rid, started=datetime.fromisoformat(c["started"]) if c["started"] else None,
+                                     **{k: c[k] for k in _CALL_FIELDS}))
         for it in d["items"]:
             payload = output[it["seq"]] if it.get("payload_in_output") else json.loads(it["payload"])
             items.append(TrajectoryItem(rollout_id=rid, payload=payload, **{k: it[k] for k in _ITEM_FIELDS}))
