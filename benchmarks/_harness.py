@@ -1,4 +1,5 @@
 """Shared set-up for the benchmarks: a fresh database, the fast services, a dataset, a run."""
+
 from __future__ import annotations
 
 import json
@@ -55,9 +56,22 @@ def start_services(calls: int, latency_ms: float = 0.0, tool_output_kb: float = 
     procs, urls = [], {}
     for only in ("agent", "env"):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.fast_services", "--only", only, "--calls", str(calls), "--latency-ms", str(latency_ms),
-             "--tool-output-kb", str(tool_output_kb)],
-            cwd=REPO, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.fast_services",
+                "--only",
+                only,
+                "--calls",
+                str(calls),
+                "--latency-ms",
+                str(latency_ms),
+                "--tool-output-kb",
+                str(tool_output_kb),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         line = proc.stdout.readline()
         urls[only] = re.search(r"listening on (\S+)", line).group(1)
@@ -77,13 +91,29 @@ def make_run(n: int, agent_url: str, env_url: str, concurrency: int, launch: boo
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
 
-    tools = [{"type": "function", "name": "increment_counter", "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}}}]
+    tools = [
+        {
+            "type": "function",
+            "name": "increment_counter",
+            "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}},
+        }
+    ]
     lines = [
-        json.dumps({"responses_create_params": {"input": [{"role": "user", "content": f"task {i}: add 1 three times"}], "tools": tools}, "expected_count": 3})
+        json.dumps(
+            {
+                "responses_create_params": {
+                    "input": [{"role": "user", "content": f"task {i}: add 1 three times"}],
+                    "tools": tools,
+                },
+                "expected_count": 3,
+            }
+        )
         for i in range(n)
     ]
     parsed = read_jsonl(lines)
-    run = runs.create_run(parsed, name="bench", agent_url=agent_url, env_url=env_url, concurrency=concurrency, **options)
+    run = runs.create_run(
+        parsed, name="bench", agent_url=agent_url, env_url=env_url, concurrency=concurrency, **options
+    )
     if launch:
         runs.launch(run)
     return run

@@ -5,6 +5,7 @@ object ``{"rows": [...]}`` (one batch), runs it through ``run_examples`` against
 ``--head-port`` and prints one JSON line: ``{"batch_s", "first_s", "n", "rewards"}`` (seconds from the
 call to the last and to the first result). An empty line ends it.
 """
+
 import argparse
 import asyncio
 import json

@@ -11,6 +11,7 @@ archive the big run, check its plain ``rollouts.jsonl`` download against the one
 second process commits one small write (a ``Worker`` row) every 20 ms and records its longest
 wait: what a worker storing results would feel.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,34 @@ def seed(total: int, items_per: int, tag: str = "big"):
 
     now = timezone.now()
     text = "The counter now reads {n}; the next call adds one more and checks the total against the task. " * 3
-    row = {"responses_create_params": {"input": [{"role": "user", "content": "add 1 three times, then read the count"}], "tools": []},
-           "expected_count": 3}
+    row = {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": "add 1 three times, then read the count"}],
+            "tools": [],
+        },
+        "expected_count": 3,
+    }
     n_tasks = max(1, total // 4)
-    run = Run.objects.create(name=f"bench archive {tag}", status="completed", agent_url="http://127.0.0.1:1", env_url="http://127.0.0.1:2",
-                             num_repeats=4, num_tasks=n_tasks, num_keys=total, started=now, finished=now)
-    tasks = Task.objects.bulk_create([Task(run=run, task_index=i, row_json=json.dumps({**row, "_ng_task_index": i})) for i in range(n_tasks)],
-                                     batch_size=5000)
-    task_ids = [t.pk for t in tasks] if tasks[0].pk else list(Task.objects.filter(run=run).order_by("task_index").values_list("id", flat=True))
+    run = Run.objects.create(
+        name=f"bench archive {tag}",
+        status="completed",
+        agent_url="http://127.0.0.1:1",
+        env_url="http://127.0.0.1:2",
+        num_repeats=4,
+        num_tasks=n_tasks,
+        num_keys=total,
+        started=now,
+        finished=now,
+    )
+    tasks = Task.objects.bulk_create(
+        [Task(run=run, task_index=i, row_json=json.dumps({**row, "_ng_task_index": i})) for i in range(n_tasks)],
+        batch_size=5000,
+    )
+    task_ids = (
+        [t.pk for t in tasks]
+        if tasks[0].pk
+        else list(Task.objects.filter(run=run).order_by("task_index").values_list("id", flat=True))
+    )
     step = 2000
     for start in range(0, total, step):
         with transaction.atomic():
@@ -48,36 +69,120 @@ def seed(total: int, items_per: int, tag: str = "big"):
                 for s in range(items_per):
                     kind = s % 3
                     if kind == 0:
-                        output.append({"type": "function_call", "call_id": f"c{k}_{s}", "name": "increment_counter", "arguments": json.dumps({"count": s})})
+                        output.append(
+                            {
+                                "type": "function_call",
+                                "call_id": f"c{k}_{s}",
+                                "name": "increment_counter",
+                                "arguments": json.dumps({"count": s}),
+                            }
+                        )
                     elif kind == 1:
-                        output.append({"type": "function_call_output", "call_id": f"c{k}_{s - 1}", "output": json.dumps({"success": True, "note": text.format(n=s)})})
+                        output.append(
+                            {
+                                "type": "function_call_output",
+                                "call_id": f"c{k}_{s - 1}",
+                                "output": json.dumps({"success": True, "note": text.format(n=s)}),
+                            }
+                        )
                     else:
-                        output.append({"type": "message", "role": "assistant", "id": f"m{k}_{s}", "status": "completed",
-                                       "content": [{"type": "output_text", "text": text.format(n=k), "annotations": []}]})
+                        output.append(
+                            {
+                                "type": "message",
+                                "role": "assistant",
+                                "id": f"m{k}_{s}",
+                                "status": "completed",
+                                "content": [{"type": "output_text", "text": text.format(n=k), "annotations": []}],
+                            }
+                        )
                 failed = k % 10 == 7
-                verify = {**row, "response": {"id": f"r{k}", "created_at": 0.0, "model": "m", "object": "response", "output": output,
-                                              "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "usage": None}, "reward": 1.0}
-                chunk.append(Rollout(run=run, task_id=task_ids[min(k // 4, n_tasks - 1)], task_index=min(k // 4, n_tasks - 1), rollout_index=k % 4 if k // 4 < n_tasks else k - 4 * (n_tasks - 1),
-                                     attempt=1, status="failed" if failed else "succeeded", reward=0.0 if failed else 1.0,
-                                     failure_kind="agent_timeout" if failed else "", error="timed out" if failed else "",
-                                     verify_json="" if failed else json.dumps(verify),
-                                     profile_json="" if failed else profile_json_for_verify(verify),
-                                     partial_response_json=json.dumps(verify["response"]) if failed else "",
-                                     finished=now, started=now, duration_ms=800.0 + k % 50, num_agent_calls=items_per // 3 + 1,
-                                     num_tool_calls=items_per // 3, num_items=items_per, usage_reported=True,
-                                     input_tokens=100, output_tokens=20, total_tokens=120, cached_tokens=0, reasoning_tokens=0))
+                verify = {
+                    **row,
+                    "response": {
+                        "id": f"r{k}",
+                        "created_at": 0.0,
+                        "model": "m",
+                        "object": "response",
+                        "output": output,
+                        "parallel_tool_calls": False,
+                        "tool_choice": "auto",
+                        "tools": [],
+                        "usage": None,
+                    },
+                    "reward": 1.0,
+                }
+                chunk.append(
+                    Rollout(
+                        run=run,
+                        task_id=task_ids[min(k // 4, n_tasks - 1)],
+                        task_index=min(k // 4, n_tasks - 1),
+                        rollout_index=k % 4 if k // 4 < n_tasks else k - 4 * (n_tasks - 1),
+                        attempt=1,
+                        status="failed" if failed else "succeeded",
+                        reward=0.0 if failed else 1.0,
+                        failure_kind="agent_timeout" if failed else "",
+                        error="timed out" if failed else "",
+                        verify_json="" if failed else json.dumps(verify),
+                        profile_json="" if failed else profile_json_for_verify(verify),
+                        partial_response_json=json.dumps(verify["response"]) if failed else "",
+                        finished=now,
+                        started=now,
+                        duration_ms=800.0 + k % 50,
+                        num_agent_calls=items_per // 3 + 1,
+                        num_tool_calls=items_per // 3,
+                        num_items=items_per,
+                        usage_reported=True,
+                        input_tokens=100,
+                        output_tokens=20,
+                        total_tokens=120,
+                        cached_tokens=0,
+                        reasoning_tokens=0,
+                    )
+                )
                 outputs.append(output)
             made = Rollout.objects.bulk_create(chunk)
-            ids = [r.pk for r in made] if made[0].pk else list(
-                Rollout.objects.filter(run=run).order_by("-id").values_list("id", flat=True)[: len(chunk)])[::-1]
-            AgentCall.objects.bulk_create([AgentCall(rollout_id=i, index=s, started=now, latency_ms=200.0, http_status=200, model="m",
-                                                     usage={"input_tokens": 30, "output_tokens": 5})
-                                           for i in ids for s in range(items_per // 3 + 1)], batch_size=5000)
-            TrajectoryItem.objects.bulk_create([
-                TrajectoryItem(rollout_id=i, seq=s, step=s // 3, kind=item["type"], call_id=item.get("call_id", ""), name=item.get("name", ""),
-                               origin="gym" if item["type"] == "function_call_output" else "agent", asked=item["type"] == "function_call",
-                               latency_ms=3.0 if item["type"] == "function_call_output" else None, payload=item)
-                for i, output in zip(ids, outputs) for s, item in enumerate(output)], batch_size=5000)
+            ids = (
+                [r.pk for r in made]
+                if made[0].pk
+                else list(Rollout.objects.filter(run=run).order_by("-id").values_list("id", flat=True)[: len(chunk)])[
+                    ::-1
+                ]
+            )
+            AgentCall.objects.bulk_create(
+                [
+                    AgentCall(
+                        rollout_id=i,
+                        index=s,
+                        started=now,
+                        latency_ms=200.0,
+                        http_status=200,
+                        model="m",
+                        usage={"input_tokens": 30, "output_tokens": 5},
+                    )
+                    for i in ids
+                    for s in range(items_per // 3 + 1)
+                ],
+                batch_size=5000,
+            )
+            TrajectoryItem.objects.bulk_create(
+                [
+                    TrajectoryItem(
+                        rollout_id=i,
+                        seq=s,
+                        step=s // 3,
+                        kind=item["type"],
+                        call_id=item.get("call_id", ""),
+                        name=item.get("name", ""),
+                        origin="gym" if item["type"] == "function_call_output" else "agent",
+                        asked=item["type"] == "function_call",
+                        latency_ms=3.0 if item["type"] == "function_call_output" else None,
+                        payload=item,
+                    )
+                    for i, output in zip(ids, outputs)
+                    for s, item in enumerate(output)
+                ],
+                batch_size=5000,
+            )
     return run
 
 
@@ -127,11 +232,19 @@ def measure(fn):
 
     from rollouts.models import Worker
 
-    w, _ = Worker.objects.get_or_create(name=f"probe-{os.getpid()}", defaults=dict(host="bench", pid=os.getpid(), last_seen=timezone.now()))
+    w, _ = Worker.objects.get_or_create(
+        name=f"probe-{os.getpid()}", defaults=dict(host="bench", pid=os.getpid(), last_seen=timezone.now())
+    )
     s = connection.settings_dict
-    target = s["NAME"] if connection.vendor == "sqlite" else f"postgresql://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+    target = (
+        s["NAME"] if connection.vendor == "sqlite" else f"postgresql://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+    )
     stop = os.path.join(tempfile.mkdtemp(), "stop")
-    proc = subprocess.Popen([sys.executable, "-c", PROBE, connection.vendor, str(target), str(w.pk), stop], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE, connection.vendor, str(target), str(w.pk), stop],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.5)
     try:
         out = fn()
@@ -156,7 +269,9 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=100_000)
     parser.add_argument("--items-per-rollout", type=int, default=6)
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
-    parser.add_argument("--batch", type=int, default=None, help="rollouts per transaction (default GYMWEB_DELETE_BATCH)")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="rollouts per transaction (default GYMWEB_DELETE_BATCH)"
+    )
     args = parser.parse_args()
     where = h.setup_django(args.db)
     from django.conf import settings
@@ -172,15 +287,23 @@ def main() -> None:
     items = TrajectoryItem.objects.filter(rollout__run=big).count()
     print(f"seeded {args.rollouts:,} rollouts, {items:,} items in {time.perf_counter() - t0:.0f} s")
     with connection.cursor() as cur:
-        cur.execute("SELECT COALESCE(SUM(LENGTH(verify_json) + LENGTH(partial_response_json)), 0) FROM rollouts_rollout WHERE run_id = %s", [big.pk])
+        cur.execute(
+            "SELECT COALESCE(SUM(LENGTH(verify_json) + LENGTH(partial_response_json)), 0) FROM rollouts_rollout WHERE run_id = %s",
+            [big.pk],
+        )
         response_chars = cur.fetchone()[0]
-        cur.execute("SELECT COALESCE(SUM(LENGTH(i.payload) + LENGTH(i.search_text)), 0) FROM rollouts_trajectoryitem i "
-                    "JOIN rollouts_rollout r ON r.id = i.rollout_id WHERE r.run_id = %s", [big.pk])
+        cur.execute(
+            "SELECT COALESCE(SUM(LENGTH(i.payload) + LENGTH(i.search_text)), 0) FROM rollouts_trajectoryitem i "
+            "JOIN rollouts_rollout r ON r.id = i.rollout_id WHERE r.run_id = %s",
+            [big.pk],
+        )
         item_chars = cur.fetchone()[0]
     t0 = time.perf_counter()
     sha, n = export_sha(big)
-    print(f"rollouts.jsonl before: {n:,} rows in {time.perf_counter() - t0:.1f} s; stored responses {response_chars / 1e6:,.0f} MB, "
-          f"items (payload + search text) {item_chars / 1e6:,.0f} MB")
+    print(
+        f"rollouts.jsonl before: {n:,} rows in {time.perf_counter() - t0:.1f} s; stored responses {response_chars / 1e6:,.0f} MB, "
+        f"items (payload + search text) {item_chars / 1e6:,.0f} MB"
+    )
 
     batch = args.batch or settings.GYMWEB_DELETE_BATCH
 
@@ -188,9 +311,11 @@ def main() -> None:
         wait = f"{probe.longest_s * 1000:.0f} ms" + (f", errors: {probe.errors[0][:80]}" if probe.errors else "")
         d = sorted(out.durations)
         median, p99 = d[len(d) // 2], d[min(len(d) - 1, int(len(d) * 0.99))]
-        print(f"{what}: {out.seconds:.1f} s, {out.batches} transactions (≤{batch} rollouts, ≤{settings.GYMWEB_DELETE_BATCH_ITEMS} items each), "
-              f"median {median * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, longest {out.longest_transaction_s * 1000:.0f} ms; "
-              f"a concurrent writer waited at most {wait} ({probe.writes} writes)")
+        print(
+            f"{what}: {out.seconds:.1f} s, {out.batches} transactions (≤{batch} rollouts, ≤{settings.GYMWEB_DELETE_BATCH_ITEMS} items each), "
+            f"median {median * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, longest {out.longest_transaction_s * 1000:.0f} ms; "
+            f"a concurrent writer waited at most {wait} ({probe.writes} writes)"
+        )
 
     out, probe = measure(lambda: archive.archive_run(Run.objects.get(pk=big.pk), batch=args.batch))
     size = sum(f["bytes"] for f in out.files.values())
@@ -209,11 +334,17 @@ def main() -> None:
     assert TrajectoryItem.objects.filter(rollout__run=big).count() == items
     print("  rollouts.jsonl after restore: identical; every item back")
 
-    small_before = (Rollout.objects.filter(run=small).count(), TrajectoryItem.objects.filter(rollout__run=small).count())
+    small_before = (
+        Rollout.objects.filter(run=small).count(),
+        TrajectoryItem.objects.filter(rollout__run=small).count(),
+    )
     out, probe = measure(lambda: archive.delete_run(Run.objects.get(pk=big.pk), batch=args.batch))
     report("delete", out, probe)
     assert not Run.objects.filter(pk=big.pk).exists()
-    assert (Rollout.objects.filter(run=small).count(), TrajectoryItem.objects.filter(rollout__run=small).count()) == small_before
+    assert (
+        Rollout.objects.filter(run=small).count(),
+        TrajectoryItem.objects.filter(rollout__run=small).count(),
+    ) == small_before
     print("  the other run is untouched")
 
 

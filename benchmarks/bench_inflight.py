@@ -16,6 +16,7 @@ Targets: peak RSS under 600 MB at 1,000; at 10,000 (issue 14): span ≤ 1.05 × 
 1 GB, backlog ≤ 2 s, on SQLite and on PostgreSQL. The open-file limit is raised to its hard limit
 (each rollout in flight holds an agent connection, and the env's while a tool runs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,14 +105,22 @@ def main() -> None:
     for i, rows in sorted(by_index.items()):
         st = sorted(r[0] for r in rows)
         lat = sorted(r[1] for r in rows)
-        print(f"  call {i + 1}: starts at +{st[0]:.2f} … +{st[len(st) // 2]:.2f} (median) … +{st[-1]:.2f} s; latency median {lat[len(lat) // 2]:.2f} s, max {lat[-1]:.2f} s")
+        print(
+            f"  call {i + 1}: starts at +{st[0]:.2f} … +{st[len(st) // 2]:.2f} (median) … +{st[-1]:.2f} s; latency median {lat[len(lat) // 2]:.2f} s, max {lat[-1]:.2f} s"
+        )
     print(f"many-in-flight benchmark — {h.machine()}; {where}; open-file limit {fds}")
-    print(f"  rollouts {args.rollouts} (succeeded {ok}), agent latency {args.latency_ms:g} ms × {args.calls} calls; most in flight at once {peak_inflight}")
+    print(
+        f"  rollouts {args.rollouts} (succeeded {ok}), agent latency {args.latency_ms:g} ms × {args.calls} calls; most in flight at once {peak_inflight}"
+    )
     print(f"  agent span {span:.2f} s; ideal {ideal:.2f} s; span/ideal {span / ideal:.3f} (target ≤ 1.05 at 10,000)")
-    print(f"  write backlog: the oldest unstored step had finished at most {lag:.2f} s before ({len(samples)} samples; target ≤ 2 s)")
+    print(
+        f"  write backlog: the oldest unstored step had finished at most {lag:.2f} s before ({len(samples)} samples; target ≤ 2 s)"
+    )
     print(f"  wall {wall:.1f} s; CPU {cpu:.1f} s ({1000 * cpu / args.rollouts:.2f} ms per rollout)")
     print(f"  garbage collector: {gc_time['n']} collections ({gc_time['full']} full), {gc_time['s']:.1f} s")
-    print(f"  peak RSS {h.peak_rss_mb():.0f} MB (before the run {rss_before:.0f} MB; target < 600 MB at 1,000, < 1 GB at 10,000)")
+    print(
+        f"  peak RSS {h.peak_rss_mb():.0f} MB (before the run {rss_before:.0f} MB; target < 600 MB at 1,000, < 1 GB at 10,000)"
+    )
 
 
 if __name__ == "__main__":

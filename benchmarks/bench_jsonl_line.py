@@ -8,6 +8,7 @@ process. ``--old`` reads it the way gymweb did before (iterating the upload, i.e
 
 No database is touched. Target: time linear in the size, peak RSS a small multiple of the line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,15 @@ def measure(size_mb: int, old: bool) -> dict:
             rows, error = [], str(exc)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"size_mb": size_mb, "old": old, "rows": len(rows), "seconds": round(seconds, 2),
-            "peak_rss_mb": round(peak / 1024), "rss_before_mb": round(base_rss / 1024), "error": error}
+    return {
+        "size_mb": size_mb,
+        "old": old,
+        "rows": len(rows),
+        "seconds": round(seconds, 2),
+        "peak_rss_mb": round(peak / 1024),
+        "rss_before_mb": round(base_rss / 1024),
+        "error": error,
+    }
 
 
 def main() -> None:
@@ -63,11 +71,15 @@ def main() -> None:
         print(json.dumps(measure(args.one, args.old)))
         return
     for size in args.sizes:
-        cmd = [sys.executable, "-m", "benchmarks.bench_jsonl_line", "--one", str(size)] + (["--old"] if args.old else [])
+        cmd = [sys.executable, "-m", "benchmarks.bench_jsonl_line", "--one", str(size)] + (
+            ["--old"] if args.old else []
+        )
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         result = json.loads(out)
-        print(f"{'old' if args.old else 'now'}: {size:>4} MB line: {result['seconds']:>7.2f} s, "
-              f"peak RSS {result['peak_rss_mb']} MB (before reading {result['rss_before_mb']} MB)")
+        print(
+            f"{'old' if args.old else 'now'}: {size:>4} MB line: {result['seconds']:>7.2f} s, "
+            f"peak RSS {result['peak_rss_mb']} MB (before reading {result['rss_before_mb']} MB)"
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from the first agent request to the last reply (from the stored agent-call timin
 
 Target: ratio ≤ 1.10 on SQLite and on PostgreSQL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,13 +42,19 @@ def main() -> None:
     calls = AgentCall.objects.filter(rollout__run=run)
     first = calls.aggregate(Min("started"))["started__min"]
     # The last reply: the latest start plus its latency (latency is stored per call, in ms).
-    last_end = max(c.started.timestamp() + c.latency_ms / 1000 for c in calls.order_by("-started")[: args.concurrency * 2])
+    last_end = max(
+        c.started.timestamp() + c.latency_ms / 1000 for c in calls.order_by("-started")[: args.concurrency * 2]
+    )
     measured = last_end - first.timestamp()
     ideal = math.ceil(args.rollouts / args.concurrency) * args.calls * args.latency_ms / 1000
     ok = Rollout.objects.filter(run=run, status="succeeded").count()
     print(f"latency-bound benchmark — {h.machine()}; {where}")
-    print(f"  rollouts {args.rollouts} (succeeded {ok}) × {args.calls} calls, agent latency {args.latency_ms:g} ms, concurrency {args.concurrency}")
-    print(f"  first request → last reply {measured:.2f} s; ideal {ideal:.2f} s; ratio {measured / ideal:.3f} (target ≤ 1.10)")
+    print(
+        f"  rollouts {args.rollouts} (succeeded {ok}) × {args.calls} calls, agent latency {args.latency_ms:g} ms, concurrency {args.concurrency}"
+    )
+    print(
+        f"  first request → last reply {measured:.2f} s; ideal {ideal:.2f} s; ratio {measured / ideal:.3f} (target ≤ 1.10)"
+    )
     print(f"  whole command incl. start-up and final writes {wall:.2f} s")
 
 

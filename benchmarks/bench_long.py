@@ -10,6 +10,7 @@ reply is that step's: parse, store, run the tool, send the next request). With t
 the rollouts move in waves, so an interval holds replies of one or two step numbers. Target: flat
 (step 60 costs about what step 1 costs), or the growth explained.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,12 @@ def main() -> None:
     ok = Rollout.objects.filter(run=run, status="succeeded").count()
     total = samples[-1][1] - samples[0][1]
     print(f"long-trajectory benchmark — {h.machine()}; {where}")
-    print(f"  rollouts {args.rollouts} (succeeded {ok}) × {args.steps} agent calls, tool outputs {args.tool_kb:g} KB, agent latency {args.latency_ms:g} ms")
-    print(f"  wall {wall:.1f} s; CPU {total:.1f} s ({1000 * total / (args.rollouts * args.steps):.2f} ms per step on average)")
+    print(
+        f"  rollouts {args.rollouts} (succeeded {ok}) × {args.steps} agent calls, tool outputs {args.tool_kb:g} KB, agent latency {args.latency_ms:g} ms"
+    )
+    print(
+        f"  wall {wall:.1f} s; CPU {total:.1f} s ({1000 * total / (args.rollouts * args.steps):.2f} ms per step on average)"
+    )
     print("  CPU per step (ms, mean over the rollouts), by step number:")
     for lo in range(0, args.steps, 10):
         part = per_step[lo : lo + 10]

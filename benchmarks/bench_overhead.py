@@ -6,6 +6,7 @@ through the real dispatcher and database. Prints rollouts/s, gymweb CPU per agen
 gymweb's CPU is this process's (the dispatcher, its DB thread and Django); the agent and env run in
 processes of their own. Target: under 1.5 ms of gymweb CPU per agent call, persisting included.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,13 @@ def main() -> None:
     calls = AgentCall.objects.filter(rollout__run=run).count()
     items = TrajectoryItem.objects.filter(rollout__run=run).count()
     print(f"overhead benchmark — {h.machine()}; {where}")
-    print(f"  rollouts {args.rollouts} (succeeded {ok}), agent calls {calls}, items stored {items}, concurrency {args.concurrency}")
+    print(
+        f"  rollouts {args.rollouts} (succeeded {ok}), agent calls {calls}, items stored {items}, concurrency {args.concurrency}"
+    )
     print(f"  wall {wall:.2f} s   rollouts/s {args.rollouts / wall:.1f}   agent calls/s {calls / wall:.0f}")
-    print(f"  gymweb CPU {cpu:.2f} s = {cpu / max(calls, 1) * 1e6:.0f} µs per agent call (target < 1500 µs; NeMo Gym's remote_agent ≈ 2500 µs)")
+    print(
+        f"  gymweb CPU {cpu:.2f} s = {cpu / max(calls, 1) * 1e6:.0f} µs per agent call (target < 1500 µs; NeMo Gym's remote_agent ≈ 2500 µs)"
+    )
     print(f"  peak RSS {h.peak_rss_mb():.0f} MB")
 
 

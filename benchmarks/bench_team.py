@@ -22,6 +22,7 @@ worker's start-up and polling delay are left out.
 With ``--db postgres`` the worker's queue is Redis (``--redis-url``, default ``$GYMWEB_REDIS_URL``
 or db 0) and the database a fresh one on 127.0.0.1:5432, dropped at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,24 +43,34 @@ from pathlib import Path
 from benchmarks import _harness as h
 
 PASSWORD = "bench-team-password-1"
-PAGES_WITH_TARGET = ("runs list", "run page", "live partial", "table partial", "charts partial", "evaluation partial", "rollout page")
+PAGES_WITH_TARGET = (
+    "runs list",
+    "run page",
+    "live partial",
+    "table partial",
+    "charts partial",
+    "evaluation partial",
+    "rollout page",
+)
 
 
 # -- processes -------------------------------------------------------------------------------------
 def _server_env(args, port: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "gymweb.settings",
-        "GYMWEB_DEBUG": "0",
-        "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50),
-        "GYMWEB_ALLOWED_HOSTS": "127.0.0.1",
-        "GYMWEB_CSRF_TRUSTED_ORIGINS": f"http://127.0.0.1:{port}",
-        "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
-        "GYMWEB_DISPATCH_IN_WORKERS": "1",
-        "GYMWEB_Q_NAME": f"gymweb-bench-team-{os.getpid()}",
-        "GYMWEB_LOG_LEVEL": "WARNING",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "gymweb.settings",
+            "GYMWEB_DEBUG": "0",
+            "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50),
+            "GYMWEB_ALLOWED_HOSTS": "127.0.0.1",
+            "GYMWEB_CSRF_TRUSTED_ORIGINS": f"http://127.0.0.1:{port}",
+            "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
+            "GYMWEB_DISPATCH_IN_WORKERS": "1",
+            "GYMWEB_Q_NAME": f"gymweb-bench-team-{os.getpid()}",
+            "GYMWEB_LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if args.db == "postgres":
         env["GYMWEB_REDIS_URL"] = args.redis_url
         env["GYMWEB_CACHE_URL"] = args.cache_url or args.redis_url  # the benchmark never clears it
@@ -168,14 +179,32 @@ _SEEN = re.compile(r'seen=([^"&]+)"')
 class User:
     """One signed-in browser: pages, the partials they load, the polls their markup asks for."""
 
-    def __init__(self, client, rec: Recorder, live_run: int, done_run: int, rollout_ids: list[int], deadline: float, rng: random.Random):
+    def __init__(
+        self,
+        client,
+        rec: Recorder,
+        live_run: int,
+        done_run: int,
+        rollout_ids: list[int],
+        deadline: float,
+        rng: random.Random,
+    ):
         self.c, self.rec, self.live_run, self.done_run = client, rec, live_run, done_run
         self.rollout_ids, self.deadline, self.rng = rollout_ids, deadline, rng
 
-    async def get(self, page: str, url: str, target: str = "", current: str = "") -> "tuple[int, str, dict]":
+    async def get(self, page: str, url: str, target: str = "", current: str = "") -> tuple[int, str, dict]:
         """GET as the browser does; ``target`` (the id of the element htmx swaps) makes it an htmx
         request with htmx's headers."""
-        headers = {"HX-Request": "true", "HX-Current-URL": str(self.c.base_url) + (current or url), "HX-Target": target, "HX-Trigger": target} if target else {}
+        headers = (
+            {
+                "HX-Request": "true",
+                "HX-Current-URL": str(self.c.base_url) + (current or url),
+                "HX-Target": target,
+                "HX-Trigger": target,
+            }
+            if target
+            else {}
+        )
         t0 = time.time()
         start = time.perf_counter()
         try:
@@ -189,7 +218,7 @@ class User:
     def _left(self) -> float:
         return self.deadline - time.monotonic()
 
-    async def stay(self, seconds: float, polls: list[tuple[float, "callable"]]) -> None:
+    async def stay(self, seconds: float, polls: list[tuple[float, callable]]) -> None:
         """Stay on a page for ``seconds``, running each poll every its period."""
         end = min(time.monotonic() + seconds, self.deadline)
         due = [time.monotonic() + period for period, _ in polls]
@@ -220,7 +249,9 @@ class User:
             if not state["live"]:
                 return
             q = f"?seen={state['seen']}" if state["seen"] else ""
-            status, body, headers = await self.get("live partial", f"/runs/{run_id}/live/{q}", target="run-live", current=url)
+            status, body, headers = await self.get(
+                "live partial", f"/runs/{run_id}/live/{q}", target="run-live", current=url
+            )
             if status == 200:
                 m = _SEEN.search(body)
                 state["seen"] = m.group(1) if m else state["seen"]
@@ -255,7 +286,13 @@ class User:
 
     async def browse(self) -> None:
         await asyncio.sleep(self.rng.uniform(0, 3))  # users do not all arrive in the same instant
-        choices = [(self.live_run_page, 40), (self.runs_list, 15), (self.rollout_page, 25), (self.profile_page, 10), (self.done_run_page, 10)]
+        choices = [
+            (self.live_run_page, 40),
+            (self.runs_list, 15),
+            (self.rollout_page, 25),
+            (self.profile_page, 10),
+            (self.done_run_page, 10),
+        ]
         while self._left() > 0:
             action = self.rng.choices([a for a, _ in choices], weights=[w for _, w in choices])[0]
             await action()
@@ -271,14 +308,17 @@ async def _sign_in(client, username: str) -> None:
     r = await client.get("/accounts/login/")
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', r.text).group(1)
     r = await client.post(
-        "/accounts/login/", data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": token},
+        "/accounts/login/",
+        data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": token},
         headers={"Referer": str(client.base_url) + "/accounts/login/"},
     )
     if r.status_code != 302:
         raise SystemExit(f"sign-in of {username} failed: {r.status_code}")
 
 
-async def _browse(base: str, users: list[str], live_run: int, done_run: int, rollout_ids: list[int], seconds: float, on_start) -> Recorder:
+async def _browse(
+    base: str, users: list[str], live_run: int, done_run: int, rollout_ids: list[int], seconds: float, on_start
+) -> Recorder:
     import httpx
 
     rec = Recorder()
@@ -296,9 +336,12 @@ async def _browse(base: str, users: list[str], live_run: int, done_run: int, rol
         await asyncio.gather(*(sign_in(c, u) for c, u in zip(clients, users)))
         await asyncio.to_thread(on_start)
         deadline = time.monotonic() + seconds
-        await asyncio.gather(*(
-            User(c, rec, live_run, done_run, rollout_ids, deadline, random.Random(i)).browse() for i, c in enumerate(clients)
-        ))
+        await asyncio.gather(
+            *(
+                User(c, rec, live_run, done_run, rollout_ids, deadline, random.Random(i)).browse()
+                for i, c in enumerate(clients)
+            )
+        )
     finally:
         for c in clients:
             await c.aclose()
@@ -315,8 +358,20 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _report(rec: Recorder, window: tuple[float, float]) -> None:
-    print(f"  {'page':<20} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'errors':>6}   during collection: {'n':>4} {'p95 ms':>7}   target")
-    order = ["runs list", "runs list poll", "run page", "live partial", "table partial", "charts partial", "evaluation partial", "rollout page", "profile page"]
+    print(
+        f"  {'page':<20} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'errors':>6}   during collection: {'n':>4} {'p95 ms':>7}   target"
+    )
+    order = [
+        "runs list",
+        "runs list poll",
+        "run page",
+        "live partial",
+        "table partial",
+        "charts partial",
+        "evaluation partial",
+        "rollout page",
+        "profile page",
+    ]
     for page in order + sorted(set(rec.samples) - set(order)):
         rows = rec.samples.get(page, [])
         if not rows:
@@ -382,7 +437,11 @@ def main() -> None:
     parser.add_argument("--gunicorn-args", default="", help="extra gunicorn arguments, e.g. '--threads 4'")
     parser.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT", 9300)))
     parser.add_argument("--redis-url", default=os.environ.get("GYMWEB_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--cache-url", default=os.environ.get("GYMWEB_CACHE_URL", ""), help="Redis for Django's cache with --db postgres (default: --redis-url)")
+    parser.add_argument(
+        "--cache-url",
+        default=os.environ.get("GYMWEB_CACHE_URL", ""),
+        help="Redis for Django's cache with --db postgres (default: --redis-url)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp directory (logs, SQLite file)")
     args = parser.parse_args()
     # SIGTERM (a stopped benchmark) stops the servers it started too (the ``finally`` below).
@@ -413,10 +472,20 @@ def main() -> None:
     base = f"http://127.0.0.1:{args.port}"
     env = _server_env(args, args.port)
     gunicorn = [
-        str(Path(sys.executable).parent / "gunicorn"), "gymweb.wsgi", "--bind", f"127.0.0.1:{args.port}",
-        "--workers", str(args.gunicorn_workers), "--timeout", "300", *args.gunicorn_args.split(),
+        str(Path(sys.executable).parent / "gunicorn"),
+        "gymweb.wsgi",
+        "--bind",
+        f"127.0.0.1:{args.port}",
+        "--workers",
+        str(args.gunicorn_workers),
+        "--timeout",
+        "300",
+        *args.gunicorn_args.split(),
         # Server-side time of each request (µs), to tell the server's time from the driver's.
-        "--access-logfile", str(tmp / "access.log"), "--access-logformat", "%(t)s|%(m)s|%(U)s|%(q)s|%(s)s|%(D)s|%({hx-target}i)s",
+        "--access-logfile",
+        str(tmp / "access.log"),
+        "--access-logformat",
+        "%(t)s|%(m)s|%(U)s|%(q)s|%(s)s|%(D)s|%({hx-target}i)s",
     ]
     qcluster = [sys.executable, "manage.py", "qcluster"]
     agent_url, env_url, services = h.start_services(args.calls)
@@ -460,14 +529,24 @@ def main() -> None:
                 _stop(proc)
         h.stop(services)
 
-    print(f"busy-team benchmark — {h.machine()}; {where}; gunicorn {' '.join(gunicorn[2:])}; qcluster workers {settings.Q_CLUSTER['workers']}")
-    print(f"  {args.users} users browsing {args.browse_s:.0f} s; runs of {args.rollouts} rollouts × {args.calls} agent calls, concurrency {args.concurrency}")
+    print(
+        f"busy-team benchmark — {h.machine()}; {where}; gunicorn {' '.join(gunicorn[2:])}; qcluster workers {settings.Q_CLUSTER['workers']}"
+    )
+    print(
+        f"  {args.users} users browsing {args.browse_s:.0f} s; runs of {args.rollouts} rollouts × {args.calls} agent calls, concurrency {args.concurrency}"
+    )
     alone = (rate_a + rate_a2) / 2
     print(f"  collection alone       {rate_a:7.1f} rollouts/s before, {rate_a2:.1f} after (mean {alone:.1f})")
-    print(f"  collection + browsing  {rate_b:7.1f} rollouts/s  ({100 * rate_b / alone:.0f}% of alone; target ≥ 90%)  [{t1 - t0:.1f} s]")
+    print(
+        f"  collection + browsing  {rate_b:7.1f} rollouts/s  ({100 * rate_b / alone:.0f}% of alone; target ≥ 90%)  [{t1 - t0:.1f} s]"
+    )
     total = sum(len(v) for v in rec.samples.values())
-    print(f"  requests {total} ({total / args.browse_s:.1f}/s); web CPU while browsing {web_cpu:.1f} s = {1000 * web_cpu / max(total, 1):.0f} ms per request")
-    print(f"  worker CPU per rollout: {1000 * worker_cpu_b / args.rollouts:.1f} ms with browsing, {1000 * worker_cpu_a2 / args.rollouts:.1f} ms alone (idle polling included)")
+    print(
+        f"  requests {total} ({total / args.browse_s:.1f}/s); web CPU while browsing {web_cpu:.1f} s = {1000 * web_cpu / max(total, 1):.0f} ms per request"
+    )
+    print(
+        f"  worker CPU per rollout: {1000 * worker_cpu_b / args.rollouts:.1f} ms with browsing, {1000 * worker_cpu_a2 / args.rollouts:.1f} ms alone (idle polling included)"
+    )
     print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (other sessions' work included)")
     _report(rec, (t0, t1))
     _server_report(tmp / "access.log", browse_window)

@@ -17,6 +17,7 @@ Needs NeMo Gym's venv (``--ngpeer``/venv/bin/gym, see ../shared/nemo_gym_peer/RE
 ports must be free (``--skip-nemo`` measures gymweb alone). Every server binds 127.0.0.1 and is
 stopped at the end. One untimed warm-up batch per system and size comes first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,14 @@ def _port_free(port: int) -> bool:
 
 
 def _start(cmd: list, log: Path, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
-    return subprocess.Popen([str(c) for c in cmd], cwd=cwd or h.REPO, env=env or dict(os.environ), stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [str(c) for c in cmd],
+        cwd=cwd or h.REPO,
+        env=env or dict(os.environ),
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc, first: int = signal.SIGTERM) -> None:
@@ -86,7 +93,11 @@ def _http_ok(url: str, method: str = "GET") -> bool:
 
 
 def _rows(ngpeer: Path, n: int) -> list[dict]:
-    src = [json.loads(line) for line in (ngpeer / "gymrun" / "data" / "example.jsonl").read_text().splitlines() if line.strip()]
+    src = [
+        json.loads(line)
+        for line in (ngpeer / "gymrun" / "data" / "example.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     return [dict(src[i % len(src)]) for i in range(n)]
 
 
@@ -101,18 +112,31 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--redis-url", default=os.environ.get("GYMWEB_REDIS_URL", "redis://127.0.0.1:6379/5"))
-    parser.add_argument("--ngpeer", default=os.environ.get("NGPEER_WORK", "/work/ngpeer"), help="NeMo Gym's venv, counter and gymrun")
-    parser.add_argument("--port-base", type=int, default=20500,
-                        help="web, agent, env and NeMo Gym head server ports: base, base+1, base+2, base+10")
+    parser.add_argument(
+        "--ngpeer", default=os.environ.get("NGPEER_WORK", "/work/ngpeer"), help="NeMo Gym's venv, counter and gymrun"
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=20500,
+        help="web, agent, env and NeMo Gym head server ports: base, base+1, base+2, base+10",
+    )
     parser.add_argument("--skip-nemo", action="store_true")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     ngpeer = Path(args.ngpeer)
     ng_python = ngpeer / "venv" / "bin" / "python"
     if not (ngpeer / "venv" / "bin" / "gym").exists():
-        raise SystemExit(f"NeMo Gym's venv is not at {ngpeer}/venv (see {PEER}/README.md); its agent and counter are needed")
+        raise SystemExit(
+            f"NeMo Gym's venv is not at {ngpeer}/venv (see {PEER}/README.md); its agent and counter are needed"
+        )
     nemo = not args.skip_nemo
-    web_port, agent_port, env_port, head_port = args.port_base, args.port_base + 1, args.port_base + 2, args.port_base + 10
+    web_port, agent_port, env_port, head_port = (
+        args.port_base,
+        args.port_base + 1,
+        args.port_base + 2,
+        args.port_base + 10,
+    )
     for port in (web_port, agent_port, env_port, head_port):
         if not _port_free(port):
             raise SystemExit(f"port {port} is in use: pick another --port-base")
@@ -123,28 +147,57 @@ def main() -> None:
         os.environ["GYMWEB_Q_NAME"] = f"gymweb-bench-trainer-{os.getpid()}"
     where = h.setup_django(args.db)
     from django.contrib.auth import get_user_model
-
-    from gymweb.client import Client
     from django.db.models import Max, Min
 
+    from gymweb.client import Client
     from rollouts.models import Run, Worker
     from rollouts.review.tokens import create_token
 
     user = get_user_model().objects.create_user(username="trainer", password=secrets.token_urlsafe(16))
     token = create_token(user, "bench")[1]
     env = dict(os.environ)
-    env.update({"GYMWEB_DEBUG": "0", "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50), "GYMWEB_ALLOWED_HOSTS": "127.0.0.1",
-                "GYMWEB_ALLOW_LOCAL_TARGETS": "1", "GYMWEB_DISPATCH_IN_WORKERS": "1", "GYMWEB_Q_WORKERS": "1",
-                "GYMWEB_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "GYMWEB_DEBUG": "0",
+            "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50),
+            "GYMWEB_ALLOWED_HOSTS": "127.0.0.1",
+            "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
+            "GYMWEB_DISPATCH_IN_WORKERS": "1",
+            "GYMWEB_Q_WORKERS": "1",
+            "GYMWEB_LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     procs: list = []
     stack = loop = None
     load_before = os.getloadavg()
     try:
-        agent = _start([ng_python, PEER / "scripted_agent.py", "--port", agent_port, "--sleep-ms", args.latency_ms],
-                       work / "agent.log")
-        counter = _start([ng_python, PEER / "serve_counter.py", "--app-dir", ngpeer / "counter", "--port", env_port], work / "env.log")
-        web = _start([Path(sys.executable).parent / "gunicorn", "gymweb.wsgi", "--bind", f"127.0.0.1:{web_port}", "--workers", "1",
-                      "--worker-class", "gthread", "--threads", "16", "--timeout", "300"], work / "gunicorn.log", env)
+        agent = _start(
+            [ng_python, PEER / "scripted_agent.py", "--port", agent_port, "--sleep-ms", args.latency_ms],
+            work / "agent.log",
+        )
+        counter = _start(
+            [ng_python, PEER / "serve_counter.py", "--app-dir", ngpeer / "counter", "--port", env_port],
+            work / "env.log",
+        )
+        web = _start(
+            [
+                Path(sys.executable).parent / "gunicorn",
+                "gymweb.wsgi",
+                "--bind",
+                f"127.0.0.1:{web_port}",
+                "--workers",
+                "1",
+                "--worker-class",
+                "gthread",
+                "--threads",
+                "16",
+                "--timeout",
+                "300",
+            ],
+            work / "gunicorn.log",
+            env,
+        )
         worker = _start([sys.executable, "manage.py", "qcluster"], work / "qcluster.log", env)
         procs = [agent, counter, web, worker]
         logs = [(p, work / n) for p, n in zip(procs, ("agent.log", "env.log", "gunicorn.log", "qcluster.log"))]
@@ -178,20 +231,44 @@ def main() -> None:
             run_dir.mkdir()
             cfg = (ngpeer / "gymrun" / "remote_counter.yaml").read_text()
             cfg = "\n".join(
-                f"      agent_base_url: {agent_url}" if line.strip().startswith("agent_base_url:")
-                else f"      concurrency: {concurrency}" if line.strip().startswith("concurrency:") else line
-                for line in cfg.splitlines())
+                f"      agent_base_url: {agent_url}"
+                if line.strip().startswith("agent_base_url:")
+                else f"      concurrency: {concurrency}"
+                if line.strip().startswith("concurrency:")
+                else line
+                for line in cfg.splitlines()
+            )
             cfg += f"\nhead_server:\n  host: 127.0.0.1\n  port: {head_port}\n"
             (run_dir / "remote_counter.yaml").write_text(cfg)
             os.symlink(ngpeer / "gymrun" / "data", run_dir / "data")
-            ng_env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-            stack = _start([ngpeer / "venv" / "bin" / "gym", "env", "start", "--config", "remote_counter.yaml"],
-                           work / f"gym_env-{concurrency}.log", ng_env, cwd=run_dir)
-            _wait(lambda: _http_ok(f"http://127.0.0.1:{head_port}/readyz"), "NeMo Gym's stack", [(stack, work / f"gym_env-{concurrency}.log")], 600)
-            loop = subprocess.Popen([str(ng_python), str(h.REPO / "benchmarks" / "_nemo_trainer_loop.py"), "--head-port", str(head_port)],
-                                    stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=open(work / "nemo_loop.log", "ab"), text=True, cwd=run_dir,
-                                    env=ng_env, start_new_session=True)
+            ng_env = {
+                **os.environ,
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_AUTH_MODE": "disabled",
+            }
+            stack = _start(
+                [ngpeer / "venv" / "bin" / "gym", "env", "start", "--config", "remote_counter.yaml"],
+                work / f"gym_env-{concurrency}.log",
+                ng_env,
+                cwd=run_dir,
+            )
+            _wait(
+                lambda: _http_ok(f"http://127.0.0.1:{head_port}/readyz"),
+                "NeMo Gym's stack",
+                [(stack, work / f"gym_env-{concurrency}.log")],
+                600,
+            )
+            loop = subprocess.Popen(
+                [str(ng_python), str(h.REPO / "benchmarks" / "_nemo_trainer_loop.py"), "--head-port", str(head_port)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=open(work / "nemo_loop.log", "ab"),
+                text=True,
+                cwd=run_dir,
+                env=ng_env,
+                start_new_session=True,
+            )
 
         def nemo_batch(rows):
             loop.stdin.write(json.dumps({"rows": rows}) + "\n")
@@ -202,8 +279,11 @@ def main() -> None:
             return json.loads(line)
 
         ideal = args.latency_ms / 1000 * CALLS
-        print(f"training-loop benchmark — {h.machine()}; {where}; agent latency {args.latency_ms:g} ms × {CALLS} calls "
-              f"(ideal batch {ideal:.2f} s); load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
+        print(
+            f"training-loop benchmark — {h.machine()}; {where}; agent latency {args.latency_ms:g} ms × {CALLS} calls "
+            f"(ideal batch {ideal:.2f} s); load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}",
+            flush=True,
+        )
         results = {}
         for size in sizes:
             if nemo:
@@ -223,11 +303,17 @@ def main() -> None:
                 batch = [o["batch_s"] for o in outs]
                 first = [o["first_s"] for o in outs]
                 ok = sum(1 for o in outs for r in o["rewards"] if r == 1.0)
-                print(f"  {size:>4} × {args.batches} {name:>8}: batch {_summary(batch)}, {statistics.median(batch) / ideal:.2f} × ideal; "
-                      f"first result {_summary(first)}; reward 1.0 in {ok}/{size * args.batches}", flush=True)
+                print(
+                    f"  {size:>4} × {args.batches} {name:>8}: batch {_summary(batch)}, {statistics.median(batch) / ideal:.2f} × ideal; "
+                    f"first result {_summary(first)}; reward 1.0 in {ok}/{size * args.batches}",
+                    flush=True,
+                )
                 if name == "gymweb":
-                    print(f"  {'':>4}   {'':>8}  submit → first rollout started {_summary([o['start_s'] for o in outs])}; "
-                          f"last stored → last read {_summary([o['tail_s'] for o in outs])}", flush=True)
+                    print(
+                        f"  {'':>4}   {'':>8}  submit → first rollout started {_summary([o['start_s'] for o in outs])}; "
+                        f"last stored → last read {_summary([o['tail_s'] for o in outs])}",
+                        flush=True,
+                    )
             if nemo:
                 g = statistics.median(o["batch_s"] for o in times["gymweb"])
                 n = statistics.median(o["batch_s"] for o in times["nemo_gym"])

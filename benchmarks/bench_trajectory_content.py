@@ -7,6 +7,7 @@ A fresh SQLite database in a temp dir. Pages go through Django's whole request p
 signed in). ``--repo`` runs the same measurement against another checkout (e.g. a clean clone of main, to
 compare with the code before this change): its directory goes first on ``sys.path``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,10 @@ def setup(repo: Path) -> None:
     from django.core.management import call_command
 
     # No collectstatic here: plain static storage, as the test suite uses.
-    settings.STORAGES = {**settings.STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
 
     call_command("migrate", verbosity=0)
 
@@ -49,20 +53,52 @@ def synthetic_500():
 
     run = Run.objects.create(name="bench 500", status=Run.Status.COMPLETED)
     task = Task.objects.create(run=run, task_index=0, row_json=json.dumps({"responses_create_params": {"input": "go"}}))
-    rollout = Rollout.objects.create(run=run, task=task, task_index=0, rollout_index=0, attempt=1, status=Rollout.Status.SUCCEEDED,
-                                     reward=1.0, verify_json=json.dumps({"reward": 1.0}), finished=timezone.now())
+    rollout = Rollout.objects.create(
+        run=run,
+        task=task,
+        task_index=0,
+        rollout_index=0,
+        attempt=1,
+        status=Rollout.Status.SUCCEEDED,
+        reward=1.0,
+        verify_json=json.dumps({"reward": 1.0}),
+        finished=timezone.now(),
+    )
     now = timezone.now()
-    AgentCall.objects.bulk_create(AgentCall(rollout=rollout, index=i, started=now, latency_ms=10.0, http_status=200) for i in range(125))
+    AgentCall.objects.bulk_create(
+        AgentCall(rollout=rollout, index=i, started=now, latency_ms=10.0, http_status=200) for i in range(125)
+    )
     items = []
     for step in range(125):
         items.append({"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking " * 20}]})
-        items.append({"type": "function_call", "call_id": f"c{step}", "name": "increment_counter",
-                      "arguments": json.dumps({"count": step, "note": "x" * 200})})
-        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": json.dumps({"success": True, "log": ["line"] * 30})})
-        items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "progress " * 30, "annotations": []}]})
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": f"c{step}",
+                "name": "increment_counter",
+                "arguments": json.dumps({"count": step, "note": "x" * 200}),
+            }
+        )
+        items.append(
+            {
+                "type": "function_call_output",
+                "call_id": f"c{step}",
+                "output": json.dumps({"success": True, "log": ["line"] * 30}),
+            }
+        )
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "progress " * 30, "annotations": []}],
+            }
+        )
     TrajectoryItem.objects.bulk_create(
-        TrajectoryItem(rollout=rollout, seq=s, step=s // 4, kind=p["type"], call_id=p.get("call_id", ""), payload=p, origin="gym")
-        for s, p in enumerate(items))
+        TrajectoryItem(
+            rollout=rollout, seq=s, step=s // 4, kind=p["type"], call_id=p.get("call_id", ""), payload=p, origin="gym"
+        )
+        for s, p in enumerate(items)
+    )
     return rollout
 
 

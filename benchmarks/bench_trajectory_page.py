@@ -10,6 +10,7 @@ time of GET (Django test client: view + template, no network) and the HTML's siz
 the page, the page with ``?q=`` and a running attempt's live poll (changed and unchanged).
 Target: the 500-item page under 150 ms.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,32 +33,81 @@ def seed(items: int):
 
     user = get_user_model().objects.create_user("bench", password="bench-password")
     now = timezone.now()
-    row = {"responses_create_params": {"input": [{"role": "user", "content": "add 1 then add 2 then get the count"}], "tools": []}}
+    row = {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": "add 1 then add 2 then get the count"}],
+            "tools": [],
+        }
+    }
     output = [
         {"type": "function_call", "call_id": "c1", "name": "increment_counter", "arguments": '{"count": 1}'},
         {"type": "function_call_output", "call_id": "c1", "output": '{"success": true}'},
-        {"type": "message", "role": "assistant", "id": "m", "content": [{"type": "output_text", "text": "The count is 3.", "annotations": []}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "m",
+            "content": [{"type": "output_text", "text": "The count is 3.", "annotations": []}],
+        },
     ]
-    run = Run.objects.create(name="bench", status="completed", agent_url="http://127.0.0.1:1", env_url="http://127.0.0.1:2",
-                             created_by=user, num_tasks=2, num_keys=2, started=now, finished=now)
+    run = Run.objects.create(
+        name="bench",
+        status="completed",
+        agent_url="http://127.0.0.1:1",
+        env_url="http://127.0.0.1:2",
+        created_by=user,
+        num_tasks=2,
+        num_keys=2,
+        started=now,
+        finished=now,
+    )
     task = Task.objects.create(run=run, task_index=0, row_json=json.dumps({**row, "_ng_task_index": 0}))
     made = []
     for status in ("succeeded", "running"):
-        r = Rollout.objects.create(run=run, task=task, task_index=0, rollout_index=len(made), status=status, reward=1.0,
-                                   verify_json=json.dumps({**row, "reward": 1.0, "response": {"output": []}}), started=now)
+        r = Rollout.objects.create(
+            run=run,
+            task=task,
+            task_index=0,
+            rollout_index=len(made),
+            status=status,
+            reward=1.0,
+            verify_json=json.dumps({**row, "reward": 1.0, "response": {"output": []}}),
+            started=now,
+        )
         steps = (items + 2) // 3
-        AgentCall.objects.bulk_create([AgentCall(rollout=r, index=s, started=now + timedelta(milliseconds=300 * s), latency_ms=200.0,
-                                                 http_status=200) for s in range(steps)])
-        TrajectoryItem.objects.bulk_create([
-            TrajectoryItem(rollout=r, seq=s, step=s // 3, kind=output[s % 3]["type"], call_id=output[s % 3].get("call_id", ""),
-                           origin="gym" if s % 3 == 1 else "agent", latency_ms=40.0 if s % 3 == 1 else None,
-                           tool_status=200 if s % 3 == 1 else None, payload=output[s % 3]) for s in range(items)])
+        AgentCall.objects.bulk_create(
+            [
+                AgentCall(
+                    rollout=r, index=s, started=now + timedelta(milliseconds=300 * s), latency_ms=200.0, http_status=200
+                )
+                for s in range(steps)
+            ]
+        )
+        TrajectoryItem.objects.bulk_create(
+            [
+                TrajectoryItem(
+                    rollout=r,
+                    seq=s,
+                    step=s // 3,
+                    kind=output[s % 3]["type"],
+                    call_id=output[s % 3].get("call_id", ""),
+                    origin="gym" if s % 3 == 1 else "agent",
+                    latency_ms=40.0 if s % 3 == 1 else None,
+                    tool_status=200 if s % 3 == 1 else None,
+                    payload=output[s % 3],
+                )
+                for s in range(items)
+            ]
+        )
         made.append(r)
     return user, run, made[0], made[1]
 
 
 def seed_mini_swe(user):
-    data = Path(os.environ.get("GYMWEB_NEMO_GYM_DATA") or REPO.parent / "shared" / "data" / "nemo_gym") / "mini_swe_agent_2" / "example_rollouts.jsonl"
+    data = (
+        Path(os.environ.get("GYMWEB_NEMO_GYM_DATA") or REPO.parent / "shared" / "data" / "nemo_gym")
+        / "mini_swe_agent_2"
+        / "example_rollouts.jsonl"
+    )
     if not data.exists():
         return None
     from rollouts.collection.importer import import_rollouts
@@ -110,12 +160,24 @@ def main() -> None:
     pages = [
         (f"rollout with {args.items} items", reverse("rollout", args=[run.pk, long.pk]), 200, 150),
         ("  the same with ?q=count", reverse("rollout", args=[run.pk, long.pk]) + "?q=count", 200, 150),
-        (f"running rollout ({args.items} items), live tail page", reverse("rollout", args=[run.pk, running.pk]), 200, 150),
-        ("  live poll, nothing new (204)", f"{live}?from={steps - 1}&seen={_live_signature('running', args.items, steps)}", 204, None),
+        (
+            f"running rollout ({args.items} items), live tail page",
+            reverse("rollout", args=[run.pk, running.pk]),
+            200,
+            150,
+        ),
+        (
+            "  live poll, nothing new (204)",
+            f"{live}?from={steps - 1}&seen={_live_signature('running', args.items, steps)}",
+            204,
+            None,
+        ),
         ("  live poll, something new", f"{live}?from={steps - 1}&seen=running.0.0", 200, None),
     ]
     if mini is not None:
-        pages.append(("mini_swe_agent_2 task 0 (55 items, real)", reverse("rollout", args=[mini.run_id, mini.pk]), 200, 150))
+        pages.append(
+            ("mini_swe_agent_2 task 0 (55 items, real)", reverse("rollout", args=[mini.run_id, mini.pk]), 200, 150)
+        )
     print(f"  {'page (median of ' + str(args.repeat) + ')':52s} {'server':>10s} {'CPU':>10s} {'HTML':>12s}   target")
     for label, url, status, target in pages:
         ms, cpu, size = timed(client, url, args.repeat, status)

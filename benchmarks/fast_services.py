@@ -10,6 +10,7 @@ backlog (the kernel caps it at ``net.core.somaxconn``).
 
     python -m benchmarks.fast_services --calls 4 --latency-ms 0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,15 +20,29 @@ import json
 
 from aiohttp import web
 
-USAGE = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
-         "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+USAGE = {
+    "input_tokens": 10,
+    "output_tokens": 5,
+    "total_tokens": 15,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
 _ids = itertools.count()
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _reply(output):
-    return {"id": f"r{next(_ids)}", "created_at": 0.0, "model": "fast", "object": "response", "output": output,
-            "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "usage": USAGE}
+    return {
+        "id": f"r{next(_ids)}",
+        "created_at": 0.0,
+        "model": "fast",
+        "object": "response",
+        "output": output,
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": USAGE,
+    }
 
 
 def make_agent(calls: int, latency_s: float) -> web.Application:
@@ -39,9 +54,18 @@ def make_agent(calls: int, latency_s: float) -> web.Application:
             await asyncio.sleep(latency_s)
         if done < calls - 1:
             n = next(_ids)
-            out = [{"type": "function_call", "call_id": f"c{n}", "name": "increment_counter", "arguments": '{"count":1}'}]
+            out = [
+                {"type": "function_call", "call_id": f"c{n}", "name": "increment_counter", "arguments": '{"count":1}'}
+            ]
         else:
-            out = [{"type": "message", "role": "assistant", "id": "m", "content": [{"type": "output_text", "text": "done", "annotations": []}]}]
+            out = [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": "m",
+                    "content": [{"type": "output_text", "text": "done", "annotations": []}],
+                }
+            ]
         return web.Response(body=_dumps(_reply(out)), content_type="application/json")
 
     app = web.Application()

@@ -1,5 +1,6 @@
 """ASGI entry point. With DEBUG off it refuses to start on the built-in development secret key
 (``gymweb.checks``)."""
+
 import os
 
 from django.core.asgi import get_asgi_application

@@ -1,5 +1,6 @@
 """The Redis web cache, failing open: while Redis does not answer, every read is a miss and every
 write is dropped, so pages are slower but never broken. The log says so once per outage."""
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,11 @@ def _outage(exc: RedisError) -> None:
         if _down:
             return
         _down = True
-    log.warning("the cache (Redis) is not answering (%s: %s); pages are served without it until it answers",
-                exc.__class__.__name__, exc)
+    log.warning(
+        "the cache (Redis) is not answering (%s: %s); pages are served without it until it answers",
+        exc.__class__.__name__,
+        exc,
+    )
 
 
 def _answered() -> None:

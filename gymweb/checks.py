@@ -10,6 +10,7 @@
 - Unknown ``GYMWEB_*`` variables (every command's checks, gymweb.W010): a warning naming the
   closest known one.
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -20,8 +21,8 @@ DEVELOPMENT_KEY_MESSAGE = (
     "GYMWEB_SECRET_KEY is not set and DEBUG is off: refusing to serve pages with the built-in "
     "development key (anyone who knows it could forge a signed-in session). Set GYMWEB_SECRET_KEY "
     "to a long random value, e.g. the output of "
-    "`python -c \"import secrets; print(secrets.token_urlsafe(50))\"`, the same on every web server "
-    "of this instance (README, \"Production\"); or set GYMWEB_DEBUG=1 for local development only."
+    '`python -c "import secrets; print(secrets.token_urlsafe(50))"`, the same on every web server '
+    'of this instance (README, "Production"); or set GYMWEB_DEBUG=1 for local development only.'
 )
 
 
@@ -44,7 +45,7 @@ def weak_key_problem() -> str | None:
             f"GYMWEB_SECRET_KEY is {len(key)} character(s) long with {len(set(key))} distinct: refusing to serve "
             f"pages with DEBUG off on a key shorter than {MIN_KEY_LENGTH} characters or of fewer than "
             f"{MIN_KEY_CHARACTERS} distinct ones (it could be guessed, and sessions forged). Set it to a long random "
-            "value, e.g. the output of `python -c \"import secrets; print(secrets.token_urlsafe(50))\"`."
+            'value, e.g. the output of `python -c "import secrets; print(secrets.token_urlsafe(50))"`.'
         )
     return None
 
@@ -109,7 +110,8 @@ def check_unknown_variables(app_configs, **kwargs):
     return [
         checks.Warning(
             f"{name} is set but gymweb reads no such setting.",
-            hint=(f"Did you mean {close}? " if close else "") + "`gymweb settings` lists every setting (docs/settings.md).",
+            hint=(f"Did you mean {close}? " if close else "")
+            + "`gymweb settings` lists every setting (docs/settings.md).",
             id="gymweb.W010",
         )
         for name, close in unknown_variables()

@@ -5,6 +5,7 @@ a django-q2 cluster (``qcluster``), and every other word is a management command
 ``gymweb collect``, ``gymweb migrate``, ``gymweb settings``, ...). ``gymweb --help`` lists them.
 The commands that start servers log the data directory first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,9 +67,16 @@ def print_help(out=sys.stdout) -> None:
 
 def serve(argv: list[str]) -> int:
     """``gymweb serve``: collectstatic, refuse the development key, then exec gunicorn."""
-    parser = argparse.ArgumentParser(prog="gymweb serve", description=OWN_HELP["serve"] + ". Other options go to gunicorn.")
+    parser = argparse.ArgumentParser(
+        prog="gymweb serve", description=OWN_HELP["serve"] + ". Other options go to gunicorn."
+    )
     parser.add_argument("--bind", default="127.0.0.1:8000", help="address:port (default 127.0.0.1:8000)")
-    parser.add_argument("--workers", type=int, default=2 * (os.cpu_count() or 1) + 1, help="web worker processes (default 2 × cores + 1)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2 * (os.cpu_count() or 1) + 1,
+        help="web worker processes (default 2 × cores + 1)",
+    )
     parser.add_argument("--timeout", type=int, default=300, help="gunicorn's worker timeout in seconds (default 300)")
     parser.add_argument("--no-collectstatic", action="store_true", help="do not run collectstatic first")
     opts, extra = parser.parse_known_args(argv)
@@ -84,8 +92,21 @@ def serve(argv: list[str]) -> int:
         return 2
     if not opts.no_collectstatic:
         call_command("collectstatic", interactive=False, verbosity=0)
-    cmd = [sys.executable, "-m", "gunicorn", "gymweb.wsgi", "--bind", opts.bind, "--workers", str(opts.workers),
-           "--timeout", str(opts.timeout), "--access-logfile", "-", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "gymweb.wsgi",
+        "--bind",
+        opts.bind,
+        "--workers",
+        str(opts.workers),
+        "--timeout",
+        str(opts.timeout),
+        "--access-logfile",
+        "-",
+        *extra,
+    ]
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached
@@ -110,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         from django.conf import settings
 
         # Through logging, so that with GYMWEB_LOG_FORMAT=json this line is JSON too.
-        logging.getLogger("gymweb.cli").info("data directory %s", settings.DATA_DIR, extra={"data_dir": str(settings.DATA_DIR)})
+        logging.getLogger("gymweb.cli").info(
+            "data directory %s", settings.DATA_DIR, extra={"data_dir": str(settings.DATA_DIR)}
+        )
     if command == "serve":
         return serve(rest)
     from django.core.management import execute_from_command_line

@@ -21,13 +21,15 @@ in a row with ``retry_pause_s`` between tries. Settings the server refuses raise
 ``RefusedSettings`` (its message names the field, or the row and field); a bad token raises
 ``Unauthorized``; a run that ends without a result for every row (cancelled) raises ``RunEnded``.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import os
 import time
-from typing import Any, AsyncIterator, Awaitable, Iterable, Iterator, Optional
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from typing import Any
 
 import httpx
 
@@ -41,7 +43,7 @@ class GymwebError(Exception):
     """An answer of the gymweb server that is not what was asked for. ``status``: the HTTP status
     (None when the server could not be reached); ``detail``: its message; ``errors``: per field."""
 
-    def __init__(self, message: str, status: Optional[int] = None, detail: str = "", errors: Optional[dict] = None):
+    def __init__(self, message: str, status: int | None = None, detail: str = "", errors: dict | None = None):
         super().__init__(message)
         self.status = status
         self.detail = detail or message
@@ -92,7 +94,9 @@ def _keyed_rows(rows: Iterable[dict]) -> tuple[list[dict], list[dict], dict[tupl
     originals = list(rows)
     if not originals:
         raise ValueError("run_examples needs at least one row")
-    explicit = {r["_ng_task_index"] for r in originals if isinstance(r, dict) and isinstance(r.get("_ng_task_index"), int)}
+    explicit = {
+        r["_ng_task_index"] for r in originals if isinstance(r, dict) and isinstance(r.get("_ng_task_index"), int)
+    }
     sent, keys, seen = [], {}, {}
     fresh = 0
     for position, row in enumerate(originals):
@@ -112,11 +116,18 @@ def _keyed_rows(rows: Iterable[dict]) -> tuple[list[dict], list[dict], dict[tupl
     return originals, sent, keys
 
 
-def _run_body(sent: list[dict], agent_url: Optional[str], env_url: Optional[str], head_url: Optional[str],
-              agent_name: Optional[str], settings: dict[str, Any]) -> dict[str, Any]:
+def _run_body(
+    sent: list[dict],
+    agent_url: str | None,
+    env_url: str | None,
+    head_url: str | None,
+    agent_name: str | None,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
     if head_url is not None or (agent_url is None or env_url is None):
         raise RefusedSettings(
-            "give agent_url= and env_url= (this gymweb server does not find environments by name through a head server)")
+            "give agent_url= and env_url= (this gymweb server does not find environments by name through a head server)"
+        )
     body = {"rows": sent, "agent_url": agent_url, "env_url": env_url, "concurrency": min(len(sent), 4096), **settings}
     if agent_name:
         body["agent_name"] = agent_name
@@ -136,7 +147,7 @@ class _Lines:
 
 
 class _Base:
-    def __init__(self, url: Optional[str], token: Optional[str], retries: int, retry_pause_s: float):
+    def __init__(self, url: str | None, token: str | None, retries: int, retry_pause_s: float):
         url = url or os.environ.get("GYMWEB_URL") or ""
         if not url:
             raise ValueError("give the gymweb server's URL (or set GYMWEB_URL)")
@@ -167,8 +178,16 @@ class Client(_Base):
     longer: it may stay quiet while rollouts run); ``retries``: reconnections in a row after a
     dropped connection. Use as a context manager or call ``close()``."""
 
-    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, timeout: float = 60.0, retries: int = 10,
-                 retry_pause_s: float = 0.5, http: Optional[httpx.Client] = None):
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        retries: int = 10,
+        retry_pause_s: float = 0.5,
+        http: httpx.Client | None = None,
+    ):
         super().__init__(url, token, retries, retry_pause_s)
         self.timeout = timeout
         self.http = http or httpx.Client(timeout=httpx.Timeout(timeout, read=None), headers=self._headers())
@@ -176,7 +195,7 @@ class Client(_Base):
     def close(self) -> None:
         self.http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -222,8 +241,12 @@ class Client(_Base):
         while True:
             got_any = False
             try:
-                with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results", timeout=self._stream_timeout(),
-                                      params={"after": after, "wait": int(wait)}) as response:
+                with self.http.stream(
+                    "GET",
+                    f"{self.url}{API}/runs/{run_id}/results",
+                    timeout=self._stream_timeout(),
+                    params={"after": after, "wait": int(wait)},
+                ) as response:
                     if response.status_code >= 400:
                         response.read()
                         _raise_for(response, f"reading run {run_id}'s results")
@@ -236,7 +259,9 @@ class Client(_Base):
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
-                    raise GymwebError(f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
+                    raise GymwebError(
+                        f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)"
+                    ) from exc
                 time.sleep(self.retry_pause_s)
                 continue
             failures = 0
@@ -247,8 +272,16 @@ class Client(_Base):
             elif not got_any:
                 time.sleep(self.retry_pause_s)
 
-    def run_examples(self, rows: Iterable[dict], *, agent_url: Optional[str] = None, env_url: Optional[str] = None,
-                     head_url: Optional[str] = None, agent_name: Optional[str] = None, **settings: Any) -> Iterator[tuple[dict, dict]]:
+    def run_examples(
+        self,
+        rows: Iterable[dict],
+        *,
+        agent_url: str | None = None,
+        env_url: str | None = None,
+        head_url: str | None = None,
+        agent_name: str | None = None,
+        **settings: Any,
+    ) -> Iterator[tuple[dict, dict]]:
         """Run each row once and yield ``(row, result)`` as each rollout finishes (NeMo Gym's
         ``run_examples``). ``settings``: other run fields (max_steps, overrides, timeouts,
         concurrency: default the batch size). Raises ``RefusedSettings`` before anything runs when
@@ -261,8 +294,11 @@ class Client(_Base):
             if not keys:
                 return
         final = self.run(run["id"])
-        raise RunEnded(f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
-                       final, len(originals) - len(keys))
+        raise RunEnded(
+            f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
+            final,
+            len(originals) - len(keys),
+        )
 
 
 class AsyncClient(_Base):
@@ -270,8 +306,16 @@ class AsyncClient(_Base):
     iterator of awaitables as NeMo Gym's does (``for f in client.run_examples(...): row, result = await f``);
     ``iter_examples`` is the same as an async iterator."""
 
-    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, timeout: float = 60.0, retries: int = 10,
-                 retry_pause_s: float = 0.5, http: Optional[httpx.AsyncClient] = None):
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        retries: int = 10,
+        retry_pause_s: float = 0.5,
+        http: httpx.AsyncClient | None = None,
+    ):
         super().__init__(url, token, retries, retry_pause_s)
         self.timeout = timeout
         self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(timeout, read=None), headers=self._headers())
@@ -279,7 +323,7 @@ class AsyncClient(_Base):
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -309,15 +353,21 @@ class AsyncClient(_Base):
 
     async def rollout(self, rollout_id: int, nemo_gym: bool = False) -> dict:
         params = {"format": "nemo_gym"} if nemo_gym else None
-        return (await self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params)).json()
+        return (
+            await self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params)
+        ).json()
 
     async def results(self, run_id: int, after: int = 0, wait: bool = True) -> AsyncIterator[dict]:
         failures = 0
         while True:
             got_any = False
             try:
-                async with self.http.stream("GET", f"{self.url}{API}/runs/{run_id}/results", timeout=self._stream_timeout(),
-                                            params={"after": after, "wait": int(wait)}) as response:
+                async with self.http.stream(
+                    "GET",
+                    f"{self.url}{API}/runs/{run_id}/results",
+                    timeout=self._stream_timeout(),
+                    params={"after": after, "wait": int(wait)},
+                ) as response:
                     if response.status_code >= 400:
                         await response.aread()
                         _raise_for(response, f"reading run {run_id}'s results")
@@ -330,7 +380,9 @@ class AsyncClient(_Base):
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
-                    raise GymwebError(f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
+                    raise GymwebError(
+                        f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)"
+                    ) from exc
                 await asyncio.sleep(self.retry_pause_s)
                 continue
             failures = 0
@@ -341,9 +393,16 @@ class AsyncClient(_Base):
             elif not got_any:
                 await asyncio.sleep(self.retry_pause_s)
 
-    async def iter_examples(self, rows: Iterable[dict], *, agent_url: Optional[str] = None, env_url: Optional[str] = None,
-                            head_url: Optional[str] = None, agent_name: Optional[str] = None,
-                            **settings: Any) -> AsyncIterator[tuple[dict, dict]]:
+    async def iter_examples(
+        self,
+        rows: Iterable[dict],
+        *,
+        agent_url: str | None = None,
+        env_url: str | None = None,
+        head_url: str | None = None,
+        agent_name: str | None = None,
+        **settings: Any,
+    ) -> AsyncIterator[tuple[dict, dict]]:
         """``async for row, result in client.iter_examples(rows, ...)``: as ``Client.run_examples``."""
         originals, sent, keys = _keyed_rows(rows)
         body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
@@ -353,15 +412,18 @@ class AsyncClient(_Base):
             if not keys:
                 return
         final = await self.run(run["id"])
-        raise RunEnded(f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
-                       final, len(originals) - len(keys))
+        raise RunEnded(
+            f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
+            final,
+            len(originals) - len(keys),
+        )
 
     def run_examples(self, rows: Iterable[dict], **kwargs: Any) -> Iterator[Awaitable[tuple[dict, dict]]]:
         """NeMo Gym's shape: one awaitable per row, each giving the next ``(row, result)`` to
         finish. The batch is sent when the first one is awaited; an error is raised by every
         awaitable from then on."""
         rows = list(rows)
-        queue: "asyncio.Queue[Any]" = asyncio.Queue()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
         state: dict[str, Any] = {}
 
         async def pump() -> None:

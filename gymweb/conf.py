@@ -13,6 +13,7 @@ Booleans accept ``1/0``, ``true/false``, ``yes/no``, ``on/off``; lists are comma
 empty variable counts as unset. A bad value stops start-up with the variable's name and why
 (:class:`SettingsError`).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -64,63 +65,117 @@ class GymwebSettings(BaseSettings):
         description="where gymweb keeps its state: the SQLite database, collected static files, the demo's key and password (GYMWEB_VAR_DIR is read too, as an older name)",
         json_schema_extra={"shown": "`~/.local/share/gymweb` (`$XDG_DATA_HOME/gymweb`)"},
     )
-    sqlite_path: str = S("", "the SQLite database file when DATABASE_URL is not set", shown="`<data dir>/gymweb.sqlite3`")
-    test_sqlite_path: str = S("", "the test suite's SQLite database file", shown="`<data dir>/test_gymweb_<pid>.sqlite3`")
-    static_root: str = S("", "where `collectstatic` writes and WhiteNoise serves from", shown="`<data dir>/staticfiles`")
+    sqlite_path: str = S(
+        "", "the SQLite database file when DATABASE_URL is not set", shown="`<data dir>/gymweb.sqlite3`"
+    )
+    test_sqlite_path: str = S(
+        "", "the test suite's SQLite database file", shown="`<data dir>/test_gymweb_<pid>.sqlite3`"
+    )
+    static_root: str = S(
+        "", "where `collectstatic` writes and WhiteNoise serves from", shown="`<data dir>/staticfiles`"
+    )
     # -- the web server
-    secret_key: SecretStr = S(SecretStr(""), "signs sessions and CSRF tokens; required with DEBUG off (empty: a built-in development key)")
+    secret_key: SecretStr = S(
+        SecretStr(""), "signs sessions and CSRF tokens; required with DEBUG off (empty: a built-in development key)"
+    )
     debug: bool = S(False, "Django's DEBUG (never on a shared server)")
     allowed_hosts: CommaList = S(["127.0.0.1", "localhost", "testserver"], "host names the site answers to")
-    csrf_trusted_origins: CommaList = S([], "origins (`https://host[:port]`) whose form posts are accepted when the proxy changes the Host")
-    secure_proxy_ssl_header: str = S("", "the header a TLS-terminating proxy sets to `https` (e.g. `X-Forwarded-Proto`); only if the proxy always sets or strips it")
+    csrf_trusted_origins: CommaList = S(
+        [], "origins (`https://host[:port]`) whose form posts are accepted when the proxy changes the Host"
+    )
+    secure_proxy_ssl_header: str = S(
+        "",
+        "the header a TLS-terminating proxy sets to `https` (e.g. `X-Forwarded-Proto`); only if the proxy always sets or strips it",
+    )
     ssl_redirect: bool = S(False, "redirect http to https (the probes and /metrics are exempt)")
     secure_cookies: bool = S(False, "session and CSRF cookies only over https")
     hsts_seconds: int = S(0, "Strict-Transport-Security max-age")
     hsts_include_subdomains: bool = S(False, "the HSTS `includeSubDomains` flag")
     hsts_preload: bool = S(False, "the HSTS `preload` flag")
-    signin_failure_limit: int = S(10, "wrong passwords for one user name from one address before sign-in is locked (429)")
+    signin_failure_limit: int = S(
+        10, "wrong passwords for one user name from one address before sign-in is locked (429)"
+    )
     signin_lockout_minutes: float = S(15, "how long a locked sign-in stays locked; `gymweb axes_reset` unlocks at once")
     max_upload_bytes: int = S(200 * MIB, "one uploaded file (new-run dataset, import)")
-    max_request_bytes: int | None = S(None, "one request: larger ones get 413 before their body is read", shown="2 × upload + 10 MiB")
+    max_request_bytes: int | None = S(
+        None, "one request: larger ones get 413 before their body is read", shown="2 × upload + 10 MiB"
+    )
     max_line_bytes: int = S(64 * MIB, "one line of a JSONL file (upload, import, `collect --input`)")
-    cache_url: str = S("", "a Redis database for Django's cache shared by every web process (empty: each process keeps its own, in memory)")
-    live_cache_s: float = S(2, "while a run is running: how long its page's aggregates and rollout table are shared by everyone watching (0: recompute every poll)")
+    cache_url: str = S(
+        "",
+        "a Redis database for Django's cache shared by every web process (empty: each process keeps its own, in memory)",
+    )
+    live_cache_s: float = S(
+        2,
+        "while a run is running: how long its page's aggregates and rollout table are shared by everyone watching (0: recompute every poll)",
+    )
     live_analysis_cache_s: float = S(15, "the same for a running run's profile page and charts")
     summary_cache_s: float = S(600, "how long a final run's aggregates stay cached (keyed by its counts, never stale)")
     display_max_chars: int = S(20_000, "characters of one item the trajectory page shows at first")
     display_max_items_per_step: int = S(500, "items of one step the trajectory page shows at first")
-    reverify_web_max_rows: int = S(2000, "largest run the run page reverifies in the request (larger: `gymweb reverify`)")
+    reverify_web_max_rows: int = S(
+        2000, "largest run the run page reverifies in the request (larger: `gymweb reverify`)"
+    )
     default_agent_url: str = S("", "pre-filled agent URL on the new-run form and the agent check")
     default_env_url: str = S("", "pre-filled env URL on the new-run form")
     # -- NeMo Gym environments
-    nemo_gym_head_url: str = S("", "the NeMo Gym head server `collect --config`, the new-run form and `env list` use when none is named (empty: the config's head_server block, else http://127.0.0.1:11000)")
+    nemo_gym_head_url: str = S(
+        "",
+        "the NeMo Gym head server `collect --config`, the new-run form and `env list` use when none is named (empty: the config's head_server block, else http://127.0.0.1:11000)",
+    )
     nemo_gym_bin: str = S("", "NeMo Gym's `gym` executable for `env start` (empty: `gym` on PATH)")
     # -- which hosts a run may reach
-    allowed_target_hosts: CommaList = S([], "when not empty, only these targets (`host`, `host:port`, IP, CIDR, with or without a port) may be reached")
+    allowed_target_hosts: CommaList = S(
+        [], "when not empty, only these targets (`host`, `host:port`, IP, CIDR, with or without a port) may be reached"
+    )
     allow_local_targets: bool = S(False, "loopback and private addresses may be reached (a local single-user set-up)")
     max_reply_bytes: int = S(64 * MIB, "the largest reply read from an agent or an env (over it: `reply_too_large`)")
-    reply_budget_bytes: int = S(512 * MIB, "the bytes all replies being read at once in one worker may hold together (0: unbounded; over it: `reply_over_budget`, not terminal)")
-    failed_reply_max_bytes: int = S(1 * MIB, "how much of an agent reply gymweb refused is kept for the rollout page and the API")
+    reply_budget_bytes: int = S(
+        512 * MIB,
+        "the bytes all replies being read at once in one worker may hold together (0: unbounded; over it: `reply_over_budget`, not terminal)",
+    )
+    failed_reply_max_bytes: int = S(
+        1 * MIB, "how much of an agent reply gymweb refused is kept for the rollout page and the API"
+    )
     # -- workers and collection
     redis_url: str = S("", "django-q2's Redis broker (empty: the database is the broker)")
     q_name: str = S("gymweb", "django-q2's cluster name (workers sharing a broker share it)")
     q_workers: int = S(2, "worker processes per `gymweb worker`")
     q_log_level: str = S("WARNING", "django-q2's own log level")
-    lease_s: float = S(30, "a claimed rollout's lease: not renewed for this long, its worker counts as dead and the key runs again")
+    lease_s: float = S(
+        30, "a claimed rollout's lease: not renewed for this long, its worker counts as dead and the key runs again"
+    )
     heartbeat_s: float = S(2, "how often a worker renews its leases and its heartbeat")
     poll_s: float = S(0.5, "how often a worker looks for new work")
-    wake_poll_s: float = S(0.01, "on SQLite, how often an idle worker reads the database's change counter to start a launched run at once (0: polls only; PostgreSQL notifies)")
-    auto_retry: bool = S(True, "runs made in the web and the API retry their non-terminal failures by themselves (up to max attempts) before they complete")
-    auto_retry_delay_s: float = S(5.0, "the wait before the first automatic retry wave, from the run's last failure; each later wave waits twice as long")
-    archive_dir: str = S("", "where archived runs' files go, one folder per run (empty: `archive` in the data directory)")
+    wake_poll_s: float = S(
+        0.01,
+        "on SQLite, how often an idle worker reads the database's change counter to start a launched run at once (0: polls only; PostgreSQL notifies)",
+    )
+    auto_retry: bool = S(
+        True,
+        "runs made in the web and the API retry their non-terminal failures by themselves (up to max attempts) before they complete",
+    )
+    auto_retry_delay_s: float = S(
+        5.0,
+        "the wait before the first automatic retry wave, from the run's last failure; each later wave waits twice as long",
+    )
+    archive_dir: str = S(
+        "", "where archived runs' files go, one folder per run (empty: `archive` in the data directory)"
+    )
     delete_batch: int = S(200, "rollouts (with everything under them) deleted, archived or restored per transaction")
     delete_batch_items: int = S(500, "trajectory items per such transaction (a rollout with more makes one of its own)")
     delete_pause_s: float = S(0.05, "pause between two such transactions, so writers waiting for the lock get it")
     stream_poll_s: float = S(0.05, "how often an open results stream looks for new results")
-    stream_keepalive_s: float = S(15.0, "an open results stream sends an empty line after this many seconds without a result")
-    stream_max_s: float = S(240.0, "a results stream ends after this long (the client reconnects with its cursor; below gunicorn's timeout)")
+    stream_keepalive_s: float = S(
+        15.0, "an open results stream sends an empty line after this many seconds without a result"
+    )
+    stream_max_s: float = S(
+        240.0, "a results stream ends after this long (the client reconnects with its cursor; below gunicorn's timeout)"
+    )
     flush_s: float = S(0.25, "how often a worker writes what its rollouts produced")
-    gc_threshold: int = S(200_000, "Python's first garbage-collector threshold while a dispatcher serves (0: Python's default)")
+    gc_threshold: int = S(
+        200_000, "Python's first garbage-collector threshold while a dispatcher serves (0: Python's default)"
+    )
     connect_retry_pause_s: float = S(0.5, "pause before retrying a refused connection")
     process_capacity: int = S(2000, "most rollouts in flight per worker process")
     dispatch_in_workers: bool = S(True, "each worker process runs a dispatcher")
@@ -132,7 +187,9 @@ class GymwebSettings(BaseSettings):
     max_run_timeout_s: float = S(24 * 3600, "the largest run_timeout_s a run may have")
     # -- operations
     log_level: str = S("INFO", "gymweb's own log level")
-    log_format: Literal["text", "json"] = S("text", "`text`: time, level, logger, message; `json`: one JSON object per line")
+    log_format: Literal["text", "json"] = S(
+        "text", "`text`: time, level, logger, message; `json`: one JSON object per line"
+    )
     metrics_token: SecretStr = S(SecretStr(""), "bearer token that /metrics requires (`Authorization: Bearer <token>`)")
     metrics_allowed_ips: CommaList = S([], "client addresses or CIDR ranges that may read /metrics without the token")
 
@@ -222,12 +279,14 @@ def describe(conf: GymwebSettings, environ: dict[str, str] | None = None) -> lis
             if field.endswith("_url"):
                 shown = _mask_url(shown)
         given = [n for n in _names_of(field) if environ.get(n, "") != ""]
-        rows.append({
-            "name": env_name(field),
-            "value": shown,
-            "source": f"environment ({given[0]})" if given else "default",
-            "description": info.description or "",
-        })
+        rows.append(
+            {
+                "name": env_name(field),
+                "value": shown,
+                "source": f"environment ({given[0]})" if given else "default",
+                "description": info.description or "",
+            }
+        )
     return rows
 
 
@@ -286,7 +345,9 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(f"`{a}`" for a in args)
     if args and type(None) in args:
         return _type_name(next(a for a in args if a is not type(None))) + " (empty: derived)"
-    return {bool: "bool", int: "int", float: "float", str: "str", Path: "path", SecretStr: "secret"}.get(annotation, str(annotation))
+    return {bool: "bool", int: "int", float: "float", str: "str", Path: "path", SecretStr: "secret"}.get(
+        annotation, str(annotation)
+    )
 
 
 def other_variables_table() -> str:

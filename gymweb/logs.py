@@ -4,10 +4,11 @@ Each object has ``time`` (ISO 8601, UTC, milliseconds), ``level``, ``logger`` an
 ``exception`` (the formatted traceback) when there is one and any ``extra={...}`` fields the call
 passed whose names do not clash with those.
 """
+
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 
@@ -20,7 +21,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "time": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

@@ -4,6 +4,7 @@ Embedded default: SQLite (WAL, busy timeout, immediate transactions) and django-
 Scale-out: set ``DATABASE_URL`` (e.g. ``postgres://postgres@127.0.0.1:5432/gymweb``) and
 ``GYMWEB_REDIS_URL`` (e.g. ``redis://127.0.0.1:6379/0``) in the environment.
 """
+
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -224,7 +225,9 @@ FILE_UPLOAD_HANDLERS = [
 # While Redis does not answer the cache fails open (gymweb.cache): pages are slower, never broken.
 _cache_url = GYMWEB.cache_url.strip()
 if _cache_url:
-    CACHES: dict[str, dict[str, Any]] = {"default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}}
+    CACHES: dict[str, dict[str, Any]] = {
+        "default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": _cache_url, "KEY_PREFIX": "gymweb"}
+    }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 1000}}}
 

@@ -1,4 +1,5 @@
 """URL routes: the dashboard lives in the rollouts app; auth uses Django's own views."""
+
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.templatetags.static import static

@@ -2,6 +2,7 @@
 
 With DEBUG off it refuses to start on the built-in development secret key (``gymweb.checks``).
 """
+
 import os
 
 from django.core.wsgi import get_wsgi_application

@@ -5,6 +5,7 @@ importable Python callable, with any arguments, run on every worker: code execut
 who gets into the admin. gymweb's only schedule (``gymweb-supervise``) is made by code
 (``rollouts.apps``), so the admin may list schedules but never add, change or delete one.
 """
+
 from django.contrib import admin
 from django_q.admin import ScheduleAdmin
 from django_q.models import Schedule

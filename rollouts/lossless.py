@@ -18,6 +18,7 @@ sees the stored encoding. A SQL function over these columns (``Substr``) must sa
 ``output_field=LosslessTextField()`` to be decoded. Migration ``0006_lossless_text`` moved the
 existing columns to these fields and encoded existing rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
-__all__ = ["ESCAPE", "JSONTextField", "LosslessCharField", "LosslessTextField", "clip_encoded", "decode_text", "dumps", "encode_text"]
+__all__ = [
+    "ESCAPE",
+    "JSONTextField",
+    "LosslessCharField",
+    "LosslessTextField",
+    "clip_encoded",
+    "decode_text",
+    "dumps",
+    "encode_text",
+]
 
 ESCAPE = "\ufdd0"
 _ENCODED = re.compile(ESCAPE + "(.?)", re.DOTALL)

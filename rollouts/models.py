@@ -10,6 +10,7 @@ PostgreSQL alike (``rollouts.lossless``): JSON values as JSON text (``JSONTextFi
 ``LosslessTextField``/``LosslessCharField`` (U+0000 encoded reversibly). The ``*_json`` text columns
 hold JSON text written by ``lossless.dumps``.
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -32,7 +33,9 @@ class Dataset(models.Model):
     # A dataset made from a selection of a run's rollouts (rollouts.review.selection): the run and
     # the filter querystring that chose its tasks, so a run launched from it records where its
     # tasks came from.
-    source_run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_datasets")
+    source_run = models.ForeignKey(
+        "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_datasets"
+    )
     source_filters = models.CharField(max_length=2000, blank=True)
 
     class Meta:
@@ -83,7 +86,9 @@ class Run(models.Model):
     head_url = models.CharField(max_length=2000, blank=True)
     env_name = LosslessCharField(max_length=200, blank=True)
     concurrency = models.PositiveIntegerField(default=32)
-    max_steps = models.PositiveIntegerField(null=True, blank=True, help_text="agent calls per rollout; empty or 0 = unbounded")
+    max_steps = models.PositiveIntegerField(
+        null=True, blank=True, help_text="agent calls per rollout; empty or 0 = unbounded"
+    )
     num_repeats = models.PositiveIntegerField(default=1)
     limit = models.PositiveIntegerField(null=True, blank=True)
     max_attempts = models.PositiveIntegerField(default=3)
@@ -252,8 +257,17 @@ class Rollout(models.Model):
             # Token and duration totals, read from the index alone: on SQLite these columns sit
             # behind the large verify_json text, whose overflow pages a table scan would walk.
             models.Index(
-                fields=["run", "status", "usage_reported", "input_tokens", "output_tokens", "total_tokens",
-                        "cached_tokens", "reasoning_tokens", "duration_ms"],
+                fields=[
+                    "run",
+                    "status",
+                    "usage_reported",
+                    "input_tokens",
+                    "output_tokens",
+                    "total_tokens",
+                    "cached_tokens",
+                    "reasoning_tokens",
+                    "duration_ms",
+                ],
                 name="rollout_run_usage",
             ),
         ]
@@ -460,7 +474,9 @@ class Label(models.Model):
     description = LosslessCharField(max_length=200, blank=True)
     position = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["position", "id"]
@@ -475,7 +491,9 @@ class RolloutLabel(models.Model):
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="review_labels")
     label = models.ForeignKey(Label, on_delete=models.CASCADE, related_name="uses")
     created = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["label__position", "label_id"]
@@ -491,7 +509,9 @@ class Note(models.Model):
     item_seq = models.PositiveIntegerField(null=True, blank=True)
     text = LosslessTextField()
     created = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["created", "id"]
@@ -507,7 +527,9 @@ class RewardCorrection(models.Model):
     reward = models.FloatField(null=True, blank=True)
     reason = LosslessTextField(blank=True)
     created = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["id"]

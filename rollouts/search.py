@@ -27,19 +27,28 @@ matched exactly on ``TrajectoryItem.name`` of ``function_call`` items (index ``i
 failure messages by a case-insensitive substring of ``Rollout.error`` within the run (a scan of the
 run's rows: a few hundred thousand short strings at most).
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from django.db import connection as default_connection
 from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.expressions import RawSQL
 
 __all__ = [
-    "MAX_TEXT", "MIN_INDEXED", "ensure_index", "filter_error", "filter_output", "filter_text", "filter_tool",
-    "item_search_text", "normalise_query",
+    "MAX_TEXT",
+    "MIN_INDEXED",
+    "ensure_index",
+    "filter_error",
+    "filter_output",
+    "filter_text",
+    "filter_tool",
+    "item_search_text",
+    "normalise_query",
 ]
 
 # Longest search text kept per item (characters): a multi-megabyte tool output is indexed by its
@@ -127,8 +136,10 @@ def sqlite_has_trigram(connection=default_connection) -> bool:
 
 
 def _sqlite_index_present(cursor) -> bool:
-    cursor.execute("SELECT name FROM sqlite_master WHERE name IN (%s, %s, %s, %s)",
-                   [FTS_TABLE, f"{FTS_TABLE}_ai", f"{FTS_TABLE}_ad", f"{FTS_TABLE}_au"])
+    cursor.execute(
+        "SELECT name FROM sqlite_master WHERE name IN (%s, %s, %s, %s)",
+        [FTS_TABLE, f"{FTS_TABLE}_ai", f"{FTS_TABLE}_ad", f"{FTS_TABLE}_au"],
+    )
     return len(cursor.fetchall()) == 4
 
 
@@ -186,7 +197,9 @@ def ensure_index(connection=default_connection) -> str:
                     cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
             except Exception:  # no privilege: searches scan instead
                 return "unavailable"
-            cursor.execute(f"CREATE INDEX IF NOT EXISTS {TRGM_INDEX} ON {ITEM_TABLE} USING gin (search_text gin_trgm_ops)")
+            cursor.execute(
+                f"CREATE INDEX IF NOT EXISTS {TRGM_INDEX} ON {ITEM_TABLE} USING gin (search_text gin_trgm_ops)"
+            )
         return "built"
     return "unsupported"
 
@@ -214,11 +227,16 @@ def _index_sql(text: str, kind: str | None) -> tuple[str, list] | None:
     if len(text) < MIN_INDEXED:
         return None
     if vendor == "sqlite" and sqlite_has_trigram() and fts_available():
-        return (f"SELECT i.rollout_id FROM {FTS_TABLE} f JOIN {ITEM_TABLE} i ON i.id = f.rowid "
-                f"WHERE f.{FTS_TABLE} MATCH %s{kind_sql}", [_fts_phrase(text), *kind_params])
+        return (
+            f"SELECT i.rollout_id FROM {FTS_TABLE} f JOIN {ITEM_TABLE} i ON i.id = f.rowid "
+            f"WHERE f.{FTS_TABLE} MATCH %s{kind_sql}",
+            [_fts_phrase(text), *kind_params],
+        )
     if vendor == "postgresql" and _pg_index_present():
-        return (f"SELECT i.rollout_id FROM {ITEM_TABLE} i WHERE i.search_text LIKE %s{kind_sql}",
-                [_like_pattern(text), *kind_params])
+        return (
+            f"SELECT i.rollout_id FROM {ITEM_TABLE} i WHERE i.search_text LIKE %s{kind_sql}",
+            [_like_pattern(text), *kind_params],
+        )
     return None
 
 

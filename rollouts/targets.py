@@ -6,9 +6,9 @@ or its check from here: the forms (new run, check page, API), Retry, the dispatc
 Settings (docs/production.md, "Which hosts a run may reach"): ``GYMWEB_ALLOWED_TARGET_HOSTS`` (list of entries),
 ``GYMWEB_ALLOW_LOCAL_TARGETS`` (bool), ``GYMWEB_MAX_REPLY_BYTES`` (int, bytes).
 """
+
 from __future__ import annotations
 
-from typing import Optional
 from urllib.parse import urlsplit
 
 import httpx
@@ -18,7 +18,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from rollouts.engine.loop import make_client
 from rollouts.engine.targets import (
-    DEFAULT_MAX_REPLY_BYTES,
     InvalidAllowEntry,
     TargetPolicy,
     TargetRefused,
@@ -32,14 +31,12 @@ def policy() -> TargetPolicy:
     """The policy of the current settings. Raises ``ImproperlyConfigured`` naming a bad entry of
     ``GYMWEB_ALLOWED_TARGET_HOSTS``."""
     try:
-        return TargetPolicy.from_settings(
-            settings.GYMWEB_ALLOW_LOCAL_TARGETS, settings.GYMWEB_ALLOWED_TARGET_HOSTS
-        )
+        return TargetPolicy.from_settings(settings.GYMWEB_ALLOW_LOCAL_TARGETS, settings.GYMWEB_ALLOWED_TARGET_HOSTS)
     except InvalidAllowEntry as exc:
         raise ImproperlyConfigured(str(exc)) from None
 
 
-def refusal_of_misspelled(url: str) -> Optional[TargetRefused]:
+def refusal_of_misspelled(url: str) -> TargetRefused | None:
     """For a URL ``loop.validate_base_url`` refused: the policy's refusal of its host when the host
     is an IP literal (any spelling) or a name the policy refuses by itself, else None. A refused
     host is named as refused whatever else is wrong with its spelling: that is what to act on."""
@@ -90,7 +87,7 @@ def async_client(concurrency: int = 32) -> httpx.AsyncClient:
     return make_client(concurrency, policy=policy(), max_reply_bytes=max_reply_bytes(), reply_budget_bytes=budget)
 
 
-def sync_client(timeout_s: Optional[float] = 30.0) -> httpx.Client:
+def sync_client(timeout_s: float | None = 30.0) -> httpx.Client:
     """A sync client with this instance's policy and reply cap (``targets.make_sync_client``)."""
     return make_sync_client(policy(), max_reply_bytes(), timeout_s=timeout_s)
 
@@ -101,6 +98,11 @@ def check_target_settings(app_configs=None, **kwargs):
     try:
         policy()
     except ImproperlyConfigured as exc:
-        return [Error(str(exc), hint="entries are host, host:port, an IP, a CIDR range, or one of those with :port",
-                      id="gymweb.E010")]
+        return [
+            Error(
+                str(exc),
+                hint="entries are host, host:port, an IP, a CIDR range, or one of those with :port",
+                id="gymweb.E010",
+            )
+        ]
     return []

@@ -1,6 +1,7 @@
 """Thinking spans in a model's text: ``<think>…</think>`` (or ``<thinking>``) as reasoning models
 write them inside a message. One reader for the trajectory page (which folds them) and the SFT
 export (which drops or moves what the page folds). No Django here."""
+
 from __future__ import annotations
 
 import re
@@ -23,10 +24,10 @@ def split_thinking(text: str) -> list[tuple[bool, str]]:
     for m in matches:
         closing = bool(m.group(1))
         if closing and inside:
-            out.append((True, text[pos:m.start()]))
+            out.append((True, text[pos : m.start()]))
             pos, inside = m.end(), False
         elif not closing and not inside:
-            out.append((False, text[pos:m.start()]))
+            out.append((False, text[pos : m.start()]))
             pos, inside = m.end(), True
         # a stray tag of the wrong kind (nested or repeated) stays in the text
     out.append((inside, text[pos:]))

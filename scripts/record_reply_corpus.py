@@ -13,14 +13,16 @@ does with a reply) and written as one JSON line: ``{"case", "source", "reply", "
 "reason"}}``, ``reason`` the first validation errors (``loc: msg``) or null. ``tests/test_reply_corpus.py``
 asserts gymweb's validator gives the same verdict for every line.
 """
+
 from __future__ import annotations
 
 import argparse
 import copy
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +40,10 @@ def usage(**over: Any) -> dict:
 
 
 MESSAGE = {
-    "id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "status": "completed",
     "content": [{"type": "output_text", "text": "done", "annotations": []}],
 }
 CALL = {"type": "function_call", "call_id": "call_1", "name": "get_counter_value", "arguments": "{}"}
@@ -46,8 +51,14 @@ CALL = {"type": "function_call", "call_id": "call_1", "name": "get_counter_value
 
 def reply(*output: dict, **over: Any) -> dict:
     base = {
-        "id": "resp_1", "created_at": 1700000000.0, "model": "m", "object": "response",
-        "output": list(output), "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "id": "resp_1",
+        "created_at": 1700000000.0,
+        "model": "m",
+        "object": "response",
+        "output": list(output),
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
         "usage": usage(),
     }
     base.update(over)
@@ -72,14 +83,21 @@ def made_up() -> Iterator[tuple[str, dict]]:
     yield "input_tokens a numeric string", reply(MESSAGE, usage=usage(input_tokens="12"))
     yield "partial usage: no total_tokens", reply(MESSAGE, usage=without(usage(), "total_tokens"))
     yield "partial usage: no input_tokens_details", reply(MESSAGE, usage=without(usage(), "input_tokens_details"))
-    yield "usage details null counts", reply(
-        MESSAGE, usage=usage(input_tokens_details={"cached_tokens": None}, output_tokens_details={"reasoning_tokens": None})
+    yield (
+        "usage details null counts",
+        reply(
+            MESSAGE,
+            usage=usage(input_tokens_details={"cached_tokens": None}, output_tokens_details={"reasoning_tokens": None}),
+        ),
     )
     yield "usage details without cached_tokens", reply(MESSAGE, usage=usage(input_tokens_details={}))
     yield "usage extra keys", reply(MESSAGE, usage=usage(cost=0.1, input_tokens_per_turn=[1, 2]))
     yield "usage is a list", reply(MESSAGE, usage=[1, 2])
     yield "incomplete_details reason because", reply(MESSAGE, incomplete_details={"reason": "because"})
-    yield "incomplete_details reason max_output_tokens", reply(MESSAGE, incomplete_details={"reason": "max_output_tokens"})
+    yield (
+        "incomplete_details reason max_output_tokens",
+        reply(MESSAGE, incomplete_details={"reason": "max_output_tokens"}),
+    )
     yield "incomplete_details empty object", reply(MESSAGE, incomplete_details={})
     yield "incomplete_details a string", reply(MESSAGE, incomplete_details="cut short")
     yield "status weird", reply(MESSAGE, status="weird")
@@ -94,7 +112,10 @@ def made_up() -> Iterator[tuple[str, dict]]:
     yield "no parallel_tool_calls", without(reply(MESSAGE), "parallel_tool_calls")
     yield "tool_choice unknown string", reply(MESSAGE, tool_choice="sometimes")
     yield "tool_choice function object", reply(MESSAGE, tool_choice={"type": "function", "name": "f"})
-    yield "tools with a function tool", reply(MESSAGE, tools=[{"type": "function", "name": "f", "parameters": {}, "strict": False}])
+    yield (
+        "tools with a function tool",
+        reply(MESSAGE, tools=[{"type": "function", "name": "f", "parameters": {}, "strict": False}]),
+    )
     yield "tools with a function tool without parameters", reply(MESSAGE, tools=[{"type": "function", "name": "f"}])
     yield "tools with an unknown tool type", reply(MESSAGE, tools=[{"type": "teleport"}])
     yield "output is an object", reply(MESSAGE, output={"type": "message"})
@@ -103,8 +124,11 @@ def made_up() -> Iterator[tuple[str, dict]]:
     yield "output item type null", reply({**MESSAGE, "type": None})
     yield "output item unknown type", reply({"type": "telepathy", "id": "x"})
     yield "web_search_call without action", reply({"type": "web_search_call", "id": "ws_1", "status": "completed"})
-    yield "web_search_call with search action", reply(
-        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "q"}}
+    yield (
+        "web_search_call with search action",
+        reply(
+            {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "q"}}
+        ),
     )
     yield "mcp_call minimal", reply({"type": "mcp_call", "name": "t", "arguments": "{}"})
     yield "mcp_call any status", reply({"type": "mcp_call", "name": "t", "arguments": "{}", "status": "whatever"})
@@ -114,11 +138,21 @@ def made_up() -> Iterator[tuple[str, dict]]:
     yield "function_call arguments an object", reply({**CALL, "arguments": {"count": 1}})
     yield "function_call status weird", reply({**CALL, "status": "weird"})
     yield "function_call with namespace", reply({**CALL, "namespace": "ns"})
-    yield "function_call_output request shape", reply(CALL, {"type": "function_call_output", "call_id": "call_1", "output": "3"})
-    yield "function_call_output output shape", reply(
-        CALL, {"type": "function_call_output", "call_id": "call_1", "output": "3", "id": "o1", "status": "completed"}
+    yield (
+        "function_call_output request shape",
+        reply(CALL, {"type": "function_call_output", "call_id": "call_1", "output": "3"}),
     )
-    yield "function_call_output output a number", reply(CALL, {"type": "function_call_output", "call_id": "call_1", "output": 3})
+    yield (
+        "function_call_output output shape",
+        reply(
+            CALL,
+            {"type": "function_call_output", "call_id": "call_1", "output": "3", "id": "o1", "status": "completed"},
+        ),
+    )
+    yield (
+        "function_call_output output a number",
+        reply(CALL, {"type": "function_call_output", "call_id": "call_1", "output": 3}),
+    )
     yield "function_call_output without call_id", reply({"type": "function_call_output", "output": "3"})
     yield "message content a string, assistant", reply({"type": "message", "role": "assistant", "content": "hi"})
     yield "message content a string, user", reply({"type": "message", "role": "user", "content": "hi"})
@@ -130,21 +164,53 @@ def made_up() -> Iterator[tuple[str, dict]]:
     yield "message phase final_answer", reply({**MESSAGE, "phase": "final_answer"})
     yield "message phase weird", reply({**MESSAGE, "phase": "weird"})
     yield "output_text without annotations", reply({**MESSAGE, "content": [{"type": "output_text", "text": "x"}]})
-    yield "output_text text a number", reply({**MESSAGE, "content": [{"type": "output_text", "text": 3, "annotations": []}]})
-    yield "refusal content", reply({**MESSAGE, "content": [{"type": "refusal", "refusal": "no"}]})
-    yield "user message with input_text list and status", reply(
-        {"type": "message", "role": "user", "status": "completed", "content": [{"type": "input_text", "text": "hi"}]}
+    yield (
+        "output_text text a number",
+        reply({**MESSAGE, "content": [{"type": "output_text", "text": 3, "annotations": []}]}),
     )
-    yield "user message with unknown part", reply({"type": "message", "role": "user", "content": [{"type": "input_smell"}]})
-    yield "input_video without a source", reply({"type": "message", "role": "user", "content": [{"type": "input_video"}]})
-    yield "input_video with a url", reply({"type": "message", "role": "user", "content": [{"type": "input_video", "video_url": "http://x/v.mp4"}]})
+    yield "refusal content", reply({**MESSAGE, "content": [{"type": "refusal", "refusal": "no"}]})
+    yield (
+        "user message with input_text list and status",
+        reply(
+            {
+                "type": "message",
+                "role": "user",
+                "status": "completed",
+                "content": [{"type": "input_text", "text": "hi"}],
+            }
+        ),
+    )
+    yield (
+        "user message with unknown part",
+        reply({"type": "message", "role": "user", "content": [{"type": "input_smell"}]}),
+    )
+    yield (
+        "input_video without a source",
+        reply({"type": "message", "role": "user", "content": [{"type": "input_video"}]}),
+    )
+    yield (
+        "input_video with a url",
+        reply({"type": "message", "role": "user", "content": [{"type": "input_video", "video_url": "http://x/v.mp4"}]}),
+    )
     yield "reasoning minimal", reply({"type": "reasoning", "id": "r1", "summary": []}, MESSAGE)
     yield "reasoning without id", reply({"type": "reasoning", "summary": []}, MESSAGE)
-    yield "reasoning summary part without type", reply({"type": "reasoning", "id": "r1", "summary": [{"text": "t"}]}, MESSAGE)
-    yield "token ids complete", reply({**MESSAGE, "prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": [-0.1]})
+    yield (
+        "reasoning summary part without type",
+        reply({"type": "reasoning", "id": "r1", "summary": [{"text": "t"}]}, MESSAGE),
+    )
+    yield (
+        "token ids complete",
+        reply({**MESSAGE, "prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": [-0.1]}),
+    )
     yield "token ids partial", reply({**MESSAGE, "prompt_token_ids": [1]})
-    yield "token ids mistyped", reply({**MESSAGE, "prompt_token_ids": ["a"], "generation_token_ids": [2], "generation_log_probs": [-0.1]})
-    yield "extra top-level and item fields", reply({**MESSAGE, "vendor": {"x": 1}}, my_field=[1], service_tier="default")
+    yield (
+        "token ids mistyped",
+        reply({**MESSAGE, "prompt_token_ids": ["a"], "generation_token_ids": [2], "generation_log_probs": [-0.1]}),
+    )
+    yield (
+        "extra top-level and item fields",
+        reply({**MESSAGE, "vendor": {"x": 1}}, my_field=[1], service_tier="default"),
+    )
     yield "error object", reply(MESSAGE, error={"code": "server_error", "message": "boom"})
     yield "error a string", reply(MESSAGE, error="boom")
 
@@ -195,11 +261,15 @@ def main() -> int:
         except ValidationError as exc:
             errors = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]]
             verdict = {"valid": False, "reason": f"{exc.error_count()} error(s): " + "; ".join(errors)}
-        lines.append(json.dumps({"case": name, "source": source, "reply": data, "nemo_gym": verdict}, ensure_ascii=False))
+        lines.append(
+            json.dumps({"case": name, "source": source, "reply": data, "nemo_gym": verdict}, ensure_ascii=False)
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     valid = sum(1 for line in lines if json.loads(line)["nemo_gym"]["valid"])
-    print(f"{len(lines)} replies ({len(real_cases)} real), {valid} valid, {len(lines) - valid} invalid -> {args.output}")
+    print(
+        f"{len(lines)} replies ({len(real_cases)} real), {valid} valid, {len(lines) - valid} invalid -> {args.output}"
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ Runs the browser tests that take pictures with ``GYMWEB_SCREENSHOTS`` set to the
 outline; as opened, then with every item folded). Needs /usr/bin/chromium and NeMo Gym's example
 data beside the checkout (or ``GYMWEB_NEMO_GYM_DATA``). Exits with pytest's status.
 """
+
 from __future__ import annotations
 
 import argparse

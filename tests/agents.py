@@ -1,4 +1,5 @@
 """Agents for the durability tests: the example counter agent, slowed down, counted and broken on purpose."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +13,11 @@ from aiohttp import web
 from gymweb.examples import counter_agent
 from gymweb.examples._serve import add_fallback_routes
 
-TOOLS = json.loads((Path(__file__).resolve().parents[1] / "gymweb" / "examples" / "data" / "counter_tasks.jsonl").read_text().splitlines()[0])[
-    "responses_create_params"
-]["tools"]
+TOOLS = json.loads(
+    (Path(__file__).resolve().parents[1] / "gymweb" / "examples" / "data" / "counter_tasks.jsonl")
+    .read_text()
+    .splitlines()[0]
+)["responses_create_params"]["tools"]
 
 
 def counter_tasks(path: Path, n: int) -> Path:
@@ -23,7 +26,10 @@ def counter_tasks(path: Path, n: int) -> Path:
         for i in range(n):
             a, b, start = i % 97 + 1, i // 97 + 1, i % 13
             row = {
-                "responses_create_params": {"input": [{"role": "user", "content": f"add {a} then add {b} then get the count"}], "tools": TOOLS},
+                "responses_create_params": {
+                    "input": [{"role": "user", "content": f"add {a} then add {b} then get the count"}],
+                    "tools": TOOLS,
+                },
                 "initial_count": start,
                 "expected_count": start + a + b,
                 "case": i,

@@ -12,18 +12,19 @@ through ``gymweb.examples._serve.BackgroundServer``:
 ``reply`` is the good agent's Responses object for the request ``params``, ``n`` the 0-based call
 number; the twist returns the (mutated) object to send as JSON, or a whole response.
 """
+
 from __future__ import annotations
 
 import asyncio
 import inspect
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 from gymweb.examples import counter_agent as good
 from gymweb.examples._serve import BackgroundServer, read_json
-from tests.servers import LOCAL
 
 Twist = Callable[[dict, dict, int], Any]
 
@@ -36,7 +37,14 @@ def _asks(reply: dict) -> list[dict]:
 
 
 def ask(name: str, arguments: str = "{}", call_id: str = "call_bad_1") -> dict:
-    return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name, "arguments": arguments, "status": "completed"}
+    return {
+        "type": "function_call",
+        "id": f"fc_{call_id}",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": "completed",
+    }
 
 
 def _redirect(reply, params, n):
@@ -120,7 +128,9 @@ def _reserved_tool_name(reply, params, n):
 
 
 def _repeated_call_id(reply, params, n):
-    earlier = [i["call_id"] for i in params.get("input") or [] if isinstance(i, dict) and i.get("type") == "function_call"]
+    earlier = [
+        i["call_id"] for i in params.get("input") or [] if isinstance(i, dict) and i.get("type") == "function_call"
+    ]
     for item in _asks(reply):
         if earlier:
             item["call_id"] = earlier[0]
@@ -128,7 +138,9 @@ def _repeated_call_id(reply, params, n):
 
 
 def _no_progress(reply, params, n):
-    reply["output"] = [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "still thinking"}]}]
+    reply["output"] = [
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "still thinking"}]}
+    ]
     return reply
 
 

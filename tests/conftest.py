@@ -1,4 +1,5 @@
 """Shared fixtures: the example env and agent on 127.0.0.1, a signed-in client, the counter data."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,9 @@ def _plain_static_names(tmp_path_factory):
     from django.test import override_settings
 
     plain = {**dj.STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
-    with override_settings(STATIC_ROOT=_static_root(tmp_path_factory), STORAGES=plain,
-                           GYMWEB_PRODUCTION_STORAGES=dict(dj.STORAGES)):
+    with override_settings(
+        STATIC_ROOT=_static_root(tmp_path_factory), STORAGES=plain, GYMWEB_PRODUCTION_STORAGES=dict(dj.STORAGES)
+    ):
         yield
 
 
@@ -101,8 +103,14 @@ def browser():
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
             headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
         )
         yield browser
         browser.close()
@@ -189,8 +197,13 @@ def _worker_env(extra: dict | None = None) -> dict:
             f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         )
     env.update(
-        GYMWEB_LEASE_S="3", GYMWEB_HEARTBEAT_S="0.5", GYMWEB_POLL_S="0.05", GYMWEB_FLUSH_S="0.05",
-        GYMWEB_CONNECT_RETRY_PAUSE_S="0.05", GYMWEB_Q_WORKERS="1", PYTHONUNBUFFERED="1",
+        GYMWEB_LEASE_S="3",
+        GYMWEB_HEARTBEAT_S="0.5",
+        GYMWEB_POLL_S="0.05",
+        GYMWEB_FLUSH_S="0.05",
+        GYMWEB_CONNECT_RETRY_PAUSE_S="0.05",
+        GYMWEB_Q_WORKERS="1",
+        PYTHONUNBUFFERED="1",
         GYMWEB_ALLOW_LOCAL_TARGETS="1",
     )
     env.update(extra or {})
@@ -308,21 +321,40 @@ class Gunicorn:
         import sys
 
         port = free_port()
-        env = _worker_env({
-            "GYMWEB_DEBUG": "0",
-            "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50),
-            "GYMWEB_STATIC_ROOT": str(self.static_root),
-            "GYMWEB_ALLOWED_HOSTS": "127.0.0.1,localhost",
-            **{k: str(v) for k, v in extra_env.items()},
-        })
+        env = _worker_env(
+            {
+                "GYMWEB_DEBUG": "0",
+                "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50),
+                "GYMWEB_STATIC_ROOT": str(self.static_root),
+                "GYMWEB_ALLOWED_HOSTS": "127.0.0.1,localhost",
+                **{k: str(v) for k, v in extra_env.items()},
+            }
+        )
         for name, value in extra_env.items():
             if value is None:
                 env.pop(name, None)
         log = (self.log_dir / f"gunicorn-{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "gymweb.wsgi", "--bind", f"127.0.0.1:{port}",
-             "--workers", str(workers), "--timeout", "120", "--access-logfile", "-", *args],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "gymweb.wsgi",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                str(workers),
+                "--timeout",
+                "120",
+                "--access-logfile",
+                "-",
+                *args,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         self.procs.append(proc)

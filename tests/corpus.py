@@ -13,6 +13,7 @@ Tasks are picked by the first user message: ``"task ok"`` (two steps, a success)
 incomplete"`` (a reply with incomplete_details, a success), ``"task fail"`` (HTTP 500 with an awkward
 body: an ``agent_http_error`` failure).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,31 @@ from typing import Any
 from aiohttp import web
 
 CONTROLS = "".join(chr(c) for c in range(0x20)) + "\x7f" + "".join(chr(c) for c in range(0x80, 0xA0))
-AWKWARD = "NUL>\x00< " + CONTROLS + " \u2028\u2029 😀𝄞\U0010ffff \ufdd0\ufdd00\ufdd0 \ufeff <b>&amp;</b> \\u0000 \"q\""
+AWKWARD = "NUL>\x00< " + CONTROLS + ' \u2028\u2029 😀𝄞\U0010ffff \ufdd0\ufdd00\ufdd0 \ufeff <b>&amp;</b> \\u0000 "q"'
 BIG = 1_000_000
 DEPTH = 500
 NUMBERS = [
-    1e308, -1e308, 1.7976931348623157e308, 5e-324, -5e-324, 2.2250738585072014e-308, -0.0, 0.0, 1.0, 1, 0, -1,
-    10**30, -(10**30), 2**63, 2**64 + 1, 0.1, 1e-7, 1e16, 123456789.123456789, 3.141592653589793,
+    1e308,
+    -1e308,
+    1.7976931348623157e308,
+    5e-324,
+    -5e-324,
+    2.2250738585072014e-308,
+    -0.0,
+    0.0,
+    1.0,
+    1,
+    0,
+    -1,
+    10**30,
+    -(10**30),
+    2**63,
+    2**64 + 1,
+    0.1,
+    1e-7,
+    1e16,
+    123456789.123456789,
+    3.141592653589793,
 ]
 
 
@@ -63,14 +83,18 @@ def task_rows() -> list[dict[str, Any]]:
     """Dataset rows (JSON objects) for the three tasks, awkward env fields included."""
     rows = []
     for name in ("task ok", "task incomplete", "task fail"):
-        rows.append({
-            "responses_create_params": {
-                "input": [{"role": "user", "content": f"{name} \x00 {AWKWARD}"}],
-                "tools": [{"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {}}}],
-            },
-            "env \x00 field": corpus(big=False),
-            "expected": -0.0,
-        })
+        rows.append(
+            {
+                "responses_create_params": {
+                    "input": [{"role": "user", "content": f"{name} \x00 {AWKWARD}"}],
+                    "tools": [
+                        {"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {}}}
+                    ],
+                },
+                "env \x00 field": corpus(big=False),
+                "expected": -0.0,
+            }
+        )
     return rows
 
 
@@ -80,18 +104,40 @@ def dataset_text() -> str:
 
 
 def _message(text: str, id: str = "msg_1", **extra: Any) -> dict[str, Any]:
-    return {"type": "message", "id": id, "role": "assistant", "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}], **extra}
+    return {
+        "type": "message",
+        "id": id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+        **extra,
+    }
 
 
 def _usage(**extra: Any) -> dict[str, Any]:
-    return {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 1}, **extra}
+    return {
+        "input_tokens": 7,
+        "output_tokens": 3,
+        "total_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 1},
+        **extra,
+    }
 
 
 def _reply(items: list[dict[str, Any]], id: str, **extra: Any) -> dict[str, Any]:
-    return {"id": id, "created_at": 1700000000.0, "model": "corpus\x00model", "object": "response", "output": items,
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": _usage(), **extra}
+    return {
+        "id": id,
+        "created_at": 1700000000.0,
+        "model": "corpus\x00model",
+        "object": "response",
+        "output": items,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": _usage(),
+        **extra,
+    }
 
 
 def agent_reply(body: dict[str, Any]) -> tuple[int, Any]:
@@ -103,18 +149,29 @@ def agent_reply(body: dict[str, Any]) -> tuple[int, Any]:
         return 500, "Internal Server Error \x00 " + AWKWARD
     if first.startswith("task incomplete"):
         return 200, _reply(
-            [_message("cut \x00 short " + AWKWARD), {"type": "function_call", "call_id": "never\x00run", "name": "read_file", "arguments": "{}"}],
+            [
+                _message("cut \x00 short " + AWKWARD),
+                {"type": "function_call", "call_id": "never\x00run", "name": "read_file", "arguments": "{}"},
+            ],
             id="resp_incomplete\x00",
             incomplete_details={"reason": "max_output_tokens", "x\x00": NUMBERS, "deep": deep(50)},
         )
     if outputs == 0:
         return 200, _reply(
             [
-                {"type": "reasoning", "id": "rs\x00", "summary": [{"type": "summary_text", "text": "thinks \x00 " + AWKWARD}]},
-                {"type": "function_call", "call_id": "call\x00A", "name": "read_file",
-                 "arguments": json.dumps({"path": "/bin/ls\x00", "corpus": corpus(big=False)}, ensure_ascii=False)},
+                {
+                    "type": "reasoning",
+                    "id": "rs\x00",
+                    "summary": [{"type": "summary_text", "text": "thinks \x00 " + AWKWARD}],
+                },
+                {
+                    "type": "function_call",
+                    "call_id": "call\x00A",
+                    "name": "read_file",
+                    "arguments": json.dumps({"path": "/bin/ls\x00", "corpus": corpus(big=False)}, ensure_ascii=False),
+                },
                 {"type": "function_call", "call_id": "call\x00B", "name": "bad\x00name", "arguments": "{}"},
-                {"type": "function_call", "call_id": "own\x00", "name": "mine", "arguments": "{\"a\": \"\\u0000\"}"},
+                {"type": "function_call", "call_id": "own\x00", "name": "mine", "arguments": '{"a": "\\u0000"}'},
                 {"type": "function_call_output", "call_id": "own\x00", "output": "agent's own \x00 output"},
             ],
             id="resp_1\x00",
@@ -135,11 +192,17 @@ def verify_reply(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def aggregate_reply() -> dict[str, Any]:
-    return {"group_level_metrics": [], "agent_metrics": {"mean/reward": -0.0, "\x00": AWKWARD}, "key_metrics": {"n": 10**30}}
+    return {
+        "group_level_metrics": [],
+        "agent_metrics": {"mean/reward": -0.0, "\x00": AWKWARD},
+        "key_metrics": {"n": 10**30},
+    }
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data, ensure_ascii=False).encode(), status=status, content_type="application/json")
+    return web.Response(
+        body=json.dumps(data, ensure_ascii=False).encode(), status=status, content_type="application/json"
+    )
 
 
 def make_agent() -> web.Application:

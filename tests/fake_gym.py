@@ -3,6 +3,7 @@ reads the configs, serves the counter env on a free port and a head server on th
 ``head_server`` port (answering ``/health``, ``/global_config_dict_yaml``, ``/server_instances`` like
 NeMo Gym 0.7.0's), and forks a child (as NeMo Gym forks its servers) so the test can check that the
 whole process group is stopped. Writes its pids to ``$FAKE_GYM_PIDS``."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,16 @@ async def main(paths: list[str]) -> None:
     env_name = next(k for k, v in config.items() if isinstance(v, dict) and "resources_servers" in v)
     inner = next(iter(config[env_name]["resources_servers"].values()))
     inner.update(host="127.0.0.1", port=env_port)
-    instances = [{"process_name": env_name, "server_type": "resources_servers", "name": env_name,
-                  "host": "127.0.0.1", "port": env_port, "url": f"http://127.0.0.1:{env_port}"}]
+    instances = [
+        {
+            "process_name": env_name,
+            "server_type": "resources_servers",
+            "name": env_name,
+            "host": "127.0.0.1",
+            "port": env_port,
+            "url": f"http://127.0.0.1:{env_port}",
+        }
+    ]
     app = web.Application()
     app.router.add_get("/health", lambda r: json_response({"status": "ok"}))
     app.router.add_get("/global_config_dict_yaml", lambda r: json_response(yaml.safe_dump(config, sort_keys=False)))
@@ -43,6 +52,7 @@ if __name__ == "__main__":
     child = os.fork()
     if child == 0:  # a server process of its own, in the same process group
         import time
+
         while True:
             time.sleep(1)
     with open(os.environ["FAKE_GYM_PIDS"], "w") as fh:

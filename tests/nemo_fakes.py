@@ -8,11 +8,11 @@
   document with ``/run`` beside ``/v1/responses``, and replies whose function_calls already carry
   their function_call_output (the recorded mis-wired reply).
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 from urllib.parse import urlsplit
 
 import yaml
@@ -33,7 +33,9 @@ def _host_port(url: str) -> tuple[str, int]:
 class FakeHeadServer:
     """A head server answering the recorded replies with today's URLs."""
 
-    def __init__(self, env_url: str, agent_base_url: str = "http://127.0.0.1:9000", agent_server_url: Optional[str] = None):
+    def __init__(
+        self, env_url: str, agent_base_url: str = "http://127.0.0.1:9000", agent_server_url: str | None = None
+    ):
         self.env_url = env_url
         self.agent_base_url = agent_base_url
         self.agent_server_url = agent_server_url or "http://127.0.0.1:9415"
@@ -91,6 +93,7 @@ def miswired_response() -> dict:
 
 def fake_nemo_agent_server() -> BackgroundServer:
     """NeMo Gym's own remote_agent server: ``/run``, ``/v1/responses``, ``/aggregate_metrics``."""
+
     async def openapi(request):
         paths = {p: {"post": {}} for p in ("/v1/responses", "/run", "/aggregate_metrics", "/v1/agent_sessions")}
         return json_response({"openapi": "3.1.0", "info": {"title": "FastAPI", "version": "0.1.0"}, "paths": paths})
@@ -110,6 +113,7 @@ def fake_nemo_agent_server() -> BackgroundServer:
 
 def self_tooled_agent() -> BackgroundServer:
     """An agent service that runs the env's tools itself (no ``/run``: only its replies show it)."""
+
     async def responses(request):
         return json_response(miswired_response())
 

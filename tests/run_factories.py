@@ -1,10 +1,11 @@
 """Runs with rollouts in chosen states, built through ``runs.create_run`` and then finished by hand
 (no services needed), for the dashboard's view tests."""
+
 from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any
 
 from django.utils import timezone
 
@@ -36,15 +37,15 @@ def make_run(n_tasks: int = 5, *, status: str = Run.Status.COMPLETED, name: str 
 def finish(
     rollout: Rollout,
     status: str,
-    reward: Optional[float] = None,
+    reward: float | None = None,
     *,
     kind: str = "",
     error: str = "",
     terminal: bool = False,
     duration_ms: float = 100.0,
     calls: int = 2,
-    tokens: Optional[int] = None,
-    output: Optional[list] = None,
+    tokens: int | None = None,
+    output: list | None = None,
 ) -> Rollout:
     """End ``rollout`` like a worker would: a success stores the env's /verify reply (``output``:
     its ``response.output``, default none)."""
@@ -53,8 +54,11 @@ def finish(
     if status == Rollout.Status.SUCCEEDED:
         row = json.loads(rollout.task.row_json)
         row["_ng_rollout_index"] = rollout.rollout_index
-        verify = {**{k: v for k, v in row.items() if not k.startswith("_ng_") and k != "agent_ref"},
-                  "response": {"id": "r", "object": "response", "output": output or [], "usage": None}, "reward": reward}
+        verify = {
+            **{k: v for k, v in row.items() if not k.startswith("_ng_") and k != "agent_ref"},
+            "response": {"id": "r", "object": "response", "output": output or [], "usage": None},
+            "reward": reward,
+        }
         rollout.verify_json = json.dumps(verify)
         rollout.reward = reward
     elif status == Rollout.Status.FAILED:
@@ -68,7 +72,11 @@ def finish(
         rollout.num_tool_calls = max(calls - 1, 0)
         if tokens is not None:
             rollout.usage_reported = True
-            rollout.input_tokens, rollout.output_tokens, rollout.total_tokens = tokens, tokens // 2, tokens + tokens // 2
+            rollout.input_tokens, rollout.output_tokens, rollout.total_tokens = (
+                tokens,
+                tokens // 2,
+                tokens + tokens // 2,
+            )
             rollout.cached_tokens, rollout.reasoning_tokens = 0, 1
     rollout.save()
     return rollout
@@ -83,10 +91,20 @@ def new_attempt(run: Run, task_index: int, rollout_index: int = 0) -> Rollout:
     last = key(run, task_index, rollout_index)
     spent = last.status == Rollout.Status.FAILED
     return Rollout.objects.create(
-        run=run, task_id=last.task_id, task_index=task_index, rollout_index=rollout_index,
+        run=run,
+        task_id=last.task_id,
+        task_index=task_index,
+        rollout_index=rollout_index,
         attempt=last.attempt + (1 if spent else 0),
     )
 
 
-ANSWER = [{"type": "message", "role": "assistant", "id": "msg_a", "status": "completed",
-           "content": [{"type": "output_text", "text": "the answer", "annotations": []}]}]
+ANSWER = [
+    {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_a",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "the answer", "annotations": []}],
+    }
+]

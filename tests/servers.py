@@ -16,6 +16,7 @@ Plus reply builders (``reply``, ``message``, ``call``, ``call_output``, ``reason
 a ``RecordingObserver`` and ``drive()`` that runs one rollout through a fresh ``make_client``.
 Tests are plain sync functions; ``@async_test`` runs an ``async def`` test with ``asyncio.run``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,9 @@ import inspect
 import json
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Union
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -68,7 +70,7 @@ class Recorded:
             return None
 
     @property
-    def cookie_header(self) -> Optional[str]:
+    def cookie_header(self) -> str | None:
         return self.headers.get("cookie")
 
     @property
@@ -88,10 +90,10 @@ class Reply:
 
     status: int = 200
     json: Any = _MISSING
-    text: Optional[str] = None
+    text: str | None = None
     headers: list[tuple[str, str]] = field(default_factory=list)
     delay: float = 0.0
-    raw: Optional[bytes] = None  # the exact body bytes, when neither json nor text fits
+    raw: bytes | None = None  # the exact body bytes, when neither json nor text fits
 
     def body(self) -> tuple[bytes, str]:
         if self.raw is not None:
@@ -119,7 +121,7 @@ class _Service:
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
         self.url = ""
-        self._runner: Optional[web.AppRunner] = None
+        self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         rec = Recorded(
@@ -141,7 +143,7 @@ class _Service:
     async def answer(self, rec: Recorded) -> Reply:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    async def __aenter__(self) -> "_Service":
+    async def __aenter__(self) -> _Service:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2, access_log=None)
@@ -196,7 +198,7 @@ class EnvService(_Service):
     envs which echo the row back). Any other path answers ``404: Not Found`` (aiohttp's own text).
     """
 
-    def __init__(self, tools: Optional[dict[str, Handler]] = None, *, seed: Handler = None, verify: Handler = None):
+    def __init__(self, tools: dict[str, Handler] | None = None, *, seed: Handler = None, verify: Handler = None):
         super().__init__()
         self.tools = dict(tools or {})
         self.seed = seed if seed is not None else {}
@@ -240,8 +242,8 @@ class RawServer:
     def __init__(
         self,
         mode: str = "drop",
-        fail_first: Optional[int] = None,
-        respond: Optional[Callable[[str, bytes], Optional[tuple[int, Any]]]] = None,
+        fail_first: int | None = None,
+        respond: Callable[[str, bytes], tuple[int, Any] | None] | None = None,
     ) -> None:
         self.mode = mode
         self.fail_first = fail_first
@@ -249,7 +251,7 @@ class RawServer:
         self.connections = 0
         self.paths: list[str] = []
         self.url = ""
-        self._server: Optional[asyncio.base_events.Server] = None
+        self._server: asyncio.base_events.Server | None = None
 
     async def _read_request(self, reader: asyncio.StreamReader) -> tuple[str, bytes]:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -295,7 +297,7 @@ class RawServer:
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             writer.close()
 
-    async def __aenter__(self) -> "RawServer":
+    async def __aenter__(self) -> RawServer:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
@@ -377,7 +379,12 @@ COUNTER_TOOLS = [
         "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]},
         "strict": True,
     },
-    {"type": "function", "name": "get_counter_value", "parameters": {"type": "object", "properties": {}}, "strict": True},
+    {
+        "type": "function",
+        "name": "get_counter_value",
+        "parameters": {"type": "object", "properties": {}},
+        "strict": True,
+    },
 ]
 
 
@@ -442,9 +449,17 @@ def settings(agent_url: str, env_url: str, **overrides: Any) -> LoopSettings:
     return LoopSettings(**values)
 
 
-async def drive(agent: Any, env: Any, row: Optional[dict] = None, observer: Any = None, *,
-                policy: TargetPolicy = LOCAL, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-                reply_budget_bytes: Optional[int] = None, **overrides: Any):
+async def drive(
+    agent: Any,
+    env: Any,
+    row: dict | None = None,
+    observer: Any = None,
+    *,
+    policy: TargetPolicy = LOCAL,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    reply_budget_bytes: int | None = None,
+    **overrides: Any,
+):
     """Run one rollout of ``row`` (default ``task_row()``) against ``agent`` and ``env`` (servers or
     URLs) through a fresh shared client with the target ``policy`` (default: local targets allowed)
     and reply cap; returns the ``RolloutOutcome``."""
@@ -452,6 +467,8 @@ async def drive(agent: Any, env: Any, row: Optional[dict] = None, observer: Any 
     env_url = env if isinstance(env, str) else env.url
     client = make_client(4, policy=policy, max_reply_bytes=max_reply_bytes, reply_budget_bytes=reply_budget_bytes)
     try:
-        return await run_rollout(client, row if row is not None else task_row(), settings(agent_url, env_url, **overrides), observer)
+        return await run_rollout(
+            client, row if row is not None else task_row(), settings(agent_url, env_url, **overrides), observer
+        )
     finally:
         await client.aclose()

@@ -1,6 +1,7 @@
 """NeMo Gym's ``<stem>_aggregate_metrics.json`` (``rollouts.evaluation.aggregate_metrics``): the local
 computation against NeMo Gym's own files, the request the env gets, the fallback when it has none,
 one entry per environment server, and the stamps that decide the servers."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,15 @@ def read_rows(path):
 
 
 def row(task, rollout, reward, agent="remote_agent", **extra):
-    return {"responses_create_params": {"input": "x"}, "response": {"output": [], "usage": {"input_tokens": 3}},
-            "reward": reward, **extra, "_ng_task_index": task, "_ng_rollout_index": rollout, "agent_ref": {"name": agent}}
+    return {
+        "responses_create_params": {"input": "x"},
+        "response": {"output": [], "usage": {"input_tokens": 3}},
+        "reward": reward,
+        **extra,
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+        "agent_ref": {"name": agent},
+    }
 
 
 class FakeEnv:
@@ -86,7 +94,11 @@ def test_the_file_is_named_as_nemo_gym_names_it_beside_the_rollouts(tmp_path):
 def test_rows_are_stripped_as_nemo_gym_strips_them():
     full = {
         "responses_create_params": {"input": "big"},
-        "response": {"output": ["huge"], "usage": {"input_tokens": 5}, "incomplete_details": {"reason": "max_output_tokens"}},
+        "response": {
+            "output": ["huge"],
+            "usage": {"input_tokens": 5},
+            "incomplete_details": {"reason": "max_output_tokens"},
+        },
         "reward": 1.0,
         "ng_trajectory": {"turns": []},
         "ng_model_call_capture": [1],
@@ -94,24 +106,45 @@ def test_rows_are_stripped_as_nemo_gym_strips_them():
         "judge": "kept",
         "_ng_task_index": 2,
     }
-    assert strip_row(full) == {"reward": 1.0, "judge": "kept", "_ng_task_index": 2,
-                               "response": {"usage": {"input_tokens": 5}, "incomplete_details": {"reason": "max_output_tokens"}}}
+    assert strip_row(full) == {
+        "reward": 1.0,
+        "judge": "kept",
+        "_ng_task_index": 2,
+        "response": {"usage": {"input_tokens": 5}, "incomplete_details": {"reason": "max_output_tokens"}},
+    }
     assert "response" not in strip_row({"response": {"output": [], "usage": None}, "reward": 0.0})
 
 
 def test_the_env_gets_stripped_rows_in_task_then_repeat_order_and_its_reply_fills_the_entry():
-    reply = {"agent_metrics": {"mean/reward": 0.5, "pass@1/accuracy": 50.0}, "key_metrics": {"pass@1/accuracy": 50.0},
-             "group_level_metrics": [{"_ng_task_index": 0}], "perf_summary": {"mean_num_turns": 2.0}, "extra": "ignored"}
+    reply = {
+        "agent_metrics": {"mean/reward": 0.5, "pass@1/accuracy": 50.0},
+        "key_metrics": {"pass@1/accuracy": 50.0},
+        "group_level_metrics": [{"_ng_task_index": 0}],
+        "perf_summary": {"mean_num_turns": 2.0},
+        "extra": "ignored",
+    }
     rows = [row(1, 0, 1.0), row(0, 1, 0.0), row(0, 0, 1.0)]
     with FakeEnv(reply=reply) as env:
         outcome = build_aggregate_metrics(rows, env_url=env.url, policy=LOCAL)
     (body,) = env.bodies
     assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in body["verify_responses"]] == [(0, 0), (0, 1), (1, 0)]
-    assert body["verify_responses"][0] == {"reward": 1.0, "_ng_task_index": 0, "_ng_rollout_index": 0,
-                                           "agent_ref": {"name": "remote_agent"}, "response": {"usage": {"input_tokens": 3}}}
+    assert body["verify_responses"][0] == {
+        "reward": 1.0,
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 0,
+        "agent_ref": {"name": "remote_agent"},
+        "response": {"usage": {"input_tokens": 3}},
+    }
     (entry,) = outcome.entries
-    assert list(entry) == ["agent_ref", "_ng_environment_server", "agent_metrics", "key_metrics", "group_level_metrics",
-                           "repeat_level_metrics", "perf_summary"]
+    assert list(entry) == [
+        "agent_ref",
+        "_ng_environment_server",
+        "agent_metrics",
+        "key_metrics",
+        "group_level_metrics",
+        "repeat_level_metrics",
+        "perf_summary",
+    ]
     assert entry["agent_ref"] == {"name": "remote_agent"}
     assert entry["_ng_environment_server"] == "remote_agent_environment_server"
     assert entry["agent_metrics"] == reply["agent_metrics"] and entry["key_metrics"] == reply["key_metrics"]
@@ -139,7 +172,9 @@ def test_without_a_usable_env_reply_the_entry_is_computed_locally_and_says_why(s
         outcome = build_aggregate_metrics(rows, env_url=env.url, policy=LOCAL)
     assert outcome.sources == {"remote_agent_environment_server": "local"}
     assert says in outcome.notes[0] and "computed by gymweb" in outcome.notes[0]
-    assert outcome.entries[0]["agent_metrics"] == compute_aggregate_metrics([strip_row(r) for r in rows])["agent_metrics"]
+    assert (
+        outcome.entries[0]["agent_metrics"] == compute_aggregate_metrics([strip_row(r) for r in rows])["agent_metrics"]
+    )
 
 
 def test_an_env_that_is_down_is_a_note_not_a_crash():
@@ -159,7 +194,9 @@ def test_rows_of_two_agents_get_one_entry_per_environment_server_labelled_by_age
     rows = [row(0, 0, 1.0, agent="alpha_agent"), row(0, 0, 0.0, agent="beta"), row(1, 0, 1.0, agent="alpha_agent")]
     outcome = build_aggregate_metrics(rows)
     assert [(e["agent_ref"]["name"], e["_ng_environment_server"]) for e in outcome.entries] == [
-        ("alpha_agent", "alpha_environment_server"), ("beta", "beta_environment_server")]
+        ("alpha_agent", "alpha_environment_server"),
+        ("beta", "beta_environment_server"),
+    ]
     alpha, beta = outcome.entries
     assert alpha["agent_metrics"]["mean/reward"] == 1.0 and len(alpha["group_level_metrics"]) == 2
     assert beta["agent_metrics"]["mean/reward"] == 0.0
@@ -194,7 +231,10 @@ def test_stamps_go_last_and_an_imported_rows_own_stamps_are_kept():
     assert list(fresh)[-2:] == ["_ng_environment_server", "_ng_result_type"]
     assert (fresh["_ng_environment_server"], fresh["_ng_result_type"]) == ("x_environment_server", "legacy_agent")
     carried = {"_ng_environment_server": "theirs", "_ng_result_type": "episode", "reward": 0.0, "agent_ref": {}}
-    assert list(stamp(dict(carried), {}, add=True).items())[-2:] == [("_ng_environment_server", "theirs"), ("_ng_result_type", "episode")]
+    assert list(stamp(dict(carried), {}, add=True).items())[-2:] == [
+        ("_ng_environment_server", "theirs"),
+        ("_ng_result_type", "episode"),
+    ]
     assert "_ng_environment_server" not in stamp({"reward": 0.0}, {"name": "a"}, add=False)
     assert list(stamp(dict(carried), {}, add=False)) == list(carried), "an imported row stays as it came"
 
@@ -203,7 +243,11 @@ def test_stamps_go_last_and_an_imported_rows_own_stamps_are_kept():
 
 
 def test_masked_rows_leave_the_figures_and_show_as_coverage():
-    rows = [strip_row(row(0, 0, 1.0)), strip_row(row(0, 1, 0.0, mask_sample=True)), strip_row(row(1, 0, 0.0, mask_sample=True))]
+    rows = [
+        strip_row(row(0, 0, 1.0)),
+        strip_row(row(0, 1, 0.0, mask_sample=True)),
+        strip_row(row(1, 0, 0.0, mask_sample=True)),
+    ]
     result = compute_aggregate_metrics(rows)
     agent = result["agent_metrics"]
     assert agent["mean/reward"] == 1.0 and "mean/mask_sample" not in agent
@@ -214,8 +258,16 @@ def test_masked_rows_leave_the_figures_and_show_as_coverage():
 
 def test_every_row_masked_gives_only_coverage():
     result = compute_aggregate_metrics([{"reward": 0.0, "mask_sample": True, "_ng_task_index": 0}])
-    assert result["agent_metrics"] == result["key_metrics"] == {
-        "coverage/measured_rollouts": 0, "coverage/masked_rollouts": 1, "coverage/measured_tasks": 0, "coverage/fully_masked_tasks": 1}
+    assert (
+        result["agent_metrics"]
+        == result["key_metrics"]
+        == {
+            "coverage/measured_rollouts": 0,
+            "coverage/masked_rollouts": 1,
+            "coverage/measured_tasks": 0,
+            "coverage/fully_masked_tasks": 1,
+        }
+    )
     assert result["group_level_metrics"] == []
 
 
@@ -225,8 +277,10 @@ def test_duplicate_keys_are_an_error_as_in_nemo_gyms_env():
 
 
 def test_ng_perf_gives_nemo_gyms_perf_summary():
-    perf = [{"num_turns": 2, "completion_tokens": 10, "total_latency_ms": 100.0, "token_observability_coverage": 1.0},
-            {"num_turns": 4, "completion_tokens": 30, "total_latency_ms": 300.0}]
+    perf = [
+        {"num_turns": 2, "completion_tokens": 10, "total_latency_ms": 100.0, "token_observability_coverage": 1.0},
+        {"num_turns": 4, "completion_tokens": 30, "total_latency_ms": 300.0},
+    ]
     summary = compute_perf_summary(perf, total_rollouts=4)
     assert summary["overall_observability_coverage"] == 0.5 and summary["token_observability_coverage"] == 0.25
     assert summary["mean_num_turns"] == 3.0 and summary["std_num_turns"] == 1.0  # population std, as NeMo Gym's

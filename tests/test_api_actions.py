@@ -2,6 +2,7 @@
 form), read status and aggregates, stream the files, cancel, retry, list rollouts with the run
 page's filters, labels, notes, corrections, labels list, dataset from a selection; and what a
 token may not reach."""
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,19 @@ def api(client, token):
         def __getattr__(self, method):
             def call(url, data=None, **extra):
                 kwargs = {"HTTP_AUTHORIZATION": f"Bearer {token}", **extra}
-                if method in ("post", "delete") and isinstance(data, dict) and "files" not in extra and not extra.get("multipart"):
-                    return getattr(client, method)(API + url, json.dumps(data), content_type="application/json", **kwargs)
+                if (
+                    method in ("post", "delete")
+                    and isinstance(data, dict)
+                    and "files" not in extra
+                    and not extra.get("multipart")
+                ):
+                    return getattr(client, method)(
+                        API + url, json.dumps(data), content_type="application/json", **kwargs
+                    )
                 return getattr(client, method)(API + url, data, **kwargs)
+
             return call
+
     return Api()
 
 
@@ -50,8 +60,11 @@ def run(db):
 
 
 def upload(client, token, text: str, name="tasks.jsonl"):
-    return client.post(f"{API}/datasets", {"file": SimpleUploadedFile(name, text.encode()), "name": ""},
-                       HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client.post(
+        f"{API}/datasets",
+        {"file": SimpleUploadedFile(name, text.encode()), "name": ""},
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
 
 
 def test_it_uploads_a_dataset(client, token, user):
@@ -82,27 +95,46 @@ def test_an_upload_without_a_file_says_so(client, token, db):
 
 def test_it_launches_a_run_on_a_stored_dataset(client, token, api, user):
     dataset_id = upload(client, token, "\n".join(dataset_lines(3))).json()["id"]
-    response = api.post("/runs", {"dataset": dataset_id, "agent_url": "http://127.0.0.1:9102/", "env_url": "http://127.0.0.1:9101",
-                                  "num_repeats": 2, "overrides": {"temperature": 0.5}, "name": "from the API"})
+    response = api.post(
+        "/runs",
+        {
+            "dataset": dataset_id,
+            "agent_url": "http://127.0.0.1:9102/",
+            "env_url": "http://127.0.0.1:9101",
+            "num_repeats": 2,
+            "overrides": {"temperature": 0.5},
+            "name": "from the API",
+        },
+    )
     assert response.status_code == 201, response.content
     body = response.json()
     run = Run.objects.get(pk=body["id"])
     assert run.status == Run.Status.RUNNING and run.created_by == user and run.num_keys == 6
     assert run.agent_url == "http://127.0.0.1:9102" and run.overrides == {"temperature": 0.5}
-    assert body["status"] == "running" and body["progress"]["total"] == 6 and body["tasks_from"]["dataset"] == dataset_id
+    assert (
+        body["status"] == "running" and body["progress"]["total"] == 6 and body["tasks_from"]["dataset"] == dataset_id
+    )
 
 
-@pytest.mark.parametrize("change, field, message", [
-    ({"agent_url": "ftp://x"}, "agent_url", "http"),
-    ({"agent_url": "http://user:secret@127.0.0.1:9102"}, "agent_url", "credentials"),
-    ({"env_url": "not a url"}, "env_url", ""),
-    ({"dataset": 999}, "dataset", ""),
-    ({"run_timeout_s": 10**9}, "run_timeout_s", "GYMWEB_MAX_RUN_TIMEOUT_S"),
-    ({"overrides": {"input": 5}}, "overrides", "input"),
-])
+@pytest.mark.parametrize(
+    "change, field, message",
+    [
+        ({"agent_url": "ftp://x"}, "agent_url", "http"),
+        ({"agent_url": "http://user:secret@127.0.0.1:9102"}, "agent_url", "credentials"),
+        ({"env_url": "not a url"}, "env_url", ""),
+        ({"dataset": 999}, "dataset", ""),
+        ({"run_timeout_s": 10**9}, "run_timeout_s", "GYMWEB_MAX_RUN_TIMEOUT_S"),
+        ({"overrides": {"input": 5}}, "overrides", "input"),
+    ],
+)
 def test_a_run_is_checked_like_the_new_run_form(client, token, api, change, field, message):
     dataset_id = upload(client, token, dataset_lines(1)[0]).json()["id"]
-    payload = {"dataset": dataset_id, "agent_url": "http://127.0.0.1:9102", "env_url": "http://127.0.0.1:9101", **change}
+    payload = {
+        "dataset": dataset_id,
+        "agent_url": "http://127.0.0.1:9102",
+        "env_url": "http://127.0.0.1:9101",
+        **change,
+    }
     response = api.post("/runs", payload)
     assert response.status_code == 400, response.content
     body = response.json()
@@ -114,7 +146,9 @@ def test_a_run_is_checked_like_the_new_run_form(client, token, api, change, fiel
 def test_the_target_host_policy_applies_to_api_runs(client, token, api, settings):
     settings.GYMWEB_ALLOWED_TARGET_HOSTS = ["127.0.0.1"]
     dataset_id = upload(client, token, dataset_lines(1)[0]).json()["id"]
-    response = api.post("/runs", {"dataset": dataset_id, "agent_url": "http://10.0.0.1:9102", "env_url": "http://127.0.0.1:9101"})
+    response = api.post(
+        "/runs", {"dataset": dataset_id, "agent_url": "http://10.0.0.1:9102", "env_url": "http://127.0.0.1:9101"}
+    )
     assert response.status_code == 400 and "not allowed here" in response.json()["detail"]
 
 
@@ -124,7 +158,11 @@ def test_status_and_aggregates(api, user, run):
     assert body["status"] == "completed" and body["final"] is True
     assert body["progress"]["done"] == 3 and body["progress"]["succeeded"] == 2
     agg = body["aggregates"]
-    assert agg["reward"]["mean"] == 0.5 and agg["reward"]["n"] == 2 and agg["reward"]["mean_with_failures"] == pytest.approx(1 / 3)
+    assert (
+        agg["reward"]["mean"] == 0.5
+        and agg["reward"]["n"] == 2
+        and agg["reward"]["mean_with_failures"] == pytest.approx(1 / 3)
+    )
     assert agg["reward_corrected"]["mean"] == 1.0 and agg["corrections"] == 1
     assert agg["failure_kinds"] == {"agent_timeout": 1}
 
@@ -143,7 +181,9 @@ def test_it_streams_nemo_gym_files(api, run):
     # NeMo Gym's failure row; gymweb's finer kind ("agent_timeout") stays in the database and the API's rollout list
     assert [json.loads(line)["error"] for line in failures] == ["timed out after remote_responses_timeout_s=5"]
     assert "_gymweb_failure_kind" not in failures[0]
-    inputs = b"".join(api.get(f"/runs/{run.pk}/rollouts_materialized_inputs.jsonl").streaming_content).decode().splitlines()
+    inputs = (
+        b"".join(api.get(f"/runs/{run.pk}/rollouts_materialized_inputs.jsonl").streaming_content).decode().splitlines()
+    )
     assert len(inputs) == 4
 
 
@@ -190,11 +230,21 @@ def test_it_lists_rollouts_with_the_run_page_s_filters(api, user, run):
     page = api.get(f"/runs/{run.pk}/rollouts").json()
     assert page["count"] == 4 and [r["task_index"] for r in page["items"]] == [0, 1, 2, 3]
     first = page["items"][0]
-    assert first["labels"] == ["good"] and first["notes"] == 1 and first["reward"] == 1.0 and first["url"].startswith("http://testserver/")
+    assert (
+        first["labels"] == ["good"]
+        and first["notes"] == 1
+        and first["reward"] == 1.0
+        and first["url"].startswith("http://testserver/")
+    )
     assert page["items"][1]["corrected_reward"] == 0.5 and page["items"][2]["error"].startswith("timed out")
     assert [r["task_index"] for r in api.get(f"/runs/{run.pk}/rollouts?label=good").json()["items"]] == [0]
-    assert [r["task_index"] for r in api.get(f"/runs/{run.pk}/rollouts?status=succeeded&sort=-reward").json()["items"]] == [0, 1]
-    assert [r["task_index"] for r in api.get(f"/runs/{run.pk}/rollouts?reward_min=0.4&reward_source=corrected").json()["items"]] == [0, 1]
+    assert [
+        r["task_index"] for r in api.get(f"/runs/{run.pk}/rollouts?status=succeeded&sort=-reward").json()["items"]
+    ] == [0, 1]
+    assert [
+        r["task_index"]
+        for r in api.get(f"/runs/{run.pk}/rollouts?reward_min=0.4&reward_source=corrected").json()["items"]
+    ] == [0, 1]
     assert [r["task_index"] for r in api.get(f"/runs/{run.pk}/rollouts?limit=2&offset=1").json()["items"]] == [1, 2]
     bad = api.get(f"/runs/{run.pk}/rollouts?label=not-a-label&sort=sideways")
     assert bad.status_code == 400 and "sort" in bad.json()["errors"]
@@ -208,7 +258,9 @@ def test_labels_notes_and_corrections(api, user, run):
     assert api.delete(f"/rollouts/{r.pk}/labels/verifier-wrong").json()["labels"] == []
     note = api.post(f"/rollouts/{r.pk}/notes", {"text": "the tool output was right"})
     assert note.status_code == 201 and note.json()["by"] == "alice" and Note.objects.get().created_by == user
-    assert api.post(f"/rollouts/{r.pk}/notes", {"text": "x", "item": 40}).json()["errors"] == {"item": ["this rollout has no item #40"]}
+    assert api.post(f"/rollouts/{r.pk}/notes", {"text": "x", "item": 40}).json()["errors"] == {
+        "item": ["this rollout has no item #40"]
+    }
     corrected = api.post(f"/rollouts/{r.pk}/correction", {"reward": 1.0, "reason": "verifier bug"}).json()
     assert corrected["correction"]["reward"] == 1.0 and corrected["reward"] == 0.0
     assert api.post(f"/rollouts/{r.pk}/correction", {"reward": 1.0, "reason": ""}).status_code == 400
@@ -260,14 +312,21 @@ def test_an_offset_past_any_table_is_refused_not_a_server_error(api, run):
     assert api.get("/runs?offset=-1").status_code == 422
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b'{"text": "a\\ud800b"}', "unpaired UTF-16 surrogate"),
-    (b'{"text": NaN}', "NaN is not a JSON value"),
-    (b'{"text": "x"', "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b'{"text": "a\\ud800b"}', "unpaired UTF-16 surrogate"),
+        (b'{"text": NaN}', "NaN is not a JSON value"),
+        (b'{"text": "x"', "not valid JSON"),
+    ],
+)
 def test_a_body_that_is_not_strict_json_is_a_400_naming_why_and_stores_nothing(client, token, run, body, reason):
-    response = client.post(f"{API}/rollouts/{key(run, 0).pk}/notes", body, content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.post(
+        f"{API}/rollouts/{key(run, 0).pk}/notes",
+        body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
     assert response.status_code == 400 and reason in response.json()["detail"]
     assert not Note.objects.exists()
 
@@ -277,14 +336,22 @@ def test_a_corrected_reward_must_be_a_json_number(api, run, reward):
     response = api.post(f"/rollouts/{key(run, 1).pk}/correction", {"reward": reward, "reason": "x"})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"][-1] == "reward"
     assert not RewardCorrection.objects.exists()
-    assert api.post(f"/rollouts/{key(run, 1).pk}/correction", {"reward": 1, "reason": "x"}).json()["corrected_reward"] == 1.0
+    assert (
+        api.post(f"/rollouts/{key(run, 1).pk}/correction", {"reward": 1, "reason": "x"}).json()["corrected_reward"]
+        == 1.0
+    )
 
 
 def test_names_and_descriptions_too_long_to_store_are_refused_not_cut(client, token, api, run):
-    assert api.post("/labels", {"name": "long", "description": "d" * 201}).json()["errors"] == {"description": ["the description has 201 characters; at most 200"]}
+    assert api.post("/labels", {"name": "long", "description": "d" * 201}).json()["errors"] == {
+        "description": ["the description has 201 characters; at most 200"]
+    }
     assert api.post("/labels", {"name": "long", "description": "d" * 200}).status_code == 201
-    response = client.post(f"{API}/datasets", {"file": SimpleUploadedFile("t.jsonl", "\n".join(dataset_lines(1)).encode()), "name": "n" * 201},
-                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.post(
+        f"{API}/datasets",
+        {"file": SimpleUploadedFile("t.jsonl", "\n".join(dataset_lines(1)).encode()), "name": "n" * 201},
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
     assert response.status_code == 400 and "name" in response.json()["errors"]
     assert api.post(f"/runs/{run.pk}/selection/dataset?name={'n' * 201}").status_code == 400
     assert not Dataset.objects.exists()

@@ -1,5 +1,6 @@
 """API tokens: made and revoked on the user's page; every API action answers 401 and nothing else
 without a token or with a wrong one; the OpenAPI schema is served by the app."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,15 +25,28 @@ def run(db):
 def every_action(run):
     r = key(run, 0).pk
     return [
-        ("get", f"{API}/datasets"), ("post", f"{API}/datasets"), ("get", f"{API}/datasets/1"),
-        ("get", f"{API}/runs"), ("post", f"{API}/runs"), ("get", f"{API}/runs/{run.pk}"),
-        ("post", f"{API}/runs/{run.pk}/cancel"), ("post", f"{API}/runs/{run.pk}/retry"),
-        ("get", f"{API}/runs/{run.pk}/rollouts.jsonl"), ("get", f"{API}/runs/{run.pk}/rollouts_failures.jsonl"),
-        ("get", f"{API}/runs/{run.pk}/rollouts_materialized_inputs.jsonl"), ("get", f"{API}/runs/{run.pk}/sft.jsonl"),
-        ("get", f"{API}/runs/{run.pk}/rollouts"), ("post", f"{API}/runs/{run.pk}/selection/dataset"),
-        ("get", f"{API}/rollouts/{r}"), ("post", f"{API}/rollouts/{r}/labels"), ("delete", f"{API}/rollouts/{r}/labels/good"),
-        ("post", f"{API}/rollouts/{r}/notes"), ("post", f"{API}/rollouts/{r}/correction"), ("delete", f"{API}/rollouts/{r}/correction"),
-        ("get", f"{API}/labels"), ("post", f"{API}/labels"),
+        ("get", f"{API}/datasets"),
+        ("post", f"{API}/datasets"),
+        ("get", f"{API}/datasets/1"),
+        ("get", f"{API}/runs"),
+        ("post", f"{API}/runs"),
+        ("get", f"{API}/runs/{run.pk}"),
+        ("post", f"{API}/runs/{run.pk}/cancel"),
+        ("post", f"{API}/runs/{run.pk}/retry"),
+        ("get", f"{API}/runs/{run.pk}/rollouts.jsonl"),
+        ("get", f"{API}/runs/{run.pk}/rollouts_failures.jsonl"),
+        ("get", f"{API}/runs/{run.pk}/rollouts_materialized_inputs.jsonl"),
+        ("get", f"{API}/runs/{run.pk}/sft.jsonl"),
+        ("get", f"{API}/runs/{run.pk}/rollouts"),
+        ("post", f"{API}/runs/{run.pk}/selection/dataset"),
+        ("get", f"{API}/rollouts/{r}"),
+        ("post", f"{API}/rollouts/{r}/labels"),
+        ("delete", f"{API}/rollouts/{r}/labels/good"),
+        ("post", f"{API}/rollouts/{r}/notes"),
+        ("post", f"{API}/rollouts/{r}/correction"),
+        ("delete", f"{API}/rollouts/{r}/correction"),
+        ("get", f"{API}/labels"),
+        ("post", f"{API}/labels"),
     ]
 
 
@@ -113,9 +127,18 @@ def test_the_openapi_schema_is_served_and_lists_the_actions(client, db):
     schema = response.json()
     assert schema["openapi"].startswith("3.") and schema["info"]["title"] == "gymweb API"
     paths = schema["paths"]
-    for path in ("/api/v1/datasets", "/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/cancel",
-                 "/api/v1/runs/{run_id}/retry", "/api/v1/runs/{run_id}/rollouts.jsonl", "/api/v1/runs/{run_id}/rollouts",
-                 "/api/v1/rollouts/{rollout_id}/labels", "/api/v1/rollouts/{rollout_id}/notes", "/api/v1/runs/{run_id}/sft.jsonl"):
+    for path in (
+        "/api/v1/datasets",
+        "/api/v1/runs",
+        "/api/v1/runs/{run_id}",
+        "/api/v1/runs/{run_id}/cancel",
+        "/api/v1/runs/{run_id}/retry",
+        "/api/v1/runs/{run_id}/rollouts.jsonl",
+        "/api/v1/runs/{run_id}/rollouts",
+        "/api/v1/rollouts/{rollout_id}/labels",
+        "/api/v1/rollouts/{rollout_id}/notes",
+        "/api/v1/runs/{run_id}/sft.jsonl",
+    ):
         assert path in paths, path
     assert schema["components"]["securitySchemes"] == {"TokenAuth": {"type": "http", "scheme": "bearer"}}
 
@@ -123,6 +146,10 @@ def test_the_openapi_schema_is_served_and_lists_the_actions(client, db):
 def test_a_script_with_a_token_needs_no_csrf_token(user, run):
     _row, token = create_token(user, "script")
     strict = Client(enforce_csrf_checks=True)
-    response = strict.post(f"{API}/labels", '{"name": "from-a-script"}', content_type="application/json",
-                           HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = strict.post(
+        f"{API}/labels",
+        '{"name": "from-a-script"}',
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
     assert response.status_code == 201

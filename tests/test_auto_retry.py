@@ -2,6 +2,7 @@
 the API, ``collect --auto-retry``): failed keys with attempts left get a new attempt after a backoff
 counted from the run's last failure, before the run completes; terminal failures and kill-shaped keys
 never; ``collect`` without the flag keeps NeMo Gym's semantics (failures wait for ``--resume``)."""
+
 from __future__ import annotations
 
 import json
@@ -87,11 +88,21 @@ def test_runs_made_in_the_web_retry_by_themselves_unless_the_setting_is_off(sign
     for value in (True, False):
         settings.GYMWEB_AUTO_RETRY = value
         with counter_tasks_path.open("rb") as fh:
-            response = signed_in.post(reverse("run_new"), {
-                "name": f"auto {value}", "agent_url": "http://127.0.0.1:9102", "env_url": "http://127.0.0.1:9101",
-                "agent_name": "remote_agent", "concurrency": 4, "num_repeats": 1, "max_attempts": 3,
-                "remote_responses_timeout_s": 1800, "run_timeout_s": 2100, "dataset_file": fh,
-            })
+            response = signed_in.post(
+                reverse("run_new"),
+                {
+                    "name": f"auto {value}",
+                    "agent_url": "http://127.0.0.1:9102",
+                    "env_url": "http://127.0.0.1:9101",
+                    "agent_name": "remote_agent",
+                    "concurrency": 4,
+                    "num_repeats": 1,
+                    "max_attempts": 3,
+                    "remote_responses_timeout_s": 1800,
+                    "run_timeout_s": 2100,
+                    "dataset_file": fh,
+                },
+            )
         assert response.status_code == 302, response.content.decode()[:2000]
         assert Run.objects.get(name=f"auto {value}").auto_retry is value
 
@@ -118,18 +129,32 @@ def _first_call_fails_agent():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("auto", [True, False], ids=["--auto-retry", "NeMo Gym's way"])
-def test_collect_with_auto_retry_recovers_the_failed_keys_before_it_ends(tmp_path, settings, counter_env_url, counter_tasks_path, auto):
+def test_collect_with_auto_retry_recovers_the_failed_keys_before_it_ends(
+    tmp_path, settings, counter_env_url, counter_tasks_path, auto
+):
     settings.GYMWEB_AUTO_RETRY_DELAY_S = 0.2
     agent = _first_call_fails_agent()
     try:
         out = tmp_path / "rollouts.jsonl"
-        args = ["--agent-url", agent.url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
-                "--output", str(out), "--no-progress", "--no-health-check"]
+        args = [
+            "--agent-url",
+            agent.url,
+            "--env-url",
+            counter_env_url,
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--no-health-check",
+        ]
         call_command("collect", *args, *(["--auto-retry"] if auto else []))
     finally:
         agent.stop()
     successes = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    failures = [json.loads(line) for line in (tmp_path / "rollouts_failures.jsonl").read_text().splitlines() if line.strip()]
+    failures = [
+        json.loads(line) for line in (tmp_path / "rollouts_failures.jsonl").read_text().splitlines() if line.strip()
+    ]
     assert len(failures) == 5  # every first attempt failed, and each is a row of the sidecar
     assert len(successes) == (5 if auto else 0)
     run = Run.objects.get()

@@ -1,5 +1,6 @@
 """The dashboard in a real browser: sign in, start a run from the form, watch it complete live
 (HTMX, no reload), open a rollout, download rollouts.jsonl. A real qcluster worker does the work."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ from rollouts.models import Run
 from .conftest import CHROMIUM
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.timeout(240),
 ]
 

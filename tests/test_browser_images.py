@@ -1,6 +1,7 @@
 """Images the agent saw, in a real browser: an inline PNG is drawn (decoded, sized to fit) and grows
 on click; a remote image URL is never requested unless the user opens the link; nothing breaks the
 Content-Security-Policy (violations are console errors)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,17 +16,23 @@ from .conftest import CHROMIUM
 from .test_browser_trajectory import _page
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.timeout(300),
 ]
 
 
-def test_an_inline_image_is_drawn_and_a_remote_one_is_never_requested(browser, live_server, transactional_db, django_user_model):  # noqa: F811
+def test_an_inline_image_is_drawn_and_a_remote_one_is_never_requested(
+    browser, live_server, transactional_db, django_user_model
+):  # noqa: F811
     from playwright.sync_api import expect
 
     remote = f"{live_server.url}/static/tracking.png?who=alice"  # this test's own server: any request to it would show
     run = make_run()
-    rollout = make_rollout(run, make_task(run), calls=[{}], items=[(0, user_with_images(png(600, 400), remote), {}), (0, msg("Red."), {})])
+    rollout = make_rollout(
+        run, make_task(run), calls=[{}], items=[(0, user_with_images(png(600, 400), remote), {}), (0, msg("Red."), {})]
+    )
     assert TrajectoryItem.objects.filter(rollout=rollout).count() == 2
     page = _page(browser, live_server, django_user_model, width=1200, height=900)
     requested: list[str] = []

@@ -1,6 +1,7 @@
 """The dashboard under gunicorn with DEBUG off, in a real browser (issue 10): styles and htmx are
 live, no page reports a Content-Security-Policy violation, Cancel asks first, and a session that
 ends while the run page polls sends the window to sign in and back to the run page."""
+
 from __future__ import annotations
 
 import re
@@ -10,11 +11,13 @@ import pytest
 
 from rollouts.models import Run
 
-from .run_factories import make_run
 from .conftest import CHROMIUM
+from .run_factories import make_run
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.timeout(240),
 ]
 
@@ -56,11 +59,16 @@ def test_the_dashboard_under_gunicorn_with_debug_off_is_styled_live_and_csp_clea
     page.wait_for_url(f"{base}/")
 
     # Styles: the stylesheet applied (the top bar is coloured, the progress bar is drawn).
-    assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).backgroundColor") not in ("rgba(0, 0, 0, 0)", "transparent")
+    assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).backgroundColor") not in (
+        "rgba(0, 0, 0, 0)",
+        "transparent",
+    )
     assert page.evaluate("getComputedStyle(document.querySelector('.progress')).height") == "10px"
     # htmx: loaded, and the runs list refreshes itself (an htmx request, not a reload).
     assert page.evaluate("typeof window.htmx") == "object"
-    with page.expect_request(lambda r: r.headers.get("hx-request") == "true" and r.url.startswith(f"{base}/"), timeout=15_000):
+    with page.expect_request(
+        lambda r: r.headers.get("hx-request") == "true" and r.url.startswith(f"{base}/"), timeout=15_000
+    ):
         pass
 
     # The run page: the lazy charts load and the live part polls.
@@ -119,6 +127,9 @@ def test_a_session_that_ends_while_the_run_page_polls_goes_to_sign_in_and_back(b
     _sign_in(page, base)
     page.wait_for_url(f"{base}/runs/{run.pk}/?status=pending")
     assert page.locator("header.topbar").count() == 1 and page.locator("#run-live").count() == 1
-    assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).backgroundColor") not in ("rgba(0, 0, 0, 0)", "transparent")
+    assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).backgroundColor") not in (
+        "rgba(0, 0, 0, 0)",
+        "transparent",
+    )
     assert _csp_errors(console) == [], console
     context.close()

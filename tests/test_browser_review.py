@@ -1,6 +1,7 @@
 """Review mode in a real browser, with the keyboard only: from a filtered run table, "Review these";
 1–9 toggle labels, r opens the note box (Ctrl-Enter saves), j marks reviewed and moves on, k goes
 back; the progress line follows; the trajectory page's own keys stay out of the way."""
+
 from __future__ import annotations
 
 import re
@@ -10,11 +11,13 @@ import pytest
 
 from rollouts.models import Note, ReviewMark, Rollout, RolloutLabel
 
-from .run_factories import finish, key, make_run
 from .conftest import CHROMIUM
+from .run_factories import finish, key, make_run
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.timeout(240),
 ]
 

@@ -3,6 +3,7 @@
 move between steps, collapse all / expand all fold every item, the search box finds text in
 folded items (they open) and moves between hits; a running rollout's page grows live against the
 example agent (with latency), and the run page refreshes its charts when the run finishes."""
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,9 @@ from rollouts.models import AgentCall, Rollout, Run
 from .conftest import CHROMIUM
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.timeout(300),
 ]
 
@@ -57,7 +60,9 @@ def _screenshot(page, name: str) -> None:
         page.screenshot(path=str(Path(os.environ["GYMWEB_SCREENSHOTS"]) / f"{name}.png"))
 
 
-def test_outline_folding_keys_and_search_on_a_real_trace(browser, live_server, transactional_db, django_user_model, shared_data):  # noqa: F811
+def test_outline_folding_keys_and_search_on_a_real_trace(
+    browser, live_server, transactional_db, django_user_model, shared_data
+):  # noqa: F811
     from playwright.sync_api import expect
 
     rollout = _mini_swe(shared_data)
@@ -143,7 +148,9 @@ def test_outline_folding_keys_and_search_on_a_real_trace(browser, live_server, t
     assert page.errors == []
 
 
-def test_the_outline_folds_away_on_a_narrow_screen(browser, live_server, transactional_db, django_user_model, shared_data):  # noqa: F811
+def test_the_outline_folds_away_on_a_narrow_screen(
+    browser, live_server, transactional_db, django_user_model, shared_data
+):  # noqa: F811
     from playwright.sync_api import expect
 
     rollout = _mini_swe(shared_data)
@@ -168,13 +175,22 @@ def slow_agent_url():
 
 
 def test_a_running_rollout_grows_live_and_the_run_page_refreshes_at_the_end(
-    browser, live_server, workers, django_user_model, counter_env_url, slow_agent_url, counter_tasks_path, shared_data  # noqa: F811
+    browser,
+    live_server,
+    workers,
+    django_user_model,
+    counter_env_url,
+    slow_agent_url,
+    counter_tasks_path,
+    shared_data,  # noqa: F811
 ):
     from playwright.sync_api import expect
 
     with counter_tasks_path.open("rb") as fh:
         parsed = read_jsonl(fh)
-    run = runs.create_run(parsed, name="slow", agent_url=slow_agent_url, env_url=counter_env_url, limit=2, concurrency=1)
+    run = runs.create_run(
+        parsed, name="slow", agent_url=slow_agent_url, env_url=counter_env_url, limit=2, concurrency=1
+    )
     runs.launch(run)
     first = Rollout.objects.get(run=run, task_index=0)
     page = _page(browser, live_server, django_user_model)

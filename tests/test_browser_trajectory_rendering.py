@@ -2,6 +2,7 @@
 and mini_swe_agent_2 traces: "show all N characters" loads the rest of a long text into the page
 without a reload, the plain-text toggle swaps in place and back, thinking is folded until opened,
 and nothing breaks the Content-Security-Policy (violations are console errors)."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ from .conftest import CHROMIUM
 from .test_browser_trajectory import _page
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.timeout(300),
 ]
 
@@ -26,12 +29,17 @@ def _import(shared_data, name):
         return import_rollouts(fh, source="example_rollouts.jsonl").run
 
 
-def test_show_all_loads_a_long_system_prompt_in_place(browser, live_server, transactional_db, django_user_model, shared_data):  # noqa: F811
+def test_show_all_loads_a_long_system_prompt_in_place(
+    browser, live_server, transactional_db, django_user_model, shared_data
+):  # noqa: F811
     from playwright.sync_api import expect
 
     run = _import(shared_data, "tau2")
-    rollout = next(r for r in Rollout.objects.filter(run=run).order_by("task_index")
-                   if len(json.loads(r.task.row_json)["responses_create_params"]["input"][0]["content"]) == 23_675)
+    rollout = next(
+        r
+        for r in Rollout.objects.filter(run=run).order_by("task_index")
+        if len(json.loads(r.task.row_json)["responses_create_params"]["input"][0]["content"]) == 23_675
+    )
     page = _page(browser, live_server, django_user_model)
     page.goto(f"{live_server.url}/runs/{run.pk}/rollouts/{rollout.pk}/")
     page.evaluate("window.__notReloaded = true")
@@ -55,7 +63,9 @@ def test_show_all_loads_a_long_system_prompt_in_place(browser, live_server, tran
     assert page.errors == [], page.errors
 
 
-def test_thinking_is_folded_commands_are_code_and_the_patch_is_a_diff(browser, live_server, transactional_db, django_user_model, shared_data):  # noqa: F811
+def test_thinking_is_folded_commands_are_code_and_the_patch_is_a_diff(
+    browser, live_server, transactional_db, django_user_model, shared_data
+):  # noqa: F811
     from playwright.sync_api import expect
 
     run = _import(shared_data, "mini_swe_agent_2")

@@ -2,6 +2,7 @@
 env said (SWE-bench's ``resolved`` and the patch) is on the first screen, above a page many screens
 long; a link from a field lands on its item; opening every tree keeps the page as wide as the
 window; nothing breaks the Content-Security-Policy (violations are console errors)."""
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,16 @@ from .conftest import CHROMIUM
 from .test_browser_trajectory import _page, _screenshot
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
+    ),
     pytest.mark.timeout(300),
 ]
 
 
-def test_the_verdict_is_on_the_first_screen_of_a_long_trace(browser, live_server, transactional_db, django_user_model, shared_data):  # noqa: F811
+def test_the_verdict_is_on_the_first_screen_of_a_long_trace(
+    browser, live_server, transactional_db, django_user_model, shared_data
+):  # noqa: F811
     from playwright.sync_api import expect
 
     with (shared_data / "mini_swe_agent_2" / "example_rollouts.jsonl").open("rb") as fh:

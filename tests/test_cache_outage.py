@@ -1,6 +1,7 @@
 """The web cache on Redis fails open: while Redis does not answer, the run page, its live poll and the
 profile page render from the database, and the log says so once; when Redis answers again the cache is
 used again."""
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,9 @@ REDIS = "redis://127.0.0.1:6379/7"
 
 
 def _cache(location: str) -> dict:
-    return {"default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": location, "KEY_PREFIX": "gymweb-test"}}
+    return {
+        "default": {"BACKEND": "gymweb.cache.FailOpenRedisCache", "LOCATION": location, "KEY_PREFIX": "gymweb-test"}
+    }
 
 
 @pytest.fixture

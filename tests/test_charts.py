@@ -1,8 +1,9 @@
 """``rollouts.web.charts``: pure functions from numbers to shapes, and the SVG partials that draw them."""
+
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from django.template.loader import render_to_string
@@ -77,9 +78,17 @@ def test_time_steps_are_round_and_keep_buckets_few():
 
 def test_labels_read_like_units():
     assert charts.format_ms(0.5) == "0.5 ms" and charts.format_ms(200) == "200 ms"
-    assert charts.format_ms(2500) == "2.5 s" and charts.format_ms(120_000) == "2 min" and charts.format_ms(7_200_000) == "2 h"
-    assert charts.format_number(1234) == "1,234" and charts.format_number(0.12345) == "0.123" and charts.format_number(None) == "—"
-    moment = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert (
+        charts.format_ms(2500) == "2.5 s"
+        and charts.format_ms(120_000) == "2 min"
+        and charts.format_ms(7_200_000) == "2 h"
+    )
+    assert (
+        charts.format_number(1234) == "1,234"
+        and charts.format_number(0.12345) == "0.123"
+        and charts.format_number(None) == "—"
+    )
+    moment = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert charts.time_label(moment, 5) == "03:04:05"
     assert charts.time_label(moment, 300) == "03:04"
     assert charts.time_label(moment, 86400) == "2026-01-02"
@@ -116,8 +125,14 @@ def test_a_line_with_one_point_is_centred_and_the_y_range_is_kept():
 
 
 def test_line_points_climb_with_their_values_and_the_table_holds_every_series():
-    chart = charts.line_chart([("a", [(1, 0.2), (2, 0.6), (3, 1.0)]), ("b", [(1, 0.1), (3, 0.3)])], id="t", title="t",
-                              x_label="k", y_range=(0, 1), dashed=[False, True])
+    chart = charts.line_chart(
+        [("a", [(1, 0.2), (2, 0.6), (3, 1.0)]), ("b", [(1, 0.1), (3, 0.3)])],
+        id="t",
+        title="t",
+        x_label="k",
+        y_range=(0, 1),
+        dashed=[False, True],
+    )
     ys = [p.y for p in chart.series[0].points]
     assert ys == sorted(ys, reverse=True)  # higher value, smaller y
     assert chart.series[1].dashed and not chart.series[0].dashed
@@ -158,7 +173,10 @@ def test_labels_are_escaped_in_every_chart_partial():
     evil = f'{SCRIPT}"><img src=x onerror=alert(1)>'
     drawn = [
         _render("chart_bar", charts.bar_chart([(evil, 3)], id="a", title=evil, desc=evil, x_label=evil, y_label=evil)),
-        _render("chart_line", charts.line_chart([(evil, [(1, 0.5), (2, 1.0)])], id="b", title=evil, x_label=evil, y_range=(0, 1))),
+        _render(
+            "chart_line",
+            charts.line_chart([(evil, [(1, 0.5), (2, 1.0)])], id="b", title=evil, x_label=evil, y_range=(0, 1)),
+        ),
         _render("chart_stacked", charts.stacked_bar_chart([(evil, {evil: 2})], id="c", title=evil, x_label=evil)),
     ]
     for html in drawn:

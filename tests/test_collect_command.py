@@ -1,4 +1,5 @@
 """``manage.py collect``: the headless path, end to end against the example env and agent."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,22 @@ def _read(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_it_collects_the_counter_tasks_with_reward_one(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys):
+def test_it_collects_the_counter_tasks_with_reward_one(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys
+):
     out = tmp_path / "results" / "rollouts.jsonl"
-    call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url,
-                 "--input", str(counter_tasks_path), "--output", str(out), "--no-progress")
+    call_command(
+        "collect",
+        "--agent-url",
+        counter_agent_url,
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(out),
+        "--no-progress",
+    )
     rows = _read(out)
     assert len(rows) == 5
     assert all(r["reward"] == 1.0 for r in rows)
@@ -37,8 +50,20 @@ def test_it_collects_the_counter_tasks_with_reward_one(tmp_path, counter_env_url
 
 def test_it_writes_a_failure_row_per_attempt_when_the_agent_is_down(tmp_path, counter_env_url, counter_tasks_path):
     out = tmp_path / "rollouts.jsonl"
-    call_command("collect", "--agent-url", "http://127.0.0.1:9", "--env-url", counter_env_url,
-                 "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "2")
+    call_command(
+        "collect",
+        "--agent-url",
+        "http://127.0.0.1:9",
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--limit",
+        "2",
+    )
     failures = _read(tmp_path / "rollouts_failures.jsonl")
     assert len(failures) == 2
     for row in failures:
@@ -50,7 +75,9 @@ def test_it_writes_a_failure_row_per_attempt_when_the_agent_is_down(tmp_path, co
     assert _read(out) == []
 
 
-def test_resume_retries_failed_keys_and_keeps_successes(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_resume_retries_failed_keys_and_keeps_successes(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     args = ["--env-url", counter_env_url, "--input", str(counter_tasks_path), "--output", str(out), "--no-progress"]
     call_command("collect", "--agent-url", "http://127.0.0.1:9", *args)
@@ -61,9 +88,21 @@ def test_resume_retries_failed_keys_and_keeps_successes(tmp_path, counter_env_ur
     assert set(Rollout.objects.filter(run=run).values_list("attempt", flat=True)) == {1, 2}
 
 
-def test_a_resume_with_another_agent_url_is_refused_and_changes_nothing(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_resume_with_another_agent_url_is_refused_and_changes_nothing(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
-    args = ["--env-url", counter_env_url, "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "2"]
+    args = [
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--limit",
+        "2",
+    ]
     call_command("collect", "--agent-url", "http://127.0.0.1:9", *args)
     run = Run.objects.get()
     before = Rollout.objects.filter(run=run).count()
@@ -79,15 +118,37 @@ def test_a_resume_with_another_agent_url_is_refused_and_changes_nothing(tmp_path
 
 def test_a_resume_with_another_env_url_is_refused_too(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
     out = tmp_path / "rollouts.jsonl"
-    common = ["--agent-url", "http://127.0.0.1:9", "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "1"]
+    common = [
+        "--agent-url",
+        "http://127.0.0.1:9",
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--limit",
+        "1",
+    ]
     call_command("collect", "--env-url", counter_env_url, *common)
     with pytest.raises(CommandError, match="--env-url http://127.0.0.1:8"):
         call_command("collect", "--env-url", "http://127.0.0.1:8", "--resume", *common)
 
 
-def test_allow_url_change_records_the_change_and_each_attempt_keeps_its_urls(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys):
+def test_allow_url_change_records_the_change_and_each_attempt_keeps_its_urls(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys
+):
     out = tmp_path / "rollouts.jsonl"
-    args = ["--env-url", counter_env_url, "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "2"]
+    args = [
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--limit",
+        "2",
+    ]
     call_command("collect", "--agent-url", "http://127.0.0.1:9", *args)
     call_command("collect", "--agent-url", counter_agent_url, "--resume", "--allow-url-change", *args)
     run = Run.objects.get()
@@ -102,8 +163,18 @@ def test_allow_url_change_records_the_change_and_each_attempt_keeps_its_urls(tmp
 
 def test_allow_url_change_without_resume_is_refused(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
     with pytest.raises(CommandError, match="only with --resume"):
-        call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
-                     "--output", str(tmp_path / "r.jsonl"), "--allow-url-change")
+        call_command(
+            "collect",
+            "--agent-url",
+            counter_agent_url,
+            "--env-url",
+            counter_env_url,
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(tmp_path / "r.jsonl"),
+            "--allow-url-change",
+        )
 
 
 @pytest.mark.parametrize(
@@ -118,22 +189,52 @@ def test_it_rejects_bad_jsonl_and_creates_no_run(tmp_path, content, message):
     src = tmp_path / "in.jsonl"
     src.write_text(content)
     with pytest.raises(CommandError, match=message):
-        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
-                     "--input", str(src), "--output", str(tmp_path / "o.jsonl"))
+        call_command(
+            "collect",
+            "--agent-url",
+            "http://127.0.0.1:1",
+            "--env-url",
+            "http://127.0.0.1:2",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+        )
     assert Run.objects.count() == 0
 
 
 def test_it_never_echoes_credentials_of_a_bad_agent_url(tmp_path, counter_tasks_path):
     with pytest.raises(CommandError) as exc:
-        call_command("collect", "--agent-url", "http://bob:hunter2@127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
-                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"))
+        call_command(
+            "collect",
+            "--agent-url",
+            "http://bob:hunter2@127.0.0.1:1",
+            "--env-url",
+            "http://127.0.0.1:2",
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+        )
     assert "credentials" in str(exc.value) and "hunter2" not in str(exc.value)
     assert Run.objects.count() == 0
 
 
-def test_it_stores_the_envs_aggregate_metrics_when_the_run_completes(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
-    call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url,
-                 "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--no-progress")
+def test_it_stores_the_envs_aggregate_metrics_when_the_run_completes(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
+    call_command(
+        "collect",
+        "--agent-url",
+        counter_agent_url,
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        "--no-progress",
+    )
     run = Run.objects.get()
     assert run.aggregate_metrics_error == ""
     assert run.aggregate_metrics["agent_metrics"]["mean/reward"] == 1.0

@@ -1,6 +1,7 @@
 """Files written by ``manage.py collect`` (issue 9): an existing output is never overwritten unless
 ``--overwrite`` (NeMo Gym's flag) or ``--resume`` says so; a refused command leaves no empty output
 folder behind; the summary says what is left and whether ``--resume`` would retry it."""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,9 @@ def invalid_agent_url():
 
 
 # -- never overwrite silently -----------------------------------------------------------------------
-def test_an_existing_output_is_refused_without_overwrite_or_resume(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_an_existing_output_is_refused_without_overwrite_or_resume(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     out.write_text("earlier results\n")
     with pytest.raises(CommandError) as caught:
@@ -51,25 +54,48 @@ def test_an_existing_output_is_refused_without_overwrite_or_resume(tmp_path, cou
     assert out.read_text() == "earlier results\n" and Run.objects.count() == 0
 
 
-def test_an_existing_failures_sidecar_alone_is_refused_too(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_an_existing_failures_sidecar_alone_is_refused_too(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     (tmp_path / "rollouts_failures.jsonl").write_text("earlier failures\n")
-    with pytest.raises(CommandError, match="rollouts_failures.jsonl' already exists|already exists: '.*rollouts_failures.jsonl'"):
+    with pytest.raises(
+        CommandError, match="rollouts_failures.jsonl' already exists|already exists: '.*rollouts_failures.jsonl'"
+    ):
         call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, out))
     assert not out.exists()
 
 
-def test_a_health_file_of_another_output_in_the_same_folder_is_refused_too(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
-    call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "a.jsonl", "--limit", "1"))
+def test_a_health_file_of_another_output_in_the_same_folder_is_refused_too(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
+    call_command(
+        "collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "a.jsonl", "--limit", "1")
+    )
     assert (tmp_path / "quality_summary.json").exists()
     with pytest.raises(CommandError, match=r"already exists: '.*quality_summary\.json'"):
-        call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "b.jsonl", "--limit", "1"))
-    call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "b.jsonl", "--limit", "1",
-                                   "--no-health-check"))
+        call_command(
+            "collect",
+            *_args(counter_agent_url, counter_env_url, counter_tasks_path, tmp_path / "b.jsonl", "--limit", "1"),
+        )
+    call_command(
+        "collect",
+        *_args(
+            counter_agent_url,
+            counter_env_url,
+            counter_tasks_path,
+            tmp_path / "b.jsonl",
+            "--limit",
+            "1",
+            "--no-health-check",
+        ),
+    )
     assert len(_read(tmp_path / "b.jsonl")) == 1
 
 
-def test_overwrite_replaces_the_files_with_a_new_run(tmp_path, capsys, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_overwrite_replaces_the_files_with_a_new_run(
+    tmp_path, capsys, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     out.write_text("earlier results\n")
     (tmp_path / "rollouts_failures.jsonl").write_text("earlier failures\n")
@@ -78,7 +104,9 @@ def test_overwrite_replaces_the_files_with_a_new_run(tmp_path, capsys, counter_e
     assert f"deleted the existing output file {out} (--overwrite)" in capsys.readouterr().err
 
 
-def test_resume_on_a_file_no_run_here_wrote_is_refused(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_resume_on_a_file_no_run_here_wrote_is_refused(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     out.write_text("someone else's results\n")
     with pytest.raises(CommandError, match="--resume: no run in this database wrote .*Pass --overwrite instead"):
@@ -88,7 +116,17 @@ def test_resume_on_a_file_no_run_here_wrote_is_refused(tmp_path, counter_env_url
 
 def test_resume_and_overwrite_together_are_refused(tmp_path, counter_tasks_path):
     with pytest.raises(CommandError, match="not allowed with argument"):
-        call_command("collect", *_args("http://127.0.0.1:1", "http://127.0.0.1:2", counter_tasks_path, tmp_path / "o.jsonl", "--resume", "--overwrite"))
+        call_command(
+            "collect",
+            *_args(
+                "http://127.0.0.1:1",
+                "http://127.0.0.1:2",
+                counter_tasks_path,
+                tmp_path / "o.jsonl",
+                "--resume",
+                "--overwrite",
+            ),
+        )
 
 
 # -- no empty folder after a refused command -------------------------------------------------------------
@@ -128,14 +166,18 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_any_rollout_runs
     assert Run.objects.count() == 0
 
 
-def test_the_output_folder_is_made_when_the_files_are_written(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_the_output_folder_is_made_when_the_files_are_written(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "new" / "results" / "rollouts.jsonl"
     call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, out, "--limit", "1"))
     assert len(_read(out)) == 1
 
 
 # -- what is left, said after every run --------------------------------------------------------------------
-def test_after_every_key_succeeded_resume_says_nothing_is_left(tmp_path, capsys, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_after_every_key_succeeded_resume_says_nothing_is_left(
+    tmp_path, capsys, counter_env_url, counter_agent_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, out))
     capsys.readouterr()
@@ -146,11 +188,15 @@ def test_after_every_key_succeeded_resume_says_nothing_is_left(tmp_path, capsys,
     assert "--resume" not in printed.split("every key succeeded")[1]
 
 
-def test_terminal_failures_are_named_as_never_retried(tmp_path, capsys, invalid_agent_url, counter_env_url, counter_tasks_path):
+def test_terminal_failures_are_named_as_never_retried(
+    tmp_path, capsys, invalid_agent_url, counter_env_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     call_command("collect", *_args(invalid_agent_url, counter_env_url, counter_tasks_path, out, "--limit", "2"))
     first = capsys.readouterr().out
-    call_command("collect", *_args(invalid_agent_url, counter_env_url, counter_tasks_path, out, "--limit", "2", "--resume"))
+    call_command(
+        "collect", *_args(invalid_agent_url, counter_env_url, counter_tasks_path, out, "--limit", "2", "--resume")
+    )
     printed = capsys.readouterr().out
     for text in (first, printed):
         assert "left: 2 key(s) failed terminally (an invalid Responses object): never retried, fix the agent" in text
@@ -162,7 +208,9 @@ def test_keys_out_of_attempts_say_how_to_retry_them(tmp_path, capsys, counter_en
     out = tmp_path / "rollouts.jsonl"
     args = _args("http://127.0.0.1:9", counter_env_url, counter_tasks_path, out, "--limit", "2", "--max-attempts", "2")
     call_command("collect", *args)
-    assert "left: 2 key(s) without a success can be retried: run the same command plus --resume" in capsys.readouterr().out
+    assert (
+        "left: 2 key(s) without a success can be retried: run the same command plus --resume" in capsys.readouterr().out
+    )
     call_command("collect", *args, "--resume")
     assert "2 key(s) get a new attempt" in capsys.readouterr().out.split("\n")[0]
     call_command("collect", *args, "--resume")

@@ -6,6 +6,7 @@ files after that, whole. Runs on SQLite (a file shared with the worker) and on P
 suite's second pass). The agent is a real HTTP server on 127.0.0.1 that holds each task's replies
 until the test lets that task through, so the test decides which worker finishes last.
 """
+
 from __future__ import annotations
 
 import io
@@ -58,7 +59,9 @@ def _ours(name: str) -> bool:
     return name.split(":")[1] == str(os.getpid())
 
 
-def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(tmp_path, workers, counter_env_url, settings):
+def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(
+    tmp_path, workers, counter_env_url, settings
+):
     # Leases long enough that a slow heartbeat on a busy machine never makes the worker look gone
     # (the command would then take the whole run: fair shares count live workers).
     settings.GYMWEB_LEASE_S = 30.0
@@ -69,8 +72,18 @@ def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(t
     try:
         workers.start(workers=1, GYMWEB_LEASE_S=30)
         wait_for(lambda: Worker.objects.exists(), 60, what="the worker's heartbeat")
-        collect = _Collect("--agent-url", agent.url, "--env-url", counter_env_url, "--input", str(tasks),
-                           "--output", str(out), "--concurrency", "6")
+        collect = _Collect(
+            "--agent-url",
+            agent.url,
+            "--env-url",
+            counter_env_url,
+            "--input",
+            str(tasks),
+            "--output",
+            str(out),
+            "--concurrency",
+            "6",
+        )
         # Every rollout is claimed, by this command or by the worker, and waits on the agent.
         wait_for(lambda: sum(gate.held().values()) == 6, 60, what="6 rollouts in flight at the agent")
         run = Run.objects.get(source_file=str(out))
@@ -83,7 +96,10 @@ def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(t
         # This command's own rollouts end; the worker's are still in flight.
         gate.let_through(agents.task_text(json.loads(r.task.row_json)) for r in ours)
         wait_for(
-            lambda: Rollout.objects.filter(pk__in=[r.pk for r in ours], status=Rollout.Status.SUCCEEDED).count() == len(ours),
+            lambda: (
+                Rollout.objects.filter(pk__in=[r.pk for r in ours], status=Rollout.Status.SUCCEEDED).count()
+                == len(ours)
+            ),
             60,
             what="the command's own rollouts to succeed",
         )
@@ -91,8 +107,10 @@ def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(t
         # The command's dispatcher has beaten since, holding nothing: it has looked at the run with
         # nothing pending and nothing of its own in flight (where it used to stop and write).
         wait_for(
-            lambda: not collect.thread.is_alive()
-            or any(_ours(w.name) and w.inflight == 0 and w.last_seen > since for w in Worker.objects.all()),
+            lambda: (
+                not collect.thread.is_alive()
+                or any(_ours(w.name) and w.inflight == 0 and w.last_seen > since for w in Worker.objects.all())
+            ),
             60,
             what="the command to be idle",
         )
@@ -115,11 +133,15 @@ def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(t
     assert len(_read(out.parent / "rollouts_materialized_inputs.jsonl")) == 6
     assert "6 succeeded" in summary and "every key succeeded" in summary
     # The worker's successes are in the file: it ran part of the run.
-    workers_of_successes = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).values_list("worker", flat=True)
+    workers_of_successes = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).values_list(
+        "worker", flat=True
+    )
     assert any(not _ours(w) for w in workers_of_successes)
 
 
-def test_collect_runs_again_what_a_killed_worker_held_and_writes_the_whole_run(tmp_path, workers, counter_env_url, settings):
+def test_collect_runs_again_what_a_killed_worker_held_and_writes_the_whole_run(
+    tmp_path, workers, counter_env_url, settings
+):
     settings.GYMWEB_LEASE_S = 8.0  # the command waits this long for the killed worker's lease
     gate = agents.Gate()
     agent = BackgroundServer(agents.make_app(agents.Stats(), gate=gate)).start()
@@ -128,8 +150,18 @@ def test_collect_runs_again_what_a_killed_worker_held_and_writes_the_whole_run(t
     try:
         worker = workers.start(workers=1, GYMWEB_LEASE_S=8)
         wait_for(lambda: Worker.objects.exists(), 60, what="the worker's heartbeat")
-        collect = _Collect("--agent-url", agent.url, "--env-url", counter_env_url, "--input", str(tasks),
-                           "--output", str(out), "--concurrency", "6")
+        collect = _Collect(
+            "--agent-url",
+            agent.url,
+            "--env-url",
+            counter_env_url,
+            "--input",
+            str(tasks),
+            "--output",
+            str(out),
+            "--concurrency",
+            "6",
+        )
         wait_for(lambda: sum(gate.held().values()) == 6, 60, what="6 rollouts in flight at the agent")
         run = Run.objects.get(source_file=str(out))
         theirs = [r for r in Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING) if not _ours(r.worker)]

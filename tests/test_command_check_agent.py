@@ -1,5 +1,6 @@
 """``manage.py check_agent URL [--timeout S] [--json]``: prints the conformance report; exit status 0
 (no errors), 1 (errors), 2 (bad URL)."""
+
 from __future__ import annotations
 
 import io
@@ -73,7 +74,9 @@ def test_json_output_is_the_report_as_one_object():
     (finding,) = data["findings"]
     assert finding["code"] == "redirect" and finding["severity"] == "error"
     assert "http://127.0.0.1:1/elsewhere/v1/responses" in finding["title"]
-    assert finding["how_to_fix"] and finding["sent"].startswith('{"input"') and finding["received"].startswith("HTTP 307")
+    assert (
+        finding["how_to_fix"] and finding["sent"].startswith('{"input"') and finding["received"].startswith("HTTP 307")
+    )
     assert [p["name"] for p in data["probes"]] == ["counter_task", "follow_up", "string_input", "no_tools"]
 
 
@@ -92,9 +95,14 @@ def test_the_timeout_option_bounds_each_probe():
 def test_the_exit_status_reaches_the_shell(counter_agent_url):
     def status(*args: str) -> int:
         # the agents run on 127.0.0.1: a local single-user set-up allows local targets
-        proc = subprocess.run([sys.executable, str(REPO / "manage.py"), "check_agent", *args],
-                              cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "GYMWEB_ALLOW_LOCAL_TARGETS": "1"})
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "manage.py"), "check_agent", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "GYMWEB_ALLOW_LOCAL_TARGETS": "1"},
+        )
         return proc.returncode
 
     assert status(counter_agent_url) == 0

@@ -1,4 +1,5 @@
 """``manage.py export_sft``: a NeMo Gym file or a stored run's filtered successes to the SFT format."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,10 @@ def test_it_converts_a_nemo_gym_file(shared_data, tmp_path):
 
 
 def test_rows_it_cannot_convert_are_named_and_left_out(tmp_path):
-    good = {"responses_create_params": {"input": "hi"}, "response": {"output": [{"type": "message", "role": "assistant", "content": "yo"}]}}
+    good = {
+        "responses_create_params": {"input": "hi"},
+        "response": {"output": [{"type": "message", "role": "assistant", "content": "yo"}]},
+    }
     bad = {"responses_create_params": {"input": "hi"}, "response": {"output": [{"type": "web_search_call"}]}}
     source = tmp_path / "r.jsonl"
     source.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
@@ -53,8 +57,17 @@ def test_it_exports_a_stored_run_s_filtered_successes(tmp_path, user):
         finish(key(run, t), Rollout.Status.SUCCEEDED, 1.0, output=ANSWER)
     actions.set_label(key(run, 1), actions.find_label("good"), True, user)
     actions.correct_reward(key(run, 1), 0.5, "half right", user)
-    out, _ = run_command("--run", str(run.pk), "--filter", "label=good", "--metadata", "--reward-source", "corrected",
-                         "--output", str(tmp_path / "o.jsonl"))
+    out, _ = run_command(
+        "--run",
+        str(run.pk),
+        "--filter",
+        "label=good",
+        "--metadata",
+        "--reward-source",
+        "corrected",
+        "--output",
+        str(tmp_path / "o.jsonl"),
+    )
     rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert [r["metadata"]["task_index"] for r in rows] == [1] and rows[0]["metadata"]["reward"] == 0.5
     with pytest.raises(CommandError, match="status"):
@@ -65,14 +78,24 @@ def test_it_exports_a_stored_run_s_filtered_successes(tmp_path, user):
 
 def test_an_existing_output_is_refused_without_overwrite(tmp_path):
     source = tmp_path / "r.jsonl"
-    source.write_text(json.dumps({"responses_create_params": {"input": "hi"},
-                                  "response": {"output": [{"type": "message", "role": "assistant", "content": "yo"}]}}) + "\n")
+    source.write_text(
+        json.dumps(
+            {
+                "responses_create_params": {"input": "hi"},
+                "response": {"output": [{"type": "message", "role": "assistant", "content": "yo"}]},
+            }
+        )
+        + "\n"
+    )
     (tmp_path / "o.jsonl").write_text("keep me")
     with pytest.raises(CommandError, match="already exists.*--overwrite"):
         run_command("--input", str(source), "--output", str(tmp_path / "o.jsonl"))
     assert (tmp_path / "o.jsonl").read_text() == "keep me"
     out, _ = run_command("--input", str(source), "--output", str(tmp_path / "o.jsonl"), "--overwrite")
-    assert "wrote 1 conversation(s)" in out and json.loads((tmp_path / "o.jsonl").read_text())["messages"][-1]["content"] == "yo"
+    assert (
+        "wrote 1 conversation(s)" in out
+        and json.loads((tmp_path / "o.jsonl").read_text())["messages"][-1]["content"] == "yo"
+    )
 
 
 def test_the_input_file_is_never_the_output_even_with_overwrite(tmp_path):

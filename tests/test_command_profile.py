@@ -3,6 +3,7 @@
 The reference output is NeMo Gym 0.7.0's own files for a known input (tests/data/profile_fixture, a
 copy of ../shared/data/nemo_gym/profile_fixture).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,13 @@ from django.core.management import CommandError, call_command
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
+from rollouts.evaluation.run_profile import (
+    failures_as_zero_rows,
+    merge_failures_as_zero,
+    profile_run,
+    write_run_profile,
+)
 from rollouts.models import Rollout, Run
-from rollouts.evaluation.run_profile import failures_as_zero_rows, merge_failures_as_zero, profile_run, write_run_profile
 from tests.run_factories import finish, key, make_run, new_attempt
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "profile_fixture"
@@ -38,7 +44,9 @@ def same(expected, actual, path="$"):
         for i, (e, a) in enumerate(zip(expected, actual)):
             same(e, a, f"{path}[{i}]")
     elif isinstance(expected, float):
-        assert isinstance(actual, float) and math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-12), f"{path}: {actual!r} != {expected!r}"
+        assert isinstance(actual, float) and math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-12), (
+            f"{path}: {actual!r} != {expected!r}"
+        )
     else:
         assert type(actual) is type(expected) and actual == expected, f"{path}: {actual!r} != {expected!r}"
 
@@ -63,8 +71,13 @@ def fixture_inputs(tmp_path) -> Path:
 
 
 def test_profiling_the_fixture_files_reproduces_nemo_gyms_outputs_beside_the_rollouts(fixture_inputs, capsys):
-    call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
-                 "--rollouts", str(fixture_inputs / "rollouts.jsonl"))
+    call_command(
+        "profile",
+        "--inputs",
+        str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
+        "--rollouts",
+        str(fixture_inputs / "rollouts.jsonl"),
+    )
     for name in NEMO_FILES:
         assert (fixture_inputs / name).read_bytes() == (FIXTURE / name).read_bytes(), name
     extras = load(fixture_inputs / "rollouts_gymweb_pass_at_k.json")
@@ -81,7 +94,12 @@ def test_nemo_gyms_own_files_beside_the_rollouts_are_never_replaced_without_over
     replaced the profile NeMo Gym had written there."""
     theirs = fixture_inputs / "rollouts_agent_metrics.json"
     theirs.write_bytes(b"NeMo Gym's own file")
-    args = ["--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"), "--rollouts", str(fixture_inputs / "rollouts.jsonl")]
+    args = [
+        "--inputs",
+        str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
+        "--rollouts",
+        str(fixture_inputs / "rollouts.jsonl"),
+    ]
     with pytest.raises(CommandError, match=r"rollouts_agent_metrics.json\. Nothing was written; pass --overwrite"):
         call_command("profile", *args)
     assert theirs.read_bytes() == b"NeMo Gym's own file"
@@ -105,8 +123,15 @@ def test_a_runs_profile_is_never_written_over_an_earlier_one_without_overwrite(t
 def test_output_dir_puts_the_files_there_named_after_the_rollouts_file_stem(fixture_inputs, tmp_path):
     (fixture_inputs / "rollouts.jsonl").rename(fixture_inputs / "eval_a.jsonl")
     out = tmp_path / "profiles" / "deep"
-    call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
-                 "--rollouts", str(fixture_inputs / "eval_a.jsonl"), "--output-dir", str(out))
+    call_command(
+        "profile",
+        "--inputs",
+        str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
+        "--rollouts",
+        str(fixture_inputs / "eval_a.jsonl"),
+        "--output-dir",
+        str(out),
+    )
     assert sorted(p.name for p in out.iterdir()) == sorted(n.replace("rollouts", "eval_a") for n in FOUR_FILES)
     same(load(FIXTURE / "rollouts_agent_metrics.json"), load(out / "eval_a_agent_metrics.json"))
     assert not (fixture_inputs / "eval_a_agent_metrics.json").exists()
@@ -116,11 +141,23 @@ def test_a_failures_sidecar_beside_the_rollouts_counts_as_zero_in_pass_at_k_only
     rows = load(fixture_inputs / "rollouts.jsonl")
     kept = [r for r in rows if not (r["_ng_task_index"] == 0 and r["_ng_rollout_index"] == 0)]
     (fixture_inputs / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-    failure = {"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 0.0, "agent_ref": rows[0]["agent_ref"],
-               "_ng_failure_class": "remote_agent_error", "error": "boom"}
+    failure = {
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 0,
+        "reward": 0.0,
+        "agent_ref": rows[0]["agent_ref"],
+        "_ng_failure_class": "remote_agent_error",
+        "error": "boom",
+    }
     (fixture_inputs / "rollouts_failures.jsonl").write_text(json.dumps(failure) + "\n" + json.dumps(failure) + "\n")
-    call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
-                 "--rollouts", str(fixture_inputs / "rollouts.jsonl"), "--allow-partial-rollouts")
+    call_command(
+        "profile",
+        "--inputs",
+        str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
+        "--rollouts",
+        str(fixture_inputs / "rollouts.jsonl"),
+        "--allow-partial-rollouts",
+    )
     extras = load(fixture_inputs / "rollouts_gymweb_pass_at_k.json")
     task0 = extras["per_task"][0]
     assert task0["num_rollouts"] == 4 and task0["num_passed"] == 3  # the failed key counts once, as 0
@@ -133,8 +170,13 @@ def test_a_failures_sidecar_beside_the_rollouts_counts_as_zero_in_pass_at_k_only
 def test_missing_rollouts_are_an_error_that_names_the_flag_unless_partial_is_allowed(fixture_inputs):
     rows = load(fixture_inputs / "rollouts.jsonl")[:-1]
     (fixture_inputs / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
-            "--rollouts", str(fixture_inputs / "rollouts.jsonl")]
+    args = [
+        "profile",
+        "--inputs",
+        str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
+        "--rollouts",
+        str(fixture_inputs / "rollouts.jsonl"),
+    ]
     with pytest.raises(CommandError, match="--allow-partial-rollouts"):
         call_command(*args)
     call_command(*args, "--allow-partial-rollouts")
@@ -147,7 +189,9 @@ def test_a_malformed_line_is_reported_with_its_file_and_line_number(fixture_inpu
     lines[2] = '{"reward": 1.0,'
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(CommandError, match=r"rollouts\.jsonl, line 3: not valid JSON"):
-        call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"), "--rollouts", str(path))
+        call_command(
+            "profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"), "--rollouts", str(path)
+        )
     assert not (fixture_inputs / "rollouts_agent_metrics.json").exists()
 
 
@@ -166,16 +210,30 @@ def test_a_row_without_the_two_indices_is_reported_with_its_file_and_line_number
     lines[4] = json.dumps(row)
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(CommandError, match=r"rollouts\.jsonl, line 5: the row has no _ng_task_index/_ng_rollout_index"):
-        call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"), "--rollouts", str(path))
+        call_command(
+            "profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"), "--rollouts", str(path)
+        )
 
 
 def test_a_missing_file_is_a_clear_error(fixture_inputs):
     with pytest.raises(CommandError, match=r"--rollouts .*nope\.jsonl: no such file"):
-        call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
-                     "--rollouts", str(fixture_inputs / "nope.jsonl"))
+        call_command(
+            "profile",
+            "--inputs",
+            str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
+            "--rollouts",
+            str(fixture_inputs / "nope.jsonl"),
+        )
     with pytest.raises(CommandError, match="--failures .*: no such file"):
-        call_command("profile", "--inputs", str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
-                     "--rollouts", str(fixture_inputs / "rollouts.jsonl"), "--failures", str(fixture_inputs / "f.jsonl"))
+        call_command(
+            "profile",
+            "--inputs",
+            str(fixture_inputs / "rollouts_materialized_inputs.jsonl"),
+            "--rollouts",
+            str(fixture_inputs / "rollouts.jsonl"),
+            "--failures",
+            str(fixture_inputs / "f.jsonl"),
+        )
 
 
 def test_inputs_without_rollouts_and_no_arguments_at_all_are_usage_errors(fixture_inputs):
@@ -208,7 +266,9 @@ def test_profiling_a_run_collected_in_process_writes_four_files_with_reward_one(
     from rollouts.collection.dispatch import run_in_process
 
     with counter_tasks_path.open("rb") as fh:
-        run = runs.create_run(read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3)
+        run = runs.create_run(
+            read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3
+        )
     runs.launch(run)
     run_in_process(run.pk)
     assert Rollout.objects.filter(run=run, status=S.SUCCEEDED).count() == 15
@@ -253,7 +313,12 @@ def test_a_run_with_failures_profiles_its_successes_and_counts_failed_keys_once_
     assert task0["num_rollouts"] == 2 and task0["mean/reward"] == 0.75
     assert task1["num_rollouts"] == 1 and task1["missing_num_rollouts"] == 1 and task1["mean/reward"] == 1.0
     rows = list(failures_as_zero_rows(run))
-    assert [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"]) for r in rows] == [(0, 0, 1.0), (0, 1, 0.5), (1, 0, 1.0), (1, 1, 0.0)]
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"]) for r in rows] == [
+        (0, 0, 1.0),
+        (0, 1, 0.5),
+        (1, 0, 1.0),
+        (1, 1, 0.0),
+    ]
     per_task = {t["_ng_task_index"]: t for t in extras["per_task"]}
     assert per_task[1]["num_rollouts"] == 2 and per_task[1]["num_passed"] == 1
     assert per_task[1]["pass@1"] == 0.5 and per_task[1]["pass@2"] == 1.0

@@ -1,4 +1,5 @@
 """rollouts.evaluation.compare: two runs on the same tasks, built directly in the database (no HTTP)."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,11 @@ def build_run(name: str, tasks: dict, agent: str = "remote_agent") -> Run:
     run = Run.objects.create(name=name, status=Run.Status.COMPLETED, agent_name=agent)
     clock = timezone.now() - timedelta(hours=1)
     for task_index, (text, keys) in tasks.items():
-        row = {"responses_create_params": {"input": [{"role": "user", "content": text}]},
-               "_ng_task_index": task_index, "agent_ref": {"name": agent}}
+        row = {
+            "responses_create_params": {"input": [{"role": "user", "content": text}]},
+            "_ng_task_index": task_index,
+            "agent_ref": {"name": agent},
+        }
         task = Task.objects.create(run=run, task_index=task_index, row_json=json.dumps(row))
         for rollout_index, attempts in enumerate(keys):
             number = 1
@@ -34,8 +38,13 @@ def build_run(name: str, tasks: dict, agent: str = "remote_agent") -> Run:
                 clock += timedelta(seconds=1)
                 status = {"s": S.SUCCEEDED, "f": S.FAILED, "p": S.PENDING, "c": S.CANCELLED}[attempt[0]]
                 Rollout.objects.create(
-                    run=run, task=task, task_index=task_index, rollout_index=rollout_index, attempt=number,
-                    status=status, reward=attempt[1] if status == S.SUCCEEDED else (0.0 if status == S.FAILED else None),
+                    run=run,
+                    task=task,
+                    task_index=task_index,
+                    rollout_index=rollout_index,
+                    attempt=number,
+                    status=status,
+                    reward=attempt[1] if status == S.SUCCEEDED else (0.0 if status == S.FAILED else None),
                     finished=clock if status != S.PENDING else None,
                     failure_kind="agent_http_error" if status == S.FAILED else "",
                 )
@@ -54,22 +63,28 @@ FAIL = [("f",)]
 
 @pytest.fixture
 def runs_ab():
-    a = build_run("a", {
-        0: ("add 1 then get the count", [ok(), ok()]),                 # 1.0
-        1: ("add 2 then get the count", [ok(), FAIL]),                 # 0.5
-        2: ("add 3 then get the count", [ok(), ok()]),                 # 1.0
-        3: ("add 4 then get the count", [FAIL, FAIL]),                 # 0.0
-        4: ("add 5 then get the count", [ok(), ok()]),                 # 1.0
-        5: ("only in a", [ok()]),
-    })
-    b = build_run("b", {
-        0: ("add 1 then get the count", [ok(), ok()]),                 # 1.0  unchanged
-        1: ("add 2 then get the count", [FAIL, FAIL]),                 # 0.0  regression -0.5
-        2: ("add 3 then get the count", [[("f",), ("s", 1.0)], FAIL]),  # 0.5  regression -0.5 (retry succeeded)
-        3: ("add 4 then get the count", [ok(0.25), ok()]),             # 0.625 improvement
-        4: ("a different task", [FAIL, FAIL]),                         # mismatched
-        6: ("only in b", [ok()]),
-    })
+    a = build_run(
+        "a",
+        {
+            0: ("add 1 then get the count", [ok(), ok()]),  # 1.0
+            1: ("add 2 then get the count", [ok(), FAIL]),  # 0.5
+            2: ("add 3 then get the count", [ok(), ok()]),  # 1.0
+            3: ("add 4 then get the count", [FAIL, FAIL]),  # 0.0
+            4: ("add 5 then get the count", [ok(), ok()]),  # 1.0
+            5: ("only in a", [ok()]),
+        },
+    )
+    b = build_run(
+        "b",
+        {
+            0: ("add 1 then get the count", [ok(), ok()]),  # 1.0  unchanged
+            1: ("add 2 then get the count", [FAIL, FAIL]),  # 0.0  regression -0.5
+            2: ("add 3 then get the count", [[("f",), ("s", 1.0)], FAIL]),  # 0.5  regression -0.5 (retry succeeded)
+            3: ("add 4 then get the count", [ok(0.25), ok()]),  # 0.625 improvement
+            4: ("a different task", [FAIL, FAIL]),  # mismatched
+            6: ("only in b", [ok()]),
+        },
+    )
     return a, b
 
 

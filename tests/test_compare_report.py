@@ -1,5 +1,6 @@
 """``manage.py compare``: NeMo Gym's ``gym eval compare`` numbers reproduced on its own reference runs
 (imported, or read as files), up to four candidates, and gymweb's paired interval."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ pytestmark = pytest.mark.django_db
 
 
 def _import(src, name):
-    call_command("import_rollouts", str(src / "rollouts.jsonl"), "--failures", str(src / "rollouts_failures.jsonl"),
-                 "--name", name, "--no-health-check")
+    call_command(
+        "import_rollouts",
+        str(src / "rollouts.jsonl"),
+        "--failures",
+        str(src / "rollouts_failures.jsonl"),
+        "--name",
+        name,
+        "--no-health-check",
+    )
     return Run.objects.get(name=name)
 
 
@@ -47,7 +55,10 @@ def test_imported_reference_runs_reproduce_nemo_gyms_compare_report(shared_data,
     reward = ours["comparisons"][0]["metrics"][0]["candidates"][0]
     assert reward["delta_ci_low"] == pytest.approx(-0.3674129943671307, abs=1e-12)
     md = (tmp_path / "compare_report.md").read_text()
-    assert "| `mean/reward` | -0.2156 (-24.3%) | [-0.3674, -0.0638] | 0.8875 | [0.7924, 0.9826] | 0.6719 | [0.5458, 0.7980] |" in md
+    assert (
+        "| `mean/reward` | -0.2156 (-24.3%) | [-0.3674, -0.0638] | 0.8875 | [0.7924, 0.9826] | 0.6719 | [0.5458, 0.7980] |"
+        in md
+    )
     assert "**4 common tasks · 0 pass→fail · 0 fail→pass · net +0 · 4 unchanged · 0 tied**" in md
 
 
@@ -63,7 +74,10 @@ def test_nemo_gym_files_compare_exactly_too(shared_data, tmp_path):
 
 def test_the_paired_interval_is_seeded_and_says_which_interval_is_tighter(shared_data):
     ref_dir = shared_data / "eval_0.7.0"
-    sides = [compare.resolve_side(str(ref_dir / r / "rollouts.jsonl"), role) for r, role in (("runA", "baseline"), ("runB", "candidate"))]
+    sides = [
+        compare.resolve_side(str(ref_dir / r / "rollouts.jsonl"), role)
+        for r, role in (("runA", "baseline"), ("runB", "candidate"))
+    ]
     first = compare.compare_sides(sides[0], [sides[1]])["gymweb"]["paired_intervals"][0]["candidates"][0]
     again = compare.compare_sides(sides[0], [sides[1]])["gymweb"]["paired_intervals"][0]["candidates"][0]
     assert first == again
@@ -72,8 +86,11 @@ def test_the_paired_interval_is_seeded_and_says_which_interval_is_tighter(shared
 
 
 def _entry(task_rewards: dict[int, list[float]]) -> dict:
-    rows = [{"_ng_task_index": t, "_ng_rollout_index": i, "reward": r, "response": {}}
-            for t, rs in task_rewards.items() for i, r in enumerate(rs)]
+    rows = [
+        {"_ng_task_index": t, "_ng_rollout_index": i, "reward": r, "response": {}}
+        for t, rs in task_rewards.items()
+        for i, r in enumerate(rs)
+    ]
     return compare.aggregate_entry_from_rows(rows, "agent")
 
 
@@ -83,7 +100,11 @@ def test_flips_go_both_ways_with_per_repeat_rewards():
     s = compare.flip_summary(base, cand)
     assert s["mode"] == "binary"
     assert [(f["task_index"], f["direction"]) for f in s["flips"]] == [(0, "pass_to_fail"), (1, "fail_to_pass")]
-    assert s["flips"][0]["baseline_rewards"] == [1.0, 1.0, 1.0] and s["flips"][0]["candidate_rewards"] == [0.0, 0.0, 1.0]
+    assert s["flips"][0]["baseline_rewards"] == [1.0, 1.0, 1.0] and s["flips"][0]["candidate_rewards"] == [
+        0.0,
+        0.0,
+        1.0,
+    ]
     assert (s["pass_to_fail_count"], s["fail_to_pass_count"], s["net"], s["unchanged_count"]) == (1, 1, 0, 2)
 
 
@@ -119,20 +140,30 @@ def test_a_missing_side_is_a_clear_error(tmp_path):
     with pytest.raises(CommandError, match="no run #999"):
         call_command("compare", "--baseline", "999", "--candidates", "998", "--output-dir", str(tmp_path))
     with pytest.raises(CommandError, match="no such file"):
-        call_command("compare", "--baseline", str(tmp_path / "nope.jsonl"), "--candidates", "1", "--output-dir", str(tmp_path))
+        call_command(
+            "compare", "--baseline", str(tmp_path / "nope.jsonl"), "--candidates", "1", "--output-dir", str(tmp_path)
+        )
 
 
-@pytest.mark.parametrize("content, message", [
-    (b'{"reward": 1.0, "agent_ref": {"name": "caf\xe9"}}\n', r"side\.jsonl, line 1: not UTF-8 text"),
-    (b'[\n  {"agent_ref": {"name": "a"}}\n]\n', r"side\.jsonl, line 1: not valid JSON \(Expecting value\); give a rollouts\.jsonl"),
-    (b'{"reward": 1.0}\n[1, 2]\n', r"side\.jsonl, line 2: a rollout row must be a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"reward": 1.0, "agent_ref": {"name": "caf\xe9"}}\n', r"side\.jsonl, line 1: not UTF-8 text"),
+        (
+            b'[\n  {"agent_ref": {"name": "a"}}\n]\n',
+            r"side\.jsonl, line 1: not valid JSON \(Expecting value\); give a rollouts\.jsonl",
+        ),
+        (b'{"reward": 1.0}\n[1, 2]\n', r"side\.jsonl, line 2: a rollout row must be a JSON object, got list"),
+    ],
+)
 def test_a_side_that_is_not_a_rollouts_file_is_a_clear_error_naming_its_line(tmp_path, content, message):
     # Before: a UnicodeDecodeError, a ValueError or an AttributeError traceback, and no report.
     side = tmp_path / "side.jsonl"
     side.write_bytes(content)
     with pytest.raises(CommandError, match=message):
-        call_command("compare", "--baseline", str(side), "--candidates", str(side), "--output-dir", str(tmp_path / "out"))
+        call_command(
+            "compare", "--baseline", str(side), "--candidates", str(side), "--output-dir", str(tmp_path / "out")
+        )
     assert not (tmp_path / "out").exists()
 
 

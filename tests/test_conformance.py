@@ -3,17 +3,17 @@
 Each breach is shown by a dedicated bad agent (tests/bad_agents.py: the example counter agent with
 one twist), and the check must find exactly that breach, with advice on how to fix it.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from rollouts.evaluation.conformance import CHECKS, ERROR, WARNING, Report, check_agent, check_agent_sync, check_reply
 from rollouts.engine.loop import InvalidBaseURL
+from rollouts.evaluation.conformance import CHECKS, ERROR, WARNING, Report, check_agent, check_agent_sync, check_reply
 from tests.bad_agents import REQUESTS, SLOW_DELAY_S, serve
-from tests.servers import AgentService, RawServer, Reply, async_test, call, free_url, message, reply
-from tests.servers import LOCAL
+from tests.servers import LOCAL, AgentService, RawServer, Reply, async_test, call, free_url, message, reply
 
 PROBES = ["counter_task", "follow_up", "string_input", "no_tools"]
 
@@ -151,7 +151,9 @@ async def test_a_relative_redirect_is_shown_resolved_against_the_request_url():
     async with AgentService(Reply(308, text="", headers=[("Location", "/v2/responses")])) as redirector:
         report = await check_agent(redirector.url, policy=LOCAL)
     (finding,) = found(report, "redirect", ERROR)
-    assert finding.title == f"HTTP 308 redirect to {redirector.url}/v2/responses (Location: /v2/responses) (not followed)"
+    assert (
+        finding.title == f"HTTP 308 redirect to {redirector.url}/v2/responses (Location: /v2/responses) (not followed)"
+    )
 
 
 def test_it_reports_a_redirect_as_an_error_whatever_the_target():
@@ -195,8 +197,12 @@ def test_it_reports_missing_top_level_fields_in_parse_replys_words():
 def test_it_reports_each_invalid_output_item_with_its_position():
     report, _ = run_check("bad_item")
     titles = [f.title for f in found(report, "invalid_output_item", ERROR)]
-    assert any(t.startswith("output[0] (function_call)") and "output.0.call_id: Field required" in t
-               and "output.0.arguments" in t for t in titles)
+    assert any(
+        t.startswith("output[0] (function_call)")
+        and "output.0.call_id: Field required" in t
+        and "output.0.arguments" in t
+        for t in titles
+    )
     assert any(t.startswith("output[1] (thought)") and "unknown output item type 'thought'" in t for t in titles)
     assert report.codes(ERROR) == {"invalid_output_item"}
 
@@ -292,7 +298,10 @@ def test_an_incomplete_reply_without_a_message_is_not_a_loop():
 
 
 def test_a_valid_reply_has_no_findings_and_every_code_has_advice():
-    request = {"input": [{"role": "user", "content": "add 1"}], "tools": [{"type": "function", "name": "increment_counter"}]}
+    request = {
+        "input": [{"role": "user", "content": "add 1"}],
+        "tools": [{"type": "function", "name": "increment_counter"}],
+    }
     assert check_reply(request, reply(call("increment_counter", {"count": 1}))) == []
     assert check_reply(request, reply(message())) == []
     assert all(c.how_to_fix and c.rule and c.severity in (ERROR, WARNING) for c in CHECKS.values())

@@ -1,6 +1,7 @@
 """Content-Security-Policy (django-csp, issue 10): every page carries a policy that allows only
 this origin's scripts and styles, and no page needs more (no inline script, style or handler).
 The browser test (test_browser_production) checks that no violation is reported with htmx live."""
+
 from __future__ import annotations
 
 import re
@@ -38,14 +39,22 @@ def pages(signed_in, db):
     finish(key(done, 0), Rollout.Status.SUCCEEDED, 0.5)
     rollout = key(run, 0)
     return [
-        reverse("runs"), reverse("run", args=[run.pk]), reverse("run_live", args=[run.pk]),
-        reverse("run_charts", args=[run.pk]), reverse("rollout", args=[run.pk, rollout.pk]),
-        reverse("run_new"), reverse("import"), reverse("check_agent"),
-        reverse("compare") + f"?a={run.pk}&b={done.pk}", reverse("run_profile", args=[done.pk]),
+        reverse("runs"),
+        reverse("run", args=[run.pk]),
+        reverse("run_live", args=[run.pk]),
+        reverse("run_charts", args=[run.pk]),
+        reverse("rollout", args=[run.pk, rollout.pk]),
+        reverse("run_new"),
+        reverse("import"),
+        reverse("check_agent"),
+        reverse("compare") + f"?a={run.pk}&b={done.pk}",
+        reverse("run_profile", args=[done.pk]),
         reverse("run_evaluation", args=[done.pk]),
         # review (issue 13): review mode on a trajectory, its summary, labels, account, a prefilled new run
-        reverse("rollout", args=[run.pk, rollout.pk]) + "?review=1", reverse("review_start", args=[run.pk]) + "?summary=1",
-        reverse("labels"), reverse("account"),
+        reverse("rollout", args=[run.pk, rollout.pk]) + "?review=1",
+        reverse("review_start", args=[run.pk]) + "?summary=1",
+        reverse("labels"),
+        reverse("account"),
         # an item's whole body, as the "show all" link's page (issue 11)
         reverse("rollout_item", args=[run.pk, rollout.pk, "input-0"]) + "?full=1",
     ]
@@ -59,7 +68,9 @@ def test_every_page_carries_a_strict_policy_and_needs_no_inline_code(signed_in, 
         response = signed_in.get(url)
         assert response.status_code == 200, url
         policy = _policy(response)
-        assert policy["default-src"] == "'self'" and policy["script-src"] == "'self'" and policy["style-src"] == "'self'", url
+        assert (
+            policy["default-src"] == "'self'" and policy["script-src"] == "'self'" and policy["style-src"] == "'self'"
+        ), url
         assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'", url
         assert "unsafe" not in response["Content-Security-Policy"]
         assert _inline_code(response.content.decode()) == [], url
@@ -72,8 +83,11 @@ def test_every_page_carries_a_strict_policy_and_needs_no_inline_code(signed_in, 
 
 def test_pages_for_visitors_and_errors_carry_the_policy_too(db, settings):
     visitor = Client()
-    for response in (visitor.get(reverse("login")), visitor.get("/no-such-page/"),
-                     Client(enforce_csrf_checks=True).post(reverse("login"), {})):
+    for response in (
+        visitor.get(reverse("login")),
+        visitor.get("/no-such-page/"),
+        Client(enforce_csrf_checks=True).post(reverse("login"), {}),
+    ):
         assert "script-src 'self'" in response["Content-Security-Policy"]
         assert _inline_code(response.content.decode()) == []
 

@@ -1,5 +1,6 @@
 """Unit tests of ``rollouts.engine.contract``: the shape of a valid reply (rule 3), asks (rule 4), tool
 names (rule 5), arguments (rule 6) and usage sums (rule 8). No HTTP here; see ``test_loop_*``."""
+
 from __future__ import annotations
 
 import copy
@@ -35,9 +36,14 @@ def quickstart_reply(output: list) -> dict:
     """Exactly the object the seed's quickstart service returns (Claude CLI usage style)."""
     cli_usage: dict = {}
     return {
-        "id": "claude-cli-service", "created_at": 0.0, "model": "claude-haiku", "object": "response",
+        "id": "claude-cli-service",
+        "created_at": 0.0,
+        "model": "claude-haiku",
+        "object": "response",
         "output": output,
-        "parallel_tool_calls": False, "tools": [], "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "tools": [],
+        "tool_choice": "auto",
         "usage": {
             "input_tokens": cli_usage.get("input_tokens", 0),
             "output_tokens": cli_usage.get("output_tokens", 0),
@@ -51,16 +57,31 @@ def quickstart_reply(output: list) -> dict:
 def test_the_seeds_quickstart_tool_call_reply_validates():
     turn = 0
     calls = [{"name": "increment_counter", "arguments": {"count": 1}}, {"name": "get_counter_value"}]
-    output = [{"type": "function_call", "id": f"fc_{turn}_{k}", "call_id": f"c_{turn}_{k}",
-               "name": c["name"], "arguments": json.dumps(c.get("arguments", {}))} for k, c in enumerate(calls)]
+    output = [
+        {
+            "type": "function_call",
+            "id": f"fc_{turn}_{k}",
+            "call_id": f"c_{turn}_{k}",
+            "name": c["name"],
+            "arguments": json.dumps(c.get("arguments", {})),
+        }
+        for k, c in enumerate(calls)
+    ]
     parsed = parse_reply(quickstart_reply(output))
     assert isinstance(parsed, AgentReply)
     assert len(parsed.output) == 2
 
 
 def test_the_seeds_quickstart_final_answer_reply_validates():
-    output = [{"type": "message", "role": "assistant", "status": "completed", "id": "m_2",
-               "content": [{"type": "output_text", "text": "3", "annotations": []}]}]
+    output = [
+        {
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "id": "m_2",
+            "content": [{"type": "output_text", "text": "3", "annotations": []}],
+        }
+    ]
     parse_reply(quickstart_reply(output))
 
 
@@ -213,7 +234,14 @@ def test_an_assistant_message_with_an_unknown_content_part_is_invalid():
     [
         {"type": "mcp_call", "name": "t", "arguments": "{}", "status": "anything"},
         {"type": "web_search_call", "id": "h1", "status": "completed", "action": {"type": "search", "query": "q"}},
-        {"type": "code_interpreter_call", "id": "h1", "status": "completed", "code": "1", "container_id": "c", "outputs": None},
+        {
+            "type": "code_interpreter_call",
+            "id": "h1",
+            "status": "completed",
+            "code": "1",
+            "container_id": "c",
+            "outputs": None,
+        },
         {"type": "image_generation_call", "id": "h1", "status": "completed", "result": None},
     ],
     ids=lambda item: item["type"],
@@ -278,7 +306,8 @@ def test_ordinary_tool_names_may_be_sent(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["a/b", "..", ".", "x?y", "x#y", "%2e", "%2e%2e", "a b", "", " ", "tab\tname", "new\nline", "/verify", "verify/"]
+    "name",
+    ["a/b", "..", ".", "x?y", "x#y", "%2e", "%2e%2e", "a b", "", " ", "tab\tname", "new\nline", "/verify", "verify/"],
 )
 def test_names_that_are_not_one_safe_path_segment_are_refused(name):
     assert tool_name_problem(name)

@@ -1,6 +1,7 @@
 """Dataset from a selection: the tasks of a filtered list become a new dataset, a new run is
 launched from it with another agent URL in two clicks, and the new run records where its tasks
 came from."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ S = Rollout.Status
 
 @pytest.fixture
 def run(db):
-    run = make_run(4, num_repeats=2, agent_name="old_agent", env_url="http://127.0.0.1:9101", concurrency=7, max_attempts=2)
+    run = make_run(
+        4, num_repeats=2, agent_name="old_agent", env_url="http://127.0.0.1:9101", concurrency=7, max_attempts=2
+    )
     for t in range(4):
         finish(key(run, t, 0), S.SUCCEEDED, 1.0 if t % 2 == 0 else 0.0)
         finish(key(run, t, 1), S.SUCCEEDED, 0.0 if t == 2 else 1.0)

@@ -1,5 +1,6 @@
 """Task files a user wrote: a gzip file is named as such, and an object that names a key twice is
 refused with its line (JSON readers disagree on which value wins)."""
+
 from __future__ import annotations
 
 import gzip

@@ -2,6 +2,7 @@
 API and the pages. Runs are collected for real against the example env and agent (or imported from
 NeMo Gym's own files), so the round trip covers items, agent calls and stored responses as the
 worker writes them."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,18 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from rollouts.collection import archive, export, runs
+from rollouts.collection import archive, export
 from rollouts.collection.importer import import_rollouts
 from rollouts.models import (
-    AgentCall, Label, Note, RewardCorrection, Rollout, RolloutLabel, Run, Task, TrajectoryItem,
+    AgentCall,
+    Label,
+    Note,
+    RewardCorrection,
+    Rollout,
+    RolloutLabel,
+    Run,
+    Task,
+    TrajectoryItem,
 )
 from rollouts.review.tokens import create_token
 from tests.run_factories import make_run
@@ -35,8 +44,21 @@ def _archive_dir(settings, tmp_path):
 
 def _collect(tmp_path, agent_url, env_url, tasks, name, *extra):
     out = tmp_path / name / "rollouts.jsonl"
-    call_command("collect", "--agent-url", agent_url, "--env-url", env_url, "--input", str(tasks),
-                 "--output", str(out), "--no-progress", "--name", name, *extra)
+    call_command(
+        "collect",
+        "--agent-url",
+        agent_url,
+        "--env-url",
+        env_url,
+        "--input",
+        str(tasks),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--name",
+        name,
+        *extra,
+    )
     return Run.objects.get(name=name)
 
 
@@ -51,8 +73,11 @@ def collected(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
 def _files(run) -> dict[str, bytes]:
     """The run's three downloads, as the run page serves them (unfiltered)."""
     out = {}
-    lines = {"rollouts": export.iter_successes, "rollouts_failures": export.iter_failures,
-             "rollouts_materialized_inputs": export.iter_materialized}
+    lines = {
+        "rollouts": export.iter_successes,
+        "rollouts_failures": export.iter_failures,
+        "rollouts_materialized_inputs": export.iter_materialized,
+    }
     for kind, fn in lines.items():
         out[kind] = "".join(line + "\n" for line in fn(Run.objects.get(pk=run.pk))).encode()
     return out
@@ -72,11 +97,42 @@ def _snapshot(run):
     rows = {}
     for r in Rollout.objects.filter(run=run).order_by("id"):
         rows[r.pk] = (
-            r.verify_json, r.partial_response_json,
-            [(c.index, c.started, c.latency_ms, c.http_status, c.response_id, c.model, c.usage, c.incomplete_details, c.num_asks, c.error)
-             for c in AgentCall.objects.filter(rollout=r).order_by("index")],
-            [(i.seq, i.step, i.kind, i.role, i.call_id, i.name, i.origin, i.asked, i.paired, i.refused, i.latency_ms,
-              i.tool_status, json.dumps(i.payload), i.search_text) for i in TrajectoryItem.objects.filter(rollout=r).order_by("seq")],
+            r.verify_json,
+            r.partial_response_json,
+            [
+                (
+                    c.index,
+                    c.started,
+                    c.latency_ms,
+                    c.http_status,
+                    c.response_id,
+                    c.model,
+                    c.usage,
+                    c.incomplete_details,
+                    c.num_asks,
+                    c.error,
+                )
+                for c in AgentCall.objects.filter(rollout=r).order_by("index")
+            ],
+            [
+                (
+                    i.seq,
+                    i.step,
+                    i.kind,
+                    i.role,
+                    i.call_id,
+                    i.name,
+                    i.origin,
+                    i.asked,
+                    i.paired,
+                    i.refused,
+                    i.latency_ms,
+                    i.tool_status,
+                    json.dumps(i.payload),
+                    i.search_text,
+                )
+                for i in TrajectoryItem.objects.filter(rollout=r).order_by("seq")
+            ],
         )
     return rows
 
@@ -97,7 +153,10 @@ def test_archive_and_restore_give_back_every_file_byte_for_byte_and_every_item(c
     for run in (good, bad):
         assert Rollout.objects.filter(run=run).count() > 0
     assert TrajectoryItem.objects.filter(rollout__run=good).count() > 0
-    assert AgentCall.objects.filter(rollout__run=bad).count() > 0 or Rollout.objects.filter(run=bad, status="failed").count() > 0
+    assert (
+        AgentCall.objects.filter(rollout__run=bad).count() > 0
+        or Rollout.objects.filter(run=bad, status="failed").count() > 0
+    )
     _review(good)
     before = {run.pk: _files(run) for run in (good, bad)}
     pages_before = {run.pk: _page_files(signed_in, run) for run in (good, bad)}
@@ -152,17 +211,27 @@ def test_round_trip_keeps_what_the_export_cannot_give_back(collected):
     item.payload = {**item.payload, "extra": "not in the response", "nul": "a\x00b", "neg": -0.0}
     item.search_text = ""  # recomputed from the new payload on save
     item.save()
-    Rollout.objects.filter(run=bad, status="failed").update(partial_response_json=json.dumps({"output": [{"type": "message"}]}))
+    Rollout.objects.filter(run=bad, status="failed").update(
+        partial_response_json=json.dumps({"output": [{"type": "message"}]})
+    )
     snap = {run.pk: _snapshot(run) for run in (good, bad)}
     before = {run.pk: _files(run) for run in (good, bad)}
     for run in (good, bad):
         archive.archive_run(run)
         assert not Rollout.objects.filter(run=run).exclude(verify_json="", partial_response_json="").exists()
         if run == good:  # the odd ones were written whole; the others by reference to rollouts.jsonl
-            details = [json.loads(line) for line in archive._read_lines(archive.archive_dir(run) / archive.FILES["details"])]
+            details = [
+                json.loads(line) for line in archive._read_lines(archive.archive_dir(run) / archive.FILES["details"])
+            ]
             assert len(details) == 10
             assert [d["rollout"] for d in details if isinstance(d["verify"], dict)] == [odd.pk]
-            assert len({d["verify"] for d in details if not isinstance(d["verify"], dict)} & {"line", "unstamped", "stripped"}) == 1
+            assert (
+                len(
+                    {d["verify"] for d in details if not isinstance(d["verify"], dict)}
+                    & {"line", "unstamped", "stripped"}
+                )
+                == 1
+            )
             # Items equal to their place in the stored response are kept by reference; the changed
             # one is always kept whole (the response /verify got is NeMo Gym's dump of the items,
             # which may differ from the items as the agent sent them: then those are whole too).
@@ -232,13 +301,20 @@ def test_a_run_being_collected_is_refused_not_cancelled(db):
 def test_delete_removes_the_run_and_everything_under_it_and_nothing_else(collected, _archive_dir):
     good, bad = collected
     _review(good)
-    kept = {m: m.objects.filter(**{f: bad}).count() for m, f in
-            ((Rollout, "run"), (Task, "run"), (TrajectoryItem, "rollout__run"), (AgentCall, "rollout__run"))}
+    kept = {
+        m: m.objects.filter(**{f: bad}).count()
+        for m, f in ((Rollout, "run"), (Task, "run"), (TrajectoryItem, "rollout__run"), (AgentCall, "rollout__run"))
+    }
     assert kept[Rollout] > 0
     out = archive.delete_run(good)
     assert out.rollouts == 10 and out.items > 0 and out.batches > 4
     assert not Run.objects.filter(pk=good.pk).exists()
-    for model, f in ((Rollout, "run_id"), (Task, "run_id"), (TrajectoryItem, "rollout__run_id"), (AgentCall, "rollout__run_id")):
+    for model, f in (
+        (Rollout, "run_id"),
+        (Task, "run_id"),
+        (TrajectoryItem, "rollout__run_id"),
+        (AgentCall, "rollout__run_id"),
+    ):
         assert model.objects.filter(**{f: good.pk}).count() == 0
     assert RolloutLabel.objects.count() == 0 and Note.objects.count() == 0 and RewardCorrection.objects.count() == 0
     assert Label.objects.filter(name="good").exists()  # the instance's labels stay
@@ -266,13 +342,26 @@ def test_delete_run_command(collected, capsys):
     assert list(Run.objects.values_list("pk", flat=True)) == [bad.pk]
 
 
-def test_collect_resume_refuses_an_archived_run(tmp_path, collected, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_collect_resume_refuses_an_archived_run(
+    tmp_path, collected, counter_env_url, counter_agent_url, counter_tasks_path
+):
     good, _ = collected
     archive.archive_run(good)
     out = tmp_path / "good" / "rollouts.jsonl"
     with pytest.raises(CommandError, match=f"run #{good.pk} is archived; restore it first"):
-        call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
-                     "--output", str(out), "--no-progress", "--resume")
+        call_command(
+            "collect",
+            "--agent-url",
+            counter_agent_url,
+            "--env-url",
+            counter_env_url,
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--resume",
+        )
     assert Rollout.objects.filter(run=good).count() == 10
 
 
@@ -328,6 +417,7 @@ def api(client, user):
 
     def call(method, path, **kw):
         return getattr(client, method)(f"/api/v1{path}", HTTP_AUTHORIZATION=f"Bearer {token}", **kw)
+
     return call
 
 
@@ -423,7 +513,9 @@ def test_pages_of_an_archived_run_say_so_and_keep_every_aggregate(collected, sig
     assert signed_in.get(reverse("run_atif", args=[good.pk])).status_code == 409
     filtered = signed_in.get(reverse("run_export", args=[good.pk, "rollouts"]) + "?status=succeeded")
     assert filtered.status_code == 409 and b"Restore it first" in filtered.content
-    response = signed_in.post(reverse("run_restore", args=[good.pk]), {"next": reverse("rollout", args=[good.pk, r.pk])})
+    response = signed_in.post(
+        reverse("run_restore", args=[good.pk]), {"next": reverse("rollout", args=[good.pk, r.pk])}
+    )
     assert response.status_code == 302 and response["Location"] == reverse("rollout", args=[good.pk, r.pk])
     assert TrajectoryItem.objects.filter(rollout=r).count() > 0
     assert "is archived" not in signed_in.get(reverse("rollout", args=[good.pk, r.pk])).content.decode()

@@ -2,6 +2,7 @@
 example env and agent keep fixed ports; the demo user keeps its password and the web server its
 secret key across restarts, so a signed-in browser stays signed in and earlier demo runs can be
 retried; the new-run form is pre-filled with the example URLs; DEBUG stays off."""
+
 from __future__ import annotations
 
 import os
@@ -24,10 +25,17 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 def test_make_demo_passes_the_port_and_the_example_ports():
     if not shutil.which("make"):
         pytest.skip("make is not installed")
-    out = subprocess.run(["make", "-n", "demo", "PORT=8001"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "demo", "PORT=8001"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert "gymweb demo --port 8001 --env-port 9101 --agent-port 9102" in out
-    out = subprocess.run(["make", "-n", "demo", "PORT=8001", "ENV_PORT=9301", "AGENT_PORT=9302"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "demo", "PORT=8001", "ENV_PORT=9301", "AGENT_PORT=9302"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "--port 8001 --env-port 9301 --agent-port 9302" in out
 
 
@@ -36,11 +44,21 @@ class Demo:
     checkout; its output is read by a thread so the pipe never fills."""
 
     def __init__(self, var_dir, *args):
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("DATABASE_URL", "GYMWEB_REDIS_URL", "GYMWEB_SECRET_KEY", "GYMWEB_SQLITE_PATH", "GYMWEB_DEBUG")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "GYMWEB_REDIS_URL", "GYMWEB_SECRET_KEY", "GYMWEB_SQLITE_PATH", "GYMWEB_DEBUG")
+        }
         env.update(GYMWEB_DATA_DIR=str(var_dir), PYTHONUNBUFFERED="1", GYMWEB_Q_WORKERS="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gymweb", "demo", *args], cwd=var_dir, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gymweb", "demo", *args],
+            cwd=var_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -76,7 +94,9 @@ def _sign_in(base: str, password: str) -> httpx.Client:
     client = httpx.Client(base_url=base, trust_env=False, timeout=30)
     page = client.get("/accounts/login/")
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    signed = client.post("/accounts/login/", data={"username": "demo", "password": password, "csrfmiddlewaretoken": token, "next": "/"})
+    signed = client.post(
+        "/accounts/login/", data={"username": "demo", "password": password, "csrfmiddlewaretoken": token, "next": "/"}
+    )
     assert signed.status_code == 302, signed.text[:500]
     return client
 
@@ -99,7 +119,9 @@ def test_the_demo_on_a_chosen_port_keeps_its_ports_password_and_sessions_across_
         # The stylesheet is served (WhiteNoise, runserver without --insecure) and DEBUG is off.
         css = re.search(r'<link rel="stylesheet" href="([^"]+)"', form).group(1)
         assert re.fullmatch(r"/static/gymweb/app\.[0-9a-f]{12}\.css", css) and browser.get(css).status_code == 200
-        assert browser.get("/no-such-page/").status_code == 404 and "Traceback" not in browser.get("/no-such-page/").text
+        assert (
+            browser.get("/no-such-page/").status_code == 404 and "Traceback" not in browser.get("/no-such-page/").text
+        )
     finally:
         first.stop()
     assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0  # owner-only

@@ -1,6 +1,7 @@
 """The dispatcher's garbage-collector settings (issue 14: at 10,000 in flight Python's default
 thresholds spent 45 % of the process's CPU walking the heap) hold while it runs and are put back
 when it stops, nested or not."""
+
 from __future__ import annotations
 
 import gc
@@ -35,6 +36,7 @@ def test_zero_leaves_the_collector_alone():
 
 def test_cycles_made_inside_are_still_collected():
     with collector_tuned(50_000):
+
         class Node:
             pass
 

@@ -1,9 +1,10 @@
 """The dispatcher's raw insert passes some values through without Django's per-value conversion
 (issue 14): what it sends must be exactly what ``get_db_prep_save`` gives, for every field of
 the models it writes, on the backend the suite runs on."""
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
@@ -15,8 +16,25 @@ pytestmark = pytest.mark.django_db
 
 # Values of every type a field may hold in the dispatcher's objects, and some it should not
 # (bool in an integer field, int in a float field, str in an integer field): those must convert.
-VALUES = [None, 0, 7, -3, True, False, 1.5, -0.0, 3.0, 2, "", "text", "a\x00b", "\udc80",
-          datetime(2026, 12, 1, 4, 5, 6, 789000, tzinfo=timezone.utc), {"k": [1, 2.0]}, [1]]
+VALUES = [
+    None,
+    0,
+    7,
+    -3,
+    True,
+    False,
+    1.5,
+    -0.0,
+    3.0,
+    2,
+    "",
+    "text",
+    "a\x00b",
+    "\udc80",
+    datetime(2026, 12, 1, 4, 5, 6, 789000, tzinfo=UTC),
+    {"k": [1, 2.0]},
+    [1],
+]
 
 
 def _expected(field, value):
@@ -43,8 +61,12 @@ def test_passed_through_values_are_what_django_would_send(model):
 
 
 def test_lossless_and_json_fields_always_convert():
-    ours = [f for model in (AgentCall, TrajectoryItem) for f in model._meta.concrete_fields
-            if type(f).__module__.startswith("rollouts")]
+    ours = [
+        f
+        for model in (AgentCall, TrajectoryItem)
+        for f in model._meta.concrete_fields
+        if type(f).__module__.startswith("rollouts")
+    ]
     assert ours
     for field in ours:
         assert dispatch._plain_types(field, connection) == frozenset(), field.name
@@ -55,9 +77,19 @@ def test_it_stores_what_it_was_given_and_ignores_conflicts():
     task = Task.objects.create(run=run, task_index=0, row_json='{"responses_create_params": {"input": "x"}}')
     rollout = Rollout.objects.create(run=run, task=task, task_index=0, rollout_index=0)
     objs = [
-        TrajectoryItem(rollout=rollout, seq=i, step=i - 1, kind="message", role="user", name="n\x00" * i, origin="input",
-                       asked=bool(i % 2), latency_ms=None if i % 2 else 1.25, tool_status=200 if i else None,
-                       payload={"i": i, "t": "\x00x", "f": -0.0})
+        TrajectoryItem(
+            rollout=rollout,
+            seq=i,
+            step=i - 1,
+            kind="message",
+            role="user",
+            name="n\x00" * i,
+            origin="input",
+            asked=bool(i % 2),
+            latency_ms=None if i % 2 else 1.25,
+            tool_status=200 if i else None,
+            payload={"i": i, "t": "\x00x", "f": -0.0},
+        )
         for i in range(4)
     ]
     dispatch._insert_ignoring_conflicts(TrajectoryItem, objs)

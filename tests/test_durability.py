@@ -3,6 +3,7 @@
 Workers are real ``manage.py qcluster`` processes on this test's file-backed database; agent and env
 are real HTTP servers on 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import signal
@@ -11,8 +12,8 @@ from collections import Counter
 from django.db.models import Count
 
 from gymweb.examples._serve import BackgroundServer
-from rollouts.collection import runs
 from rollouts.apps import _ensure_supervisor
+from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run
 
@@ -53,9 +54,7 @@ def _assert_each_key_settled_once(run):
     assert not Rollout.objects.filter(run=run, status__in=Rollout.ACTIVE).exists()
 
 
-def test_in_flight_rollouts_never_exceed_the_runs_concurrency_over_two_workers(
-    tmp_path, workers, counter_env_url
-):
+def test_in_flight_rollouts_never_exceed_the_runs_concurrency_over_two_workers(tmp_path, workers, counter_env_url):
     stats = agents.Stats()
     agent = _agent(stats, latency_s=0.15)
     try:
@@ -81,8 +80,10 @@ def test_a_sigkilled_worker_loses_nothing_and_the_run_completes_on_restart(tmp_p
         run = _run(tmp_path, 60, agent.url, counter_env_url, concurrency=8)
         first = workers.start(workers=1)
         wait_for(
-            lambda: Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count() >= 10
-            and Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists(),
+            lambda: (
+                Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count() >= 10
+                and Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists()
+            ),
             60,
             what="the run to be under way",
         )
@@ -108,10 +109,14 @@ def test_sigterm_releases_in_flight_rollouts_without_spending_attempts(tmp_path,
     try:
         run = _run(tmp_path, 20, agent.url, counter_env_url, concurrency=6)
         first = workers.start(workers=1)
-        wait_for(lambda: Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).count() == 6, 60, what="6 in flight")
+        wait_for(
+            lambda: Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).count() == 6, 60, what="6 in flight"
+        )
         workers.kill(first, signal.SIGTERM)
         # Released at once (not left to a lease expiry): interrupted rows and fresh pending attempts.
-        wait_for(lambda: not Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists(), 15, what="release")
+        wait_for(
+            lambda: not Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists(), 15, what="release"
+        )
         assert Rollout.objects.filter(run=run, status=Rollout.Status.INTERRUPTED).count() >= 1
         workers.start(workers=1)
         wait_for(lambda: _status(run) == Run.Status.COMPLETED, 120, what="the run to complete")
@@ -128,7 +133,9 @@ def test_cancel_ends_in_flight_rollouts_as_cancelled_and_the_run_can_be_resumed(
     try:
         run = _run(tmp_path, 30, agent.url, counter_env_url, concurrency=5)
         workers.start(workers=1)
-        wait_for(lambda: Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).count() == 5, 60, what="5 in flight")
+        wait_for(
+            lambda: Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).count() == 5, 60, what="5 in flight"
+        )
         assert runs.cancel(run)
         wait_for(lambda: not Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists(), 10, what="cancel")
         assert _status(run) == Run.Status.CANCELLED
@@ -143,9 +150,7 @@ def test_cancel_ends_in_flight_rollouts_as_cancelled_and_the_run_can_be_resumed(
     _assert_each_key_settled_once(run)
 
 
-def test_faults_are_accounted_once_per_attempt_and_a_retry_raises_successes(
-    tmp_path, workers, counter_env_url
-):
+def test_faults_are_accounted_once_per_attempt_and_a_retry_raises_successes(tmp_path, workers, counter_env_url):
     stats = agents.Stats()
     # A wide gap between the injected slowness and the timeout: on a loaded machine an ordinary
     # call must never pass the timeout and count as a fault that was not injected.
@@ -155,9 +160,7 @@ def test_faults_are_accounted_once_per_attempt_and_a_retry_raises_successes(
         workers.start(workers=1)
         workers.start(workers=1)
         wait_for(lambda: _status(run) == Run.Status.COMPLETED, 240, what="the faulty run to complete")
-        first = dict(
-            Rollout.objects.filter(run=run).values_list("task__row_json", "failure_kind")
-        )
+        first = dict(Rollout.objects.filter(run=run).values_list("task__row_json", "failure_kind"))
         kinds = Counter(k for k in first.values())
         expected = {name: len(set(texts)) for name, texts in stats.faults.items()}  # a dropped call is tried 3 times
         assert kinds[""] == 500 - sum(expected.values())

@@ -12,12 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymweb.examples._serve import BackgroundServer
 from gymweb.examples import counter_agent, counter_env
+from gymweb.examples._serve import BackgroundServer
 
 REPO = Path(__file__).resolve().parents[1]
-TASKS = [json.loads(line) for line in (REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl").read_text().splitlines()
-         if line.strip()]
+TASKS = [
+    json.loads(line)
+    for line in (REPO / "gymweb" / "examples" / "data" / "counter_tasks.jsonl").read_text().splitlines()
+    if line.strip()
+]
 USAGE_KEYS = {"input_tokens", "output_tokens", "total_tokens", "input_tokens_details", "output_tokens_details"}
 
 
@@ -27,8 +30,10 @@ def drive(env_url: str, agent_url: str, row: dict, max_steps: int = 8) -> tuple[
 
     Each party gets its own client, i.e. its own cookie jar. Returns (the /verify reply, the agent's
     raw HTTP replies)."""
-    with httpx.Client(base_url=env_url, timeout=30, trust_env=False) as env, \
-            httpx.Client(base_url=agent_url, timeout=30, trust_env=False) as agent:
+    with (
+        httpx.Client(base_url=env_url, timeout=30, trust_env=False) as env,
+        httpx.Client(base_url=agent_url, timeout=30, trust_env=False) as agent,
+    ):
         env.post("/seed_session", json=row).raise_for_status()
         params = dict(row["responses_create_params"])
         conversation = list(counter_agent.as_items(params["input"]))
@@ -44,8 +49,9 @@ def drive(env_url: str, agent_url: str, row: dict, max_steps: int = 8) -> tuple[
             conversation += output
             trajectory += output
             for ask in asks:
-                result = env.post(f"/{ask['name']}", content=ask["arguments"],
-                                  headers={"Content-Type": "application/json"})
+                result = env.post(
+                    f"/{ask['name']}", content=ask["arguments"], headers={"Content-Type": "application/json"}
+                )
                 done = {"type": "function_call_output", "call_id": ask["call_id"], "output": result.text}
                 conversation.append(done)
                 trajectory.append(done)
@@ -80,8 +86,13 @@ def assert_full_responses_object(reply: dict) -> None:
     assert isinstance(reply["created_at"], (int, float))
     usage = reply["usage"]
     assert USAGE_KEYS <= set(usage)
-    ints = [usage["input_tokens"], usage["output_tokens"], usage["total_tokens"],
-            usage["input_tokens_details"]["cached_tokens"], usage["output_tokens_details"]["reasoning_tokens"]]
+    ints = [
+        usage["input_tokens"],
+        usage["output_tokens"],
+        usage["total_tokens"],
+        usage["input_tokens_details"]["cached_tokens"],
+        usage["output_tokens_details"]["reasoning_tokens"],
+    ]
     assert all(isinstance(n, int) and n >= 0 for n in ints)
     assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
@@ -95,9 +106,12 @@ def test_it_solves_every_counter_task_end_to_end_against_the_env(env_url, agent_
     assert len(replies) == 3, "increments, then get_counter_value, then the answer"
     kinds = [(item["type"], item.get("name")) for item in result["response"]["output"]]
     assert kinds == [
-        ("function_call", "increment_counter"), ("function_call", "increment_counter"),
-        ("function_call_output", None), ("function_call_output", None),
-        ("function_call", "get_counter_value"), ("function_call_output", None),
+        ("function_call", "increment_counter"),
+        ("function_call", "increment_counter"),
+        ("function_call_output", None),
+        ("function_call_output", None),
+        ("function_call", "get_counter_value"),
+        ("function_call_output", None),
         ("message", None),
     ]
     final = result["response"]["output"][-1]
@@ -146,18 +160,24 @@ def test_it_reads_input_given_as_a_string(agent_url):
 
 
 def test_it_reads_content_given_as_a_list_of_parts(agent_url):
-    message = {"type": "message", "role": "user",
-               "content": [{"type": "input_text", "text": "add 7 then add 1 then get the count"}]}
+    message = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "add 7 then add 1 then get the count"}],
+    }
     output = call(agent_url, {"input": [message], "tools": []}).json()["output"]
     assert [json.loads(item["arguments"]) for item in output] == [{"count": 7}, {"count": 1}]
 
 
-@pytest.mark.parametrize("params", [
-    {"input": "write me a poem"},
-    {"input": []},
-    {"input": [{"type": "message", "role": "user", "content": "add 3 please"}]},
-    {},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"input": "write me a poem"},
+        {"input": []},
+        {"input": [{"type": "message", "role": "user", "content": "add 3 please"}]},
+        {},
+    ],
+)
 def test_it_answers_a_task_it_cannot_parse_with_a_final_message(agent_url, params):
     reply = call(agent_url, params)
     assert reply.status_code == 200
@@ -173,8 +193,9 @@ def test_it_says_so_when_the_count_result_is_unreadable(agent_url):
     for _ in range(2):
         output = call(agent_url, {**params, "input": conversation}).json()["output"]
         conversation += output
-        conversation += [{"type": "function_call_output", "call_id": item["call_id"], "output": "boom"}
-                         for item in output]
+        conversation += [
+            {"type": "function_call_output", "call_id": item["call_id"], "output": "boom"} for item in output
+        ]
     text = call(agent_url, {**params, "input": conversation}).json()["output"][0]["content"][0]["text"]
     assert "could not read the count" in text and "boom" in text
 
@@ -217,7 +238,10 @@ def test_the_latency_option_delays_every_call():
 def test_it_starts_with_one_command_and_prints_its_address():
     proc = subprocess.Popen(
         [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", "0", "--latency-ms", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline().strip()

@@ -46,10 +46,22 @@ def set_cookie_value(response: httpx.Response) -> str:
 
 def verify_body(row: dict, text: str = "The count is 6.") -> dict:
     response = {
-        "id": "resp_1", "created_at": 1.0, "model": "m", "object": "response",
-        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-        "output": [{"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "id": "resp_1",
+        "created_at": 1.0,
+        "model": "m",
+        "object": "response",
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "output": [
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_1",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
     }
     return {**row, "response": response}
 
@@ -96,8 +108,9 @@ def test_it_re_sets_the_session_cookie_on_every_reply_tool_calls_included(env):
     values = [set_cookie_value(env.post("/seed_session", json={"initial_count": 3}))]
     values.append(set_cookie_value(env.post("/increment_counter", json={"count": 3})))
     values.append(set_cookie_value(env.post("/get_counter_value", json={})))
-    values.append(set_cookie_value(env.post("/verify", json=verify_body({"expected_count": 6,
-                                                                        "responses_create_params": {}}))))
+    values.append(
+        set_cookie_value(env.post("/verify", json=verify_body({"expected_count": 6, "responses_create_params": {}})))
+    )
     assert len(set(values)) == len(values), "every reply re-signs the cookie with a new value"
     assert len({value.split(".")[0] for value in values}) == 1, "...for the same session"
 
@@ -135,8 +148,7 @@ def test_a_tool_call_without_a_session_cookie_is_a_400_naming_the_cookie(env):
 
 
 def test_an_unknown_session_cookie_is_a_400(env_url):
-    reply = httpx.post(f"{env_url}/get_counter_value", json={},
-                       headers={"Cookie": f"{COOKIE_NAME}=0123456789abcdef.1"})
+    reply = httpx.post(f"{env_url}/get_counter_value", json={}, headers={"Cookie": f"{COOKIE_NAME}=0123456789abcdef.1"})
     assert reply.status_code == 400
     assert "unknown session" in reply.json()["detail"]
 
@@ -216,8 +228,13 @@ def test_it_answers_liveness_on_the_root(env):
 
 
 def test_aggregate_metrics_has_nemo_gyms_shape(env):
-    usage = {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14,
-             "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    usage = {
+        "input_tokens": 10,
+        "output_tokens": 4,
+        "total_tokens": 14,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
     rows = [
         {"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0, "response": {"usage": usage}},
         {"_ng_task_index": 0, "_ng_rollout_index": 1, "reward": 0.0, "response": {"usage": usage}},
@@ -226,7 +243,13 @@ def test_aggregate_metrics_has_nemo_gyms_shape(env):
     reply = env.post("/aggregate_metrics", json={"verify_responses": rows})
     assert reply.status_code == 200
     result = reply.json()
-    assert list(result) == ["group_level_metrics", "agent_metrics", "key_metrics", "perf_summary", "repeat_level_metrics"]
+    assert list(result) == [
+        "group_level_metrics",
+        "agent_metrics",
+        "key_metrics",
+        "perf_summary",
+        "repeat_level_metrics",
+    ]
     first, second = result["group_level_metrics"]
     assert first["_ng_task_index"] == 0 and second["_ng_task_index"] == 1
     assert first["mean/reward"] == 0.5 and first["max/reward"] == 1.0 and first["min/reward"] == 0.0
@@ -240,14 +263,26 @@ def test_aggregate_metrics_has_nemo_gyms_shape(env):
     assert result["key_metrics"] == {k: v for k, v in agent.items() if k.startswith("mean/")}
     assert agent["num_repeats"] == 2 and result["perf_summary"] is None
     assert [r["_ng_rollout_index"] for r in result["repeat_level_metrics"]] == [0, 1]
-    assert first["rollout_infos"][1] == {"rollout_id": "0:1", "_ng_task_index": 0, "_ng_rollout_index": 1, "reward": 0.0,
-                                         "input_tokens": 10, "output_tokens": 4, "total_tokens": 14}
+    assert first["rollout_infos"][1] == {
+        "rollout_id": "0:1",
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 1,
+        "reward": 0.0,
+        "input_tokens": 10,
+        "output_tokens": 4,
+        "total_tokens": 14,
+    }
 
 
 def test_aggregate_metrics_of_no_rows_is_empty(env):
     reply = env.post("/aggregate_metrics", json={"verify_responses": []})
-    assert reply.json() == {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "perf_summary": None,
-                            "repeat_level_metrics": []}
+    assert reply.json() == {
+        "group_level_metrics": [],
+        "agent_metrics": {},
+        "key_metrics": {},
+        "perf_summary": None,
+        "repeat_level_metrics": [],
+    }
 
 
 def test_aggregate_metrics_can_be_left_out_and_then_answers_404():
@@ -279,7 +314,10 @@ def test_it_serves_thousands_of_concurrent_sessions_without_mixing_them(env_url)
 def test_it_starts_with_one_command_and_prints_its_address():
     proc = subprocess.Popen(
         [sys.executable, "-m", "gymweb.examples.counter_env", "--host", "127.0.0.1", "--port", "0"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline().strip()

@@ -1,5 +1,6 @@
 """``manage.py export_atif``: a run's stored steps as ATIF v1.7 (NeMo Gym's ``gym eval export``),
 validated against the schema in the repo, and against NeMo Gym's own models when installed."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,8 +18,20 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _collect(tmp_path, env, agent, tasks, *extra):
     out = tmp_path / "col" / "rollouts.jsonl"
-    call_command("collect", "--agent-url", agent, "--env-url", env, "--input", str(tasks), "--output", str(out),
-                 "--no-progress", "--no-health-check", *extra)
+    call_command(
+        "collect",
+        "--agent-url",
+        agent,
+        "--env-url",
+        env,
+        "--input",
+        str(tasks),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--no-health-check",
+        *extra,
+    )
     return Run.objects.latest("id")
 
 
@@ -27,7 +40,9 @@ def _read(folder):
     return manifest, {m["trajectory_path"]: json.loads((folder / m["trajectory_path"]).read_text()) for m in manifest}
 
 
-def test_a_collected_run_exports_every_step_as_valid_atif(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_collected_run_exports_every_step_as_valid_atif(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     run = _collect(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path)
     out = tmp_path / "atif"
     call_command("export_atif", str(run.pk), "--output-dir", str(out), "--agent-version", "1.0")
@@ -38,7 +53,11 @@ def test_a_collected_run_exports_every_step_as_valid_atif(tmp_path, counter_env_
         assert hashlib.sha256(data).hexdigest() == m["expected_sha256"]
         assert set(m) == {"trajectory_path", "_ng_task_index", "_ng_rollout_index", "expected_sha256"}
     doc = docs["0-0.json"]
-    assert doc["schema_version"] == "ATIF-v1.7" and doc["agent"] == {**doc["agent"], "name": "remote_agent", "version": "1.0"}
+    assert doc["schema_version"] == "ATIF-v1.7" and doc["agent"] == {
+        **doc["agent"],
+        "name": "remote_agent",
+        "version": "1.0",
+    }
     assert doc["trajectory_id"] == f"gymweb-run-{run.pk}:0:0"
     sources = [s["source"] for s in doc["steps"]]
     assert sources[0] == "user" and set(sources[1:]) == {"agent"}
@@ -48,7 +67,9 @@ def test_a_collected_run_exports_every_step_as_valid_atif(tmp_path, counter_env_
     calls = [c for s in doc["steps"] for c in s.get("tool_calls", [])]
     results = [r for s in doc["steps"] for r in (s.get("observation") or {}).get("results", [])]
     gym_outputs = TrajectoryItem.objects.filter(rollout=rollout, kind="function_call_output")
-    assert len(results) == gym_outputs.count() > 0 and {r["source_call_id"] for r in results} == {c["tool_call_id"] for c in calls}
+    assert len(results) == gym_outputs.count() > 0 and {r["source_call_id"] for r in results} == {
+        c["tool_call_id"] for c in calls
+    }
     assert [r["content"] for r in results] == [i.payload["output"] for i in gym_outputs.order_by("seq")]
     assert doc["steps"][-1]["message"]  # the final answer
     assert doc["final_metrics"]["total_steps"] == len(doc["steps"])
@@ -71,7 +92,9 @@ def test_failed_keys_are_exported_on_request_with_their_error():
     run = make_run(2)
     finish(key(run, 0), Rollout.Status.SUCCEEDED, 1.0)
     bad = finish(key(run, 1), Rollout.Status.FAILED, kind="agent_http_error", error="agent answered HTTP 500")
-    AgentCall.objects.create(rollout=bad, index=0, started=bad.finished, latency_ms=4.0, http_status=500, error="HTTP 500: boom")
+    AgentCall.objects.create(
+        rollout=bad, index=0, started=bad.finished, latency_ms=4.0, http_status=500, error="HTTP 500: boom"
+    )
     only_successes = [r.task_index for r, _ in atif.iter_trajectories(run)]
     assert only_successes == [0]
     docs = dict((r.task_index, d) for r, d in atif.iter_trajectories(run, include_failures=True))
@@ -81,14 +104,33 @@ def test_failed_keys_are_exported_on_request_with_their_error():
 
 
 def test_the_schema_rejects_what_nemo_gyms_models_reject():
-    good = {"schema_version": "ATIF-v1.7", "agent": {"name": "a", "version": "1"},
-            "steps": [{"step_id": 1, "source": "user", "message": "hi"}]}
+    good = {
+        "schema_version": "ATIF-v1.7",
+        "agent": {"name": "a", "version": "1"},
+        "steps": [{"step_id": 1, "source": "user", "message": "hi"}],
+    }
     atif.validate(good)
     for broken, message in [
         ({**good, "surprise": 1}, "Additional properties"),
         ({**good, "steps": [{"step_id": 2, "source": "user", "message": "hi"}]}, "sequential"),
-        ({**good, "steps": [{"step_id": 1, "source": "user", "message": "hi", "model_name": "m"}]}, "only valid for agent"),
-        ({**good, "steps": [{"step_id": 1, "source": "agent", "message": "", "observation": {"results": [{"source_call_id": "x"}]}}]}, "unknown tool call"),
+        (
+            {**good, "steps": [{"step_id": 1, "source": "user", "message": "hi", "model_name": "m"}]},
+            "only valid for agent",
+        ),
+        (
+            {
+                **good,
+                "steps": [
+                    {
+                        "step_id": 1,
+                        "source": "agent",
+                        "message": "",
+                        "observation": {"results": [{"source_call_id": "x"}]},
+                    }
+                ],
+            },
+            "unknown tool call",
+        ),
         ({**good, "steps": []}, "should be non-empty"),
     ]:
         with pytest.raises(atif.AtifError, match=message):

@@ -1,5 +1,6 @@
 """Bad input found by a hostile test: each becomes a clear error or a failure row, never a crash,
 a half-stored run or a dead worker."""
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,16 @@ GOOD = '{"responses_create_params": {"input": "hi"}}'
     [
         ('{"responses_create_params": {"input": "hi"}, "x": NaN}', "NaN is not a JSON value"),
         ('{"responses_create_params": {"input": "hi"}, "x": Infinity}', "Infinity is not a JSON value"),
-        ('{"responses_create_params": {"input": "hi"}, "x": -1e400}', "the number -1e400 is too large for a 64-bit float"),
+        (
+            '{"responses_create_params": {"input": "hi"}, "x": -1e400}',
+            "the number -1e400 is too large for a 64-bit float",
+        ),
         ('{"responses_create_params": {"input": "\\ud800"}}', "unpaired UTF-16 surrogate"),
         ("[" * 50000 + "]" * 50000, "nested too deeply"),
-        ('{"responses_create_params": {"input": "hi"}, "_ng_task_index": 99999999999999999999}', "must be between 0 and"),
+        (
+            '{"responses_create_params": {"input": "hi"}, "_ng_task_index": 99999999999999999999}',
+            "must be between 0 and",
+        ),
         ('{"responses_create_params": {"input": "hi"}, "_ng_task_index": -1}', "must be between 0 and"),
     ],
 )
@@ -59,8 +66,13 @@ async def test_an_agent_reply_with_a_number_past_float_range_is_bad_json_not_inf
 async def test_absurd_token_counts_are_accepted_as_nemo_gym_accepts_them():
     # NeMo Gym 0.7.0's NeMoGymResponse takes any integer counts (tests/data/reply_corpus.jsonl records
     # its verdict); the token columns then stay empty (tests/test_collect_token_counts.py).
-    bad_usage = {"input_tokens": 10**30, "output_tokens": -1, "total_tokens": 5,
-                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    bad_usage = {
+        "input_tokens": 10**30,
+        "output_tokens": -1,
+        "total_tokens": 5,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
     async with EnvService() as env, AgentService(reply(message(), use=bad_usage)) as agent:
         outcome = await drive(agent, env)
     assert outcome.ok and outcome.failure_kind is None
@@ -87,7 +99,10 @@ def _one_running_rollout():
     "line, reason",
     [
         ('{"responses_create_params": {"input": "hi"} "x": 1}', "Expecting ',' delimiter at column 45"),
-        ('{"responses_create_params": {"input": "hi"}, }', "Expecting property name enclosed in double quotes at column 46"),
+        (
+            '{"responses_create_params": {"input": "hi"}, }',
+            "Expecting property name enclosed in double quotes at column 46",
+        ),
         ('{"responses_create_params": {"input": "hi"}} trailing', "Extra data at column 46"),
         ("\t {not json", "Expecting property name enclosed in double quotes at column 4"),
     ],
@@ -107,15 +122,20 @@ def test_strict_loads_still_says_where_in_its_own_message_and_gives_the_parts():
     assert str(caught.value) == "Expecting ',' delimiter: line 1 column 9 (char 8)"
     assert (caught.value.reason, caught.value.line, caught.value.column) == ("Expecting ',' delimiter", 1, 9)
     with pytest.raises(NotJSON) as caught:
-        strict_loads('[NaN]')
+        strict_loads("[NaN]")
     assert str(caught.value) == "NaN is not a JSON value" and caught.value.column is None
 
 
 @pytest.mark.django_db(transaction=True)
 def test_summed_token_counts_past_64_bits_keep_the_success_with_a_warning():
     run, rollout = _one_running_rollout()
-    huge = {"input_tokens": 10**30, "output_tokens": 1, "total_tokens": 1,
-            "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    huge = {
+        "input_tokens": 10**30,
+        "output_tokens": 1,
+        "total_tokens": 1,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
     outcome = RolloutOutcome(ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": []}, usage=huge)
     write_batch(_Batch(finished=[(rollout.pk, outcome)]), "w")
     rollout.refresh_from_db()
@@ -127,11 +147,33 @@ def test_summed_token_counts_past_64_bits_keep_the_success_with_a_warning():
 @pytest.mark.django_db(transaction=True)
 def test_overrides_that_break_the_rows_are_refused_by_the_cli(tmp_path, counter_tasks_path):
     with pytest.raises(CommandError, match="'input' must be a string or a list"):
-        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
-                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--overrides", '{"input": 5}')
+        call_command(
+            "collect",
+            "--agent-url",
+            "http://127.0.0.1:1",
+            "--env-url",
+            "http://127.0.0.1:2",
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            "--overrides",
+            '{"input": 5}',
+        )
     with pytest.raises(CommandError, match="NaN is not a JSON value"):
-        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
-                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--overrides", '{"temperature": NaN}')
+        call_command(
+            "collect",
+            "--agent-url",
+            "http://127.0.0.1:1",
+            "--env-url",
+            "http://127.0.0.1:2",
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            "--overrides",
+            '{"temperature": NaN}',
+        )
     assert Run.objects.count() == 0
 
 
@@ -151,6 +193,17 @@ def test_the_cli_refuses_an_output_it_could_not_write_before_doing_any_work(tmp_
 def test_a_run_over_the_size_cap_is_refused_and_nothing_is_stored(settings, tmp_path, counter_tasks_path):
     settings.GYMWEB_MAX_KEYS_PER_RUN = 12
     with pytest.raises(CommandError, match="would have 15 rollouts"):
-        call_command("collect", "--agent-url", "http://127.0.0.1:1", "--env-url", "http://127.0.0.1:2",
-                     "--input", str(counter_tasks_path), "--output", str(tmp_path / "o.jsonl"), "--num-repeats", "3")
+        call_command(
+            "collect",
+            "--agent-url",
+            "http://127.0.0.1:1",
+            "--env-url",
+            "http://127.0.0.1:2",
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            "--num-repeats",
+            "3",
+        )
     assert Run.objects.count() == 0

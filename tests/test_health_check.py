@@ -1,5 +1,6 @@
 """The health check: NeMo Gym's files reproduced byte for byte, and the checks gymweb evaluates from
 the agent calls it stores (NeMo Gym leaves them ``unobserved`` for remote agents)."""
+
 from __future__ import annotations
 
 import json
@@ -21,16 +22,31 @@ def _calls(rollout, *specs):
     start = timezone.now() - timedelta(seconds=30)
     seq = 0
     for i, (usage, items, error, http, incomplete) in enumerate(specs):
-        AgentCall.objects.create(rollout=rollout, index=i, started=start + timedelta(seconds=i), latency_ms=5.0,
-                                 http_status=http, response_id="" if error else f"resp_{rollout.pk}_{i}",
-                                 usage=usage, incomplete_details=incomplete, error=error)
+        AgentCall.objects.create(
+            rollout=rollout,
+            index=i,
+            started=start + timedelta(seconds=i),
+            latency_ms=5.0,
+            http_status=http,
+            response_id="" if error else f"resp_{rollout.pk}_{i}",
+            usage=usage,
+            incomplete_details=incomplete,
+            error=error,
+        )
         for item in items:
-            TrajectoryItem.objects.create(rollout=rollout, seq=seq, step=i, kind=item["type"], origin="agent", payload=item)
+            TrajectoryItem.objects.create(
+                rollout=rollout, seq=seq, step=i, kind=item["type"], origin="agent", payload=item
+            )
             seq += 1
 
 
-U = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15, "input_tokens_details": {"cached_tokens": 0},
-     "output_tokens_details": {"reasoning_tokens": 0}}
+U = {
+    "input_tokens": 10,
+    "output_tokens": 5,
+    "total_tokens": 15,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
 MSG = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "the count is 3"}]}
 CALL = {"type": "function_call", "name": "add", "arguments": "{}", "call_id": "c1"}
 
@@ -89,14 +105,17 @@ def test_agent_call_evidence_finds_hollow_turns_zero_and_missing_tokens_and_runa
     r = key(run, 0)
     _success_with_usage(r, {"input_tokens": 10, "output_tokens": 0})
     zero = {**U, "output_tokens": 0}
-    _calls(r,
-           (zero, [{"type": "reasoning", "summary": []}], "", 200, None),          # hollow + zero completion
-           (None, [CALL], "", 200, None),                                          # missing token counts
-           (U, [], "", 200, {"reason": "max_output_tokens"}))                      # runaway (no content) + hollow
+    _calls(
+        r,
+        (zero, [{"type": "reasoning", "summary": []}], "", 200, None),  # hollow + zero completion
+        (None, [CALL], "", 200, None),  # missing token counts
+        (U, [], "", 200, {"reason": "max_output_tokens"}),
+    )  # runaway (no content) + hollow
     digest = health.run_health_check(run)[0].digests[0]
     found = sorted((f["check"], step) for f, step in zip(digest.findings, digest.finding_steps))
     assert found == [
-        ("agent_turn_hollow", 0), ("agent_turn_hollow", 2),
+        ("agent_turn_hollow", 0),
+        ("agent_turn_hollow", 2),
         ("model_call_missing_token_counts", 1),
         ("model_call_runaway_generation", 2),
         ("model_call_zero_completion_tokens", 0),
@@ -116,8 +135,12 @@ def test_a_row_whose_usage_differs_from_the_calls_is_a_token_count_mismatch():
     _calls(r, (U, [CALL], "", 200, None), (U, [MSG], "", 200, None))
     digest = health.run_health_check(run)[0].digests[0]
     assert [f["check"] for f in digest.findings] == ["rollout_token_count_mismatch"]
-    assert digest.findings[0]["detail"] == {"transcript_prompt": 999, "transcript_completion": 10,
-                                            "capture_prompt": 20, "capture_completion": 10}
+    assert digest.findings[0]["detail"] == {
+        "transcript_prompt": 999,
+        "transcript_completion": 10,
+        "capture_prompt": 20,
+        "capture_completion": 10,
+    }
 
 
 def test_a_failed_key_that_ended_on_a_failed_agent_call_is_unhealthy_and_so_is_its_task():
@@ -131,10 +154,18 @@ def test_a_failed_key_that_ended_on_a_failed_agent_call_is_unhealthy_and_so_is_i
     checks = {f["check"] for f in digest.findings}
     assert checks == {"rollout_ended_on_failed_model_call", "model_call_failed"}
     ended = next(f for f in digest.findings if f["check"] == "rollout_ended_on_failed_model_call")
-    assert ended["detail"]["status"] == 500 and ended["detail"]["observed_calls"] == 2 and ended["detail"]["successful_calls"] == 1
+    assert (
+        ended["detail"]["status"] == 500
+        and ended["detail"]["observed_calls"] == 2
+        and ended["detail"]["successful_calls"] == 1
+    )
     assert result.summary["tasks"]["0"]["flags"] == ["task_consistently_unhealthy"]
-    assert result.summary["run"]["stats"]["model_call_errors"] == {"total": 2, "by_status": {"500": 2},
-                                                                   "rollouts_affected": 2, "ended_on_error": 2}
+    assert result.summary["run"]["stats"]["model_call_errors"] == {
+        "total": 2,
+        "by_status": {"500": 2},
+        "rollouts_affected": 2,
+        "ended_on_error": 2,
+    }
 
 
 def test_a_task_whose_every_repeat_never_got_a_reply_has_no_successful_agent_calls():
@@ -206,4 +237,8 @@ def test_ignored_checks_are_counted_as_ignored():
     _calls(r, (U, [], "", 200, None))
     result, _ = health.run_health_check(run, ignored=health.normalize_ignored("agent_turn_hollow"))
     assert result.digests[0].verdict == "healthy"
-    assert result.summary["run"]["artifacts"]["coverage"]["agent_turn_hollow"] == {"evaluated": 0, "unobserved": 0, "ignored": 1}
+    assert result.summary["run"]["artifacts"]["coverage"]["agent_turn_hollow"] == {
+        "evaluated": 0,
+        "unobserved": 0,
+        "ignored": 1,
+    }

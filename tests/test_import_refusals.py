@@ -2,6 +2,7 @@
 rollouts and failures files swapped, a failures file in the rollouts slot, a rollouts file in the
 failures slot; and an imported run's header, which must count tasks × repeats from the file's keys.
 Command and web page alike; nothing is stored when a file is refused."""
+
 from __future__ import annotations
 
 import io
@@ -34,7 +35,9 @@ def test_a_task_file_is_recognised_as_a_dataset_and_nothing_is_imported(shared_d
     path = shared_data / "workplace_assistant" / "example.jsonl"
     with path.open("rb") as fh, pytest.raises(LooksLikeDatasetError) as caught:
         import_rollouts(fh, source=path.name)
-    assert str(caught.value).startswith("example.jsonl: this is a dataset, not rollouts: its 5 rows have 'responses_create_params'")
+    assert str(caught.value).startswith(
+        "example.jsonl: this is a dataset, not rollouts: its 5 rows have 'responses_create_params'"
+    )
     assert _nothing_stored()
 
 
@@ -58,7 +61,9 @@ def test_the_import_page_offers_a_new_run_from_a_dataset_file(signed_in, shared_
 
 def test_the_import_command_says_a_dataset_file_is_one_and_how_to_run_it(shared_data):
     path = shared_data / "workplace_assistant" / "example.jsonl"
-    with pytest.raises(CommandError, match=r"this is a dataset, not rollouts.*manage\.py collect --input .*example\.jsonl"):
+    with pytest.raises(
+        CommandError, match=r"this is a dataset, not rollouts.*manage\.py collect --input .*example\.jsonl"
+    ):
         call_command("import_rollouts", str(path))
     assert _nothing_stored()
 
@@ -71,17 +76,22 @@ def test_swapped_files_are_refused_with_what_was_found(shared_data):
             import_rollouts(main, failures=side, source="rollouts_failures.jsonl", failures_source="rollouts.jsonl")
     message = str(caught.value)
     assert caught.value.swapped
-    assert message.startswith("rollouts.jsonl, line 1: this row has no '_ng_failure_class' ('reward' 1.0 and a 'response')")
+    assert message.startswith(
+        "rollouts.jsonl, line 1: this row has no '_ng_failure_class' ('reward' 1.0 and a 'response')"
+    )
     assert "; the other file holds failure rows: the two files are swapped. Nothing was imported: swap them" in message
     assert _nothing_stored()
 
 
 def test_the_import_page_refuses_swapped_files(signed_in, shared_data):
     folder = shared_data / "collect_outputs" / "mixed"
-    response = signed_in.post(reverse("import"), {
-        "rollouts": upload(folder / "rollouts_failures.jsonl"),
-        "failures": upload(folder / "rollouts.jsonl"),
-    })
+    response = signed_in.post(
+        reverse("import"),
+        {
+            "rollouts": upload(folder / "rollouts_failures.jsonl"),
+            "failures": upload(folder / "rollouts.jsonl"),
+        },
+    )
     assert response.status_code == 400
     assert "the two files are swapped" in response.context["form"].non_field_errors()[0]
     assert _nothing_stored()
@@ -90,13 +100,18 @@ def test_the_import_page_refuses_swapped_files(signed_in, shared_data):
 def test_the_import_command_refuses_swapped_files(shared_data):
     folder = shared_data / "collect_outputs" / "mixed"
     with pytest.raises(CommandError, match="the two files are swapped"):
-        call_command("import_rollouts", str(folder / "rollouts_failures.jsonl"), "--failures", str(folder / "rollouts.jsonl"))
+        call_command(
+            "import_rollouts", str(folder / "rollouts_failures.jsonl"), "--failures", str(folder / "rollouts.jsonl")
+        )
     assert _nothing_stored()
 
 
 def test_a_failures_file_in_the_rollouts_slot_is_refused_and_the_failures_slot_takes_it(shared_data):
     path = shared_data / "collect_outputs" / "agent_down" / "rollouts_failures.jsonl"
-    with pytest.raises(CommandError, match=r"line 1: this row is a failure row .*'_ng_failure_class' \"remote_agent_error\".*import it as the failures file"):
+    with pytest.raises(
+        CommandError,
+        match=r"line 1: this row is a failure row .*'_ng_failure_class' \"remote_agent_error\".*import it as the failures file",
+    ):
         call_command("import_rollouts", str(path))
     assert _nothing_stored()
     call_command("import_rollouts", "--failures", str(path))
@@ -113,7 +128,12 @@ def test_a_success_row_in_the_failures_slot_is_refused_on_that_field(signed_in):
 
 def test_a_failure_row_late_in_a_rollouts_file_is_refused_with_its_line():
     good = {"responses_create_params": {"input": "x"}, "response": {"id": "r", "output": []}, "reward": 1.0}
-    bad = {"responses_create_params": {"input": "y"}, "reward": 0.0, "error": "boom", "_ng_failure_class": "remote_agent_error"}
+    bad = {
+        "responses_create_params": {"input": "y"},
+        "reward": 0.0,
+        "error": "boom",
+        "_ng_failure_class": "remote_agent_error",
+    }
     lines = io.BytesIO(("\n".join([json.dumps(good)] * 3 + [json.dumps(bad)]) + "\n").encode())
     with pytest.raises(WrongFileError, match="rollouts.jsonl, line 4: this row is a failure row") as caught:
         import_rollouts(lines)
@@ -122,7 +142,9 @@ def test_a_failure_row_late_in_a_rollouts_file_is_refused_with_its_line():
 
 # -- the imported run's header ------------------------------------------------------------------------
 def _five_by_four(shared_data, tmp_path):
-    rows = [json.loads(line) for line in (shared_data / "eval_0.7.0" / "runA" / "rollouts.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (shared_data / "eval_0.7.0" / "runA" / "rollouts.jsonl").read_text().splitlines()
+    ]
     kept = [r for r in rows if r["_ng_rollout_index"] < 4]
     assert len(kept) == 20
     path = tmp_path / "five_by_four.jsonl"
@@ -141,26 +163,47 @@ def test_an_imported_5_by_4_file_says_5_tasks_times_4(signed_in, shared_data, tm
 
 
 def test_tasks_with_different_numbers_of_rollouts_say_up_to(signed_in):
-    rows = [{"responses_create_params": {"input": "x"}, "response": {"id": "r", "output": []}, "reward": 1.0,
-             "_ng_task_index": t, "_ng_rollout_index": r} for t, n in ((0, 3), (1, 1)) for r in range(n)]
+    rows = [
+        {
+            "responses_create_params": {"input": "x"},
+            "response": {"id": "r", "output": []},
+            "reward": 1.0,
+            "_ng_task_index": t,
+            "_ng_rollout_index": r,
+        }
+        for t, n in ((0, 3), (1, 1))
+        for r in range(n)
+    ]
     run = import_rollouts(io.BytesIO("".join(json.dumps(r) + "\n" for r in rows).encode())).run
     assert (run.num_tasks, run.num_repeats, run.num_keys) == (2, 3, 4)
-    assert '<span id="run-shape">2 tasks × up to 3 (4 rollouts)</span>' in signed_in.get(reverse("run", args=[run.pk])).content.decode()
+    assert (
+        '<span id="run-shape">2 tasks × up to 3 (4 rollouts)</span>'
+        in signed_in.get(reverse("run", args=[run.pk])).content.decode()
+    )
 
 
 def test_imported_runs_are_named_by_file_name_not_path(shared_data):
     folder = shared_data / "collect_outputs" / "mixed"
-    call_command("import_rollouts", str(folder.resolve() / "rollouts.jsonl"), "--failures", str(folder.resolve() / "rollouts_failures.jsonl"))
+    call_command(
+        "import_rollouts",
+        str(folder.resolve() / "rollouts.jsonl"),
+        "--failures",
+        str(folder.resolve() / "rollouts_failures.jsonl"),
+    )
     run = Run.objects.get()
     assert run.name == "rollouts.jsonl + rollouts_failures.jsonl"
     # the materialised inputs beside the file are imported with it (and named in the source, not the name)
-    assert run.source_file == (f"{folder.resolve() / 'rollouts.jsonl'} + {folder.resolve() / 'rollouts_failures.jsonl'}"
-                               f" + {folder.resolve() / 'rollouts_materialized_inputs.jsonl'}")
+    assert run.source_file == (
+        f"{folder.resolve() / 'rollouts.jsonl'} + {folder.resolve() / 'rollouts_failures.jsonl'}"
+        f" + {folder.resolve() / 'rollouts_materialized_inputs.jsonl'}"
+    )
 
 
 def test_an_imported_run_with_rows_never_run_does_not_mention_retry(signed_in):
-    rows = [{"responses_create_params": {"input": "x"}, "response": {"id": "r", "output": []}, "reward": 1.0},
-            {"responses_create_params": {"input": "y"}}]
+    rows = [
+        {"responses_create_params": {"input": "x"}, "response": {"id": "r", "output": []}, "reward": 1.0},
+        {"responses_create_params": {"input": "y"}},
+    ]
     run = import_rollouts(io.BytesIO("".join(json.dumps(r) + "\n" for r in rows).encode())).run
     html = signed_in.get(reverse("run", args=[run.pk])).content.decode()
     assert "1 not run (rows of the file without a result)" in html

@@ -1,4 +1,5 @@
 """Importing NeMo Gym's ``rollouts.jsonl`` (and its failures sidecar) into an ``imported`` run."""
+
 from __future__ import annotations
 
 import io
@@ -8,11 +9,15 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from rollouts.collection import export
-
-from rollouts.collection import importer
+from rollouts.collection import export, importer
 from rollouts.collection.datasets import DatasetError
-from rollouts.collection.importer import IMPORTED_FAILURE_KIND, NOT_RUN_ERROR, LooksLikeDatasetError, import_rollouts, infer_steps
+from rollouts.collection.importer import (
+    IMPORTED_FAILURE_KIND,
+    NOT_RUN_ERROR,
+    LooksLikeDatasetError,
+    import_rollouts,
+    infer_steps,
+)
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +67,9 @@ def test_every_real_nemo_gym_file_imports_with_one_rollout_per_row_and_every_ite
             if row.get("response") and row["response"].get("id") != "remote_agent_failure":
                 expected_items += len(row["response"]["output"])
         assert TrajectoryItem.objects.filter(rollout__run=run).count() == expected_items == summary.items, path
-        assert not TrajectoryItem.objects.filter(rollout__run=run).exclude(origin=TrajectoryItem.Origin.IMPORTED).exists()
+        assert (
+            not TrajectoryItem.objects.filter(rollout__run=run).exclude(origin=TrajectoryItem.Origin.IMPORTED).exists()
+        )
         assert not TrajectoryItem.objects.filter(rollout__run=run, asked=True).exists()
         assert not AgentCall.objects.filter(rollout__run=run).exclude(latency_ms=0).exists()
 
@@ -86,7 +93,9 @@ def test_it_numbers_rows_without_indices_by_line_and_downloads_them_as_they_came
     first = json.loads(Task.objects.get(run=run, task_index=0).row_json)
     assert first["_ng_task_index"] == 0 and "reward" not in first and "response" not in first
     # An imported file downloads byte for byte: no indices or agent_ref are added to its lines.
-    assert [line + "\n" for line in export.iter_successes(run)] == path.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert [line + "\n" for line in export.iter_successes(run)] == path.read_text(encoding="utf-8").splitlines(
+        keepends=True
+    )
     assert run.agent_name == "remote_agent"
 
 
@@ -99,8 +108,14 @@ def test_it_infers_step_boundaries_from_the_merged_output_on_a_known_row(shared_
     items = list(rollout.items.order_by("seq").values_list("kind", "step"))
     # message, call, call, output, output | message, call, output | message, call, call, output ...
     assert items[:8] == [
-        ("message", 0), ("function_call", 0), ("function_call", 0), ("function_call_output", 0), ("function_call_output", 0),
-        ("message", 1), ("function_call", 1), ("function_call_output", 1),
+        ("message", 0),
+        ("function_call", 0),
+        ("function_call", 0),
+        ("function_call_output", 0),
+        ("function_call_output", 0),
+        ("message", 1),
+        ("function_call", 1),
+        ("function_call_output", 1),
     ]
     assert items[8][1] == 2
     steps = {step for _, step in items}
@@ -109,8 +124,16 @@ def test_it_infers_step_boundaries_from_the_merged_output_on_a_known_row(shared_
 
 
 def test_infer_steps_starts_a_new_call_after_each_batch_of_outputs():
-    kinds = ["reasoning", "function_call", "function_call", "function_call_output", "function_call_output",
-             "function_call", "function_call_output", "message"]
+    kinds = [
+        "reasoning",
+        "function_call",
+        "function_call",
+        "function_call_output",
+        "function_call_output",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
     assert infer_steps([{"type": k} for k in kinds]) == [0, 0, 0, 0, 0, 1, 1, 2]
     assert infer_steps([]) == []
     assert infer_steps([{"type": "message"}, {"type": "message"}]) == [0, 0]
@@ -132,7 +155,9 @@ def test_it_marks_answered_calls_paired_and_leaves_calls_without_output_unpaired
 def test_failures_sidecar_rows_become_failed_attempts_with_their_terminal_flag(shared_data):
     folder = shared_data / "collect_outputs" / "mixed"
     with (folder / "rollouts.jsonl").open("rb") as main, (folder / "rollouts_failures.jsonl").open("rb") as side:
-        summary = import_rollouts(main, failures=side, source="rollouts.jsonl", failures_source="rollouts_failures.jsonl")
+        summary = import_rollouts(
+            main, failures=side, source="rollouts.jsonl", failures_source="rollouts_failures.jsonl"
+        )
     run = summary.run
     assert (summary.succeeded, summary.failed, summary.not_run) == (4, 1, 0)
     failed = Rollout.objects.get(run=run, status=Rollout.Status.FAILED)
@@ -159,7 +184,10 @@ def test_a_failures_file_imported_alone_gives_non_terminal_failures(shared_data)
 
 def test_a_materialized_inputs_file_is_recognised_as_a_dataset(shared_data):
     path = shared_data / "collect_outputs" / "mixed" / "rollouts_materialized_inputs.jsonl"
-    with path.open("rb") as fh, pytest.raises(LooksLikeDatasetError, match="this is a dataset, not rollouts: its 5 rows"):
+    with (
+        path.open("rb") as fh,
+        pytest.raises(LooksLikeDatasetError, match="this is a dataset, not rollouts: its 5 rows"),
+    ):
         import_rollouts(fh, source=path.name)
     assert Run.objects.count() == 0 and Rollout.objects.count() == 0
 
@@ -174,10 +202,19 @@ def test_rows_without_a_result_among_results_are_kept_as_never_run_attempts():
 
 def test_a_keys_failed_attempts_from_the_sidecar_come_before_its_success():
     row = _result_row(_ng_task_index=0, _ng_rollout_index=0)
-    failure = {"responses_create_params": COUNTER_PARAMS, "_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 0.0,
-               "error": "boom", "_ng_failure_class": "remote_agent_error", "_gymweb_failure_kind": "agent_http_error"}
+    failure = {
+        "responses_create_params": COUNTER_PARAMS,
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 0,
+        "reward": 0.0,
+        "error": "boom",
+        "_ng_failure_class": "remote_agent_error",
+        "_gymweb_failure_kind": "agent_http_error",
+    }
     summary = import_rollouts(_lines([row]), failures=_lines([failure, failure]))
-    attempts = list(Rollout.objects.filter(run=summary.run).order_by("attempt").values_list("attempt", "status", "failure_kind"))
+    attempts = list(
+        Rollout.objects.filter(run=summary.run).order_by("attempt").values_list("attempt", "status", "failure_kind")
+    )
     assert attempts == [(1, "failed", "agent_http_error"), (2, "failed", "agent_http_error"), (3, "succeeded", "")]
 
 
@@ -189,7 +226,10 @@ def test_usage_is_taken_from_the_response_when_it_is_complete(shared_data):
     rollout = Rollout.objects.get(run=run, task_index=row["_ng_task_index"])
     assert rollout.usage_reported
     assert (rollout.input_tokens, rollout.output_tokens, rollout.total_tokens) == (
-        row["response"]["usage"]["input_tokens"], row["response"]["usage"]["output_tokens"], row["response"]["usage"]["total_tokens"])
+        row["response"]["usage"]["input_tokens"],
+        row["response"]["usage"]["output_tokens"],
+        row["response"]["usage"]["total_tokens"],
+    )
 
 
 def test_partial_usage_is_not_reported_and_says_so():
@@ -215,7 +255,9 @@ def test_it_streams_in_batches_and_keeps_every_row(monkeypatch):
     assert TrajectoryItem.objects.filter(rollout__run=summary.run).count() == 150
     assert AgentCall.objects.filter(rollout__run=summary.run).count() == 100
     assert Task.objects.filter(run=summary.run).count() == 50
-    assert set(Rollout.objects.filter(run=summary.run).values_list("num_agent_calls", "num_items", "num_tool_calls")) == {(2, 3, 1)}
+    assert set(
+        Rollout.objects.filter(run=summary.run).values_list("num_agent_calls", "num_items", "num_tool_calls")
+    ) == {(2, 3, 1)}
 
 
 # -- bad input -------------------------------------------------------------------------------
@@ -231,9 +273,15 @@ GOOD = json.dumps(_result_row())
         ([json.dumps(_result_row(reward="1"))], "line 1: 'reward' must be a number"),
         ([json.dumps({**_result_row(), "response": "text"})], "line 1: 'response' must be a JSON object"),
         ([json.dumps(_result_row(output=[1]))], "line 1: 'response.output[0]' must be a JSON object"),
-        ([json.dumps({k: v for k, v in _result_row().items() if k != "reward"})], "line 1: the row has a 'response' but no 'reward'"),
+        (
+            [json.dumps({k: v for k, v in _result_row().items() if k != "reward"})],
+            "line 1: the row has a 'response' but no 'reward'",
+        ),
         ([json.dumps(_result_row(_ng_task_index="0"))], "line 1: '_ng_task_index' must be an integer"),
-        ([GOOD, GOOD.replace('"reward"', '"_ng_task_index": 0, "reward"')], "line 2: a second result for task 0, rollout 0 (the first is at rollouts.jsonl, line 1)"),
+        (
+            [GOOD, GOOD.replace('"reward"', '"_ng_task_index": 0, "reward"')],
+            "line 2: a second result for task 0, rollout 0 (the first is at rollouts.jsonl, line 1)",
+        ),
         ([], "rollouts.jsonl: the file has no rows"),
         ([GOOD.replace('"reward": 1.0', '"reward": NaN')], "line 1: not valid JSON (NaN is not a JSON value)"),
         ([json.dumps(_result_row(_ng_task_index=2**40))], "line 1: '_ng_task_index' must be between 0 and 2147483647"),
@@ -264,7 +312,14 @@ def test_a_bad_line_in_the_sidecar_names_the_sidecar():
 # -- the management command ----------------------------------------------------------------------
 def test_the_import_command_imports_a_file_and_its_sidecar(shared_data, capsys):
     folder = shared_data / "collect_outputs" / "mixed"
-    call_command("import_rollouts", str(folder / "rollouts.jsonl"), "--failures", str(folder / "rollouts_failures.jsonl"), "--name", "mixed")
+    call_command(
+        "import_rollouts",
+        str(folder / "rollouts.jsonl"),
+        "--failures",
+        str(folder / "rollouts_failures.jsonl"),
+        "--name",
+        "mixed",
+    )
     run = Run.objects.get()
     assert run.name == "mixed" and run.status == Run.Status.IMPORTED
     assert "4 succeeded, 1 failed" in capsys.readouterr().out

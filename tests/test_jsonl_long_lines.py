@@ -1,6 +1,7 @@
 """Reading JSONL (issue 10): lines are read in linear time with memory bounded by one line, and a
 line over GYMWEB_MAX_LINE_BYTES is a clear error naming it, from every path that reads files (the
 new-run upload, the import page, ``collect --input``). Timings are in benchmarks/bench_jsonl_line."""
+
 from __future__ import annotations
 
 import io
@@ -36,7 +37,7 @@ class CountingStream(io.RawIOBase):
         while len(out) < n:
             pos = self.served + len(out)
             if pos < len(self.head):
-                out += self.head[pos:pos + n - len(out)]
+                out += self.head[pos : pos + n - len(out)]
             else:
                 out += b"a" * (n - len(out))
         self.served += n
@@ -48,7 +49,9 @@ def test_a_line_over_the_cap_is_an_error_naming_the_file_and_line():
     with pytest.raises(DatasetError) as info:
         read_jsonl(io.BytesIO(b"".join(lines)), source="tasks.jsonl", max_line_bytes=200)
     assert info.value.line == 2
-    assert str(info.value).startswith("tasks.jsonl, line 2: the line is longer than the limit of 200 bytes per line (GYMWEB_MAX_LINE_BYTES)")
+    assert str(info.value).startswith(
+        "tasks.jsonl, line 2: the line is longer than the limit of 200 bytes per line (GYMWEB_MAX_LINE_BYTES)"
+    )
     # A list of lines (the tests' and benchmarks' form) is held to the same cap.
     with pytest.raises(DatasetError, match="line 2"):
         read_jsonl(lines, source="tasks.jsonl", max_line_bytes=200)
@@ -74,7 +77,7 @@ def test_a_long_line_read_in_many_small_pieces_comes_back_whole():
             return True
 
         def read(self, n=-1):  # at most 7 bytes a call, as a slow socket would
-            out = self.data[self.pos:self.pos + min(7, n if n and n > 0 else 7)]
+            out = self.data[self.pos : self.pos + min(7, n if n and n > 0 else 7)]
             self.pos += len(out)
             return out
 
@@ -98,15 +101,25 @@ def test_text_streams_are_read_the_same_way(tmp_path):
 def test_the_new_run_form_reports_the_long_line(signed_in, settings):
     settings.GYMWEB_MAX_LINE_BYTES = 1000
     data = _row("fine") + b"\n" + _row("x" * 2000) + b"\n"
-    response = signed_in.post(reverse("run_new"), {
-        "dataset_file": SimpleUploadedFile("tasks.jsonl", data),
-        "agent_url": "http://127.0.0.1:9102", "env_url": "http://127.0.0.1:9101",
-        "agent_name": "remote_agent", "concurrency": 4, "num_repeats": 1, "max_attempts": 3,
-        "remote_responses_timeout_s": 10, "run_timeout_s": 20,
-    })
+    response = signed_in.post(
+        reverse("run_new"),
+        {
+            "dataset_file": SimpleUploadedFile("tasks.jsonl", data),
+            "agent_url": "http://127.0.0.1:9102",
+            "env_url": "http://127.0.0.1:9101",
+            "agent_name": "remote_agent",
+            "concurrency": 4,
+            "num_repeats": 1,
+            "max_attempts": 3,
+            "remote_responses_timeout_s": 10,
+            "run_timeout_s": 20,
+        },
+    )
     assert response.status_code == 400
     error = response.context["form"].errors["dataset_file"][0]
-    assert error.startswith("tasks.jsonl, line 2: the line is longer than the limit") and "GYMWEB_MAX_LINE_BYTES" in error
+    assert (
+        error.startswith("tasks.jsonl, line 2: the line is longer than the limit") and "GYMWEB_MAX_LINE_BYTES" in error
+    )
 
 
 def test_the_import_page_reports_the_long_line_and_stores_nothing(signed_in, settings):
@@ -123,5 +136,15 @@ def test_collect_reports_the_long_line(db, settings, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_bytes(_row("x" * 2000) + b"\n")
     with pytest.raises(CommandError, match=r"tasks\.jsonl, line 1: the line is longer than the limit"):
-        call_command("collect", "--agent-url", "http://127.0.0.1:9", "--env-url", "http://127.0.0.1:9",
-                     "--input", str(tasks), "--output", str(tmp_path / "out" / "rollouts.jsonl"), "--no-progress")
+        call_command(
+            "collect",
+            "--agent-url",
+            "http://127.0.0.1:9",
+            "--env-url",
+            "http://127.0.0.1:9",
+            "--input",
+            str(tasks),
+            "--output",
+            str(tmp_path / "out" / "rollouts.jsonl"),
+            "--no-progress",
+        )

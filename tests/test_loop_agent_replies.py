@@ -1,4 +1,5 @@
 """What the loop does with each kind of agent reply, over real HTTP (contract rules 1, 2, 3, 7)."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,10 @@ async def test_it_never_follows_a_redirect(status):
 
 @async_test
 async def test_a_redirect_is_not_retried_and_is_not_terminal():
-    async with EnvService() as env, AgentService(Reply(302, headers=[("Location", "http://elsewhere.invalid/")])) as agent:
+    async with (
+        EnvService() as env,
+        AgentService(Reply(302, headers=[("Location", "http://elsewhere.invalid/")])) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.failure_kind == FailureKind.AGENT_REDIRECT
     assert "http://elsewhere.invalid/" in outcome.error
@@ -163,17 +167,45 @@ async def test_usage_omitted_or_null_is_accepted_with_one_warning_and_no_usage(h
 async def test_the_seeds_quickstart_reply_drives_a_rollout():
     def quickstart(output):
         return {
-            "id": "claude-cli-service", "created_at": 0.0, "model": "claude-haiku", "object": "response",
-            "output": output, "parallel_tool_calls": False, "tools": [], "tool_choice": "auto",
-            "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
+            "id": "claude-cli-service",
+            "created_at": 0.0,
+            "model": "claude-haiku",
+            "object": "response",
+            "output": output,
+            "parallel_tool_calls": False,
+            "tools": [],
+            "tool_choice": "auto",
+            "usage": {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "total_tokens": 0,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
         }
 
-    ask = [{"type": "function_call", "id": "fc_0_0", "call_id": "c_0_0", "name": "increment_counter",
-            "arguments": json.dumps({"count": 1})}]
-    final = [{"type": "message", "role": "assistant", "status": "completed", "id": "m_1",
-              "content": [{"type": "output_text", "text": "1", "annotations": []}]}]
-    async with EnvService({"increment_counter": {"count": 1}}) as env, AgentService(quickstart(ask), quickstart(final)) as agent:
+    ask = [
+        {
+            "type": "function_call",
+            "id": "fc_0_0",
+            "call_id": "c_0_0",
+            "name": "increment_counter",
+            "arguments": json.dumps({"count": 1}),
+        }
+    ]
+    final = [
+        {
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "id": "m_1",
+            "content": [{"type": "output_text", "text": "1", "annotations": []}],
+        }
+    ]
+    async with (
+        EnvService({"increment_counter": {"count": 1}}) as env,
+        AgentService(quickstart(ask), quickstart(final)) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert outcome.reward == 1.0
@@ -228,7 +260,13 @@ async def test_the_agent_never_receives_row_fields_other_than_responses_create_p
     for rec in agent.calls:
         text = rec.body.decode()
         assert set(rec.json) == set(row["responses_create_params"]), "exactly the params, input grown"
-        for forbidden in ("SECRET-ANSWER-KEY", "verifier_metadata", "expected_count", "ENV-ONLY-VALUE", "_ng_task_index"):
+        for forbidden in (
+            "SECRET-ANSWER-KEY",
+            "verifier_metadata",
+            "expected_count",
+            "ENV-ONLY-VALUE",
+            "_ng_task_index",
+        ):
             assert forbidden not in text
         assert rec.json["tools"] == row["responses_create_params"]["tools"]
         assert "authorization" not in rec.headers, "gymweb sends no credential to the agent"
@@ -237,7 +275,10 @@ async def test_the_agent_never_receives_row_fields_other_than_responses_create_p
     seeded = env.at("/seed_session")[0].json
     assert seeded == {**row, "responses_create_params": materialize(row["responses_create_params"])}
     assert list(seeded) == list(row) and len(seeded["responses_create_params"]) == 30
-    assert seeded["responses_create_params"]["background"] is None and seeded["responses_create_params"]["input"] == "add 1"
+    assert (
+        seeded["responses_create_params"]["background"] is None
+        and seeded["responses_create_params"]["input"] == "add 1"
+    )
     assert env.verify_body["verifier_metadata"] == row["verifier_metadata"]
 
 

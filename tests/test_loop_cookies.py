@@ -3,12 +3,14 @@ rollout, env cookies only to the env, agent cookies only to the agent, always th
 
 Agent and env both listen on 127.0.0.1, which is exactly where a shared client jar (not scoped by
 port) would leak one party's cookies to the other."""
+
 from __future__ import annotations
 
 import asyncio
 
 from rollouts.engine.loop import make_client, run_rollout
 from tests.servers import (
+    LOCAL,
     AgentService,
     EnvService,
     Reply,
@@ -20,7 +22,6 @@ from tests.servers import (
     settings,
     task_row,
 )
-from tests.servers import LOCAL
 
 
 def set_cookie(*values: str) -> list[tuple[str, str]]:
@@ -37,7 +38,10 @@ ASK_THEN_FINISH = [
 @async_test
 async def test_env_cookies_from_seed_go_on_every_tool_call_and_verify_and_never_to_the_agent():
     seed = Reply(json={}, headers=set_cookie("env_session=ENVSECRET; Path=/; HttpOnly", "env_other=2"))
-    async with EnvService({"increment_counter": {"count": 1}}, seed=seed) as env, AgentService(*ASK_THEN_FINISH) as agent:
+    async with (
+        EnvService({"increment_counter": {"count": 1}}, seed=seed) as env,
+        AgentService(*ASK_THEN_FINISH) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert env.at("/seed_session")[0].cookie_header is None, "a rollout starts with an empty jar"

@@ -1,6 +1,7 @@
 """Three edge cases where gymweb now does exactly what NeMo Gym's remote_agent does (issue 15;
 DESIGN.md rules 6, 8 and 10), each driven over real HTTP against the example counter env (a
 NeMo Gym-compatible resources server) and a scripted agent on 127.0.0.1."""
+
 from __future__ import annotations
 
 import json
@@ -64,10 +65,22 @@ async def test_a_max_steps_stop_still_runs_the_last_asks(counter_env):
 @pytest.mark.parametrize(
     "arguments, expected",
     [
-        ("not json", '{"error": "Invalid tool call arguments: JSONDecodeError(\'Expecting value: line 1 column 1 (char 0)\')"}'),
-        ("", '{"error": "Invalid tool call arguments: JSONDecodeError(\'Expecting value: line 1 column 1 (char 0)\')"}'),
-        ('{"count": 3', '{"error": "Invalid tool call arguments: JSONDecodeError(\\"Expecting \',\' delimiter: line 1 column 12 (char 11)\\")"}'),
-        ("{count: 3}", '{"error": "Invalid tool call arguments: JSONDecodeError(\'Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\')"}'),
+        (
+            "not json",
+            '{"error": "Invalid tool call arguments: JSONDecodeError(\'Expecting value: line 1 column 1 (char 0)\')"}',
+        ),
+        (
+            "",
+            '{"error": "Invalid tool call arguments: JSONDecodeError(\'Expecting value: line 1 column 1 (char 0)\')"}',
+        ),
+        (
+            '{"count": 3',
+            '{"error": "Invalid tool call arguments: JSONDecodeError(\\"Expecting \',\' delimiter: line 1 column 12 (char 11)\\")"}',
+        ),
+        (
+            "{count: 3}",
+            '{"error": "Invalid tool call arguments: JSONDecodeError(\'Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\')"}',
+        ),
     ],
 )
 @async_test
@@ -119,7 +132,10 @@ async def test_the_first_reply_that_reports_usage_gives_the_extra_keys(counter_e
 async def test_a_null_detail_count_makes_the_sum_unknown_not_zero(counter_env):
     first = usage(10, 5)
     first["input_tokens_details"]["cached_tokens"] = None
-    script = [reply(call("increment_counter", {"count": 3}, call_id="c1"), use=first), reply(message("3"), use=usage(10, 5, cached=3))]
+    script = [
+        reply(call("increment_counter", {"count": 3}, call_id="c1"), use=first),
+        reply(message("3"), use=usage(10, 5, cached=3)),
+    ]
     async with AgentService(*script) as agent:
         outcome = await drive(agent, counter_env, row=add_3_row(expected_count=3))
     assert outcome.ok, outcome.error

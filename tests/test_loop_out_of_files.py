@@ -1,6 +1,7 @@
 """A rollout that fails because gymweb's own process ran out of file descriptors says so, instead
 of asking whether the agent service is running (issue 14: at 10,000 in flight the open-file limit
 is the first wall a user meets)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +14,6 @@ import httpx
 
 from rollouts import targets
 from rollouts.engine import loop
-
 
 _KEY = SimpleNamespace(host="127.0.0.1", port=9, ssl=True, is_ssl=False)  # what the error's text reads
 
@@ -53,7 +53,9 @@ def _rollout_short_of_descriptors(monkeypatch, agent_url, env_url, tasks_path, f
         return await real(self, url, body, headers)
 
     monkeypatch.setattr(loop.LoopClient, "post_bytes", post_bytes)
-    settings = loop.LoopSettings(agent_base_url=agent_url, env_base_url=env_url, connect_attempts=2, retry_pause_s=0.001)
+    settings = loop.LoopSettings(
+        agent_base_url=agent_url, env_base_url=env_url, connect_attempts=2, retry_pause_s=0.001
+    )
     row = json.loads(tasks_path.read_text().splitlines()[0])
 
     async def go():
@@ -66,18 +68,26 @@ def _rollout_short_of_descriptors(monkeypatch, agent_url, env_url, tasks_path, f
     return asyncio.run(go()), tries["n"]
 
 
-def test_a_rollout_waits_for_a_descriptor_to_free_up(monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path):
+def test_a_rollout_waits_for_a_descriptor_to_free_up(
+    monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path
+):
     """A moment without descriptors (thousands in flight) costs no attempt and no failure: more
     failed tries than the two attempts allowed, and the rollout still succeeds."""
-    outcome, tries = _rollout_short_of_descriptors(monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path, 5)
+    outcome, tries = _rollout_short_of_descriptors(
+        monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path, 5
+    )
     assert outcome.ok, outcome.error
     assert tries > 5
 
 
-def test_a_rollout_out_of_files_blames_gymweb_not_the_agent(monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path):
+def test_a_rollout_out_of_files_blames_gymweb_not_the_agent(
+    monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path
+):
     """When none frees up, the failure names the open-file limit, not the agent, after the waits
     and the attempts."""
-    outcome, tries = _rollout_short_of_descriptors(monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path, None)
+    outcome, tries = _rollout_short_of_descriptors(
+        monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path, None
+    )
     assert not outcome.ok
     assert tries == loop.OUT_OF_FILES_WAITS + 2
     assert "ran out of open files" in outcome.error and "ulimit -n" in outcome.error, outcome.error

@@ -1,5 +1,6 @@
 """What the loop keeps of an agent reply it refuses, where a redirect pointed, and when it says the
 agent reported no usage; over real HTTP on 127.0.0.1."""
+
 from __future__ import annotations
 
 import json

@@ -1,10 +1,11 @@
 """When the loop stops calling the agent (contract rule 10), over real HTTP."""
+
 from __future__ import annotations
 
 import pytest
 
-from tests.servers import LOCAL
 from tests.servers import (
+    LOCAL,
     AgentService,
     EnvService,
     async_test,
@@ -37,7 +38,10 @@ async def test_it_stops_on_an_assistant_message_without_asks():
 
 @async_test
 async def test_a_message_beside_asks_does_not_stop_the_loop():
-    script = [reply(message("let me count"), call("increment_counter", {"count": 1}, call_id="c1")), reply(message("1"))]
+    script = [
+        reply(message("let me count"), call("increment_counter", {"count": 1}, call_id="c1")),
+        reply(message("1")),
+    ]
     async with EnvService(TOOLS) as env, AgentService(*script) as agent:
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
@@ -67,7 +71,10 @@ async def test_it_stops_on_incomplete_details():
 
 @async_test
 async def test_null_incomplete_details_does_not_stop_the_loop():
-    async with EnvService(TOOLS) as env, AgentService(reply(reasoning(), incomplete_details=None), reply(message())) as agent:
+    async with (
+        EnvService(TOOLS) as env,
+        AgentService(reply(reasoning(), incomplete_details=None), reply(message())) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert len(agent.calls) == 2
@@ -102,8 +109,13 @@ async def test_max_steps_is_the_exact_number_of_agent_calls_and_the_last_asks_st
     assert len(env.tool_requests) == max_steps, "the last reply's asks are executed too"
     output = env.verify_body["response"]["output"]
     # materialised as NeMo Gym's remote_agent sends it to /verify
-    assert output[-1] == {"call_id": f"c{max_steps - 1}", "output": '{"count": 1}', "type": "function_call_output",
-                          "id": None, "status": None}
+    assert output[-1] == {
+        "call_id": f"c{max_steps - 1}",
+        "output": '{"count": 1}',
+        "type": "function_call_output",
+        "id": None,
+        "status": None,
+    }
     assert env.verify_body["response"]["id"] == f"resp_{max_steps - 1}"
 
 

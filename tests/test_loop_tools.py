@@ -1,5 +1,6 @@
 """How the loop executes the agent's asks against the env (contract rules 4, 5, 6 and the tool part
 of 15), over real HTTP."""
+
 from __future__ import annotations
 
 import json
@@ -45,11 +46,22 @@ async def test_an_ask_is_posted_to_the_env_route_of_its_name_with_the_decoded_ar
 
 @async_test
 async def test_several_asks_in_one_reply_run_in_order():
-    asks = [call("a_tool", {"n": 1}, call_id="c1"), call("b_tool", {"n": 2}, call_id="c2"), call("a_tool", {"n": 3}, call_id="c3")]
-    async with EnvService({"a_tool": {"ok": "a"}, "b_tool": {"ok": "b"}}) as env, AgentService(reply(*asks), reply(message())) as agent:
+    asks = [
+        call("a_tool", {"n": 1}, call_id="c1"),
+        call("b_tool", {"n": 2}, call_id="c2"),
+        call("a_tool", {"n": 3}, call_id="c3"),
+    ]
+    async with (
+        EnvService({"a_tool": {"ok": "a"}, "b_tool": {"ok": "b"}}) as env,
+        AgentService(reply(*asks), reply(message())) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
-    assert [(r.path, r.json) for r in env.tool_requests] == [("/a_tool", {"n": 1}), ("/b_tool", {"n": 2}), ("/a_tool", {"n": 3})]
+    assert [(r.path, r.json) for r in env.tool_requests] == [
+        ("/a_tool", {"n": 1}),
+        ("/b_tool", {"n": 2}),
+        ("/a_tool", {"n": 3}),
+    ]
     assert list(outputs_in(agent.calls[1].json["input"])) == ["c1", "c2", "c3"]
 
 
@@ -59,8 +71,10 @@ async def test_paired_calls_pass_through_untouched_and_are_not_sent_to_the_env()
     own_call = call("increment_counter", {"count": 5}, call_id="own_1", id="fc_own", status="completed", vendor="x")
     own_output = {**call_output("own_1", "agent ran this itself"), "extra": [1]}
     ask = call("get_counter_value", {}, call_id="ask_1")
-    async with EnvService({"get_counter_value": {"count": 0}, "increment_counter": {"count": 99}}) as env, \
-            AgentService(reply(own_call, own_output, ask), reply(message())) as agent:
+    async with (
+        EnvService({"get_counter_value": {"count": 0}, "increment_counter": {"count": 99}}) as env,
+        AgentService(reply(own_call, own_output, ask), reply(message())) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert [r.path for r in env.tool_requests] == ["/get_counter_value"], "only the unpaired call is executed"
@@ -68,7 +82,10 @@ async def test_paired_calls_pass_through_untouched_and_are_not_sent_to_the_env()
     assert output[0] == own_call and output[1] == own_output, "the agent's own records are kept verbatim"
     assert output[2] == ask
     assert output[3] == {"type": "function_call_output", "call_id": "ask_1", "output": json.dumps({"count": 0})}
-    assert outputs_in(agent.calls[1].json["input"]) == {"own_1": "agent ran this itself", "ask_1": json.dumps({"count": 0})}
+    assert outputs_in(agent.calls[1].json["input"]) == {
+        "own_1": "agent ran this itself",
+        "ask_1": json.dumps({"count": 0}),
+    }
 
 
 @async_test
@@ -102,7 +119,10 @@ async def test_an_agent_output_from_an_earlier_turn_does_not_pair_a_later_call()
 async def test_a_repeated_call_id_among_asks_runs_once_and_the_last_wins():
     first = call("increment_counter", {"count": 1}, call_id="dup")
     last = call("increment_counter", {"count": 2}, call_id="dup")
-    async with EnvService({"increment_counter": lambda rec: rec.json}) as env, AgentService(reply(first, last), reply(message())) as agent:
+    async with (
+        EnvService({"increment_counter": lambda rec: rec.json}) as env,
+        AgentService(reply(first, last), reply(message())) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert [r.json for r in env.at("/increment_counter")] == [{"count": 2}]
@@ -125,8 +145,23 @@ async def test_an_undeclared_tool_is_still_sent_and_the_envs_404_text_becomes_it
     assert gym[0].tool_status == 404 and not gym[0].refused
 
 
-UNSAFE_NAMES = ["a/b", "..", ".", "x?y", "x#y", "%2e", "%2e%2e", "a b", "", "../verify", "seed_session/x",
-                "seed_session", "verify", "aggregate_metrics", "close_session"]
+UNSAFE_NAMES = [
+    "a/b",
+    "..",
+    ".",
+    "x?y",
+    "x#y",
+    "%2e",
+    "%2e%2e",
+    "a b",
+    "",
+    "../verify",
+    "seed_session/x",
+    "seed_session",
+    "verify",
+    "aggregate_metrics",
+    "close_session",
+]
 
 
 @pytest.mark.parametrize("name", UNSAFE_NAMES)
@@ -134,7 +169,10 @@ UNSAFE_NAMES = ["a/b", "..", ".", "x?y", "x#y", "%2e", "%2e%2e", "a b", "", "../
 async def test_an_unsafe_or_reserved_tool_name_is_never_sent_and_gets_an_error_output(name):
     script = [reply(call(name, {"x": 1}, call_id="bad")), reply(message())]
     obs = RecordingObserver()
-    async with EnvService({"b": {"hit": True}, "y": {"hit": True}, "x": {"hit": True}}) as env, AgentService(*script) as agent:
+    async with (
+        EnvService({"b": {"hit": True}, "y": {"hit": True}, "x": {"hit": True}}) as env,
+        AgentService(*script) as agent,
+    ):
         outcome = await drive(agent, env, observer=obs)
     assert outcome.ok, outcome.error
     assert env.tool_requests == [], f"env must not see {name!r}"
@@ -148,7 +186,7 @@ async def test_an_unsafe_or_reserved_tool_name_is_never_sent_and_gets_an_error_o
 
 
 # -- rule 6: arguments that are not JSON ------------------------------------------------------------
-@pytest.mark.parametrize("arguments", ["{count: 1}", "", "{\"count\": 1", "not json"])
+@pytest.mark.parametrize("arguments", ["{count: 1}", "", '{"count": 1', "not json"])
 @async_test
 async def test_arguments_that_are_not_json_are_not_sent_and_the_output_names_the_parse_error(arguments):
     script = [reply(call("increment_counter", arguments, call_id="c1")), reply(message())]
@@ -167,7 +205,10 @@ async def test_arguments_that_are_not_json_are_not_sent_and_the_output_names_the
 @async_test
 async def test_a_bad_call_does_not_stop_the_good_ones_in_the_same_reply():
     asks = [call("increment_counter", "{oops", call_id="c1"), call("increment_counter", {"count": 2}, call_id="c2")]
-    async with EnvService({"increment_counter": {"count": 2}}) as env, AgentService(reply(*asks), reply(message())) as agent:
+    async with (
+        EnvService({"increment_counter": {"count": 2}}) as env,
+        AgentService(reply(*asks), reply(message())) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert [r.json for r in env.tool_requests] == [{"count": 2}]
@@ -181,7 +222,10 @@ async def test_a_bad_call_does_not_stop_the_good_ones_in_the_same_reply():
 @async_test
 async def test_a_tools_non_2xx_reply_is_that_calls_output_and_the_rollout_goes_on(status):
     script = [reply(call("increment_counter", {"count": 1}, call_id="c1")), reply(message())]
-    async with EnvService({"increment_counter": Reply(status, text=f"boom {status}")}) as env, AgentService(*script) as agent:
+    async with (
+        EnvService({"increment_counter": Reply(status, text=f"boom {status}")}) as env,
+        AgentService(*script) as agent,
+    ):
         outcome = await drive(agent, env)
     assert outcome.ok, outcome.error
     assert outputs_in(agent.calls[1].json["input"]) == {"c1": f"boom {status}"}
@@ -195,7 +239,10 @@ async def test_an_env_that_drops_tool_connections_is_a_tool_transport_failure_af
 
     obs = RecordingObserver()
     ask = call("increment_counter", {"count": 1}, call_id="c1")
-    async with RawServer("drop", fail_first=0, respond=respond) as env, AgentService(reply(ask), reply(message())) as agent:
+    async with (
+        RawServer("drop", fail_first=0, respond=respond) as env,
+        AgentService(reply(ask), reply(message())) as agent,
+    ):
         outcome = await drive(agent, env, observer=obs)
     assert outcome.failure_kind == FailureKind.TOOL_TRANSPORT_FAILED
     assert env.paths == ["/seed_session"] + ["/increment_counter"] * 3

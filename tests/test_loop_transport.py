@@ -1,4 +1,5 @@
 """Transport and bounds (contract rules 11, 12, 13, 14), over real sockets on 127.0.0.1."""
+
 from __future__ import annotations
 
 import re
@@ -9,6 +10,7 @@ import pytest
 
 from rollouts.engine.loop import FailureKind, InvalidBaseURL, validate_base_url
 from tests.servers import (
+    LOCAL,
     AgentService,
     EnvService,
     RawServer,
@@ -22,7 +24,6 @@ from tests.servers import (
     reasoning,
     reply,
 )
-from tests.servers import LOCAL
 
 GOOD = reply(message("ok"))
 
@@ -103,9 +104,14 @@ async def test_a_service_that_does_not_speak_http_fails_at_once_as_the_agents_er
     assert "internal" not in outcome.error
 
 
-@pytest.mark.parametrize("route, kind", [("/seed_session", FailureKind.SEED_FAILED),
-                                         ("/increment_counter", FailureKind.TOOL_TRANSPORT_FAILED),
-                                         ("/verify", FailureKind.VERIFY_FAILED)])
+@pytest.mark.parametrize(
+    "route, kind",
+    [
+        ("/seed_session", FailureKind.SEED_FAILED),
+        ("/increment_counter", FailureKind.TOOL_TRANSPORT_FAILED),
+        ("/verify", FailureKind.VERIFY_FAILED),
+    ],
+)
 @async_test
 async def test_an_env_that_does_not_speak_http_is_that_env_calls_failure(route, kind):
     def env_answer(path, body):
@@ -358,7 +364,7 @@ async def test_one_shared_client_carries_more_than_100_agent_calls_in_flight_at_
             everyone_here.set()
         try:
             await asyncio.wait_for(everyone_here.wait(), timeout=3.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Reply(503, text=f"only {in_flight['now']} calls arrived together")
         return GOOD
 

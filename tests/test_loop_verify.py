@@ -1,5 +1,6 @@
 """Seed, verify and the merged response (contract rules 8, 9, 15), plus what the observer sees and
 what a failed rollout keeps (DESIGN.md, "Failure rows")."""
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,29 @@ TOOLS = {"increment_counter": lambda rec: {"count": rec.json["count"]}, "get_cou
 
 def three_turns() -> list:
     return [
-        reply(reasoning("plan", id="rs_0"), call("increment_counter", {"count": 1}, call_id="c1"),
-              id="resp_a", model="model-a", use=usage(10, 5, cached=1, reasoning_tokens=2)),
-        reply(call("own", {}, call_id="own1"), call_output("own1", "agent's own"),
-              call("increment_counter", {"count": 2}, call_id="c2"), call("get_counter_value", {}, call_id="c3"),
-              id="resp_b", model="model-b", use=usage(20, 7, cached=2, reasoning_tokens=3)),
-        reply(message("3", id="msg_final"), id="resp_c", model="model-c", use=usage(30, 9, cached=4, reasoning_tokens=5),
-              extra_from_last="yes"),
+        reply(
+            reasoning("plan", id="rs_0"),
+            call("increment_counter", {"count": 1}, call_id="c1"),
+            id="resp_a",
+            model="model-a",
+            use=usage(10, 5, cached=1, reasoning_tokens=2),
+        ),
+        reply(
+            call("own", {}, call_id="own1"),
+            call_output("own1", "agent's own"),
+            call("increment_counter", {"count": 2}, call_id="c2"),
+            call("get_counter_value", {}, call_id="c3"),
+            id="resp_b",
+            model="model-b",
+            use=usage(20, 7, cached=2, reasoning_tokens=3),
+        ),
+        reply(
+            message("3", id="msg_final"),
+            id="resp_c",
+            model="model-c",
+            use=usage(30, 9, cached=4, reasoning_tokens=5),
+            extra_from_last="yes",
+        ),
     ]
 
 
@@ -70,14 +87,18 @@ async def test_the_verify_body_is_the_row_plus_the_merged_response():
     body = env.verify_body
     # What NeMo Gym's remote_agent sends: the row with its params materialised by NeMo Gym's request
     # model, and the merged response materialised by its response model (nemo_request).
-    assert {k: v for k, v in body.items() if k != "response"} == run_record(row), "every other row field reaches /verify"
+    assert {k: v for k, v in body.items() if k != "response"} == run_record(row), (
+        "every other row field reaches /verify"
+    )
     assert list(body) == [*run_record(row), "response"]
     response = body["response"]
     assert response == materialize_response(outcome.response) and len(response) >= 33
     assert response["id"] == "resp_c" and response["model"] == "model-c", "the last reply"
     assert response["extra_from_last"] == "yes"
     assert response["object"] == "response"
-    assert response["output"] == [materialize_item(i) for i in expected_output(turns)], "every item of every step, in order"
+    assert response["output"] == [materialize_item(i) for i in expected_output(turns)], (
+        "every item of every step, in order"
+    )
     assert response["usage"] == SUMMED
     assert outcome.response["output"] == expected_output(turns)  # stored as the agent sent them
     # and the agent's last call carried the task input plus everything so far
@@ -199,7 +220,18 @@ async def test_the_observer_receives_steps_and_items_in_order_with_seq_numbers_a
     assert [i.seq for i in items] == list(range(len(items)))
     assert [i.item for i in items] == expected_output(turns)
     assert [i.step for i in items] == [0, 0, 0, 1, 1, 1, 1, 1, 1, 2]
-    assert [i.origin for i in items] == ["agent", "agent", "gym", "agent", "agent", "agent", "agent", "gym", "gym", "agent"]
+    assert [i.origin for i in items] == [
+        "agent",
+        "agent",
+        "gym",
+        "agent",
+        "agent",
+        "agent",
+        "agent",
+        "gym",
+        "gym",
+        "agent",
+    ]
     gym = [i for i in items if i.origin == "gym"]
     assert all(g.latency_ms is not None and g.latency_ms >= 0 and g.tool_status == 200 for g in gym)
     by_call = {i.item.get("call_id"): i for i in items if i.kind == "function_call"}

@@ -10,6 +10,7 @@ reply, an agent error body and /aggregate_metrics. The oracle is the loop itself
 ``json.dumps(row, ensure_ascii=False)`` of the row it implies, and every stored part must equal what
 the loop reported. ``.ci/run`` runs this file on both backends (the whole suite runs twice).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,11 +29,12 @@ from rollouts.collection.importer import import_rollouts
 from rollouts.collection.stamps import stamp
 from rollouts.engine.loop import make_client, run_rollout
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from tests.servers import LOCAL
 
 from . import corpus
 from .conftest import wait_for
-from .servers import RecordingObserver, settings as loop_settings
-from tests.servers import LOCAL
+from .servers import RecordingObserver
+from .servers import settings as loop_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,8 +84,14 @@ def oracle(services, tmp_path_factory):
         files["materialized"].append(export.row_line(row))  # the files' writer: NeMo Gym's bytes
         if outcome.ok:
             line = dict(outcome.verify_response)
-            line["_ng_task_index"], line["_ng_rollout_index"], line["agent_ref"] = task_index, rollout_index, row["agent_ref"]
-            files["rollouts"].append(export.row_line(stamp(line, row["agent_ref"], add=True)))  # NeMo Gym's two stamps, last
+            line["_ng_task_index"], line["_ng_rollout_index"], line["agent_ref"] = (
+                task_index,
+                rollout_index,
+                row["agent_ref"],
+            )
+            files["rollouts"].append(
+                export.row_line(stamp(line, row["agent_ref"], add=True))
+            )  # NeMo Gym's two stamps, last
         else:
             task_row = {k: v for k, v in row.items() if k != "_ng_rollout_index"}
             files["failures"].append(
@@ -120,10 +128,13 @@ def _check_stored(run: Run, oracle) -> None:
         items = list(TrajectoryItem.objects.filter(rollout=rollout).order_by("seq"))
         assert [canon(i.payload) for i in items] == [canon(r.item) for r in observer.items]
         assert [(i.call_id, i.name) for i in items] == [
-            (str(r.item.get("call_id") or ""), str(r.item.get("name") or "")) for r in observer.items]
+            (str(r.item.get("call_id") or ""), str(r.item.get("name") or "")) for r in observer.items
+        ]
         calls = list(AgentCall.objects.filter(rollout=rollout).order_by("index"))
         assert [(c.response_id, c.model, canon(c.usage), canon(c.incomplete_details), c.error) for c in calls] == [
-            (s.response_id or "", s.model or "", canon(s.usage), canon(s.incomplete_details), s.error or "") for s in observer.steps]
+            (s.response_id or "", s.model or "", canon(s.usage), canon(s.incomplete_details), s.error or "")
+            for s in observer.steps
+        ]
         if not outcome.ok and outcome.response is not None:
             assert rollout.partial_response_json == canon(outcome.response)
 
@@ -134,8 +145,10 @@ def _check_pages(client, run: Run, oracle) -> None:
         assert client.get(reverse(name, args=args)).status_code == 200, name
     for task_index in sorted({k[0] for k in oracle["keys"]}):
         assert client.get(reverse("compare") + f"?a={run.pk}&b={run.pk}&task={task_index}").status_code == 200
-    expected = {**{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["rollouts"]},
-                **{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["failures"]}}
+    expected = {
+        **{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["rollouts"]},
+        **{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["failures"]},
+    }
     for rollout in Rollout.objects.filter(run=run):
         page = client.get(reverse("rollout", args=[run.pk, rollout.pk]))
         assert page.status_code == 200
@@ -150,14 +163,23 @@ def _stored_aggregate() -> dict:
     """What a run keeps of the env's /aggregate_metrics reply: the entry of NeMo Gym's
     ``*_aggregate_metrics.json`` it makes (``evaluation.aggregate``), every value exactly as sent."""
     reply = corpus.aggregate_reply()
-    return {"agent_ref": {"name": "remote_agent"}, "_ng_environment_server": "remote_agent_environment_server",
-            "agent_metrics": reply["agent_metrics"], "key_metrics": reply["key_metrics"],
-            "group_level_metrics": reply["group_level_metrics"], "repeat_level_metrics": []}
+    return {
+        "agent_ref": {"name": "remote_agent"},
+        "_ng_environment_server": "remote_agent_environment_server",
+        "agent_metrics": reply["agent_metrics"],
+        "key_metrics": reply["key_metrics"],
+        "group_level_metrics": reply["group_level_metrics"],
+        "repeat_level_metrics": [],
+    }
 
 
 def _downloads(client, run: Run) -> dict[str, list[str]]:
     out = {}
-    for key, kind in (("rollouts", "rollouts"), ("failures", "rollouts_failures"), ("materialized", "rollouts_materialized_inputs")):
+    for key, kind in (
+        ("rollouts", "rollouts"),
+        ("failures", "rollouts_failures"),
+        ("materialized", "rollouts_materialized_inputs"),
+    ):
         response = client.get(reverse("run_export", args=[run.pk, kind]))
         assert response.status_code == 200
         out[key] = _split(b"".join(response.streaming_content).decode("utf-8"))
@@ -168,8 +190,18 @@ def _downloads(client, run: Run) -> dict[str, list[str]]:
 def test_the_cli_writes_and_stores_exactly_what_the_loop_saw(services, oracle, tmp_path, signed_in):
     agent_url, env_url = services
     out = tmp_path / "results" / "rollouts.jsonl"
-    call_command("collect", "--agent-url", agent_url, "--env-url", env_url, "--input", str(oracle["path"]),
-                 "--output", str(out), "--no-progress")
+    call_command(
+        "collect",
+        "--agent-url",
+        agent_url,
+        "--env-url",
+        env_url,
+        "--input",
+        str(oracle["path"]),
+        "--output",
+        str(out),
+        "--no-progress",
+    )
     names = export.output_stems(out)
     assert _lines(names["rollouts"]) == oracle["files"]["rollouts"]
     assert _lines(names["failures"]) == oracle["files"]["failures"]
@@ -186,12 +218,20 @@ def test_a_worker_process_stores_exactly_what_the_loop_saw(services, oracle, wor
     with oracle["path"].open("rb") as fh:
         parsed = read_jsonl(fh, source="corpus_tasks.jsonl")
     dataset = runs.store_dataset(parsed, "corpus \x00 tasks.jsonl")
-    run = runs.create_run(runs.load_dataset(dataset), name="corpus \x00 run", dataset=dataset, agent_url=agent_url, env_url=env_url)
+    run = runs.create_run(
+        runs.load_dataset(dataset), name="corpus \x00 run", dataset=dataset, agent_url=agent_url, env_url=env_url
+    )
     runs.launch(run)
     workers.start(workers=1)
-    wait_for(lambda: Run.objects.get(pk=run.pk).aggregate_metrics is not None, 120, what="the run and its aggregate metrics")
+    wait_for(
+        lambda: Run.objects.get(pk=run.pk).aggregate_metrics is not None, 120, what="the run and its aggregate metrics"
+    )
     run.refresh_from_db()
-    assert run.status == Run.Status.COMPLETED and run.name == "corpus \x00 run" and run.dataset.name == "corpus \x00 tasks.jsonl"
+    assert (
+        run.status == Run.Status.COMPLETED
+        and run.name == "corpus \x00 run"
+        and run.dataset.name == "corpus \x00 tasks.jsonl"
+    )
     _check_stored(run, oracle)
     assert _downloads(signed_in, run) == oracle["files"]
     assert canon(run.aggregate_metrics) == canon(_stored_aggregate())
@@ -203,17 +243,25 @@ def test_importing_the_files_and_exporting_them_gives_the_same_bytes(oracle, tmp
     folder = tmp_path / "files"
     folder.mkdir()
     (folder / "rollouts.jsonl").write_text("".join(l + "\n" for l in oracle["files"]["rollouts"]), encoding="utf-8")
-    (folder / "rollouts_failures.jsonl").write_text("".join(l + "\n" for l in oracle["files"]["failures"]), encoding="utf-8")
+    (folder / "rollouts_failures.jsonl").write_text(
+        "".join(l + "\n" for l in oracle["files"]["failures"]), encoding="utf-8"
+    )
     with (folder / "rollouts.jsonl").open("rb") as main, (folder / "rollouts_failures.jsonl").open("rb") as side:
-        run = import_rollouts(main, failures=side, source=str(folder / "rollouts.jsonl"),
-                              failures_source=str(folder / "rollouts_failures.jsonl")).run
+        run = import_rollouts(
+            main,
+            failures=side,
+            source=str(folder / "rollouts.jsonl"),
+            failures_source=str(folder / "rollouts_failures.jsonl"),
+        ).run
     assert list(export.iter_successes(run)) == oracle["files"]["rollouts"]
     assert list(export.iter_failures(run)) == oracle["files"]["failures"]
     # The imported trajectory is the file's merged response.output, item for item.
     for line in oracle["files"]["rollouts"]:
         row = json.loads(line)
         rollout = Rollout.objects.get(run=run, task_index=row["_ng_task_index"])
-        assert [canon(i.payload) for i in rollout.items.order_by("seq")] == [canon(i) for i in row["response"]["output"]]
+        assert [canon(i.payload) for i in rollout.items.order_by("seq")] == [
+            canon(i) for i in row["response"]["output"]
+        ]
     _check_pages(signed_in, run, oracle)
     # The same through the web form.
     with (folder / "rollouts.jsonl").open("rb") as main, (folder / "rollouts_failures.jsonl").open("rb") as side:
@@ -227,16 +275,32 @@ def test_importing_the_files_and_exporting_them_gives_the_same_bytes(oracle, tmp
 def test_a_hand_written_file_with_nul_in_keys_and_values_imports_and_exports_byte_for_byte(tmp_path):
     rows = []
     for i in range(3):
-        rows.append({
-            "responses_create_params": {"input": [{"role": "user", "content": f"\x00 {i}"}]},
-            "response": {"id": "r\x00", "object": "response", "model": "\x00",
-                         "output": [{"type": "message", "id": "m", "role": "assistant", "content": [
-                             {"type": "output_text", "text": corpus.AWKWARD, "annotations": []}], "\x00k": corpus.corpus(big=i == 0)}],
-                         "usage": None, "incomplete_details": {"reason": "\x00", "n": -0.0}},
-            "reward": [-0.0, 1.0, 0.5][i],
-            "\x00": corpus.NUMBERS,
-            "_ng_task_index": i, "_ng_rollout_index": 0, "agent_ref": {"name": "agent \x00 name"},
-        })
+        rows.append(
+            {
+                "responses_create_params": {"input": [{"role": "user", "content": f"\x00 {i}"}]},
+                "response": {
+                    "id": "r\x00",
+                    "object": "response",
+                    "model": "\x00",
+                    "output": [
+                        {
+                            "type": "message",
+                            "id": "m",
+                            "role": "assistant",
+                            "content": [{"type": "output_text", "text": corpus.AWKWARD, "annotations": []}],
+                            "\x00k": corpus.corpus(big=i == 0),
+                        }
+                    ],
+                    "usage": None,
+                    "incomplete_details": {"reason": "\x00", "n": -0.0},
+                },
+                "reward": [-0.0, 1.0, 0.5][i],
+                "\x00": corpus.NUMBERS,
+                "_ng_task_index": i,
+                "_ng_rollout_index": 0,
+                "agent_ref": {"name": "agent \x00 name"},
+            }
+        )
     lines = [canon(r) for r in rows]
     path = tmp_path / "awkward.jsonl"
     path.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
@@ -245,4 +309,8 @@ def test_a_hand_written_file_with_nul_in_keys_and_values_imports_and_exports_byt
     assert list(export.iter_successes(run)) == lines
     assert run.agent_name == "agent \x00 name" and run.name == "awkward.jsonl"
     call = AgentCall.objects.get(rollout__run=run, rollout__task_index=0)
-    assert (call.response_id, call.model, canon(call.incomplete_details)) == ("r\x00", "\x00", '{"reason": "\\u0000", "n": -0.0}')
+    assert (call.response_id, call.model, canon(call.incomplete_details)) == (
+        "r\x00",
+        "\x00",
+        '{"reason": "\\u0000", "n": -0.0}',
+    )

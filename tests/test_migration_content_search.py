@@ -1,6 +1,7 @@
 """Migration 0013 (issue 11): items stored before it are found by the run page's content search
 after it (their ``search_text`` filled, the backend's index built), and items stored after it too;
 undoing it drops the index."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,13 +36,23 @@ def test_items_stored_before_the_migration_are_found_after_it_and_new_ones_too()
     old = _migrate(BEFORE)
     try:
         assert _index_objects() == 0
-        ORun, OTask, ORollout = old.get_model("rollouts", "Run"), old.get_model("rollouts", "Task"), old.get_model("rollouts", "Rollout")
+        ORun, OTask, ORollout = (
+            old.get_model("rollouts", "Run"),
+            old.get_model("rollouts", "Task"),
+            old.get_model("rollouts", "Rollout"),
+        )
         OItem = old.get_model("rollouts", "TrajectoryItem")
         run = ORun.objects.create(name="old run")
         task = OTask.objects.create(run=run, task_index=0, row_json='{"responses_create_params": {"input": "hi"}}')
         before = ORollout.objects.create(run=run, task=task, task_index=0, rollout_index=0, status="succeeded")
-        OItem.objects.create(rollout=before, seq=0, step=0, kind="function_call_output", origin="gym",
-                             payload={"type": "function_call_output", "output": "Stored\x00Before \"quoted\""})
+        OItem.objects.create(
+            rollout=before,
+            seq=0,
+            step=0,
+            kind="function_call_output",
+            origin="gym",
+            payload={"type": "function_call_output", "output": 'Stored\x00Before "quoted"'},
+        )
         other = ORollout.objects.create(run=run, task=task, task_index=0, rollout_index=1, status="succeeded")
     finally:
         _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
@@ -50,8 +61,18 @@ def test_items_stored_before_the_migration_are_found_after_it_and_new_ones_too()
     rollouts = Rollout.objects.filter(run_id=run.pk)
     assert list(search.filter_text(rollouts, 'before "QUOTED"').values_list("pk", flat=True)) == [before.pk]
     assert list(search.filter_output(rollouts, "stored").values_list("pk", flat=True)) == [before.pk]
-    TrajectoryItem.objects.bulk_create([TrajectoryItem(rollout_id=other.pk, seq=0, step=0, kind="message", origin="agent",
-                                                       payload={"type": "message", "content": "Written After"})])
+    TrajectoryItem.objects.bulk_create(
+        [
+            TrajectoryItem(
+                rollout_id=other.pk,
+                seq=0,
+                step=0,
+                kind="message",
+                origin="agent",
+                payload={"type": "message", "content": "Written After"},
+            )
+        ]
+    )
     assert list(search.filter_text(rollouts, "written after").values_list("pk", flat=True)) == [other.pk]
     assert list(search.filter_text(rollouts, "stored").values_list("pk", flat=True)) == [before.pk]
 
@@ -76,8 +97,18 @@ def test_lost_triggers_are_put_back_and_the_index_refilled():
     run = make_run(1)
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TRIGGER {search.FTS_TABLE}_ai")
-    TrajectoryItem.objects.bulk_create([TrajectoryItem(rollout=key(run, 0), seq=0, step=0, kind="message", origin="agent",
-                                                       payload={"type": "message", "content": "while unindexed"})])
+    TrajectoryItem.objects.bulk_create(
+        [
+            TrajectoryItem(
+                rollout=key(run, 0),
+                seq=0,
+                step=0,
+                kind="message",
+                origin="agent",
+                payload={"type": "message", "content": "while unindexed"},
+            )
+        ]
+    )
     rollouts = Rollout.objects.filter(run=run)
     assert not search.filter_text(rollouts, "unindexed").exists()
     call_command("migrate", verbosity=0)

@@ -1,9 +1,10 @@
 """Migration 0006 (issue 9): rows stored before it read back unchanged after it: JSON columns move
 from ``jsonb`` (PostgreSQL) / checked text (SQLite) to JSON text, and plain text that holds gymweb's
 escape character U+FDD0 (or, on SQLite, a raw U+0000) is encoded so the new fields decode it back."""
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
@@ -29,23 +30,54 @@ def test_rows_stored_before_the_migration_read_back_the_same_after_it():
     try:
         sqlite = connection.vendor == "sqlite"
         error = "agent said \ufdd0 then \ufdd00" + (" and a raw \x00 NUL" if sqlite else "")
-        ORun, OTask, ORollout = old.get_model("rollouts", "Run"), old.get_model("rollouts", "Task"), old.get_model("rollouts", "Rollout")
+        ORun, OTask, ORollout = (
+            old.get_model("rollouts", "Run"),
+            old.get_model("rollouts", "Task"),
+            old.get_model("rollouts", "Rollout"),
+        )
         OCall, OItem = old.get_model("rollouts", "AgentCall"), old.get_model("rollouts", "TrajectoryItem")
-        run = ORun.objects.create(name="run \ufdd0", overrides={"temperature": 0.5, "model": "m"}, aggregate_metrics={"k": [1, 2]})
+        run = ORun.objects.create(
+            name="run \ufdd0", overrides={"temperature": 0.5, "model": "m"}, aggregate_metrics={"k": [1, 2]}
+        )
         task = OTask.objects.create(run=run, task_index=0, row_json='{"responses_create_params": {"input": "hi"}}')
-        rollout = ORollout.objects.create(run=run, task=task, task_index=0, rollout_index=0, status="failed", error=error,
-                                          failure_kind="kind\ufdd0", warnings=["w \ufdd0"])
-        call = OCall.objects.create(rollout=rollout, index=0, started=datetime.now(timezone.utc), latency_ms=1.0,
-                                    usage={"input_tokens": 1, "b": {"z": 1}}, incomplete_details={"reason": "max_output_tokens"},
-                                    model="model \ufdd0")
-        OItem.objects.create(rollout=rollout, seq=0, step=0, kind="message", origin="agent", call_id="c\ufdd0",
-                             payload={"type": "message", "text": "\ufdd0 kept"})
+        rollout = ORollout.objects.create(
+            run=run,
+            task=task,
+            task_index=0,
+            rollout_index=0,
+            status="failed",
+            error=error,
+            failure_kind="kind\ufdd0",
+            warnings=["w \ufdd0"],
+        )
+        call = OCall.objects.create(
+            rollout=rollout,
+            index=0,
+            started=datetime.now(UTC),
+            latency_ms=1.0,
+            usage={"input_tokens": 1, "b": {"z": 1}},
+            incomplete_details={"reason": "max_output_tokens"},
+            model="model \ufdd0",
+        )
+        OItem.objects.create(
+            rollout=rollout,
+            seq=0,
+            step=0,
+            kind="message",
+            origin="agent",
+            call_id="c\ufdd0",
+            payload={"type": "message", "text": "\ufdd0 kept"},
+        )
     finally:
         _migrate(AFTER)
         _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
 
     run = Run.objects.get(pk=run.pk)
-    assert run.name == "run \ufdd0" and run.overrides == {"temperature": 0.5, "model": "m"} and run.aggregate_metrics == {"k": [1, 2]}
+    assert (
+        run.name == "run \ufdd0"
+        and run.overrides == {"temperature": 0.5, "model": "m"}
+        and run.aggregate_metrics == {"k": [1, 2]}
+    )
     rollout = Rollout.objects.get(pk=rollout.pk)
     assert (rollout.error, rollout.failure_kind, rollout.warnings) == (error, "kind\ufdd0", ["w \ufdd0"])
     assert Rollout.objects.filter(failure_kind="kind\ufdd0").count() == 1  # lookups encode the same way

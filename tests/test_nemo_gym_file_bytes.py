@@ -1,5 +1,6 @@
 """gymweb writes NeMo Gym 0.7.0's files byte for byte, and every NeMo Gym file survives import and
 download unchanged (the recorded outputs in ``../shared/data/nemo_gym/``)."""
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,9 @@ def test_failure_rows_are_nemo_gyms_bytes(shared_data):
             recorded = json.loads(line)
             task_row = dict(inputs[(recorded["_ng_task_index"], recorded["_ng_rollout_index"])])
             rollout_index = task_row.pop("_ng_rollout_index")
-            row = export.failure_row(task_row, rollout_index, recorded["error"], recorded.get("_ng_failure_terminal", False))
+            row = export.failure_row(
+                task_row, rollout_index, recorded["error"], recorded.get("_ng_failure_terminal", False)
+            )
             assert export.row_line(row).encode() == line, f"{run_dir}: task {recorded['_ng_task_index']}"
             assert "_gymweb_failure_kind" not in row and row["mask_sample"] is False and row["failure_kind"] is None
             compared += 1
@@ -87,7 +90,11 @@ def test_success_rows_are_nemo_gyms_bytes(shared_data):
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_import_then_download_gives_every_file_back_byte_for_byte(shared_data, run_dir):
     folder = shared_data / run_dir
-    names = {"rollouts": "rollouts.jsonl", "failures": "rollouts_failures.jsonl", "materialized": "rollouts_materialized_inputs.jsonl"}
+    names = {
+        "rollouts": "rollouts.jsonl",
+        "failures": "rollouts_failures.jsonl",
+        "materialized": "rollouts_materialized_inputs.jsonl",
+    }
     files = {kind: folder / name for kind, name in names.items() if (folder / name).exists()}
     with files["materialized"].open("rb") as materialized, files["failures"].open("rb") as failures:
         rollouts = files["rollouts"].open("rb") if "rollouts" in files else None
@@ -118,12 +125,16 @@ def test_a_line_the_export_would_write_otherwise_is_kept_as_it_came(shared_data)
     folder = shared_data / "collect_outputs/mixed"
     spaced = [json.dumps(json.loads(line)).encode() for line in _lines(folder / "rollouts_failures.jsonl")]
     text = b"\n".join(spaced) + b"\n"
-    summary = import_rollouts(None, failures=[text.decode()], materialized=(folder / "rollouts_materialized_inputs.jsonl").open("rb"))
+    summary = import_rollouts(
+        None, failures=[text.decode()], materialized=(folder / "rollouts_materialized_inputs.jsonl").open("rb")
+    )
     assert "".join(line + "\n" for line in export.iter_failures(summary.run)).encode() == text
 
 
 @pytest.mark.django_db
-def test_reverifying_nemo_gyms_run_a_from_its_files_sends_every_task_field(shared_data, counter_env_url, tmp_path, capsys):
+def test_reverifying_nemo_gyms_run_a_from_its_files_sends_every_task_field(
+    shared_data, counter_env_url, tmp_path, capsys
+):
     """``reverify --inputs --rollouts --output`` on runA's files: every /verify carries the task
     fields NeMo Gym's env left out of the results (``expected_count``, ``initial_count``, taken from
     the materialised inputs), so all 80 are verified (before, all 80 failed with HTTP 422). The
@@ -135,8 +146,18 @@ def test_reverifying_nemo_gyms_run_a_from_its_files_sends_every_task_field(share
 
     folder = shared_data / "eval_0.7.0/runA"
     out = tmp_path / "reverified.jsonl"
-    call_command("reverify", "--inputs", str(folder / "rollouts_materialized_inputs.jsonl"),
-                 "--rollouts", str(folder / "rollouts.jsonl"), "--output", str(out), "--env-url", counter_env_url, "--force")
+    call_command(
+        "reverify",
+        "--inputs",
+        str(folder / "rollouts_materialized_inputs.jsonl"),
+        "--rollouts",
+        str(folder / "rollouts.jsonl"),
+        "--output",
+        str(out),
+        "--env-url",
+        counter_env_url,
+        "--force",
+    )
     assert "80 reverified, 0 /verify failure(s)" in capsys.readouterr().out
     new = Run.objects.get(reverified_from__isnull=False)
     assert new.name.startswith("unsafe_")
@@ -154,7 +175,10 @@ def test_the_raw_row_of_an_imported_failure_is_its_line(shared_data):
     from rollouts.web.trajectory_views import raw_row
 
     folder = shared_data / "collect_outputs/mixed"
-    with (folder / "rollouts_failures.jsonl").open("rb") as failures, (folder / "rollouts_materialized_inputs.jsonl").open("rb") as inputs:
+    with (
+        (folder / "rollouts_failures.jsonl").open("rb") as failures,
+        (folder / "rollouts_materialized_inputs.jsonl").open("rb") as inputs,
+    ):
         run = import_rollouts(None, failures=failures, materialized=inputs).run
     failed = Rollout.objects.get(run=run, status=Rollout.Status.FAILED)
     assert raw_row(failed) == json.loads(_lines(folder / "rollouts_failures.jsonl")[0])
@@ -183,4 +207,6 @@ def test_every_other_nemo_gym_rollouts_file_downloads_unchanged(shared_data):
         content = path.read_bytes()  # one of them lacks the final newline: every downloaded line ends with one
         assert got == content + (b"" if content.endswith(b"\n") else b"\n"), path
         if inputs.exists():
-            assert "".join(line + "\n" for line in export.iter_materialized(run)).encode() == inputs.read_bytes(), inputs
+            assert "".join(line + "\n" for line in export.iter_materialized(run)).encode() == inputs.read_bytes(), (
+                inputs
+            )

@@ -7,6 +7,7 @@ port. The head server's port (11000 unless that file says) must be free.
 
     GYMWEB_NEMO_GYM_BIN=~/nemo-gym/bin/gym .venv/bin/python -m pytest -q tests/test_nemo_gym_real.py
 """
+
 from __future__ import annotations
 
 import json
@@ -33,30 +34,77 @@ pytestmark = [
 
 def test_collect_by_agent_name_against_a_real_gym_env_start(tmp_path, counter_agent_url, counter_tasks_path):
     config = tmp_path / "counter_remote.yaml"
-    config.write_text((REPO / "gymweb/examples/nemo_gym/counter_remote.yaml").read_text().replace("http://127.0.0.1:9102", counter_agent_url))
+    config.write_text(
+        (REPO / "gymweb/examples/nemo_gym/counter_remote.yaml")
+        .read_text()
+        .replace("http://127.0.0.1:9102", counter_agent_url)
+    )
     files = [str(config)] + ([EXTRA] if EXTRA else [])
     head_url = load_files(files).head_server_url() or "http://127.0.0.1:11000"
     out = (tmp_path / "env_start.out").open("wb")
-    proc = subprocess.Popen([sys.executable, str(REPO / "manage.py"), "env", "start", *files, "--gym", GYM,
-                             "--log", str(tmp_path / "gym.log")], cwd=REPO, env=_worker_env(), stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "manage.py"),
+            "env",
+            "start",
+            *files,
+            "--gym",
+            GYM,
+            "--log",
+            str(tmp_path / "gym.log"),
+        ],
+        cwd=REPO,
+        env=_worker_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        wait_for(lambda: "Ctrl-C stops NeMo Gym" in (tmp_path / "env_start.out").read_text() or proc.poll() is not None,
-                 timeout=600, interval=1, what="gym env start ready")
+        wait_for(
+            lambda: "Ctrl-C stops NeMo Gym" in (tmp_path / "env_start.out").read_text() or proc.poll() is not None,
+            timeout=600,
+            interval=1,
+            what="gym env start ready",
+        )
         printed = (tmp_path / "env_start.out").read_text()
         assert proc.poll() is None, printed + (tmp_path / "gym.log").read_text()[-3000:]
         results = tmp_path / "results" / "rollouts.jsonl"
-        call_command("collect", "--config", str(config), "--head-url", head_url, "--input", str(counter_tasks_path),
-                     "--output", str(results), "--no-progress")
+        call_command(
+            "collect",
+            "--config",
+            str(config),
+            "--head-url",
+            head_url,
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(results),
+            "--no-progress",
+        )
         rewards = [json.loads(line)["reward"] for line in results.read_text().splitlines()]
         assert rewards == [1.0] * 5
         run = Run.objects.get()
         assert run.head_url == head_url and run.env_name == "example_session_state_mgmt_resources_server"
         # NeMo Gym's own remote_agent server as the agent URL: caught before the run, naming the URL meant
-        remote_agent = json.loads(subprocess.run(["curl", "-s", f"{head_url}/server_instances"], capture_output=True, text=True).stdout)
+        remote_agent = json.loads(
+            subprocess.run(["curl", "-s", f"{head_url}/server_instances"], capture_output=True, text=True).stdout
+        )
         agent_server = next(r["url"] for r in remote_agent if r["process_name"] == "remote_agent")
         with pytest.raises(CommandError, match=f"instead: {counter_agent_url}"):
-            call_command("collect", "--agent-url", agent_server, "--config", str(config), "--head-url", head_url,
-                         "--input", str(counter_tasks_path), "--output", str(tmp_path / "miswired.jsonl"), "--no-progress")
+            call_command(
+                "collect",
+                "--agent-url",
+                agent_server,
+                "--config",
+                str(config),
+                "--head-url",
+                head_url,
+                "--input",
+                str(counter_tasks_path),
+                "--output",
+                str(tmp_path / "miswired.jsonl"),
+                "--no-progress",
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -1,10 +1,11 @@
 """Operating gymweb: /healthz and /readyz for a load balancer, /metrics for Prometheus (the fleet's
 counts through the database), log lines as JSON with GYMWEB_LOG_FORMAT=json."""
+
 from __future__ import annotations
 
 import json
-import secrets
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -41,7 +42,10 @@ def test_readyz_is_503_without_a_worker_heartbeat_and_200_with_one(client):
     Worker.objects.all().delete()
     response = client.get("/readyz")
     assert response.status_code == 503
-    assert response.json() == {"ready": False, "checks": {"database": "ok", "migrations": "ok", "broker": "ok", "worker": "failed"}}
+    assert response.json() == {
+        "ready": False,
+        "checks": {"database": "ok", "migrations": "ok", "broker": "ok", "worker": "failed"},
+    }
     # a heartbeat older than a minute does not count
     Worker.objects.create(name="h:1:old", host="h", pid=1, last_seen=timezone.now() - timedelta(seconds=90))
     assert client.get("/readyz").status_code == 503
@@ -60,11 +64,20 @@ def test_with_the_database_down_healthz_is_200_and_readyz_503_without_detail(tmp
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYMWEB_")}
     # PostgreSQL where nothing listens: every connection is refused.
-    env.update(DATABASE_URL=f"postgres://gymweb:pw-not-shown@127.0.0.1:{_free_port()}/gymweb", GYMWEB_SECRET_KEY=secrets.token_urlsafe(50),
-               GYMWEB_DATA_DIR=str(tmp_path), GYMWEB_Q_NAME="gymweb-readyz-test")
+    env.update(
+        DATABASE_URL=f"postgres://gymweb:pw-not-shown@127.0.0.1:{_free_port()}/gymweb",
+        GYMWEB_SECRET_KEY=secrets.token_urlsafe(50),
+        GYMWEB_DATA_DIR=str(tmp_path),
+        GYMWEB_Q_NAME="gymweb-readyz-test",
+    )
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "gymweb.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "gymweb.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -78,7 +91,10 @@ def test_with_the_database_down_healthz_is_200_and_readyz_503_without_detail(tmp
         assert health.status_code == 200
         ready = httpx.get(base + "/readyz", timeout=30, trust_env=False)
         assert ready.status_code == 503
-        assert ready.json() == {"ready": False, "checks": {"database": "failed", "migrations": "skipped", "broker": "failed", "worker": "skipped"}}
+        assert ready.json() == {
+            "ready": False,
+            "checks": {"database": "failed", "migrations": "skipped", "broker": "failed", "worker": "skipped"},
+        }
         assert "pw-not-shown" not in ready.text and "refused" not in ready.text.lower()
     finally:
         os.killpg(proc.pid, 15)
@@ -155,13 +171,33 @@ def test_metrics_count_what_a_run_does(client, settings, counter_env_url, counte
 
 # -- logs ---------------------------------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
-def test_in_json_mode_every_log_line_is_one_json_object_and_failures_name_run_key_and_kind(tmp_path, counter_env_url, counter_tasks_path):
+def test_in_json_mode_every_log_line_is_one_json_object_and_failures_name_run_key_and_kind(
+    tmp_path, counter_env_url, counter_tasks_path
+):
     out = tmp_path / "rollouts.jsonl"
     env = _worker_env({"GYMWEB_LOG_FORMAT": "json", "GYMWEB_LOG_LEVEL": "INFO"})
     proc = subprocess.run(
-        [sys.executable, "-m", "gymweb", "collect", "--agent-url", free_url(), "--env-url", counter_env_url,
-         "--input", str(counter_tasks_path), "--output", str(out), "--no-progress", "--limit", "2"],
-        env=env, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "gymweb",
+            "collect",
+            "--agent-url",
+            free_url(),
+            "--env-url",
+            counter_env_url,
+            "--input",
+            str(counter_tasks_path),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--limit",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = [line for line in proc.stderr.splitlines() if line.startswith("{")]
@@ -171,8 +207,13 @@ def test_in_json_mode_every_log_line_is_one_json_object_and_failures_name_run_ke
         assert {"time", "level", "logger", "message"} <= set(record)
     failed = [r for r in records if r["level"] == "WARNING" and "failed" in r["message"] and "failure_kind" in r]
     assert len(failed) == 2
-    assert {(r["task_index"], r["failure_kind"]) for r in failed} == {(0, "agent_unreachable"), (1, "agent_unreachable")}
-    assert all("Is your service running" not in line for line in logged)  # the error text (may quote payloads) is not logged
+    assert {(r["task_index"], r["failure_kind"]) for r in failed} == {
+        (0, "agent_unreachable"),
+        (1, "agent_unreachable"),
+    }
+    assert all(
+        "Is your service running" not in line for line in logged
+    )  # the error text (may quote payloads) is not logged
     assert any(r["logger"] == "gymweb.runs" and "completed" in r["message"] for r in records)
 
 
@@ -180,8 +221,13 @@ def test_text_lines_carry_time_level_and_logger(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYMWEB_")}
     env["GYMWEB_DATA_DIR"] = str(tmp_path)
     code = "import django, logging; django.setup(); logging.getLogger('gymweb.probe').warning('hello %s', 'there')"
-    proc = subprocess.run([sys.executable, "-c", code], env={**env, "DJANGO_SETTINGS_MODULE": "gymweb.settings"},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "DJANGO_SETTINGS_MODULE": "gymweb.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     line = proc.stderr.strip().splitlines()[-1]
     date, clock, level, logger, *message = line.split(" ")
     assert len(date) == 10 and date[4] == "-" and ":" in clock

@@ -3,6 +3,7 @@
 The reference output is NeMo Gym 0.7.0's own files for a known input (the profile fixture). The copy in
 tests/data/profile_fixture/ is preferred so a lone clone (no ../shared) still runs these tests.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,9 @@ def assert_same(expected, actual, path="$"):
     """Same keys in the same order, same types, floats equal to 1e-9 (relative), recursively."""
     if isinstance(expected, dict):
         assert isinstance(actual, dict), f"{path}: expected an object, got {actual!r}"
-        assert list(actual) == list(expected), f"{path}: keys differ\nexpected {list(expected)}\nactual   {list(actual)}"
+        assert list(actual) == list(expected), (
+            f"{path}: keys differ\nexpected {list(expected)}\nactual   {list(actual)}"
+        )
         for key in expected:
             assert_same(expected[key], actual[key], f"{path}.{key}")
     elif isinstance(expected, list):
@@ -215,7 +218,11 @@ def test_missing_rollouts_raise_unless_partial_profiles_are_allowed():
     task1 = result.reward_profiling[1]
     assert (task1["num_rollouts"], task1["expected_num_rollouts"], task1["missing_num_rollouts"]) == (1, 2, 1)
     assert task1["reward_profile_completion_pct"] == 50.0
-    assert task1["sample"] == {"responses_create_params": {"input": [{"role": "user", "content": "task 1"}]}, "x": 1, "agent_ref": {"name": "remote_agent"}}
+    assert task1["sample"] == {
+        "responses_create_params": {"input": [{"role": "user", "content": "task 1"}]},
+        "x": 1,
+        "agent_ref": {"name": "remote_agent"},
+    }
     assert [e["missing_count"] for e in result.repeat_level_metrics] == [1, 0]
     assert result.completion_summary["partial_input_rows"] == 1
 
@@ -297,7 +304,10 @@ def test_a_task_run_by_two_agents_is_profiled_per_agent():
         rollout(0, 3, 1.0, agent="beta"),
     ]
     result = P.profile_rows(rows, rollouts)
-    assert [(t["agent_ref"]["name"], t["mean/reward"]) for t in result.reward_profiling] == [("alpha", 1.0), ("beta", 0.5)]
+    assert [(t["agent_ref"]["name"], t["mean/reward"]) for t in result.reward_profiling] == [
+        ("alpha", 1.0),
+        ("beta", 0.5),
+    ]
     assert list(result.reward_profiling[0])[-8:-6] == ["std/reward", "agent_ref"]
     assert [a["agent_ref"]["name"] for a in result.agent_metrics] == ["alpha", "beta"]
 
@@ -308,8 +318,11 @@ def test_a_task_run_by_two_agents_is_profiled_per_agent():
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_every_interval_is_scipys_student_t_interval_to_the_last_bit():
     rows = [row(t, r) for t in range(7) for r in range(5)]
-    rollouts = [rollout(t, r, float((t * 7 + r * 3) % 5 > 1), usage={"input_tokens": 10 * t + r, "total_tokens": 3 * r + t})
-                for t in range(7) for r in range(5)]
+    rollouts = [
+        rollout(t, r, float((t * 7 + r * 3) % 5 > 1), usage={"input_tokens": 10 * t + r, "total_tokens": 3 * r + t})
+        for t in range(7)
+        for r in range(5)
+    ]
     result = P.profile_rows(rows, rollouts)
     checked = 0
     for entry in result.repeat_level_metrics:
@@ -321,8 +334,13 @@ def test_every_interval_is_scipys_student_t_interval_to_the_last_bit():
     assert checked == 5 * 3  # each of the five repeats, three columns
     agent = result.agent_metrics[0]
     for col in ("mean/reward", "mean/input_tokens"):
-        low, high = stats.t.interval(0.95, df=4, loc=agent[f"mean_across_repeats/{col}"], scale=agent[f"se_across_repeats/{col}"])
-        assert (agent[f"ci_low_95_across_repeats/{col}"], agent[f"ci_high_95_across_repeats/{col}"]) == (float(low), float(high))
+        low, high = stats.t.interval(
+            0.95, df=4, loc=agent[f"mean_across_repeats/{col}"], scale=agent[f"se_across_repeats/{col}"]
+        )
+        assert (agent[f"ci_low_95_across_repeats/{col}"], agent[f"ci_high_95_across_repeats/{col}"]) == (
+            float(low),
+            float(high),
+        )
     assert checked == 15
 
 
@@ -440,7 +458,11 @@ def golden_case(seed):
                 materialized.append({"q": f"task {task}", **key, **ref, **env})
                 if rng.random() < 0.15:
                     continue
-                pick = (lambda: rng.randint(0, 40)) if int_only else (lambda: rng.choice(values) if rng.random() < 0.6 else rng.random())
+                pick = (
+                    (lambda: rng.randint(0, 40))
+                    if int_only
+                    else (lambda: rng.choice(values) if rng.random() < 0.6 else rng.random())
+                )
                 row = {f: pick() for f in fields if rng.random() < 0.85}
                 if "mask_sample" in row:
                     row["mask_sample"] = rng.random() < 0.25
@@ -483,9 +505,11 @@ def profile_snapshot(seed) -> dict:
         except ValueError as exc:
             return {"error": str(exc)}
     snapshot = {
-        "reward_profiling": _plain(result.reward_profiling), "agent_metrics": _plain(result.agent_metrics),
+        "reward_profiling": _plain(result.reward_profiling),
+        "agent_metrics": _plain(result.agent_metrics),
         "repeat_level_metrics": _plain(result.repeat_level_metrics),
-        "completion_summary": _plain(result.completion_summary), "masked_rollouts": _plain(result.masked_rollouts),
+        "completion_summary": _plain(result.completion_summary),
+        "masked_rollouts": _plain(result.masked_rollouts),
     }
     for continuous in ("expected_max", "first_k"):
         snapshot[f"gymweb_extras/{continuous}"] = _plain(P.gymweb_extras(result, continuous=continuous))
@@ -496,6 +520,7 @@ def profile_snapshot(seed) -> dict:
 
 def _snapshot_text(snapshot: dict) -> str:
     """JSON with one top-level part, or one row of a part that is a list, per line."""
+
     def one(value):
         return json.dumps(value, ensure_ascii=False, sort_keys=False)
 

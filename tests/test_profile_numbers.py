@@ -6,6 +6,7 @@ The reference is always the long way round: ``profile.profile_rows`` over the fu
 Gym's own output. Equality here is exact: same bytes in NeMo Gym's layout, and recursively the same
 keys in the same order, the same types and bit-identical floats.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,7 +34,6 @@ from rollouts.collection.profile_numbers import (
     profile_json_for_verify,
     profile_numbers,
 )
-from rollouts.models import Rollout
 from rollouts.evaluation.outputs import dumps
 from rollouts.evaluation.profile import ReducedRollout, gymweb_extras, iter_jsonl, profile_rows
 from rollouts.evaluation.run_profile import (
@@ -43,6 +43,7 @@ from rollouts.evaluation.run_profile import (
     run_materialized_rows,
     run_success_rows,
 )
+from rollouts.models import Rollout
 
 from .run_factories import finish, key, make_run, new_attempt
 
@@ -126,8 +127,14 @@ def failures_as_zero_oracle(run):
     rows = []
     for k in keys:
         reward = k["success_reward"] if k["succeeded"] else 0.0
-        rows.append({T: k["task_index"], R: k["rollout_index"], "reward": float(reward) if reward is not None else 0.0,
-                     "agent_ref": {"name": names.get(k["task_index"], run.agent_name)}})
+        rows.append(
+            {
+                T: k["task_index"],
+                R: k["rollout_index"],
+                "reward": float(reward) if reward is not None else 0.0,
+                "agent_ref": {"name": names.get(k["task_index"], run.agent_name)},
+            }
+        )
     return rows
 
 
@@ -160,10 +167,17 @@ def test_the_fixture_profiled_from_its_numbers_is_the_fixture_profiled_from_its_
 def test_the_stored_text_is_small_and_leaves_out_info_when_it_is_the_numbers():
     row = next(iter_jsonl(FIXTURE / "rollouts.jsonl"))
     text = dumps_profile_numbers(profile_numbers(row))
-    assert text == '{"v":1,"masked":false,"numbers":{"reward":1.0,"input_tokens":141,"output_tokens":27,"total_tokens":168}}'
+    assert (
+        text
+        == '{"v":1,"masked":false,"numbers":{"reward":1.0,"input_tokens":141,"output_tokens":27,"total_tokens":168}}'
+    )
     assert text.startswith(PROFILE_NUMBERS_PREFIX) and len(text) < len(json.dumps(row)) / 20
     numbers = loads_profile_numbers(text)
-    assert numbers["info"] == numbers["numbers"] == {"reward": 1.0, "input_tokens": 141, "output_tokens": 27, "total_tokens": 168}
+    assert (
+        numbers["info"]
+        == numbers["numbers"]
+        == {"reward": 1.0, "input_tokens": 141, "output_tokens": 27, "total_tokens": 168}
+    )
     # a field after the reward is listed in another order in rollout_infos: info is then stored
     row = {"reward": True, "turns": 3, "response": {"usage": {"input_tokens": 5}}}
     numbers = profile_numbers(row)
@@ -184,8 +198,15 @@ ODD_ROWS = [
     {"input_tokens": "n/a", "reward": 0.5, "response": {"usage": {"input_tokens": 10, "output_tokens": 2}}},
     {"reward": 1.0, "output_tokens": 7, "response": {"usage": {"input_tokens": 3, "output_tokens": {"x": 1}}}},
     # bools, big ints, -0.0, fields that are never profiled, a usage "reward" and "rollout_id"
-    {"reward": True, "flag": False, "big": 2**70, "neg": -0.0, "_private": 1, "agent_name": 3,
-     "response": {"usage": {"reward": 0.25, "rollout_id": 9, T: 42}}},
+    {
+        "reward": True,
+        "flag": False,
+        "big": 2**70,
+        "neg": -0.0,
+        "_private": 1,
+        "agent_name": 3,
+        "response": {"usage": {"reward": 0.25, "rollout_id": 9, T: 42}},
+    },
     # no reward, a non-numeric reward, a response that is not an object, usage null
     {"score": 0.75, "response": "text"},
     {"reward": "high", "response": {"usage": None}},
@@ -211,7 +232,9 @@ def test_rows_with_every_odd_field_profile_the_same_from_their_numbers():
 
 
 def _random_case(rng):
-    fields = rng.sample(["reward", "turns", "input_tokens", "score", "mask_sample", "agent_name", "_x", "rollout_id"], 5)
+    fields = rng.sample(
+        ["reward", "turns", "input_tokens", "score", "mask_sample", "agent_name", "_x", "rollout_id"], 5
+    )
     usage_fields = rng.sample(["input_tokens", "output_tokens", "total_tokens", "reward", "score", "mask_sample"], 3)
     values = [0, 1, 2.5, -0.0, 1e300, True, False, None, "s", [1], {"a": 1}, 0.1, 17]
     materialized, rows = [], []
@@ -244,10 +267,18 @@ def test_random_rows_profile_the_same_from_their_numbers(seed):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "{}", '{"v":0,"masked":false,"numbers":{}}', '{"v":2,"masked":false,"numbers":{}}',
-     PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":{"reward":1.0}', PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":{}}x',
-     PROFILE_NUMBERS_PREFIX + '"masked":0,"numbers":{}}', PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":[]}',
-     PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":{},"info":[]}', '{"V":1,"masked":false,"numbers":{}}'],
+    [
+        "",
+        "{}",
+        '{"v":0,"masked":false,"numbers":{}}',
+        '{"v":2,"masked":false,"numbers":{}}',
+        PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":{"reward":1.0}',
+        PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":{}}x',
+        PROFILE_NUMBERS_PREFIX + '"masked":0,"numbers":{}}',
+        PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":[]}',
+        PROFILE_NUMBERS_PREFIX + '"masked":false,"numbers":{},"info":[]}',
+        '{"V":1,"masked":false,"numbers":{}}',
+    ],
 )
 def test_texts_that_are_not_numbers_of_this_version_read_as_unknown(text):
     assert loads_profile_numbers(text) is None
@@ -272,11 +303,15 @@ def test_profile_json_for_verify_is_the_numbers_of_the_row_the_export_writes():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_run_collected_in_process_stores_the_numbers_and_profiles_from_them(counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_run_collected_in_process_stores_the_numbers_and_profiles_from_them(
+    counter_env_url, counter_agent_url, counter_tasks_path
+):
     from rollouts.collection.dispatch import run_in_process
 
     with counter_tasks_path.open("rb") as fh:
-        run = runs.create_run(read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3)
+        run = runs.create_run(
+            read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3
+        )
     runs.launch(run)
     run_in_process(run.pk)
     successes = list(Rollout.objects.filter(run=run, status=S.SUCCEEDED))
@@ -303,7 +338,11 @@ def test_an_imported_file_stores_the_numbers_and_profiles_like_nemo_gym(db):
     nemo = json.loads((FIXTURE / "rollouts_agent_metrics.json").read_text())
     assert nemo and nemo[0]
     for key_, value in nemo[0].items():
-        assert math.isclose(result.agent_metrics[0][key_], value, rel_tol=1e-9) if isinstance(value, float) else result.agent_metrics[0][key_] == value
+        assert (
+            math.isclose(result.agent_metrics[0][key_], value, rel_tol=1e-9)
+            if isinstance(value, float)
+            else result.agent_metrics[0][key_] == value
+        )
     assert [t["num_passed"] for t in extras["per_task"]] == [4, 3, 1, 0, 2]
 
 
@@ -355,7 +394,9 @@ def test_materialized_rows_are_the_exports_even_for_keys_whose_task_index_has_no
 def test_stored_numbers_are_what_the_profile_reads():
     run = _mixed_run()
     r = key(run, 0, 0)
-    r.profile_json = dumps_profile_numbers({"v": 1, "masked": False, "numbers": {"reward": 0.125}, "info": {"reward": 0.125}})
+    r.profile_json = dumps_profile_numbers(
+        {"v": 1, "masked": False, "numbers": {"reward": 0.125}, "info": {"reward": 0.125}}
+    )
     r.save(update_fields=["profile_json"])
     result, _ = profile_run(run)
     assert result.reward_profiling[0]["rollout_infos"][0]["reward"] == 0.125  # not verify_json's 1.0
@@ -387,8 +428,9 @@ def test_the_data_migration_fills_the_numbers_of_successes_stored_before_it(monk
     Rollout.objects.filter(run=run, task_index=2).update(verify_json="not json")  # unreadable: stays blank
     monkeypatch.setattr(migration, "BATCH", 2)  # several batches
     # the models as they were before the migration ran
-    migration.fill_profile_json(loader.project_state(("rollouts", "0004_rollout_profile_json")).apps,
-                                SimpleNamespace(connection=connection))
+    migration.fill_profile_json(
+        loader.project_state(("rollouts", "0004_rollout_profile_json")).apps, SimpleNamespace(connection=connection)
+    )
     filled = 0
     for r in Rollout.objects.filter(run=run):
         if r.status == S.SUCCEEDED and r.task_index != 2:

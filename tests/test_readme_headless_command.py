@@ -3,6 +3,7 @@
 block itself must turn them on (docs/production.md, "Which hosts a run may reach"). Only the ports and the
 output folder are moved, since other test runs share the machine, and the README's
 ``.venv/bin/...`` commands run with this test run's interpreter (wherever its environment lives)."""
+
 from __future__ import annotations
 
 import json
@@ -37,10 +38,14 @@ def test_the_readme_headless_command_collects_the_counter_tasks(tmp_path):
     block = block.replace(".venv/bin/python", shlex.quote(sys.executable))
     # wait for the two services as a user would, then run the rest; stop the services at the end
     lines = block.splitlines()
-    wait = (f"for p in {env_port} {agent_port}; do for i in $(seq 1 100); do "
-            "(exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done; done")
+    wait = (
+        f"for p in {env_port} {agent_port}; do for i in $(seq 1 100); do "
+        "(exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done; done"
+    )
     collect_at = next(i for i, line in enumerate(lines) if "gymweb collect" in line)
-    script = "\n".join(["set -e", "trap 'kill $(jobs -p) 2>/dev/null' EXIT", *lines[:collect_at], wait, *lines[collect_at:]])
+    script = "\n".join(
+        ["set -e", "trap 'kill $(jobs -p) 2>/dev/null' EXIT", *lines[:collect_at], wait, *lines[collect_at:]]
+    )
     env = _worker_env()
     env.pop("GYMWEB_ALLOW_LOCAL_TARGETS", None)
     proc = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)

@@ -2,6 +2,7 @@
 a reply that would pass the budget fails its rollout as ``reply_over_budget`` (not terminal: it can run
 again once others are read), the budget is given back whatever happens, and after a large spike the
 freed memory is handed back to the system."""
+
 from __future__ import annotations
 
 from rollouts.engine import budget as budget_module

@@ -2,6 +2,7 @@
 counted as it streams and never read past the cap; over it the rollout fails with its own failure
 kind ``reply_too_large`` naming the cap and the setting. Servers on 127.0.0.1 stream without end, so
 a client that kept reading would never finish; the cap is set small here."""
+
 from __future__ import annotations
 
 import contextlib
@@ -46,7 +47,7 @@ class Streamer:
                 self.written += len(CHUNK)
         return response
 
-    async def __aenter__(self) -> "Streamer":
+    async def __aenter__(self) -> Streamer:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2, access_log=None)
@@ -105,7 +106,10 @@ async def test_a_seed_or_verify_reply_past_the_cap_fails_the_rollout_as_reply_to
 @async_test
 async def test_a_reply_at_the_cap_is_read_whole():
     text = "y" * CAP  # exactly the cap
-    async with EnvService({"t": Reply(text=text)}, verify={"reward": 1.0}) as env, AgentService(reply(call("t", {}, call_id="c1")), reply(message())) as agent:
+    async with (
+        EnvService({"t": Reply(text=text)}, verify={"reward": 1.0}) as env,
+        AgentService(reply(call("t", {}, call_id="c1")), reply(message())) as agent,
+    ):
         outcome = await drive(agent, env, max_reply_bytes=CAP)
     assert outcome.ok, outcome.error
     assert outcome.response["output"][1]["output"] == text
@@ -114,7 +118,6 @@ async def test_a_reply_at_the_cap_is_read_whole():
 def test_a_worker_run_fails_with_reply_too_large_under_the_setting(settings, transactional_db, counter_env_url):
     """The dispatcher's client takes ``GYMWEB_MAX_REPLY_BYTES`` (the path of workers and ``collect``)."""
     from gymweb.examples._serve import BackgroundServer
-
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
     from rollouts.collection.dispatch import run_in_process
@@ -150,7 +153,6 @@ async def test_the_agent_check_reports_a_reply_past_the_cap():
 
 def test_the_envs_aggregate_metrics_reply_is_capped_too():
     from gymweb.examples._serve import BackgroundServer
-
     from rollouts.evaluation.aggregate_metrics import EnvAggregateError, post_aggregate_metrics
 
     async def huge(request):

@@ -4,6 +4,7 @@
 of the real ``NeMoGymResponse`` recorded once by ``scripts/record_reply_corpus.py`` (in a NeMo Gym
 venv; never imported here).
 """
+
 from __future__ import annotations
 
 import json

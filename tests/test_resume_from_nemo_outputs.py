@@ -1,4 +1,5 @@
 """NeMo Gym's own outputs as ground truth for resume: which keys a retry gives a new attempt."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """``manage.py reverify``: a stored run's successes re-scored against an env without calling the
 agent (NeMo Gym's ``gym eval reverify``), its guard for session-state envs, and the new run."""
+
 from __future__ import annotations
 
 import json
@@ -43,11 +44,15 @@ def _run_with_answers(answers):
     for t, answer in enumerate(answers):
         r = finish(key(run, t), Rollout.Status.SUCCEEDED, 1.0)
         verify = json.loads(r.verify_json)
-        verify["response"]["output"] = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}]
+        verify["response"]["output"] = [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
+        ]
         r.verify_json = json.dumps(verify)
         r.save()
         AgentCall.objects.create(rollout=r, index=0, started=r.finished, latency_ms=3.0, response_id="resp")
-        TrajectoryItem.objects.create(rollout=r, seq=0, step=0, kind="message", origin="agent", payload=verify["response"]["output"][0])
+        TrajectoryItem.objects.create(
+            rollout=r, seq=0, step=0, kind="message", origin="agent", payload=verify["response"]["output"][0]
+        )
     return run
 
 
@@ -66,7 +71,10 @@ def test_it_rescores_successes_into_a_new_run_linked_to_its_source_and_lists_the
     flips = reverify.reward_flips(new)
     assert [(f["task"], f["before"], f["after"]) for f in flips] == [(1, 1.0, 0.0)]
     # the trajectories come along, so the new run's pages show them
-    assert TrajectoryItem.objects.filter(rollout__run=new).count() == 3 and AgentCall.objects.filter(rollout__run=new).count() == 3
+    assert (
+        TrajectoryItem.objects.filter(rollout__run=new).count() == 3
+        and AgentCall.objects.filter(rollout__run=new).count() == 3
+    )
 
 
 def test_a_verify_failure_is_a_failed_rollout_of_the_new_run_not_an_abort():

@@ -1,6 +1,7 @@
 """Curated exports: NeMo Gym's files filtered by labels and by the env's or the corrected reward,
 with ``gymweb_review`` only when asked for (off by default: byte-identical to the plain export),
 saying which reward they use; and the SFT download of a selection."""
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,9 @@ def test_the_corrected_reward_export_says_which_reward_each_row_has(signed_in, r
 
 def test_reward_bounds_read_the_chosen_reward(signed_in, run):
     assert [r["_ng_task_index"] for r in rows(signed_in.get(url(run, "rollouts", "reward_min=1")))] == [0, 3]
-    assert [r["_ng_task_index"] for r in rows(signed_in.get(url(run, "rollouts", "reward_min=1&reward_source=corrected")))] == [0]
+    assert [
+        r["_ng_task_index"] for r in rows(signed_in.get(url(run, "rollouts", "reward_min=1&reward_source=corrected")))
+    ] == [0]
 
 
 def test_gymweb_review_lists_labels_notes_and_the_correction_when_asked(signed_in, run):
@@ -81,7 +84,13 @@ def test_gymweb_review_lists_labels_notes_and_the_correction_when_asked(signed_i
     assert review["corrected_reward"]["by"] == "alice" and review["corrected_reward"]["at"]
     assert [lab["name"] for lab in review["labels"]] == ["reward-hack"] and review["labels"][0]["by"] == "alice"
     assert review["notes"][0]["text"].startswith("it printed") and review["notes"][0]["item"] is None
-    assert by_task[1]["gymweb_review"] == {"reward_source": "env", "env_reward": 0.0, "corrected_reward": None, "labels": [], "notes": []}
+    assert by_task[1]["gymweb_review"] == {
+        "reward_source": "env",
+        "env_reward": 0.0,
+        "corrected_reward": None,
+        "labels": [],
+        "notes": [],
+    }
     failure = rows(signed_in.get(url(run, "rollouts_failures", "review=1")))[0]
     assert failure["reward"] == 0.0 and failure["gymweb_review"]["notes"][0]["text"] == "the env was down"
 
@@ -93,12 +102,16 @@ def test_the_rest_of_a_row_is_unchanged_by_the_review_options(signed_in, run):
     for r in reviewed:
         before = plain[r["_ng_task_index"]]
         assert list(r) == list(before) + ["_gymweb_reward_source", "gymweb_review"]  # key order kept, ours last
-        assert {k: v for k, v in r.items() if k in before and k != "reward"} == {k: v for k, v in before.items() if k != "reward"}
+        assert {k: v for k, v in r.items() if k in before and k != "reward"} == {
+            k: v for k, v in before.items() if k != "reward"
+        }
 
 
 def test_a_withdrawn_correction_is_not_used(signed_in, user, run):
     actions.withdraw_correction(key(run, 3), user)
-    got = {r["_ng_task_index"]: r["reward"] for r in rows(signed_in.get(url(run, "rollouts", "reward_source=corrected")))}
+    got = {
+        r["_ng_task_index"]: r["reward"] for r in rows(signed_in.get(url(run, "rollouts", "reward_source=corrected")))
+    }
     assert got[3] == 1.0
 
 
@@ -119,12 +132,17 @@ def test_the_sft_download_refuses_an_unknown_reasoning_mode_naming_it(signed_in,
     assert response.status_code == 400 and "reasoning='maybe'" in response.content.decode()
 
 
-@pytest.mark.parametrize("query, field", [("reward_min=abc", "reward_min"), ("label=%00", "label"), ("reward_source=both", "reward_source")])
+@pytest.mark.parametrize(
+    "query, field", [("reward_min=abc", "reward_min"), ("label=%00", "label"), ("reward_source=both", "reward_source")]
+)
 def test_a_download_with_a_bad_filter_value_is_refused_naming_it_never_a_bigger_file(signed_in, run, query, field):
     # A hand-edited link: the page would show the error on the field; a file of the unfiltered list
     # (or a 500 for the NUL on PostgreSQL) would be wrong without a word.
-    for u in (url(run, "rollouts", query), url(run, "rollouts_failures", query + "&review=1"),
-              reverse("run_export_sft", args=[run.pk]) + "?" + query):
+    for u in (
+        url(run, "rollouts", query),
+        url(run, "rollouts_failures", query + "&review=1"),
+        reverse("run_export_sft", args=[run.pk]) + "?" + query,
+    ):
         response = signed_in.get(u)
         assert response.status_code == 400 and f"bad filter: {field}=" in response.content.decode()
 

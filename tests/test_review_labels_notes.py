@@ -1,8 +1,8 @@
 """Labels, notes and corrected rewards on a rollout: the trajectory page's review panel, its POST
 actions (HTMX and plain), the Labels page, the run table's columns and filters, and permission
 failures (anonymous, CSRF)."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 from django.test import Client
@@ -13,7 +13,8 @@ from rollouts.review import actions
 from rollouts.review.actions import ReviewError
 
 from .run_factories import finish, key, make_run
-from .test_view_rollout_detail import make_rollout, make_run as bare_run, make_task, msg
+from .test_view_rollout_detail import make_rollout, make_task, msg
+from .test_view_rollout_detail import make_run as bare_run
 
 S = Rollout.Status
 
@@ -41,7 +42,13 @@ def correction_url(r):
 
 
 def test_an_instance_starts_with_the_five_labels_in_key_order(db):
-    assert list(Label.objects.values_list("name", flat=True)) == ["good", "bad", "reward-hack", "verifier-wrong", "env-bug"]
+    assert list(Label.objects.values_list("name", flat=True)) == [
+        "good",
+        "bad",
+        "reward-hack",
+        "verifier-wrong",
+        "env-bug",
+    ]
 
 
 def test_a_label_toggles_on_and_off_and_keeps_who_and_when(signed_in, user, run):
@@ -86,7 +93,11 @@ def test_a_redirect_back_never_leaves_the_site(signed_in, run):
 
 def test_actions_need_a_signed_in_user(client, run):
     r = key(run, 0)
-    for url, data in ((label_url(r), {"label_name": "good"}), (note_url(r), {"text": "x"}), (correction_url(r), {"reward": 1, "reason": "x"})):
+    for url, data in (
+        (label_url(r), {"label_name": "good"}),
+        (note_url(r), {"text": "x"}),
+        (correction_url(r), {"reward": 1, "reason": "x"}),
+    ):
         response = client.post(url, data)
         assert response.status_code == 302 and reverse("login") in response["Location"]
     assert not RolloutLabel.objects.exists() and not Note.objects.exists() and not RewardCorrection.objects.exists()
@@ -96,8 +107,12 @@ def test_actions_refuse_a_post_without_the_csrf_token(user, run):
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user)
     r = key(run, 0)
-    for url, data in ((label_url(r), {"label_name": "good"}), (note_url(r), {"text": "x"}), (correction_url(r), {"reward": 1, "reason": "x"}),
-                      (reverse("labels"), {"name": "new-one"})):
+    for url, data in (
+        (label_url(r), {"label_name": "good"}),
+        (note_url(r), {"text": "x"}),
+        (correction_url(r), {"reward": 1, "reason": "x"}),
+        (reverse("labels"), {"name": "new-one"}),
+    ):
         assert strict.post(url, data).status_code == 403
     assert not RolloutLabel.objects.exists() and not Note.objects.exists() and not RewardCorrection.objects.exists()
     assert not Label.objects.filter(name="new-one").exists()
@@ -120,7 +135,10 @@ def test_a_note_on_the_rollout_and_one_on_an_item(signed_in, user, db):
     signed_in.post(note_url(r), {"text": "  looks fine  "})
     signed_in.post(note_url(r), {"text": "this answer is made up", "item": "#1"})
     notes = list(Note.objects.filter(rollout=r).order_by("id"))
-    assert [(n.text, n.item_seq, n.created_by) for n in notes] == [("looks fine", None, user), ("this answer is made up", 1, user)]
+    assert [(n.text, n.item_seq, n.created_by) for n in notes] == [
+        ("looks fine", None, user),
+        ("this answer is made up", 1, user),
+    ]
     page = signed_in.get(r.get_absolute_url()).content.decode()
     assert "this answer is made up" in page and 'href="#item-1"' in page and "notes (2)" in page
 
@@ -136,11 +154,14 @@ def test_a_note_posted_from_a_content_searched_list_keeps_the_search_apart(signe
     assert 'name="note"' in page and '<textarea name="text"' not in page
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"text": "   "}, "the note is empty"),
-    ({"text": "x", "item": "7"}, "this rollout has no item #7"),
-    ({"text": "x", "item": "first"}, "give the item&#x27;s number"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"text": "   "}, "the note is empty"),
+        ({"text": "x", "item": "7"}, "this rollout has no item #7"),
+        ({"text": "x", "item": "first"}, "give the item&#x27;s number"),
+    ],
+)
 def test_a_bad_note_is_reported_and_not_stored(signed_in, run, data, message):
     r = key(run, 0)
     response = signed_in.post(note_url(r), data, HTTP_HX_REQUEST="true")
@@ -178,11 +199,14 @@ def test_withdrawing_keeps_the_history(signed_in, run):
     assert list(RewardCorrection.objects.filter(rollout=r).values_list("reward", flat=True)) == [1.0, None]
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"reward": "high", "reason": "x"}, "must be a number"),
-    ({"reward": "nan", "reason": "x"}, "finite"),
-    ({"reward": "1"}, "say why"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"reward": "high", "reason": "x"}, "must be a number"),
+        ({"reward": "nan", "reason": "x"}, "finite"),
+        ({"reward": "1"}, "say why"),
+    ],
+)
 def test_a_bad_correction_is_reported_and_not_stored(signed_in, run, data, message):
     r = key(run, 1)
     response = signed_in.post(correction_url(r), data, HTTP_HX_REQUEST="true")
@@ -207,7 +231,9 @@ def test_the_labels_page_adds_and_orders_labels(signed_in, run):
     assert "needs-rerun" in page and "flaky env" in page
 
 
-@pytest.mark.parametrize("name, message", [("good", "exists already"), ("two words", "use 1–40"), ("", "use 1–40"), ("-x", "use 1–40")])
+@pytest.mark.parametrize(
+    "name, message", [("good", "exists already"), ("two words", "use 1–40"), ("", "use 1–40"), ("-x", "use 1–40")]
+)
 def test_the_labels_page_refuses_bad_names(signed_in, db, name, message):
     before = Label.objects.count()
     response = signed_in.post(reverse("labels"), {"name": name})
@@ -224,19 +250,22 @@ def test_the_run_table_shows_labels_and_note_counts(signed_in, user, run):
     assert '<span class="badge label-badge">good</span>' in html and "✎ 2" in html
 
 
-@pytest.mark.parametrize("query, expected", [
-    ("label=good", [0]),
-    ("label=-", [1, 2, 3]),
-    ("not_label=good", [1, 2, 3]),
-    ("notes=yes", [1]),
-    ("notes=no", [0, 2, 3]),
-    ("corrected=yes", [3]),
-    ("corrected=no", [0, 1, 2]),
-    ("label=good&notes=no", [0]),
-    ("reward_max=0.5", [1, 2]),
-    ("reward_max=0.5&reward_source=corrected", [1, 2, 3]),
-    ("reward_min=0.5&reward_source=corrected", [0]),
-])
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("label=good", [0]),
+        ("label=-", [1, 2, 3]),
+        ("not_label=good", [1, 2, 3]),
+        ("notes=yes", [1]),
+        ("notes=no", [0, 2, 3]),
+        ("corrected=yes", [3]),
+        ("corrected=no", [0, 1, 2]),
+        ("label=good&notes=no", [0]),
+        ("reward_max=0.5", [1, 2]),
+        ("reward_max=0.5&reward_source=corrected", [1, 2, 3]),
+        ("reward_min=0.5&reward_source=corrected", [0]),
+    ],
+)
 def test_the_run_table_filters_by_label_notes_and_corrected_reward(signed_in, user, run, query, expected):
     actions.set_label(key(run, 0), actions.find_label("good"), True, user)
     actions.add_note(key(run, 1), "hmm", user)
@@ -273,7 +302,7 @@ def test_the_trajectory_page_shows_the_panel_with_keys_for_the_first_nine_labels
     assert 'id="review-panel"' in html and "review.js" in html
     assert 'data-key="9"' in html and 'data-key="10"' not in html
     assert 'data-label="bad" title="on since' in html
-    assert 'data-review-mode' not in html  # not in review mode
+    assert "data-review-mode" not in html  # not in review mode
 
 
 def test_the_panel_escapes_what_reviewers_write(signed_in, user, run):
@@ -295,13 +324,26 @@ def test_the_run_page_review_card_shows_rewards_both_ways(signed_in, user, run):
 
 
 def test_a_flushed_label_table_gets_the_default_set_back_but_a_team_s_set_is_left_alone(db):
-    from django.db.models.signals import post_migrate
     from django.apps import apps
+    from django.db.models.signals import post_migrate
 
     Label.objects.all().delete()
-    post_migrate.send(sender=apps.get_app_config("rollouts"), app_config=apps.get_app_config("rollouts"), verbosity=0,
-                      interactive=False, using="default", apps=apps, plan=[])
-    assert list(Label.objects.values_list("name", flat=True)) == ["good", "bad", "reward-hack", "verifier-wrong", "env-bug"]
+    post_migrate.send(
+        sender=apps.get_app_config("rollouts"),
+        app_config=apps.get_app_config("rollouts"),
+        verbosity=0,
+        interactive=False,
+        using="default",
+        apps=apps,
+        plan=[],
+    )
+    assert list(Label.objects.values_list("name", flat=True)) == [
+        "good",
+        "bad",
+        "reward-hack",
+        "verifier-wrong",
+        "env-bug",
+    ]
     Label.objects.exclude(name="good").delete()
     assert actions.ensure_default_labels() == 0
     assert list(Label.objects.values_list("name", flat=True)) == ["good"]

@@ -1,5 +1,6 @@
 """Review mode: from any filtered list, one rollout per page; "j" (a POST) counts the rollout as
 reviewed and moves on; progress "N of M reviewed" is kept per user and per list."""
+
 from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
@@ -90,10 +91,19 @@ def test_a_skipped_rollout_is_still_to_do_at_the_end(signed_in, run):
 
 def test_progress_is_kept_per_list(signed_in, run):
     next_(signed_in, run, key(run, 0), {"reward_min": "1"})
-    assert 'id="review-progress">0 of 5 reviewed<' in signed_in.get(key(run, 0).get_absolute_url() + "?review=1").content.decode()
-    assert 'id="review-progress">1 of 3 reviewed<' in signed_in.get(key(run, 0).get_absolute_url() + "?reward_min=1&review=1").content.decode()
+    assert (
+        'id="review-progress">0 of 5 reviewed<'
+        in signed_in.get(key(run, 0).get_absolute_url() + "?review=1").content.decode()
+    )
+    assert (
+        'id="review-progress">1 of 3 reviewed<'
+        in signed_in.get(key(run, 0).get_absolute_url() + "?reward_min=1&review=1").content.decode()
+    )
     # The same list sorted differently is the same list.
-    assert "1 of 3 reviewed" in signed_in.get(key(run, 0).get_absolute_url() + "?reward_min=1&sort=-reward&review=1").content.decode()
+    assert (
+        "1 of 3 reviewed"
+        in signed_in.get(key(run, 0).get_absolute_url() + "?reward_min=1&sort=-reward&review=1").content.decode()
+    )
 
 
 def test_progress_is_kept_per_user(signed_in, run, django_user_model):
@@ -106,8 +116,11 @@ def test_progress_is_kept_per_user(signed_in, run, django_user_model):
 
 def test_labelling_in_review_mode_counts_as_reviewed(signed_in, run):
     r = key(run, 1)
-    response = signed_in.post(reverse("review_label", args=[run.pk, r.pk]), {"label_name": "bad", "review": "1", "reward_max": "0"},
-                              HTTP_HX_REQUEST="true")
+    response = signed_in.post(
+        reverse("review_label", args=[run.pk, r.pk]),
+        {"label_name": "bad", "review": "1", "reward_max": "0"},
+        HTTP_HX_REQUEST="true",
+    )
     html = response.content.decode()
     assert 'data-review-mode="1"' in html and 'id="review-progress">1 of 2 reviewed<' in html
 

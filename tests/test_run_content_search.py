@@ -2,6 +2,7 @@
 item, a tool called, a tool output's text, a failure message's text) through the backend's index
 (FTS5 trigram on SQLite, pg_trgm on PostgreSQL: the suite runs on both), links each row to the
 rollout with ``?q=`` so its hits are highlighted, and exports, file names and the API honour it."""
+
 from __future__ import annotations
 
 import json
@@ -21,19 +22,42 @@ S = Rollout.Status
 
 
 def call(seq, name, arguments, call_id="c1"):
-    return TrajectoryItem(seq=seq, step=0, kind="function_call", name=name, call_id=call_id, origin="agent",
-                          payload={"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id, "id": "fc_1"})
+    return TrajectoryItem(
+        seq=seq,
+        step=0,
+        kind="function_call",
+        name=name,
+        call_id=call_id,
+        origin="agent",
+        payload={"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id, "id": "fc_1"},
+    )
 
 
 def output(seq, text, call_id="c1"):
-    return TrajectoryItem(seq=seq, step=0, kind="function_call_output", call_id=call_id, origin="gym",
-                          payload={"type": "function_call_output", "call_id": call_id, "output": text})
+    return TrajectoryItem(
+        seq=seq,
+        step=0,
+        kind="function_call_output",
+        call_id=call_id,
+        origin="gym",
+        payload={"type": "function_call_output", "call_id": call_id, "output": text},
+    )
 
 
 def message(seq, text, role="assistant"):
-    return TrajectoryItem(seq=seq, step=0, kind="message", role=role, origin="agent",
-                          payload={"type": "message", "role": role, "status": "completed",
-                                   "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    return TrajectoryItem(
+        seq=seq,
+        step=0,
+        kind="message",
+        role=role,
+        origin="agent",
+        payload={
+            "type": "message",
+            "role": role,
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        },
+    )
 
 
 def store(rollout, items):
@@ -49,13 +73,23 @@ def run(db):
     run = make_run(5)
     r0, r1, r2, r3, r4 = (key(run, i) for i in range(5))
     finish(r0, S.SUCCEEDED, 1.0)
-    store(r0, [message(0, "Hello World, I will list the files."),
-               call(1, "bash", json.dumps({"command": "ls -la /tmp\necho \"done\""})),
-               output(2, "total 0\ndrwx tmp")])
+    store(
+        r0,
+        [
+            message(0, "Hello World, I will list the files."),
+            call(1, "bash", json.dumps({"command": 'ls -la /tmp\necho "done"'})),
+            output(2, "total 0\ndrwx tmp"),
+        ],
+    )
     finish(r1, S.SUCCEEDED, 0.0)
-    store(r1, [call(0, "read_file", json.dumps({"path": "notes.txt"})),
-               output(1, "header\x00SECRET after the nul"),
-               message(2, "The file holds a secret.")])
+    store(
+        r1,
+        [
+            call(0, "read_file", json.dumps({"path": "notes.txt"})),
+            output(1, "header\x00SECRET after the nul"),
+            message(2, "The file holds a secret."),
+        ],
+    )
     finish(r2, S.FAILED, kind="agent_http_error", error="agent returned HTTP 502: Bad Gateway from upstream\x00tail")
     store(r2, [message(0, "thinking about bash")])
     finish(r3, S.SUCCEEDED, 1.0)
@@ -126,15 +160,38 @@ def test_filters_combine_with_each_other_and_the_others(signed_in, run):
     assert keys(signed_in, run, "text=bash&status=failed")[0] == [2]
 
 
-@pytest.mark.parametrize("query, found", [
-    ('"yes AND no"', [3]), ("yes AND no", [3]), ("NEAR(this)", [3]), ("NEAR(", [3]), ("*", [3]), ("^col:", [3]),
-    ("(a OR b)", [3]), ("50%", [3]), ("under_score", [3]), ("back\\slash", [3]), ("%", [3]),
-    # Found where the letters are: "command" holds "and", "world" "or", "notes" "not"; the raw
-    # arguments JSON holds quotes and backslashes; "read_file" an underscore.
-    ("AND", [0, 3]), ("OR", [0, 3]), ("NOT", [1, 4]), ('"', [0, 1, 3]), ("\\", [0, 3]), ("_", [1, 3]),
-    ("'; DROP TABLE rollouts_rollout; --", []), ("' OR 1=1 --", []), ("**", []), ("AND OR NOT", []),
-    ("unde%core", []), ("und_r", []), ('" OR "', []), ("te*", []),
-])
+@pytest.mark.parametrize(
+    "query, found",
+    [
+        ('"yes AND no"', [3]),
+        ("yes AND no", [3]),
+        ("NEAR(this)", [3]),
+        ("NEAR(", [3]),
+        ("*", [3]),
+        ("^col:", [3]),
+        ("(a OR b)", [3]),
+        ("50%", [3]),
+        ("under_score", [3]),
+        ("back\\slash", [3]),
+        ("%", [3]),
+        # Found where the letters are: "command" holds "and", "world" "or", "notes" "not"; the raw
+        # arguments JSON holds quotes and backslashes; "read_file" an underscore.
+        ("AND", [0, 3]),
+        ("OR", [0, 3]),
+        ("NOT", [1, 4]),
+        ('"', [0, 1, 3]),
+        ("\\", [0, 3]),
+        ("_", [1, 3]),
+        ("'; DROP TABLE rollouts_rollout; --", []),
+        ("' OR 1=1 --", []),
+        ("**", []),
+        ("AND OR NOT", []),
+        ("unde%core", []),
+        ("und_r", []),
+        ('" OR "', []),
+        ("te*", []),
+    ],
+)
 def test_query_syntax_is_literal_text_never_an_error(signed_in, run, query, found):
     for field in ("text", "output", "error"):
         got, form = keys(signed_in, run, f"{field}={quote(query)}")
@@ -157,7 +214,7 @@ def test_a_nul_in_the_query_is_a_field_error_not_a_500(signed_in, run):
 
 def test_rows_link_to_the_rollout_with_q_for_highlighting(signed_in, run):
     response = signed_in.get(reverse("run", args=[run.pk]) + "?text=hello+world")
-    (row, url), = response.context["rows"]
+    ((row, url),) = response.context["rows"]
     assert url == reverse("rollout", args=[run.pk, row.pk]) + "?text=hello+world&q=hello+world"
     assert url.replace("&", "&amp;") in response.content.decode()
     response = signed_in.get(reverse("run", args=[run.pk]) + "?output=drwx")
@@ -220,30 +277,58 @@ def test_an_imported_run_is_searchable(signed_in, shared_data):
 def test_items_written_later_are_found_and_deleted_ones_are_not(signed_in, run):
     r4 = key(run, 4)
     assert keys(signed_in, run, "text=late arrival")[0] == []
-    TrajectoryItem.objects.create(rollout=r4, seq=5, step=1, kind="message", origin="agent",
-                                  payload={"type": "message", "content": "a Late Arrival"})
+    TrajectoryItem.objects.create(
+        rollout=r4,
+        seq=5,
+        step=1,
+        kind="message",
+        origin="agent",
+        payload={"type": "message", "content": "a Late Arrival"},
+    )
     assert keys(signed_in, run, "text=late arrival")[0] == [4]
     TrajectoryItem.objects.filter(rollout=r4, seq=5).delete()
     assert keys(signed_in, run, "text=late arrival")[0] == []
 
 
 def test_the_search_text_of_an_item():
-    text = search.item_search_text({"type": "function_call", "id": "fc_9", "status": "completed", "name": "Bash",
-                                    "arguments": json.dumps({"cmd": "say \"hi\"\x00there"})})
+    text = search.item_search_text(
+        {
+            "type": "function_call",
+            "id": "fc_9",
+            "status": "completed",
+            "name": "Bash",
+            "arguments": json.dumps({"cmd": 'say "hi"\x00there'}),
+        }
+    )
     assert "bash" in text and 'say "hi" there' in text
     assert "function_call" not in text and "completed" not in text and "fc_9" not in text
-    assert search.item_search_text({"type": "reasoning", "summary": [{"text": "Deep \ud800 Thought"}]}) == "deep \ufffd thought"
+    assert (
+        search.item_search_text({"type": "reasoning", "summary": [{"text": "Deep \ud800 Thought"}]})
+        == "deep \ufffd thought"
+    )
     assert search.item_search_text(None) == ""
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_collected_run_is_searchable_as_the_worker_wrote_it(tmp_path, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_collected_run_is_searchable_as_the_worker_wrote_it(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
     from django.core.management import call_command
 
     from rollouts.models import Run
 
-    call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
-                 "--output", str(tmp_path / "rollouts.jsonl"), "--no-progress")
+    call_command(
+        "collect",
+        "--agent-url",
+        counter_agent_url,
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(tmp_path / "rollouts.jsonl"),
+        "--no-progress",
+    )
     run = Run.objects.get()
     rollouts = Rollout.objects.filter(run=run)
     names = set(TrajectoryItem.objects.filter(rollout__run=run, kind="function_call").values_list("name", flat=True))
@@ -257,8 +342,15 @@ def test_a_collected_run_is_searchable_as_the_worker_wrote_it(tmp_path, counter_
 def test_a_common_text_walks_the_run_and_finds_the_same_rollouts(signed_in, run, monkeypatch):
     """A text found in many items (``search.COMMON_ITEMS``) is answered by probing each rollout
     instead of listing every hit: the same rollouts either way."""
-    cases = ["text=hello world", "text=secret", "output=secret", "text=" + quote('echo "done"'), "text=AND", "text=%25",
-             "text=" + quote("NEAR(this)")]
+    cases = [
+        "text=hello world",
+        "text=secret",
+        "output=secret",
+        "text=" + quote('echo "done"'),
+        "text=AND",
+        "text=%25",
+        "text=" + quote("NEAR(this)"),
+    ]
     indexed = [keys(signed_in, run, q)[0] for q in cases]
     monkeypatch.setattr(search, "COMMON_ITEMS", 1)
     assert [keys(signed_in, run, q)[0] for q in cases] == indexed

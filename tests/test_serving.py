@@ -1,6 +1,7 @@
 """Serving in production (issue 10, "Serving"): WhiteNoise serves the static files under gunicorn
 and runserver without --insecure; ``check --deploy`` passes with the settings docs/production.md documents; DEBUG off
 refuses the development key; sign-in works behind a TLS proxy; a 500 logs its traceback."""
+
 from __future__ import annotations
 
 import io
@@ -55,13 +56,21 @@ def test_gunicorn_with_debug_off_serves_the_stylesheet_and_htmx(gunicorn):
 
 def test_runserver_without_insecure_serves_the_stylesheet_and_htmx(transactional_db, collected_static, tmp_path):
     port = free_port()
-    env = _worker_env({
-        "GYMWEB_DEBUG": "0", "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50), "GYMWEB_STATIC_ROOT": str(collected_static),
-    })
+    env = _worker_env(
+        {
+            "GYMWEB_DEBUG": "0",
+            "GYMWEB_SECRET_KEY": secrets.token_urlsafe(50),
+            "GYMWEB_STATIC_ROOT": str(collected_static),
+        }
+    )
     log = (tmp_path / "runserver.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -85,7 +94,12 @@ def test_runserver_without_insecure_serves_the_stylesheet_and_htmx(transactional
 def _import_wsgi(**env):
     base = {k: v for k, v in os.environ.items() if k not in ("GYMWEB_SECRET_KEY", "GYMWEB_DEBUG")}
     return subprocess.run(
-        [sys.executable, "-c", "import gymweb.wsgi"], cwd=REPO, env={**base, **env}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", "import gymweb.wsgi"],
+        cwd=REPO,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -97,7 +111,9 @@ def test_with_debug_off_the_wsgi_app_refuses_to_start_on_the_development_key():
     assert _import_wsgi(GYMWEB_DEBUG="1").returncode == 0  # local development
 
 
-@pytest.mark.parametrize("key", ["x", "k" * 60, "short-but-random-ish"], ids=["one character", "one distinct character", "20 characters"])
+@pytest.mark.parametrize(
+    "key", ["x", "k" * 60, "short-but-random-ish"], ids=["one character", "one distinct character", "20 characters"]
+)
 def test_with_debug_off_the_wsgi_app_refuses_a_weak_key(key):
     result = _import_wsgi(GYMWEB_DEBUG="0", GYMWEB_SECRET_KEY=key)
     assert result.returncode != 0
@@ -115,8 +131,14 @@ def test_gunicorn_does_not_boot_on_the_development_key(gunicorn):
 
 def test_commands_that_serve_no_pages_run_without_a_secret_key():
     base = {k: v for k, v in os.environ.items() if k not in ("GYMWEB_SECRET_KEY", "GYMWEB_DEBUG")}
-    result = subprocess.run([sys.executable, "manage.py", "collect", "--help"], cwd=REPO, env=base,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "collect", "--help"],
+        cwd=REPO,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -138,14 +160,25 @@ def _check_deploy(env: dict[str, str], static_root) -> subprocess.CompletedProce
     base.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the tests' own (for Playwright); never in production
     return subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=REPO, env={**base, "GYMWEB_STATIC_ROOT": str(static_root), **env}, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env={**base, "GYMWEB_STATIC_ROOT": str(static_root), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def test_check_deploy_passes_with_the_settings_the_readme_documents(collected_static):
     env = _readme_production_env()
-    for name in ("GYMWEB_SECRET_KEY", "GYMWEB_ALLOWED_HOSTS", "GYMWEB_CSRF_TRUSTED_ORIGINS", "GYMWEB_SECURE_PROXY_SSL_HEADER",
-                 "GYMWEB_SSL_REDIRECT", "GYMWEB_SECURE_COOKIES", "GYMWEB_HSTS_SECONDS"):
+    for name in (
+        "GYMWEB_SECRET_KEY",
+        "GYMWEB_ALLOWED_HOSTS",
+        "GYMWEB_CSRF_TRUSTED_ORIGINS",
+        "GYMWEB_SECURE_PROXY_SSL_HEADER",
+        "GYMWEB_SSL_REDIRECT",
+        "GYMWEB_SECURE_COOKIES",
+        "GYMWEB_HSTS_SECONDS",
+    ):
         assert name in env, f"docs/production.md's block does not set {name}"
     assert env["GYMWEB_SECRET_KEY"] == "…"  # a placeholder: the page says how to make one
     env["GYMWEB_SECRET_KEY"] = secrets.token_urlsafe(50)
@@ -161,7 +194,9 @@ def test_check_deploy_fails_without_them(collected_static, tmp_path):
     for check in ("gymweb.E001", "security.W004", "security.W008", "security.W012", "security.W016"):
         assert check in result.stderr + result.stdout
     # No collected static files: a warning that says what to run.
-    missing = _check_deploy(dict(_readme_production_env(), GYMWEB_SECRET_KEY=secrets.token_urlsafe(50)), tmp_path / "none")
+    missing = _check_deploy(
+        dict(_readme_production_env(), GYMWEB_SECRET_KEY=secrets.token_urlsafe(50)), tmp_path / "none"
+    )
     assert "gymweb.W001" in missing.stderr and "collectstatic" in missing.stderr
 
 
@@ -186,8 +221,12 @@ def test_sign_in_behind_a_tls_proxy_works_with_the_proxy_header_setting(gunicorn
     elsewhere = ("--forwarded-allow-ips", "192.0.2.10")
     # (Secure cookies stay off here: this client reaches the server over http, as the proxy does,
     # and would not send them back.) The https redirect sees the proxy's header: no loop.
-    proxied = gunicorn.start(GYMWEB_ALLOWED_HOSTS="gymweb.example.com", GYMWEB_SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto",
-                             GYMWEB_SSL_REDIRECT="1", args=elsewhere)
+    proxied = gunicorn.start(
+        GYMWEB_ALLOWED_HOSTS="gymweb.example.com",
+        GYMWEB_SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto",
+        GYMWEB_SSL_REDIRECT="1",
+        args=elsewhere,
+    )
     response = _sign_in_through_proxy(proxied)
     assert response.status_code == 302 and response.headers["location"] == "/", response.text[:500]
     assert "sessionid=" in response.headers["set-cookie"]

@@ -2,6 +2,7 @@
 in the address bar (never a sign-in page pasted into the page); a signed-out POST action comes back
 to its page, not to ``GET /runs/N/retry/``; a stale CSRF token gets a friendly page with a link
 back."""
+
 from __future__ import annotations
 
 import re
@@ -92,8 +93,9 @@ def test_a_plain_signed_out_page_request_still_redirects_with_itself_as_next(cli
 
 
 def test_a_signed_out_htmx_request_from_another_site_is_not_sent_there(client, run):
-    response = client.get(reverse("run_live", args=[run.pk]), HTTP_HX_REQUEST="true",
-                          HTTP_HX_CURRENT_URL="https://evil.example/phish")
+    response = client.get(
+        reverse("run_live", args=[run.pk]), HTTP_HX_REQUEST="true", HTTP_HX_CURRENT_URL="https://evil.example/phish"
+    )
     assert _next_of(response["HX-Redirect"]) == reverse("run", args=[run.pk])
 
 

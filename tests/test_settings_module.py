@@ -1,5 +1,6 @@
 """gymweb.conf: every GYMWEB_* setting typed in one place; docs/settings.md's table made from it;
 `gymweb settings` shows values (secrets masked) and sources; unknown variables are warned about."""
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
 def test_the_docs_table_is_the_one_the_module_makes():
     text = DOCS.read_text()
     assert conf.MARK_BEGIN in text and conf.MARK_END in text
-    assert replace_table(text) == text, "docs/settings.md is out of date: run `gymweb settings --write-docs docs/settings.md`"
+    assert replace_table(text) == text, (
+        "docs/settings.md is out of date: run `gymweb settings --write-docs docs/settings.md`"
+    )
     for name in conf.OTHER_VARIABLES:
         assert f"`{name}`" in text
 
@@ -75,7 +78,11 @@ def test_describe_masks_secrets_and_says_where_each_value_came_from(monkeypatch)
     rows = {r["name"]: r for r in conf.describe(conf.load())}
     assert rows["GYMWEB_SECRET_KEY"]["value"] == "***"
     assert "hunter2" not in rows["GYMWEB_CACHE_URL"]["value"] and "cache:6379/1" in rows["GYMWEB_CACHE_URL"]["value"]
-    assert rows["GYMWEB_DATA_DIR"] == {**rows["GYMWEB_DATA_DIR"], "value": "/srv/gymweb-old-name", "source": "environment (GYMWEB_VAR_DIR)"}
+    assert rows["GYMWEB_DATA_DIR"] == {
+        **rows["GYMWEB_DATA_DIR"],
+        "value": "/srv/gymweb-old-name",
+        "source": "environment (GYMWEB_VAR_DIR)",
+    }
     assert rows["GYMWEB_Q_NAME"]["source"] == "default" and rows["GYMWEB_Q_NAME"]["value"] == "gymweb"
     assert all(r["description"] for r in rows.values())
 
@@ -96,7 +103,18 @@ def test_the_gymweb_command_lists_its_commands_and_runs_settings(tmp_path):
     help_out = subprocess.run([*gymweb, "--help"], env=env, capture_output=True, text=True, timeout=120)
     assert help_out.returncode == 0, help_out.stderr
     listed = help_out.stdout
-    for name in ("demo", "serve", "worker", "collect", "settings", "profile", "compare", "import_rollouts", "migrate", "createsuperuser"):
+    for name in (
+        "demo",
+        "serve",
+        "worker",
+        "collect",
+        "settings",
+        "profile",
+        "compare",
+        "import_rollouts",
+        "migrate",
+        "createsuperuser",
+    ):
         assert f" {name}" in listed, name
     out = subprocess.run([*gymweb, "settings"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -105,5 +123,7 @@ def test_the_gymweb_command_lists_its_commands_and_runs_settings(tmp_path):
     assert "s3cret" not in out.stdout and "***" in lines["GYMWEB_SECRET_KEY"]
     assert str(tmp_path) in lines["GYMWEB_DATA_DIR"] and "environment (GYMWEB_DATA_DIR)" in lines["GYMWEB_DATA_DIR"]
     assert "GYMWEB_LEAS_S" in out.stderr and "GYMWEB_LEASE_S" in out.stderr
-    bad = subprocess.run([*gymweb, "settings"], env={**env, "GYMWEB_Q_WORKERS": "two"}, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [*gymweb, "settings"], env={**env, "GYMWEB_Q_WORKERS": "two"}, capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and "GYMWEB_Q_WORKERS='two'" in bad.stderr and "Traceback" not in bad.stderr

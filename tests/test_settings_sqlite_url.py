@@ -1,5 +1,6 @@
 """A ``sqlite://`` DATABASE_URL gets the embedded default's SQLite options (WAL, synchronous=NORMAL,
 IMMEDIATE transactions, busy timeout): without them every dispatcher commit was an fsync (issue 14)."""
+
 import json
 import os
 import subprocess

@@ -1,6 +1,7 @@
 """The SFT export: NeMo Gym rollouts → OpenAI chat format (``{"messages", "tools"}``), on every real
 trace in ../shared/data/nemo_gym, against a fixed expected file for two of them, and its rules for
 reasoning, instructions, unanswered and repeated calls and what chat cannot hold."""
+
 from __future__ import annotations
 
 import json
@@ -88,12 +89,23 @@ def test_the_expected_file_reads_as_intended():
     # thinking kept as reasoning_content, the <think> spans out of every content.
     weather, swe = [json.loads(line) for line in EXPECTED.read_text().splitlines()]
     assert [m["role"] for m in weather["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
-    assert weather["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "chatcmpl-tool-aecb7a4507d66fe1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "New York"}'}}]}
+    assert weather["messages"][2] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "chatcmpl-tool-aecb7a4507d66fe1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "New York"}'},
+            }
+        ],
+    }
     assert weather["tools"][0]["function"]["strict"] is True and "type" not in weather["tools"][0]["function"]
     last = swe["messages"][-1]
     assert last["role"] == "assistant" and "tool_calls" not in last and last["reasoning_content"] and swe["tools"] == []
-    assert not any("<think>" in (m.get("content") or "") or "</think>" in (m.get("content") or "") for m in swe["messages"][2:])
+    assert not any(
+        "<think>" in (m.get("content") or "") or "</think>" in (m.get("content") or "") for m in swe["messages"][2:]
+    )
 
 
 def row_of(output, *, input_items=None, instructions=None, tools=None):
@@ -105,22 +117,32 @@ def row_of(output, *, input_items=None, instructions=None, tools=None):
     return {"responses_create_params": params, "response": {"output": output}, "reward": 1.0}
 
 
-REASONING = {"type": "reasoning", "id": "rs", "summary": [{"type": "summary_text", "text": "think A"}, {"type": "summary_text", "text": "think B"}]}
+REASONING = {
+    "type": "reasoning",
+    "id": "rs",
+    "summary": [{"type": "summary_text", "text": "think A"}, {"type": "summary_text", "text": "think B"}],
+}
 ANSWER = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "42"}]}
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("keep", {"role": "assistant", "content": "42", "reasoning_content": "think A\n\nthink B"}),
-    ("think", {"role": "assistant", "content": "<think>think A\n\nthink B</think>42"}),
-    ("drop", {"role": "assistant", "content": "42"}),
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("keep", {"role": "assistant", "content": "42", "reasoning_content": "think A\n\nthink B"}),
+        ("think", {"role": "assistant", "content": "<think>think A\n\nthink B</think>42"}),
+        ("drop", {"role": "assistant", "content": "42"}),
+    ],
+)
 def test_reasoning_is_kept_or_dropped_by_option(mode, expected):
     assert conversation(row_of([REASONING, ANSWER]), reasoning=mode)["messages"][-1] == expected
 
 
 def test_reasoning_content_wins_over_its_summary_and_encrypted_only_has_none():
-    item = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "short"}],
-            "content": [{"type": "reasoning_text", "text": "the whole thought"}]}
+    item = {
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": "short"}],
+        "content": [{"type": "reasoning_text", "text": "the whole thought"}],
+    }
     assert conversation(row_of([item, ANSWER]))["messages"][-1]["reasoning_content"] == "the whole thought"
     encrypted = {"type": "reasoning", "summary": [], "encrypted_content": "xyz"}
     assert conversation(row_of([encrypted, ANSWER]))["messages"][-1] == {"role": "assistant", "content": "42"}
@@ -132,9 +154,21 @@ def test_an_unknown_reasoning_mode_is_an_error():
 
 
 def test_instructions_become_one_system_message_with_leading_system_messages_folded():
-    conv = conversation(row_of([ANSWER], instructions="Be brief.", input_items=[
-        {"role": "system", "content": "You add numbers."}, {"role": "developer", "content": "Use tools."}, {"role": "user", "content": "2+2"}]))
-    assert conv["messages"][:2] == [{"role": "system", "content": "Be brief.\n\nYou add numbers.\n\nUse tools."}, {"role": "user", "content": "2+2"}]
+    conv = conversation(
+        row_of(
+            [ANSWER],
+            instructions="Be brief.",
+            input_items=[
+                {"role": "system", "content": "You add numbers."},
+                {"role": "developer", "content": "Use tools."},
+                {"role": "user", "content": "2+2"},
+            ],
+        )
+    )
+    assert conv["messages"][:2] == [
+        {"role": "system", "content": "Be brief.\n\nYou add numbers.\n\nUse tools."},
+        {"role": "user", "content": "2+2"},
+    ]
 
 
 def test_a_string_input_is_one_user_message_and_parts_stay_parts():
@@ -143,8 +177,10 @@ def test_a_string_input_is_one_user_message_and_parts_stay_parts():
     assert conversation(row)["messages"][0] == {"role": "user", "content": "what is 6*7?"}
     parts = [{"type": "input_text", "text": "look:"}, {"type": "input_image", "image_url": "data:image/png;base64,AA"}]
     conv = conversation(row_of([ANSWER], input_items=[{"role": "user", "content": parts}]))
-    assert conv["messages"][0]["content"] == [{"type": "text", "text": "look:"},
-                                              {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "auto"}}]
+    assert conv["messages"][0]["content"] == [
+        {"type": "text", "text": "look:"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "auto"}},
+    ]
 
 
 def call(call_id, name="f", arguments="{}"):
@@ -156,7 +192,18 @@ def output(call_id, text="ok"):
 
 
 def test_parallel_calls_make_one_assistant_message_and_a_repeated_call_id_keeps_the_last():
-    conv = conversation(row_of([call("a", arguments='{"n": 1}'), call("b"), call("a", arguments='{"n": 2}'), output("a"), output("b"), ANSWER]))
+    conv = conversation(
+        row_of(
+            [
+                call("a", arguments='{"n": 1}'),
+                call("b"),
+                call("a", arguments='{"n": 2}'),
+                output("a"),
+                output("b"),
+                ANSWER,
+            ]
+        )
+    )
     assistant = conv["messages"][1]
     assert [(c["id"], c["function"]["arguments"]) for c in assistant["tool_calls"]] == [("b", "{}"), ("a", '{"n": 2}')]
     assert [m["role"] for m in conv["messages"]] == ["user", "assistant", "tool", "tool", "assistant"]
@@ -165,8 +212,16 @@ def test_parallel_calls_make_one_assistant_message_and_a_repeated_call_id_keeps_
 def test_an_unanswered_call_is_dropped_even_at_the_end_and_turns_left_side_by_side_are_joined():
     middle = conversation(row_of([call("a"), call("lost"), output("a"), ANSWER]))
     assert [c["id"] for c in middle["messages"][1]["tool_calls"]] == ["a"]
-    only_lost = conversation(row_of([{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": ""}]}, call("lost"),
-                                     {"type": "message", "role": "user", "content": "go on"}, ANSWER]))
+    only_lost = conversation(
+        row_of(
+            [
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": ""}]},
+                call("lost"),
+                {"type": "message", "role": "user", "content": "go on"},
+                ANSWER,
+            ]
+        )
+    )
     assert only_lost["messages"] == [{"role": "user", "content": "hi\n\ngo on"}, {"role": "assistant", "content": "42"}]
     end = conversation(row_of([call("a"), output("a"), call("stopped")]))
     assert [m["role"] for m in end["messages"]] == ["user", "assistant", "tool"]
@@ -182,12 +237,21 @@ def test_a_refusal_goes_in_the_refusal_field():
     assert conversation(row_of([refusal]))["messages"][-1] == {"role": "assistant", "content": "", "refusal": "I can't"}
 
 
-@pytest.mark.parametrize("item, why", [
-    ({"type": "web_search_call", "id": "ws", "status": "completed"}, "item 1 (web_search_call): no chat representation"),
-    (output("never-made"), "which no earlier function_call made"),
-    ({"type": "message", "role": "tool", "content": "x"}, "message role 'tool'"),
-    ({"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]}, "content part 'input_file'"),
-])
+@pytest.mark.parametrize(
+    "item, why",
+    [
+        (
+            {"type": "web_search_call", "id": "ws", "status": "completed"},
+            "item 1 (web_search_call): no chat representation",
+        ),
+        (output("never-made"), "which no earlier function_call made"),
+        ({"type": "message", "role": "tool", "content": "x"}, "message role 'tool'"),
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]},
+            "content part 'input_file'",
+        ),
+    ],
+)
 def test_what_chat_cannot_hold_is_not_convertible_and_names_the_item(item, why):
     with pytest.raises(NotConvertible, match=why.replace("(", r"\(").replace(")", r"\)")):
         conversation(row_of([item]))
@@ -201,6 +265,9 @@ def test_convert_lines_leaves_out_rows_it_cannot_convert_and_says_which():
 
 
 def test_only_function_tools_go_in_tools_and_none_values_are_dropped():
-    tools = [{"type": "function", "name": "f", "description": None, "parameters": {"type": "object"}, "strict": None},
-             {"type": "web_search"}, {"type": "function"}]
+    tools = [
+        {"type": "function", "name": "f", "description": None, "parameters": {"type": "object"}, "strict": None},
+        {"type": "web_search"},
+        {"type": "function"},
+    ]
     assert tools_to_chat(tools) == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -4,6 +4,7 @@ call is answered by its tool message right after it, ``reasoning=drop`` leaves n
 and counted by reason in the download's headers, on the run page and by ``export_sft``. Checked on
 every trace in ../shared/data/nemo_gym and on the faults seen in real recordings (a SWE-bench row
 with only the user's message, a reply of 53 reasoning blocks interleaved with 53 tool calls)."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,11 @@ from rollouts.thinking import split_thinking
 
 def every_real_row(shared_data):
     """``(where, row)`` of every result row of every rollouts file under the shared data."""
-    files = sorted(p for p in shared_data.rglob("*.jsonl") if "rollouts" in p.name
-                   and not any(w in p.name for w in ("failures", "materialized", "verdicts", "profiling")))
+    files = sorted(
+        p
+        for p in shared_data.rglob("*.jsonl")
+        if "rollouts" in p.name and not any(w in p.name for w in ("failures", "materialized", "verdicts", "profiling"))
+    )
     assert len(files) >= 10, files
     for path in files:
         for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -50,12 +54,20 @@ def assert_training_example(conv: dict, where: str) -> None:
             continue
         assert not open_calls, (where, i, f"calls {open_calls} unanswered before the next turn")
         if role in ("user", "assistant"):
-            assert role != last_turn or (role == "assistant" and messages[i - 1]["role"] == "tool"), (where, i, f"two {role} turns in a row")
+            assert role != last_turn or (role == "assistant" and messages[i - 1]["role"] == "tool"), (
+                where,
+                i,
+                f"two {role} turns in a row",
+            )
             last_turn = role
         if role == "assistant":
             ids = [c["id"] for c in m.get("tool_calls") or []]
             assert len(ids) == len(set(ids)), (where, i)
-            assert m.get("content") or ids or m.get("reasoning_content") or m.get("refusal"), (where, i, "an empty assistant turn")
+            assert m.get("content") or ids or m.get("reasoning_content") or m.get("refusal"), (
+                where,
+                i,
+                "an empty assistant turn",
+            )
             open_calls = set(ids)
     assert not open_calls, (where, f"calls {open_calls} never answered")
     assert messages[-1]["role"] in ("assistant", "tool"), (where, "ends on a user turn")
@@ -74,8 +86,12 @@ def test_reasoning_drop_leaves_no_thinking_the_page_folds_and_keep_moves_it(shar
     rows = [(w, r) for w, r in every_real_row(shared_data) if "mini_swe_agent_2" in w]
     assert len(rows) == 5
     for where, row in rows:
-        texts = [p["text"] for it in row["response"]["output"] if it["type"] == "message" and it["role"] == "assistant"
-                 for p in it["content"]]
+        texts = [
+            p["text"]
+            for it in row["response"]["output"]
+            if it["type"] == "message" and it["role"] == "assistant"
+            for p in it["content"]
+        ]
         assert any(thinking for t in texts for thinking, _ in split_thinking(t)), where  # the page folds some
         dropped = conversation(row, reasoning="drop")
         for m in dropped["messages"][2:]:
@@ -90,8 +106,12 @@ def test_reasoning_drop_leaves_no_thinking_the_page_folds_and_keep_moves_it(shar
 
 
 def _swe_row(output):
-    return {"responses_create_params": {"input": [{"role": "user", "content": "Fix the bug in astropy."}]},
-            "response": {"output": output}, "reward": 0.0, "instance_id": "astropy__astropy-12907"}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "Fix the bug in astropy."}]},
+        "response": {"output": output},
+        "reward": 0.0,
+        "instance_id": "astropy__astropy-12907",
+    }
 
 
 def test_a_swe_bench_row_with_only_the_users_message_is_left_out_as_no_assistant_turn():
@@ -101,17 +121,30 @@ def test_a_swe_bench_row_with_only_the_users_message_is_left_out_as_no_assistant
 
 
 def _reasoning(n):
-    return {"type": "reasoning", "id": f"rs_{n}", "summary": [{"type": "summary_text", "text": f"step {n}: look at file {n}"}]}
+    return {
+        "type": "reasoning",
+        "id": f"rs_{n}",
+        "summary": [{"type": "summary_text", "text": f"step {n}: look at file {n}"}],
+    }
 
 
 def _call(n):
-    return {"type": "function_call", "call_id": f"call_{n}", "name": "bash", "arguments": json.dumps({"command": f"cat f{n}.py"})}
+    return {
+        "type": "function_call",
+        "call_id": f"call_{n}",
+        "name": "bash",
+        "arguments": json.dumps({"command": f"cat f{n}.py"}),
+    }
 
 
 def test_53_reasoning_blocks_interleaved_with_53_answered_calls_become_53_turns_each_answered():
     output = []
     for n in range(53):
-        output += [_reasoning(n), _call(n), {"type": "function_call_output", "call_id": f"call_{n}", "output": f"contents {n}"}]
+        output += [
+            _reasoning(n),
+            _call(n),
+            {"type": "function_call_output", "call_id": f"call_{n}", "output": f"contents {n}"},
+        ]
     output.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Fixed."}]})
     for mode in REASONING_MODES:
         conv = conversation(_swe_row(output), reasoning=mode)
@@ -130,16 +163,22 @@ def test_53_calls_never_answered_are_dropped_and_a_row_left_with_nothing_is_left
 
 
 def test_a_tool_output_after_another_turn_is_left_out_as_a_tool_output_without_its_call():
-    output = [_call(1), {"type": "message", "role": "user", "content": "hurry"}, {"type": "function_call_output", "call_id": "call_1", "output": "x"},
-              {"type": "message", "role": "assistant", "content": "done"}]
+    output = [
+        _call(1),
+        {"type": "message", "role": "user", "content": "hurry"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "x"},
+        {"type": "message", "role": "assistant", "content": "done"},
+    ]
     with pytest.raises(NotConvertible) as exc:
         conversation(_swe_row(output))
     assert exc.value.reason == "a tool output without its call"
 
 
 def test_left_out_text_counts_each_reason():
-    assert left_out_text(Counter({"no assistant turn": 3, "a tool output without its call": 1})) == \
-        "3 rollouts left out: no assistant turn; 1 rollout left out: a tool output without its call"
+    assert (
+        left_out_text(Counter({"no assistant turn": 3, "a tool output without its call": 1}))
+        == "3 rollouts left out: no assistant turn; 1 rollout left out: a tool output without its call"
+    )
     assert left_out_text(Counter()) == ""
 
 
@@ -169,8 +208,9 @@ def test_the_download_writes_only_valid_rows_and_its_headers_count_the_rest(sign
         assert_training_example(json.loads(line), f"line {n}")
     assert response["X-Gymweb-Rows"] == "5" and response["X-Gymweb-Left-Out"] == "3"
     assert response["X-Gymweb-Left-Out-Reasons"] == "3 rollouts left out: no assistant turn"
-    api = signed_in.get(f"/api/v1/runs/{run.pk}/sft.jsonl?reasoning=drop",
-                        HTTP_AUTHORIZATION=f"Bearer {create_token(user, 'tests')[1]}")
+    api = signed_in.get(
+        f"/api/v1/runs/{run.pk}/sft.jsonl?reasoning=drop", HTTP_AUTHORIZATION=f"Bearer {create_token(user, 'tests')[1]}"
+    )
     assert api.status_code == 200 and api["X-Gymweb-Left-Out"] == "3"
     assert len(b"".join(api.streaming_content).decode().splitlines()) == 5
 
@@ -188,7 +228,17 @@ def test_the_run_page_says_how_many_rollouts_the_sft_export_leaves_out_and_why(s
 
 def test_export_sft_says_how_many_rows_it_left_out_and_why(mixed_file, tmp_path):
     out, err = StringIO(), StringIO()
-    call_command("export_sft", "--input", str(mixed_file), "--output", str(tmp_path / "sft.jsonl"), "--reasoning", "drop", stdout=out, stderr=err)
+    call_command(
+        "export_sft",
+        "--input",
+        str(mixed_file),
+        "--output",
+        str(tmp_path / "sft.jsonl"),
+        "--reasoning",
+        "drop",
+        stdout=out,
+        stderr=err,
+    )
     assert "wrote 5 conversation(s)" in out.getvalue() and "3 rollouts left out: no assistant turn" in out.getvalue()
     assert err.getvalue().count("the conversation has no assistant turn") == 3
     for n, line in enumerate((tmp_path / "sft.jsonl").read_text().splitlines()):

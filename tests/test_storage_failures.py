@@ -5,11 +5,13 @@ the line and stores nothing, never an HTTP 500.
 
 With every string now storable, the database refusing a value is simulated: ``rollouts.lossless.dumps``
 (the writer of every JSON column) raises the ``DataError`` a database would."""
+
 from __future__ import annotations
 
 import io
 import json
 import logging
+from datetime import UTC
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -20,8 +22,8 @@ from django.urls import reverse
 from rollouts import lossless
 from rollouts.collection import dispatch, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
-from rollouts.collection.importer import import_rollouts
 from rollouts.collection.dispatch import _Batch, write_batch
+from rollouts.collection.importer import import_rollouts
 from rollouts.engine.loop import FailureKind, RolloutOutcome
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 
@@ -54,8 +56,19 @@ def test_a_trajectory_item_that_cannot_be_stored_fails_the_rollout_and_says_what
 ):
     monkeypatch.setattr(lossless, "dumps", refuse(is_tool_output))
     out = tmp_path / "rollouts.jsonl"
-    args = ["--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
-            "--output", str(out), "--limit", "2", "--no-progress"]
+    args = [
+        "--agent-url",
+        counter_agent_url,
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(out),
+        "--limit",
+        "2",
+        "--no-progress",
+    ]
     with caplog.at_level(logging.ERROR, logger="gymweb.dispatch"):
         call_command("collect", *args)
     run = Run.objects.get()
@@ -73,8 +86,12 @@ def test_a_trajectory_item_that_cannot_be_stored_fails_the_rollout_and_says_what
         assert "function_call" in kinds and "function_call_output" not in kinds
         assert "function_call_output" in rollout.partial_response_json
         logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-        assert any(m.startswith(f"rollout {rollout.pk} (run {run.pk}, task {rollout.task_index}, rollout 0, attempt 1): could not store trajectory item #")
-                   for m in logged), logged
+        assert any(
+            m.startswith(
+                f"rollout {rollout.pk} (run {run.pk}, task {rollout.task_index}, rollout 0, attempt 1): could not store trajectory item #"
+            )
+            for m in logged
+        ), logged
     assert _read(out) == []
     failures = _read(tmp_path / "rollouts_failures.jsonl")
     assert len(failures) == 2 and all("_gymweb_failure_kind" not in f for f in failures)  # NeMo Gym's rows
@@ -108,22 +125,29 @@ def test_a_result_that_cannot_be_stored_becomes_a_storage_failure_row(monkeypatc
     rollout.refresh_from_db()
     assert (rollout.status, rollout.failure_kind, rollout.reward) == ("failed", "storage_failed", 0.0)
     assert "Missing: the rollout's result (status, reward, verify reply, counts): DataError" in rollout.error
-    assert f"rollout {rollout.pk} (run {run.pk}, task 0, rollout 0, attempt 1): could not store the rollout's result" in caplog.text
+    assert (
+        f"rollout {rollout.pk} (run {run.pk}, task 0, rollout 0, attempt 1): could not store the rollout's result"
+        in caplog.text
+    )
 
 
 def test_an_agent_call_lost_in_one_batch_fails_the_rollout_when_it_finishes_in_a_later_one(monkeypatch):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     run, rollout = _running_rollout()
     monkeypatch.setattr(lossless, "dumps", refuse(lambda v: isinstance(v, dict) and v.get("refuse") is True))
-    call = AgentCall(rollout_id=rollout.pk, index=0, started=datetime.now(timezone.utc), latency_ms=1.0, usage={"refuse": True})
-    item = TrajectoryItem(rollout_id=rollout.pk, seq=0, step=0, kind="message", origin="agent", payload={"type": "message"})
+    call = AgentCall(rollout_id=rollout.pk, index=0, started=datetime.now(UTC), latency_ms=1.0, usage={"refuse": True})
+    item = TrajectoryItem(
+        rollout_id=rollout.pk, seq=0, step=0, kind="message", origin="agent", payload={"type": "message"}
+    )
     write_batch(_Batch(calls=[call], items=[item]), "w")
     rollout.refresh_from_db()
     assert rollout.status == "running" and rollout.storage_error.startswith("agent call 1: DataError")
     assert TrajectoryItem.objects.filter(rollout=rollout).count() == 1
     monkeypatch.setattr(lossless, "dumps", real_dumps)
-    outcome = RolloutOutcome(ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": [{"type": "message"}]})
+    outcome = RolloutOutcome(
+        ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": [{"type": "message"}]}
+    )
     write_batch(_Batch(finished=[(rollout.pk, outcome)]), "w")
     rollout.refresh_from_db()
     assert (rollout.status, rollout.failure_kind) == ("failed", "storage_failed")
@@ -131,16 +155,27 @@ def test_an_agent_call_lost_in_one_batch_fails_the_rollout_when_it_finishes_in_a
     assert dispatch._missing == {}
 
 
-@pytest.mark.parametrize("error, says", [
-    (None, "the row cannot be stored (DataError: simulated"),
-    (RecursionError("maximum recursion depth exceeded"), "the row is nested too deeply to store"),
-])
+@pytest.mark.parametrize(
+    "error, says",
+    [
+        (None, "the row cannot be stored (DataError: simulated"),
+        (RecursionError("maximum recursion depth exceeded"), "the row is nested too deeply to store"),
+    ],
+)
 def test_an_import_row_the_database_refuses_is_reported_with_its_line_not_a_500(monkeypatch, signed_in, error, says):
-    monkeypatch.setattr(lossless, "dumps", refuse(lambda v: isinstance(v, dict) and v.get("text") == "refuse me", error))
+    monkeypatch.setattr(
+        lossless, "dumps", refuse(lambda v: isinstance(v, dict) and v.get("text") == "refuse me", error)
+    )
     rows = [
         {"responses_create_params": {"input": "a"}, "response": {"id": "r", "output": []}, "reward": 1.0},
-        {"responses_create_params": {"input": "b"}, "reward": 1.0,
-         "response": {"id": "r", "output": [{"type": "message", "role": "assistant", "content": [], "text": "refuse me"}]}},
+        {
+            "responses_create_params": {"input": "b"},
+            "reward": 1.0,
+            "response": {
+                "id": "r",
+                "output": [{"type": "message", "role": "assistant", "content": [], "text": "refuse me"}],
+            },
+        },
     ]
     body = "".join(json.dumps(r) + "\n" for r in rows)
     response = signed_in.post(reverse("import"), {"rollouts": SimpleUploadedFile("mine.jsonl", body.encode())})

@@ -1,6 +1,7 @@
 """The target policy's rules (``rollouts.engine.targets.TargetPolicy``; docs/production.md, "Which hosts a run
 may reach"): every example of issue 10 judged as the address it denotes, the allowlist's entry
 forms, and the settings that build it. Connections themselves: ``test_target_policy_connections``."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -46,7 +47,10 @@ def dns(monkeypatch):
     return table
 
 
-@pytest.mark.parametrize("spelling", ["0x7f000001", "2130706433", "127.1", "0177.0.0.1", "[::ffff:127.0.0.1]", "127.0.0.1", "[::1]", "0x7f.1"])
+@pytest.mark.parametrize(
+    "spelling",
+    ["0x7f000001", "2130706433", "127.1", "0177.0.0.1", "[::ffff:127.0.0.1]", "127.0.0.1", "[::1]", "0x7f.1"],
+)
 def test_every_spelling_of_loopback_is_judged_as_loopback_and_refused(spelling):
     message = refused(STRICT, f"http://{spelling}:9102")
     assert "127.0.0.1 is a loopback address" in message or "::1 is a loopback address" in message
@@ -55,7 +59,10 @@ def test_every_spelling_of_loopback_is_judged_as_loopback_and_refused(spelling):
 
 @pytest.mark.parametrize("spelling", ["0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]"])
 def test_the_numeric_spellings_parse_to_the_address_the_c_library_would_connect_to(spelling):
-    assert parse_ip(spelling.strip("[]")) in (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::ffff:127.0.0.1"))
+    assert parse_ip(spelling.strip("[]")) in (
+        ipaddress.ip_address("127.0.0.1"),
+        ipaddress.ip_address("::ffff:127.0.0.1"),
+    )
 
 
 @pytest.mark.parametrize("spelling", ["0.0.0.0", "0", "[::]"])
@@ -69,8 +76,16 @@ def test_localhost_with_a_port_is_refused_by_its_resolved_address():
     assert "localhost resolves to" in message and "loopback" in message
 
 
-@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data", "http://[fd00:ec2::254]", "http://100.100.100.200",
-                                 "http://169.254.170.2", "http://[::ffff:169.254.169.254]"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data",
+        "http://[fd00:ec2::254]",
+        "http://100.100.100.200",
+        "http://169.254.170.2",
+        "http://[::ffff:169.254.169.254]",
+    ],
+)
 def test_cloud_metadata_addresses_are_refused_even_when_local_targets_are_allowed(url):
     message = refused(LOCAL, url)
     assert "cloud-metadata address" in message and "listed explicitly in GYMWEB_ALLOWED_TARGET_HOSTS" in message
@@ -93,7 +108,9 @@ def test_a_metadata_name_or_address_is_allowed_only_when_listed_explicitly():
     assert allowed(TargetPolicy.from_settings(False, ["metadata.google.internal"]), "http://metadata.google.internal/")
 
 
-@pytest.mark.parametrize("url", ["http://10.1.2.3", "http://172.16.0.1", "http://192.168.1.1", "http://100.64.0.1", "http://[fd12::1]"])
+@pytest.mark.parametrize(
+    "url", ["http://10.1.2.3", "http://172.16.0.1", "http://192.168.1.1", "http://100.64.0.1", "http://[fd12::1]"]
+)
 def test_private_addresses_need_allow_local(url):
     assert "is a private address" in refused(STRICT, url)
     assert allowed(LOCAL, url)
@@ -126,7 +143,10 @@ def test_a_host_port_entry_allows_that_port_only():
     policy = TargetPolicy.from_settings(False, ["localhost:9102"])
     assert allowed(policy, "http://localhost:9102")
     message = refused(policy, "http://localhost:6379")
-    assert "localhost:6379 is not in GYMWEB_ALLOWED_TARGET_HOSTS (localhost:9102); only listed targets are allowed" in message
+    assert (
+        "localhost:6379 is not in GYMWEB_ALLOWED_TARGET_HOSTS (localhost:9102); only listed targets are allowed"
+        in message
+    )
 
 
 def test_a_bare_localhost_entry_does_not_open_every_port_of_this_machine():
@@ -134,7 +154,9 @@ def test_a_bare_localhost_entry_does_not_open_every_port_of_this_machine():
     for url in ("http://localhost:6379", "http://127.0.0.1:6379", "http://127.1:5432"):
         message = refused(policy, url)
         assert "on gymweb's own machine (loopback)" in message and "list it as host:port" in message
-    assert allowed(TargetPolicy.from_settings(True, ["localhost"]), "http://localhost:6379")  # local targets on: as listed
+    assert allowed(
+        TargetPolicy.from_settings(True, ["localhost"]), "http://localhost:6379"
+    )  # local targets on: as listed
 
 
 def test_a_bare_host_entry_allows_every_port_of_another_host(dns):
@@ -181,21 +203,26 @@ def test_a_listed_name_is_allowed_on_its_private_address_but_never_on_a_metadata
 
 def test_a_name_that_does_not_resolve_is_left_to_connection_time_unless_the_list_excludes_it(dns):
     assert allowed(STRICT, "http://nowhere.test")
-    assert "nowhere.test:80 is not in GYMWEB_ALLOWED_TARGET_HOSTS" in refused(TargetPolicy.from_settings(False, ["a.test"]), "http://nowhere.test")
+    assert "nowhere.test:80 is not in GYMWEB_ALLOWED_TARGET_HOSTS" in refused(
+        TargetPolicy.from_settings(False, ["a.test"]), "http://nowhere.test"
+    )
 
 
-@pytest.mark.parametrize("entry, name, network, port", [
-    ("agent.internal", "agent.internal", None, None),
-    ("Agent.Internal:8000", "agent.internal", None, 8000),
-    ("10.1.2.3", None, "10.1.2.3/32", None),
-    ("10.1.2.3:8000", None, "10.1.2.3/32", 8000),
-    ("10.0.0.0/8", None, "10.0.0.0/8", None),
-    ("10.0.0.0/8:8000", None, "10.0.0.0/8", 8000),
-    ("[::1]", None, "::1/128", None),
-    ("[::1]:9102", None, "::1/128", 9102),
-    ("fd00::/8", None, "fd00::/8", None),
-    ("[fd00::/8]:9000", None, "fd00::/8", 9000),
-])
+@pytest.mark.parametrize(
+    "entry, name, network, port",
+    [
+        ("agent.internal", "agent.internal", None, None),
+        ("Agent.Internal:8000", "agent.internal", None, 8000),
+        ("10.1.2.3", None, "10.1.2.3/32", None),
+        ("10.1.2.3:8000", None, "10.1.2.3/32", 8000),
+        ("10.0.0.0/8", None, "10.0.0.0/8", None),
+        ("10.0.0.0/8:8000", None, "10.0.0.0/8", 8000),
+        ("[::1]", None, "::1/128", None),
+        ("[::1]:9102", None, "::1/128", 9102),
+        ("fd00::/8", None, "fd00::/8", None),
+        ("[fd00::/8]:9000", None, "fd00::/8", 9000),
+    ],
+)
 def test_allowlist_entries_take_hosts_ports_and_cidr_ranges(entry, name, network, port):
     parsed = AllowEntry.parse(entry)
     assert parsed.name == name
@@ -203,14 +230,17 @@ def test_allowlist_entries_take_hosts_ports_and_cidr_ranges(entry, name, network
     assert parsed.port == port
 
 
-@pytest.mark.parametrize("entry, words", [
-    ("http://agent:8000", "not a URL"),
-    ("agent:http", "bad port"),
-    ("agent:70000", "bad port"),
-    ("10.0.0.0/33", "not a valid CIDR range"),
-    ("[::1", "no closing"),
-    ("bad host!", "not a valid host name"),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("http://agent:8000", "not a URL"),
+        ("agent:http", "bad port"),
+        ("agent:70000", "bad port"),
+        ("10.0.0.0/33", "not a valid CIDR range"),
+        ("[::1", "no closing"),
+        ("bad host!", "not a valid host name"),
+    ],
+)
 def test_a_bad_allowlist_entry_is_an_error_naming_it(entry, words):
     with pytest.raises(InvalidAllowEntry) as info:
         AllowEntry.parse(entry)

@@ -2,6 +2,7 @@
 aiohttp, ``PolicyResolver`` + ``PolicyAsyncTransport``) and the sync client (``PolicyNetworkBackend``)
 judge the address they are about to connect to, so no spelling and no DNS answer reaches a refused
 host, and the refused service receives nothing. Real servers on 127.0.0.1."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -36,12 +37,16 @@ def dns(monkeypatch):
     return table
 
 
-@pytest.mark.parametrize("spelling", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "localhost"])
+@pytest.mark.parametrize(
+    "spelling", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "localhost"]
+)
 @async_test
 async def test_a_rollout_to_an_agent_on_loopback_fails_as_target_refused_in_every_spelling(spelling):
     async with EnvService() as env, AgentService(reply(message())) as agent:
         agent_url = f"http://{spelling}:{port_of(agent.url)}"
-        outcome = await drive(agent_url, env, policy=TargetPolicy.from_settings(False, [f"127.0.0.1:{port_of(env.url)}"]))
+        outcome = await drive(
+            agent_url, env, policy=TargetPolicy.from_settings(False, [f"127.0.0.1:{port_of(env.url)}"])
+        )
     assert outcome.failure_kind == FailureKind.TARGET_REFUSED, outcome.error
     assert f"did not connect to the agent service at {agent_url}/v1/responses" in outcome.error
     assert "GYMWEB_ALLOWED_TARGET_HOSTS" in outcome.error
@@ -130,7 +135,9 @@ async def test_allow_local_lets_a_local_run_through():
     assert outcome.ok, outcome.error
 
 
-@pytest.mark.parametrize("spelling", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "localhost"])
+@pytest.mark.parametrize(
+    "spelling", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "localhost"]
+)
 def test_the_sync_client_refuses_loopback_in_every_spelling_and_sends_nothing(spelling):
     from aiohttp import web
 

@@ -4,6 +4,7 @@ worker, ``collect`` and ``check_agent``. Forms say so on the URL field, a queued
 rows of kind ``target_refused`` naming the rule and the setting, the CLI exits 2; nothing is
 skipped silently and nothing crashes. The services run on 127.0.0.1, so turning
 ``GYMWEB_ALLOW_LOCAL_TARGETS`` off makes them refused targets."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,9 @@ def _messages(response) -> list[str]:
 
 
 # -- forms -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("host", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "0.0.0.0", "localhost"])
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "0.0.0.0", "localhost"]
+)
 def test_the_new_run_form_refuses_a_local_agent_in_every_spelling(signed_in, strict, host):
     response = signed_in.post(reverse("run_new"), _data(agent_url=f"http://{host}:6379"))
     assert response.status_code == 400
@@ -46,9 +49,14 @@ def test_the_new_run_form_refuses_a_local_agent_in_every_spelling(signed_in, str
     assert _nothing_stored()
 
 
-@pytest.mark.parametrize("url, words", [("http://169.254.169.254", "cloud-metadata address"),
-                                        ("http://metadata.google.internal", "cloud-metadata host"),
-                                        ("http://[fe80::1]:80", "link-local address")])
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http://169.254.169.254", "cloud-metadata address"),
+        ("http://metadata.google.internal", "cloud-metadata host"),
+        ("http://[fe80::1]:80", "link-local address"),
+    ],
+)
 def test_the_new_run_form_refuses_metadata_and_link_local_env_urls_even_with_local_targets_on(signed_in, url, words):
     response = signed_in.post(reverse("run_new"), _data(env_url=url))
     assert response.status_code == 400
@@ -87,9 +95,12 @@ def test_the_check_page_refuses_at_connection_time_too(signed_in, strict, monkey
 def test_the_api_refuses_a_run_on_a_local_host(client, user, strict):
     token = create_token(user, "tests")[1]
     dataset = runs.store_dataset(read_jsonl(dataset_lines(1), source="t.jsonl"), "t", user=user)
-    response = client.post("/api/v1/runs", json.dumps({"dataset": dataset.pk, "agent_url": "http://2130706433:9102",
-                                                       "env_url": "http://127.0.0.1:9101"}),
-                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.post(
+        "/api/v1/runs",
+        json.dumps({"dataset": dataset.pk, "agent_url": "http://2130706433:9102", "env_url": "http://127.0.0.1:9101"}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
     assert response.status_code == 400
     errors = response.json()["errors"]
     assert "agent_url" in errors and "env_url" in errors and LOCAL_HINT in json.dumps(errors)
@@ -131,7 +142,9 @@ def test_retry_goes_ahead_once_the_host_is_allowed(signed_in, strict):
 
 
 # -- workers and collect ---------------------------------------------------------------------------
-def test_a_worker_fails_each_rollout_of_a_refused_run_as_target_refused(workers, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_worker_fails_each_rollout_of_a_refused_run_as_target_refused(
+    workers, counter_env_url, counter_agent_url, counter_tasks_path
+):
     with open(counter_tasks_path, "rb") as fh:
         parsed = read_jsonl(fh)
     run = runs.create_run(parsed, name="refused", agent_url=counter_agent_url, env_url=counter_env_url, max_attempts=1)
@@ -145,23 +158,44 @@ def test_a_worker_fails_each_rollout_of_a_refused_run_as_target_refused(workers,
 
 
 @pytest.mark.django_db(transaction=True)
-def test_collect_writes_target_refused_failure_rows_naming_the_setting(tmp_path, strict, counter_env_url, counter_agent_url,
-                                                                      counter_tasks_path, capsys):
+def test_collect_writes_target_refused_failure_rows_naming_the_setting(
+    tmp_path, strict, counter_env_url, counter_agent_url, counter_tasks_path, capsys
+):
     out = tmp_path / "rollouts.jsonl"
-    call_command("collect", "--agent-url", counter_agent_url, "--env-url", counter_env_url, "--input", str(counter_tasks_path),
-                 "--output", str(out), "--no-progress", "--no-health-check", "--limit", "2", "--max-attempts", "1")
+    call_command(
+        "collect",
+        "--agent-url",
+        counter_agent_url,
+        "--env-url",
+        counter_env_url,
+        "--input",
+        str(counter_tasks_path),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--no-health-check",
+        "--limit",
+        "2",
+        "--max-attempts",
+        "1",
+    )
     failures = [json.loads(line) for line in (tmp_path / "rollouts_failures.jsonl").read_text().splitlines()]
     assert len(failures) == 2
     for row in failures:
         assert "_gymweb_failure_kind" not in row  # NeMo Gym's row; the kind is in the database (below)
         assert row["_ng_failure_class"] == "remote_agent_error" and row["reward"] == 0.0
-        assert "seed_session failed: gymweb did not connect to the environment" in row["error"] and LOCAL_HINT in row["error"]
+        assert (
+            "seed_session failed: gymweb did not connect to the environment" in row["error"]
+            and LOCAL_HINT in row["error"]
+        )
     assert out.read_text() == ""
     assert set(Rollout.objects.values_list("failure_kind", flat=True)) == {"target_refused"}
 
 
 # -- check_agent -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("host", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "localhost", "0.0.0.0"])
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "0x7f000001", "2130706433", "127.1", "[::ffff:127.0.0.1]", "localhost", "0.0.0.0"]
+)
 def test_check_agent_exits_2_naming_the_policy_for_a_local_host(strict, host):
     with pytest.raises(CommandError) as info:
         call_command("check_agent", f"http://{host}:6379")

@@ -1,6 +1,7 @@
 """Host spellings, addresses that carry another address, and the env's own routes under other spellings:
 the form, the workers and the evaluation commands accept the same set, and nothing reaches a refused
 address or route through another spelling."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -32,7 +33,13 @@ def test_a_legacy_ip_spelling_is_refused_with_the_canonical_form_named(url, cano
 
 @pytest.mark.parametrize(
     "url",
-    ["http://exa%41mple.com", "http://[fe80::1%25eth0]:9000", "http://bad..name", "http://-lead.example", "http://a b.example"],
+    [
+        "http://exa%41mple.com",
+        "http://[fe80::1%25eth0]:9000",
+        "http://bad..name",
+        "http://-lead.example",
+        "http://a b.example",
+    ],
 )
 def test_a_host_with_a_percent_or_an_invalid_label_is_refused(url):
     with pytest.raises(InvalidBaseURL):
@@ -41,7 +48,14 @@ def test_a_host_with_a_percent_or_an_invalid_label_is_refused(url):
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:9000", "http://[::1]:9000", "http://localhost:9000", "http://my_env.svc:8000", "https://bücher.de", "http://xn--bcher-kva.de"],
+    [
+        "http://127.0.0.1:9000",
+        "http://[::1]:9000",
+        "http://localhost:9000",
+        "http://my_env.svc:8000",
+        "https://bücher.de",
+        "http://xn--bcher-kva.de",
+    ],
 )
 def test_canonical_addresses_and_valid_names_are_accepted(url):
     assert validate_base_url(url + "/") == url

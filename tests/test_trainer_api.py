@@ -2,6 +2,7 @@
 store nothing), the results stream (finishing order, the files' own rows, a cursor that gives every
 row exactly once across reconnects), one rollout whole, the api_token command and what the OpenAPI
 document declares."""
+
 from __future__ import annotations
 
 import io
@@ -45,7 +46,9 @@ def nothing_stored():
 # -- batches in ------------------------------------------------------------------------------------
 def test_rows_sent_inline_make_a_launched_run(client, auth):
     rows = task_rows(3)
-    response = post_json(client, auth, {"rows": rows, "agent_url": AGENT, "env_url": ENV, "num_repeats": 2, "name": "step 7"})
+    response = post_json(
+        client, auth, {"rows": rows, "agent_url": AGENT, "env_url": ENV, "num_repeats": 2, "name": "step 7"}
+    )
     assert response.status_code == 201, response.content
     run = Run.objects.get(pk=response.json()["id"])
     assert run.status == Run.Status.RUNNING and run.name == "step 7"
@@ -55,19 +58,26 @@ def test_rows_sent_inline_make_a_launched_run(client, auth):
 
 def test_a_jsonl_body_with_settings_in_the_querystring(client, auth):
     body = "\n".join(json.dumps(r) for r in task_rows(4)) + "\n"
-    response = client.post(f"{API}/runs?agent_url={AGENT}&env_url={ENV}&concurrency=4", data=body,
-                           content_type="application/x-ndjson", **auth)
+    response = client.post(
+        f"{API}/runs?agent_url={AGENT}&env_url={ENV}&concurrency=4",
+        data=body,
+        content_type="application/x-ndjson",
+        **auth,
+    )
     assert response.status_code == 201, response.content
     run = Run.objects.get(pk=response.json()["id"])
     assert run.num_keys == 4 and run.concurrency == 4
 
 
-@pytest.mark.parametrize("bad, where, field", [
-    ({"responses_create_params": {"temperature": 0.1}}, "rows[2] (row 3)", "'input'"),
-    ({"no_params": 1}, "rows[2] (row 3)", "responses_create_params"),
-    ([1, 2], "rows[2] (row 3)", "JSON object"),
-    ({"responses_create_params": {"input": "x"}, "_ng_task_index": "seven"}, "rows[2] (row 3)", "_ng_task_index"),
-])
+@pytest.mark.parametrize(
+    "bad, where, field",
+    [
+        ({"responses_create_params": {"temperature": 0.1}}, "rows[2] (row 3)", "'input'"),
+        ({"no_params": 1}, "rows[2] (row 3)", "responses_create_params"),
+        ([1, 2], "rows[2] (row 3)", "JSON object"),
+        ({"responses_create_params": {"input": "x"}, "_ng_task_index": "seven"}, "rows[2] (row 3)", "_ng_task_index"),
+    ],
+)
 def test_a_bad_row_is_a_400_naming_row_and_field_and_nothing_is_stored(client, auth, bad, where, field):
     rows = task_rows(4)
     rows[2] = bad
@@ -82,19 +92,26 @@ def test_a_bad_row_is_a_400_naming_row_and_field_and_nothing_is_stored(client, a
 def test_a_bad_jsonl_line_names_its_line(client, auth):
     lines = [json.dumps(r) for r in task_rows(3)]
     lines[1] = '{"responses_create_params": {"input": "x"'
-    response = client.post(f"{API}/runs?agent_url={AGENT}&env_url={ENV}", data="\n".join(lines),
-                           content_type="application/x-ndjson", **auth)
+    response = client.post(
+        f"{API}/runs?agent_url={AGENT}&env_url={ENV}",
+        data="\n".join(lines),
+        content_type="application/x-ndjson",
+        **auth,
+    )
     assert response.status_code == 400
     assert "line 2" in response.json()["detail"] and "not valid JSON" in response.json()["detail"]
     assert nothing_stored()
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"concurrency": 0}, "concurrency"),
-    ({"concurrency": "many"}, "concurrency"),
-    ({"env_url": "not a url"}, "env_url"),
-    ({"overrides": {"tools": "x"}}, "overrides"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": "many"}, "concurrency"),
+        ({"env_url": "not a url"}, "env_url"),
+        ({"overrides": {"tools": "x"}}, "overrides"),
+    ],
+)
 def test_a_refused_setting_names_the_field_and_stores_nothing(client, auth, change, field):
     body = {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV, **change}
     response = post_json(client, auth, body)
@@ -104,7 +121,10 @@ def test_a_refused_setting_names_the_field_and_stores_nothing(client, auth, chan
 
 
 def test_rows_and_dataset_together_or_neither_are_refused(client, auth):
-    assert post_json(client, auth, {"rows": task_rows(1), "dataset": 1, "agent_url": AGENT, "env_url": ENV}).status_code == 400
+    assert (
+        post_json(client, auth, {"rows": task_rows(1), "dataset": 1, "agent_url": AGENT, "env_url": ENV}).status_code
+        == 400
+    )
     neither = post_json(client, auth, {"agent_url": AGENT, "env_url": ENV})
     assert neither.status_code == 400 and "dataset" in json.dumps(neither.json())
     assert post_json(client, auth, {"rows": [], "agent_url": AGENT, "env_url": ENV}).status_code == 400
@@ -146,12 +166,27 @@ def finish_some(run: Run, n: int, fail_every: int = 0) -> list[int]:
     for i, (rollout_id, row_json, rollout_index) in enumerate(reversed(claimed)):  # not in key order
         row = json.loads(row_json)
         if fail_every and i % fail_every == 0:
-            out = RolloutOutcome(ok=False, failure_kind="agent_http_error", error=f"HTTP 500 from the agent ({rollout_id})")
+            out = RolloutOutcome(
+                ok=False, failure_kind="agent_http_error", error=f"HTTP 500 from the agent ({rollout_id})"
+            )
         else:
-            verify = {"responses_create_params": row["responses_create_params"], "reward": 1.0,
-                      "response": {"id": f"r{rollout_id}", "output": [{"type": "message", "role": "assistant",
-                                   "content": [{"type": "output_text", "text": "ok", "logprobs": [{"token": "ok", "logprob": -0.25}]}],
-                                   "generation_token_ids": [7, 8, 9]}]}}
+            verify = {
+                "responses_create_params": row["responses_create_params"],
+                "reward": 1.0,
+                "response": {
+                    "id": f"r{rollout_id}",
+                    "output": [
+                        {
+                            "type": "message",
+                            "role": "assistant",
+                            "content": [
+                                {"type": "output_text", "text": "ok", "logprobs": [{"token": "ok", "logprob": -0.25}]}
+                            ],
+                            "generation_token_ids": [7, 8, 9],
+                        }
+                    ],
+                },
+            }
             out = RolloutOutcome(ok=True, reward=1.0, verify_response=verify)
         batch.finished.append((rollout_id, out))
         batch.run_of[rollout_id] = run.pk
@@ -179,8 +214,9 @@ def test_the_stream_gives_the_files_rows_in_finishing_order_and_each_once_across
     got = read_stream(client, auth, run)
     assert len(got) == 3
     # finishing order: the order the writer was given them
-    assert [json.loads(line).get("_ng_task_index") for line in got] == \
-        [Rollout.objects.get(pk=r).task_index for r in first]
+    assert [json.loads(line).get("_ng_task_index") for line in got] == [
+        Rollout.objects.get(pk=r).task_index for r in first
+    ]
     again = read_stream(client, auth, run, after=2)  # a client that kept 2 rows reconnects
     assert again == got[2:]
     finish_some(run, 4, fail_every=2)
@@ -216,8 +252,14 @@ def test_the_stream_waits_for_rows_until_the_run_is_final(client, auth, inline_r
 def test_one_rollout_whole_and_as_its_nemo_gym_row(client, auth, inline_run):
     run = inline_run
     rollout_id = finish_some(run, 1)[0]
-    AgentCall.objects.create(rollout_id=rollout_id, index=0, started="2026-12-01T00:00:00Z", latency_ms=12.5, http_status=200,
-                             usage={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5})
+    AgentCall.objects.create(
+        rollout_id=rollout_id,
+        index=0,
+        started="2026-12-01T00:00:00Z",
+        latency_ms=12.5,
+        http_status=200,
+        usage={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+    )
     whole = client.get(f"{API}/rollouts/{rollout_id}", **auth).json()
     assert whole["status"] == "succeeded" and whole["verify"]["reward"] == 1.0
     assert whole["response"]["id"] == f"r{rollout_id}"
@@ -254,7 +296,15 @@ def test_the_openapi_document_declares_filters_answers_and_content_types(client,
     paths = doc["paths"]
     listing = paths["/api/v1/runs/{run_id}/rollouts"]["get"]
     params = {p["name"]: p for p in listing["parameters"]}
-    assert params["status"]["schema"]["enum"] == ["", "pending", "running", "succeeded", "failed", "cancelled", "interrupted"]
+    assert params["status"]["schema"]["enum"] == [
+        "",
+        "pending",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "interrupted",
+    ]
     assert "agent_timeout" in params["kind"]["schema"]["enum"] and "verdict" in params and "check" in params
     assert set(params["sort"]["schema"]["enum"]) >= {"reward", "-reward"}
     download = paths["/api/v1/runs/{run_id}/rollouts.jsonl"]["get"]
@@ -270,5 +320,10 @@ def test_the_openapi_document_declares_filters_answers_and_content_types(client,
 
 def test_the_new_routes_answer_401_without_a_token(client, auth, inline_run):
     assert client.get(f"{API}/runs/{inline_run.pk}/results?wait=0").status_code == 401
-    assert client.post(f"{API}/runs?agent_url={AGENT}&env_url={ENV}", data="{}", content_type="application/x-ndjson").status_code == 401
+    assert (
+        client.post(
+            f"{API}/runs?agent_url={AGENT}&env_url={ENV}", data="{}", content_type="application/x-ndjson"
+        ).status_code
+        == 401
+    )
     assert Run.objects.count() == 1

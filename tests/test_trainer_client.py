@@ -1,6 +1,7 @@
 """gymweb.client against a live gymweb on 127.0.0.1 with a real worker and the example env and agent
 (sync and asyncio, NeMo Gym's run_examples shape), its errors, and its reconnection after a dropped
 stream (no row lost or repeated)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,9 @@ def token(django_user_model):
     return create_token(user, "trainer")[1]
 
 
-def test_run_examples_yields_each_row_with_its_result_as_rollouts_finish(live_server, workers, token, counter_env_url,
-                                                                          counter_agent_url):
+def test_run_examples_yields_each_row_with_its_result_as_rollouts_finish(
+    live_server, workers, token, counter_env_url, counter_agent_url
+):
     # Polls far apart: the batch can only start because the launch woke the idle worker.
     workers.start(workers=1, GYMWEB_POLL_S="600")
     from rollouts.models import Worker
@@ -97,7 +99,9 @@ class _Cut(httpx.SyncByteStream):
 
 def test_a_dropped_stream_is_read_on_from_its_cursor_without_losing_or_repeating_a_row():
     rows = [{"responses_create_params": {"input": f"task {i}"}} for i in range(5)]
-    results = [json.dumps({"_ng_task_index": i, "_ng_rollout_index": 0, "reward": float(i)}).encode() + b"\n" for i in range(5)]
+    results = [
+        json.dumps({"_ng_task_index": i, "_ng_rollout_index": 0, "reward": float(i)}).encode() + b"\n" for i in range(5)
+    ]
     afters, state = [], {"final": False}
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -133,7 +137,14 @@ def test_a_stream_that_never_comes_back_raises_after_its_retries():
             return httpx.Response(201, json={"id": 3, "status": "running"})
         raise httpx.ConnectError("connection refused")
 
-    client = Client("http://gymweb.test", "gw_x", http=httpx.Client(transport=httpx.MockTransport(handler)),
-                    retries=2, retry_pause_s=0.0)
+    client = Client(
+        "http://gymweb.test",
+        "gw_x",
+        http=httpx.Client(transport=httpx.MockTransport(handler)),
+        retries=2,
+        retry_pause_s=0.0,
+    )
     with pytest.raises(GymwebError, match="3 tries"):
-        list(client.run_examples([{"responses_create_params": {"input": "x"}}], agent_url="http://a", env_url="http://e"))
+        list(
+            client.run_examples([{"responses_create_params": {"input": "x"}}], agent_url="http://a", env_url="http://e")
+        )

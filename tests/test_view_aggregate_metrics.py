@@ -2,13 +2,19 @@
 and ``evaluation.aggregate`` behind it: the env's stored reply when there is one, else NeMo Gym's
 default computation over the stored rows (for an imported NeMo Gym run: NeMo Gym's own file, byte
 for byte)."""
+
 from __future__ import annotations
 
 import pytest
 from django.urls import reverse
 
 from rollouts.collection.importer import import_rollouts
-from rollouts.evaluation.aggregate import fetch_aggregate_metrics, run_aggregate_entries, run_aggregate_rows, write_run_aggregate_metrics
+from rollouts.evaluation.aggregate import (
+    fetch_aggregate_metrics,
+    run_aggregate_entries,
+    run_aggregate_rows,
+    write_run_aggregate_metrics,
+)
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, build_aggregate_metrics
 from rollouts.evaluation.outputs import OutputExists
 from rollouts.models import Rollout, Run
@@ -45,8 +51,14 @@ def test_an_imported_nemo_gym_run_downloads_nemo_gyms_own_file_byte_for_byte(sig
 def test_a_stored_env_reply_is_served_as_stored_key_order_included(signed_in):
     run = make_run(2)
     finish(key(run, 0, 0), S.SUCCEEDED, 1.0)
-    entry = {"agent_ref": {"name": "remote_agent"}, "_ng_environment_server": "remote_agent_environment_server",
-             "agent_metrics": {"zeta": 1, "alpha": 2}, "key_metrics": {"zeta": 1}, "group_level_metrics": [], "repeat_level_metrics": []}
+    entry = {
+        "agent_ref": {"name": "remote_agent"},
+        "_ng_environment_server": "remote_agent_environment_server",
+        "agent_metrics": {"zeta": 1, "alpha": 2},
+        "key_metrics": {"zeta": 1},
+        "group_level_metrics": [],
+        "repeat_level_metrics": [],
+    }
     Run.objects.filter(pk=run.pk).update(aggregate_metrics=entry)
     response = signed_in.get(reverse("run_aggregate_metrics", args=[run.pk]))
     assert response.content == aggregate_metrics_bytes([entry]) and "X-Gymweb-Note" not in response
@@ -56,12 +68,19 @@ def test_a_stored_env_reply_is_served_as_stored_key_order_included(signed_in):
 @pytest.mark.django_db
 def test_a_bare_reply_stored_by_an_older_gymweb_becomes_its_runs_entry():
     run = make_run(1, agent_name="my_agent")
-    Run.objects.filter(pk=run.pk).update(aggregate_metrics={"key_metrics": {"mean/reward": 1.0}, "agent_metrics": {"mean/reward": 1.0}})
+    Run.objects.filter(pk=run.pk).update(
+        aggregate_metrics={"key_metrics": {"mean/reward": 1.0}, "agent_metrics": {"mean/reward": 1.0}}
+    )
     run.refresh_from_db()
     (entry,), notes = run_aggregate_entries(run)
-    assert notes == [] and entry == {"agent_ref": {"name": "my_agent"}, "_ng_environment_server": "my_environment_server",
-                                     "agent_metrics": {"mean/reward": 1.0}, "key_metrics": {"mean/reward": 1.0},
-                                     "group_level_metrics": [], "repeat_level_metrics": []}
+    assert notes == [] and entry == {
+        "agent_ref": {"name": "my_agent"},
+        "_ng_environment_server": "my_environment_server",
+        "agent_metrics": {"mean/reward": 1.0},
+        "key_metrics": {"mean/reward": 1.0},
+        "group_level_metrics": [],
+        "repeat_level_metrics": [],
+    }
 
 
 @pytest.mark.django_db
@@ -101,7 +120,9 @@ def test_the_run_page_offers_the_file_once_the_run_is_final(signed_in):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_env_reply_is_stored_with_its_key_order_and_written_beside_the_rollouts(tmp_path, counter_env_url, counter_agent_url):
+def test_the_env_reply_is_stored_with_its_key_order_and_written_beside_the_rollouts(
+    tmp_path, counter_env_url, counter_agent_url
+):
     run = make_run(3, num_repeats=2, env_url=counter_env_url)
     for t in range(3):
         for r in range(2):
@@ -109,8 +130,14 @@ def test_the_env_reply_is_stored_with_its_key_order_and_written_beside_the_rollo
     assert fetch_aggregate_metrics(run.pk) == f"stored aggregate metrics of run {run.pk}"
     run = Run.objects.get(pk=run.pk)  # read back from the database
     entry = run.aggregate_metrics
-    assert list(entry) == ["agent_ref", "_ng_environment_server", "agent_metrics", "key_metrics", "group_level_metrics",
-                           "repeat_level_metrics"]
+    assert list(entry) == [
+        "agent_ref",
+        "_ng_environment_server",
+        "agent_metrics",
+        "key_metrics",
+        "group_level_metrics",
+        "repeat_level_metrics",
+    ]
     # The counter env answers NeMo Gym's default computation: the same bytes as computed here, key
     # order included (kept as JSON text: PostgreSQL's jsonb would sort the keys).
     local = build_aggregate_metrics(run_aggregate_rows(run)).entries

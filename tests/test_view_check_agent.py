@@ -1,5 +1,6 @@
 """The agent conformance check page: a form, then every finding (severity, code, title, what was
 sent, what came back, how to fix it) and every probe."""
+
 from __future__ import annotations
 
 import re
@@ -23,7 +24,9 @@ def check(client, agent_url: str, timeout_s: float = 10):
 
 def findings(html: str) -> list[tuple[str, str]]:
     """(severity, code) of each finding shown."""
-    return re.findall(r'<article class="card finding sev-(\w+)".*?<code class="finding-code">([^<]+)</code>', html, re.S)
+    return re.findall(
+        r'<article class="card finding sev-(\w+)".*?<code class="finding-code">([^<]+)</code>', html, re.S
+    )
 
 
 # -- access and form ------------------------------------------------------------------------------
@@ -121,8 +124,10 @@ def test_the_allowed_target_hosts_setting_is_respected(signed_in, settings):
     settings.GYMWEB_ALLOWED_TARGET_HOSTS = ["agent.internal"]
     response = check(signed_in, "http://127.0.0.1:9102")
     assert response.status_code == 400
-    assert ("is not allowed here (127.0.0.1:9102 is not in GYMWEB_ALLOWED_TARGET_HOSTS (agent.internal); "
-            "only listed targets are allowed)") in response.content.decode()
+    assert (
+        "is not allowed here (127.0.0.1:9102 is not in GYMWEB_ALLOWED_TARGET_HOSTS (agent.internal); "
+        "only listed targets are allowed)"
+    ) in response.content.decode()
 
 
 def test_the_check_form_and_the_run_form_share_one_standalone_url_helper(settings):
@@ -163,8 +168,15 @@ def test_the_timeout_is_bounded(signed_in, timeout):
 # -- untrusted text ------------------------------------------------------------------------------
 def test_whatever_an_agent_answers_the_page_stays_inert(signed_in):
     def evil_tool(reply, params, n):
-        reply["output"] = [{"type": "function_call", "call_id": EVIL, "name": EVIL, "arguments": EVIL},
-                           {"type": "message", "role": "assistant", "id": "m", "content": [{"type": "output_text", "text": EVIL, "annotations": []}]}]
+        reply["output"] = [
+            {"type": "function_call", "call_id": EVIL, "name": EVIL, "arguments": EVIL},
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "m",
+                "content": [{"type": "output_text", "text": EVIL, "annotations": []}],
+            },
+        ]
         return reply
 
     def evil_body(reply, params, n):

@@ -1,5 +1,6 @@
 """The compare page: two runs task by task (regressions, improvements, tasks in one run only,
 mismatched inputs) and one task's two trajectories side by side."""
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,33 @@ def _trajectory(rollout: Rollout, answer: str, tool: str = "increment_counter") 
     AgentCall.objects.create(rollout=rollout, index=1, started=now, latency_ms=12.0, http_status=200)
     items = [
         (0, {"type": "function_call", "call_id": "c1", "name": tool, "arguments": '{"count": 1}'}, {"asked": True}),
-        (0, {"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'}, {"origin": "gym", "tool_status": 200}),
-        (1, {"type": "message", "role": "assistant", "id": "m1", "content": [{"type": "output_text", "text": answer, "annotations": []}]}, {}),
+        (
+            0,
+            {"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'},
+            {"origin": "gym", "tool_status": 200},
+        ),
+        (
+            1,
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "m1",
+                "content": [{"type": "output_text", "text": answer, "annotations": []}],
+            },
+            {},
+        ),
     ]
     TrajectoryItem.objects.bulk_create(
-        TrajectoryItem(rollout=rollout, seq=seq, step=step, kind=payload["type"], call_id=payload.get("call_id", ""),
-                       name=payload.get("name", ""), payload=payload, **{"origin": "agent", **extra})
+        TrajectoryItem(
+            rollout=rollout,
+            seq=seq,
+            step=step,
+            kind=payload["type"],
+            call_id=payload.get("call_id", ""),
+            name=payload.get("name", ""),
+            payload=payload,
+            **{"origin": "agent", **extra},
+        )
         for seq, (step, payload, extra) in enumerate(items)
     )
 
@@ -112,7 +134,7 @@ def test_it_lists_a_regression_and_an_improvement(signed_in, pair):
     assert re.findall(r'<th scope="row" class="mono">(\d+)</th>', regressions) == ["0"]
     assert re.findall(r'<th scope="row" class="mono">(\d+)</th>', improvements) == ["1"]
     assert '<td class="num bad">-1</td>' in regressions and '<td class="num ok">+1</td>' in improvements
-    assert f'{_url(a=a.pk, b=b.pk)}&amp;task=0#side-by-side'.replace("&", "&amp;", 1) in regressions
+    assert f"{_url(a=a.pk, b=b.pk)}&amp;task=0#side-by-side".replace("&", "&amp;", 1) in regressions
 
 
 def test_the_table_gives_each_common_task_its_verdict(signed_in, pair):
@@ -145,7 +167,12 @@ def test_mismatched_inputs_are_listed_and_never_counted(signed_in, pair):
     a, _ = pair
     lines = dataset_lines(4)
     lines[2] = json.dumps({"responses_create_params": {"input": "a different task"}, "expected": 2})
-    c = runs.create_run(read_jsonl(lines, source="other.jsonl"), name="other inputs", agent_url="http://127.0.0.1:1", env_url="http://127.0.0.1:2")
+    c = runs.create_run(
+        read_jsonl(lines, source="other.jsonl"),
+        name="other inputs",
+        agent_url="http://127.0.0.1:1",
+        env_url="http://127.0.0.1:2",
+    )
     for t in range(4):
         finish(key(c, t), S.SUCCEEDED, 0.0)
     html = signed_in.get(_url(a=a.pk, b=c.pk)).content.decode()
@@ -159,8 +186,9 @@ def test_the_table_can_show_one_kind_of_task(signed_in, pair):
     html = signed_in.get(_url(a=a.pk, b=b.pk, show="improvements")).content.decode()
     assert re.findall(r'<tr class="verdict-(\w*)">', html) == ["improvements"]
     assert 'aria-current="true" class="current">improvements' in html
-    assert re.findall(r'<tr class="verdict-(\w*)">', signed_in.get(_url(a=a.pk, b=b.pk, show="nonsense")).content.decode()) == [
-        "regressions", "improvements", "unchanged", "unfinished"]
+    assert re.findall(
+        r'<tr class="verdict-(\w*)">', signed_in.get(_url(a=a.pk, b=b.pk, show="nonsense")).content.decode()
+    ) == ["regressions", "improvements", "unchanged", "unfinished"]
 
 
 def test_a_long_task_table_is_paged(signed_in, db):
@@ -175,7 +203,9 @@ def test_a_long_task_table_is_paged(signed_in, db):
 def test_side_by_side_renders_both_trajectories_with_the_trajectory_partials(signed_in, pair):
     a, b = pair
     html = signed_in.get(_url(a=a.pk, b=b.pk, task=1)).content.decode()
-    side = re.search(r'<section id="side-by-side".*?</section>\s*(?=<div class="grid two compare-lists">)', html, re.S).group(0)
+    side = re.search(
+        r'<section id="side-by-side".*?</section>\s*(?=<div class="grid two compare-lists">)', html, re.S
+    ).group(0)
     assert "Task 1 side by side" in side and "improvement" in side
     sides = re.findall(r'<div class="side" aria-label="run (A|B)">', side)
     assert sides == ["A", "B"]

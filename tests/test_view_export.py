@@ -1,4 +1,5 @@
 """Downloads: NeMo Gym's three files, streamed, optionally restricted by the rollout table's filter."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,11 @@ def test_rollouts_jsonl_holds_the_successes_in_nemo_gym_s_format(signed_in, run)
     assert response["Content-Type"].startswith("application/jsonl")
     assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}_rollouts.jsonl"'
     rows = _rows(response)
-    assert [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"]) for r in rows] == [(0, 0, 1.0), (0, 1, 0.0), (1, 0, 1.0)]
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"], r["reward"]) for r in rows] == [
+        (0, 0, 1.0),
+        (0, 1, 0.0),
+        (1, 0, 1.0),
+    ]
     for row in rows:
         assert row["agent_ref"] == {"name": "my_agent"}
         assert "responses_create_params" in row and "response" in row
@@ -65,7 +70,9 @@ def test_the_failures_sidecar_has_one_row_per_failed_attempt(signed_in, run):
     rows = _rows(response)
     # NeMo Gym's row: gymweb's finer failure kind stays in the database, not in the file.
     assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [(1, 1), (1, 1), (2, 0)]
-    assert all("_gymweb_failure_kind" not in r and r["failure_kind"] is None and r["mask_sample"] is False for r in rows)
+    assert all(
+        "_gymweb_failure_kind" not in r and r["failure_kind"] is None and r["mask_sample"] is False for r in rows
+    )
     for row in rows:
         assert row["reward"] == 0.0 and row["_ng_failure_class"] == "remote_agent_error"
         assert row["error"] and row["response"]["object"] == "response" and row["agent_ref"] == {"name": "my_agent"}
@@ -92,7 +99,9 @@ def test_the_run_page_offers_the_filtered_download(signed_in, run):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_real_run_exports_rows_that_read_like_nemo_gym_s(client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_real_run_exports_rows_that_read_like_nemo_gym_s(
+    client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path
+):
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
     from rollouts.collection.dispatch import run_in_process

@@ -2,6 +2,7 @@
 as images (sized to fit, click to enlarge) instead of their base64 text; a remote image URL is a
 link the browser never loads by itself; the page's Content-Security-Policy allows exactly
 ``data:`` images besides its own; the one sanitiser lets no other image or ``data:`` URL through."""
+
 from __future__ import annotations
 
 import base64
@@ -19,11 +20,17 @@ from tests.test_view_rollout_detail import make_rollout, make_run, make_task, ms
 
 def png(width: int = 40, height: int = 30) -> str:
     """A real PNG (a red rectangle) as a data URL."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
     raw = b"".join(b"\x00" + b"\xff\x00\x00" * width for _ in range(height))
-    data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    data = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
@@ -31,8 +38,12 @@ REMOTE = "https://images.example.org/track.png?user=alice"
 
 
 def user_with_images(*urls):
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is in these pictures?"}]
-            + [{"type": "input_image", "image_url": u, "detail": "auto"} for u in urls]}
+    return {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "What is in these pictures?"}]
+        + [{"type": "input_image", "image_url": u, "detail": "auto"} for u in urls],
+    }
 
 
 def _rollout(items):
@@ -57,11 +68,14 @@ def test_an_image_a_tool_returned_is_shown_too(signed_in):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("url, shown", [
-    ("data:image/svg+xml;base64," + base64.b64encode(b"<svg onload='alert(1)'/>").decode(), "image (svg+xml,"),
-    ("data:text/html;base64,PHNjcmlwdD4=", "image (?,"),
-    ("data:image/png;base64,not base64 at all!", "image (png,"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("data:image/svg+xml;base64," + base64.b64encode(b"<svg onload='alert(1)'/>").decode(), "image (svg+xml,"),
+        ("data:text/html;base64,PHNjcmlwdD4=", "image (?,"),
+        ("data:image/png;base64,not base64 at all!", "image (png,"),
+    ],
+)
 def test_other_data_urls_are_named_never_inlined(signed_in, url, shown):
     html = page(signed_in, _rollout([user_with_images(url)]))
     assert shown in html and "not shown" in html
@@ -72,7 +86,10 @@ def test_other_data_urls_are_named_never_inlined(signed_in, url, shown):
 def test_a_remote_image_url_is_a_link_never_an_image_the_browser_loads(signed_in):
     html = page(signed_in, _rollout([user_with_images(REMOTE)]))
     escaped = REMOTE.replace("&", "&amp;")
-    assert re.search(rf'<span class="badge">remote image</span> <a href="{re.escape(escaped)}" rel="noopener noreferrer nofollow">', html)
+    assert re.search(
+        rf'<span class="badge">remote image</span> <a href="{re.escape(escaped)}" rel="noopener noreferrer nofollow">',
+        html,
+    )
     assert "(not loaded: open the link to see it)" in html
     assert not re.search(r"<(img|image|source|video|iframe|object|embed)\b[^>]*images\.example\.org", html)
     assert not re.search(r"(src|srcset|poster|background)=\"[^\"]*images\.example\.org", html)
@@ -88,7 +105,10 @@ def test_the_policy_allows_exactly_data_images_besides_the_sites_own(signed_in):
 
 def test_the_sanitiser_keeps_only_inline_raster_images_and_no_other_data_url():
     url = png(2, 2)
-    assert rendering.sanitise(f'<img class="part-img" src="{url}" alt="x">') == f'<img class="part-img" src="{url}" alt="x">'
+    assert (
+        rendering.sanitise(f'<img class="part-img" src="{url}" alt="x">')
+        == f'<img class="part-img" src="{url}" alt="x">'
+    )
     assert "src" not in rendering.sanitise(f'<img src="{REMOTE}">')
     assert "src" not in rendering.sanitise('<img src="data:image/svg+xml;base64,PHN2Zz4=">')
     assert "href" not in rendering.sanitise('<a href="data:text/html;base64,PHNjcmlwdD4=">x</a>')
@@ -99,8 +119,9 @@ def test_the_sanitiser_keeps_only_inline_raster_images_and_no_other_data_url():
 def test_the_raw_view_of_an_image_item_shows_its_json(signed_in):
     url = png(2, 2)
     rollout = _rollout([user_with_images(url)])
-    fragment = signed_in.get(reverse("rollout_item", args=[rollout.run_id, rollout.pk, "0"]) + "?view=plain",
-                             headers={"HX-Request": "true"}).content.decode()
+    fragment = signed_in.get(
+        reverse("rollout_item", args=[rollout.run_id, rollout.pk, "0"]) + "?view=plain", headers={"HX-Request": "true"}
+    ).content.decode()
     assert "<img" not in fragment and "input_image" in fragment
 
 

@@ -1,4 +1,5 @@
 """The import page: upload a rollouts.jsonl (and its failures sidecar) into an ``imported`` run."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,12 @@ from rollouts.models import Rollout, Run, TrajectoryItem
 pytestmark = pytest.mark.django_db
 
 ROW = {"responses_create_params": {"input": "count"}, "response": {"id": "r", "output": []}, "reward": 1.0}
-FAILURE = {"responses_create_params": {"input": "count"}, "reward": 0.0, "error": "boom", "_ng_failure_class": "remote_agent_error"}
+FAILURE = {
+    "responses_create_params": {"input": "count"},
+    "reward": 0.0,
+    "error": "boom",
+    "_ng_failure_class": "remote_agent_error",
+}
 
 
 def upload(name, text):
@@ -37,11 +43,14 @@ def test_it_shows_an_upload_form(signed_in):
 
 def test_it_imports_a_file_and_its_sidecar_and_redirects_to_the_run(signed_in, shared_data, user):
     folder = shared_data / "collect_outputs" / "mixed"
-    response = signed_in.post(reverse("import"), {
-        "rollouts": upload("rollouts.jsonl", (folder / "rollouts.jsonl").read_bytes()),
-        "failures": upload("rollouts_failures.jsonl", (folder / "rollouts_failures.jsonl").read_bytes()),
-        "name": "mixed from NeMo Gym",
-    })
+    response = signed_in.post(
+        reverse("import"),
+        {
+            "rollouts": upload("rollouts.jsonl", (folder / "rollouts.jsonl").read_bytes()),
+            "failures": upload("rollouts_failures.jsonl", (folder / "rollouts_failures.jsonl").read_bytes()),
+            "name": "mixed from NeMo Gym",
+        },
+    )
     run = Run.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("run", args=[run.pk])
     assert run.name == "mixed from NeMo Gym" and run.status == Run.Status.IMPORTED and run.created_by == user
@@ -79,23 +88,30 @@ def test_a_control_character_in_a_line_is_named_once_with_its_column(signed_in):
     # The parser's reason ends in "at": the message read "Invalid control character at at column 9".
     response = signed_in.post(reverse("import"), {"rollouts": upload("mine.jsonl", '{"a": "x\x00y"}\n')})
     error = response.context["form"].errors["rollouts"][0]
-    assert "mine.jsonl, line 1: not valid JSON (Invalid control character at column 9)" in error and "at at" not in error
+    assert (
+        "mine.jsonl, line 1: not valid JSON (Invalid control character at column 9)" in error and "at at" not in error
+    )
 
 
 def test_two_shards_with_the_same_name_are_told_apart_in_an_error(signed_in):
     # Two rollouts.jsonl from two folders overlap: the message named "rollouts.jsonl (rollouts.jsonl)".
     row = json.dumps({**ROW, "_ng_task_index": 0, "_ng_rollout_index": 0})
-    response = signed_in.post(reverse("import"), {"rollouts": [upload("rollouts.jsonl", row), upload("rollouts.jsonl", row)]})
+    response = signed_in.post(
+        reverse("import"), {"rollouts": [upload("rollouts.jsonl", row), upload("rollouts.jsonl", row)]}
+    )
     error = response.context["form"].errors["rollouts"][0]
     assert "rollouts.jsonl (file 2 of the rollouts.jsonl files), line 1: a second result" in error
     assert "the first is at rollouts.jsonl, line 1" in error and Run.objects.count() == 0
 
 
 def test_a_bad_line_in_the_sidecar_is_an_error_on_the_sidecar_field(signed_in):
-    response = signed_in.post(reverse("import"), {
-        "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
-        "failures": upload("rollouts_failures.jsonl", json.dumps(FAILURE) + "\n[]\n"),
-    })
+    response = signed_in.post(
+        reverse("import"),
+        {
+            "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
+            "failures": upload("rollouts_failures.jsonl", json.dumps(FAILURE) + "\n[]\n"),
+        },
+    )
     assert response.status_code == 400
     errors = response.context["form"].errors
     assert "rollouts_failures.jsonl, line 2: each line must be a JSON object" in errors["failures"][0]
@@ -126,16 +142,24 @@ def test_a_file_over_the_upload_limit_is_refused(signed_in, settings):
 
 def test_the_materialised_inputs_slot_imports_the_third_file_and_every_file_downloads_unchanged(signed_in, shared_data):
     folder = shared_data / "eval_0.7.0" / "runB"
-    files = {kind: (folder / name).read_bytes() for kind, name in (
-        ("rollouts", "rollouts.jsonl"), ("rollouts_failures", "rollouts_failures.jsonl"),
-        ("rollouts_materialized_inputs", "rollouts_materialized_inputs.jsonl"))}
+    files = {
+        kind: (folder / name).read_bytes()
+        for kind, name in (
+            ("rollouts", "rollouts.jsonl"),
+            ("rollouts_failures", "rollouts_failures.jsonl"),
+            ("rollouts_materialized_inputs", "rollouts_materialized_inputs.jsonl"),
+        )
+    }
     html = signed_in.get(reverse("import")).content.decode()
     assert 'name="materialized"' in html
-    response = signed_in.post(reverse("import"), {
-        "rollouts": upload("rollouts.jsonl", files["rollouts"]),
-        "failures": upload("rollouts_failures.jsonl", files["rollouts_failures"]),
-        "materialized": upload("rollouts_materialized_inputs.jsonl", files["rollouts_materialized_inputs"]),
-    })
+    response = signed_in.post(
+        reverse("import"),
+        {
+            "rollouts": upload("rollouts.jsonl", files["rollouts"]),
+            "failures": upload("rollouts_failures.jsonl", files["rollouts_failures"]),
+            "materialized": upload("rollouts_materialized_inputs.jsonl", files["rollouts_materialized_inputs"]),
+        },
+    )
     assert response.status_code == 302
     run = Run.objects.get()
     for kind, content in files.items():
@@ -144,10 +168,13 @@ def test_the_materialised_inputs_slot_imports_the_third_file_and_every_file_down
 
 
 def test_a_result_row_in_the_materialised_inputs_slot_is_refused_there(signed_in):
-    response = signed_in.post(reverse("import"), {
-        "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
-        "materialized": upload("inputs.jsonl", json.dumps(ROW)),
-    })
+    response = signed_in.post(
+        reverse("import"),
+        {
+            "rollouts": upload("rollouts.jsonl", json.dumps(ROW)),
+            "materialized": upload("inputs.jsonl", json.dumps(ROW)),
+        },
+    )
     assert response.status_code == 400
     assert "materialised inputs file holds task rows only" in response.context["form"].errors["materialized"][0]
     assert Run.objects.count() == 0
@@ -166,7 +193,10 @@ def test_the_api_imports_the_three_files_and_says_which_one_is_bad(client, user,
     assert run.status == Run.Status.IMPORTED
     got = b"".join(client.get(f"/api/v1/runs/{run.pk}/rollouts_materialized_inputs.jsonl", **auth).streaming_content)
     assert got == (folder / "rollouts_materialized_inputs.jsonl").read_bytes()
-    bad = client.post("/api/v1/runs/import", {"rollouts": upload("r.jsonl", json.dumps(ROW)),
-                                              "materialized": upload("m.jsonl", "not json\n")}, **auth)
+    bad = client.post(
+        "/api/v1/runs/import",
+        {"rollouts": upload("r.jsonl", json.dumps(ROW)), "materialized": upload("m.jsonl", "not json\n")},
+        **auth,
+    )
     assert bad.status_code == 400 and "m.jsonl, line 1" in bad.json()["detail"]
     assert Run.objects.count() == 1

@@ -2,6 +2,7 @@
 poll of the live part gets 204; a running run's aggregates, its table's automatic refresh, its
 profile and charts are reused for a few seconds; and every change shows once that time has passed,
 at once for what is always read fresh (progress, workers, status), and at once when the run ends."""
+
 from __future__ import annotations
 
 import re
@@ -143,7 +144,7 @@ def _table(client, run, target: str, **params):
 
 
 def _statuses(body: str) -> list[str]:
-    table = body[body.index('id="rollout-table"'):]
+    table = body[body.index('id="rollout-table"') :]
     return re.findall(r'<span class="badge (pending|running|succeeded|failed|cancelled|interrupted)"', table)
 
 
@@ -197,7 +198,9 @@ def _profile_tasks(client, run) -> int:
     return len(re.findall(r'<tr id="task-(\d+)"', body))
 
 
-def test_the_profile_of_a_running_run_shows_a_change_within_its_cache_time_and_at_once_when_it_ends(signed_in, running, later):
+def test_the_profile_of_a_running_run_shows_a_change_within_its_cache_time_and_at_once_when_it_ends(
+    signed_in, running, later
+):
     assert _profile_tasks(signed_in, running) == 2  # tasks with a success so far
     finish(key(running, 2), S.SUCCEEDED, 1.0)
     assert _profile_tasks(signed_in, running) == 2

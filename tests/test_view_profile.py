@@ -1,5 +1,6 @@
 """A run's profile page (NeMo Gym's ``gym eval profile`` + gymweb's pass@k), its four files, the
 env's /aggregate_metrics reply, and the run's charts (latency, failures by kind over time)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.models import AgentCall, Rollout, Run
 from rollouts.evaluation.run_profile import write_run_profile
+from rollouts.models import AgentCall, Rollout, Run
 
 from .run_factories import finish, key, make_run, new_attempt
 from .test_xss import EVIL, assert_inert
@@ -69,7 +70,11 @@ def _task_row(response, task: int) -> str:
 
 # -- access ------------------------------------------------------------------------------------
 def test_every_profile_page_requires_login(client, mixed):
-    for url in (_url(mixed), reverse("run_profile_file", args=[mixed.pk, "agent_metrics"]), reverse("run_charts", args=[mixed.pk])):
+    for url in (
+        _url(mixed),
+        reverse("run_profile_file", args=[mixed.pk, "agent_metrics"]),
+        reverse("run_charts", args=[mixed.pk]),
+    ):
         response = client.get(url)
         assert response.status_code == 302 and reverse("login") in response["Location"]
 
@@ -93,7 +98,9 @@ def test_a_run_collected_in_process_shows_every_task_with_mean_reward_one_and_pa
     cache.clear()
     client.force_login(django_user_model.objects.create_user("erin", password="x" * 12))
     with counter_tasks_path.open("rb") as fh:
-        run = runs.create_run(read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3)
+        run = runs.create_run(
+            read_jsonl(fh), name="counter", agent_url=counter_agent_url, env_url=counter_env_url, num_repeats=3
+        )
     runs.launch(run)
     run_in_process(run.pk)
     assert Rollout.objects.filter(run=run, status=S.SUCCEEDED).count() == 15
@@ -109,7 +116,10 @@ def test_a_run_collected_in_process_shows_every_task_with_mean_reward_one_and_pa
         assert cells[1:6] == ["1.0", "1.0", "0.0", "1.0", "1.0"]  # mean, median, std, min, max
         assert "pass@k" in row and row.count(">1.0<") >= 3  # pass@1, pass@2, pass@3 in the details
         # compact rollout_infos: one chip per rollout, the numbers in its tooltip
-        chips = re.findall(r'<span class="ri ok" title="rollout (\d) · reward 1.0 · input_tokens \d+ · output_tokens \d+ · total_tokens \d+', row)
+        chips = re.findall(
+            r'<span class="ri ok" title="rollout (\d) · reward 1.0 · input_tokens \d+ · output_tokens \d+ · total_tokens \d+',
+            row,
+        )
         assert chips == ["0", "1", "2"]
     html = response.content.decode()
     assert "5</strong> tasks" in html and "15</strong> of 15 rollouts have a success row" in html
@@ -122,7 +132,11 @@ def test_a_run_collected_in_process_shows_every_task_with_mean_reward_one_and_pa
     # gymweb's overall pass@k for k = 1..3 and the curve
     assert 'id="chart-pass-at-k"' in html and "pass@1[avg-of-k]" in html
     table = re.search(r'<table class="compact pass-table">.*?</table>', html, re.S).group(0)
-    assert re.findall(r"<tr><td>(\d)</td><td class=\"num\">([^<]*)</td>", table) == [("1", "1.0"), ("2", "1.0"), ("3", "1.0")]
+    assert re.findall(r"<tr><td>(\d)</td><td class=\"num\">([^<]*)</td>", table) == [
+        ("1", "1.0"),
+        ("2", "1.0"),
+        ("3", "1.0"),
+    ]
     # the downloads are the files the profile command writes
     written = write_run_profile(run, tmp_path)
     assert len(written) == len(KINDS)
@@ -141,7 +155,12 @@ def test_the_four_downloads_equal_write_run_profile_s_files(signed_in, mixed, tm
         assert response.content == path.read_bytes()
         assert response["Content-Disposition"] == f'attachment; filename="{path.name}"'
         assert response["X-Content-Type-Options"] == "nosniff"
-    assert json.loads(signed_in.get(reverse("run_profile_file", args=[mixed.pk, "gymweb_pass_at_k"])).content)["overall"][0]["num_tasks"] == 4
+    assert (
+        json.loads(signed_in.get(reverse("run_profile_file", args=[mixed.pk, "gymweb_pass_at_k"])).content)["overall"][
+            0
+        ]["num_tasks"]
+        == 4
+    )
 
 
 def test_the_page_links_the_four_files(signed_in, mixed):
@@ -190,7 +209,7 @@ def test_a_long_task_list_is_paged(signed_in, db):
 def test_an_htmx_request_gets_only_the_task_table(signed_in, mixed):
     response = signed_in.get(_url(mixed, sort="-reward"), HTTP_HX_REQUEST="true")
     html = response.content.decode()
-    assert html.lstrip().startswith("<section id=\"profile-tasks\"") and "<html" not in html
+    assert html.lstrip().startswith('<section id="profile-tasks"') and "<html" not in html
     assert _task_order(response) == [0, 2, 1, 3]
     assert "HX-Request" in response["Vary"]
 
@@ -231,11 +250,16 @@ def test_nemo_gym_s_note_about_missing_repeats_is_shown(signed_in, mixed):
 
 
 def test_the_env_s_aggregate_metrics_are_tables_with_groups_collapsed_and_raw_json(signed_in, mixed):
-    Run.objects.filter(pk=mixed.pk).update(aggregate_metrics={
-        "key_metrics": {"mean/reward": 0.625, "accuracy": 0.75},
-        "agent_metrics": {"mean/reward": 0.625, "pass@1": 0.5},
-        "group_level_metrics": [{"_ng_task_index": 0, "mean/reward": 1.0}, {"_ng_task_index": 1, "mean/reward": 0.25}],
-    })
+    Run.objects.filter(pk=mixed.pk).update(
+        aggregate_metrics={
+            "key_metrics": {"mean/reward": 0.625, "accuracy": 0.75},
+            "agent_metrics": {"mean/reward": 0.625, "pass@1": 0.5},
+            "group_level_metrics": [
+                {"_ng_task_index": 0, "mean/reward": 1.0},
+                {"_ng_task_index": 1, "mean/reward": 0.25},
+            ],
+        }
+    )
     html = signed_in.get(_url(mixed)).content.decode()
     section = re.search(r'<section class="card profile-aggregate".*?</section>', html, re.S).group(0)
     assert "<h3>key_metrics</h3>" in section and "accuracy" in section and "0.75" in section
@@ -246,7 +270,9 @@ def test_the_env_s_aggregate_metrics_are_tables_with_groups_collapsed_and_raw_js
 
 
 def test_an_aggregate_metrics_error_is_shown(signed_in, mixed):
-    Run.objects.filter(pk=mixed.pk).update(aggregate_metrics_error="http://env/aggregate_metrics answered HTTP 500: boom")
+    Run.objects.filter(pk=mixed.pk).update(
+        aggregate_metrics_error="http://env/aggregate_metrics answered HTTP 500: boom"
+    )
     html = signed_in.get(_url(mixed)).content.decode()
     assert "answered HTTP 500: boom" in html
 
@@ -262,7 +288,7 @@ def test_the_run_page_links_the_profile_and_loads_its_charts(signed_in, mixed):
 def test_failures_by_kind_over_time_count_every_failed_attempt(signed_in, mixed):
     html = signed_in.get(reverse("run_charts", args=[mixed.pk])).content.decode()
     chart = re.search(r'<figure class="chart" id="chart-failures-over-time">.*?</figure>', html, re.S).group(0)
-    assert "<title id=\"chart-failures-over-time-title\">Failed attempts by kind over time</title>" in chart
+    assert '<title id="chart-failures-over-time-title">Failed attempts by kind over time</title>' in chart
     legend = re.findall(r'<span class="mono">([^<]+)</span></li>', chart)
     assert legend == ["agent_timeout", "agent_http_error", "verify_failed"]
     totals = [int(t) for t in re.findall(r'<td class="num">(\d+)</td></tr>', chart)]
@@ -305,7 +331,10 @@ def test_charts_of_a_run_without_data_say_so(signed_in, db):
 
 def test_the_charts_of_a_live_run_refresh_themselves_and_stop_when_final(signed_in, db):
     live = make_run(1, status=Run.Status.RUNNING)
-    assert 'hx-trigger="every 10s, run-finished from:body"' in signed_in.get(reverse("run_charts", args=[live.pk])).content.decode()
+    assert (
+        'hx-trigger="every 10s, run-finished from:body"'
+        in signed_in.get(reverse("run_charts", args=[live.pk])).content.decode()
+    )
     done = make_run(1)
     assert "hx-trigger" not in signed_in.get(reverse("run_charts", args=[done.pk])).content.decode()
 
@@ -318,11 +347,20 @@ def test_the_profile_and_charts_are_inert_whatever_the_run_holds(signed_in, db):
         finish(key(run, t, 1), S.FAILED, kind=EVIL[:40])
     AgentCall.objects.create(rollout=key(run, 0, 0), index=0, started=timezone.now(), latency_ms=12.0)
     Run.objects.filter(pk=run.pk).update(
-        aggregate_metrics={"key_metrics": {EVIL: EVIL}, "agent_metrics": [{"agent_ref": {"name": EVIL}, EVIL: 1}],
-                           "group_level_metrics": [{EVIL: EVIL}], EVIL: EVIL},
+        aggregate_metrics={
+            "key_metrics": {EVIL: EVIL},
+            "agent_metrics": [{"agent_ref": {"name": EVIL}, EVIL: 1}],
+            "group_level_metrics": [{EVIL: EVIL}],
+            EVIL: EVIL,
+        },
         aggregate_metrics_error=EVIL,
     )
-    for url in (_url(run), _url(run, sort="-reward"), reverse("run_charts", args=[run.pk]), reverse("run", args=[run.pk])):
+    for url in (
+        _url(run),
+        _url(run, sort="-reward"),
+        reverse("run_charts", args=[run.pk]),
+        reverse("run", args=[run.pk]),
+    ):
         response = signed_in.get(url)
         assert response.status_code == 200
         assert_inert(response.content.decode())
@@ -331,9 +369,13 @@ def test_the_profile_and_charts_are_inert_whatever_the_run_holds(signed_in, db):
 
 
 def test_no_new_template_or_module_marks_data_safe():
-    files = [REPO / "rollouts" / "web" / "analysis_views.py", REPO / "rollouts" / "web" / "charts.py",
-             *(REPO / "gymweb" / "templates" / "rollouts").glob("profile.html"), *(REPO / "gymweb" / "templates" / "rollouts").glob("compare.html"),
-             *(REPO / "gymweb" / "templates" / "rollouts").glob("check_agent.html")]
+    files = [
+        REPO / "rollouts" / "web" / "analysis_views.py",
+        REPO / "rollouts" / "web" / "charts.py",
+        *(REPO / "gymweb" / "templates" / "rollouts").glob("profile.html"),
+        *(REPO / "gymweb" / "templates" / "rollouts").glob("compare.html"),
+        *(REPO / "gymweb" / "templates" / "rollouts").glob("check_agent.html"),
+    ]
     for pattern in ("profile_*.html", "compare_*.html", "check_*.html", "chart_*.html"):
         files += sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob(pattern))
     assert len(files) > 15
@@ -357,12 +399,23 @@ def test_a_run_with_nothing_finished_shows_an_empty_profile(signed_in, db):
 def test_an_imported_run_has_a_profile(signed_in, db):
     from rollouts.collection.importer import import_rollouts
 
-    rows = [{"_ng_task_index": t, "_ng_rollout_index": r, "reward": float(r == 0), "agent_ref": {"name": "nemo"},
-             "responses_create_params": {"input": f"task {t}"}, "response": {"output": [], "usage": None}}
-            for t in range(2) for r in range(2)]
+    rows = [
+        {
+            "_ng_task_index": t,
+            "_ng_rollout_index": r,
+            "reward": float(r == 0),
+            "agent_ref": {"name": "nemo"},
+            "responses_create_params": {"input": f"task {t}"},
+            "response": {"output": [], "usage": None},
+        }
+        for t in range(2)
+        for r in range(2)
+    ]
     import io
 
-    summary = import_rollouts(io.BytesIO("\n".join(json.dumps(r) for r in rows).encode()), name="imported", source="rollouts.jsonl")
+    summary = import_rollouts(
+        io.BytesIO("\n".join(json.dumps(r) for r in rows).encode()), name="imported", source="rollouts.jsonl"
+    )
     response = signed_in.get(_url(summary.run))
     assert response.status_code == 200
     assert _task_order(response) == [0, 1]

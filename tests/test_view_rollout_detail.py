@@ -1,4 +1,5 @@
 """The rollout (trajectory) page and its raw JSON view."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,7 @@ from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 
-from rollouts.collection import export
-
-from rollouts.collection import runs
+from rollouts.collection import export, runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.collection.importer import import_rollouts
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
@@ -40,17 +39,39 @@ def make_task(run: Run, task_index=0, row=None) -> Task:
     return Task.objects.create(run=run, task_index=task_index, row_json=json.dumps(row))
 
 
-def make_rollout(run: Run, task: Task, rollout_index=0, attempt=1, status=Rollout.Status.SUCCEEDED, reward=1.0,
-                 verify=None, calls=(), items=(), **fields) -> Rollout:
+def make_rollout(
+    run: Run,
+    task: Task,
+    rollout_index=0,
+    attempt=1,
+    status=Rollout.Status.SUCCEEDED,
+    reward=1.0,
+    verify=None,
+    calls=(),
+    items=(),
+    **fields,
+) -> Rollout:
     """A rollout with its agent calls (dicts of AgentCall fields) and items: ``(step, payload, extra
     TrajectoryItem fields)`` in order."""
     if status == Rollout.Status.SUCCEEDED and verify is None:
-        verify = {"responses_create_params": TASK_ROW["responses_create_params"], "response": {"output": []}, "reward": reward}
+        verify = {
+            "responses_create_params": TASK_ROW["responses_create_params"],
+            "response": {"output": []},
+            "reward": reward,
+        }
     rollout = Rollout.objects.create(
-        run=run, task=task, task_index=task.task_index, rollout_index=rollout_index, attempt=attempt, status=status,
+        run=run,
+        task=task,
+        task_index=task.task_index,
+        rollout_index=rollout_index,
+        attempt=attempt,
+        status=status,
         reward=reward if status == Rollout.Status.SUCCEEDED else (0.0 if status == Rollout.Status.FAILED else None),
-        verify_json=json.dumps(verify) if verify is not None else "", finished=timezone.now(),
-        num_agent_calls=len(calls), num_items=len(items), **fields,
+        verify_json=json.dumps(verify) if verify is not None else "",
+        finished=timezone.now(),
+        num_agent_calls=len(calls),
+        num_items=len(items),
+        **fields,
     )
     AgentCall.objects.bulk_create(
         AgentCall(rollout=rollout, index=i, started=timezone.now(), **{"latency_ms": 12.5, "http_status": 200, **c})
@@ -59,8 +80,14 @@ def make_rollout(run: Run, task: Task, rollout_index=0, attempt=1, status=Rollou
     TrajectoryItem.objects.bulk_create(
         TrajectoryItem(
             # Cut to the columns' sizes as the dispatcher does (PostgreSQL enforces them).
-            rollout=rollout, seq=seq, step=step, kind=payload.get("type", "")[:40], role=payload.get("role", "")[:20],
-            call_id=payload.get("call_id", "")[:300], name=payload.get("name", "")[:300], payload=payload,
+            rollout=rollout,
+            seq=seq,
+            step=step,
+            kind=payload.get("type", "")[:40],
+            role=payload.get("role", "")[:20],
+            call_id=payload.get("call_id", "")[:300],
+            name=payload.get("name", "")[:300],
+            payload=payload,
             **{"origin": TrajectoryItem.Origin.AGENT, **extra},
         )
         for seq, (step, payload, extra) in enumerate(items)
@@ -69,7 +96,12 @@ def make_rollout(run: Run, task: Task, rollout_index=0, attempt=1, status=Rollou
 
 
 def msg(text, role="assistant"):
-    return {"type": "message", "role": role, "id": "msg_1", "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {
+        "type": "message",
+        "role": role,
+        "id": "msg_1",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 def call(call_id, name, arguments):
@@ -85,27 +117,71 @@ def rich_rollout(run=None) -> Rollout:
     agent-internal paired call, reasoning, a refusal, a hosted item, and a failed call's step."""
     run = run or make_run("rich run")
     task = make_task(run)
-    usage = {"input_tokens": 11, "output_tokens": 7, "total_tokens": 18,
-             "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 3}}
+    usage = {
+        "input_tokens": 11,
+        "output_tokens": 7,
+        "total_tokens": 18,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 3},
+    }
     items = [
-        (0, {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "I should increment first."}]}, {}),
+        (
+            0,
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [{"type": "summary_text", "text": "I should increment first."}],
+            },
+            {},
+        ),
         (0, call("c1", "increment_counter", '{"count": 1}'), {"asked": True}),
         (0, call("c2", "lookup_notes", '{"q": "x"}'), {"paired": True}),
         (0, out("c2", "notes: none"), {"paired": True}),
         (0, call("c3", "../verify", "{not json"), {"asked": True}),
         (0, out("c1", '{"success":true}'), {"origin": "gym", "latency_ms": 4.25, "tool_status": 200}),
-        (0, out("c3", "Error: gymweb did not call tool '../verify': the tool name is not a safe URL path segment."),
-         {"origin": "gym", "refused": True}),
+        (
+            0,
+            out("c3", "Error: gymweb did not call tool '../verify': the tool name is not a safe URL path segment."),
+            {"origin": "gym", "refused": True},
+        ),
         (1, {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": "counter"}}, {}),
-        (1, {"type": "message", "role": "assistant", "id": "m2", "content": [{"type": "refusal", "refusal": "I won't say."}]}, {}),
+        (
+            1,
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "m2",
+                "content": [{"type": "refusal", "refusal": "I won't say."}],
+            },
+            {},
+        ),
         (1, msg("The count is 4."), {}),
     ]
     calls = [{"usage": usage, "model": "counter-agent"}, {"latency_ms": 2500.0}]
-    verify = {"responses_create_params": TASK_ROW["responses_create_params"], "response": {"output": []}, "reward": 0.75,
-              "accuracy": 0.5, "set_overlap": 3, "reward_components": {"correctness": 1.0, "format": 0.0},
-              "expected_count": 4, "predicted": ["a"]}
-    return make_rollout(run, task, reward=0.75, verify=verify, calls=calls, items=items,
-                        usage_reported=True, input_tokens=11, output_tokens=7, total_tokens=18, cached_tokens=0, reasoning_tokens=3)
+    verify = {
+        "responses_create_params": TASK_ROW["responses_create_params"],
+        "response": {"output": []},
+        "reward": 0.75,
+        "accuracy": 0.5,
+        "set_overlap": 3,
+        "reward_components": {"correctness": 1.0, "format": 0.0},
+        "expected_count": 4,
+        "predicted": ["a"],
+    }
+    return make_rollout(
+        run,
+        task,
+        reward=0.75,
+        verify=verify,
+        calls=calls,
+        items=items,
+        usage_reported=True,
+        input_tokens=11,
+        output_tokens=7,
+        total_tokens=18,
+        cached_tokens=0,
+        reasoning_tokens=3,
+    )
 
 
 def page(client, rollout, query=""):
@@ -175,22 +251,30 @@ def _item(html: str, seq: int) -> str:
     start = html.index(f'id="item-{seq}"')
     start = html.rindex("<div", 0, start)
     end = html.find('<div class="item ', start + 1)
-    return html[start:end if end != -1 else len(html)]
+    return html[start : end if end != -1 else len(html)]
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name, arguments, why", [
-    ("../verify", "{}", "not a safe URL path segment"),
-    ("seed_session", "{}", "one of the environment's own routes"),
-    ("increment_counter", "{not json", "arguments are not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name, arguments, why",
+    [
+        ("../verify", "{}", "not a safe URL path segment"),
+        ("seed_session", "{}", "one of the environment's own routes"),
+        ("increment_counter", "{not json", "arguments are not valid JSON"),
+    ],
+)
 def test_a_refused_ask_reads_as_asked_but_refused_never_as_run_by_gymweb(signed_in, name, arguments, why):
     run = make_run()
-    rollout = make_rollout(run, make_task(run), calls=[{}, {}], items=[
-        (0, call("c1", name, arguments), {"asked": True}),
-        (0, out("c1", f"Error: gymweb did not call tool {name!r}: {why}."), {"origin": "gym", "refused": True}),
-        (1, msg("done"), {}),
-    ])
+    rollout = make_rollout(
+        run,
+        make_task(run),
+        calls=[{}, {}],
+        items=[
+            (0, call("c1", name, arguments), {"asked": True}),
+            (0, out("c1", f"Error: gymweb did not call tool {name!r}: {why}."), {"origin": "gym", "refused": True}),
+            (1, msg("done"), {}),
+        ],
+    )
     html = page(signed_in, rollout)
     asked, output = _item(html, 0), _item(html, 1)
     assert "asked · refused, not sent" in asked
@@ -230,11 +314,18 @@ def test_it_marks_unpaired_calls_as_never_answered(signed_in, shared_data):
 def test_a_failed_agent_call_shows_its_error_in_its_step(signed_in):
     run = make_run()
     task = make_task(run)
-    rollout = make_rollout(run, task, status=Rollout.Status.FAILED, failure_kind="agent_http_error",
-                           error="the agent service answered HTTP 502: bad gateway",
-                           calls=[{}, {"http_status": 502, "error": "the agent service answered HTTP 502: bad gateway"}],
-                           items=[(0, call("c1", "get_counter_value", "{}"), {"asked": True}),
-                                  (0, out("c1", '{"count":4}'), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200})])
+    rollout = make_rollout(
+        run,
+        task,
+        status=Rollout.Status.FAILED,
+        failure_kind="agent_http_error",
+        error="the agent service answered HTTP 502: bad gateway",
+        calls=[{}, {"http_status": 502, "error": "the agent service answered HTTP 502: bad gateway"}],
+        items=[
+            (0, call("c1", "get_counter_value", "{}"), {"asked": True}),
+            (0, out("c1", '{"count":4}'), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200}),
+        ],
+    )
     html = page(signed_in, rollout)
     assert "HTTP 502" in html and "step-failed" in html
     assert html.count("the agent service answered HTTP 502: bad gateway") == 2  # failure panel + its step
@@ -263,7 +354,10 @@ def test_a_huge_assistant_message_shows_its_head_and_a_link_that_shows_all_of_it
     assert len(html) < 20_000
     assert "… 49,000 more characters" in html
     full = reverse("rollout_item", args=[run.pk, rollout.pk, "0"]) + "?full=1"
-    assert f'<a class="show-all" href="{full}" hx-get="{full}" hx-target="closest .item-body" hx-swap="outerHTML">show all 50,000 characters</a>' in html
+    assert (
+        f'<a class="show-all" href="{full}" hx-get="{full}" hx-target="closest .item-body" hx-swap="outerHTML">show all 50,000 characters</a>'
+        in html
+    )
     assert "&lt;b&gt;" + "x" * 997 + "</p>" in html  # cut, still escaped
     raw = reverse("rollout_raw", args=[run.pk, rollout.pk]) + "?item=0"
     assert f'href="{raw}"' in html  # the raw JSON, one click away
@@ -276,13 +370,22 @@ def test_long_arguments_tool_outputs_reasoning_generic_items_and_input_are_cut_t
     settings.GYMWEB_DISPLAY_MAX_CHARS = 500
     run = make_run()
     task = make_task(run, row={"responses_create_params": {"input": "y" * 3000}})
-    rollout = make_rollout(run, task, calls=[{}, {}], items=[
-        (0, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r" * 2000}]}, {}),
-        (0, call("c1", "increment_counter", json.dumps({"blob": "a" * 2000})), {"asked": True}),
-        (0, out("c1", "o" * 2000), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200}),
-        (0, {"type": "web_search_call", "id": "ws", "action": {"query": "q" * 2000}}, {}),
-        (1, {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "p" * 300}] * 100}, {}),
-    ])
+    rollout = make_rollout(
+        run,
+        task,
+        calls=[{}, {}],
+        items=[
+            (0, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r" * 2000}]}, {}),
+            (0, call("c1", "increment_counter", json.dumps({"blob": "a" * 2000})), {"asked": True}),
+            (0, out("c1", "o" * 2000), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200}),
+            (0, {"type": "web_search_call", "id": "ws", "action": {"query": "q" * 2000}}, {}),
+            (
+                1,
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "p" * 300}] * 100},
+                {},
+            ),
+        ],
+    )
     html = page(signed_in, rollout)
     assert len(html) < 30_000
     assert html.count("more characters") == 6  # input, reasoning, arguments, output, generic, message
@@ -303,7 +406,7 @@ def test_a_step_with_more_items_than_the_cap_shows_its_first_and_last_items_and_
     items += [(1, msg("The count is 100."), {})]
     rollout = make_rollout(run, make_task(run), calls=[{}, {}], items=items)
     html = page(signed_in, rollout)
-    step1 = html[html.index('id="step-0"'):html.index('id="step-1"')]
+    step1 = html[html.index('id="step-0"') : html.index('id="step-1"')]
     assert step1.count('class="item item-') == 20
     assert 'id="item-0"' in step1 and 'id="item-17"' in step1 and 'id="item-18"' not in step1
     assert 'id="item-198"' in step1 and 'id="item-199"' in step1  # the step's last items
@@ -316,8 +419,10 @@ def test_a_step_with_more_items_than_the_cap_shows_its_first_and_last_items_and_
 def test_5000_tool_calls_in_one_step_make_a_page_of_bounded_size(signed_in):
     run = make_run()
     items = [(0, call(f"c{i}", "increment_counter", '{"count": 1}'), {"asked": True}) for i in range(5000)]
-    items += [(0, out(f"c{i}", '{"success": true}'), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200})
-              for i in range(5000)]
+    items += [
+        (0, out(f"c{i}", '{"success": true}'), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200})
+        for i in range(5000)
+    ]
     rollout = make_rollout(run, make_task(run), calls=[{}], items=items)
     html = page(signed_in, rollout)
     assert html.count('class="item item-function_call') == 500
@@ -328,10 +433,15 @@ def test_5000_tool_calls_in_one_step_make_a_page_of_bounded_size(signed_in):
 @pytest.mark.django_db
 def test_a_3_mb_message_and_a_huge_tool_name_make_a_small_page(signed_in):
     run = make_run()
-    rollout = make_rollout(run, make_task(run), calls=[{}], items=[
-        (0, call("c1", "n" * 100_000, '{"count": 1}'), {"asked": True}),
-        (0, msg("z" * 3_000_000), {}),
-    ])
+    rollout = make_rollout(
+        run,
+        make_task(run),
+        calls=[{}],
+        items=[
+            (0, call("c1", "n" * 100_000, '{"count": 1}'), {"asked": True}),
+            (0, msg("z" * 3_000_000), {}),
+        ],
+    )
     html = page(signed_in, rollout)
     assert len(html) < 60_000
     assert "… 2,980,000 more characters" in html
@@ -341,7 +451,7 @@ def test_a_3_mb_message_and_a_huge_tool_name_make_a_small_page(signed_in):
 @pytest.mark.django_db
 def test_it_shows_the_reward_extra_numeric_fields_and_reward_components(signed_in):
     html = page(signed_in, rich_rollout())
-    verify = html[html.index("traj-verify"):]
+    verify = html[html.index("traj-verify") :]
     assert "0.75" in verify
     assert "accuracy" in verify and "0.5" in verify and "set_overlap" in verify and "expected_count" in verify
     assert "reward_components" in verify and "correctness" in verify and "format" in verify
@@ -355,7 +465,7 @@ def test_it_shows_the_numeric_verifier_fields_of_real_multi_step_rollouts(signed
     with path.open("rb") as fh:
         run = import_rollouts(fh).run
     html = page(signed_in, Rollout.objects.get(run=run, task_index=0))
-    verify = html[html.index("traj-verify"):]
+    verify = html[html.index("traj-verify") :]
     for key in ("accuracy", "set_overlap", "original_term_minefield_hit", "order_instruction_following_failure"):
         if isinstance(row[key], (int, float)) and not isinstance(row[key], bool):
             assert key in verify
@@ -365,23 +475,33 @@ def test_it_shows_the_numeric_verifier_fields_of_real_multi_step_rollouts(signed
 def test_a_failed_attempt_shows_kind_message_terminal_flag_and_partial_trajectory(signed_in):
     run = make_run()
     task = make_task(run)
-    rollout = make_rollout(run, task, status=Rollout.Status.FAILED, failure_kind="agent_invalid_response", terminal=True,
-                           error="the agent service returned an invalid Responses API object: 1 validation error(s)",
-                           calls=[{}, {"error": "invalid"}],
-                           items=[(0, call("c1", "increment_counter", '{"count": 1}'), {"asked": True}),
-                                  (0, out("c1", '{"success":true}'), {"origin": "gym", "tool_status": 200})])
+    rollout = make_rollout(
+        run,
+        task,
+        status=Rollout.Status.FAILED,
+        failure_kind="agent_invalid_response",
+        terminal=True,
+        error="the agent service returned an invalid Responses API object: 1 validation error(s)",
+        calls=[{}, {"error": "invalid"}],
+        items=[
+            (0, call("c1", "increment_counter", '{"count": 1}'), {"asked": True}),
+            (0, out("c1", '{"success":true}'), {"origin": "gym", "tool_status": 200}),
+        ],
+    )
     html = page(signed_in, rollout)
-    panel = html[html.index("traj-failure"):html.index("Task input")]
+    panel = html[html.index("traj-failure") : html.index("Task input")]
     assert "Failed" in panel and "agent_invalid_response" in panel and "terminal" in panel
     assert "invalid Responses API object" in panel
-    assert "increment_counter" in html[html.index("Step 1"):]
+    assert "increment_counter" in html[html.index("Step 1") :]
     assert "traj-verify" not in html
 
 
 @pytest.mark.django_db
 def test_a_non_terminal_failure_says_resume_retries_it(signed_in):
     run = make_run()
-    rollout = make_rollout(run, make_task(run), status=Rollout.Status.FAILED, failure_kind="agent_unreachable", error="down")
+    rollout = make_rollout(
+        run, make_task(run), status=Rollout.Status.FAILED, failure_kind="agent_unreachable", error="down"
+    )
     html = page(signed_in, rollout)
     assert "not terminal" in html and "No agent call was recorded" in html
 
@@ -395,7 +515,7 @@ def test_it_links_the_other_attempts_of_the_same_key(signed_in):
     make_rollout(run, task, rollout_index=1, status=Rollout.Status.SUCCEEDED)  # another key: not an attempt of this one
     html = page(signed_in, second)
     assert reverse("rollout", args=[run.pk, first.pk]) in html and "agent_timeout" in html
-    attempts = html[html.index("traj-attempts"):html.index("Task input")]
+    attempts = html[html.index("traj-attempts") : html.index("Task input")]
     assert "#1" in attempts and "#2" in attempts and "#3" not in attempts
     html = page(signed_in, first, "status=failed")
     assert reverse("rollout", args=[run.pk, second.pk]) + "?status=failed" in html
@@ -404,7 +524,9 @@ def test_it_links_the_other_attempts_of_the_same_key(signed_in):
 @pytest.mark.django_db
 def test_a_kill_shaped_attempt_says_it_is_written_to_no_file(signed_in):
     run = make_run()
-    rollout = make_rollout(run, make_task(run), status=Rollout.Status.INTERRUPTED, error="its worker stopped; the key runs again")
+    rollout = make_rollout(
+        run, make_task(run), status=Rollout.Status.INTERRUPTED, error="its worker stopped; the key runs again"
+    )
     html = page(signed_in, rollout)
     assert "Interrupted" in html and "written to no file" in html and "its worker stopped" in html
 
@@ -412,13 +534,15 @@ def test_a_kill_shaped_attempt_says_it_is_written_to_no_file(signed_in):
 # -- prev / next -----------------------------------------------------------------------------
 def _nav_links(html):
     """The (previous, next) hrefs of the page's navigation, None where there is no link."""
+
     def href(kind):
         marker = f'data-nav="{kind}"'
         if marker not in html:
             return None
         at = html.index(marker)
-        tag = html[html.rfind("<a ", 0, at):html.index(">", at)]
+        tag = html[html.rfind("<a ", 0, at) : html.index(">", at)]
         return tag.split('href="')[1].split('"')[0].replace("&amp;", "&")
+
     return href("prev"), href("next")
 
 
@@ -429,9 +553,16 @@ def ten_rollouts(db):
     for t in range(10):
         task = make_task(run, t)
         status = Rollout.Status.FAILED if t % 3 == 0 else Rollout.Status.SUCCEEDED
-        rollouts.append(make_rollout(run, task, status=status, reward=t / 10,
-                                     failure_kind="agent_timeout" if status == "failed" else "",
-                                     duration_ms=100.0 - t))
+        rollouts.append(
+            make_rollout(
+                run,
+                task,
+                status=status,
+                reward=t / 10,
+                failure_kind="agent_timeout" if status == "failed" else "",
+                duration_ms=100.0 - t,
+            )
+        )
     return run, rollouts
 
 
@@ -506,8 +637,14 @@ def test_the_raw_view_of_a_success_equals_its_rollouts_jsonl_row(signed_in):
 @pytest.mark.django_db
 def test_the_raw_view_of_a_failure_equals_its_sidecar_row(signed_in):
     run = make_run()
-    rollout = make_rollout(run, make_task(run), status=Rollout.Status.FAILED, failure_kind="agent_redirect",
-                           error="redirected to /login", terminal=False)
+    rollout = make_rollout(
+        run,
+        make_task(run),
+        status=Rollout.Status.FAILED,
+        failure_kind="agent_redirect",
+        error="redirected to /login",
+        terminal=False,
+    )
     response = signed_in.get(reverse("rollout_raw", args=[run.pk, rollout.pk]))
     assert json.loads(response.content) == json.loads(next(export.iter_failures(run)))
 
@@ -531,8 +668,9 @@ def test_the_raw_view_of_an_attempt_written_to_no_file_is_not_found(signed_in):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("status", [Rollout.Status.SUCCEEDED, Rollout.Status.FAILED, Rollout.Status.RUNNING,
-                                    Rollout.Status.CANCELLED])
+@pytest.mark.parametrize(
+    "status", [Rollout.Status.SUCCEEDED, Rollout.Status.FAILED, Rollout.Status.RUNNING, Rollout.Status.CANCELLED]
+)
 def test_the_raw_view_gives_one_item_or_the_task_input_whole_for_an_attempt_of_any_status(signed_in, status):
     rollout = rich_rollout()
     Rollout.objects.filter(pk=rollout.pk).update(status=status)
@@ -547,8 +685,9 @@ def test_the_raw_view_gives_one_item_or_the_task_input_whole_for_an_attempt_of_a
 
 # -- a real gymweb rollout -----------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
-def test_a_counter_rollout_collected_by_gymweb_renders_its_steps_and_gym_outputs(client, django_user_model, counter_env_url,
-                                                                                  counter_agent_url, counter_tasks_path):
+def test_a_counter_rollout_collected_by_gymweb_renders_its_steps_and_gym_outputs(
+    client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path
+):
     from rollouts.collection.dispatch import run_in_process
 
     client.force_login(django_user_model.objects.create_user("bob", password="pw-long-enough"))
@@ -578,9 +717,20 @@ def test_a_500_item_rollout_renders_every_item_with_a_fixed_number_of_queries(si
     for step in range(125):
         calls.append({"usage": {"input_tokens": 10, "output_tokens": 5}})
         items.append((step, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking " * 20}]}, {}))
-        items.append((step, call(f"c{step}", "increment_counter", json.dumps({"count": step, "note": "x" * 200})), {"asked": True}))
-        items.append((step, out(f"c{step}", json.dumps({"success": True, "log": ["line"] * 30})),
-                      {"origin": "gym", "latency_ms": 3.0, "tool_status": 200}))
+        items.append(
+            (
+                step,
+                call(f"c{step}", "increment_counter", json.dumps({"count": step, "note": "x" * 200})),
+                {"asked": True},
+            )
+        )
+        items.append(
+            (
+                step,
+                out(f"c{step}", json.dumps({"success": True, "log": ["line"] * 30})),
+                {"origin": "gym", "latency_ms": 3.0, "tool_status": 200},
+            )
+        )
         items.append((step, msg("progress " * 30), {}))
     rollout = make_rollout(run, task, calls=calls, items=items)
     # session, user, rollout, calls, items, attempts, prev/next (3 keyset queries), and the review

@@ -1,4 +1,5 @@
 """Cancel and retry: POST only, CSRF-checked, through ``runs.cancel`` and ``runs.resume``."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,7 +52,7 @@ def test_actions_need_the_csrf_token(user, running_run):
 
 def test_cancel_asks_for_confirmation_before_it_is_sent(signed_in, running_run):
     html = signed_in.get(reverse("run", args=[running_run.pk])).content.decode()
-    form = html[html.rindex("<form", 0, html.index('id="cancel-run"')):html.index('id="cancel-run"')]
+    form = html[html.rindex("<form", 0, html.index('id="cancel-run"')) : html.index('id="cancel-run"')]
     assert f'action="{reverse("run_cancel", args=[running_run.pk])}"' in form
     assert 'data-confirm="Cancel this run?' in form  # gymweb/static/gymweb/confirm.js asks (see the browser test)
     assert "gymweb/confirm." in html
@@ -66,7 +67,11 @@ def test_cancel_stops_the_run_and_its_pending_rollouts(signed_in, running_run):
     response = signed_in.post(reverse("run_cancel", args=[running_run.pk]))
     assert response.status_code == 302 and response["Location"] == reverse("run", args=[running_run.pk])
     assert Run.objects.get(pk=running_run.pk).status == Run.Status.CANCELLED
-    assert sorted(Rollout.objects.filter(run=running_run).values_list("status", flat=True)) == ["cancelled", "cancelled", "succeeded"]
+    assert sorted(Rollout.objects.filter(run=running_run).values_list("status", flat=True)) == [
+        "cancelled",
+        "cancelled",
+        "succeeded",
+    ]
     assert any("cancelled" in m for m in _messages(response))
     body = signed_in.get(reverse("run", args=[running_run.pk])).content.decode()
     assert 'id="cancel-run"' not in body and 'id="retry-run"' in body  # cancelled keys can run again
@@ -122,10 +127,14 @@ def test_retry_runs_the_failed_keys_again_and_they_succeed_once_the_agent_is_up(
 
     client.force_login(django_user_model.objects.create_user("carol", password="x" * 12))
     with open(counter_tasks_path, "rb") as fh:
-        run = runs.create_run(read_jsonl(fh), name="down", agent_url="http://127.0.0.1:9", env_url=counter_env_url, limit=2)
+        run = runs.create_run(
+            read_jsonl(fh), name="down", agent_url="http://127.0.0.1:9", env_url=counter_env_url, limit=2
+        )
     runs.launch(run)
     run_in_process(run.pk)
-    assert set(Rollout.objects.filter(run=run).values_list("status", "failure_kind")) == {("failed", "agent_unreachable")}
+    assert set(Rollout.objects.filter(run=run).values_list("status", "failure_kind")) == {
+        ("failed", "agent_unreachable")
+    }
     Run.objects.filter(pk=run.pk).update(agent_url=counter_agent_url)  # the service came up at its address
     response = client.post(reverse("run_retry", args=[run.pk]))
     assert response.status_code == 302
@@ -133,6 +142,9 @@ def test_retry_runs_the_failed_keys_again_and_they_succeed_once_the_agent_is_up(
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED
     latest = Rollout.objects.filter(run=run, attempt=2)
-    assert sorted(latest.values_list("task_index", "status", "reward")) == [(0, "succeeded", 1.0), (1, "succeeded", 1.0)]
+    assert sorted(latest.values_list("task_index", "status", "reward")) == [
+        (0, "succeeded", 1.0),
+        (1, "succeeded", 1.0),
+    ]
     body = client.get(reverse("run", args=[run.pk])).content.decode()
     assert "<strong>2</strong> / 2 done" in body

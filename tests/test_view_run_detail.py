@@ -1,5 +1,6 @@
 """A run's page: live progress and aggregates, the rollout table (filters, sort, pages, permalinks),
 and the HTMX partials that keep it current."""
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,10 @@ def _url(run, **params):
 
 def _keys_in_table(response):
     """(task, rollout) keys of the table rows, in order."""
-    return [tuple(map(int, m)) for m in re.findall(r'class="rollout-link mono" href="[^"]*">(\d+):(\d+)</a>', response.content.decode())]
+    return [
+        tuple(map(int, m))
+        for m in re.findall(r'class="rollout-link mono" href="[^"]*">(\d+):(\d+)</a>', response.content.decode())
+    ]
 
 
 # -- access ------------------------------------------------------------------------------------------
@@ -100,7 +104,12 @@ def test_the_histogram_bins_success_rewards_and_shows_failed_keys_apart(mixed_ru
     s = metrics.run_summary(mixed_run)
     assert len(s.histogram) == metrics.HISTOGRAM_BINS
     assert sum(b.count for b in s.histogram) == 5
-    assert s.histogram[0].count == 1 and s.histogram[2].count == 1 and s.histogram[5].count == 1 and s.histogram[-1].count == 2
+    assert (
+        s.histogram[0].count == 1
+        and s.histogram[2].count == 1
+        and s.histogram[5].count == 1
+        and s.histogram[-1].count == 2
+    )
     assert s.failed_bar_percent == 100.0  # 2 failed keys, as tall as the tallest bin
 
 
@@ -158,7 +167,7 @@ def test_the_page_of_a_run_with_no_rollouts_finished_yet_renders(signed_in, db):
 
 def _tokens_card(body: str) -> str:
     start = body.index('<div class="label">tokens</div>')
-    return body[start:body.index('<div class="grid two">', start)]
+    return body[start : body.index('<div class="grid two">', start)]
 
 
 def test_the_tokens_card_says_not_reported_when_no_attempt_reported_usage(signed_in, db):
@@ -248,7 +257,7 @@ def test_the_live_part_takes_one_query_more_for_the_workers_however_many_there_a
 def test_an_imported_run_shows_its_agent_name_and_that_it_has_no_agent_url(signed_in, db):
     run = Run.objects.create(name="imp", status=Run.Status.IMPORTED, agent_name="my_agent")
     body = signed_in.get(_url(run)).content.decode()
-    summary = body[body.index('<details class="card settings">'):body.index("</summary>")]
+    summary = body[body.index('<details class="card settings">') : body.index("</summary>")]
     assert "my_agent" in summary and "imported (no agent URL)" in summary
     assert "(no agent)" not in summary and "(no env)" not in summary
 
@@ -297,7 +306,9 @@ def test_an_htmx_request_gets_the_rollout_table_partial_and_responses_vary_on_it
 
 
 def test_a_history_restore_gets_the_full_page(signed_in, mixed_run):
-    response = signed_in.get(_url(mixed_run, status="failed"), HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    response = signed_in.get(
+        _url(mixed_run, status="failed"), HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true"
+    )
     body = response.content.decode()
     assert "<html" in body and 'id="run-live"' in body and 'id="rollouts"' in body
 
@@ -374,7 +385,12 @@ def test_text_from_agents_and_envs_is_escaped(signed_in, db):
     finish(key(run, 0), S.FAILED, kind="agent_bad_json", error=evil)
     Rollout.objects.filter(pk=key(run, 0).pk).update(failure_kind='x"><script>k</script>')
     body = signed_in.get(_url(run)).content.decode()
-    assert "<script>alert(1)" not in body and "<script>k" not in body and "<img src=x" not in body and "<b>x</b>" not in body
+    assert (
+        "<script>alert(1)" not in body
+        and "<script>k" not in body
+        and "<img src=x" not in body
+        and "<b>x</b>" not in body
+    )
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
 
 

@@ -1,5 +1,6 @@
 """The run page's evaluation section (health verdicts and filters, reverify, ATIF download) and the
 health findings on the rollout page's steps."""
+
 from __future__ import annotations
 
 import io
@@ -34,8 +35,15 @@ def _checked_run():
         r.verify_json = json.dumps(verify)
         r.save()
         for i, items in enumerate([[MSG]] if t == 0 else [[MSG], []]):
-            AgentCall.objects.create(rollout=r, index=i, started=start + timedelta(seconds=i), latency_ms=2.0, http_status=200,
-                                     response_id=f"r{t}{i}", usage=USAGE)
+            AgentCall.objects.create(
+                rollout=r,
+                index=i,
+                started=start + timedelta(seconds=i),
+                latency_ms=2.0,
+                http_status=200,
+                response_id=f"r{t}{i}",
+                usage=USAGE,
+            )
             for item in items:
                 TrajectoryItem.objects.create(rollout=r, seq=i, step=i, kind="message", origin="agent", payload=item)
     bad = finish(key(run, 2), Rollout.Status.FAILED, kind="agent_http_error")
@@ -70,9 +78,9 @@ def test_the_rollout_page_shows_each_finding_on_its_step(signed_in):
     r = key(run, 1)
     page = signed_in.get(reverse("rollout", args=[run.pk, r.pk])).content.decode()
     assert "verdict-unhealthy" in page
-    step2 = page[page.index('id="step-1"'):]
+    step2 = page[page.index('id="step-1"') :]
     assert "agent_turn_hollow" in step2[: step2.index("</div>\n") + 2000]
-    step1 = page[page.index('id="step-0"'): page.index('id="step-1"')]
+    step1 = page[page.index('id="step-0"') : page.index('id="step-1"')]
     assert "agent_turn_hollow" not in step1
 
 
@@ -80,9 +88,23 @@ def test_the_health_files_download_as_nemo_gym_writes_them(signed_in):
     run = _checked_run()
     summary = signed_in.get(reverse("run_health_file", args=[run.pk, "quality_summary"]))
     assert json.loads(b"".join(summary)) == run.health_summary
-    verdicts = [json.loads(line) for line in b"".join(signed_in.get(reverse("run_health_file", args=[run.pk, "rollout_verdicts"]))).splitlines()]
-    assert [(v["_ng_task_index"], v["verdict"]) for v in verdicts] == [(0, "healthy"), (1, "unhealthy"), (2, "unhealthy")]
-    assert set(verdicts[0]) == {"_ng_task_index", "_ng_rollout_index", "rollout_id", "verdict", "findings", "unobserved"}
+    verdicts = [
+        json.loads(line)
+        for line in b"".join(signed_in.get(reverse("run_health_file", args=[run.pk, "rollout_verdicts"]))).splitlines()
+    ]
+    assert [(v["_ng_task_index"], v["verdict"]) for v in verdicts] == [
+        (0, "healthy"),
+        (1, "unhealthy"),
+        (2, "unhealthy"),
+    ]
+    assert set(verdicts[0]) == {
+        "_ng_task_index",
+        "_ng_rollout_index",
+        "rollout_id",
+        "verdict",
+        "findings",
+        "unobserved",
+    }
 
 
 def test_check_again_button_runs_the_check(signed_in):
@@ -116,7 +138,11 @@ def test_the_reverify_button_makes_a_linked_run_that_shows_its_flips(signed_in):
     new = Run.objects.get(reverified_from=run)
     assert response.status_code == 302 and response["Location"].startswith(reverse("run", args=[new.pk]))
     section = signed_in.get(reverse("run_evaluation", args=[new.pk])).content.decode()
-    assert "reward-flips" in section and ">1:0<" in section and "1 reward changed" in section.replace("\n", " ").replace("</strong>", "").replace("<strong>", "")
+    assert (
+        "reward-flips" in section
+        and ">1:0<" in section
+        and "1 reward changed" in section.replace("\n", " ").replace("</strong>", "").replace("<strong>", "")
+    )
     source_section = signed_in.get(reverse("run_evaluation", args=[run.pk])).content.decode()
     assert f"#{new.pk}" in source_section
 
@@ -136,16 +162,29 @@ def test_the_atif_download_is_a_zip_of_nemo_gyms_layout(signed_in):
     assert response["Content-Type"] == "application/zip"
     archive = zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content)))
     names = sorted(archive.namelist())
-    assert names == [f"gymweb-run-{run.pk}/0-0.json", f"gymweb-run-{run.pk}/1-0.json", f"gymweb-run-{run.pk}/manifest.jsonl"]
-    with_failures = zipfile.ZipFile(io.BytesIO(b"".join(signed_in.get(reverse("run_atif", args=[run.pk]), {"failures": "1"}).streaming_content)))
+    assert names == [
+        f"gymweb-run-{run.pk}/0-0.json",
+        f"gymweb-run-{run.pk}/1-0.json",
+        f"gymweb-run-{run.pk}/manifest.jsonl",
+    ]
+    with_failures = zipfile.ZipFile(
+        io.BytesIO(b"".join(signed_in.get(reverse("run_atif", args=[run.pk]), {"failures": "1"}).streaming_content))
+    )
     assert f"gymweb-run-{run.pk}/2-0.json" in with_failures.namelist()
 
 
 def test_model_text_in_findings_and_errors_is_escaped(signed_in):
     run = make_run(1)
     r = finish(key(run, 0), Rollout.Status.FAILED, kind="agent_http_error")
-    AgentCall.objects.create(rollout=r, index=0, started=timezone.now(), latency_ms=1.0, http_status=500,
-                             response_id='<script>alert(1)</script>', error="x")
+    AgentCall.objects.create(
+        rollout=r,
+        index=0,
+        started=timezone.now(),
+        latency_ms=1.0,
+        http_status=500,
+        response_id="<script>alert(1)</script>",
+        error="x",
+    )
     health.run_health_check(run)
     page = signed_in.get(reverse("rollout", args=[run.pk, r.pk])).content.decode()
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page

@@ -1,5 +1,6 @@
 """The new-run form: a dataset (upload or earlier), the two services, the knobs; a bad submission
 stores nothing and says what is wrong."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,21 @@ def test_it_shows_the_form_with_the_defaults(signed_in):
     response = signed_in.get(URL)
     assert response.status_code == 200
     body = response.content.decode()
-    for name in ("dataset_file", "dataset", "agent_url", "env_url", "concurrency", "max_steps", "num_repeats", "limit",
-                 "remote_responses_timeout_s", "run_timeout_s", "max_attempts", "agent_name", "overrides"):
+    for name in (
+        "dataset_file",
+        "dataset",
+        "agent_url",
+        "env_url",
+        "concurrency",
+        "max_steps",
+        "num_repeats",
+        "limit",
+        "remote_responses_timeout_s",
+        "run_timeout_s",
+        "max_attempts",
+        "agent_name",
+        "overrides",
+    ):
         assert f'name="{name}"' in body
     assert 'value="2100' in body and 'value="1800' in body and 'value="32"' in body
     assert 'enctype="multipart/form-data"' in body and "csrfmiddlewaretoken" in body
@@ -120,7 +134,10 @@ def test_uploading_the_same_file_again_reuses_the_stored_dataset(signed_in, user
     assert Dataset.objects.count() == 3
     signed_in.force_login(django_user_model.objects.create_user("bob", password="x" * 12))
     signed_in.post(URL, _data(dataset_file=_upload(_good_jsonl(), "same.jsonl")))
-    assert Dataset.objects.count() == 4 and Dataset.objects.filter(name="same.jsonl", created_by__username="bob").count() == 1
+    assert (
+        Dataset.objects.count() == 4
+        and Dataset.objects.filter(name="same.jsonl", created_by__username="bob").count() == 1
+    )
 
 
 def test_it_merges_the_overrides_into_responses_create_params(signed_in):
@@ -208,7 +225,9 @@ def test_it_rejects_an_upload_over_the_size_limit_with_a_clear_message(signed_in
     settings.GYMWEB_MAX_UPLOAD_BYTES = 200
     response = signed_in.post(URL, _data(dataset_file=_upload(_good_jsonl(20))))
     errors = _errors(response, "dataset_file")
-    assert any("larger than the upload limit of 200 bytes" in e and "GYMWEB_MAX_UPLOAD_BYTES" in e for e in errors), errors
+    assert any("larger than the upload limit of 200 bytes" in e and "GYMWEB_MAX_UPLOAD_BYTES" in e for e in errors), (
+        errors
+    )
     assert response.context["form"].data["agent_url"] == "http://127.0.0.1:9102/"  # the other fields still arrived
     assert _nothing_stored()
 
@@ -265,14 +284,21 @@ def test_a_post_without_the_csrf_token_is_refused(user):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_submitted_run_completes_against_the_example_services(client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_submitted_run_completes_against_the_example_services(
+    client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path
+):
     from rollouts.collection.dispatch import run_in_process
 
     client.force_login(django_user_model.objects.create_user("bob", password="x" * 12))
-    response = client.post(URL, _data(
-        dataset_file=_upload(counter_tasks_path.read_text(), "counter_tasks.jsonl"),
-        agent_url=counter_agent_url, env_url=counter_env_url, num_repeats="1",
-    ))
+    response = client.post(
+        URL,
+        _data(
+            dataset_file=_upload(counter_tasks_path.read_text(), "counter_tasks.jsonl"),
+            agent_url=counter_agent_url,
+            env_url=counter_env_url,
+            num_repeats="1",
+        ),
+    )
     run = Run.objects.get()
     assert response.status_code == 302
     run_in_process(run.pk)
@@ -297,8 +323,14 @@ def test_without_defaults_the_service_fields_start_empty(signed_in, settings):
     assert 'name="agent_url" value=' not in html and 'name="env_url" value=' not in html
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:9102/v1/responses", "http://127.0.0.1:9102/v1/responses/",
-                                 "https://agents.example/team/v1/responses"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9102/v1/responses",
+        "http://127.0.0.1:9102/v1/responses/",
+        "https://agents.example/team/v1/responses",
+    ],
+)
 def test_an_agent_url_ending_in_v1_responses_gets_a_hint_that_gymweb_appends_it(signed_in, url):
     response = signed_in.post(URL, _data(agent_url=url))
     assert response.status_code == 400 and _nothing_stored()

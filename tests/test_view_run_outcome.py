@@ -1,6 +1,7 @@
 """A run's page and the runs list tell the outcome as it is: the badge names a completed run with
 failures or whose every key failed, the Retry button is offered only where it would run something and
 is named for what it runs, and rates are shown only over windows that exist."""
+
 from __future__ import annotations
 
 import re

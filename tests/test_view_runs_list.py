@@ -1,5 +1,6 @@
 """The runs list: newest first, progress by key, mean reward, failures; paginated; a fixed number of
 queries however many runs and rollouts."""
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ def _row(body: str, run: Run) -> str:
     """The table row of ``run``."""
     anchor = f'href="{reverse("run", args=[run.pk])}"'
     start = body.index(anchor)
-    return body[body.rindex("<tr", 0, start): body.index("</tr>", start)]
+    return body[body.rindex("<tr", 0, start) : body.index("</tr>", start)]
 
 
 def test_it_requires_login(client, db):
@@ -128,9 +129,8 @@ def test_the_sign_in_page_is_still_shown_to_a_visitor(client, db):
 
 def test_every_page_links_a_favicon_and_favicon_ico_is_no_404(signed_in, manifest_static):
     from django.contrib.staticfiles import finders
-    from django.test import Client
-
     from django.templatetags.static import static
+    from django.test import Client
 
     visitor = Client()
     icon = static("gymweb/favicon.svg")  # collectstatic's hashed name (cached forever by browsers)

@@ -2,6 +2,7 @@
 (never the echoed task row), scalars inline, judge texts rendered through the one sanitiser, trees
 for lists and objects, tables for rubrics and judges, links from fields to the items they name.
 On NeMo Gym's real recordings and on verify replies shaped like NeMo Gym's judge and rubric envs."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ def _import(shared_data, name):
 def _panel(html: str) -> str:
     """The verdict panel's markup; fails when the page has none."""
     start = html.index('id="traj-verdict"')
-    return html[start:html.index("</section>", start)]
+    return html[start : html.index("</section>", start)]
 
 
 def _text(markup: str) -> str:
@@ -31,7 +32,12 @@ def _text(markup: str) -> str:
 
 
 def _verify(**fields):
-    return {"responses_create_params": TASK_ROW["responses_create_params"], "response": {"output": []}, "reward": 0.0, **fields}
+    return {
+        "responses_create_params": TASK_ROW["responses_create_params"],
+        "response": {"output": []},
+        "reward": 0.0,
+        **fields,
+    }
 
 
 # -- placement ----------------------------------------------------------------------------------
@@ -56,7 +62,7 @@ def test_swe_bench_resolved_and_the_patch_are_on_the_panel_with_the_patch_as_a_d
         instance = next(iter(report))
         panel = _panel(page(signed_in, rollout))
         resolved = "true" if report[instance]["resolved"] else "false"
-        assert f"<dt>metadata.eval_report.{instance}.resolved</dt><dd class=\"v-{resolved}\">{resolved}</dd>" in panel
+        assert f'<dt>metadata.eval_report.{instance}.resolved</dt><dd class="v-{resolved}">{resolved}</dd>' in panel
         if data["metadata"]["model_patch"]:
             assert '<span class="verdict-name">metadata.model_patch</span>' in panel
             assert '<pre class="diff">' in panel
@@ -71,7 +77,7 @@ def test_the_tau2_judgement_inside_result_is_opened_and_its_null_values_are_coun
     rollout = run.rollouts.order_by("task_index").first()
     data = json.loads(rollout.verify_json)
     panel = _panel(page(signed_in, rollout))
-    assert f"<dt>result.reward_info.db_check.db_match</dt><dd class=\"v-true\">true</dd>" in panel
+    assert '<dt>result.reward_info.db_check.db_match</dt><dd class="v-true">true</dd>' in panel
     assert f"<dt>result.termination_reason</dt><dd>{data['result']['termination_reason']}</dd>" in panel
     assert "<dt>result.reward_info.nl_assertions</dt>" not in panel  # null inside an opened object
     assert re.search(r"\d+ null values inside these fields not shown", panel)
@@ -105,7 +111,9 @@ def test_a_reply_that_only_echoes_the_request_has_no_panel(signed_in, shared_dat
 def test_fields_of_a_collected_run_that_echo_the_task_row_are_left_out(signed_in):
     run = make_run()
     task = make_task(run, row={**TASK_ROW, "instance_id": "django__django-1", "expected_count": 3})
-    verify = _verify(instance_id="django__django-1", expected_count=3, resolved=False, failure="tests did not run: timeout")
+    verify = _verify(
+        instance_id="django__django-1", expected_count=3, resolved=False, failure="tests did not run: timeout"
+    )
     rollout = make_rollout(run, task, reward=0.0, verify=verify)
     panel = _panel(page(signed_in, rollout))
     assert '<dt>resolved</dt><dd class="v-false">false</dd>' in panel
@@ -124,20 +132,36 @@ def test_a_field_that_differs_from_the_task_rows_value_is_the_envs_and_is_shown(
 
 # -- judges and rubrics ---------------------------------------------------------------------------
 RUBRIC = [  # NeMo Gym's inverse_if RubricEvaluation
-    {"criterion_id": "c1", "criteria": "Answers in French", "judge_prompt": "…", "judge_response": "PASS",
-     "verdict": "PASS", "explanation": "The reply is **in French** throughout.", "score": 1.0},
-    {"criterion_id": "c2", "criteria": "Under 50 words", "judge_prompt": "…", "judge_response": "FAIL",
-     "verdict": "FAIL", "explanation": "It has 73 words.", "score": 0.0},
+    {
+        "criterion_id": "c1",
+        "criteria": "Answers in French",
+        "judge_prompt": "…",
+        "judge_response": "PASS",
+        "verdict": "PASS",
+        "explanation": "The reply is **in French** throughout.",
+        "score": 1.0,
+    },
+    {
+        "criterion_id": "c2",
+        "criteria": "Under 50 words",
+        "judge_prompt": "…",
+        "judge_response": "FAIL",
+        "verdict": "FAIL",
+        "explanation": "It has 73 words.",
+        "score": 0.0,
+    },
 ]
 
 
 @pytest.mark.django_db
 def test_a_rubric_is_a_table_of_criteria_verdicts_scores_and_rendered_reasons(signed_in):
     run = make_run()
-    rollout = make_rollout(run, make_task(run), reward=0.5, verify=_verify(rubric_evaluations=RUBRIC, num_passed=1, num_total=2))
+    rollout = make_rollout(
+        run, make_task(run), reward=0.5, verify=_verify(rubric_evaluations=RUBRIC, num_passed=1, num_total=2)
+    )
     panel = _panel(page(signed_in, rollout))
     assert "<dt>num_passed</dt><dd>1</dd>" in panel
-    table = panel[panel.index('<table class="verdict-table">'):]
+    table = panel[panel.index('<table class="verdict-table">') :]
     assert "<th>item</th><th>verdict</th><th>score</th><th>reason</th>" in table
     assert '<td>Answers in French</td><td class="verdict-v">PASS</td><td class="num">1.0</td>' in table
     assert "<strong>in French</strong>" in table  # the reason through Markdown
@@ -149,8 +173,15 @@ def test_a_rubric_is_a_table_of_criteria_verdicts_scores_and_rendered_reasons(si
 def test_a_judge_evaluation_shows_the_verdict_label_and_the_judges_own_text(signed_in):
     judge = {  # NeMo Gym's equivalence_llm_judge JudgeEvaluation: the judge's call and reply
         "responses_create_params": {"input": [{"role": "user", "content": "Are these equal?"}]},
-        "response": {"output": [{"type": "message", "role": "assistant",
-                                  "content": [{"type": "output_text", "text": "Both say *42*. [[A=B]]"}]}]},
+        "response": {
+            "output": [
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Both say *42*. [[A=B]]"}],
+                }
+            ]
+        },
         "verdict_label": "[[A=B]]",
     }
     run = make_run()
@@ -162,7 +193,9 @@ def test_a_judge_evaluation_shows_the_verdict_label_and_the_judges_own_text(sign
 @pytest.mark.django_db
 def test_a_top_level_verdict_and_judge_output_are_one_judge_table(signed_in):
     run = make_run()  # NeMo Gym's simpleqa: verdict and judge_output at the top of the reply
-    verify = _verify(extracted_answer="Paris", verdict="CORRECT", judge_output="## Grade\nThe answer matches.", is_correct=1.0)
+    verify = _verify(
+        extracted_answer="Paris", verdict="CORRECT", judge_output="## Grade\nThe answer matches.", is_correct=1.0
+    )
     rollout = make_rollout(run, make_task(run), reward=1.0, verify=verify)
     panel = _panel(page(signed_in, rollout))
     assert '<span class="verdict-name">judge</span>' in panel
@@ -182,13 +215,22 @@ def test_objects_without_a_reason_or_a_verdict_are_not_judgements():
 # -- safety --------------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_env_text_on_the_panel_is_escaped_or_sanitised(signed_in):
-    evil = '<img src=x onerror=alert(1)><script>alert(2)</script>'
+    evil = "<img src=x onerror=alert(1)><script>alert(2)</script>"
     run = make_run()
-    verify = _verify(**{f"note{evil}": evil, "explanation_long": f"line one\n{evil}\n[x](javascript:alert(3))",
-                        "rubric": [{"criteria": evil, "score": 0, "reason": evil}]})
+    verify = _verify(
+        **{
+            f"note{evil}": evil,
+            "explanation_long": f"line one\n{evil}\n[x](javascript:alert(3))",
+            "rubric": [{"criteria": evil, "score": 0, "reason": evil}],
+        }
+    )
     rollout = make_rollout(run, make_task(run), reward=0.0, verify=verify)
     panel = _panel(page(signed_in, rollout))
-    assert "<script" not in panel and "<img" not in panel and "onerror=alert" not in panel.replace("&lt;img src=x onerror=alert", "")
+    assert (
+        "<script" not in panel
+        and "<img" not in panel
+        and "onerror=alert" not in panel.replace("&lt;img src=x onerror=alert", "")
+    )
     assert "javascript:" not in panel.replace("(javascript:alert(3))", "")
     assert "&lt;script&gt;" in panel
 
@@ -203,24 +245,32 @@ def test_fields_naming_a_call_id_an_item_index_or_quoting_an_item_link_to_it(sig
         (1, out("call_weather_1", "sunny, 21 degrees in Paris today"), {"origin": "gym", "tool_status": 200}),
         (1, msg("It is sunny, 21 degrees in Paris today."), {}),
     ]
-    verify = _verify(failed_call="call_weather_1", message_index=3,
-                     judge_notes='The model wrote "sunny, 21 degrees in Paris today" which matches the tool.')
+    verify = _verify(
+        failed_call="call_weather_1",
+        message_index=3,
+        judge_notes='The model wrote "sunny, 21 degrees in Paris today" which matches the tool.',
+    )
     rollout = make_rollout(run, make_task(run), calls=[{}, {}], items=items, verify=verify)
     html = page(signed_in, rollout)
     panel = _panel(html)
     seqs = {m: n for m, n in re.findall(r'href="#item-(\d+)"[^>]*>→ #\d+ ([^<]+)</a>', panel)}
     assert seqs.get("1") == "function_call get_weather"  # failed_call by call_id
     assert "3" in seqs  # message_index 3
-    notes = panel[panel.index("<dt>judge_notes</dt>"):]
-    notes = notes[:notes.index("</dd>")]
+    notes = panel[panel.index("<dt>judge_notes</dt>") :]
+    notes = notes[: notes.index("</dd>")]
     assert re.findall(r'href="#item-(\d+)"', notes) == ["2"]  # the quotation: the first item holding it
     for seq in re.findall(r'href="#item-(\d+)"', panel):
         assert f'id="item-{seq}"' in html  # every link lands on an anchor of the page
 
 
 def test_the_panel_skips_nothing_the_env_added_and_needs_no_database():
-    view = verdict_view({"reward": 1.0, "response": {}, "ok": True, "_ng_task_index": 3}, {"ok": True}, imported=True,
-                        items=[], max_chars=1000)
+    view = verdict_view(
+        {"reward": 1.0, "response": {}, "ok": True, "_ng_task_index": 3},
+        {"ok": True},
+        imported=True,
+        items=[],
+        max_chars=1000,
+    )
     assert view and [e["name"] for e in view["scalars"]] == ["ok"] and view["imported"]
     assert verdict_view({"reward": 1.0, "ok": True}, {"ok": True}, imported=False, items=[], max_chars=1000) is None
     assert verdict_view("not an object", {}, imported=False, items=[], max_chars=1000) is None

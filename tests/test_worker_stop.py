@@ -7,6 +7,7 @@ rollout found released after the stop was released by the stopping worker, never
 The agent is a real HTTP server on 127.0.0.1 that holds its replies until the test opens its gate, so
 the rollouts are in flight (waiting on the agent) when the signal arrives.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -90,8 +91,10 @@ def test_stopping_a_cluster_releases_its_in_flight_rollouts_at_once_and_a_new_wo
         # in-flight attempt is `interrupted` with what it had done, and its key has a new pending
         # attempt with the same number (a killed rollout is not an attempt).
         wait_for(
-            lambda: not Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists()
-            and Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count() == 6,
+            lambda: (
+                not Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).exists()
+                and Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count() == 6
+            ),
             60,
             what="the stopping worker to release its rollouts",
         )
@@ -110,7 +113,11 @@ def test_stopping_a_cluster_releases_its_in_flight_rollouts_at_once_and_a_new_wo
 
         gate.open()
         workers.start(workers=1)
-        wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.COMPLETED, 120, what="a new worker to finish the run")
+        wait_for(
+            lambda: Run.objects.get(pk=run.pk).status == Run.Status.COMPLETED,
+            120,
+            what="a new worker to finish the run",
+        )
     finally:
         gate.open()
         agent.stop()
@@ -146,7 +153,9 @@ def test_a_release_the_database_refuses_is_logged_in_plain_lines_and_bounded(tra
         thread.join(60)
     assert not thread.is_alive()
     records = [r for r in caplog.records if r.name == "gymweb.dispatch"]
-    assert any("the database refused the release (OperationalError: the database went away)" in r.getMessage() for r in records)
+    assert any(
+        "the database refused the release (OperationalError: the database went away)" in r.getMessage() for r in records
+    )
     assert any("could not release" in r.getMessage() and "GYMWEB_RELEASE_TIMEOUT_S" in r.getMessage() for r in records)
     assert not any(r.exc_info for r in records)
 

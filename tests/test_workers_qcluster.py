@@ -1,6 +1,6 @@
 """Runs launched for the workers complete through real ``qcluster`` processes."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
@@ -25,7 +25,9 @@ def test_a_worker_process_completes_a_launched_run(workers, counter_env_url, cou
     assert Rollout.objects.filter(run=run).count() == 20
 
 
-def test_a_worker_fetches_the_envs_aggregate_metrics_after_the_run(workers, counter_env_url, counter_agent_url, counter_tasks_path):
+def test_a_worker_fetches_the_envs_aggregate_metrics_after_the_run(
+    workers, counter_env_url, counter_agent_url, counter_tasks_path
+):
     run = _launch(counter_env_url, counter_agent_url, counter_tasks_path)
     workers.start(workers=1)
     wait_for(lambda: Run.objects.get(pk=run.pk).aggregate_metrics is not None, 60, what="aggregate metrics")

@@ -1,4 +1,5 @@
 """Everything in a trajectory is untrusted text: pages that show it must stay inert."""
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,25 @@ def assert_inert(html: str) -> None:
     assert 'hx-get="/x"' not in html and "hx-get='/x'" not in html
     assert 'hx-trigger="load' not in html
     # the only scripts are the page's own
-    assert re.findall(r"<script[^>]*>", html) == [s for s in re.findall(r"<script[^>]*>", html) if "src=\"/static/" in s]
+    assert re.findall(r"<script[^>]*>", html) == [s for s in re.findall(r"<script[^>]*>", html) if 'src="/static/' in s]
 
 
 def evil_rollout(status=Rollout.Status.FAILED) -> Rollout:
     run = make_run(f"run {EVIL}")
-    task = make_task(run, row={
-        "responses_create_params": {"input": [{"role": "user", "content": EVIL}, {"role": EVIL, "content": [{"type": "input_text", "text": EVIL}]}],
-                                    "instructions": EVIL, "tools": [{"type": "function", "name": EVIL}]},
-        "agent_ref": {"name": EVIL},
-    })
+    task = make_task(
+        run,
+        row={
+            "responses_create_params": {
+                "input": [
+                    {"role": "user", "content": EVIL},
+                    {"role": EVIL, "content": [{"type": "input_text", "text": EVIL}]},
+                ],
+                "instructions": EVIL,
+                "tools": [{"type": "function", "name": EVIL}],
+            },
+            "agent_ref": {"name": EVIL},
+        },
+    )
     items = [
         (0, {"type": "reasoning", "summary": [{"type": "summary_text", "text": EVIL}]}, {}),
         (0, call(EVIL, EVIL, json.dumps({"cmd": EVIL})), {"asked": True}),
@@ -46,15 +56,30 @@ def evil_rollout(status=Rollout.Status.FAILED) -> Rollout:
         (0, out(EVIL, json.dumps({"stdout": EVIL})), {"origin": "gym", "latency_ms": 1.0, "tool_status": 200}),
         (0, out("c2", f"Error: gymweb did not call tool {EVIL!r}"), {"origin": "gym", "refused": True}),
         (1, {"type": EVIL, "name": EVIL, "data": EVIL}, {}),
-        (1, {"type": "message", "role": "assistant", "id": EVIL, "content": [{"type": "refusal", "refusal": EVIL}]}, {}),
+        (
+            1,
+            {"type": "message", "role": "assistant", "id": EVIL, "content": [{"type": "refusal", "refusal": EVIL}]},
+            {},
+        ),
         (1, msg(EVIL), {}),
         (1, msg(EVIL, role=EVIL), {}),
     ]
-    calls = [{"model": EVIL, "usage": {"input_tokens": EVIL, "output_tokens": 1}, "incomplete_details": {"reason": EVIL}},
-             {"error": EVIL, "http_status": 500}]
+    calls = [
+        {"model": EVIL, "usage": {"input_tokens": EVIL, "output_tokens": 1}, "incomplete_details": {"reason": EVIL}},
+        {"error": EVIL, "http_status": 500},
+    ]
     verify = {"reward": 1.0, EVIL: 2.0, "note": EVIL, "reward_components": {EVIL: 1.0, "why": EVIL}}
-    rollout = make_rollout(run, task, status=status, failure_kind=EVIL[:40] if status == "failed" else "", error=EVIL,
-                           verify=verify if status == "succeeded" else None, calls=calls, items=items, warnings=[EVIL])
+    rollout = make_rollout(
+        run,
+        task,
+        status=status,
+        failure_kind=EVIL[:40] if status == "failed" else "",
+        error=EVIL,
+        verify=verify if status == "succeeded" else None,
+        calls=calls,
+        items=items,
+        warnings=[EVIL],
+    )
     return rollout
 
 
@@ -62,9 +87,17 @@ def evil_rollout(status=Rollout.Status.FAILED) -> Rollout:
 @pytest.mark.parametrize("status", [Rollout.Status.FAILED, Rollout.Status.SUCCEEDED])
 def test_the_rollout_page_is_inert_whatever_the_trajectory_holds(signed_in, status):
     rollout = evil_rollout(status)
-    make_rollout(rollout.run, rollout.task, attempt=2 if status == "failed" else 0, status=Rollout.Status.FAILED,
-                 failure_kind=EVIL[:40], error=EVIL)  # another attempt, linked from the page
-    response = signed_in.get(reverse("rollout", args=[rollout.run_id, rollout.pk]) + "?status=" + "%3Cscript%3E&sort=%22%3E%3Cimg")
+    make_rollout(
+        rollout.run,
+        rollout.task,
+        attempt=2 if status == "failed" else 0,
+        status=Rollout.Status.FAILED,
+        failure_kind=EVIL[:40],
+        error=EVIL,
+    )  # another attempt, linked from the page
+    response = signed_in.get(
+        reverse("rollout", args=[rollout.run_id, rollout.pk]) + "?status=" + "%3Cscript%3E&sort=%22%3E%3Cimg"
+    )
     html = response.content.decode()
     assert response.status_code == 200
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # shown, as text
@@ -82,8 +115,12 @@ def test_the_raw_view_is_json_that_browsers_will_not_sniff_as_html(signed_in):
 
 @pytest.mark.django_db
 def test_the_import_page_and_its_result_are_inert(signed_in):
-    row = {"responses_create_params": {"input": EVIL}, "reward": 1.0,
-           "response": {"id": EVIL, "model": EVIL, "output": [msg(EVIL), call(EVIL, EVIL, EVIL), {"type": EVIL}]}, EVIL: EVIL}
+    row = {
+        "responses_create_params": {"input": EVIL},
+        "reward": 1.0,
+        "response": {"id": EVIL, "model": EVIL, "output": [msg(EVIL), call(EVIL, EVIL, EVIL), {"type": EVIL}]},
+        EVIL: EVIL,
+    }
     upload = SimpleUploadedFile(f"{EVIL}.jsonl", json.dumps(row).encode())
     response = signed_in.post(reverse("import"), {"rollouts": upload, "name": EVIL})
     assert response.status_code == 302
@@ -98,7 +135,9 @@ def test_the_import_page_and_its_result_are_inert(signed_in):
 
 @pytest.mark.django_db
 def test_an_import_error_naming_an_evil_file_is_inert(signed_in):
-    upload = SimpleUploadedFile(f"{EVIL}.jsonl", f'{{"responses_create_params": {{"input": "x"}}, "reward": "{SCRIPT}"}}\n'.encode())
+    upload = SimpleUploadedFile(
+        f"{EVIL}.jsonl", f'{{"responses_create_params": {{"input": "x"}}, "reward": "{SCRIPT}"}}\n'.encode()
+    )
     response = signed_in.post(reverse("import"), {"rollouts": upload, "name": EVIL})
     html = response.content.decode()
     assert response.status_code == 400 and "line 1" in html
@@ -113,10 +152,15 @@ def test_the_pretty_json_filter_escapes_what_it_returns():
 
 
 def test_no_template_or_view_of_the_trajectory_marks_data_safe():
-    files = [REPO / "rollouts" / "web" / "trajectory_views.py", REPO / "rollouts" / "collection" / "importer.py",
-             REPO / "rollouts" / "templatetags" / "gymweb_tags.py", REPO / "gymweb" / "templates" / "rollouts" / "rollout_detail.html",
-             REPO / "gymweb" / "templates" / "rollouts" / "import.html", *sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob("item_*.html")),
-             *sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob("rollout_*.html"))]
+    files = [
+        REPO / "rollouts" / "web" / "trajectory_views.py",
+        REPO / "rollouts" / "collection" / "importer.py",
+        REPO / "rollouts" / "templatetags" / "gymweb_tags.py",
+        REPO / "gymweb" / "templates" / "rollouts" / "rollout_detail.html",
+        REPO / "gymweb" / "templates" / "rollouts" / "import.html",
+        *sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob("item_*.html")),
+        *sorted((REPO / "gymweb" / "templates" / "rollouts" / "partials").glob("rollout_*.html")),
+    ]
     for path in files:
         text = path.read_text()
         for bad in ("|safe", "mark_safe", "autoescape off", "safeseq", "SafeString"):
@@ -129,10 +173,19 @@ def test_texts_cut_for_display_stay_escaped_wherever_the_cut_falls(signed_in, se
     run = make_run(EVIL)
     task = make_task(run, row={"responses_create_params": {"input": "x" * 38 + EVIL}})
     items = [(0, msg("y" * (40 - k) + EVIL), {}) for k in range(1, 12)]
-    items += [(0, call("c1", EVIL * 50, EVIL * 10), {"asked": True}), (0, out("c1", EVIL * 10), {"origin": "gym", "refused": True}),
-              (1, {"type": EVIL, "data": EVIL * 10}, {})]
-    rollout = make_rollout(run, task, status=Rollout.Status.SUCCEEDED, calls=[{}, {}], items=items,
-                           verify={"reward": 1.0, "note": EVIL * 10, "reward_components": {"why": EVIL * 10}})
+    items += [
+        (0, call("c1", EVIL * 50, EVIL * 10), {"asked": True}),
+        (0, out("c1", EVIL * 10), {"origin": "gym", "refused": True}),
+        (1, {"type": EVIL, "data": EVIL * 10}, {}),
+    ]
+    rollout = make_rollout(
+        run,
+        task,
+        status=Rollout.Status.SUCCEEDED,
+        calls=[{}, {}],
+        items=items,
+        verify={"reward": 1.0, "note": EVIL * 10, "reward_components": {"why": EVIL * 10}},
+    )
     html = signed_in.get(reverse("rollout", args=[run.pk, rollout.pk])).content.decode()
     assert "more characters" in html and "&lt;" in html
     assert_inert(html)
@@ -151,7 +204,7 @@ MD_PAYLOADS = [
     "[h](vbscript:msgbox(1))",
     "[i](data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==)",
     "![j](data:image/svg+xml;base64,PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+)",
-    "![k](x\" onerror=\"alert(1))",
+    '![k](x" onerror="alert(1))',
     "![l](javascript:alert(1))",
     "<img src=x onerror=alert(1)>",
     "**<img src=x onerror=alert(1)>**",
@@ -159,20 +212,20 @@ MD_PAYLOADS = [
     "    <script>alert(1)</script>",
     "`<img src=x onerror=alert(1)>`",
     "<svg onload=alert(1)><script>alert(1)</script></svg>",
-    "<svg><a xlink:href=\"javascript:alert(1)\"><text>x</text></a></svg>",
+    '<svg><a xlink:href="javascript:alert(1)"><text>x</text></a></svg>',
     "<javascript:alert(1)>",
-    "<http://example.com/\" onmouseover=\"alert(1)>",
-    "<mailto:a@b.c?body=\"><img src=x onerror=alert(1)>>",
+    '<http://example.com/" onmouseover="alert(1)>',
+    '<mailto:a@b.c?body="><img src=x onerror=alert(1)>>',
     "[m][r1]\n\n[r1]: javascript:alert(1)",
-    "[n][r2]\n\n[r2]: <javascript:alert(1)> \"t\"",
+    '[n][r2]\n\n[r2]: <javascript:alert(1)> "t"',
     "[o][r3]\n\n[r3]: data:text/html,<script>alert(1)</script>",
-    "<a href=\"javascript:alert(1)\">p</a>",
+    '<a href="javascript:alert(1)">p</a>',
     "<details open ontoggle=alert(1)>q</details>",
-    "<div hx-get=\"/x\" hx-trigger=\"load\">r</div>",
-    "[s](/x \"\\\" onmouseover=alert(1) \\\"\")",
+    '<div hx-get="/x" hx-trigger="load">r</div>',
+    '[s](/x "\\" onmouseover=alert(1) \\"")',
     "<think><img src=x onerror=alert(1)><script>alert(1)</script></think>after",
     "| t | <img src=x onerror=alert(1)> |\n|---|---|\n| <svg onload=alert(1)> | [u](javascript:alert(1)) |",
-    "<style>body{display:none}</style><iframe src=\"javascript:alert(1)\"></iframe>",
+    '<style>body{display:none}</style><iframe src="javascript:alert(1)"></iframe>',
     "<!-- <img src=x onerror=alert(1)> -->",
 ]
 _BAD_URL = re.compile(r"^\s*(javascript|vbscript|data|file):", re.I)
@@ -197,16 +250,32 @@ def assert_markdown_inert(html: str) -> None:
 @pytest.mark.django_db
 def test_markdown_payloads_in_every_place_that_renders_markdown_are_inert(signed_in):
     run = make_run()
-    task = make_task(run, row={"responses_create_params": {
-        "instructions": "\n\n".join(MD_PAYLOADS), "input": [{"role": "user", "content": p} for p in MD_PAYLOADS]}})
+    task = make_task(
+        run,
+        row={
+            "responses_create_params": {
+                "instructions": "\n\n".join(MD_PAYLOADS),
+                "input": [{"role": "user", "content": p} for p in MD_PAYLOADS],
+            }
+        },
+    )
     items = [(0, msg(p), {}) for p in MD_PAYLOADS]
     items += [(0, msg(p, role="user"), {}) for p in MD_PAYLOADS]
     items += [(0, {"type": "reasoning", "summary": [{"type": "summary_text", "text": p}]}, {}) for p in MD_PAYLOADS]
-    items += [(0, call("c1", "bash", json.dumps({"command": p, "query": p, "x": json.dumps({"y": p})})), {"asked": True})
-              for p in MD_PAYLOADS]
+    items += [
+        (0, call("c1", "bash", json.dumps({"command": p, "query": p, "x": json.dumps({"y": p})})), {"asked": True})
+        for p in MD_PAYLOADS
+    ]
     items += [(0, out("c1", p), {"origin": "gym", "tool_status": 200}) for p in MD_PAYLOADS]
-    items += [(0, out("c1", json.dumps({"p": p, "q": json.dumps([p])})), {"origin": "gym", "tool_status": 200}) for p in MD_PAYLOADS]
-    verify = {"reward": 1.0, "fields": {f"k{i}": p for i, p in enumerate(MD_PAYLOADS)}, "patch": "--- a\n+++ b\n@@ -1 +1 @@\n-" + SCRIPT + "\n+" + IMG}
+    items += [
+        (0, out("c1", json.dumps({"p": p, "q": json.dumps([p])})), {"origin": "gym", "tool_status": 200})
+        for p in MD_PAYLOADS
+    ]
+    verify = {
+        "reward": 1.0,
+        "fields": {f"k{i}": p for i, p in enumerate(MD_PAYLOADS)},
+        "patch": "--- a\n+++ b\n@@ -1 +1 @@\n-" + SCRIPT + "\n+" + IMG,
+    }
     rollout = make_rollout(run, task, calls=[{}], items=items, verify=verify)
     response = signed_in.get(reverse("rollout", args=[run.pk, rollout.pk]))
     html = response.content.decode()
@@ -223,8 +292,14 @@ def test_markdown_payloads_in_every_place_that_renders_markdown_are_inert(signed
 
 def test_the_sanitiser_keeps_safe_links_and_drops_everything_else():
     from rollouts.web.rendering import item_body
-    html = str(item_body(msg("[ok](https://example.com/a?b=1) [rel](/runs/) [mail](mailto:a@b.c) " + " ".join(MD_PAYLOADS)),
-                         "message", max_chars=100_000).html)
+
+    html = str(
+        item_body(
+            msg("[ok](https://example.com/a?b=1) [rel](/runs/) [mail](mailto:a@b.c) " + " ".join(MD_PAYLOADS)),
+            "message",
+            max_chars=100_000,
+        ).html
+    )
     assert '<a href="https://example.com/a?b=1" rel="noopener noreferrer nofollow">ok</a>' in html
     assert '<a href="/runs/" rel="noopener noreferrer nofollow">rel</a>' in html and 'href="mailto:a@b.c"' in html
     hrefs = re.findall(r'href="([^"]*)"', html)
@@ -235,7 +310,7 @@ def test_the_sanitiser_keeps_safe_links_and_drops_everything_else():
 def test_only_the_rendering_module_marks_content_safe_and_only_in_its_sanitiser():
     text = (REPO / "rollouts" / "web" / "rendering.py").read_text()
     assert text.count("mark_safe(") == 1
-    sanitiser = text[text.index("def sanitise("):text.index("\n# -- budget")]
+    sanitiser = text[text.index("def sanitise(") : text.index("\n# -- budget")]
     assert "mark_safe(" in sanitiser and "_CLEANER.clean(markup)" in sanitiser
     for bad in ("|safe", "autoescape off", "safeseq", "SafeString("):
         assert bad not in text

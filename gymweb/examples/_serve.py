@@ -42,11 +42,7 @@ def add_fallback_routes(app: web.Application) -> None:
 
     A catch-all route (rather than a middleware) keeps the per-request cost of real routes at zero.
     """
-    known = {
-        resource.canonical
-        for resource in app.router.resources()
-        if isinstance(resource, web.PlainResource)
-    }
+    known = {resource.canonical for resource in app.router.resources() if isinstance(resource, web.PlainResource)}
 
     async def fallback(request: web.Request) -> web.Response:
         if request.path in known:
@@ -142,7 +138,7 @@ class BackgroundServer:
             loop.run_until_complete(self._runner.cleanup())
             loop.close()
 
-    def start(self) -> "BackgroundServer":
+    def start(self) -> BackgroundServer:
         self._thread.start()
         self._ready.wait(timeout=30)
         if self._error is not None:
@@ -156,7 +152,7 @@ class BackgroundServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -10,6 +10,7 @@ download its ``rollouts.jsonl`` (NeMo Gym's format).
 It prints the run's progress while it waits and exits 0 once the file is written (1 when the run
 was cancelled, or on any API error, which it prints). Only httpx is needed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,12 @@ import httpx
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("GYMWEB_URL", "http://127.0.0.1:8000"), help="gymweb's base URL")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--url", default=os.environ.get("GYMWEB_URL", "http://127.0.0.1:8000"), help="gymweb's base URL"
+    )
     parser.add_argument("--token", default=os.environ.get("GYMWEB_TOKEN"), help="API token (default: $GYMWEB_TOKEN)")
     parser.add_argument("--dataset", required=True, type=Path, help="a NeMo Gym JSONL dataset to upload")
     parser.add_argument("--agent-url", required=True)
@@ -38,16 +43,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no token: pass --token or set GYMWEB_TOKEN (make one on your account page)")
 
     # trust_env=False: talk to gymweb directly, whatever proxy variables the shell has.
-    with httpx.Client(base_url=args.url.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {args.token}"},
-                      timeout=60.0, trust_env=False) as api:
+    with httpx.Client(
+        base_url=args.url.rstrip("/") + "/api/v1",
+        headers={"Authorization": f"Bearer {args.token}"},
+        timeout=60.0,
+        trust_env=False,
+    ) as api:
         try:
             with args.dataset.open("rb") as fh:
                 dataset = check(api.post("/datasets", files={"file": (args.dataset.name, fh, "application/jsonl")}))
             print(f"dataset #{dataset['id']}: {dataset['num_rows']} rows")
-            run = check(api.post("/runs", json={
-                "dataset": dataset["id"], "agent_url": args.agent_url, "env_url": args.env_url,
-                "num_repeats": args.num_repeats, "name": args.name,
-            }))
+            run = check(
+                api.post(
+                    "/runs",
+                    json={
+                        "dataset": dataset["id"],
+                        "agent_url": args.agent_url,
+                        "env_url": args.env_url,
+                        "num_repeats": args.num_repeats,
+                        "name": args.name,
+                    },
+                )
+            )
             print(f"run #{run['id']} started: {run['url']}")
             deadline = time.monotonic() + args.timeout_s
             while not run["final"]:
@@ -57,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.poll_s)
                 run = check(api.get(f"/runs/{run['id']}"))
                 p = run["progress"]
-                print(f"  {run['status']}: {p['done']}/{p['total']} done, {p['succeeded']} succeeded, {p['failed']} failed")
+                print(
+                    f"  {run['status']}: {p['done']}/{p['total']} done, {p['succeeded']} succeeded, {p['failed']} failed"
+                )
             args.output.parent.mkdir(parents=True, exist_ok=True)
             rows = 0
             with api.stream("GET", f"/runs/{run['id']}/rollouts.jsonl") as response:

@@ -142,8 +142,10 @@ async def run_brain(argv: list[str], timeout_s: float) -> str:
     name = argv[0]
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
     except FileNotFoundError as exc:
         raise BrainError(f"brain command not found: {name!r} (set AGENT_BRAIN_CMD): {exc}") from exc
@@ -151,10 +153,8 @@ async def run_brain(argv: list[str], timeout_s: float) -> str:
         raise BrainError(f"could not start brain command {name!r}: {exc}") from exc
     try:
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except asyncio.TimeoutError as exc:
-        raise BrainError(
-            f"brain command {name!r} timed out after {timeout_s:g} s (AGENT_BRAIN_TIMEOUT_S)"
-        ) from exc
+    except TimeoutError as exc:
+        raise BrainError(f"brain command {name!r} timed out after {timeout_s:g} s (AGENT_BRAIN_TIMEOUT_S)") from exc
     finally:
         if proc.returncode is None:  # timed out, or this request was cancelled: don't leak it
             proc.kill()
@@ -184,15 +184,11 @@ def parse_envelope(stdout: str) -> tuple[dict[str, Any], dict[str, Any]]:
     except ValueError:
         start, end = text.find("{"), text.rfind("}")  # prose around the object
         try:
-            decision = json.loads(text[start:end + 1]) if 0 <= start < end else None
+            decision = json.loads(text[start : end + 1]) if 0 <= start < end else None
         except ValueError:
             decision = None
-    if not isinstance(decision, dict) or not (
-        isinstance(decision.get("tool_calls"), list) or "final" in decision
-    ):
-        raise BrainError(
-            f"brain decision is neither {{\"tool_calls\": [...]}} nor {{\"final\": ...}}: {result[:300]!r}"
-        )
+    if not isinstance(decision, dict) or not (isinstance(decision.get("tool_calls"), list) or "final" in decision):
+        raise BrainError(f'brain decision is neither {{"tool_calls": [...]}} nor {{"final": ...}}: {result[:300]!r}')
     usage = envelope.get("usage") if isinstance(envelope.get("usage"), dict) else {}
     return decision, usage
 
@@ -211,15 +207,17 @@ def to_output(decision: dict[str, Any]) -> list[dict[str, Any]]:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str):
                 raise BrainError(f"brain asked for a malformed tool call: {json.dumps(call)[:300]}")
             arguments = call.get("arguments", {})
-            output.append({
-                "type": "function_call",
-                "id": new_id("fc"),
-                "call_id": new_id("call"),
-                "name": call["name"],
-                # a string is passed on as the brain wrote it; the caller reports bad JSON back
-                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                "status": "completed",
-            })
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": new_id("fc"),
+                    "call_id": new_id("call"),
+                    "name": call["name"],
+                    # a string is passed on as the brain wrote it; the caller reports bad JSON back
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                    "status": "completed",
+                }
+            )
         return output
     return [assistant_message(str(decision.get("final", "")))]
 
@@ -264,8 +262,12 @@ async def responses(request: web.Request) -> web.Response:
     return json_response(response_object(params, output, to_usage(usage), f"claude-{config['model']}"))
 
 
-def make_app(brain_cmd: str | None = None, timeout_s: float | None = None, model: str | None = None,
-             concurrency: int | None = None) -> web.Application:
+def make_app(
+    brain_cmd: str | None = None,
+    timeout_s: float | None = None,
+    model: str | None = None,
+    concurrency: int | None = None,
+) -> web.Application:
     """The CLI-brain agent as an aiohttp Application. Unset arguments come from the environment
     (AGENT_BRAIN_CMD, AGENT_BRAIN_TIMEOUT_S, CLAUDE_MODEL, AGENT_BRAIN_CONCURRENCY), then defaults."""
     app = web.Application()

@@ -133,9 +133,11 @@ def decide(items: list[Any]) -> list[dict[str, Any]]:
     numbers = [int(n) for n in _ADD.findall(task)]
     if not numbers or not _GET.search(task):
         shown = task[:200] if task else "(no user message)"
-        return [assistant_message(
-            f"I cannot parse this task: {shown!r}. I only solve tasks like 'add 1 then add 2 then get the count'."
-        )]
+        return [
+            assistant_message(
+                f"I cannot parse this task: {shown!r}. I only solve tasks like 'add 1 then add 2 then get the count'."
+            )
+        ]
 
     calls = {}  # call_id -> name, of this agent's own earlier asks
     outputs = {}  # call_id -> output text
@@ -193,8 +195,9 @@ def estimate_usage(body_bytes: int, items: list[Any], output: list[dict[str, Any
     }
 
 
-def response_object(params: dict[str, Any], output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                    default_model: str) -> dict[str, Any]:
+def response_object(
+    params: dict[str, Any], output: list[dict[str, Any]], usage: dict[str, Any] | None, default_model: str
+) -> dict[str, Any]:
     """A complete Responses API object around `output`, echoing the request's model/tools/tool_choice."""
     return {
         "id": new_id("resp"),

@@ -77,9 +77,13 @@ _int = TypeAdapter(int)
 def _validation_error(exc: ValidationError) -> web.Response:
     """422 in FastAPI's shape: each error's `loc` starts with "body"."""
     detail = [
-        {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"],
-         # invalid JSON reports the raw bytes as input; FastAPI shows {} there
-         "input": {} if e["type"] == "json_invalid" else e.get("input")}
+        {
+            "type": e["type"],
+            "loc": ["body", *e["loc"]],
+            "msg": e["msg"],
+            # invalid JSON reports the raw bytes as input; FastAPI shows {} there
+            "input": {} if e["type"] == "json_invalid" else e.get("input"),
+        }
         for e in exc.errors(include_url=False, include_context=False)
     ]
     return json_error(422, detail)
@@ -141,14 +145,19 @@ async def seed_session(request: web.Request) -> web.Response:
     if error:
         return _bad_json(error)
     if not isinstance(body, dict):
-        return json_error(422, [{"type": "model_type", "loc": ["body"],
-                                 "msg": "Input should be a valid dictionary", "input": body}])
+        return json_error(
+            422, [{"type": "model_type", "loc": ["body"], "msg": "Input should be a valid dictionary", "input": body}]
+        )
     try:
         initial_count = _int.validate_python(body.get("initial_count", 0))
     except ValidationError as exc:
-        return json_error(422, [{"type": e["type"], "loc": ["body", "initial_count"], "msg": e["msg"],
-                                 "input": e.get("input")}
-                                for e in exc.errors(include_url=False, include_context=False)])
+        return json_error(
+            422,
+            [
+                {"type": e["type"], "loc": ["body", "initial_count"], "msg": e["msg"], "input": e.get("input")}
+                for e in exc.errors(include_url=False, include_context=False)
+            ],
+        )
     sid = sessions.create(initial_count)
     return _with_cookie(json_response({}), sessions, sid)
 
@@ -195,7 +204,11 @@ async def verify(request: web.Request) -> web.Response:
         return _validation_error(exc)
     sid, session_error = sessions.lookup(request)
     nemo_gym_reply = request.app[VERIFY_REPLY_KEY] == "nemo_gym"
-    reply = {"responses_create_params": body["responses_create_params"], "response": body["response"]} if nemo_gym_reply else dict(body)
+    reply = (
+        {"responses_create_params": body["responses_create_params"], "response": body["response"]}
+        if nemo_gym_reply
+        else dict(body)
+    )
     reply.pop("reward", None)  # a stale reward in the row must not survive verification
     reward = 0.0 if sid is None else (1.0 if sessions.counters[sid] == parsed.expected_count else 0.0)
     reply["reward"] = reward
@@ -283,9 +296,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS)
-    parser.add_argument("--no-aggregate-metrics", action="store_true", help="serve no /aggregate_metrics (404), like an env without it")
-    parser.add_argument("--verify-reply", choices=("echo", "nemo_gym"), default="echo",
-                        help="/verify echoes the whole body (default) or answers NeMo Gym's reply fields only")
+    parser.add_argument(
+        "--no-aggregate-metrics", action="store_true", help="serve no /aggregate_metrics (404), like an env without it"
+    )
+    parser.add_argument(
+        "--verify-reply",
+        choices=("echo", "nemo_gym"),
+        default="echo",
+        help="/verify echoes the whole body (default) or answers NeMo Gym's reply fields only",
+    )
     args = parser.parse_args(argv)
     app = make_app(args.max_sessions, not args.no_aggregate_metrics, args.verify_reply)
     serve_forever(app, args.host, args.port, "counter env")

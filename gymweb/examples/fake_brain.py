@@ -35,7 +35,7 @@ _COUNT = re.compile(r'"count"\s*:\s*(-?\d+)')
 def decide(prompt: str) -> dict:
     """The decision for a rendered conversation: `{"tool_calls": [...]}` or `{"final": "..."}`."""
     lines = prompt.splitlines()
-    task = next((line[len("[user] "):] for line in lines if line.startswith("[user] ")), "")
+    task = next((line[len("[user] ") :] for line in lines if line.startswith("[user] ")), "")
     numbers = [int(n) for n in _ADD.findall(task)]
     if not numbers or not _GET.search(task):
         return {"final": f"I cannot parse this task: {task[:200]!r}"}
@@ -45,7 +45,7 @@ def decide(prompt: str) -> dict:
         return {"tool_calls": [{"name": "increment_counter", "arguments": {"count": n}} for n in numbers]}
     if not get_positions:
         return {"tool_calls": [{"name": "get_counter_value", "arguments": {}}]}
-    results = [line for line in lines[get_positions[-1]:] if line.startswith("[tool result] ")]
+    results = [line for line in lines[get_positions[-1] :] if line.startswith("[tool result] ")]
     match = _COUNT.search(results[-1]) if results else None
     if match is None:
         return {"final": "I could not read the count from the tool result."}

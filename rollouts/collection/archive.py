@@ -28,6 +28,7 @@ While a run is archived, its plain ``rollouts.jsonl`` is read from the archive
 rows they need are kept). What needs the items or the responses (trajectory pages, filtered or
 curated ``rollouts.jsonl``, SFT, health check, reverify) raises ``RunArchived``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,10 +38,11 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import zstandard
 from django.conf import settings
@@ -56,9 +58,22 @@ from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, Trajector
 from rollouts.search import fill_missing
 
 __all__ = [
-    "ArchiveError", "RunArchived", "RunBusy", "Outcome", "archive_dir", "archive_run", "archived_lines", "delete_run",
+    "ArchiveError",
+    "RunArchived",
+    "RunBusy",
+    "Outcome",
+    "archive_dir",
+    "archive_run",
+    "archived_lines",
+    "delete_run",
     "download_refusal",
-    "parse_age", "prune", "prune_candidates", "require_items", "restore_run", "verify_files", "FILES",
+    "parse_age",
+    "prune",
+    "prune_candidates",
+    "require_items",
+    "restore_run",
+    "verify_files",
+    "FILES",
 ]
 
 FORMAT = "gymweb-archive/1"
@@ -71,10 +86,31 @@ FILES = {
 }
 MANIFEST = "manifest.json"
 ZSTD_LEVEL = 3
-_ITEM_FIELDS = ("seq", "step", "kind", "role", "call_id", "name", "origin", "asked", "paired", "refused",
-                "latency_ms", "tool_status")
-_CALL_FIELDS = ("index", "latency_ms", "http_status", "response_id", "model", "usage", "incomplete_details",
-                "num_asks", "error")
+_ITEM_FIELDS = (
+    "seq",
+    "step",
+    "kind",
+    "role",
+    "call_id",
+    "name",
+    "origin",
+    "asked",
+    "paired",
+    "refused",
+    "latency_ms",
+    "tool_status",
+)
+_CALL_FIELDS = (
+    "index",
+    "latency_ms",
+    "http_status",
+    "response_id",
+    "model",
+    "usage",
+    "incomplete_details",
+    "num_asks",
+    "error",
+)
 
 
 class ArchiveError(Exception):
@@ -91,8 +127,10 @@ class RunArchived(ArchiveError):
 
     def __init__(self, run: Run, what: str = "this"):
         self.run = run
-        super().__init__(f"run {run.pk} is archived: {what} needs its items. Restore it first "
-                         f"(the run page's Restore button, POST /api/v1/runs/{run.pk}/restore, or manage.py restore_run {run.pk}).")
+        super().__init__(
+            f"run {run.pk} is archived: {what} needs its items. Restore it first "
+            f"(the run page's Restore button, POST /api/v1/runs/{run.pk}/restore, or manage.py restore_run {run.pk})."
+        )
 
 
 @dataclass
@@ -126,7 +164,7 @@ class Outcome:
         return out
 
 
-def _batch(batch: Optional[int]) -> int:
+def _batch(batch: int | None) -> int:
     return max(1, int(batch or settings.GYMWEB_DELETE_BATCH))
 
 
@@ -141,7 +179,7 @@ def require_items(run: Run, what: str = "this") -> None:
         raise RunArchived(run, what)
 
 
-def download_refusal(run: Run, kind: str, filtered: bool, plain: bool) -> Optional[str]:
+def download_refusal(run: Run, kind: str, filtered: bool, plain: bool) -> str | None:
     """Why a download of file ``kind`` (``rollouts``, ``rollouts_failures``, ...,  ``sft``) cannot be
     served while ``run`` is archived, or None: a filtered or curated ``rollouts.jsonl`` and the SFT
     export need the stored responses; the plain ``rollouts.jsonl`` comes from the archive and the
@@ -153,7 +191,9 @@ def download_refusal(run: Run, kind: str, filtered: bool, plain: bool) -> Option
 
 def _check_idle(run: Run, doing: str) -> None:
     if not run.is_final:
-        raise RunBusy(f"run {run.pk} is {run.status}: it cannot be {doing} while it is collected. Cancel it first, then {doing.rstrip('d')} it.")
+        raise RunBusy(
+            f"run {run.pk} is {run.status}: it cannot be {doing} while it is collected. Cancel it first, then {doing.rstrip('d')} it."
+        )
     active = Rollout.objects.filter(run=run, status__in=Rollout.ACTIVE).count()
     if active:
         raise RunBusy(f"run {run.pk} still has {active} rollout(s) in flight; try again when they have stopped.")
@@ -163,7 +203,7 @@ def _items_cap() -> int:
     return max(1, int(settings.GYMWEB_DELETE_BATCH_ITEMS))
 
 
-def _id_batches(qs, size: int, weight: Optional[str] = None) -> Iterator[list[int]]:
+def _id_batches(qs, size: int, weight: str | None = None) -> Iterator[list[int]]:
     """The ids of ``qs`` in ascending batches of at most ``size``, each page read fresh (keyset
     paging). With ``weight`` (a count column, ``num_items``), a batch also ends once the weights
     reach ``GYMWEB_DELETE_BATCH_ITEMS`` (one heavy row still makes a batch of its own)."""
@@ -188,7 +228,7 @@ def _id_batches(qs, size: int, weight: Optional[str] = None) -> Iterator[list[in
 
 
 # -- delete -----------------------------------------------------------------------------------------
-def delete_run(run: Run, *, batch: Optional[int] = None, remove_archive: bool = True) -> Outcome:
+def delete_run(run: Run, *, batch: int | None = None, remove_archive: bool = True) -> Outcome:
     """Delete ``run`` with everything under it, ``batch`` rollouts (default ``GYMWEB_DELETE_BATCH``)
     per transaction, then its tasks, review lists and the run row; its archive folder too
     (``remove_archive``). Raises ``RunBusy`` for a run being collected. Returns the counts."""
@@ -197,12 +237,14 @@ def delete_run(run: Run, *, batch: Optional[int] = None, remove_archive: bool = 
     out = Outcome(run=run.pk, path=run.archive_path)
     t0 = time.perf_counter()
     for ids in _id_batches(Rollout.objects.filter(run=run), size, "num_items"):
+
         def one(ids=ids):
             with transaction.atomic():
                 out.items += TrajectoryItem.objects.filter(rollout_id__in=ids).delete()[0]
                 out.agent_calls += AgentCall.objects.filter(rollout_id__in=ids).delete()[0]
                 # labels, notes, corrections, health, review marks: cascaded, a few rows each
                 Rollout.objects.filter(id__in=ids).only("id").delete()
+
         out.timed(one)
         out.rollouts += len(ids)
     for ids in _id_batches(Task.objects.filter(run=run), size * 10):
@@ -261,19 +303,24 @@ def _verify_from_line(line: str, how: str) -> str:
     if how == "line":
         return line
     row = json.loads(line)
-    for key in (_STAMPS if how == "unstamped" else _EXPORT_KEYS):
+    for key in _STAMPS if how == "unstamped" else _EXPORT_KEYS:
         row.pop(key, None)
     return dumps(row)
 
 
-def _response_output(rollout_status: str, verify: Optional[dict], partial_json: str) -> list:
-    response = (verify or {}).get("response") if rollout_status == Rollout.Status.SUCCEEDED else (
-        json.loads(partial_json) if partial_json else None)
+def _response_output(rollout_status: str, verify: dict | None, partial_json: str) -> list:
+    response = (
+        (verify or {}).get("response")
+        if rollout_status == Rollout.Status.SUCCEEDED
+        else (json.loads(partial_json) if partial_json else None)
+    )
     output = response.get("output") if isinstance(response, dict) else None
     return output if isinstance(output, list) else []
 
 
-def _details(r: dict[str, Any], line: Optional[str], calls: list[dict[str, Any]], items: list[dict[str, Any]]) -> dict[str, Any]:
+def _details(
+    r: dict[str, Any], line: str | None, calls: list[dict[str, Any]], items: list[dict[str, Any]]
+) -> dict[str, Any]:
     """One line of ``gymweb_details.jsonl``: what restoring rollout ``r`` needs beyond its
     ``rollouts.jsonl`` line. ``verify`` says how to get ``verify_json`` back from the line
     (``_verify_from_line``: ``"line"``, ``"unstamped"``, ``"stripped"``) or holds the text itself
@@ -283,13 +330,22 @@ def _details(r: dict[str, Any], line: Optional[str], calls: list[dict[str, Any]]
     verify = None
     verify_obj = None
     if r["status"] == Rollout.Status.SUCCEEDED:
-        how = next((h for h in ("line", "unstamped", "stripped") if line is not None and _verify_from_line(line, h) == r["verify_json"]), None)
+        how = next(
+            (
+                h
+                for h in ("line", "unstamped", "stripped")
+                if line is not None and _verify_from_line(line, h) == r["verify_json"]
+            ),
+            None,
+        )
         verify = how or {"text": r["verify_json"]}
         try:
             verify_obj = json.loads(r["verify_json"])
         except ValueError:
             verify_obj = None
-    output = _response_output(r["status"], verify_obj if isinstance(verify_obj, dict) else None, r["partial_response_json"])
+    output = _response_output(
+        r["status"], verify_obj if isinstance(verify_obj, dict) else None, r["partial_response_json"]
+    )
     out_items = []
     for item in items:
         entry = {name: item[name] for name in _ITEM_FIELDS}
@@ -300,8 +356,12 @@ def _details(r: dict[str, Any], line: Optional[str], calls: list[dict[str, Any]]
             entry["payload"] = text
         out_items.append(entry)
     return {
-        "rollout": r["id"], "task_index": r["task_index"], "rollout_index": r["rollout_index"], "status": r["status"],
-        "verify": verify, "partial_response_json": r["partial_response_json"],
+        "rollout": r["id"],
+        "task_index": r["task_index"],
+        "rollout_index": r["rollout_index"],
+        "status": r["status"],
+        "verify": verify,
+        "partial_response_json": r["partial_response_json"],
         # An imported run's agent calls have no recorded start (None).
         "agent_calls": [{**c, "started": c["started"].isoformat() if c["started"] else None} for c in calls],
         "items": out_items,
@@ -320,9 +380,17 @@ def _write_details(run: Run, writer: _Writer, size: int) -> None:
         ids = [r["id"] for r in chunk]
         calls: dict[int, list] = {i: [] for i in ids}
         items: dict[int, list] = {i: [] for i in ids}
-        for c in AgentCall.objects.filter(rollout_id__in=ids).order_by("rollout_id", "index").values("rollout_id", "started", *_CALL_FIELDS):
+        for c in (
+            AgentCall.objects.filter(rollout_id__in=ids)
+            .order_by("rollout_id", "index")
+            .values("rollout_id", "started", *_CALL_FIELDS)
+        ):
             calls[c.pop("rollout_id")].append(c)
-        for it in TrajectoryItem.objects.filter(rollout_id__in=ids).order_by("rollout_id", "seq").values("rollout_id", "payload", *_ITEM_FIELDS):
+        for it in (
+            TrajectoryItem.objects.filter(rollout_id__in=ids)
+            .order_by("rollout_id", "seq")
+            .values("rollout_id", "payload", *_ITEM_FIELDS)
+        ):
             items[it.pop("rollout_id")].append(it)
         for r in chunk:
             line = next(successes) if r["status"] == Rollout.Status.SUCCEEDED else None
@@ -356,8 +424,14 @@ def _write_files(run: Run, tmp: Path, size: int) -> dict[str, dict[str, Any]]:
     writer = _Writer(tmp / FILES["details"])
     _write_details(run, writer, size)
     files[FILES["details"]] = writer.close()
-    manifest = {"format": FORMAT, "run": run.pk, "name": run.name, "status": run.status,
-                "archived": timezone.now().isoformat(), "files": files}
+    manifest = {
+        "format": FORMAT,
+        "run": run.pk,
+        "name": run.name,
+        "status": run.status,
+        "archived": timezone.now().isoformat(),
+        "files": files,
+    }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return files
 
@@ -366,21 +440,25 @@ def _drop(run: Run, size: int, out: Outcome) -> None:
     """Drop the archived run's items, agent calls and stored responses, ``size`` rollouts per
     transaction. A success without profile numbers gets them first (the profile page reads them)."""
     for ids in _id_batches(Rollout.objects.filter(run=run), size, "num_items"):
+
         def one(ids=ids):
             with transaction.atomic():
                 out.items += TrajectoryItem.objects.filter(rollout_id__in=ids).delete()[0]
                 out.agent_calls += AgentCall.objects.filter(rollout_id__in=ids).delete()[0]
-                missing = Rollout.objects.filter(id__in=ids, status=Rollout.Status.SUCCEEDED, profile_json="").exclude(verify_json="")
+                missing = Rollout.objects.filter(id__in=ids, status=Rollout.Status.SUCCEEDED, profile_json="").exclude(
+                    verify_json=""
+                )
                 for rid, verify_json in missing.values_list("id", "verify_json"):
                     numbers = profile_json_for_verify(json.loads(verify_json))
                     if numbers:
                         Rollout.objects.filter(id=rid).update(profile_json=numbers)
                 Rollout.objects.filter(id__in=ids).update(verify_json="", partial_response_json="")
+
         out.timed(one)
         out.rollouts += len(ids)
 
 
-def archive_run(run: Run, *, batch: Optional[int] = None) -> Outcome:
+def archive_run(run: Run, *, batch: int | None = None) -> Outcome:
     """Archive ``run`` (see the module doc). Raises ``RunBusy`` for a run being collected,
     ``ArchiveError`` when the folder cannot be written or does not read back as written (nothing is
     dropped then). Archiving an archived run again checks its files and finishes an interrupted
@@ -404,7 +482,9 @@ def archive_run(run: Run, *, batch: Optional[int] = None) -> Outcome:
         # Marked only if nobody archived it meanwhile (two requests at once: one wins, the other's
         # files are thrown away before they could replace the winner's).
         when = timezone.now()
-        marked = out.timed(lambda: Run.objects.filter(pk=run.pk, archived__isnull=True).update(archived=when, archive_path=str(folder)))
+        marked = out.timed(
+            lambda: Run.objects.filter(pk=run.pk, archived__isnull=True).update(archived=when, archive_path=str(folder))
+        )
         if not marked:
             shutil.rmtree(tmp, ignore_errors=True)
             raise ArchiveError(f"run {run.pk} was archived by another request meanwhile")
@@ -428,7 +508,9 @@ def _manifest(run: Run) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ArchiveError(f"run {run.pk}: cannot read {path}: {exc}") from exc
     if manifest.get("format") != FORMAT or manifest.get("run") != run.pk:
-        raise ArchiveError(f"{path} is not the archive of run {run.pk} (format {manifest.get('format')!r}, run {manifest.get('run')!r})")
+        raise ArchiveError(
+            f"{path} is not the archive of run {run.pk} (format {manifest.get('format')!r}, run {manifest.get('run')!r})"
+        )
     return manifest
 
 
@@ -456,25 +538,38 @@ def verify_files(run: Run) -> dict[str, Any]:
         except (OSError, zstandard.ZstdError, UnicodeDecodeError) as exc:
             raise ArchiveError(f"run {run.pk}: cannot read {folder / name}: {exc}") from exc
         if sha.hexdigest() != expected["sha256"] or lines != expected["lines"]:
-            raise ArchiveError(f"run {run.pk}: {folder / name} does not match its manifest ({lines} lines read, {expected['lines']} expected)")
+            raise ArchiveError(
+                f"run {run.pk}: {folder / name} does not match its manifest ({lines} lines read, {expected['lines']} expected)"
+            )
     return manifest
 
 
-def _restore_chunk(chunk: list[tuple[dict[str, Any], Optional[str]]], out: Outcome) -> None:
+def _restore_chunk(chunk: list[tuple[dict[str, Any], str | None]], out: Outcome) -> None:
     ids = [d["rollout"] for d, _ in chunk]
     existing = set(Rollout.objects.filter(id__in=ids).values_list("id", flat=True))
     calls, items, updates = [], [], []
     for d, line in chunk:
         rid = d["rollout"]
         if rid not in existing:
-            raise ArchiveError(f"rollout {rid} of the archive is not in the database; nothing of this batch was restored")
+            raise ArchiveError(
+                f"rollout {rid} of the archive is not in the database; nothing of this batch was restored"
+            )
         verify = d["verify"]
-        verify_json = "" if verify is None else verify["text"] if isinstance(verify, dict) else _verify_from_line(line, verify)
+        verify_json = (
+            "" if verify is None else verify["text"] if isinstance(verify, dict) else _verify_from_line(line, verify)
+        )
         verify_obj = json.loads(verify_json) if verify_json else None
-        output = _response_output(d["status"], verify_obj if isinstance(verify_obj, dict) else None, d["partial_response_json"])
+        output = _response_output(
+            d["status"], verify_obj if isinstance(verify_obj, dict) else None, d["partial_response_json"]
+        )
         for c in d["agent_calls"]:
-            calls.append(AgentCall(rollout_id=rid, started=datetime.fromisoformat(c["started"]) if c["started"] else None,
-                                     **{k: c[k] for k in _CALL_FIELDS}))
+            calls.append(
+                AgentCall(
+                    rollout_id=rid,
+                    started=datetime.fromisoformat(c["started"]) if c["started"] else None,
+                    **{k: c[k] for k in _CALL_FIELDS},
+                )
+            )
         for it in d["items"]:
             payload = output[it["seq"]] if it.get("payload_in_output") else json.loads(it["payload"])
             items.append(TrajectoryItem(rollout_id=rid, payload=payload, **{k: it[k] for k in _ITEM_FIELDS}))
@@ -483,7 +578,11 @@ def _restore_chunk(chunk: list[tuple[dict[str, Any], Optional[str]]], out: Outco
     updates = [u for u in updates if u[1] or u[2]]
     meta, qn = Rollout._meta, connection.ops.quote_name
     update_sql = "UPDATE %s SET %s = %%s, %s = %%s WHERE %s = %%s" % (
-        qn(meta.db_table), qn(meta.get_field("verify_json").column), qn(meta.get_field("partial_response_json").column), qn(meta.pk.column))
+        qn(meta.db_table),
+        qn(meta.get_field("verify_json").column),
+        qn(meta.get_field("partial_response_json").column),
+        qn(meta.pk.column),
+    )
 
     def write():
         with transaction.atomic():
@@ -502,7 +601,7 @@ def _restore_chunk(chunk: list[tuple[dict[str, Any], Optional[str]]], out: Outco
     out.agent_calls += len(calls)
 
 
-def restore_run(run: Run, *, batch: Optional[int] = None, keep_files: bool = False) -> Outcome:
+def restore_run(run: Run, *, batch: int | None = None, keep_files: bool = False) -> Outcome:
     """Bring an archived run's items back from its archive (checked against the manifest first;
     ``ArchiveError`` and nothing changed if a file differs), ``batch`` rollouts per transaction,
     then mark it not archived and remove the files (unless ``keep_files``). Raises ``ArchiveError``
@@ -518,7 +617,9 @@ def restore_run(run: Run, *, batch: Optional[int] = None, keep_files: bool = Fal
     try:
         _restore_files(run, folder, size, out)
     except OSError as exc:
-        raise ArchiveError(f"run {run.pk}: reading {folder} failed while restoring ({exc}); run the restore again") from exc
+        raise ArchiveError(
+            f"run {run.pk}: reading {folder} failed while restoring ({exc}); run the restore again"
+        ) from exc
     out.timed(lambda: Run.objects.filter(pk=run.pk).update(archived=None, archive_path=""))
     run.archived, run.archive_path = None, ""
     if not keep_files:
@@ -529,7 +630,7 @@ def restore_run(run: Run, *, batch: Optional[int] = None, keep_files: bool = Fal
 
 def _restore_files(run: Run, folder: Path, size: int, out: Outcome) -> None:
     successes = archived_lines(run, "rollouts")
-    chunk: list[tuple[dict[str, Any], Optional[str]]] = []
+    chunk: list[tuple[dict[str, Any], str | None]] = []
     cap, load = _items_cap(), 0
     for text in _read_lines(folder / FILES["details"]):
         d = json.loads(text)
@@ -562,20 +663,28 @@ def parse_age(text: str) -> timedelta:
     return timedelta(seconds=value * _UNITS[unit])
 
 
-def prune_candidates(older_than: timedelta, *, archive: bool, now: Optional[datetime] = None) -> list[Run]:
+def prune_candidates(older_than: timedelta, *, archive: bool, now: datetime | None = None) -> list[Run]:
     """Final runs finished (or, never started, created) more than ``older_than`` ago, oldest first;
     with ``archive``, only those not archived yet."""
     cutoff = (now or timezone.now()) - older_than
     from django.db.models import Q
 
-    qs = Run.objects.filter(status__in=Run.FINAL).filter(Q(finished__lt=cutoff) | Q(finished__isnull=True, created__lt=cutoff))
+    qs = Run.objects.filter(status__in=Run.FINAL).filter(
+        Q(finished__lt=cutoff) | Q(finished__isnull=True, created__lt=cutoff)
+    )
     if archive:
         qs = qs.filter(archived__isnull=True)
     return list(qs.order_by("created", "id"))
 
 
-def prune(older_than: timedelta, *, archive: bool = False, batch: Optional[int] = None,
-          dry_run: bool = False, log: Optional[Callable[[str], None]] = None) -> list[Outcome]:
+def prune(
+    older_than: timedelta,
+    *,
+    archive: bool = False,
+    batch: int | None = None,
+    dry_run: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> list[Outcome]:
     """Delete (or, ``archive``, archive) every final run older than ``older_than``; runs in flight
     are never touched. Returns one ``Outcome`` per run done (none with ``dry_run``)."""
     done = []

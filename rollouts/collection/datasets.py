@@ -2,11 +2,13 @@
 
 No Django here. Rules from DESIGN.md, "Datasets, runs and files".
 """
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterable, Iterator, Optional, TextIO, Union
+from typing import Any, BinaryIO, TextIO, Union
 
 from rollouts.engine.contract import NotJSON, strict_loads
 
@@ -37,7 +39,15 @@ READ_CHUNK_BYTES = 1024 * 1024
 
 # Result fields of an earlier output file; stripped on the way in so a stale result can neither
 # collide with nor leak into the new run's output (seed, "Gotchas"; DESIGN.md).
-RESULT_FIELDS = ("reward", "response", "error", "_ng_failure_class", "_ng_failure_terminal", "_ng_no_persist", "_gymweb_failure_kind")
+RESULT_FIELDS = (
+    "reward",
+    "response",
+    "error",
+    "_ng_failure_class",
+    "_ng_failure_terminal",
+    "_ng_no_persist",
+    "_gymweb_failure_kind",
+)
 
 
 class DatasetError(ValueError):
@@ -45,7 +55,7 @@ class DatasetError(ValueError):
     ``str(exc)`` says what and where, e.g.
     ``"tasks.jsonl, line 3: not valid JSON (Expecting ',' delimiter at column 43)"``."""
 
-    def __init__(self, message: str, line: Optional[int] = None, source: str = ""):
+    def __init__(self, message: str, line: int | None = None, source: str = ""):
         self.line = line
         self.source = source
         where = ", ".join(p for p in (source, f"line {line}" if line else "") if p)
@@ -73,7 +83,7 @@ def strip_result_fields(row: dict[str, Any]) -> list[str]:
     return removed
 
 
-def _check_params(params: Any) -> Optional[str]:
+def _check_params(params: Any) -> str | None:
     """Why ``responses_create_params`` cannot be sent, or None."""
     if not isinstance(params, dict):
         return "'responses_create_params' must be a JSON object"
@@ -92,7 +102,7 @@ def validate_overrides(overrides: Any) -> dict[str, Any]:
     object whose ``input`` (if any) is a string or list and whose ``tools`` (if any) is a list.
     Returns it; raises ``ValueError`` saying what is wrong."""
     if not isinstance(overrides, dict):
-        raise ValueError(f"overrides must be a JSON object like {{\"temperature\": 0.2}}, not {type(overrides).__name__}")
+        raise ValueError(f'overrides must be a JSON object like {{"temperature": 0.2}}, not {type(overrides).__name__}')
     if "input" in overrides and not isinstance(overrides["input"], (str, list)):
         raise ValueError("overrides: 'input' must be a string or a list of items")
     if "tools" in overrides and not isinstance(overrides["tools"], list):
@@ -116,7 +126,7 @@ def validate_row(row: Any, line: int, source: str) -> dict[str, Any]:
         if key in row and not 0 <= row[key] <= MAX_INDEX:
             raise DatasetError(f"'{key}' must be between 0 and {MAX_INDEX} (got {row[key]})", line, source)
     if "agent_ref" in row and not isinstance(row["agent_ref"], dict):
-        raise DatasetError("'agent_ref' must be a JSON object like {\"name\": \"...\"}", line, source)
+        raise DatasetError('\'agent_ref\' must be a JSON object like {"name": "..."}', line, source)
     return row
 
 
@@ -129,18 +139,19 @@ def _json_problem(exc: NotJSON, indent: int = 0) -> str:
     return str(exc)
 
 
-Lines = Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]]
+Lines = Union[BinaryIO, TextIO, Iterable[str | bytes]]
 
 
 def _line_too_long(number: int, limit: int, source: str) -> DatasetError:
     shown = f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit:,} bytes"
     return DatasetError(
-        f"the line is longer than the limit of {shown} per line (GYMWEB_MAX_LINE_BYTES); "
-        "nothing was read past it", number, source,
+        f"the line is longer than the limit of {shown} per line (GYMWEB_MAX_LINE_BYTES); nothing was read past it",
+        number,
+        source,
     )
 
 
-def iter_lines(stream: Lines, source: str = "", max_line_bytes: Optional[int] = None) -> Iterator[tuple[int, Union[str, bytes]]]:
+def iter_lines(stream: Lines, source: str = "", max_line_bytes: int | None = None) -> Iterator[tuple[int, str | bytes]]:
     """``(line number, line)`` for every line of ``stream`` (1-based; the newline kept), in time
     linear in the stream's size and memory bounded by one line plus ``READ_CHUNK_BYTES``.
 
@@ -181,7 +192,7 @@ def iter_lines(stream: Lines, source: str = "", max_line_bytes: Optional[int] = 
                 break
             if pending + end - start > limit:
                 raise _line_too_long(number, limit, source)
-            piece = chunk[start:end + 1]
+            piece = chunk[start : end + 1]
             if pieces:
                 pieces.append(piece)
                 piece = piece[:0].join(pieces)
@@ -194,7 +205,7 @@ def iter_lines(stream: Lines, source: str = "", max_line_bytes: Optional[int] = 
 
 
 def iter_rows(
-    stream: Lines, source: str = "", digest: Any = None, max_line_bytes: Optional[int] = None
+    stream: Lines, source: str = "", digest: Any = None, max_line_bytes: int | None = None
 ) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """``(line number, line text, row)`` for every non-blank line of a JSONL stream, each row strict
     JSON (``contract.strict_loads``) and valid (``validate_row``). ``digest`` (a hashlib object), if
@@ -227,7 +238,7 @@ def iter_rows(
 
 
 def read_jsonl(
-    stream: Lines, source: str = "", max_rows: Optional[int] = None, max_line_bytes: Optional[int] = None
+    stream: Lines, source: str = "", max_rows: int | None = None, max_line_bytes: int | None = None
 ) -> ParsedDataset:
     """Read and validate a whole JSONL dataset; nothing is returned unless every line is good.
 
@@ -252,7 +263,7 @@ def read_jsonl(
     return parsed
 
 
-def merge_overrides(params: dict[str, Any], overrides: Optional[dict[str, Any]]) -> dict[str, Any]:
+def merge_overrides(params: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``params`` with ``overrides`` merged in: nested objects merge key by key, anything else
     (lists included) is replaced. Returns a new dict; neither argument is changed."""
     if not overrides:
@@ -287,8 +298,8 @@ def materialize(
     *,
     agent_name: str = "remote_agent",
     num_repeats: int = 1,
-    limit: Optional[int] = None,
-    overrides: Optional[dict[str, Any]] = None,
+    limit: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> list[MaterializedTask]:
     """Materialise a run from validated rows (NeMo Gym's rules, DESIGN.md "Datasets, runs and files").
 
@@ -324,7 +335,10 @@ def materialize(
             materialized["responses_create_params"] = merge_overrides(row["responses_create_params"], overrides)
             materialized["agent_ref"] = row.get("agent_ref") or {"name": agent_name}
             if "agent_ref" in row:  # keep the row's own key order where it had one
-                materialized = {**{k: v for k, v in materialized.items() if k != "agent_ref"}, "agent_ref": materialized["agent_ref"]}
+                materialized = {
+                    **{k: v for k, v in materialized.items() if k != "agent_ref"},
+                    "agent_ref": materialized["agent_ref"],
+                }
             materialized["_ng_task_index"] = task_index
             task = tasks[task_index] = MaterializedTask(task_index, materialized, [])
         for _ in range(num_repeats):

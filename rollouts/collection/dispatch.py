@@ -19,6 +19,7 @@ group), Ctrl-C and any normal cluster stop release in-flight rollouts at once th
 waiting for the lease: the dispatcher stops claiming, cancels its rollouts, writes what it holds and
 the ``interrupted`` rows, and queues their keys again (``Dispatcher._release``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,12 +36,13 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone as dt_timezone
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connections, models, transaction
@@ -49,12 +51,12 @@ from django.utils import timezone
 
 from rollouts import targets
 from rollouts.collection import runs, wakeup
-from rollouts.lossless import dumps
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.contract import prepare_reply_validation
 from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
-from rollouts.nemo import miswiring
+from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, Task, TrajectoryItem, Worker
+from rollouts.nemo import miswiring
 from rollouts.operations import metrics
 from rollouts.search import fill_missing
 
@@ -93,7 +95,10 @@ def reap_expired(run_id: int) -> int:
     )
     if Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).exists():
         Rollout.objects.bulk_create(
-            [Rollout(run_id=run_id, task_id=t, task_index=ti, rollout_index=ri, attempt=a) for _, t, ti, ri, a in expired]
+            [
+                Rollout(run_id=run_id, task_id=t, task_index=ti, rollout_index=ri, attempt=a)
+                for _, t, ti, ri, a in expired
+            ]
         )
     log.warning("run %s: %d rollout(s) of a dead worker were queued again", run_id, len(expired))
     return len(expired)
@@ -135,7 +140,10 @@ def claim(run_id: int, worker: str, want: int, lease_s: float, reap: bool = True
             return []
         now = _now()
         dt = Rollout._meta.get_field("started")
-        started, lease_until = dt.get_db_prep_save(now, connection), dt.get_db_prep_save(now + timedelta(seconds=lease_s), connection)
+        started, lease_until = (
+            dt.get_db_prep_save(now, connection),
+            dt.get_db_prep_save(now + timedelta(seconds=lease_s), connection),
+        )
         rows: list[tuple[int, str, int]] = []
         for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
             chunk = ids[i : i + 500]
@@ -168,7 +176,7 @@ class _Batch:
     def __bool__(self) -> bool:
         return bool(self.calls or self.items or self.seeds or self.finished or self.killed or self.unclaimed)
 
-    def absorb(self, newer: "_Batch") -> "_Batch":
+    def absorb(self, newer: _Batch) -> _Batch:
         """This (older, unwritten) batch followed by ``newer``: nothing is lost or reordered."""
         self.calls += newer.calls
         self.items += newer.items
@@ -205,7 +213,7 @@ def _call_row(rollout_id: int, step: StepRecord) -> AgentCall:
     return AgentCall(
         rollout_id=rollout_id,
         index=step.index,
-        started=datetime.fromtimestamp(step.started_at, tz=dt_timezone.utc),
+        started=datetime.fromtimestamp(step.started_at, tz=UTC),
         latency_ms=step.latency_ms,
         http_status=step.http_status,
         response_id=(step.response_id or "")[:300] if isinstance(step.response_id, str) else "",
@@ -220,7 +228,7 @@ def _call_row(rollout_id: int, step: StepRecord) -> AgentCall:
 TOKENS_MAX = 2**63 - 1  # the token columns are 64-bit
 
 
-def _usage_fields(usage: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _usage_fields(usage: dict[str, Any] | None) -> dict[str, Any]:
     if not usage:
         return {"usage_reported": False}
     counts = {
@@ -271,13 +279,24 @@ def _log_failures(batch: _Batch) -> None:
     failed = {rollout_id: out.failure_kind for rollout_id, out in batch.finished if not out.ok}
     if not failed:
         return
-    for rollout_id, run_id, task_index, rollout_index, attempt in Rollout.objects.filter(pk__in=list(failed)).values_list(
-        "id", "run_id", "task_index", "rollout_index", "attempt"
-    ):
-        log.warning("run %s: task %s rollout %s attempt %s failed: %s", run_id, task_index, rollout_index, attempt,
-                    failed[rollout_id] or "unknown",
-                    extra={"run": run_id, "task_index": task_index, "rollout_index": rollout_index, "attempt": attempt,
-                           "failure_kind": str(failed[rollout_id] or "unknown")})
+    for rollout_id, run_id, task_index, rollout_index, attempt in Rollout.objects.filter(
+        pk__in=list(failed)
+    ).values_list("id", "run_id", "task_index", "rollout_index", "attempt"):
+        log.warning(
+            "run %s: task %s rollout %s attempt %s failed: %s",
+            run_id,
+            task_index,
+            rollout_index,
+            attempt,
+            failed[rollout_id] or "unknown",
+            extra={
+                "run": run_id,
+                "task_index": task_index,
+                "rollout_index": rollout_index,
+                "attempt": attempt,
+                "failure_kind": str(failed[rollout_id] or "unknown"),
+            },
+        )
 
 
 def _describe_rollout(rollout_id: int) -> str:
@@ -288,7 +307,7 @@ def _describe_rollout(rollout_id: int) -> str:
 
 
 def _write_piecewise(batch: _Batch, worker: str) -> None:
-    def attempt(fn: Callable[[], Any]) -> Optional[Exception]:
+    def attempt(fn: Callable[[], Any]) -> Exception | None:
         try:
             with transaction.atomic():
                 fn()
@@ -324,7 +343,12 @@ def _write_piecewise(batch: _Batch, worker: str) -> None:
             failed = _storage_failure(out, _missing[rollout_id], keep_payloads=False)
             error = attempt(partial(_write_batch, _Batch(finished=[(rollout_id, failed)]), worker))
             if error is not None:
-                log.error("%s: could not store its failure either (%s: %s)", _describe_rollout(rollout_id), error.__class__.__name__, error)
+                log.error(
+                    "%s: could not store its failure either (%s: %s)",
+                    _describe_rollout(rollout_id),
+                    error.__class__.__name__,
+                    error,
+                )
             _missing.pop(rollout_id, None)
     for rollout_id, status in batch.killed:
         if attempt(partial(_write_batch, _Batch(killed=[(rollout_id, status)]), worker)) is None:
@@ -377,8 +401,14 @@ def _plain_types(field: Any, connection: Any) -> frozenset:
     it unchanged (PostgreSQL's psycopg wraps integers in ``Int4`` and the like: they convert
     there). ``tests/test_dispatch_insert.py`` checks the result against ``get_db_prep_save``."""
     exact = type(field)
-    if exact in (models.ForeignKey, models.IntegerField, models.PositiveIntegerField, models.PositiveSmallIntegerField,
-                 models.SmallIntegerField, models.BigIntegerField):
+    if exact in (
+        models.ForeignKey,
+        models.IntegerField,
+        models.PositiveIntegerField,
+        models.PositiveSmallIntegerField,
+        models.SmallIntegerField,
+        models.BigIntegerField,
+    ):
         candidates: tuple[type, ...] = (int,)  # a foreign key to a non-integer key fails the probe below
     elif exact is models.FloatField:
         candidates = (float,)
@@ -448,7 +478,9 @@ def _finish_rollout(rollout_id: int, worker: str, fields: dict[str, Any]) -> int
         sql = "UPDATE %s SET %s WHERE %s = %%s AND %s = %%s AND %s = %%s" % (
             qn(meta.db_table),
             ", ".join(f"{qn(f.column)} = %s" for f in model_fields),
-            qn(meta.pk.column), qn(meta.get_field("status").column), qn(meta.get_field("worker").column),
+            qn(meta.pk.column),
+            qn(meta.get_field("status").column),
+            qn(meta.get_field("worker").column),
         )
         _update_sql[key] = (sql, model_fields)
     sql, model_fields = _update_sql[key]
@@ -514,7 +546,9 @@ def _write_batch(batch: _Batch, worker: str) -> None:
             usage = _usage_fields(out.usage)
             warnings = list(out.warnings)
             if out.usage and not usage["usage_reported"]:
-                warnings.append("the summed token counts are negative or do not fit in 64 bits: token metrics are empty (each call's usage is kept)")
+                warnings.append(
+                    "the summed token counts are negative or do not fit in 64 bits: token metrics are empty (each call's usage is kept)"
+                )
             fields = dict(
                 status=Rollout.Status.SUCCEEDED if out.ok else Rollout.Status.FAILED,
                 finished=now,
@@ -547,19 +581,43 @@ def _write_batch(batch: _Batch, worker: str) -> None:
                 log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
             elif out.refused_reply is not None:  # in the same transaction as the attempt's result
                 kept = out.refused_reply
-                RefusedReply.objects.bulk_create([RefusedReply(
-                    rollout_id=rollout_id, http_status=kept.status, content_type=kept.content_type, body=kept.body,
-                    size=kept.size, truncated=kept.truncated, errors=kept.errors,
-                )], ignore_conflicts=True)
+                RefusedReply.objects.bulk_create(
+                    [
+                        RefusedReply(
+                            rollout_id=rollout_id,
+                            http_status=kept.status,
+                            content_type=kept.content_type,
+                            body=kept.body,
+                            size=kept.size,
+                            truncated=kept.truncated,
+                            errors=kept.errors,
+                        )
+                    ],
+                    ignore_conflicts=True,
+                )
         for rollout_id, status in batch.killed:
             Rollout.objects.filter(pk=rollout_id, status=Rollout.Status.RUNNING, worker=worker).update(
-                status=status, finished=now, lease_until=None,
-                error="cancelled with its run" if status == Rollout.Status.CANCELLED else "its worker stopped; the key runs again",
+                status=status,
+                finished=now,
+                lease_until=None,
+                error="cancelled with its run"
+                if status == Rollout.Status.CANCELLED
+                else "its worker stopped; the key runs again",
             )
             if status == Rollout.Status.INTERRUPTED:
-                r = Rollout.objects.filter(pk=rollout_id).values("task_id", "task_index", "rollout_index", "attempt", "run_id").first()
+                r = (
+                    Rollout.objects.filter(pk=rollout_id)
+                    .values("task_id", "task_index", "rollout_index", "attempt", "run_id")
+                    .first()
+                )
                 if r and Run.objects.filter(pk=r["run_id"], status=Run.Status.RUNNING).exists():
-                    Rollout.objects.create(run_id=r["run_id"], task_id=r["task_id"], task_index=r["task_index"], rollout_index=r["rollout_index"], attempt=r["attempt"])
+                    Rollout.objects.create(
+                        run_id=r["run_id"],
+                        task_id=r["task_id"],
+                        task_index=r["task_index"],
+                        rollout_index=r["rollout_index"],
+                        attempt=r["attempt"],
+                    )
         if batch.unclaimed:  # never started: the claim is undone, no attempt happened
             Rollout.objects.filter(id__in=batch.unclaimed, status=Rollout.Status.RUNNING, worker=worker).update(
                 status=Rollout.Status.PENDING, worker="", started=None, lease_until=None
@@ -575,7 +633,7 @@ class _Recorder:
 
     __slots__ = ("rollout_id", "dispatcher", "tool_items")
 
-    def __init__(self, rollout_id: int, dispatcher: "Dispatcher"):
+    def __init__(self, rollout_id: int, dispatcher: Dispatcher):
         self.rollout_id = rollout_id
         self.dispatcher = dispatcher
         # (item, origin) of the tool calls and results, for the mis-wiring check at the end
@@ -585,7 +643,9 @@ class _Recorder:
         self.dispatcher.batch.seeds[self.rollout_id] = latency_ms
 
     def _keep_tools(self, items: list[ItemRecord]) -> None:
-        self.tool_items.extend((rec.item, rec.origin) for rec in items if rec.kind in ("function_call", "function_call_output"))
+        self.tool_items.extend(
+            (rec.item, rec.origin) for rec in items if rec.kind in ("function_call", "function_call_output")
+        )
 
     def on_step(self, step: StepRecord, items: list[ItemRecord]) -> None:
         batch = self.dispatcher.batch
@@ -597,13 +657,14 @@ class _Recorder:
         self.dispatcher.batch.items.extend(_item_row(self.rollout_id, rec) for rec in items)
         self._keep_tools(items)
 
-    def miswiring_warning(self, row: dict[str, Any]) -> Optional[str]:
+    def miswiring_warning(self, row: dict[str, Any]) -> str | None:
         """The rollout's warning when its agent reported results of the env's tools that the env
         never executed (``rollouts.nemo.miswiring``), else None."""
         if not self.tool_items:
             return None
         unexecuted = miswiring.unexecuted_tool_results(
-            self.tool_items, miswiring.declared_tools(row.get("responses_create_params")))
+            self.tool_items, miswiring.declared_tools(row.get("responses_create_params"))
+        )
         return miswiring.rollout_warning(unexecuted) if unexecuted else None
 
 
@@ -630,7 +691,7 @@ class _DbThread:
     """
 
     def __init__(self, name: str = "gymweb-db"):
-        self._queue: "queue.SimpleQueue[Optional[tuple[Future, Callable, tuple]]]" = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Future, Callable, tuple] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._closed = False
         self._thread.start()
@@ -644,7 +705,7 @@ class _DbThread:
         self._queue.put((future, fn, args))
         return future
 
-    def shutdown(self, timeout: Optional[float] = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         """Run what is queued, then end the thread; waits up to ``timeout`` seconds for it."""
         if not self._closed:
             self._closed = True
@@ -674,7 +735,7 @@ def _db_call(fn: Callable, *args: Any) -> Any:
     return fn(*args)
 
 
-def _running_runs(only: Optional[set[int]]) -> list[dict[str, Any]]:
+def _running_runs(only: set[int] | None) -> list[dict[str, Any]]:
     qs = Run.objects.filter(status=Run.Status.RUNNING)
     if only is not None:
         qs = qs.filter(pk__in=only)
@@ -710,7 +771,13 @@ def _heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: floa
         )
     Worker.objects.update_or_create(
         name=name,
-        defaults={"host": name.split(":")[0], "pid": os.getpid(), "last_seen": now, "inflight": len(inflight), "capacity": capacity},
+        defaults={
+            "host": name.split(":")[0],
+            "pid": os.getpid(),
+            "last_seen": now,
+            "inflight": len(inflight),
+            "capacity": capacity,
+        },
     )
     Worker.objects.filter(last_seen__lt=now - timedelta(seconds=max(60.0, 10 * lease_s))).delete()
     metrics.add("gymweb_worker_heartbeats")
@@ -834,7 +901,9 @@ def raise_fd_limit(needed: int) -> int:
     if soft != resource.RLIM_INFINITY and soft < needed:
         log.warning(
             "the open-file limit is %d, below the %d this dispatcher may need for its capacity; "
-            "raise `ulimit -n` or lower GYMWEB_PROCESS_CAPACITY", soft, needed,
+            "raise `ulimit -n` or lower GYMWEB_PROCESS_CAPACITY",
+            soft,
+            needed,
         )
     return soft
 
@@ -845,7 +914,9 @@ def _finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
 
     for run_id in run_ids:
         if runs.finish_if_done(run_id) and after_finish:
-            async_task("rollouts.evaluation.aggregate.fetch_aggregate_metrics", run_id, task_name=f"run-{run_id}-aggregate")
+            async_task(
+                "rollouts.evaluation.aggregate.fetch_aggregate_metrics", run_id, task_name=f"run-{run_id}-aggregate"
+            )
 
 
 class Dispatcher:
@@ -864,10 +935,10 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        only: Optional[set[int]] = None,
+        only: set[int] | None = None,
         exit_when_idle: bool = False,
-        capacity: Optional[int] = None,
-        on_progress: Optional[Callable[[int], None]] = None,
+        capacity: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ):
         if exit_when_idle and not only:
             raise ValueError("exit_when_idle needs the runs to wait for (only=)")
@@ -893,12 +964,12 @@ class Dispatcher:
         self.cancelling: set[int] = set()  # runs whose in-flight rollouts end as `cancelled`
         self.runs: dict[int, _RunInfo] = {}
         self.live_workers = 1
-        self.left: Optional[int] = None  # attempts of the `only` runs not yet ended, over all workers
+        self.left: int | None = None  # attempts of the `only` runs not yet ended, over all workers
         self._reap_due = True
-        self.db: Optional[_DbThread] = None  # started by run()
+        self.db: _DbThread | None = None  # started by run()
         self._stop = threading.Event()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._wake: Optional[asyncio.Event] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
 
     # -- control from other threads -----------------------------------------------------------
     def stop(self) -> None:
@@ -963,7 +1034,9 @@ class Dispatcher:
             return
         now = time.monotonic()
         if self.tasks and now < self._next_sync and now < self._next_flush:
-            chunk = max(1, sum(math.ceil(i.concurrency / self.live_workers) for i in self.runs.values()) // self.CLAIM_CHUNK_DIV)
+            chunk = max(
+                1, sum(math.ceil(i.concurrency / self.live_workers) for i in self.runs.values()) // self.CLAIM_CHUNK_DIV
+            )
             if sum(w for _, w in wants) < chunk:
                 return
         batch, self.batch = self.batch, _Batch()
@@ -1008,8 +1081,13 @@ class Dispatcher:
                 outcome.warnings.append(warning)
         except Exception as exc:  # the loop turns failures into outcomes; this is the last guard
             log.exception("rollout %s crashed", rollout_id)
-            outcome = RolloutOutcome(ok=False, failure_kind=FailureKind.INTERNAL_ERROR, error=f"gymweb internal error: {exc.__class__.__name__}: {exc}",
-                                     agent_url=info.settings.agent_base_url, env_url=info.settings.env_base_url)
+            outcome = RolloutOutcome(
+                ok=False,
+                failure_kind=FailureKind.INTERNAL_ERROR,
+                error=f"gymweb internal error: {exc.__class__.__name__}: {exc}",
+                agent_url=info.settings.agent_base_url,
+                env_url=info.settings.env_base_url,
+            )
         except asyncio.CancelledError:
             status = Rollout.Status.CANCELLED if run_id in self.cancelling else Rollout.Status.INTERRUPTED
             self.batch.killed.append((rollout_id, status))  # type: ignore[arg-type]
@@ -1025,18 +1103,30 @@ class Dispatcher:
         for r in rows:
             known = self.runs.get(r["id"])
             if known is None:
-                log.info("run %s: worker %s serves it (concurrency %s)", r["id"], self.name, r["concurrency"],
-                         extra={"run": r["id"], "worker": self.name})
+                log.info(
+                    "run %s: worker %s serves it (concurrency %s)",
+                    r["id"],
+                    self.name,
+                    r["concurrency"],
+                    extra={"run": r["id"], "worker": self.name},
+                )
             # a retry may have moved the env (a NeMo Gym resources server resolved again by name)
-            same = known and (known.settings.agent_base_url, known.settings.env_base_url) == (r["agent_url"], r["env_url"])
-            loop_settings = known.settings if same else LoopSettings(
-                agent_base_url=r["agent_url"],
-                env_base_url=r["env_url"],
-                max_steps=r["max_steps"] or None,
-                remote_responses_timeout_s=r["remote_responses_timeout_s"],
-                run_timeout_s=r["run_timeout_s"],
-                retry_pause_s=settings.GYMWEB_CONNECT_RETRY_PAUSE_S,
-                refused_reply_max_bytes=settings.GYMWEB_FAILED_REPLY_MAX_BYTES,
+            same = known and (known.settings.agent_base_url, known.settings.env_base_url) == (
+                r["agent_url"],
+                r["env_url"],
+            )
+            loop_settings = (
+                known.settings
+                if same
+                else LoopSettings(
+                    agent_base_url=r["agent_url"],
+                    env_base_url=r["env_url"],
+                    max_steps=r["max_steps"] or None,
+                    remote_responses_timeout_s=r["remote_responses_timeout_s"],
+                    run_timeout_s=r["run_timeout_s"],
+                    retry_pause_s=settings.GYMWEB_CONNECT_RETRY_PAUSE_S,
+                    refused_reply_max_bytes=settings.GYMWEB_FAILED_REPLY_MAX_BYTES,
+                )
             )
             fresh[r["id"]] = _RunInfo(r["id"], r["concurrency"], loop_settings, r["pending"])
         # Runs we still hold rollouts of stay known until those end.
@@ -1081,7 +1171,9 @@ class Dispatcher:
         return n
 
     async def _beat(self) -> None:
-        self.live_workers, statuses = await self._db(_heartbeat, self.name, dict(self.run_of), self.capacity, self.lease_s)
+        self.live_workers, statuses = await self._db(
+            _heartbeat, self.name, dict(self.run_of), self.capacity, self.lease_s
+        )
         stopped = [run_id for run_id, status in statuses.items() if status != Run.Status.RUNNING]
         for run_id in stopped:
             if statuses[run_id] == Run.Status.CANCELLED:
@@ -1165,7 +1257,7 @@ class Dispatcher:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, self._next_poll - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             return False
         deadline = min(self._next_poll, self._next_flush, self._next_beat)
@@ -1176,7 +1268,7 @@ class Dispatcher:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         done = self._reap_done()
         if not done and time.monotonic() >= self._next_flush:
@@ -1212,7 +1304,7 @@ class Dispatcher:
                     )
                     released = True
                     break
-                except (OperationalError, InterfaceError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OperationalError, InterfaceError) as exc:
                     self.batch = batch.absorb(self.batch)
                     why = f"{exc.__class__.__name__}: {exc}".rstrip(": ")
                 except Exception as exc:  # a bug: its traceback belongs in the log, once
@@ -1223,15 +1315,23 @@ class Dispatcher:
                     log.error(
                         "dispatcher %s: could not release %d in-flight rollout(s) within %g s (GYMWEB_RELEASE_TIMEOUT_S; "
                         "last error: %s); they run again once their lease expires (GYMWEB_LEASE_S = %g s)",
-                        self.name, len(held), self.release_timeout_s, why, self.lease_s,
+                        self.name,
+                        len(held),
+                        self.release_timeout_s,
+                        why,
+                        self.lease_s,
                     )
                     break
                 log.warning("dispatcher %s: the database refused the release (%s); trying again in 1 s", self.name, why)
                 await asyncio.sleep(1.0)
             if released and held:
                 by_run = ", ".join(f"run {r}: {n}" for r, n in sorted(Counter(held.values()).items()))
-                log.info("dispatcher %s stopped: released %d in-flight rollout(s) (%s); their keys are queued again",
-                         self.name, len(held), by_run)
+                log.info(
+                    "dispatcher %s stopped: released %d in-flight rollout(s) (%s); their keys are queued again",
+                    self.name,
+                    len(held),
+                    by_run,
+                )
         finally:
             await self.client.aclose()
             # Close the DB thread's own connection: left to the garbage collector it stays open, and
@@ -1244,10 +1344,10 @@ class Dispatcher:
 
 
 # -- entry points ------------------------------------------------------------------------------
-_process_dispatcher: Optional[Dispatcher] = None
+_process_dispatcher: Dispatcher | None = None
 
 
-def start_in_worker_process() -> Optional[threading.Thread]:
+def start_in_worker_process() -> threading.Thread | None:
     """Start this process's dispatcher thread (called when django-q2 spawns a worker process).
 
     How a worker process is stopped, and what its dispatcher does then (each releases the
@@ -1295,7 +1395,7 @@ def start_in_worker_process() -> Optional[threading.Thread]:
     return thread
 
 
-def run_in_process(run_id: int, on_progress: Optional[Callable[[int], None]] = None) -> None:
+def run_in_process(run_id: int, on_progress: Callable[[int], None] | None = None) -> None:
     """Run one run to its end in this process (the CLI's path: no separate worker needed).
 
     Workers sharing the database (``qcluster``) may claim part of the run; this returns only when

@@ -5,10 +5,11 @@ retry, the mis-wiring check, registered head servers and the Environments page's
 The NeMo Gym logic itself is in ``rollouts.nemo`` (no Django); this module adds the settings, the
 target policy (every request goes through ``rollouts.targets``' client) and the database.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -19,14 +20,25 @@ from django.utils import timezone
 
 from rollouts import targets
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
-from rollouts.models import HeadServer as HeadServerRecord, Run
+from rollouts.models import HeadServer as HeadServerRecord
+from rollouts.models import Run
 from rollouts.nemo import head_server, miswiring
 from rollouts.nemo.config import NemoConfig, NemoConfigError, run_config_yaml
 from rollouts.nemo.head_server import DEFAULT_HEAD_URL, HeadServer, HeadServerError
 
 __all__ = [
-    "NemoConfigError", "HeadServerError", "Resolved", "default_head_url", "fetch_head", "known_environments",
-    "miswiring_problem", "name_the_meant_url", "refresh_env_url", "register_head", "resolve", "run_config",
+    "NemoConfigError",
+    "HeadServerError",
+    "Resolved",
+    "default_head_url",
+    "fetch_head",
+    "known_environments",
+    "miswiring_problem",
+    "name_the_meant_url",
+    "refresh_env_url",
+    "register_head",
+    "resolve",
+    "run_config",
 ]
 
 HEAD_TIMEOUT_S = 10.0
@@ -40,7 +52,7 @@ def client(timeout_s: float = HEAD_TIMEOUT_S) -> httpx.Client:
     return targets.sync_client(timeout_s)
 
 
-def default_head_url(config: Optional[NemoConfig] = None) -> str:
+def default_head_url(config: NemoConfig | None = None) -> str:
     """The head server to use when none is named: the config's ``head_server`` block, else
     ``GYMWEB_NEMO_GYM_HEAD_URL``, else NeMo Gym's default ``http://127.0.0.1:11000``."""
     return (config.head_server_url() if config else None) or settings.GYMWEB_NEMO_GYM_HEAD_URL or DEFAULT_HEAD_URL
@@ -74,16 +86,21 @@ class Resolved:
     ``run_timeout_s``); ``sources``: field → where its value came from (``"FILE: key.path"``)."""
 
     agent_name: str
-    agent_url: Optional[str]
+    agent_url: str | None
     env_name: str
     env_url: str
-    head_url: Optional[str]
+    head_url: str | None
     options: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def resolve(config: Optional[NemoConfig], *, head_url: Optional[str] = None, agent_name: Optional[str] = None,
-            env_name: Optional[str] = None) -> Resolved:
+def resolve(
+    config: NemoConfig | None,
+    *,
+    head_url: str | None = None,
+    agent_name: str | None = None,
+    env_name: str | None = None,
+) -> Resolved:
     """The agent (``agent_name`` or the single one with an ``agent_base_url``) and its environment.
 
     Without ``config``, the head server's own config is read (``head_url``, else
@@ -92,7 +109,7 @@ def resolve(config: Optional[NemoConfig], *, head_url: Optional[str] = None, age
     ``host``/``port``. ``env_name`` picks another resources server of the config than the
     agent's. Raises ``NemoConfigError`` (file and key path) or ``HeadServerError`` (head server URL
     and the name)."""
-    head: Optional[HeadServer] = None
+    head: HeadServer | None = None
     if config is None:
         head = fetch_head(head_url or default_head_url())
         config = head.config
@@ -101,7 +118,9 @@ def resolve(config: Optional[NemoConfig], *, head_url: Optional[str] = None, age
     if env_name and env_name != agent.resources_server:
         servers = config.resources_servers()
         if env_name not in servers:
-            raise NemoConfigError(f"{config.label}: no resources server named {env_name!r} (there: {', '.join(servers) or 'none'})")
+            raise NemoConfigError(
+                f"{config.label}: no resources server named {env_name!r} (there: {', '.join(servers) or 'none'})"
+            )
         env = servers[env_name]
         sources["env"] = "the environment chosen"
     else:
@@ -114,13 +133,23 @@ def resolve(config: Optional[NemoConfig], *, head_url: Optional[str] = None, age
     else:
         env_url = env.url or ""
         sources["env_url"] = config.where(f"{env.name}.resources_servers.{env.server}.port")
-    options = {k: getattr(agent, k) for k in ("concurrency", "max_steps", "remote_responses_timeout_s", "run_timeout_s")
-               if getattr(agent, k) is not None}
-    return Resolved(agent_name=agent.name, agent_url=agent.agent_base_url, env_name=env.name, env_url=env_url,
-                    head_url=head.url if head else None, options=options, sources=sources)
+    options = {
+        k: getattr(agent, k)
+        for k in ("concurrency", "max_steps", "remote_responses_timeout_s", "run_timeout_s")
+        if getattr(agent, k) is not None
+    }
+    return Resolved(
+        agent_name=agent.name,
+        agent_url=agent.agent_base_url,
+        env_name=env.name,
+        env_url=env_url,
+        head_url=head.url if head else None,
+        options=options,
+        sources=sources,
+    )
 
 
-def refresh_env_url(run: Run) -> Optional[str]:
+def refresh_env_url(run: Run) -> str | None:
     """Resolve a head-server run's env URL again (its resources server may have moved port) and
     store it. Returns the URL, or None for a run whose env URL was given directly. Raises
     ``HeadServerError``."""
@@ -133,7 +162,7 @@ def refresh_env_url(run: Run) -> Optional[str]:
     return url
 
 
-def register_head(url: str, config_files: Optional[list[str]] = None) -> HeadServerRecord:
+def register_head(url: str, config_files: list[str] | None = None) -> HeadServerRecord:
     """Remember a head server (for ``env list``, the Environments page and the form)."""
     record, _ = HeadServerRecord.objects.get_or_create(url=url.rstrip("/"))
     if config_files is not None:
@@ -143,7 +172,7 @@ def register_head(url: str, config_files: Optional[list[str]] = None) -> HeadSer
     return record
 
 
-def _candidate_heads(agent_url: str, head_url: Optional[str]) -> list[str]:
+def _candidate_heads(agent_url: str, head_url: str | None) -> list[str]:
     if head_url:
         return [head_url]
     out = [settings.GYMWEB_NEMO_GYM_HEAD_URL]
@@ -154,7 +183,7 @@ def _candidate_heads(agent_url: str, head_url: Optional[str]) -> list[str]:
     return [u for u in dict.fromkeys(out) if u]
 
 
-def miswiring_problem(agent_url: str, head_url: Optional[str] = None) -> Optional[str]:
+def miswiring_problem(agent_url: str, head_url: str | None = None) -> str | None:
     """When ``agent_url`` is a NeMo Gym agent server (it serves ``/run``), the explanation naming
     the URL the user most likely meant (the agent's ``agent_base_url`` in the head server's config;
     the head servers tried: ``head_url``, else the setting, the registered ones and port 11000 of
@@ -179,7 +208,7 @@ def miswiring_problem(agent_url: str, head_url: Optional[str] = None) -> Optiona
     return miswiring.explain(agent_url)
 
 
-def name_the_meant_url(report: Any, url: str, head_url: Optional[str] = None) -> None:
+def name_the_meant_url(report: Any, url: str, head_url: str | None = None) -> None:
     """When an agent check (``conformance.Report``) found NeMo Gym's own agent server, replace its
     advice with ``miswiring_problem``'s explanation naming the URL the user most likely meant."""
     found = [f for f in report.findings if f.code == miswiring.FAILURE_CODE]
@@ -202,9 +231,9 @@ class Environment:
     name: str = ""
     server: str = ""
     head_url: str = ""
-    healthy: Optional[bool] = None
+    healthy: bool | None = None
     health: str = ""
-    tools: Optional[list[str]] = None
+    tools: list[str] | None = None
     runs: list[Run] = field(default_factory=list)
     num_runs: int = 0
 
@@ -245,8 +274,14 @@ def head_listing(url: str, with_tools: bool = True) -> HeadListing:
                 _probe(c, env, with_tools)
             listing.environments.append(env)
     for agent in head.config.agents():
-        listing.agents.append({"name": agent.name, "agent_base_url": agent.agent_base_url or "",
-                               "resources_server": agent.resources_server or "", "server_url": agent.server_url or ""})
+        listing.agents.append(
+            {
+                "name": agent.name,
+                "agent_base_url": agent.agent_base_url or "",
+                "resources_server": agent.resources_server or "",
+                "server_url": agent.server_url or "",
+            }
+        )
     return listing
 
 
@@ -254,8 +289,12 @@ def known_environments(with_tools: bool = True, max_urls: int = 50) -> tuple[lis
     """Every environment gymweb knows: the registered head servers (read now) and the env URLs of
     past runs (the ``max_urls`` most recent), each with health, tools and the runs that used it."""
     heads = [head_listing(r.url, with_tools) for r in HeadServerRecord.objects.all()]
-    used = (Run.objects.exclude(env_url="").values("env_url").annotate(n=Count("id"), last=Max("created"))
-            .order_by("-last")[:max_urls])
+    used = (
+        Run.objects.exclude(env_url="")
+        .values("env_url")
+        .annotate(n=Count("id"), last=Max("created"))
+        .order_by("-last")[:max_urls]
+    )
     past: list[Environment] = []
     with client(PROBE_TIMEOUT_S) as c:
         for row in used:
@@ -293,15 +332,30 @@ def run_config(run: Run) -> str:
         except HeadServerError:
             env_server = None
     agent = run.agent_name or "remote_agent"
-    header = "\n".join([
-        f"gymweb run #{run.pk} ({run.name}) as a NeMo Gym config, to repeat it with NeMo Gym itself:",
-        "  gym env start \"+config_paths=[THIS_FILE.yaml]\"",
-        f"  gym eval run --no-serve +agent_name={agent} +input_jsonl_fpath=TASKS.jsonl "
-        f"+output_jsonl_fpath=results/rollouts.jsonl +num_repeats={run.num_repeats}",
-        f"The run's environment was {run.env_url}" + (f" ({run.env_name} of the head server {run.head_url})." if run.head_url else "."),
-        *([] if env_server else ["Replace ??? with the name of that resources server (e.g. example_session_state_mgmt)."]),
-    ])
+    header = "\n".join(
+        [
+            f"gymweb run #{run.pk} ({run.name}) as a NeMo Gym config, to repeat it with NeMo Gym itself:",
+            '  gym env start "+config_paths=[THIS_FILE.yaml]"',
+            f"  gym eval run --no-serve +agent_name={agent} +input_jsonl_fpath=TASKS.jsonl "
+            f"+output_jsonl_fpath=results/rollouts.jsonl +num_repeats={run.num_repeats}",
+            f"The run's environment was {run.env_url}"
+            + (f" ({run.env_name} of the head server {run.head_url})." if run.head_url else "."),
+            *(
+                []
+                if env_server
+                else ["Replace ??? with the name of that resources server (e.g. example_session_state_mgmt)."]
+            ),
+        ]
+    )
     return run_config_yaml(
-        agent_name=agent, agent_url=run.agent_url, env_name=env_name, env_server=env_server,
-        concurrency=run.concurrency, max_steps=run.max_steps, remote_responses_timeout_s=run.remote_responses_timeout_s,
-        run_timeout_s=run.run_timeout_s, num_repeats=run.num_repeats, header=header)
+        agent_name=agent,
+        agent_url=run.agent_url,
+        env_name=env_name,
+        env_server=env_server,
+        concurrency=run.concurrency,
+        max_steps=run.max_steps,
+        remote_responses_timeout_s=run.remote_responses_timeout_s,
+        run_timeout_s=run.run_timeout_s,
+        num_repeats=run.num_repeats,
+        header=header,
+    )

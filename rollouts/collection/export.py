@@ -22,11 +22,13 @@ and get none they did not have, so exporting an imported file gives it back.
 
 Kill-shaped attempts (cancelled, interrupted) go in no file.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 import orjson
 from django.db.models import QuerySet
@@ -56,21 +58,48 @@ def placeholder_response() -> dict[str, Any]:
     """The ``response`` of a failure row: NeMo Gym's remote_agent placeholder (an empty assistant
     message), dumped as its ``NeMoGymResponse`` model dumps it (33 keys, in that order)."""
     return {
-        "id": "remote_agent_failure", "created_at": 0.0, "error": None, "incomplete_details": None,
-        "instructions": None, "metadata": None, "model": "remote_agent", "object": "response",
+        "id": "remote_agent_failure",
+        "created_at": 0.0,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": None,
+        "model": "remote_agent",
+        "object": "response",
         "output": [
             {
                 "id": "msg_0",
                 "content": [{"annotations": [], "text": "", "type": "output_text", "logprobs": None}],
-                "role": "assistant", "status": "completed", "type": "message", "phase": None,
+                "role": "assistant",
+                "status": "completed",
+                "type": "message",
+                "phase": None,
             }
         ],
-        "parallel_tool_calls": False, "temperature": None, "tool_choice": "auto", "tools": [], "top_p": None,
-        "background": None, "completed_at": None, "conversation": None, "max_output_tokens": None,
-        "max_tool_calls": None, "moderation": None, "previous_response_id": None, "prompt": None,
-        "prompt_cache_key": None, "prompt_cache_retention": None, "reasoning": None, "safety_identifier": None,
-        "service_tier": None, "status": None, "text": None, "top_logprobs": None, "truncation": None,
-        "usage": None, "user": None,
+        "parallel_tool_calls": False,
+        "temperature": None,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": None,
+        "background": None,
+        "completed_at": None,
+        "conversation": None,
+        "max_output_tokens": None,
+        "max_tool_calls": None,
+        "moderation": None,
+        "previous_response_id": None,
+        "prompt": None,
+        "prompt_cache_key": None,
+        "prompt_cache_retention": None,
+        "reasoning": None,
+        "safety_identifier": None,
+        "service_tier": None,
+        "status": None,
+        "text": None,
+        "top_logprobs": None,
+        "truncation": None,
+        "usage": None,
+        "user": None,
     }
 
 
@@ -144,7 +173,7 @@ def materialized_row(task_row: dict[str, Any], rollout_index: int) -> dict[str, 
     return row
 
 
-def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
+def iter_successes(run: Run, rollouts: QuerySet | None = None) -> Iterator[str]:
     """Lines (without newline) of ``rollouts.jsonl`` for the run's succeeded attempts, optionally
     restricted to a filtered queryset of its rollouts: by (task, rollout) for a collected run, in
     the imported order for an imported one. An archived run's whole file is read from its archive
@@ -162,7 +191,9 @@ def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[st
     last_task, ref = None, None
     stamp = stamps_rows(run)
     order = ("source_ordinal", "id") if run.status == Run.Status.IMPORTED else ("task_index", "rollout_index", "id")
-    fetch = qs.order_by(*order).values_list("task_index", "rollout_index", "verify_json", "source_text", "task__row_json")
+    fetch = qs.order_by(*order).values_list(
+        "task_index", "rollout_index", "verify_json", "source_text", "task__row_json"
+    )
     for task_index, rollout_index, verify_json, source_text, task_json in fetch.iterator(chunk_size=CHUNK):
         if source_text:
             yield source_text
@@ -172,11 +203,15 @@ def iter_successes(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[st
         yield row_line(success_row(verify_json, task_index, rollout_index, ref, stamp))
 
 
-def iter_failures(run: Run, rollouts: Optional[QuerySet] = None) -> Iterator[str]:
+def iter_failures(run: Run, rollouts: QuerySet | None = None) -> Iterator[str]:
     """Lines of the failures sidecar: one per failed attempt (kill-shaped attempts excluded), by
     key and attempt for a collected run, in the imported order for an imported one."""
     qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.FAILED)
-    order = ("source_ordinal", "id") if run.status == Run.Status.IMPORTED else ("task_index", "rollout_index", "attempt", "id")
+    order = (
+        ("source_ordinal", "id")
+        if run.status == Run.Status.IMPORTED
+        else ("task_index", "rollout_index", "attempt", "id")
+    )
     fetch = qs.order_by(*order).values_list("rollout_index", "error", "terminal", "source_text", "task__row_json")
     stamp = stamps_rows(run)
     for rollout_index, error, terminal, source_text, task_json in fetch.iterator(chunk_size=CHUNK):

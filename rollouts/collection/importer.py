@@ -49,30 +49,37 @@ row the database refuses is reported the same way (with its line), never as a cr
 Rows are streamed and written with ``bulk_create`` in batches: memory is bounded by a batch plus
 small per-key maps (task ids, attempt counters) and each task's row.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from pathlib import PurePath
-from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Union
+from typing import Any, BinaryIO, TextIO, Union
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from rollouts.engine.contract import Usage
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields
 from rollouts.collection.export import failure_row, materialized_row, row_line, success_row
+from rollouts.collection.profile_numbers import profile_json_for_verify
+from rollouts.engine.contract import Usage
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from rollouts.collection.profile_numbers import profile_json_for_verify
 
 __all__ = [
-    "ImportSummary", "LooksLikeDatasetError", "WrongFileError", "import_rollouts", "import_shards", "infer_steps",
-    "IMPORTED_FAILURE_KIND", "NOT_RUN_ERROR",
+    "ImportSummary",
+    "LooksLikeDatasetError",
+    "WrongFileError",
+    "import_rollouts",
+    "import_shards",
+    "infer_steps",
+    "IMPORTED_FAILURE_KIND",
+    "NOT_RUN_ERROR",
 ]
 
 IMPORTED_FAILURE_KIND = "imported_failure"
@@ -83,7 +90,7 @@ ROWS_PER_BATCH = 200
 TOO_DEEP = "the row is nested too deeply to store (Python's JSON encoder gave up); nothing was imported"
 ITEMS_PER_BATCH = 5000
 
-Lines = Union[BinaryIO, TextIO, Iterable[Union[str, bytes]]]
+Lines = Union[BinaryIO, TextIO, Iterable[str | bytes]]
 
 
 class WrongFileError(DatasetError):
@@ -91,7 +98,7 @@ class WrongFileError(DatasetError):
     rollouts file, or rows without ``_ng_failure_class`` in the failures file. ``swapped`` is True
     when the other file holds this slot's kind, i.e. the two files were given the wrong way round."""
 
-    def __init__(self, message: str, line: Optional[int], source: str, swapped: bool = False):
+    def __init__(self, message: str, line: int | None, source: str, swapped: bool = False):
         super().__init__(message, line, source)
         self.swapped = swapped
 
@@ -153,7 +160,7 @@ def infer_steps(output: list[dict[str, Any]]) -> list[int]:
     return steps
 
 
-def _usage_fields(usage: Any) -> tuple[dict[str, Any], Optional[str]]:
+def _usage_fields(usage: Any) -> tuple[dict[str, Any], str | None]:
     """Rollout usage fields from a row's ``response.usage``; a warning when it is partial."""
     if usage is None:
         return {"usage_reported": False}, None
@@ -161,8 +168,13 @@ def _usage_fields(usage: Any) -> tuple[dict[str, Any], Optional[str]]:
         u = Usage.model_validate(usage)
     except ValidationError:
         return {"usage_reported": False}, "the row's usage is partial; token metrics are empty"
-    counts = (u.input_tokens, u.output_tokens, u.total_tokens, u.input_tokens_details.cached_tokens,
-              u.output_tokens_details.reasoning_tokens)
+    counts = (
+        u.input_tokens,
+        u.output_tokens,
+        u.total_tokens,
+        u.input_tokens_details.cached_tokens,
+        u.output_tokens_details.reasoning_tokens,
+    )
     if any(not 0 <= c <= TOKENS_MAX for c in counts):
         return {"usage_reported": False}, "the row's usage has out-of-range token counts; token metrics are empty"
     return {
@@ -175,14 +187,14 @@ def _usage_fields(usage: Any) -> tuple[dict[str, Any], Optional[str]]:
     }, None
 
 
-def _created_at(response: dict[str, Any]) -> Optional[datetime]:
+def _created_at(response: dict[str, Any]) -> datetime | None:
     """When the row's last agent reply was created (``response.created_at``, Unix seconds), the one
     call time a NeMo Gym row records; None when it is missing or not a real time (a failure row's
     placeholder says 0)."""
     value = response.get("created_at")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 253402300800:
         return None
-    return datetime.fromtimestamp(value, tz=dt_timezone.utc)
+    return datetime.fromtimestamp(value, tz=UTC)
 
 
 def _str_field(value: Any, limit: int) -> str:
@@ -201,7 +213,7 @@ def _what(row: dict[str, Any]) -> str:
     return " and ".join(parts) or "no result fields"
 
 
-def _first_row(stream: Any) -> Optional[dict[str, Any]]:
+def _first_row(stream: Any) -> dict[str, Any] | None:
     """The first row of a seekable file (its position restored), None when it cannot be read."""
     if not (hasattr(stream, "seek") and hasattr(stream, "tell")):
         return None
@@ -223,14 +235,14 @@ class _Importer:
     def __init__(self, run: Run):
         self.run = run
         self.now = timezone.now()
-        self.task_ids: dict[int, Optional[int]] = {}  # task index -> Task pk (None until flushed)
+        self.task_ids: dict[int, int | None] = {}  # task index -> Task pk (None until flushed)
         self.attempts: dict[tuple[int, int], int] = {}
         self.success_lines: dict[tuple[int, int], str] = {}
         self.new_tasks: list[tuple[Task, int, str]] = []  # (task, line, source)
         # (Rollout, [AgentCall], [TrajectoryItem], line, source) waiting for the next flush
         self.pending: list[tuple[Rollout, list[AgentCall], list[TrajectoryItem], int, str]] = []
         self.rollouts_per_task: dict[int, set[int]] = {}
-        self.other_slot_kind: dict[bool, Optional[bool]] = {}  # sidecar? -> does its first row have a class
+        self.other_slot_kind: dict[bool, bool | None] = {}  # sidecar? -> does its first row have a class
         self.pending_items = 0
         self.summary = ImportSummary(run=run)
         self.task_rows: dict[int, dict[str, Any]] = {}  # task index -> its row, to tell canonical lines
@@ -250,13 +262,16 @@ class _Importer:
             raise DatasetError(
                 f"this row has a result ({_what(row)}): the materialised inputs file holds task rows only "
                 "(rollouts_materialized_inputs.jsonl); give result rows as the rollouts or failures file",
-                line, source,
+                line,
+                source,
             )
         task_index = row.get("_ng_task_index", ordinal)
         rollout_index = row.get("_ng_rollout_index", 0)
         key = (task_index, rollout_index)
         if key in self.inputs or key in self.attempts:
-            raise DatasetError(f"a second materialised row for task {task_index}, rollout {rollout_index}", line, source)
+            raise DatasetError(
+                f"a second materialised row for task {task_index}, rollout {rollout_index}", line, source
+            )
         if task_index not in self.task_ids:
             task_row = dict(row)
             task_row.pop("_ng_rollout_index", None)
@@ -272,8 +287,15 @@ class _Importer:
         for (task_index, rollout_index), (ordinal, text) in sorted(self.inputs.items(), key=lambda kv: kv[1][0]):
             self.attempts[(task_index, rollout_index)] = 1
             rollout = Rollout(
-                run=self.run, task_index=task_index, rollout_index=rollout_index, attempt=1, finished=self.now,
-                status=Rollout.Status.CANCELLED, error=NOT_RUN_ERROR, input_ordinal=ordinal, input_text=text,
+                run=self.run,
+                task_index=task_index,
+                rollout_index=rollout_index,
+                attempt=1,
+                finished=self.now,
+                status=Rollout.Status.CANCELLED,
+                error=NOT_RUN_ERROR,
+                input_ordinal=ordinal,
+                input_text=text,
             )
             self.pending.append((rollout, [], [], 0, "the materialised inputs"))
             self.summary.not_run += 1
@@ -307,7 +329,9 @@ class _Importer:
             if not isinstance(item, dict):
                 raise DatasetError(f"'response.output[{position}]' must be a JSON object", line, source)
         if not failed and not has_reward and response is not None:
-            raise DatasetError("the row has a 'response' but no 'reward': a rollouts.jsonl row needs both", line, source)
+            raise DatasetError(
+                "the row has a 'response' but no 'reward': a rollouts.jsonl row needs both", line, source
+            )
 
         if task_index not in self.task_ids:
             task_row = dict(row)
@@ -385,7 +409,7 @@ class _Importer:
         if len(self.pending) >= ROWS_PER_BATCH or self.pending_items >= ITEMS_PER_BATCH:
             self.flush()
 
-    def _exported_line(self, rollout: Rollout, row: dict[str, Any]) -> Optional[str]:
+    def _exported_line(self, rollout: Rollout, row: dict[str, Any]) -> str | None:
         """The line the export writes for ``rollout`` (``export.success_row``/``failure_row`` over
         the stored values); None when it depends on the run's agent name, known only at the end."""
         task_row = self.task_rows[rollout.task_index]
@@ -416,7 +440,11 @@ class _Importer:
             )
             fix = "give it as the rollouts file instead"
         if swapped:
-            message += "; the other file holds " + ("failure rows" if sidecar else "success rows") + ": the two files are swapped"
+            message += (
+                "; the other file holds "
+                + ("failure rows" if sidecar else "success rows")
+                + ": the two files are swapped"
+            )
             fix = "swap them"
         raise WrongFileError(f"{message}. Nothing was imported: {fix}", line, source, swapped=swapped)
 
@@ -486,7 +514,9 @@ class _Importer:
                 self._write(tasks, pending)
         except (DatabaseError, RecursionError) as exc:
             self._find_refused(tasks, pending)
-            raise DatasetError(f"the database refused a batch of rows ({exc.__class__.__name__}: {exc})", None, "the import") from None
+            raise DatasetError(
+                f"the database refused a batch of rows ({exc.__class__.__name__}: {exc})", None, "the import"
+            ) from None
         self.new_tasks = []
         self.pending = []
         self.pending_items = 0
@@ -504,7 +534,9 @@ class _Importer:
         except RecursionError:
             raise DatasetError(TOO_DEEP, line, source) from None
         except DatabaseError as exc:
-            raise DatasetError(f"the row cannot be stored ({exc.__class__.__name__}: {exc}); nothing was imported", line, source) from None
+            raise DatasetError(
+                f"the row cannot be stored ({exc.__class__.__name__}: {exc}); nothing was imported", line, source
+            ) from None
 
     def _write(self, tasks, pending, probe: bool = False) -> None:
         if probe:  # a failed batch may have left ids on objects whose rows were rolled back
@@ -529,7 +561,9 @@ class _Importer:
         if any(r.pk is None for r in created):
             lookup = {
                 (t, ro, a): pk
-                for pk, t, ro, a in Rollout.objects.filter(run=self.run).values_list("id", "task_index", "rollout_index", "attempt")
+                for pk, t, ro, a in Rollout.objects.filter(run=self.run).values_list(
+                    "id", "task_index", "rollout_index", "attempt"
+                )
             }
             for r in created:
                 r.pk = r.id = lookup[(r.task_index, r.rollout_index, r.attempt)]
@@ -546,13 +580,13 @@ class _Importer:
 
 
 def import_rollouts(
-    stream: Optional[Lines],
+    stream: Lines | None,
     *,
     name: str = "",
     source: str = "rollouts.jsonl",
-    failures: Optional[Lines] = None,
+    failures: Lines | None = None,
     failures_source: str = "rollouts_failures.jsonl",
-    materialized: Optional[Lines] = None,
+    materialized: Lines | None = None,
     materialized_source: str = "rollouts_materialized_inputs.jsonl",
     user=None,
 ) -> ImportSummary:
@@ -603,8 +637,11 @@ def import_shards(
     shown = [PurePath(n).name for n in names]
     names += [src for _, src in materialized]
     run = Run(
-        name=(name.strip() or (" + ".join(shown) if len(shown) <= 2 else f"{shown[0]} + {len(shown) - 1} more file(s)")
-              or "imported rollouts")[:200],
+        name=(
+            name.strip()
+            or (" + ".join(shown) if len(shown) <= 2 else f"{shown[0]} + {len(shown) - 1} more file(s)")
+            or "imported rollouts"
+        )[:200],
         status=Run.Status.IMPORTED,
         created_by=user,
         source_file=" + ".join(names)[:500],
@@ -614,7 +651,9 @@ def import_shards(
         importer = _Importer(run)
         agent_name = None
         inputs = [(lines, src, True) for lines, src in failures] + [(lines, src, False) for lines, src in shards]
-        if len(shards) == 1 and len(failures) == 1:  # what each file starts with, to tell swapped files from one wrong file
+        if (
+            len(shards) == 1 and len(failures) == 1
+        ):  # what each file starts with, to tell swapped files from one wrong file
             for lines, _src, sidecar in inputs:
                 first = _first_row(lines)
                 importer.other_slot_kind[sidecar] = None if first is None else "_ng_failure_class" in first
@@ -630,7 +669,11 @@ def import_shards(
         ordinals = {True: 0, False: 0}  # rows without indices: numbered on across files of one kind
         for lines, src, sidecar in inputs:
             for line, text, row in _iter_rows(lines, src):
-                if agent_name is None and isinstance(row.get("agent_ref"), dict) and isinstance(row["agent_ref"].get("name"), str):
+                if (
+                    agent_name is None
+                    and isinstance(row.get("agent_ref"), dict)
+                    and isinstance(row["agent_ref"].get("name"), str)
+                ):
                     agent_name = row["agent_ref"]["name"]
                 if not sidecar:
                     main_rows += 1
@@ -641,13 +684,17 @@ def import_shards(
                     raise DatasetError(TOO_DEEP, line, src) from None
                 ordinals[sidecar] += 1
         if main_rows and not main_results:
-            raise LooksLikeDatasetError(shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards), main_rows)
+            raise LooksLikeDatasetError(
+                shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards), main_rows
+            )
         importer.add_not_run_inputs()
         importer.flush()
         summary = importer.summary
         if summary.rows == 0:
             raise DatasetError(
-                "the file has no rows (it is empty or only blank lines)" if len(names) == 1 else "the files have no rows",
+                "the file has no rows (it is empty or only blank lines)"
+                if len(names) == 1
+                else "the files have no rows",
                 None,
                 names[0],
             )

@@ -14,12 +14,14 @@ strips it).
 No Django, no third-party imports: the data migration that filled the column for older rows
 (``rollouts/migrations/0005``) imports it too.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from collections.abc import Mapping as _MappingABC
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any
 
 __all__ = [
     "MASK_SAMPLE_FIELD",
@@ -63,7 +65,7 @@ def usage_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
     return usage if isinstance(usage, (dict, _MappingABC)) else {}
 
 
-def row_numbers(result: Mapping[str, Any]) -> Tuple[bool, List[str], List[Any], Dict[str, Any]]:
+def row_numbers(result: Mapping[str, Any]) -> tuple[bool, list[str], list[Any], dict[str, Any]]:
     """Everything NeMo Gym's profiler reads from a rollout row apart from its key: ``(masked, names,
     values, info)``, i.e. ``mask_sample``'s truth, the numeric record of ``profile_from_data``
     (field names and values in column order) and the row's part of ``rollout_info_from_result``
@@ -72,7 +74,7 @@ def row_numbers(result: Mapping[str, Any]) -> Tuple[bool, List[str], List[Any], 
     usage = usage_of(result)
 
     # rollout_info_from_result (mask_sample is stripped from measured rows before profiling).
-    info: Dict[str, Any] = {}
+    info: dict[str, Any] = {}
     if "reward" in result:
         info["reward"] = result.get("reward")
     for k, v in usage.items():
@@ -87,15 +89,15 @@ def row_numbers(result: Mapping[str, Any]) -> Tuple[bool, List[str], List[Any], 
             info[k] = nv
 
     # numeric record: (result | usage), "_"-prefixed keys skipped.
-    merged: Dict[str, Any] = {}
+    merged: dict[str, Any] = {}
     for k, v in result.items():
         if k == MASK_SAMPLE_FIELD:
             continue
         merged[k] = v
     for k, v in usage.items():
         merged[k] = v
-    names: List[str] = []
-    values: List[Any] = []
+    names: list[str] = []
+    values: list[Any] = []
     for k, v in merged.items():
         if k.startswith("_") or k == "agent_name":
             # "agent_name" would clobber NeMo Gym's temporary grouping column; it is not profiled.
@@ -107,7 +109,7 @@ def row_numbers(result: Mapping[str, Any]) -> Tuple[bool, List[str], List[Any], 
     return masked, names, values, info
 
 
-def profile_numbers(row: Mapping[str, Any]) -> Dict[str, Any]:
+def profile_numbers(row: Mapping[str, Any]) -> dict[str, Any]:
     """What the profiler reads from one rollout row, apart from the row's key: a small dict to store
     beside the row and profile later without the row (``profile.ReducedRollout``).
 
@@ -140,7 +142,7 @@ def dumps_profile_numbers(numbers: Mapping[str, Any]) -> str:
     return text + ("}" if info == record else f',"info":{info}}}')
 
 
-def loads_profile_numbers(text: str) -> Optional[Dict[str, Any]]:
+def loads_profile_numbers(text: str) -> dict[str, Any] | None:
     """The ``profile_numbers`` record ``dumps_profile_numbers`` wrote (its ``info`` may be the same
     dict as its ``numbers``: read only), or None when ``text`` is blank, of another version or not
     such a record (the caller then reduces the full row instead)."""
@@ -184,5 +186,7 @@ def profile_json_for_verify(verify: Mapping[str, Any], agent_ref: Any = None) ->
     try:
         return dumps_profile_numbers(profile_numbers(row))
     except Exception as exc:  # pragma: no cover - a reply parsed from JSON always encodes
-        log.warning("profile numbers not stored (%s: %s); the profile will read the full reply", exc.__class__.__name__, exc)
+        log.warning(
+            "profile numbers not stored (%s: %s); the profile will read the full reply", exc.__class__.__name__, exc
+        )
         return ""

@@ -3,11 +3,12 @@
 Views, the CLI and the workers all go through these functions, so there is one obvious place for
 each rule. Every function that writes does so in one short transaction: a bad input stores nothing.
 """
+
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -31,9 +32,14 @@ def _dumps(obj: Any) -> str:
 def store_dataset(parsed: ParsedDataset, name: str, user=None) -> Dataset:
     """Keep a validated dataset for reuse by later runs. Returns the new ``Dataset``."""
     with transaction.atomic():
-        dataset = Dataset.objects.create(name=name[:200], created_by=user, num_rows=len(parsed.rows), sha256=parsed.sha256)
+        dataset = Dataset.objects.create(
+            name=name[:200], created_by=user, num_rows=len(parsed.rows), sha256=parsed.sha256
+        )
         DatasetRow.objects.bulk_create(
-            (DatasetRow(dataset=dataset, line=line, data_json=_dumps(row)) for line, row in zip(parsed.lines, parsed.rows)),
+            (
+                DatasetRow(dataset=dataset, line=line, data_json=_dumps(row))
+                for line, row in zip(parsed.lines, parsed.rows)
+            ),
             batch_size=BULK,
         )
     return dataset
@@ -67,7 +73,7 @@ class RunTooLarge(ValueError):
     """A run would have more (task, rollout) keys than ``GYMWEB_MAX_KEYS_PER_RUN`` allows."""
 
 
-def check_size(num_rows: int, num_repeats: int, limit: Optional[int]) -> int:
+def check_size(num_rows: int, num_repeats: int, limit: int | None) -> int:
     """The number of keys a run would have; raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN``
     (one run is created in one transaction, which holds SQLite's write lock while it lasts)."""
     keys = (min(num_rows, limit) if limit else num_rows) * num_repeats
@@ -80,7 +86,7 @@ def check_size(num_rows: int, num_repeats: int, limit: Optional[int]) -> int:
     return keys
 
 
-def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Optional[Dataset] = None, **options: Any) -> Run:
+def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Dataset | None = None, **options: Any) -> Run:
     """Materialise ``parsed`` into a new run with one pending rollout per (task, rollout) key.
 
     ``options`` are ``Run`` fields: agent_url, env_url, agent_name, concurrency, max_steps,
@@ -123,9 +129,9 @@ def launch(run: Run) -> None:
     """Mark the run running: idle dispatchers are woken at once (``rollouts.collection.wakeup``),
     busy ones pick it up at their next poll (``GYMWEB_POLL_S``), and claim rollouts atomically
     (``rollouts.collection.dispatch``)."""
-    changed = Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]).update(
-        status=Run.Status.RUNNING, started=timezone.now(), finished=None
-    )
+    changed = Run.objects.filter(
+        pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]
+    ).update(status=Run.Status.RUNNING, started=timezone.now(), finished=None)
     if changed:
         wakeup.notify_launch(run.pk)
     run.refresh_from_db()
@@ -137,7 +143,10 @@ def without_superseded(qs: QuerySet) -> QuerySet:
     the same key replaced: such a row is not an attempt and no file holds it; it stays reachable
     under its key, among the key's attempts on the rollout page."""
     later = Rollout.objects.filter(
-        run=OuterRef("run"), task_index=OuterRef("task_index"), rollout_index=OuterRef("rollout_index"), id__gt=OuterRef("id")
+        run=OuterRef("run"),
+        task_index=OuterRef("task_index"),
+        rollout_index=OuterRef("rollout_index"),
+        id__gt=OuterRef("id"),
     )
     return qs.exclude(Q(status__in=Rollout.KILL_SHAPED) & Exists(later))
 
@@ -154,7 +163,9 @@ def retryable_keys(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:
         Rollout.objects.filter(run=run)
         .values("task_index", "rollout_index", "task_id")
         .annotate(
-            live=Count("id", filter=Q(status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING, Rollout.Status.SUCCEEDED])),
+            live=Count(
+                "id", filter=Q(status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING, Rollout.Status.SUCCEEDED])
+            ),
             failed=Count("id", filter=Q(status=Rollout.Status.FAILED)),
             terminal=Count("id", filter=Q(status=Rollout.Status.FAILED, terminal=True)),
             last_attempt=Max("attempt"),
@@ -204,7 +215,7 @@ def keys_left(run: Run) -> dict[str, int]:
     return out
 
 
-def resume(run: Run, max_attempts: Optional[int] = None) -> int:
+def resume(run: Run, max_attempts: int | None = None) -> int:
     """Retry failed keys and re-run kill-shaped ones (the spec's resume); successes are kept.
 
     ``max_attempts`` (optional) updates the run's attempt cap first. Returns how many new pending
@@ -250,7 +261,9 @@ def change_urls(run: Run, agent_url: str, env_url: str, *, allow: bool) -> dict[
         return changes
     if not allow:
         flags = {"agent_url": "--agent-url", "env_url": "--env-url"}
-        said = "; ".join(f"{flags[name]} {new} but the run was collected with {old}" for name, (old, new) in changes.items())
+        said = "; ".join(
+            f"{flags[name]} {new} but the run was collected with {old}" for name, (old, new) in changes.items()
+        )
         raise URLChangeRefused(
             f"run #{run.pk} cannot be resumed against other services without saying so: {said}. "
             "Resume with the run's URLs, or add --allow-url-change to switch (the run keeps each attempt's "
@@ -278,7 +291,7 @@ def cancel(run: Run) -> bool:
     return bool(changed)
 
 
-def auto_retry_wait(run: Run, now=None) -> Optional[float]:
+def auto_retry_wait(run: Run, now=None) -> float | None:
     """Seconds until ``run``'s failed keys get their automatic new attempt (0: due now), or None when
     the run retries nothing by itself: ``auto_retry`` off, or no failed key with attempts left
     (terminal failures and keys at ``max_attempts`` never are; cancelled or interrupted keys are run
@@ -303,7 +316,10 @@ def _retry_failed(run: Run) -> int:
     """New pending attempts for the run's failed keys that have attempts left (not kill-shaped)."""
     keys = {k: v for k, v in retryable_keys(run).items() if not v[2]}
     Rollout.objects.bulk_create(
-        (Rollout(run=run, task_id=task_id, task_index=t, rollout_index=r, attempt=attempt) for (t, r), (task_id, attempt, _) in keys.items()),
+        (
+            Rollout(run=run, task_id=task_id, task_index=t, rollout_index=r, attempt=attempt)
+            for (t, r), (task_id, attempt, _) in keys.items()
+        ),
         batch_size=BULK,
     )
     if keys:
@@ -319,7 +335,9 @@ def finish_if_done(run_id: int) -> bool:
         run = Run.objects.select_for_update().filter(pk=run_id, status=Run.Status.RUNNING).first()
         if run is None:
             return False
-        busy = Rollout.objects.filter(run_id=run_id, status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING]).exists()
+        busy = Rollout.objects.filter(
+            run_id=run_id, status__in=[Rollout.Status.PENDING, Rollout.Status.RUNNING]
+        ).exists()
         if busy:
             return False
         wait = auto_retry_wait(run)
@@ -328,12 +346,18 @@ def finish_if_done(run_id: int) -> bool:
                 _retry_failed(run)
             return False
         done = bool(
-            Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.COMPLETED, finished=timezone.now())
+            Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(
+                status=Run.Status.COMPLETED, finished=timezone.now()
+            )
         )
     if done:
         by_status = {k: v for k, v in counts(Run(pk=run_id)).items() if v}
-        log.info("run %s completed: %s", run_id, ", ".join(f"{n} {status}" for status, n in by_status.items()) or "no rollouts",
-                 extra={"run": run_id, "counts": by_status})
+        log.info(
+            "run %s completed: %s",
+            run_id,
+            ", ".join(f"{n} {status}" for status, n in by_status.items()) or "no rollouts",
+            extra={"run": run_id, "counts": by_status},
+        )
     return done
 
 

@@ -7,9 +7,10 @@ agent, named by ``global_config.legacy_environment_server_name``) and ``_ng_resu
 resume and health check group rows by the first. Pure Python (no Django): the export and the
 aggregate-metrics code both use it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 __all__ = [
     "AGENT_TYPE",
@@ -38,7 +39,7 @@ def environment_server_name(agent_name: str) -> str:
     return f"{stem or AGENT_TYPE}_environment_server"
 
 
-def stamp(row: dict[str, Any], agent_ref: Any, add: bool, move: Optional[bool] = None) -> dict[str, Any]:
+def stamp(row: dict[str, Any], agent_ref: Any, add: bool, move: bool | None = None) -> dict[str, Any]:
     """Put the two stamps last on ``row`` (in place), where NeMo Gym's collector puts them, and
     return it. Values the row carries are kept; missing ones are added only with ``add`` (a run
     gymweb collected): the environment server of the ``agent_ref`` name (``remote_agent`` when it

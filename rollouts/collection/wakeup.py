@@ -10,12 +10,13 @@ within tens of milliseconds instead of at the next poll (``GYMWEB_POLL_S``).
 Either way a wake-up only makes the dispatcher refresh its runs at once; a missed one costs at most
 one poll. Works with either django-q2 broker (ORM or Redis): the broker is not involved.
 """
+
 from __future__ import annotations
 
 import logging
 import sqlite3
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connection, connections
@@ -44,13 +45,13 @@ class Watcher:
     """A daemon thread that calls ``wake()`` when a run may have been launched. ``stop()`` ends it
     (within a second). Does nothing on backends other than PostgreSQL and SQLite."""
 
-    def __init__(self, wake: Callable[[], None], poll_s: Optional[float] = None):
+    def __init__(self, wake: Callable[[], None], poll_s: float | None = None):
         self.wake = wake
         self.poll_s = settings.GYMWEB_WAKE_POLL_S if poll_s is None else poll_s
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> "Watcher":
+    def start(self) -> Watcher:
         vendor = connections["default"].vendor
         target = {"postgresql": self._listen, "sqlite": self._watch_sqlite}.get(vendor)
         if target is not None and self.poll_s > 0:

@@ -1,12 +1,12 @@
 """One process's budget for reply bytes being read at once: every agent and env reply in flight
 counts against it while it is read, so many large replies at the same time cannot take a worker
 past its memory (the per-reply cap, ``GYMWEB_MAX_REPLY_BYTES``, bounds one reply only)."""
+
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import threading
-from typing import Optional
 
 from rollouts.engine.targets import ReplyTooLarge
 
@@ -40,7 +40,7 @@ class ReplyBudget:
     """Bytes taken by replies being read (``take``/``give``; thread-safe). ``limit`` in bytes;
     None means unbounded. ``peak`` is the most taken at once since the last trim."""
 
-    def __init__(self, limit: Optional[int]):
+    def __init__(self, limit: int | None):
         self.limit = limit
         self.used = 0
         self.peak = 0

@@ -6,15 +6,15 @@ A valid reply is one NeMo Gym's ``NeMoGymResponse`` accepts (contract rule 3, DE
 are in ``rollouts.engine.reply_schema``. This module turns their verdict into gymweb's messages and
 the JSON paths of each error (``InvalidReply``).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import re
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import ValidationError
-
 
 __all__ = [
     "AgentReply",
@@ -51,7 +51,7 @@ class NotJSON(ValueError):
     parser's message without its position (``"Expecting ',' delimiter"``) and ``line``/``column``
     (1-based) say where; all three are None for the other reasons (NaN, nesting, surrogates)."""
 
-    def __init__(self, message: str, *, reason: Optional[str] = None, line: Optional[int] = None, column: Optional[int] = None):
+    def __init__(self, message: str, *, reason: str | None = None, line: int | None = None, column: int | None = None):
         super().__init__(message)
         self.reason = reason
         self.line = line
@@ -81,7 +81,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return value
 
 
-def strict_loads(text: "str | bytes", *, unique_keys: bool = False) -> Any:
+def strict_loads(text: str | bytes, *, unique_keys: bool = False) -> Any:
     """``json.loads`` that accepts only what every JSON reader accepts and gymweb can store.
 
     Rejects NaN/Infinity (Python's json reads them; NeMo Gym's files must not carry them), numbers
@@ -125,7 +125,7 @@ class InvalidReply(Exception):
     ``errors`` the same as ``ReplyError`` dicts (at most ``ERRORS_KEPT``).
     """
 
-    def __init__(self, message: str, errors: Optional[list[ReplyError]] = None):
+    def __init__(self, message: str, errors: list[ReplyError] | None = None):
         super().__init__(message)
         self.errors = errors or []
 
@@ -191,13 +191,22 @@ def prepare_reply_validation() -> None:
     long-lived event loop is not paused by it at its first reply."""
     from rollouts.engine.reply_schema import ReplyModel
 
-    ReplyModel.model_validate({
-        "id": "r", "created_at": 0, "model": "m", "object": "response", "parallel_tool_calls": True,
-        "tool_choice": "auto", "tools": [], "output": [], "usage": None,
-    })
+    ReplyModel.model_validate(
+        {
+            "id": "r",
+            "created_at": 0,
+            "model": "m",
+            "object": "response",
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "output": [],
+            "usage": None,
+        }
+    )
 
 
-def parse_reply(data: dict[str, Any]) -> "AgentReply":
+def parse_reply(data: dict[str, Any]) -> AgentReply:
     """Validate one agent reply (a JSON object already decoded into a dict).
 
     Returns the validated ``AgentReply``. Raises ``InvalidReply`` naming every bad field with its
@@ -239,7 +248,7 @@ RESERVED_ENV_ROUTES = frozenset({"seed_session", "verify", "aggregate_metrics", 
 _SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9_\-.~:@!$&'()*+,;=]+$")
 
 
-def tool_name_problem(name: str) -> Optional[str]:
+def tool_name_problem(name: str) -> str | None:
     """Why a tool name must not be sent to the env, or None when it may be (rule 5, DESIGN.md).
 
     A name must be one safe URL path segment (no ``/``, ``..``, ``?``, ``#``, ``%``, white space,
@@ -255,7 +264,7 @@ def tool_name_problem(name: str) -> Optional[str]:
     return None
 
 
-def arguments_problem(arguments: Any) -> tuple[Optional[Any], Optional[str]]:
+def arguments_problem(arguments: Any) -> tuple[Any | None, str | None]:
     """Decode a call's ``arguments`` string: ``(value, None)``, or ``(None, output text)`` when it is
     not JSON. The text is NeMo Gym's remote_agent's, byte for byte, since agents are trained on what
     they read here (contract rule 6, DESIGN.md): ``json.dumps({"error": f"Invalid tool call
@@ -267,7 +276,7 @@ def arguments_problem(arguments: Any) -> tuple[Optional[Any], Optional[str]]:
         return None, json.dumps({"error": f"Invalid tool call arguments: {exc!r}"})
 
 
-def refused_tool_output(name: Any, arguments: Any) -> tuple[Optional[Any], Optional[str]]:
+def refused_tool_output(name: Any, arguments: Any) -> tuple[Any | None, str | None]:
     """Whether one ask may be sent to the env: ``(decoded arguments, None)``, or ``(None, the
     function_call_output text gymweb appends instead)`` (rules 5 and 6, DESIGN.md). The one place
     both the loop and the conformance check decide this."""
@@ -282,12 +291,12 @@ _USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 _USAGE_DETAILS = (("input_tokens_details", "cached_tokens"), ("output_tokens_details", "reasoning_tokens"))
 
 
-def _optional_sum(left: Any, right: Any) -> Optional[int]:
+def _optional_sum(left: Any, right: Any) -> int | None:
     # An unknown (null) detail count stays unknown: it is never turned into a measurement.
     return None if left is None or right is None else left + int(right)
 
 
-def add_usage(total: Optional[dict[str, Any]], usage: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
     """Sum the usage of one more reply into a rollout's total (rule 8, DESIGN.md), as NeMo Gym's
     ``accumulate_response_usage`` does: ``None`` means "not reported" and leaves the other side;
     the first reported usage is copied whole, extra keys (``cost``, ``input_tokens_per_turn``…)

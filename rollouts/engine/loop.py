@@ -8,17 +8,18 @@ returns a ``RolloutOutcome``. Failures of the agent or the env are *data* (an ou
 
 Contract rules are numbered as in DESIGN.md ("Contract rules") and cited where they are applied.
 """
+
 from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
-import re
 import http.cookiejar
+import ipaddress
 import json
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -26,7 +27,18 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 
+from rollouts.engine import nemo_request
 from rollouts.engine.budget import ReplyBudget, ReplyOverBudget
+from rollouts.engine.contract import (
+    InvalidReply,
+    NotJSON,
+    add_usage,
+    find_asks,
+    has_assistant_message,
+    parse_reply,
+    refused_tool_output,
+    strict_loads,
+)
 from rollouts.engine.targets import (
     DEFAULT_MAX_REPLY_BYTES,
     PolicyAsyncTransport,
@@ -36,17 +48,6 @@ from rollouts.engine.targets import (
     find_refusal,
     find_too_large,
     parse_ip,
-)
-from rollouts.engine import nemo_request
-from rollouts.engine.contract import (
-    InvalidReply,
-    NotJSON,
-    strict_loads,
-    add_usage,
-    find_asks,
-    has_assistant_message,
-    parse_reply,
-    refused_tool_output,
 )
 
 __all__ = [
@@ -130,7 +131,7 @@ class LoopSettings:
 
     agent_base_url: str
     env_base_url: str
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     remote_responses_timeout_s: float = DEFAULT_REMOTE_RESPONSES_TIMEOUT_S
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
     connect_attempts: int = CONNECT_ATTEMPTS
@@ -147,13 +148,13 @@ class StepRecord:
     index: int
     started_at: float
     latency_ms: float
-    http_status: Optional[int] = None
-    response_id: Optional[str] = None
-    model: Optional[str] = None
-    usage: Optional[dict[str, Any]] = None
+    http_status: int | None = None
+    response_id: str | None = None
+    model: str | None = None
+    usage: dict[str, Any] | None = None
     incomplete_details: Any = None
     num_asks: int = 0
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass
@@ -173,8 +174,8 @@ class ItemRecord:
     origin: str
     asked: bool = False
     paired: bool = False
-    latency_ms: Optional[float] = None
-    tool_status: Optional[int] = None
+    latency_ms: float | None = None
+    tool_status: int | None = None
     refused: bool = False
 
     @property
@@ -233,22 +234,22 @@ class RolloutOutcome:
     """
 
     ok: bool
-    reward: Optional[float] = None
-    verify_response: Optional[dict[str, Any]] = None
-    response: Optional[dict[str, Any]] = None
-    usage: Optional[dict[str, Any]] = None
-    failure_kind: Optional[str] = None
-    error: Optional[str] = None
+    reward: float | None = None
+    verify_response: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    failure_kind: str | None = None
+    error: str | None = None
     terminal: bool = False
     num_agent_calls: int = 0
     num_tool_calls: int = 0
-    seed_ms: Optional[float] = None
-    verify_ms: Optional[float] = None
+    seed_ms: float | None = None
+    verify_ms: float | None = None
     total_ms: float = 0.0
     warnings: list[str] = field(default_factory=list)
-    refused_reply: Optional[RefusedBody] = None
-    agent_url: Optional[str] = None
-    env_url: Optional[str] = None
+    refused_reply: RefusedBody | None = None
+    agent_url: str | None = None
+    env_url: str | None = None
 
 
 class _Failure(Exception):
@@ -282,7 +283,7 @@ def _mask_credentials(text: str) -> str:
 _HOST_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
 
 
-def _host_problem(host: str, text: str) -> Optional[str]:
+def _host_problem(host: str, text: str) -> str | None:
     """Why a URL's host cannot be used the same way by a form and by a worker, or None.
 
     IP addresses must be written canonically (``127.0.0.1``, not ``2130706433``, ``0177.0.0.1``,
@@ -377,8 +378,11 @@ class LoopClient(httpx.AsyncClient):
     """
 
     def __init__(
-        self, transport: PolicyAsyncTransport, aiohttp_transport: AiohttpTransport,
-        budget: Optional[ReplyBudget] = None, **kwargs: Any,
+        self,
+        transport: PolicyAsyncTransport,
+        aiohttp_transport: AiohttpTransport,
+        budget: ReplyBudget | None = None,
+        **kwargs: Any,
     ):
         super().__init__(transport=transport, **kwargs)
         self.budget = budget if budget is not None else ReplyBudget(None)
@@ -409,7 +413,7 @@ class LoopClient(httpx.AsyncClient):
                 pt._passed.clear()
             pt._passed.add(key)
 
-    async def post_bytes(self, url: str, body: bytes, headers: dict[str, str]) -> "RawReply":
+    async def post_bytes(self, url: str, body: bytes, headers: dict[str, str]) -> RawReply:
         """POST ``body`` to ``url`` and read the whole reply. Raises ``targets.TargetRefused``
         (policy), ``targets.ReplyTooLarge`` (cap), the ``httpx.HTTPError`` subclasses the transport
         maps aiohttp's errors to (connection refused/reset/dropped: ``ConnectError``,
@@ -422,7 +426,13 @@ class LoopClient(httpx.AsyncClient):
         sent = {**self._base_headers, **headers}
         with map_aiohttp_exceptions():
             async with self._session().request(
-                "POST", url, data=body, headers=sent, allow_redirects=False, auto_decompress=False, compress=False,
+                "POST",
+                url,
+                data=body,
+                headers=sent,
+                allow_redirects=False,
+                auto_decompress=False,
+                compress=False,
                 timeout=_NO_TIMEOUT,
             ) as resp:
                 length = resp.headers.get("content-length", "")
@@ -460,7 +470,7 @@ class RawReply:
     def __init__(self, status: int, headers: Any, content: bytes):
         self.status_code = status
         self.headers = _Headers(headers)
-        self._text: Optional[str] = None
+        self._text: str | None = None
         encoding = headers.get("content-encoding")
         if encoding and encoding.strip().lower() != "identity":
             decoded = httpx.Response(status, headers=list(headers.items()), stream=httpx.ByteStream(content))
@@ -477,7 +487,9 @@ class RawReply:
         if self._text is None:
             ctype = self.headers.get("content-type") or ""
             if "charset" in ctype.lower():  # rare: let httpx read the charset exactly as it does
-                self._text = httpx.Response(self.status_code, headers={"content-type": ctype}, content=self.content).text
+                self._text = httpx.Response(
+                    self.status_code, headers={"content-type": ctype}, content=self.content
+                ).text
             else:
                 self._text = self.content.decode("utf-8", errors="replace")
         return self._text
@@ -506,10 +518,10 @@ class _Headers:
 
 def make_client(
     concurrency: int = DEFAULT_CONCURRENCY,
-    policy: Optional[TargetPolicy] = None,
+    policy: TargetPolicy | None = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-    reply_budget_bytes: Optional[int] = None,
-) -> "LoopClient":
+    reply_budget_bytes: int | None = None,
+) -> LoopClient:
     """One shared HTTP client for a worker process: httpx over the aiohttp transport (a
     ``LoopClient``, whose ``post_bytes`` the loop uses).
 
@@ -534,7 +546,10 @@ def make_client(
             limit=limit, limit_per_host=0, ttl_dns_cache=300, resolver=PolicyResolver(policy)
         )
         return aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False,
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+            auto_decompress=False,
             timeout=_NO_TIMEOUT,
         )
 
@@ -629,7 +644,7 @@ def _describe_exc(exc: BaseException) -> str:
     return f"{inner.__class__.__name__}: {text}"
 
 
-def _policy_failure(exc: BaseException, who: str, url: str) -> Optional["_Failure"]:
+def _policy_failure(exc: BaseException, who: str, url: str) -> _Failure | None:
     """A ``_Failure`` of kind ``target_refused`` or ``reply_too_large`` when ``exc`` is (or was
     caused by) the target policy's refusal or the reply cap, else None."""
     refused = find_refusal(exc)
@@ -637,10 +652,15 @@ def _policy_failure(exc: BaseException, who: str, url: str) -> Optional["_Failur
         return _Failure(FailureKind.TARGET_REFUSED, f"gymweb did not connect to {who} at {url}: {refused}")
     too_large = find_too_large(exc)
     if isinstance(too_large, ReplyOverBudget):
-        return _Failure(FailureKind.REPLY_OVER_BUDGET, f"{who} at {url}: {too_large.args[0]}; the rollout can run again")
+        return _Failure(
+            FailureKind.REPLY_OVER_BUDGET, f"{who} at {url}: {too_large.args[0]}; the rollout can run again"
+        )
     if too_large is not None:
-        return _Failure(FailureKind.REPLY_TOO_LARGE, f"{who} at {url} sent a reply larger than {too_large.limit:,} bytes "
-                        f"(GYMWEB_MAX_REPLY_BYTES); gymweb stopped reading it")
+        return _Failure(
+            FailureKind.REPLY_TOO_LARGE,
+            f"{who} at {url} sent a reply larger than {too_large.limit:,} bytes "
+            f"(GYMWEB_MAX_REPLY_BYTES); gymweb stopped reading it",
+        )
     return None
 
 
@@ -653,7 +673,7 @@ _OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE, FailureKi
 OUT_OF_FILES_WAITS = 60
 
 
-def _out_of_files(exc: Optional[BaseException]) -> bool:
+def _out_of_files(exc: BaseException | None) -> bool:
     """True when ``exc`` or an exception in its cause chain is this process running out of file
     descriptors (EMFILE/ENFILE): then the peer is not to blame and the error text says so."""
     seen = 0
@@ -670,7 +690,7 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"
 
 
-def _redirect_message(status: int, url: str, location: Optional[str]) -> str:
+def _redirect_message(status: int, url: str, location: str | None) -> str:
     """The failure message of a redirect (rule 1): where it pointed, resolved against ``url`` (the
     request's URL), and which setting to change: gymweb's agent URL, NeMo Gym's ``agent_base_url``."""
     fix = "point the agent URL (NeMo Gym's agent_base_url) at the final address"
@@ -712,18 +732,20 @@ class _Rollout:
         # body joined from the pieces (byte for byte what ``_dumps`` of the whole would give), so
         # step k costs a join of k pieces, not a json.dumps of the whole conversation.
         self._input_parts: list[bytes] = []
-        self._body_ends: Optional[tuple[bytes, bytes]] = None
+        self._body_ends: tuple[bytes, bytes] | None = None
         self.merged: list[dict[str, Any]] = []
-        self.usage: Optional[dict[str, Any]] = None
+        self.usage: dict[str, Any] | None = None
         self.usage_seen = False
         self.replies = 0  # valid replies received
-        self.last_reply: Optional[dict[str, Any]] = None
+        self.last_reply: dict[str, Any] | None = None
         self.agent_calls = 0
         self.tool_calls = 0
         self.outcome = RolloutOutcome(ok=False)
 
     # -- env ---------------------------------------------------------------------------------
-    async def _post(self, url: str, body: bytes, jar: SessionJar, party: str, timeout_s: Optional[float] = None) -> httpx.Response:
+    async def _post(
+        self, url: str, body: bytes, jar: SessionJar, party: str, timeout_s: float | None = None
+    ) -> httpx.Response:
         """POST ``body`` to ``url`` with one party's cookies and read the whole reply.
 
         Connection refused, reset or dropped before a reply: ``connect_attempts`` tries with a pause
@@ -737,7 +759,7 @@ class _Rollout:
         ``reply_too_large`` (the reply passed the client's cap; not read on), which they keep.
         """
         who = "the agent service" if party == "agent" else "the environment"
-        last: Optional[BaseException] = None
+        last: BaseException | None = None
         failed = waits = 0  # tries that failed and count as attempts; tries waited out for a descriptor
         while failed < self.s.connect_attempts:
             try:
@@ -754,7 +776,9 @@ class _Rollout:
                 if own is not None:  # refused by the target policy or over the reply cap: not retried
                     raise own from None
                 if not isinstance(exc, _CONNECTION_ERRORS):  # answered, but not with HTTP: not retried (rule 11)
-                    raise _Failure("not_http", f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})") from None
+                    raise _Failure(
+                        "not_http", f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})"
+                    ) from None
                 last = exc
                 if waits < OUT_OF_FILES_WAITS and _out_of_files(exc):
                     # gymweb's own process is out of file descriptors (thousands in flight): not the
@@ -778,7 +802,8 @@ class _Rollout:
                 "env connection): raise its open-file limit (`ulimit -n`) or lower the concurrency"
             )
         raise _Failure(
-            "unreachable", f"could not reach {who} after {self.s.connect_attempts} attempts ({_describe_exc(last)}). {hint}"
+            "unreachable",
+            f"could not reach {who} after {self.s.connect_attempts} attempts ({_describe_exc(last)}). {hint}",
         )
 
     async def _post_env(self, route: str, payload: Any) -> httpx.Response:
@@ -813,7 +838,9 @@ class _Rollout:
             try:
                 response = await self._post_env(name, args)
             except _Failure as exc:
-                raise _Failure(_kind(exc, FailureKind.TOOL_TRANSPORT_FAILED), f"tool call {name!r} failed: {exc.message}") from None
+                raise _Failure(
+                    _kind(exc, FailureKind.TOOL_TRANSPORT_FAILED), f"tool call {name!r} failed: {exc.message}"
+                ) from None
             record.latency_ms = (time.perf_counter() - started) * 1000
             record.tool_status = response.status_code
             # Any status: the body text is the call's output and the rollout goes on (rules 5, 15).
@@ -839,9 +866,14 @@ class _Rollout:
         try:
             data = strict_loads(response.content)
         except NotJSON as exc:
-            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: the reply is not JSON ({exc}): {_excerpt(response.text)}") from None
+            raise _Failure(
+                FailureKind.VERIFY_FAILED, f"verify failed: the reply is not JSON ({exc}): {_excerpt(response.text)}"
+            ) from None
         if not isinstance(data, dict):
-            raise _Failure(FailureKind.VERIFY_FAILED, f"verify failed: the reply is JSON but not an object: {_excerpt(response.text)}")
+            raise _Failure(
+                FailureKind.VERIFY_FAILED,
+                f"verify failed: the reply is JSON but not an object: {_excerpt(response.text)}",
+            )
         reward = data.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
             raise _Failure(
@@ -878,7 +910,10 @@ class _Rollout:
             step.http_status = response.status_code
             if 300 <= response.status_code < 400:  # rule 1
                 self._keep_refused(response)
-                raise _Failure(FailureKind.AGENT_REDIRECT, _redirect_message(response.status_code, url, response.headers.get("location")))
+                raise _Failure(
+                    FailureKind.AGENT_REDIRECT,
+                    _redirect_message(response.status_code, url, response.headers.get("location")),
+                )
             if not response.is_success:  # rule 2
                 self._keep_refused(response)
                 raise _Failure(
@@ -890,7 +925,8 @@ class _Rollout:
             except NotJSON as exc:
                 self._keep_refused(response)
                 raise _Failure(
-                    FailureKind.AGENT_BAD_JSON, f"the agent service's reply is not JSON ({exc}): {_excerpt(response.text)}"
+                    FailureKind.AGENT_BAD_JSON,
+                    f"the agent service's reply is not JSON ({exc}): {_excerpt(response.text)}",
                 ) from None
             if not isinstance(data, dict):
                 self._keep_refused(response)
@@ -916,7 +952,7 @@ class _Rollout:
             if step.error is not None:
                 self.obs.on_step(step, [])
 
-    def _keep_refused(self, response: Any, errors: Optional[list[dict[str, Any]]] = None) -> None:
+    def _keep_refused(self, response: Any, errors: list[dict[str, Any]] | None = None) -> None:
         """Keep the reply being refused (up to ``refused_reply_max_bytes``) on the outcome."""
         content = response.content or b""
         cap = max(0, self.s.refused_reply_max_bytes)
@@ -941,13 +977,13 @@ class _Rollout:
                 params["input"] = self.input
                 return _dumps(params)
         parts = self._input_parts
-        for item in self.input[len(parts):]:
+        for item in self.input[len(parts) :]:
             parts.append(_dumps(item))
         head, tail = self._body_ends
         return b"".join((head, b"[", b",".join(parts), b"]", tail))
 
     # -- the loop ----------------------------------------------------------------------------
-    def merged_response(self) -> Optional[dict[str, Any]]:
+    def merged_response(self) -> dict[str, Any] | None:
         """The last reply with every item of every step and the summed usage (rule 9)."""
         if self.last_reply is None:
             return None
@@ -1016,7 +1052,7 @@ async def run_rollout(
     client: httpx.AsyncClient,
     row: dict[str, Any],
     settings: LoopSettings,
-    observer: Optional[Observer] = None,
+    observer: Observer | None = None,
 ) -> RolloutOutcome:
     """Run one rollout of ``row`` (a materialised task row with ``responses_create_params``).
 

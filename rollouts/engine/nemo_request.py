@@ -20,10 +20,12 @@ came. Params NeMo Gym's model would refuse (an unknown field, a wrong type, nest
 depth limit) are kept as they came:
 gymweb does not refuse a task row NeMo Gym would refuse, it only cannot reshape it. No Django here.
 """
+
 from __future__ import annotations
 
-from typing import Any, List, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
+from openai.types.responses import Response as _OpenAIResponse
 from openai.types.responses.response_conversation_param_param import ResponseConversationParamParam
 from openai.types.responses.response_create_params import (
     ContextManagement,
@@ -43,42 +45,49 @@ from openai.types.responses.response_input_content_param import ResponseInputCon
 from openai.types.responses.response_output_text_param import Annotation, Logprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_reasoning_item import Summary
-from openai.types.responses import Response as _OpenAIResponse
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel
 
 __all__ = [
-    "as_sent", "function_call_output", "materialize", "materialize_item", "materialize_response", "run_record",
-    "sent_input", "sent_item",
+    "as_sent",
+    "function_call_output",
+    "materialize",
+    "materialize_item",
+    "materialize_response",
+    "run_record",
+    "sent_input",
+    "sent_item",
 ]
 
 # Keys NeMo Gym's remote_agent drops from a row before it goes to the env or into a failure row
 # (its ``_RESERVED_RESULT_KEYS``), and the alias its run request model reads but never writes back.
-RESERVED_KEYS = frozenset({"reward", "response", "error", "_ng_failure_class", "_ng_no_persist", "_ng_failure_terminal", "_ng_rollout_id"})
+RESERVED_KEYS = frozenset(
+    {"reward", "response", "error", "_ng_failure_class", "_ng_no_persist", "_ng_failure_terminal", "_ng_rollout_id"}
+)
 
 _Status = Literal["in_progress", "completed", "incomplete"]
 _Phase = Optional[Literal["commentary", "final_answer"]]
 
 
 class _EasyMessage(BaseModel):
-    content: Union[str, List[ResponseInputContentParam]]
+    content: str | list[ResponseInputContentParam]
     role: Literal["user", "assistant", "system", "developer"]
     type: Literal["message"] = "message"
     phase: _Phase = None
 
 
 class _InputMessage(BaseModel):
-    content: List[ResponseInputContentParam]
+    content: list[ResponseInputContentParam]
     role: Literal["user", "system", "developer"]
     status: _Status = "completed"
     type: Literal["message"] = "message"
 
 
 class _OutputText(BaseModel):
-    annotations: List[Annotation]
+    annotations: list[Annotation]
     text: str
     type: Literal["output_text"] = "output_text"
-    logprobs: Optional[List[Logprob]] = None
+    logprobs: list[Logprob] | None = None
 
 
 class _Refusal(BaseModel):
@@ -88,7 +97,7 @@ class _Refusal(BaseModel):
 
 class _OutputMessage(BaseModel):
     id: str
-    content: List[Union[_OutputText, _Refusal]]
+    content: list[_OutputText | _Refusal]
     role: Literal["assistant"] = "assistant"
     status: _Status = "completed"
     type: Literal["message"] = "message"
@@ -100,60 +109,60 @@ class _FunctionCall(BaseModel):
     call_id: str
     name: str
     type: Literal["function_call"] = "function_call"
-    id: Optional[str] = None
-    status: Optional[_Status] = None
-    namespace: Optional[str] = None
+    id: str | None = None
+    status: _Status | None = None
+    namespace: str | None = None
 
 
 class _FunctionCallOutput(BaseModel):
     call_id: str
-    output: Union[str, ResponseFunctionCallOutputItemListParam]
+    output: str | ResponseFunctionCallOutputItemListParam
     type: Literal["function_call_output"] = "function_call_output"
-    id: Optional[str] = None
-    status: Optional[_Status] = None
+    id: str | None = None
+    status: _Status | None = None
 
 
 class _Reasoning(BaseModel):
     id: str
-    summary: List[Summary]
+    summary: list[Summary]
     type: Literal["reasoning"] = "reasoning"
-    encrypted_content: Optional[str] = None
-    content: Optional[List[ReasoningContent]] = None
+    encrypted_content: str | None = None
+    content: list[ReasoningContent] | None = None
 
 
 class _Params(BaseModel):
     """The request's top-level fields in NeMo Gym's order; ``input`` is handled item by item."""
 
-    background: Optional[bool] = None
-    include: Optional[List[ResponseIncludable]] = None
+    background: bool | None = None
+    include: list[ResponseIncludable] | None = None
     input: Any = None
-    instructions: Optional[str] = None
-    max_output_tokens: Optional[int] = None
-    max_tool_calls: Optional[int] = None
-    metadata: Optional[Metadata] = None
-    model: Optional[ResponsesModel] = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    metadata: Metadata | None = None
+    model: ResponsesModel | None = None
     parallel_tool_calls: bool = True
-    previous_response_id: Optional[str] = None
-    prompt: Optional[ResponsePromptParam] = None
-    reasoning: Optional[Reasoning] = None
-    service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority"]] = None
-    store: Optional[bool] = None
-    context_management: Optional[List[ContextManagement]] = None
-    conversation: Union[str, ResponseConversationParamParam, None] = None
-    moderation: Optional[Moderation] = None
-    prompt_cache_key: Optional[str] = None
-    prompt_cache_retention: Optional[Literal["in_memory", "24h"]] = None
-    safety_identifier: Optional[str] = None
-    stream_options: Optional[StreamOptions] = None
-    temperature: Optional[float] = None
-    text: Optional[ResponseTextConfigParam] = None
+    previous_response_id: str | None = None
+    prompt: ResponsePromptParam | None = None
+    reasoning: Reasoning | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    store: bool | None = None
+    context_management: list[ContextManagement] | None = None
+    conversation: str | ResponseConversationParamParam | None = None
+    moderation: Moderation | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: str | None = None
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    text: ResponseTextConfigParam | None = None
     tool_choice: ToolChoice = "auto"
-    tools: List[ToolParam] = []
-    top_logprobs: Optional[int] = None
-    top_p: Optional[float] = None
-    truncation: Optional[Literal["auto", "disabled"]] = None
-    user: Optional[str] = None
-    stream: Optional[Literal[False]] = None
+    tools: list[ToolParam] = []
+    top_logprobs: int | None = None
+    top_p: float | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None
+    stream: Literal[False] | None = None
 
 
 _SIMPLE_ROLES = frozenset({"user", "system", "developer"})
@@ -161,7 +170,7 @@ _STATUSES = frozenset({"in_progress", "completed", "incomplete"})
 _OUTPUT_PARTS = frozenset({"output_text", "refusal"})
 
 
-def _first_part_type(content: Any) -> Optional[str]:
+def _first_part_type(content: Any) -> str | None:
     if not isinstance(content, list) or not content or not isinstance(content[0], dict):
         return None
     first = content[0]
@@ -180,7 +189,7 @@ def _message_model(item: dict[str, Any]) -> type[BaseModel]:
     return _EasyMessage
 
 
-def _item_model(item: Any) -> Optional[type[BaseModel]]:
+def _item_model(item: Any) -> type[BaseModel] | None:
     """The model NeMo Gym's input union gives ``item``; None for items passed through as they came."""
     if not isinstance(item, dict):
         return None
@@ -197,7 +206,9 @@ def _item_model(item: Any) -> Optional[type[BaseModel]]:
         if isinstance(item.get("id"), str) and isinstance(item.get("summary"), list):
             return _Reasoning
         return None
-    return {"function_call": _FunctionCall, "function_call_output": _FunctionCallOutput, "reasoning": _Reasoning}.get(kind)
+    return {"function_call": _FunctionCall, "function_call_output": _FunctionCallOutput, "reasoning": _Reasoning}.get(
+        kind
+    )
 
 
 def _dump_item(item: Any, exclude_unset: bool) -> Any:
@@ -277,11 +288,11 @@ def run_record(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class _InputTokensDetails(InputTokensDetails):
-    cached_tokens: Optional[int]
+    cached_tokens: int | None
 
 
 class _OutputTokensDetails(OutputTokensDetails):
-    reasoning_tokens: Optional[int]
+    reasoning_tokens: int | None
 
 
 class _Usage(ResponseUsage):
@@ -293,8 +304,8 @@ class _Response(_OpenAIResponse):
     """openai's ``Response`` with NeMo Gym's two changes (``NeMoGymResponse``): ``output`` items are
     materialised item by item (``materialize_item``), ``usage`` may have null detail counts."""
 
-    output: List[Any]
-    usage: Optional[_Usage] = None
+    output: list[Any]
+    usage: _Usage | None = None
 
 
 def materialize_response(response: Any) -> Any:

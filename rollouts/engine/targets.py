@@ -32,14 +32,16 @@ The rules (``TargetPolicy``), in order:
 
 IPv4-mapped IPv6 addresses (``::ffff:127.0.0.1``) are judged as the IPv4 address they carry.
 """
+
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import re
 import socket
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, Iterator, Optional, Union
+from typing import Any, Union
 from urllib.parse import urlsplit
 
 import httpx
@@ -83,21 +85,44 @@ DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024  # 64 MB
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a)
     for a in (
-        "169.254.169.254", "169.254.170.2", "169.254.169.253", "169.254.169.123",
-        "fd00:ec2::254", "fd00:ec2::23", "100.100.100.200", "192.0.0.192",
+        "169.254.169.254",
+        "169.254.170.2",
+        "169.254.169.253",
+        "169.254.169.123",
+        "fd00:ec2::254",
+        "fd00:ec2::23",
+        "100.100.100.200",
+        "192.0.0.192",
     )
 )
-METADATA_NAMES = frozenset({
-    "metadata", "metadata.google.internal", "metadata.goog", "instance-data", "instance-data.ec2.internal",
-    "metadata.azure.internal", "metadata.tencentyun.com", "metadata.platformequinix.com", "metadata.packet.net",
-})
+METADATA_NAMES = frozenset(
+    {
+        "metadata",
+        "metadata.google.internal",
+        "metadata.goog",
+        "instance-data",
+        "instance-data.ec2.internal",
+        "metadata.azure.internal",
+        "metadata.tencentyun.com",
+        "metadata.platformequinix.com",
+        "metadata.packet.net",
+    }
+)
 
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
 _UNSPECIFIED = (ipaddress.ip_network("0.0.0.0/8"), ipaddress.ip_network("::/128"))
 _LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 _PRIVATE = tuple(
     ipaddress.ip_network(n)
-    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "198.18.0.0/15", "fc00::/7", "fec0::/10")
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "198.18.0.0/15",
+        "fc00::/7",
+        "fec0::/10",
+    )
 )
 _BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
@@ -112,14 +137,16 @@ _HINT_LOCAL = (
     f"loopback, unspecified and private addresses are allowed only when the instance sets {ALLOW_LOCAL_SETTING}=1 "
     f"(a local single-user set-up) or lists the target in {ALLOWED_HOSTS_SETTING}"
 )
-_HINT_ALWAYS = f"link-local and cloud-metadata addresses are refused unless listed explicitly in {ALLOWED_HOSTS_SETTING}"
+_HINT_ALWAYS = (
+    f"link-local and cloud-metadata addresses are refused unless listed explicitly in {ALLOWED_HOSTS_SETTING}"
+)
 
 
 class TargetRefused(httpx.ConnectError):
     """The target policy refused a connection. ``host``/``port``: as in the URL; ``reason``: why
     (names the rule and the setting to change). Raised before any byte is sent to the target."""
 
-    def __init__(self, host: str, port: Optional[int], reason: str, request: Optional[httpx.Request] = None):
+    def __init__(self, host: str, port: int | None, reason: str, request: httpx.Request | None = None):
         shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
         where = f"{shown}:{port}" if port else shown
         super().__init__(f"gymweb's target policy refused {where}: {reason}", request=request)
@@ -132,7 +159,7 @@ class ReplyTooLarge(httpx.TransportError):
     """A reply's body is larger than the cap (bytes). Raised as soon as the running count passes
     the cap (or at once when Content-Length says so); what was read is dropped."""
 
-    def __init__(self, url: str, limit: int, request: Optional[httpx.Request] = None):
+    def __init__(self, url: str, limit: int, request: httpx.Request | None = None):
         super().__init__(
             f"the reply from {url} is larger than {limit:,} bytes (the cap {MAX_REPLY_SETTING}); "
             "gymweb stopped reading it",
@@ -151,7 +178,7 @@ class _RefusedOSError(OSError):
         self.refused = refused
 
 
-def find_refusal(exc: BaseException) -> Optional[TargetRefused]:
+def find_refusal(exc: BaseException) -> TargetRefused | None:
     """The ``TargetRefused`` in ``exc`` or its chain of causes, or None."""
     seen = 0
     while exc is not None and seen < 10:
@@ -167,7 +194,7 @@ def find_refusal(exc: BaseException) -> Optional[TargetRefused]:
     return None
 
 
-def find_too_large(exc: BaseException) -> Optional[ReplyTooLarge]:
+def find_too_large(exc: BaseException) -> ReplyTooLarge | None:
     """The ``ReplyTooLarge`` in ``exc`` or its chain of causes, or None."""
     seen = 0
     while exc is not None and seen < 10:
@@ -179,7 +206,7 @@ def find_too_large(exc: BaseException) -> Optional[ReplyTooLarge]:
 
 
 # -- addresses -----------------------------------------------------------------------------------
-def parse_ip(host: str) -> Optional[IPAddress]:
+def parse_ip(host: str) -> IPAddress | None:
     """The address a URL host denotes when it is an IP literal in any spelling the C library's
     resolver accepts, else None (a name). Handles ``[v6]``, a zone (``fe80::1%eth0``), and the legacy
     IPv4 forms of ``inet_aton``: ``2130706433``, ``0x7f000001``, ``127.1``, ``0177.0.0.1``."""
@@ -260,12 +287,12 @@ class AllowEntry:
     a /32 or /128), and ``port`` (None: any port). ``text`` is the entry as written."""
 
     text: str
-    name: Optional[str] = None
-    network: Optional[IPNetwork] = None
-    port: Optional[int] = None
+    name: str | None = None
+    network: IPNetwork | None = None
+    port: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "AllowEntry":
+    def parse(cls, text: str) -> AllowEntry:
         """Parse ``host``, ``host:port``, ``10.1.2.3``, ``10.1.2.3:8000``, ``10.0.0.0/8``,
         ``10.0.0.0/8:8000``, ``[::1]``, ``[::1]:8000``, ``[fd00::/8]:8000`` or a bare IPv6 address
         or range. Raises ``InvalidAllowEntry`` naming the entry."""
@@ -276,7 +303,7 @@ class AllowEntry:
             raise InvalidAllowEntry(f"{bad} is empty")
         if "://" in entry:
             raise InvalidAllowEntry(f"{bad} must be a host, host:port or CIDR range, not a URL")
-        port: Optional[int] = None
+        port: int | None = None
         if entry.startswith("["):
             inside, sep, rest = entry[1:].partition("]")
             if not sep:
@@ -308,7 +335,7 @@ class AllowEntry:
             raise InvalidAllowEntry(f"{bad} is not a valid host name")
         return cls(text=raw, name=name, port=port)
 
-    def matches_port(self, port: Optional[int]) -> bool:
+    def matches_port(self, port: int | None) -> bool:
         return self.port is None or self.port == port
 
 
@@ -339,7 +366,7 @@ class TargetPolicy:
     allowed: tuple[AllowEntry, ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_settings(cls, allow_local: Any, allowed_hosts: Union[str, Iterable[str], None]) -> "TargetPolicy":
+    def from_settings(cls, allow_local: Any, allowed_hosts: str | Iterable[str] | None) -> TargetPolicy:
         """Build a policy from the two settings' values: ``allow_local`` a bool or a string
         (``1``/``true``/``yes``/``on`` are true), ``allowed_hosts`` a list of entries or one
         comma-separated string. Raises ``InvalidAllowEntry`` naming a bad entry."""
@@ -355,41 +382,52 @@ class TargetPolicy:
         if self.allowed:
             return f"only {', '.join(e.text for e in self.allowed)} ({ALLOWED_HOSTS_SETTING})"
         if self.allow_local:
-            return f"public, loopback and private addresses ({ALLOW_LOCAL_SETTING}=1); never link-local or cloud metadata"
+            return (
+                f"public, loopback and private addresses ({ALLOW_LOCAL_SETTING}=1); never link-local or cloud metadata"
+            )
         return f"public addresses only (loopback and private need {ALLOW_LOCAL_SETTING}=1)"
 
-    def _address_entries(self, addr: IPAddress, port: Optional[int]) -> list[AllowEntry]:
+    def _address_entries(self, addr: IPAddress, port: int | None) -> list[AllowEntry]:
         """IP and CIDR entries holding ``addr`` (or the IPv4 address it maps) on ``port``."""
         found = []
         for candidate in {addr, _plain(addr)}:
             for e in self.allowed:
-                if e.network is not None and e.network.version == candidate.version and candidate in e.network and e.matches_port(port):
+                if (
+                    e.network is not None
+                    and e.network.version == candidate.version
+                    and candidate in e.network
+                    and e.matches_port(port)
+                ):
                     found.append(e)
         return found
 
-    def _listed_address(self, addr: IPAddress, port: Optional[int]) -> bool:
+    def _listed_address(self, addr: IPAddress, port: int | None) -> bool:
         return bool(self._address_entries(addr, port))
 
-    def _name_entries(self, name: str, port: Optional[int]) -> list[AllowEntry]:
+    def _name_entries(self, name: str, port: int | None) -> list[AllowEntry]:
         return [e for e in self.allowed if e.name == name and e.matches_port(port)]
 
-    def _listed_name(self, name: str, port: Optional[int]) -> bool:
+    def _listed_name(self, name: str, port: int | None) -> bool:
         return bool(self._name_entries(name, port))
 
     def _opens(self, entries: list[AllowEntry], kind: str) -> bool:
         """Whether matching ``entries`` allow an address of class ``kind``: an entry without a port
         does not open every port of gymweb's own machine (loopback, unspecified) unless local
         targets are allowed; ``localhost:9102`` does."""
-        return bool(entries) and (kind not in SELF_CLASSES or self.allow_local or any(e.port is not None for e in entries))
+        return bool(entries) and (
+            kind not in SELF_CLASSES or self.allow_local or any(e.port is not None for e in entries)
+        )
 
     @staticmethod
     def _self_reason(target: str, kind: str, entries: list[AllowEntry]) -> str:
         listed = ", ".join(e.text for e in entries)
-        return (f"{target} is on gymweb's own machine ({kind}) and {ALLOWED_HOSTS_SETTING} lists it without a port "
-                f"({listed}), which does not open every port of this machine: list it as host:port, or set "
-                f"{ALLOW_LOCAL_SETTING}=1 on a local single-user set-up")
+        return (
+            f"{target} is on gymweb's own machine ({kind}) and {ALLOWED_HOSTS_SETTING} lists it without a port "
+            f"({listed}), which does not open every port of this machine: list it as host:port, or set "
+            f"{ALLOW_LOCAL_SETTING}=1 on a local single-user set-up"
+        )
 
-    def check_name(self, host: str, port: Optional[int]) -> Optional[str]:
+    def check_name(self, host: str, port: int | None) -> str | None:
         """The reason to refuse the host *name* before resolving it, or None. Only metadata names
         are refused by name (an explicitly listed one is allowed)."""
         name = _name(host)
@@ -397,7 +435,7 @@ class TargetPolicy:
             return f"{name} is a cloud-metadata host; {_HINT_ALWAYS}"
         return None
 
-    def check(self, host: str, port: Optional[int], addr: IPAddress) -> Optional[str]:
+    def check(self, host: str, port: int | None, addr: IPAddress) -> str | None:
         """The reason to refuse connecting to ``addr`` (resolved from ``host``, or ``host`` itself
         when it is a literal) on ``port``, or None when allowed."""
         name = _name(host)
@@ -411,8 +449,11 @@ class TargetPolicy:
         if kind in ALWAYS_REFUSED:
             if kind != "not unicast" and name in METADATA_NAMES and self._listed_name(name, port):
                 return None
-            what = {"metadata": "a cloud-metadata address", "link-local": "a link-local address",
-                    "not unicast": "not a unicast address"}[kind]
+            what = {
+                "metadata": "a cloud-metadata address",
+                "link-local": "a link-local address",
+                "not unicast": "not a unicast address",
+            }[kind]
             return f"{about} is {what}; {_HINT_ALWAYS}"
         if self.allowed:
             by_name = self._name_entries(name, port) if parse_ip(host) is None else []
@@ -425,7 +466,9 @@ class TargetPolicy:
             return f"{about} is {article} {kind} address; {_HINT_LOCAL}"
         return None
 
-    def refusal(self, host: str, port: Optional[int], addresses: Iterable[IPAddress]) -> tuple[list[IPAddress], Optional[str]]:
+    def refusal(
+        self, host: str, port: int | None, addresses: Iterable[IPAddress]
+    ) -> tuple[list[IPAddress], str | None]:
         """Split ``addresses`` of ``host``: ``(allowed ones, the first reason to refuse)``."""
         allowed, reason = [], None
         for addr in addresses:
@@ -436,7 +479,7 @@ class TargetPolicy:
                 reason = why
         return allowed, reason
 
-    def check_literal(self, host: str, port: Optional[int]) -> None:
+    def check_literal(self, host: str, port: int | None) -> None:
         """Raise ``TargetRefused`` when ``host`` is an IP literal (any spelling, ``parse_ip``) or a
         name the policy refuses by name. Names are judged further when resolved."""
         addr = parse_ip(host)
@@ -469,7 +512,11 @@ class TargetPolicy:
             name = _name(host)
             if self.allowed and not self._listed_name(name, port):
                 listed = ", ".join(e.text for e in self.allowed)
-                raise TargetRefused(name, port, f"{name}:{port} is not in {ALLOWED_HOSTS_SETTING} ({listed}); only listed targets are allowed")
+                raise TargetRefused(
+                    name,
+                    port,
+                    f"{name}:{port} is not in {ALLOWED_HOSTS_SETTING} ({listed}); only listed targets are allowed",
+                )
             return
         allowed, reason = self.refusal(host, port, addresses)
         if not allowed:
@@ -593,7 +640,9 @@ class PolicyAsyncTransport(httpx.AsyncBaseTransport):
     are judged by the connector's ``PolicyResolver``), turns a resolver refusal into
     ``TargetRefused`` and caps every reply at ``max_reply_bytes`` (``ReplyTooLarge``)."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES):
+    def __init__(
+        self, inner: httpx.AsyncBaseTransport, policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
+    ):
         self.inner, self.policy, self.max_reply_bytes = inner, policy, int(max_reply_bytes)
         # (host, port) pairs whose literal check passed: the policy is immutable and the check
         # needs no DNS, so a run's thousands of calls to one address judge it once.
@@ -640,12 +689,19 @@ class PolicyNetworkBackend:
         self.policy = policy
         self.inner = httpcore.SyncBackend()
 
-    def connect_tcp(self, host: str, port: int, timeout: Optional[float] = None, local_address: Optional[str] = None,
-                    socket_options: Any = None) -> Any:
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> Any:
         self.policy.check_literal(host, port)
         if parse_ip(host) is not None:
-            return self.inner.connect_tcp(str(parse_ip(host)), port, timeout=timeout, local_address=local_address,
-                                          socket_options=socket_options)
+            return self.inner.connect_tcp(
+                str(parse_ip(host)), port, timeout=timeout, local_address=local_address, socket_options=socket_options
+            )
         import httpcore
 
         try:
@@ -655,11 +711,12 @@ class PolicyNetworkBackend:
         allowed, reason = self.policy.refusal(host, port, addresses)
         if not allowed:
             raise TargetRefused(_name(host), port, reason or "the name resolved to no address")
-        last: Optional[Exception] = None
+        last: Exception | None = None
         for addr in allowed:
             try:
-                return self.inner.connect_tcp(str(addr), port, timeout=timeout, local_address=local_address,
-                                              socket_options=socket_options)
+                return self.inner.connect_tcp(
+                    str(addr), port, timeout=timeout, local_address=local_address, socket_options=socket_options
+                )
             except Exception as exc:  # try the next allowed address, as a resolver-driven connect would
                 last = exc
         assert last is not None
@@ -701,7 +758,9 @@ class PolicySyncTransport(httpx.BaseTransport):
         self.inner.close()
 
 
-def make_sync_client(policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, *, timeout_s: Optional[float] = 30.0) -> httpx.Client:
+def make_sync_client(
+    policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, *, timeout_s: float | None = 30.0
+) -> httpx.Client:
     """A sync httpx client for requests to a user's service (the env's ``/aggregate_metrics``,
     ``/reverify_mode``...): the target policy at connection time, replies capped, no proxies
     (contract rule 14), no redirects followed (rule 1). Close it after use."""

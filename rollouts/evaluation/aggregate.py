@@ -13,12 +13,14 @@ and the file is computed locally whenever it is asked for (``run_aggregate_entri
 default computation over the same rows. Imported runs, which have no env, are always computed
 locally. A reply stored by an older gymweb (the bare reply) still reads as its run's entry.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
 from django.conf import settings
 
@@ -80,14 +82,21 @@ def fetch_aggregate_metrics(run_id: int) -> str:
         return "no such run"
     limit = settings.GYMWEB_AGGREGATE_MAX_ROWS
     if Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count() > limit:
-        return _store(run, None, f"not called: more than {limit} successful rows (GYMWEB_AGGREGATE_MAX_ROWS); {LOCAL_NOTE}")
+        return _store(
+            run, None, f"not called: more than {limit} successful rows (GYMWEB_AGGREGATE_MAX_ROWS); {LOCAL_NOTE}"
+        )
     rows = list(run_aggregate_rows(run))
     if not rows:
         return _store(run, None, "not called: the run has no successful rows")
     # No local fallback here: a file the env did not answer is computed when it is asked for.
     outcome = build_aggregate_metrics(
-        rows, env_url=run.env_url, timeout_s=settings.GYMWEB_AGGREGATE_TIMEOUT_S, default_agent=run.agent_name,
-        local_fallback=False, policy=targets.policy(), max_reply_bytes=targets.max_reply_bytes(),
+        rows,
+        env_url=run.env_url,
+        timeout_s=settings.GYMWEB_AGGREGATE_TIMEOUT_S,
+        default_agent=run.agent_name,
+        local_fallback=False,
+        policy=targets.policy(),
+        max_reply_bytes=targets.max_reply_bytes(),
     )
     # Stored only when the env answered for every server (one env serves a run).
     if not outcome.all_from_env:
@@ -102,7 +111,7 @@ def _store(run: Run, data: Any, error: str) -> str:
     return error or f"stored aggregate metrics of run {run.pk}"
 
 
-def stored_entries(run: Run) -> Optional[list[dict[str, Any]]]:
+def stored_entries(run: Run) -> list[dict[str, Any]] | None:
     """The aggregate-metrics entries stored on the run from its env's reply (see the module
     docstring), or None when none is stored (or it is not an aggregate reply). A bare reply stored
     by an older gymweb becomes the entry NeMo Gym would write for it (the run's agent and its
@@ -111,7 +120,10 @@ def stored_entries(run: Run) -> Optional[list[dict[str, Any]]]:
     if isinstance(data, dict) and "agent_ref" in data:
         data = [data]
     elif isinstance(data, dict) and any(k in data for k in REPLY_FIELDS):
-        entry: dict[str, Any] = {"agent_ref": {"name": run.agent_name}, "_ng_environment_server": environment_server_name(run.agent_name)}
+        entry: dict[str, Any] = {
+            "agent_ref": {"name": run.agent_name},
+            "_ng_environment_server": environment_server_name(run.agent_name),
+        }
         for k in ("agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics"):  # NeMo Gym's order
             entry[k] = data.get(k, REPLY_FIELDS[k]())
         if data.get("perf_summary") is not None:
@@ -133,17 +145,21 @@ def run_aggregate_entries(run: Run) -> tuple[list[dict[str, Any]], list[str]]:
         return stored, []
     rows = list(run_aggregate_rows(run))
     if not rows:
-        return [], ["the run has no successful rollouts, so there are no aggregate metrics (NeMo Gym writes no file then)"]
+        return [], [
+            "the run has no successful rollouts, so there are no aggregate metrics (NeMo Gym writes no file then)"
+        ]
     outcome = build_aggregate_metrics(rows, default_agent=run.agent_name)
     reason = run.aggregate_metrics_error or (
-        "an imported run has no environment to ask" if run.status == Run.Status.IMPORTED else "the environment was not asked"
+        "an imported run has no environment to ask"
+        if run.status == Run.Status.IMPORTED
+        else "the environment was not asked"
     )
     return outcome.entries, [f"{reason}; {LOCAL_NOTE}"]
 
 
 def write_run_aggregate_metrics(
-    run: Run, output: Union[str, Path], *, overwrite: bool = False
-) -> tuple[Optional[Path], list[str]]:
+    run: Run, output: str | Path, *, overwrite: bool = False
+) -> tuple[Path | None, list[str]]:
     """Write ``run_aggregate_entries(run)`` to ``aggregate_metrics.aggregate_metrics_path(output)``
     (``results/rollouts.jsonl`` → ``results/rollouts_aggregate_metrics.json``), never over an existing
     file unless ``overwrite`` (``outputs.OutputExists``, raised before any work).

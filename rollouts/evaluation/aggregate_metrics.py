@@ -29,13 +29,15 @@ How NeMo Gym builds it (and so this module):
 * Entries are labelled by their agent name (``agent_ref``), or by the server name when two servers
   front the same agent (``global_config.label_runs``).
 """
+
 from __future__ import annotations
 
 import statistics
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import httpx
 import numpy as np
@@ -64,13 +66,19 @@ ROLLOUT_INDEX = "_ng_rollout_index"
 ENVIRONMENT_SERVER = "_ng_environment_server"
 MASK_SAMPLE = "mask_sample"
 # Heavy fields NeMo Gym leaves out of the /aggregate_metrics request (rollout_collection.py).
-STRIPPED_KEYS = ("response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture", "ng_trajectory")
+STRIPPED_KEYS = (
+    "response",
+    "responses_create_params",
+    "ng_agent_observations",
+    "ng_model_call_capture",
+    "ng_trajectory",
+)
 # AggregateMetrics (config_types.py): the reply's fields and their defaults.
 REPLY_FIELDS = {"group_level_metrics": list, "agent_metrics": dict, "key_metrics": dict, "repeat_level_metrics": list}
 LOCAL_NOTE = "computed by gymweb with NeMo Gym's default /aggregate_metrics computation (no env-specific metrics)"
 
 
-def aggregate_metrics_path(output: Union[str, Path]) -> Path:
+def aggregate_metrics_path(output: str | Path) -> Path:
     """NeMo Gym's ``aggregate_metrics_path_for``: ``results/rollouts.jsonl`` →
     ``results/rollouts_aggregate_metrics.json`` (the name ``gym eval compare`` derives from the
     rollouts path)."""
@@ -90,7 +98,7 @@ def environment_server_of(row: Mapping[str, Any], default_agent: str = "remote_a
     return environment_server_name(name if isinstance(name, str) and name else default_agent)
 
 
-def _agent_of(row: Mapping[str, Any]) -> Optional[str]:
+def _agent_of(row: Mapping[str, Any]) -> str | None:
     ref = row.get("agent_ref")
     name = ref.get("name") if isinstance(ref, Mapping) else None
     return name if isinstance(name, str) else None
@@ -141,7 +149,7 @@ def _perf_stat(values: list[float], stat: str) -> float:
     return float(np.quantile(np.asarray(values, dtype=np.float64), int(stat[1:]) / 100))
 
 
-def compute_perf_summary(records: Sequence[Mapping[str, Any]], total_rollouts: int) -> Optional[dict[str, Any]]:
+def compute_perf_summary(records: Sequence[Mapping[str, Any]], total_rollouts: int) -> dict[str, Any] | None:
     """NeMo Gym's ``compute_perf_summary``: the ``perf_summary`` block from the rows' ``ng_perf``
     dicts (token counts, turns, latency in ms), or None when no row carries one. Coverage fractions
     are over ``total_rollouts`` (every row, masked ones included)."""
@@ -172,7 +180,9 @@ def compute_perf_summary(records: Sequence[Mapping[str, Any]], total_rollouts: i
     per_turn = [
         r["completion_tokens"] / r["num_turns"]
         for r in records
-        if isinstance(r.get("completion_tokens"), (int, float)) and isinstance(r.get("num_turns"), (int, float)) and r["num_turns"] > 0
+        if isinstance(r.get("completion_tokens"), (int, float))
+        and isinstance(r.get("num_turns"), (int, float))
+        and r["num_turns"] > 0
     ]
     if per_turn:
         summary["mean_tokens_per_turn"] = _perf_stat(per_turn, "mean")
@@ -184,7 +194,9 @@ def compute_perf_summary(records: Sequence[Mapping[str, Any]], total_rollouts: i
     return summary
 
 
-def _coverage(all_rows: Sequence[Mapping[str, Any]], scored: Sequence[Mapping[str, Any]], masked: Sequence[Any]) -> dict[str, Any]:
+def _coverage(
+    all_rows: Sequence[Mapping[str, Any]], scored: Sequence[Mapping[str, Any]], masked: Sequence[Any]
+) -> dict[str, Any]:
     """``reward_profile._coverage_metrics``: empty unless something was masked."""
     if not masked:
         return {}
@@ -207,14 +219,21 @@ def compute_aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> 
     indices count as 0. Raises ``ValueError`` for two rows with the same (task, rollout) key (NeMo
     Gym's env answers HTTP 500 then: "Duplicate result row for rollout key ...").
     """
-    empty: dict[str, Any] = {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "perf_summary": None, "repeat_level_metrics": []}
+    empty: dict[str, Any] = {
+        "group_level_metrics": [],
+        "agent_metrics": {},
+        "key_metrics": {},
+        "perf_summary": None,
+        "repeat_level_metrics": [],
+    }
     if not verify_responses:
         return empty
     scored = [r for r in verify_responses if not r.get(MASK_SAMPLE)]
     masked = [r for r in verify_responses if r.get(MASK_SAMPLE)]
     coverage = _coverage(verify_responses, scored, masked)
     perf_summary = compute_perf_summary(
-        [r["ng_perf"] for r in verify_responses if isinstance(r.get("ng_perf"), dict)], total_rollouts=len(verify_responses)
+        [r["ng_perf"] for r in verify_responses if isinstance(r.get("ng_perf"), dict)],
+        total_rollouts=len(verify_responses),
     )
     if not scored:
         return {**empty, "agent_metrics": dict(coverage), "key_metrics": dict(coverage), "perf_summary": perf_summary}
@@ -251,7 +270,9 @@ def compute_aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> 
         "agent_metrics": agent_metrics,
         "key_metrics": key_metrics,
         "perf_summary": perf_summary,
-        "repeat_level_metrics": [{k: v for k, v in e.items() if k != "agent_ref"} for e in profile.repeat_level_metrics],
+        "repeat_level_metrics": [
+            {k: v for k, v in e.items() if k != "agent_ref"} for e in profile.repeat_level_metrics
+        ],
     }
 
 
@@ -287,7 +308,9 @@ def _validated_reply(data: Any, url: str) -> dict[str, Any]:
     for name, kind in REPLY_FIELDS.items():
         value = data.get(name, kind())
         if not isinstance(value, kind) or (kind is list and not all(isinstance(v, dict) for v in value)):
-            raise EnvAggregateError(f"{url} answered with a '{name}' that is not {'a list of objects' if kind is list else 'an object'}")
+            raise EnvAggregateError(
+                f"{url} answered with a '{name}' that is not {'a list of objects' if kind is list else 'an object'}"
+            )
         reply[name] = value
     perf = data.get("perf_summary")
     if perf is not None and not isinstance(perf, dict):
@@ -296,9 +319,15 @@ def _validated_reply(data: Any, url: str) -> dict[str, Any]:
     return reply
 
 
-def post_aggregate_metrics(env_url: str, stripped: Sequence[Mapping[str, Any]], *, timeout_s: float = 60.0,
-                           client: Optional[httpx.Client] = None, policy: Optional[TargetPolicy] = None,
-                           max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> dict[str, Any]:
+def post_aggregate_metrics(
+    env_url: str,
+    stripped: Sequence[Mapping[str, Any]],
+    *,
+    timeout_s: float = 60.0,
+    client: httpx.Client | None = None,
+    policy: TargetPolicy | None = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+) -> dict[str, Any]:
     """POST ``{"verify_responses": stripped}`` to ``{env_url}/aggregate_metrics`` and return the reply
     (``_validated_reply``: the ``AggregateMetrics`` fields). Redirects are not followed; proxies are
     ignored (contract rules 1, 14). Raises ``EnvAggregateNotServed`` for 404/405 and
@@ -317,7 +346,9 @@ def post_aggregate_metrics(env_url: str, stripped: Sequence[Mapping[str, Any]], 
         if own:
             http.close()
     if response.status_code in (404, 405):
-        raise EnvAggregateNotServed(f"{url} answered HTTP {response.status_code}: the environment does not serve /aggregate_metrics")
+        raise EnvAggregateNotServed(
+            f"{url} answered HTTP {response.status_code}: the environment does not serve /aggregate_metrics"
+        )
     if not response.is_success:
         raise EnvAggregateError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}")
     try:
@@ -354,11 +385,11 @@ class AggregateOutcome:
 def build_aggregate_metrics(
     rows: Iterable[Mapping[str, Any]],
     *,
-    env_url: Optional[str] = None,
+    env_url: str | None = None,
     timeout_s: float = 60.0,
     default_agent: str = "remote_agent",
     local_fallback: bool = True,
-    policy: Optional[TargetPolicy] = None,
+    policy: TargetPolicy | None = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
 ) -> AggregateOutcome:
     """The ``<stem>_aggregate_metrics.json`` entries for success rows (full ``rollouts.jsonl`` rows,
@@ -376,7 +407,7 @@ def build_aggregate_metrics(
     # Stripped as they come (a full row's response is never kept), then in NeMo Gym's order.
     ordered = sorted((strip_row(row) for row in rows), key=_order_key)
     groups: dict[str, list[dict[str, Any]]] = {}
-    agents: dict[str, Optional[str]] = {}
+    agents: dict[str, str | None] = {}
     for row in ordered:
         server = environment_server_of(row, default_agent)
         groups.setdefault(server, []).append(row)
@@ -428,7 +459,7 @@ def aggregate_metrics_bytes(entries: Sequence[Mapping[str, Any]]) -> bytes:
     return dumps(list(entries), indent=True)
 
 
-def write_aggregate_metrics(entries: Sequence[Mapping[str, Any]], path: Union[str, Path], *, overwrite: bool = False) -> Path:
+def write_aggregate_metrics(entries: Sequence[Mapping[str, Any]], path: str | Path, *, overwrite: bool = False) -> Path:
     """Write the entries to ``path`` (``aggregate_metrics_bytes``). Never replaces an existing file
     unless ``overwrite`` (``outputs.OutputExists``). Returns the path."""
     (target,) = check_outputs([path], overwrite)

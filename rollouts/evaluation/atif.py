@@ -25,6 +25,7 @@ indent, no nulls, trailing newline) and ``manifest.jsonl`` (``trajectory_path``,
 JSON schema kept in the repo (``schemas/atif-v1.7.schema.json``) and the rules the schema cannot say
 (sequential ``step_id``, observations naming a tool call of their step, agent-only fields).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,14 +34,23 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 
-__all__ = ["ATIF_SCHEMA_VERSION", "SCHEMA_PATH", "AtifError", "export_run", "rollout_trajectory", "validate",
-           "write_export", "iter_trajectories"]
+__all__ = [
+    "ATIF_SCHEMA_VERSION",
+    "SCHEMA_PATH",
+    "AtifError",
+    "export_run",
+    "rollout_trajectory",
+    "validate",
+    "write_export",
+    "iter_trajectories",
+]
 
 ATIF_SCHEMA_VERSION = "ATIF-v1.7"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "atif-v1.7.schema.json"
@@ -71,7 +81,9 @@ def validate(trajectory: dict[str, Any], where: str = "trajectory") -> None:
         raise AtifError(f"{where}{path}: {e.message}")
     for index, step in enumerate(trajectory["steps"]):
         if step["step_id"] != index + 1:
-            raise AtifError(f"{where}.steps[{index}].step_id: expected {index + 1} (sequential from 1), got {step['step_id']}")
+            raise AtifError(
+                f"{where}.steps[{index}].step_id: expected {index + 1} (sequential from 1), got {step['step_id']}"
+            )
         if step["source"] != "agent":
             for name in ("model_name", "reasoning_effort", "reasoning_content", "tool_calls", "metrics"):
                 if step.get(name) is not None:
@@ -79,10 +91,14 @@ def validate(trajectory: dict[str, Any], where: str = "trajectory") -> None:
         ids = {c["tool_call_id"] for c in step.get("tool_calls") or []}
         for result in (step.get("observation") or {}).get("results", []):
             if result.get("source_call_id") is not None and result["source_call_id"] not in ids:
-                raise AtifError(f"{where}.steps[{index}].observation: references unknown tool call {result['source_call_id']!r}")
+                raise AtifError(
+                    f"{where}.steps[{index}].observation: references unknown tool call {result['source_call_id']!r}"
+                )
     final = trajectory.get("final_metrics") or {}
     if final.get("total_steps") is not None and final["total_steps"] != len(trajectory["steps"]):
-        raise AtifError(f"{where}.final_metrics.total_steps: expected {len(trajectory['steps'])}, got {final['total_steps']}")
+        raise AtifError(
+            f"{where}.final_metrics.total_steps: expected {len(trajectory['steps'])}, got {final['total_steps']}"
+        )
 
 
 def _drop_none(value: Any) -> Any:
@@ -93,14 +109,17 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
-def _text_parts(content: Any) -> Union[str, list[dict[str, Any]], None]:
+def _text_parts(content: Any) -> str | list[dict[str, Any]] | None:
     """ATIF content from a Responses content value: a string stays a string; text parts become
     ``{"type": "text", "text"}`` parts; None when nothing textual is there."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [{"type": "text", "text": p["text"]} for p in content
-                 if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        parts = [
+            {"type": "text", "text": p["text"]}
+            for p in content
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
         return parts or None
     return None
 
@@ -133,7 +152,7 @@ def _input_steps(task_row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
     return steps, other
 
 
-def _agent_step(call: Optional[AgentCall], items: list[TrajectoryItem]) -> dict[str, Any]:
+def _agent_step(call: AgentCall | None, items: list[TrajectoryItem]) -> dict[str, Any]:
     texts, reasoning, tool_calls, results, extra_items = [], [], [], [], []
     call_ids: set[str] = set()
     for item in items:
@@ -142,7 +161,11 @@ def _agent_step(call: Optional[AgentCall], items: list[TrajectoryItem]) -> dict[
         if kind == "message" and p.get("role", "assistant") == "assistant":
             texts.append(_plain_text(p.get("content")))
         elif kind == "reasoning":
-            segments = [s.get("text") for s in (p.get("content") or p.get("summary") or []) if isinstance(s, dict) and isinstance(s.get("text"), str)]
+            segments = [
+                s.get("text")
+                for s in (p.get("content") or p.get("summary") or [])
+                if isinstance(s, dict) and isinstance(s.get("text"), str)
+            ]
             reasoning.extend(segments)
         elif kind == "function_call" and isinstance(p.get("call_id"), str):
             raw = p.get("arguments")
@@ -155,16 +178,37 @@ def _agent_step(call: Optional[AgentCall], items: list[TrajectoryItem]) -> dict[
                 parsed, extra["raw_arguments"] = {}, raw
             if item.asked:
                 extra["asked"] = True
-            tool_calls.append({"tool_call_id": p["call_id"], "function_name": str(p.get("name") or ""), "arguments": parsed,
-                               "extra": {"gymweb": extra} if extra else None})
+            tool_calls.append(
+                {
+                    "tool_call_id": p["call_id"],
+                    "function_name": str(p.get("name") or ""),
+                    "arguments": parsed,
+                    "extra": {"gymweb": extra} if extra else None,
+                }
+            )
             call_ids.add(p["call_id"])
         elif kind == "function_call_output":
             content = p.get("output")
-            content = content if isinstance(content, str) else _text_parts(content) or json.dumps(content, ensure_ascii=False)
-            extra = {k: v for k, v in (("origin", item.origin), ("refused", item.refused or None), ("tool_status", item.tool_status),
-                                       ("latency_ms", item.latency_ms)) if v is not None}
-            results.append({"source_call_id": p.get("call_id") if p.get("call_id") in call_ids else None,
-                            "content": content, "extra": {"gymweb": extra}})
+            content = (
+                content if isinstance(content, str) else _text_parts(content) or json.dumps(content, ensure_ascii=False)
+            )
+            extra = {
+                k: v
+                for k, v in (
+                    ("origin", item.origin),
+                    ("refused", item.refused or None),
+                    ("tool_status", item.tool_status),
+                    ("latency_ms", item.latency_ms),
+                )
+                if v is not None
+            }
+            results.append(
+                {
+                    "source_call_id": p.get("call_id") if p.get("call_id") in call_ids else None,
+                    "content": content,
+                    "extra": {"gymweb": extra},
+                }
+            )
             if p.get("call_id") not in call_ids and p.get("call_id") is not None:
                 results[-1]["extra"]["gymweb"]["call_id"] = p.get("call_id")
         else:
@@ -183,14 +227,31 @@ def _agent_step(call: Optional[AgentCall], items: list[TrajectoryItem]) -> dict[
         usage = call.usage if isinstance(call.usage, dict) else None
         if usage:
             cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
-            extra = {k: v for k, v in (("reasoning_tokens", (usage.get("output_tokens_details") or {}).get("reasoning_tokens")),
-                                       ("total_tokens", usage.get("total_tokens"))) if isinstance(v, int) and v >= 0}
+            extra = {
+                k: v
+                for k, v in (
+                    ("reasoning_tokens", (usage.get("output_tokens_details") or {}).get("reasoning_tokens")),
+                    ("total_tokens", usage.get("total_tokens")),
+                )
+                if isinstance(v, int) and v >= 0
+            }
             good = lambda v: v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None  # noqa: E731
-            step["metrics"] = {"prompt_tokens": good(usage.get("input_tokens")), "completion_tokens": good(usage.get("output_tokens")),
-                               "cached_tokens": good(cached), "extra": extra or None}
-        gymweb.update({"agent_call": call.index, "latency_ms": call.latency_ms, "http_status": call.http_status,
-                       "response_id": call.response_id or None, "incomplete_details": call.incomplete_details,
-                       "error": call.error or None})
+            step["metrics"] = {
+                "prompt_tokens": good(usage.get("input_tokens")),
+                "completion_tokens": good(usage.get("output_tokens")),
+                "cached_tokens": good(cached),
+                "extra": extra or None,
+            }
+        gymweb.update(
+            {
+                "agent_call": call.index,
+                "latency_ms": call.latency_ms,
+                "http_status": call.http_status,
+                "response_id": call.response_id or None,
+                "incomplete_details": call.incomplete_details,
+                "error": call.error or None,
+            }
+        )
     if extra_items:
         gymweb["items"] = extra_items
     gymweb = {k: v for k, v in gymweb.items() if v is not None}
@@ -199,8 +260,16 @@ def _agent_step(call: Optional[AgentCall], items: list[TrajectoryItem]) -> dict[
     return step
 
 
-def rollout_trajectory(run: Run, rollout: Rollout, task_row: dict[str, Any], calls: list[AgentCall],
-                       items: list[TrajectoryItem], *, session_id: str, agent_version: str) -> dict[str, Any]:
+def rollout_trajectory(
+    run: Run,
+    rollout: Rollout,
+    task_row: dict[str, Any],
+    calls: list[AgentCall],
+    items: list[TrajectoryItem],
+    *,
+    session_id: str,
+    agent_version: str,
+) -> dict[str, Any]:
     """One rollout as an ATIF v1.7 document (a dict without nulls), see the module docstring."""
     steps, other_inputs = _input_steps(task_row)
     by_step: dict[int, list[TrajectoryItem]] = defaultdict(list)
@@ -216,7 +285,7 @@ def rollout_trajectory(run: Run, rollout: Rollout, task_row: dict[str, Any], cal
     agent_steps = [s for s in steps if s["source"] == "agent"]
     metrics = [s.get("metrics") for s in agent_steps]
 
-    def total(name: str) -> Optional[int]:
+    def total(name: str) -> int | None:
         if not metrics or any(m is None or m.get(name) is None for m in metrics):
             return None
         return sum(m[name] for m in metrics)
@@ -224,22 +293,40 @@ def rollout_trajectory(run: Run, rollout: Rollout, task_row: dict[str, Any], cal
     models = {s.get("model_name") for s in agent_steps}
     agent_ref = task_row.get("agent_ref") if isinstance(task_row.get("agent_ref"), dict) else {}
     tools = (task_row.get("responses_create_params") or {}).get("tools")
-    source = {"format": "gymweb_steps", "run_id": run.pk, "rollout_id": rollout.pk, "task_index": rollout.task_index,
-              "rollout_index": rollout.rollout_index, "attempt": rollout.attempt, "status": rollout.status,
-              "reward": rollout.reward, "failure_kind": rollout.failure_kind or None, "error": rollout.error or None,
-              "imported": run.status == Run.Status.IMPORTED or None}
+    source = {
+        "format": "gymweb_steps",
+        "run_id": run.pk,
+        "rollout_id": rollout.pk,
+        "task_index": rollout.task_index,
+        "rollout_index": rollout.rollout_index,
+        "attempt": rollout.attempt,
+        "status": rollout.status,
+        "reward": rollout.reward,
+        "failure_kind": rollout.failure_kind or None,
+        "error": rollout.error or None,
+        "imported": run.status == Run.Status.IMPORTED or None,
+    }
     if other_inputs:
         source["other_input_items"] = other_inputs
     doc = {
         "schema_version": ATIF_SCHEMA_VERSION,
         "session_id": session_id,
         "trajectory_id": f"{session_id}:{rollout.task_index}:{rollout.rollout_index}",
-        "agent": {"name": str(agent_ref.get("name") or run.agent_name), "version": agent_version,
-                  "model_name": next(iter(models)) if len(models) == 1 else None,
-                  "tool_definitions": [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) and tools else None},
+        "agent": {
+            "name": str(agent_ref.get("name") or run.agent_name),
+            "version": agent_version,
+            "model_name": next(iter(models)) if len(models) == 1 else None,
+            "tool_definitions": [t for t in tools if isinstance(t, dict)]
+            if isinstance(tools, list) and tools
+            else None,
+        },
         "steps": steps,
-        "final_metrics": {"total_prompt_tokens": total("prompt_tokens"), "total_completion_tokens": total("completion_tokens"),
-                          "total_cached_tokens": total("cached_tokens"), "total_steps": len(steps)},
+        "final_metrics": {
+            "total_prompt_tokens": total("prompt_tokens"),
+            "total_completion_tokens": total("completion_tokens"),
+            "total_cached_tokens": total("cached_tokens"),
+            "total_steps": len(steps),
+        },
         "extra": {"gymweb": {"exporter": {"name": "gymweb", "profile": "gymweb-steps-to-atif-v1.7"}, "source": source}},
     }
     return _drop_none(doc)
@@ -251,24 +338,29 @@ def exported_rollouts(run: Run, include_failures: bool = False) -> list[int]:
     S = Rollout.Status
     wanted = [S.SUCCEEDED, S.FAILED] if include_failures else [S.SUCCEEDED]
     chosen: dict[tuple[int, int], tuple[int, str]] = {}
-    for pk, t, r, status in (Rollout.objects.filter(run=run, status__in=wanted)
-                             .order_by("task_index", "rollout_index", "attempt", "id")
-                             .values_list("id", "task_index", "rollout_index", "status")):
+    for pk, t, r, status in (
+        Rollout.objects.filter(run=run, status__in=wanted)
+        .order_by("task_index", "rollout_index", "attempt", "id")
+        .values_list("id", "task_index", "rollout_index", "status")
+    ):
         previous = chosen.get((t, r))
         if previous is None or previous[1] != S.SUCCEEDED:
             chosen[(t, r)] = (pk, status)
     return [pk for pk, _ in chosen.values()]
 
 
-def iter_trajectories(run: Run, *, session_id: str = "", agent_version: str = "unspecified",
-                      include_failures: bool = False) -> Iterator[tuple[Rollout, dict[str, Any]]]:
+def iter_trajectories(
+    run: Run, *, session_id: str = "", agent_version: str = "unspecified", include_failures: bool = False
+) -> Iterator[tuple[Rollout, dict[str, Any]]]:
     """``(rollout, ATIF document)`` for the exported rollouts of ``run``, in key order, each
     validated (``AtifError`` otherwise). Reads calls and items a chunk of rollouts at a time."""
     session_id = session_id or f"gymweb-run-{run.pk}"
     ids = exported_rollouts(run, include_failures)
     for start in range(0, len(ids), CHUNK):
-        part = ids[start:start + CHUNK]
-        rollouts = list(Rollout.objects.filter(id__in=part).select_related("task").order_by("task_index", "rollout_index"))
+        part = ids[start : start + CHUNK]
+        rollouts = list(
+            Rollout.objects.filter(id__in=part).select_related("task").order_by("task_index", "rollout_index")
+        )
         calls: dict[int, list[AgentCall]] = defaultdict(list)
         for c in AgentCall.objects.filter(rollout_id__in=part).order_by("rollout_id", "index"):
             calls[c.rollout_id].append(c)
@@ -280,8 +372,15 @@ def iter_trajectories(run: Run, *, session_id: str = "", agent_version: str = "u
                 task_row = json.loads(r.task.row_json)
             except ValueError:
                 task_row = {}
-            doc = rollout_trajectory(run, r, task_row, calls.get(r.pk, []), items.get(r.pk, []),
-                                     session_id=session_id, agent_version=agent_version)
+            doc = rollout_trajectory(
+                run,
+                r,
+                task_row,
+                calls.get(r.pk, []),
+                items.get(r.pk, []),
+                session_id=session_id,
+                agent_version=agent_version,
+            )
             validate(doc, f"task {r.task_index} rollout {r.rollout_index}")
             yield r, doc
 
@@ -293,13 +392,27 @@ def encode(doc: dict[str, Any]) -> bytes:
 
 def manifest_line(task_index: int, rollout_index: int, data: bytes) -> str:
     """One ``manifest.jsonl`` line (NeMo Gym's keys, sorted, compact)."""
-    return json.dumps({"trajectory_path": f"{task_index}-{rollout_index}.json", "_ng_task_index": task_index,
-                       "_ng_rollout_index": rollout_index, "expected_sha256": hashlib.sha256(data).hexdigest()},
-                      sort_keys=True, separators=(",", ":"))
+    return json.dumps(
+        {
+            "trajectory_path": f"{task_index}-{rollout_index}.json",
+            "_ng_task_index": task_index,
+            "_ng_rollout_index": rollout_index,
+            "expected_sha256": hashlib.sha256(data).hexdigest(),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
 
 
-def export_run(run: Run, output_dir: Union[str, Path], *, overwrite: bool = False, session_id: str = "",
-               agent_version: str = "unspecified", include_failures: bool = False) -> tuple[Path, int]:
+def export_run(
+    run: Run,
+    output_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    session_id: str = "",
+    agent_version: str = "unspecified",
+    include_failures: bool = False,
+) -> tuple[Path, int]:
     """Write the run's ATIF files into ``output_dir`` (see the module docstring); all or nothing: the
     files are built in a temporary folder beside it and moved into place. Returns ``(dir, count)``.
 
@@ -314,12 +427,16 @@ def export_run(run: Run, output_dir: Union[str, Path], *, overwrite: bool = Fals
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         lines = []
-        for r, doc in iter_trajectories(run, session_id=session_id, agent_version=agent_version, include_failures=include_failures):
+        for r, doc in iter_trajectories(
+            run, session_id=session_id, agent_version=agent_version, include_failures=include_failures
+        ):
             data = encode(doc)
             (staging / f"{r.task_index}-{r.rollout_index}.json").write_bytes(data)
             lines.append(manifest_line(r.task_index, r.rollout_index, data))
         if not lines:
-            raise AtifError(f"run #{run.pk} has no {'finished' if include_failures else 'successful'} rollouts to export")
+            raise AtifError(
+                f"run #{run.pk} has no {'finished' if include_failures else 'successful'} rollouts to export"
+            )
         (staging / MANIFEST).write_text("\n".join(lines) + "\n", encoding="utf-8")
         staging.chmod(0o755)
         if out.exists():

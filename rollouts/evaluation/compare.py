@@ -17,25 +17,42 @@ Everything per task comes from one SQL aggregate per run (``values("task_index")
 no Python loop ever walks the rollouts. The input check reads each task's row once (one row per
 task, not per rollout).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Any, NamedTuple
 
 from django.db.models import Count, F, Q, Sum
 
 from rollouts.evaluation.outputs import iter_json_objects
 from rollouts.models import Rollout, Run, Task
 
-__all__ = ["Comparison", "Pair", "TaskDelta", "TOLERANCE", "compare_runs", "pick_pair", "task_means", "CompareError", "Side",
-           "compare_sides", "flip_summary", "paired_bootstrap", "render_markdown", "resolve_side", "welch_delta_interval",
-           "write_compare_report"]
+__all__ = [
+    "Comparison",
+    "Pair",
+    "TaskDelta",
+    "TOLERANCE",
+    "compare_runs",
+    "pick_pair",
+    "task_means",
+    "CompareError",
+    "Side",
+    "compare_sides",
+    "flip_summary",
+    "paired_bootstrap",
+    "render_markdown",
+    "resolve_side",
+    "welch_delta_interval",
+    "write_compare_report",
+]
 
 S = Rollout.Status
 FINISHED = (S.SUCCEEDED, S.FAILED)
@@ -48,8 +65,8 @@ class TaskDelta:
     keys (``keys_a``/``keys_b``); ``succeeded_*`` counts keys with a success."""
 
     task_index: int
-    mean_a: Optional[float] = None
-    mean_b: Optional[float] = None
+    mean_a: float | None = None
+    mean_b: float | None = None
     keys_a: int = 0
     keys_b: int = 0
     succeeded_a: int = 0
@@ -57,7 +74,7 @@ class TaskDelta:
     mismatched: bool = False
 
     @property
-    def delta(self) -> Optional[float]:
+    def delta(self) -> float | None:
         """``mean_b - mean_a``, or None when either side has no finished key."""
         if self.mean_a is None or self.mean_b is None:
             return None
@@ -85,8 +102,8 @@ class Comparison:
     mismatched: list[TaskDelta] = field(default_factory=list)
     only_in_a: list[int] = field(default_factory=list)
     only_in_b: list[int] = field(default_factory=list)
-    mean_a: Optional[float] = None
-    mean_b: Optional[float] = None
+    mean_a: float | None = None
+    mean_b: float | None = None
 
     @property
     def comparable(self) -> int:
@@ -94,7 +111,7 @@ class Comparison:
         return len(self.regressions) + len(self.improvements) + len(self.unchanged)
 
     @property
-    def delta(self) -> Optional[float]:
+    def delta(self) -> float | None:
         """``mean_b - mean_a`` over the comparable tasks, or None."""
         if self.mean_a is None or self.mean_b is None:
             return None
@@ -115,14 +132,23 @@ def task_means(run: Run) -> dict[int, dict[str, Any]]:
         .order_by("task_index")
     )
     return {
-        r["task_index"]: {"mean": float(r["reward_sum"] or 0.0) / r["keys"], "keys": r["keys"], "succeeded": r["succeeded"]}
+        r["task_index"]: {
+            "mean": float(r["reward_sum"] or 0.0) / r["keys"],
+            "keys": r["keys"],
+            "succeeded": r["succeeded"],
+        }
         for r in rows
     }
 
 
 def _inputs(run: Run) -> Iterator[tuple[int, str]]:
     """``(task_index, row_json)`` of the run's tasks, in task order, streamed."""
-    return Task.objects.filter(run=run).order_by("task_index").values_list("task_index", "row_json").iterator(chunk_size=500)
+    return (
+        Task.objects.filter(run=run)
+        .order_by("task_index")
+        .values_list("task_index", "row_json")
+        .iterator(chunk_size=500)
+    )
 
 
 def _input_of(row_json: str) -> Any:
@@ -154,7 +180,7 @@ def _walk_tasks(run_a: Run, run_b: Run) -> tuple[list[int], list[int], list[int]
     return common, only_a, only_b, mismatched
 
 
-def _mean(values: list[float]) -> Optional[float]:
+def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
@@ -197,11 +223,11 @@ def compare_runs(run_a: Run, run_b: Run) -> Comparison:
 class Pair(NamedTuple):
     """One representative rollout (attempt row) of a task in each run; None when a run has none."""
 
-    a: Optional[Rollout]
-    b: Optional[Rollout]
+    a: Rollout | None
+    b: Rollout | None
 
 
-def _representative(run: Run, task_index: int) -> Optional[Rollout]:
+def _representative(run: Run, task_index: int) -> Rollout | None:
     rows = Rollout.objects.filter(run=run, task_index=task_index)
     success = rows.filter(status=S.SUCCEEDED).order_by("rollout_index", "id").first()
     if success is not None:
@@ -248,13 +274,39 @@ PAIRED_BOOTSTRAP_SEED = 0
 MISSING = "—"
 COMPARE_MD = "compare_report.md"
 COMPARE_JSON = "compare_report.json"
-_EXCLUDED_PREFIXES = tuple(f"{s}/" for s in ("max", "min", "median", "std", "sem", "se", "p25", "p75",
-                                              "ci_low_95", "ci_high_95", "histogram"))
-_EXCLUDED_SUFFIXES = ("/max", "/min", "/median", "/p5", "/p25", "/p75", "/p95", "/ci_low_95", "/ci_high_95",
-                      "/ci_lower", "/ci_upper", "_ci_lower", "_ci_upper", "_ci95_lower", "_ci95_upper",
-                      "/_ng_attempt_index", "/std_dev_across_runs", "/std_err_across_runs", "/avg_sample_std_dev")
-_EXCLUDED_NAMES = ("_ng_task_index", "_ng_rollout_index", "_ng_attempt_index", "sample_count", "missing_count",
-                   "num_repeats", "token_usage_version")
+_EXCLUDED_PREFIXES = tuple(
+    f"{s}/" for s in ("max", "min", "median", "std", "sem", "se", "p25", "p75", "ci_low_95", "ci_high_95", "histogram")
+)
+_EXCLUDED_SUFFIXES = (
+    "/max",
+    "/min",
+    "/median",
+    "/p5",
+    "/p25",
+    "/p75",
+    "/p95",
+    "/ci_low_95",
+    "/ci_high_95",
+    "/ci_lower",
+    "/ci_upper",
+    "_ci_lower",
+    "_ci_upper",
+    "_ci95_lower",
+    "_ci95_upper",
+    "/_ng_attempt_index",
+    "/std_dev_across_runs",
+    "/std_err_across_runs",
+    "/avg_sample_std_dev",
+)
+_EXCLUDED_NAMES = (
+    "_ng_task_index",
+    "_ng_rollout_index",
+    "_ng_attempt_index",
+    "sample_count",
+    "missing_count",
+    "num_repeats",
+    "token_usage_version",
+)
 
 
 class CompareError(ValueError):
@@ -264,15 +316,20 @@ class CompareError(ValueError):
 
 def is_primary_metric(name: Any) -> bool:
     """NeMo Gym's ``is_primary_metric``: a point estimate, not a statistic of one."""
-    return (isinstance(name, str) and name not in _EXCLUDED_NAMES and not name.startswith(_EXCLUDED_PREFIXES)
-            and not name.endswith(_EXCLUDED_SUFFIXES) and "_across_repeats/" not in name)
+    return (
+        isinstance(name, str)
+        and name not in _EXCLUDED_NAMES
+        and not name.startswith(_EXCLUDED_PREFIXES)
+        and not name.endswith(_EXCLUDED_SUFFIXES)
+        and "_across_repeats/" not in name
+    )
 
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _numeric(v: Any) -> Optional[float]:
+def _numeric(v: Any) -> float | None:
     return float(v) if _is_number(v) else None
 
 
@@ -287,13 +344,18 @@ class Side:
     aggregate_metrics_fpath: str
     label: str
     entries: dict[str, dict[str, Any]]
-    run: Optional[Run] = None
+    run: Run | None = None
 
     def run_file(self) -> dict[str, Any]:
         """NeMo Gym's ``RunFile`` as the report writes it."""
-        return {"role": self.role, "index": self.index, "rollouts_jsonl_fpath": self.rollouts_jsonl_fpath,
-                "aggregate_metrics_fpath": self.aggregate_metrics_fpath, "label": self.label,
-                "agent_names": sorted(self.entries)}
+        return {
+            "role": self.role,
+            "index": self.index,
+            "rollouts_jsonl_fpath": self.rollouts_jsonl_fpath,
+            "aggregate_metrics_fpath": self.aggregate_metrics_fpath,
+            "label": self.label,
+            "agent_names": sorted(self.entries),
+        }
 
 
 def aggregate_entry_from_rows(rows: Iterable[Any], agent_name: str) -> dict[str, Any]:
@@ -310,11 +372,18 @@ def aggregate_entry_from_rows(rows: Iterable[Any], agent_name: str) -> dict[str,
     filled: list[Any] = []  # ReducedRollout or row mappings, as profile_rows takes them
     for r in rows:
         if isinstance(r, ReducedRollout):
-            synthetic.append({"_ng_task_index": r.task_index, "_ng_rollout_index": r.rollout_index, "agent_ref": {"name": "agent"}})
+            synthetic.append(
+                {"_ng_task_index": r.task_index, "_ng_rollout_index": r.rollout_index, "agent_ref": {"name": "agent"}}
+            )
             filled.append(r)
         else:
-            synthetic.append({"_ng_task_index": r.get("_ng_task_index", 0), "_ng_rollout_index": r.get("_ng_rollout_index", 0),
-                              "agent_ref": {"name": "agent"}})
+            synthetic.append(
+                {
+                    "_ng_task_index": r.get("_ng_task_index", 0),
+                    "_ng_rollout_index": r.get("_ng_rollout_index", 0),
+                    "agent_ref": {"name": "agent"},
+                }
+            )
             filled.append(r if "response" in r else {**r, "response": {}})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NeMo Gym's collapsed-interval notes are not news here
@@ -330,12 +399,13 @@ def aggregate_entry_from_rows(rows: Iterable[Any], agent_name: str) -> dict[str,
     }
 
 
-def _env_entry(run: Run) -> Optional[dict[str, Any]]:
+def _env_entry(run: Run) -> dict[str, Any] | None:
     data = run.aggregate_metrics
     if isinstance(data, list) and len(data) == 1:
         data = data[0]
-    if isinstance(data, dict) and all(isinstance(data.get(k), (dict, list)) for k in
-                                      ("agent_metrics", "group_level_metrics", "repeat_level_metrics")):
+    if isinstance(data, dict) and all(
+        isinstance(data.get(k), (dict, list)) for k in ("agent_metrics", "group_level_metrics", "repeat_level_metrics")
+    ):
         return data
     return None
 
@@ -353,14 +423,20 @@ def run_entries(run: Run) -> dict[str, dict[str, Any]]:
     return {run.agent_name: entry}
 
 
-def side_from_run(run: Run, role: str, index: int = 0, entries: Optional[dict[str, dict[str, Any]]] = None) -> Side:
+def side_from_run(run: Run, role: str, index: int = 0, entries: dict[str, dict[str, Any]] | None = None) -> Side:
     """A stored run as one side (``entries``: ``run_entries(run)`` when already at hand)."""
     entries = entries if entries is not None else run_entries(run)
     computed = any(e.get("_gymweb_source") == "computed" for e in entries.values())
     how = "computed by gymweb from the success rows" if computed else "the env's /aggregate_metrics reply"
-    return Side(role=role, index=index, rollouts_jsonl_fpath=run.source_file or f"gymweb run #{run.pk}",
-                aggregate_metrics_fpath=f"gymweb run #{run.pk} ({how})", label=f"run #{run.pk} {run.name}"[:200],
-                entries={name: {k: v for k, v in e.items() if k != "_gymweb_source"} for name, e in entries.items()}, run=run)
+    return Side(
+        role=role,
+        index=index,
+        rollouts_jsonl_fpath=run.source_file or f"gymweb run #{run.pk}",
+        aggregate_metrics_fpath=f"gymweb run #{run.pk} ({how})",
+        label=f"run #{run.pk} {run.name}"[:200],
+        entries={name: {k: v for k, v in e.items() if k != "_gymweb_source"} for name, e in entries.items()},
+        run=run,
+    )
 
 
 def aggregate_metrics_path_for(rollouts_path: Path) -> Path:
@@ -368,7 +444,7 @@ def aggregate_metrics_path_for(rollouts_path: Path) -> Path:
     return rollouts_path.with_stem(rollouts_path.stem + "_aggregate_metrics").with_suffix(".json")
 
 
-def side_from_file(path: Union[str, Path], role: str, index: int = 0, metrics: Union[str, Path, None] = None) -> Side:
+def side_from_file(path: str | Path, role: str, index: int = 0, metrics: str | Path | None = None) -> Side:
     """A NeMo Gym run as one side, from its ``rollouts.jsonl`` path: its aggregate-metrics file
     (``metrics``, NeMo Gym's ``--baseline-agg-metrics``/``--candidates-agg-metrics``, else the
     ``*_aggregate_metrics.json`` sibling), or, when there is none, the entry computed from the
@@ -384,7 +460,9 @@ def side_from_file(path: Union[str, Path], role: str, index: int = 0, metrics: U
         except ValueError as exc:
             raise CompareError(f"'{metrics_path}' is not valid JSON: {exc}") from None
         if not isinstance(payload, list) or not payload:
-            raise CompareError(f"'{metrics_path}' is not an aggregate-metrics file (expected a non-empty JSON list of per-agent entries)")
+            raise CompareError(
+                f"'{metrics_path}' is not an aggregate-metrics file (expected a non-empty JSON list of per-agent entries)"
+            )
         entries: dict[str, dict[str, Any]] = {}
         for position, entry in enumerate(payload):
             name = (entry.get("agent_ref") or {}).get("name") if isinstance(entry, dict) else None
@@ -395,23 +473,34 @@ def side_from_file(path: Union[str, Path], role: str, index: int = 0, metrics: U
             if "repeat_level_metrics" not in entry:
                 rows = [i for g in entry.get("group_level_metrics", []) for i in g.get("rollout_infos", [])]
                 computed = aggregate_entry_from_rows(rows, name)
-                entry = {**entry, "agent_metrics": {**computed["agent_metrics"], **(entry.get("agent_metrics") or {})},
-                         "repeat_level_metrics": computed["repeat_level_metrics"]}
+                entry = {
+                    **entry,
+                    "agent_metrics": {**computed["agent_metrics"], **(entry.get("agent_metrics") or {})},
+                    "repeat_level_metrics": computed["repeat_level_metrics"],
+                }
             entries[name] = entry
         shown = str(metrics_path)
     elif p.is_file():
         by_agent: dict[str, list[dict]] = defaultdict(list)
         for row in _rows_of(p):
             ref = row.get("agent_ref")
-            by_agent[ref.get("name") if isinstance(ref, dict) and isinstance(ref.get("name"), str) else "agent"].append(row)
+            by_agent[ref.get("name") if isinstance(ref, dict) and isinstance(ref.get("name"), str) else "agent"].append(
+                row
+            )
         entries = {name: aggregate_entry_from_rows(rows, name) for name, rows in by_agent.items()}
         if not entries:
             raise CompareError(f"{p}: no rows")
         shown = f"{metrics_path} (absent: computed by gymweb from {p.name})"
     else:
         raise CompareError(f"{p}: no such file (and no {metrics_path.name} beside it)")
-    return Side(role=role, index=index, rollouts_jsonl_fpath=str(p), aggregate_metrics_fpath=shown,
-                label=p.parent.name or p.stem, entries=entries)
+    return Side(
+        role=role,
+        index=index,
+        rollouts_jsonl_fpath=str(p),
+        aggregate_metrics_fpath=shown,
+        label=p.parent.name or p.stem,
+        entries=entries,
+    )
 
 
 def _rows_of(path: Path) -> Iterator[dict]:
@@ -419,16 +508,17 @@ def _rows_of(path: Path) -> Iterator[dict]:
     ``CompareError`` naming the file and line for text that is not UTF-8, a line that is not JSON
     or not an object (a ``*_aggregate_metrics.json`` or a stray file given as a side). A UTF-8 byte
     order mark before the first line is skipped, as ``import_rollouts`` skips it."""
-    for _number, row in iter_json_objects(path, CompareError, not_object="a rollout row must be a JSON object",
-                                          hint="; give a rollouts.jsonl or a run id"):
+    for _number, row in iter_json_objects(
+        path, CompareError, not_object="a rollout row must be a JSON object", hint="; give a rollouts.jsonl or a run id"
+    ):
         yield row
 
 
-def resolve_side(spec: Union[str, int, Run], role: str, index: int = 0, metrics: Union[str, Path, None] = None) -> Side:
+def resolve_side(spec: str | int | Run, role: str, index: int = 0, metrics: str | Path | None = None) -> Side:
     """A side from a run id (digits), a ``Run``, or a path to a ``rollouts.jsonl`` (with
     ``metrics``: its aggregate-metrics file when it is not the sibling; not for a run)."""
     if isinstance(spec, Run):
-        run: Optional[Run] = spec
+        run: Run | None = spec
     else:
         text = str(spec).strip()
         run = None
@@ -438,13 +528,15 @@ def resolve_side(spec: Union[str, int, Run], role: str, index: int = 0, metrics:
                 raise CompareError(f"no run #{text}")
     if run is not None:
         if metrics:
-            raise CompareError(f"an aggregate-metrics file goes with a rollouts.jsonl, not with run #{run.pk} (it has its own)")
+            raise CompareError(
+                f"an aggregate-metrics file goes with a rollouts.jsonl, not with run #{run.pk} (it has its own)"
+            )
         return side_from_run(run, role, index)
     return side_from_file(text, role, index, metrics)
 
 
 # -- metric rows -----------------------------------------------------------------------------------
-def _metric_value(metrics: dict[str, Any], name: str) -> Optional[dict[str, Any]]:
+def _metric_value(metrics: dict[str, Any], name: str) -> dict[str, Any] | None:
     value = _numeric(metrics.get(name))
     if value is None:
         return None
@@ -467,7 +559,7 @@ def _repeat_values(entry: dict[str, Any], name: str) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
-def welch_delta_interval(baseline: Sequence[float], candidate: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
+def welch_delta_interval(baseline: Sequence[float], candidate: Sequence[float]) -> tuple[float | None, float | None]:
     """Two-sided 95% Welch t-interval of mean(candidate) - mean(baseline) (scipy's
     ``ttest_ind(candidate, baseline, equal_var=False).confidence_interval(0.95)``); (None, None) with
     fewer than 2 values on a side."""
@@ -477,12 +569,14 @@ def welch_delta_interval(baseline: Sequence[float], candidate: Sequence[float]) 
         return None, None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # identical values: scipy warns and the interval is degenerate
-        interval = stats.ttest_ind(list(candidate), list(baseline), equal_var=False).confidence_interval(confidence_level=0.95)
+        interval = stats.ttest_ind(list(candidate), list(baseline), equal_var=False).confidence_interval(
+            confidence_level=0.95
+        )
     low, high = float(interval.low), float(interval.high)
     return (None, None) if math.isnan(low) or math.isnan(high) else (low, high)
 
 
-def _welch(base: dict[str, Any], cand: dict[str, Any], name: str) -> tuple[Optional[float], Optional[float]]:
+def _welch(base: dict[str, Any], cand: dict[str, Any], name: str) -> tuple[float | None, float | None]:
     if any(_numeric((e.get("agent_metrics") or {}).get(f"mean_across_repeats/{name}")) is None for e in (base, cand)):
         return None, None
     return welch_delta_interval(_repeat_values(base, name), _repeat_values(cand, name))
@@ -514,21 +608,38 @@ def _metric_rows(base: dict[str, Any], cands: list[dict[str, Any]]) -> list[dict
             low, high = _welch(base, c_entry, name) if b else (None, None)
             value = _point(c)
             delta = None if b_point is None else value - b_point
-            candidates.append({**c, "delta": delta,
-                               "delta_pct": None if delta is None or not b_point else delta / abs(b_point) * 100.0,
-                               "delta_ci_low": low, "delta_ci_high": high})
+            candidates.append(
+                {
+                    **c,
+                    "delta": delta,
+                    "delta_pct": None if delta is None or not b_point else delta / abs(b_point) * 100.0,
+                    "delta_ci_low": low,
+                    "delta_ci_high": high,
+                }
+            )
         present = (["baseline"] if b else []) + [f"candidate[{i}]" for i, c in enumerate(candidates) if c is not None]
-        rows.append({"metric": name, "is_key_metric": name in key_names, "present_in": present,
-                     "baseline": b, "candidates": candidates})
+        rows.append(
+            {
+                "metric": name,
+                "is_key_metric": name in key_names,
+                "present_in": present,
+                "baseline": b,
+                "candidates": candidates,
+            }
+        )
     return rows
 
 
 # -- flips -------------------------------------------------------------------------------------------
 def _groups(entry: dict[str, Any]) -> dict[Any, dict[str, Any]]:
-    return {g["_ng_task_index"]: g for g in entry.get("group_level_metrics") or [] if isinstance(g, dict) and "_ng_task_index" in g}
+    return {
+        g["_ng_task_index"]: g
+        for g in entry.get("group_level_metrics") or []
+        if isinstance(g, dict) and "_ng_task_index" in g
+    }
 
 
-def _per_repeat_rewards(group: dict[str, Any]) -> Optional[list[float]]:
+def _per_repeat_rewards(group: dict[str, Any]) -> list[float] | None:
     infos = group.get("rollout_infos")
     if not isinstance(infos, list) or not infos:
         return None
@@ -540,7 +651,9 @@ def _looks_binary(common: list, bg: dict, cg: dict) -> bool:
     for t in common:
         for groups in (bg, cg):
             g = groups[t]
-            observed = [v for v in (g.get("min/reward"), g.get("max/reward")) if v is not None] or [g.get("mean/reward")]
+            observed = [v for v in (g.get("min/reward"), g.get("max/reward")) if v is not None] or [
+                g.get("mean/reward")
+            ]
             for v in observed:
                 n = _numeric(v)
                 if n is None or n not in (0.0, 1.0):
@@ -558,7 +671,7 @@ def _cap(flips: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return flips
 
 
-def _direction(b: float, c: float) -> Optional[str]:
+def _direction(b: float, c: float) -> str | None:
     if PASS_THRESHOLD in (b, c):
         return None
     if b > PASS_THRESHOLD and not c > PASS_THRESHOLD:
@@ -572,10 +685,21 @@ def flip_summary(base: dict[str, Any], cand: dict[str, Any], index: int = 0) -> 
     """NeMo Gym's ``FlipSummary`` of one candidate (see the section comment)."""
     bg, cg = _groups(base), _groups(cand)
     common = sorted(set(bg) & set(cg))
-    out: dict[str, Any] = {"candidate_index": index, "mode": "unavailable", "reason": None, "field": "reward",
-                           "common_task_count": len(common), "baseline_only_task_count": len(set(bg) - set(cg)),
-                           "candidate_only_task_count": len(set(cg) - set(bg)), "pass_to_fail_count": None,
-                           "fail_to_pass_count": None, "tied_count": None, "unchanged_count": None, "net": None, "flips": []}
+    out: dict[str, Any] = {
+        "candidate_index": index,
+        "mode": "unavailable",
+        "reason": None,
+        "field": "reward",
+        "common_task_count": len(common),
+        "baseline_only_task_count": len(set(bg) - set(cg)),
+        "candidate_only_task_count": len(set(cg) - set(bg)),
+        "pass_to_fail_count": None,
+        "fail_to_pass_count": None,
+        "tied_count": None,
+        "unchanged_count": None,
+        "net": None,
+        "flips": [],
+    }
     if not bg or not cg:
         out["reason"] = "one or both runs recorded no per-task metrics."
         return out
@@ -589,8 +713,15 @@ def flip_summary(base: dict[str, Any], cand: dict[str, Any], index: int = 0) -> 
         return out
 
     def flip(t, b, c, direction):
-        return {"task_index": t, "baseline_score": b, "candidate_score": c, "delta": c - b, "direction": direction,
-                "baseline_rewards": _per_repeat_rewards(bg[t]), "candidate_rewards": _per_repeat_rewards(cg[t])}
+        return {
+            "task_index": t,
+            "baseline_score": b,
+            "candidate_score": c,
+            "delta": c - b,
+            "direction": direction,
+            "baseline_rewards": _per_repeat_rewards(bg[t]),
+            "candidate_rewards": _per_repeat_rewards(cg[t]),
+        }
 
     if not _looks_binary([s[0] for s in scored], bg, cg):
         movers = [flip(t, b, c, "changed") for t, b, c in scored if c != b]
@@ -609,14 +740,26 @@ def flip_summary(base: dict[str, Any], cand: dict[str, Any], index: int = 0) -> 
         flips.append(flip(t, b, c, d))
     flips.sort(key=lambda f: (f["direction"] != "pass_to_fail", -abs(f["delta"]), f["task_index"]))
     p2f = sum(1 for f in flips if f["direction"] == "pass_to_fail")
-    out.update(mode="binary", pass_to_fail_count=p2f, fail_to_pass_count=len(flips) - p2f, tied_count=tied,
-               unchanged_count=unchanged, net=len(flips) - 2 * p2f, flips=_cap(flips))
+    out.update(
+        mode="binary",
+        pass_to_fail_count=p2f,
+        fail_to_pass_count=len(flips) - p2f,
+        tied_count=tied,
+        unchanged_count=unchanged,
+        net=len(flips) - 2 * p2f,
+        flips=_cap(flips),
+    )
     return out
 
 
 # -- paired interval (gymweb) -----------------------------------------------------------------------
-def paired_bootstrap(base: dict[str, Any], cand: dict[str, Any], *, resamples: int = PAIRED_BOOTSTRAP_RESAMPLES,
-                     seed: int = PAIRED_BOOTSTRAP_SEED) -> dict[str, Any]:
+def paired_bootstrap(
+    base: dict[str, Any],
+    cand: dict[str, Any],
+    *,
+    resamples: int = PAIRED_BOOTSTRAP_RESAMPLES,
+    seed: int = PAIRED_BOOTSTRAP_SEED,
+) -> dict[str, Any]:
     """The paired 95% bootstrap interval of the candidate-minus-baseline ``mean/reward`` over the
     common tasks (see the section comment). Returns ``{"metric", "tasks", "delta", "ci_low",
     "ci_high", "resamples", "seed"}``; the interval is None with fewer than 2 common tasks."""
@@ -628,9 +771,16 @@ def paired_bootstrap(base: dict[str, Any], cand: dict[str, Any], *, resamples: i
         b, c = _numeric(bg[t].get("mean/reward")), _numeric(cg[t].get("mean/reward"))
         if b is not None and c is not None:
             diffs.append(c - b)
-    out: dict[str, Any] = {"metric": "mean/reward", "method": "bootstrap over common tasks of per-task mean differences",
-                           "tasks": len(diffs), "delta": float(np.mean(diffs)) if diffs else None,
-                           "ci_low": None, "ci_high": None, "resamples": resamples, "seed": seed}
+    out: dict[str, Any] = {
+        "metric": "mean/reward",
+        "method": "bootstrap over common tasks of per-task mean differences",
+        "tasks": len(diffs),
+        "delta": float(np.mean(diffs)) if diffs else None,
+        "ci_low": None,
+        "ci_high": None,
+        "resamples": resamples,
+        "seed": seed,
+    }
     if len(diffs) >= 2:
         d = np.asarray(diffs, dtype=float)
         rng = np.random.default_rng(seed)
@@ -640,7 +790,7 @@ def paired_bootstrap(base: dict[str, Any], cand: dict[str, Any], *, resamples: i
     return out
 
 
-def _tighter(paired: dict[str, Any], row: Optional[dict[str, Any]], index: int) -> dict[str, Any]:
+def _tighter(paired: dict[str, Any], row: dict[str, Any] | None, index: int) -> dict[str, Any]:
     cand = row["candidates"][index] if row else None
     welch_width = (cand["delta_ci_high"] - cand["delta_ci_low"]) if cand and cand["delta_ci_low"] is not None else None
     paired_width = (paired["ci_high"] - paired["ci_low"]) if paired["ci_low"] is not None else None
@@ -652,31 +802,40 @@ def _tighter(paired: dict[str, Any], row: Optional[dict[str, Any]], index: int) 
 
 
 # -- the report --------------------------------------------------------------------------------------
-def _pick_agents(baseline: Side, candidates: list[Side], baseline_agent: Optional[str],
-                 candidate_agents: Optional[list[str]]) -> None:
+def _pick_agents(
+    baseline: Side, candidates: list[Side], baseline_agent: str | None, candidate_agents: list[str] | None
+) -> None:
     """NeMo Gym's ``--baseline-agent``/``--candidate-agents``: compare one named agent of each side
     (in ``--candidates`` order), whatever their names; each side keeps only that entry."""
     if candidate_agents is not None and len(candidate_agents) != len(candidates):
-        raise CompareError(f"--candidate-agents names {len(candidate_agents)} agent(s) for {len(candidates)} candidate(s)")
+        raise CompareError(
+            f"--candidate-agents names {len(candidate_agents)} agent(s) for {len(candidates)} candidate(s)"
+        )
     names = [baseline_agent, *(candidate_agents or [None] * len(candidates))]
     sides = [baseline, *candidates]
     for s, name in zip(sides, names):
         if name is None:
             if len(s.entries) != 1:
-                raise CompareError(f"{s.aggregate_metrics_fpath} holds several agents ({', '.join(sorted(s.entries))}): "
-                                   "name one with --baseline-agent/--candidate-agents")
+                raise CompareError(
+                    f"{s.aggregate_metrics_fpath} holds several agents ({', '.join(sorted(s.entries))}): "
+                    "name one with --baseline-agent/--candidate-agents"
+                )
         elif name not in s.entries:
-            raise CompareError(f"agent '{name}' is not in {s.aggregate_metrics_fpath}; available: {', '.join(sorted(s.entries))}")
+            raise CompareError(
+                f"agent '{name}' is not in {s.aggregate_metrics_fpath}; available: {', '.join(sorted(s.entries))}"
+            )
     chosen = [name or next(iter(s.entries)) for s, name in zip(sides, names)]
     for s, name in zip(sides, chosen):
         s.entries = {chosen[0]: {**s.entries[name], "_gymweb_agent": name}}
 
 
-def _agent_selection(baseline: Side, candidates: list[Side], agent: Optional[str]) -> tuple[list[str], list[str], dict]:
+def _agent_selection(baseline: Side, candidates: list[Side], agent: str | None) -> tuple[list[str], list[str], dict]:
     if agent:
         for s in (baseline, *candidates):
             if agent not in s.entries:
-                raise CompareError(f"agent '{agent}' is not in {s.aggregate_metrics_fpath}; available: {', '.join(sorted(s.entries))}")
+                raise CompareError(
+                    f"agent '{agent}' is not in {s.aggregate_metrics_fpath}; available: {', '.join(sorted(s.entries))}"
+                )
         return [agent], [], {}
     # A stored run is one agent under the run's agent name: pair it with the other side's only agent.
     sides = [baseline, *candidates]
@@ -690,8 +849,11 @@ def _agent_selection(baseline: Side, candidates: list[Side], agent: Optional[str
     for s in candidates:
         matched &= set(s.entries)
     if not matched:
-        raise CompareError("no agent name is present in every run: " + "; ".join(
-            f"{s.label}: {', '.join(sorted(s.entries))}" for s in sides) + " (give --agent-name)")
+        raise CompareError(
+            "no agent name is present in every run: "
+            + "; ".join(f"{s.label}: {', '.join(sorted(s.entries))}" for s in sides)
+            + " (give --agent-name)"
+        )
     notes, skipped = [], {}
     for s in sides:
         extras = sorted(set(s.entries) - matched)
@@ -702,9 +864,12 @@ def _agent_selection(baseline: Side, candidates: list[Side], agent: Optional[str
     return sorted(matched), notes, skipped
 
 
-def _num_repeats(entry: dict[str, Any]) -> Optional[int]:
-    expected = [g["expected_num_rollouts"] for g in entry.get("group_level_metrics") or []
-                if isinstance(g.get("expected_num_rollouts"), int) and not isinstance(g.get("expected_num_rollouts"), bool)]
+def _num_repeats(entry: dict[str, Any]) -> int | None:
+    expected = [
+        g["expected_num_rollouts"]
+        for g in entry.get("group_level_metrics") or []
+        if isinstance(g.get("expected_num_rollouts"), int) and not isinstance(g.get("expected_num_rollouts"), bool)
+    ]
     if expected:
         return max(expected)
     return len(entry["repeat_level_metrics"]) if entry.get("repeat_level_metrics") else None
@@ -713,33 +878,50 @@ def _num_repeats(entry: dict[str, Any]) -> Optional[int]:
 def _agent_comparison(base: dict[str, Any], cands: list[dict[str, Any]], agent: str) -> dict[str, Any]:
     rows = _metric_rows(base, cands)
     if not any(r["baseline"] is not None and any(r["candidates"]) for r in rows):
-        raise CompareError("baseline and candidate share no metric keys, so there is nothing to compare "
-                           "(runs collected with different --num-repeats produce different pass@k names)")
+        raise CompareError(
+            "baseline and candidate share no metric keys, so there is nothing to compare "
+            "(runs collected with different --num-repeats produce different pass@k names)"
+        )
     notes = []
     base_repeats = _num_repeats(base)
     cand_repeats = [_num_repeats(c) for c in cands]
     if base_repeats is not None and any(n is not None and n != base_repeats for n in cand_repeats):
-        notes.append(f"Repeat counts differ (baseline {base_repeats}, candidate {', '.join(str(n) for n in cand_repeats)}). "
-                     "Metric names that embed k (e.g. pass@1[avg-of-k]) will not line up across the runs.")
+        notes.append(
+            f"Repeat counts differ (baseline {base_repeats}, candidate {', '.join(str(n) for n in cand_repeats)}). "
+            "Metric names that embed k (e.g. pass@1[avg-of-k]) will not line up across the runs."
+        )
     has_cis = lambda e: any(k.startswith("ci_low_95_across_repeats/") for k in e.get("agent_metrics") or {})  # noqa: E731
     if not has_cis(base) and not any(has_cis(c) for c in cands):
-        notes.append("Neither run recorded per-run cross-repeat confidence intervals, so every baseline/candidate "
-                     "CI cell is empty. They are written for repeat-aggregated metrics when a run has 2 or more repeats.")
+        notes.append(
+            "Neither run recorded per-run cross-repeat confidence intervals, so every baseline/candidate "
+            "CI cell is empty. They are written for repeat-aggregated metrics when a run has 2 or more repeats."
+        )
     one_sided = [r["metric"] for r in rows if len(r["present_in"]) < 1 + len(cands)]
     if one_sided:
         notes.append(f"{len(one_sided)} metric(s) were reported by only one of the runs.")
     agent_names = lambda e: e.get("_gymweb_agent", agent)  # noqa: E731
     return {
-        "baseline_agent": agent_names(base), "candidate_agents": [agent_names(c) for c in cands],
+        "baseline_agent": agent_names(base),
+        "candidate_agents": [agent_names(c) for c in cands],
         "baseline_task_count": len(base.get("group_level_metrics") or []),
         "candidate_task_counts": [len(c.get("group_level_metrics") or []) for c in cands],
-        "baseline_repeat_count": base_repeats, "candidate_repeat_counts": cand_repeats,
-        "metrics": rows, "flips": [flip_summary(base, c, i) for i, c in enumerate(cands)], "notes": notes,
+        "baseline_repeat_count": base_repeats,
+        "candidate_repeat_counts": cand_repeats,
+        "metrics": rows,
+        "flips": [flip_summary(base, c, i) for i, c in enumerate(cands)],
+        "notes": notes,
     }
 
 
-def compare_sides(baseline: Side, candidates: list[Side], *, command: str = "", agent: Optional[str] = None,
-                  baseline_agent: Optional[str] = None, candidate_agents: Optional[list[str]] = None) -> dict[str, Any]:
+def compare_sides(
+    baseline: Side,
+    candidates: list[Side],
+    *,
+    command: str = "",
+    agent: str | None = None,
+    baseline_agent: str | None = None,
+    candidate_agents: list[str] | None = None,
+) -> dict[str, Any]:
     """The ``compare_report.json`` object (NeMo Gym's schema, version "1") for a baseline and 1 to
     ``MAX_CANDIDATES`` candidates, plus gymweb's ``gymweb`` key: per agent and candidate the paired
     interval of ``mean/reward`` and which interval is tighter. ``agent``: the one agent on every
@@ -759,11 +941,15 @@ def compare_sides(baseline: Side, candidates: list[Side], *, command: str = "", 
         comparison = _agent_comparison(base, cands, name)
         comparisons.append(comparison)
         reward_row = next((r for r in comparison["metrics"] if r["metric"] == "mean/reward"), None)
-        paired.append({"agent": comparison["baseline_agent"],
-                       "candidates": [_tighter(paired_bootstrap(base, c), reward_row, i) for i, c in enumerate(cands)]})
+        paired.append(
+            {
+                "agent": comparison["baseline_agent"],
+                "candidates": [_tighter(paired_bootstrap(base, c), reward_row, i) for i, c in enumerate(cands)],
+            }
+        )
     return {
         "schema_version": "1",
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "nemo_gym_version": NEMO_GYM_SCHEMA_VERSION,
         "command": command,
         "baseline": baseline.run_file(),
@@ -771,9 +957,14 @@ def compare_sides(baseline: Side, candidates: list[Side], *, command: str = "", 
         "comparisons": comparisons,
         "skipped_agents": skipped,
         "warnings": warns,
-        "gymweb": {"generator": "gymweb", "paired_intervals": paired,
-                   "runs": {"baseline": baseline.run.pk if baseline.run else None,
-                            "candidates": [s.run.pk if s.run else None for s in candidates]}},
+        "gymweb": {
+            "generator": "gymweb",
+            "paired_intervals": paired,
+            "runs": {
+                "baseline": baseline.run.pk if baseline.run else None,
+                "candidates": [s.run.pk if s.run else None for s in candidates],
+            },
+        },
     }
 
 
@@ -788,30 +979,38 @@ CI_FOOTNOTE = (
 )
 
 
-def _f(v: Optional[float]) -> str:
+def _f(v: float | None) -> str:
     return MISSING if v is None else f"{v:.4f}" if abs(v) < 10 else f"{v:.2f}"
 
 
-def _fs(v: Optional[float]) -> str:
+def _fs(v: float | None) -> str:
     return MISSING if v is None else f"{v:+.4f}" if abs(v) < 10 else f"{v:+.2f}"
 
 
-def _fpoint(v: Optional[dict]) -> str:
+def _fpoint(v: dict | None) -> str:
     return _f(_point(v)) if v is not None else MISSING
 
 
-def _fci(v: Optional[dict]) -> str:
-    return MISSING if v is None or v["ci_low"] is None or v["ci_high"] is None else f"[{_f(v['ci_low'])}, {_f(v['ci_high'])}]"
+def _fci(v: dict | None) -> str:
+    return (
+        MISSING
+        if v is None or v["ci_low"] is None or v["ci_high"] is None
+        else f"[{_f(v['ci_low'])}, {_f(v['ci_high'])}]"
+    )
 
 
-def _fdelta(c: Optional[dict]) -> str:
+def _fdelta(c: dict | None) -> str:
     if c is None or c["delta"] is None:
         return MISSING
     return f"{_fs(c['delta'])} (n/a)" if c["delta_pct"] is None else f"{_fs(c['delta'])} ({c['delta_pct']:+.1f}%)"
 
 
-def _fdelta_ci(c: Optional[dict]) -> str:
-    return MISSING if c is None or c["delta_ci_low"] is None or c["delta_ci_high"] is None else f"[{_fs(c['delta_ci_low'])}, {_fs(c['delta_ci_high'])}]"
+def _fdelta_ci(c: dict | None) -> str:
+    return (
+        MISSING
+        if c is None or c["delta_ci_low"] is None or c["delta_ci_high"] is None
+        else f"[{_fs(c['delta_ci_low'])}, {_fs(c['delta_ci_high'])}]"
+    )
 
 
 def _table(header: list[str], align: list[str], rows: list[list[str]]) -> list[str]:
@@ -826,14 +1025,22 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = ["# gym eval compare", ""]
 
     def metric_table(rows):
-        header, align = ["Metric", "Δ (cand − base)", "95% CI for Δ (cand − base)", "Baseline", "Baseline 95% CI"], ["---", "---:", "---", "---:", "---"]
+        header, align = (
+            ["Metric", "Δ (cand − base)", "95% CI for Δ (cand − base)", "Baseline", "Baseline 95% CI"],
+            ["---", "---:", "---", "---:", "---"],
+        )
         for label in labels:
             header += [label, f"{label} 95% CI"]
             align += ["---:", "---"]
         body = []
         for r in rows:
-            cells = [f"`{r['metric']}`", " / ".join(_fdelta(c) for c in r["candidates"]),
-                     " / ".join(_fdelta_ci(c) for c in r["candidates"]), _fpoint(r["baseline"]), _fci(r["baseline"])]
+            cells = [
+                f"`{r['metric']}`",
+                " / ".join(_fdelta(c) for c in r["candidates"]),
+                " / ".join(_fdelta_ci(c) for c in r["candidates"]),
+                _fpoint(r["baseline"]),
+                _fci(r["baseline"]),
+            ]
             for c in r["candidates"]:
                 cells += [_fpoint(c), _fci(c)]
             body.append(cells)
@@ -843,23 +1050,45 @@ def render_markdown(report: dict[str, Any]) -> str:
         if len(report["comparisons"]) > 1:
             lines += [f"## Agent: `{comp['baseline_agent']}`", ""]
         b = report["baseline"]
-        rows = [["Run", f"`{b['label']}`", *[f"`{c['label']}`" for c in cands]],
-                ["Rollouts", f"`{b['rollouts_jsonl_fpath']}`", *[f"`{c['rollouts_jsonl_fpath']}`" for c in cands]],
-                ["Aggregate metrics", f"`{b['aggregate_metrics_fpath']}`", *[f"`{c['aggregate_metrics_fpath']}`" for c in cands]],
-                ["Agent", f"`{comp['baseline_agent']}`", *[f"`{a}`" for a in comp["candidate_agents"]]],
-                ["Tasks", str(comp["baseline_task_count"]), *[str(n) for n in comp["candidate_task_counts"]]],
-                ["Repeats", str(comp["baseline_repeat_count"] if comp["baseline_repeat_count"] is not None else "unknown"),
-                 *[str(n if n is not None else "unknown") for n in comp["candidate_repeat_counts"]]]]
+        rows = [
+            ["Run", f"`{b['label']}`", *[f"`{c['label']}`" for c in cands]],
+            ["Rollouts", f"`{b['rollouts_jsonl_fpath']}`", *[f"`{c['rollouts_jsonl_fpath']}`" for c in cands]],
+            [
+                "Aggregate metrics",
+                f"`{b['aggregate_metrics_fpath']}`",
+                *[f"`{c['aggregate_metrics_fpath']}`" for c in cands],
+            ],
+            ["Agent", f"`{comp['baseline_agent']}`", *[f"`{a}`" for a in comp["candidate_agents"]]],
+            ["Tasks", str(comp["baseline_task_count"]), *[str(n) for n in comp["candidate_task_counts"]]],
+            [
+                "Repeats",
+                str(comp["baseline_repeat_count"] if comp["baseline_repeat_count"] is not None else "unknown"),
+                *[str(n if n is not None else "unknown") for n in comp["candidate_repeat_counts"]],
+            ],
+        ]
         lines += _table(["", "Baseline", *labels], ["---"] * (2 + len(labels)), rows)
-        lines += ["", f"Generated {report['generated_at']} by gymweb (NeMo Gym {report['nemo_gym_version']}'s compare).", "",
-                  f"Command: `{report['command']}`", ""]
+        lines += [
+            "",
+            f"Generated {report['generated_at']} by gymweb (NeMo Gym {report['nemo_gym_version']}'s compare).",
+            "",
+            f"Command: `{report['command']}`",
+            "",
+        ]
         key_rows = [r for r in comp["metrics"] if r["is_key_metric"]]
         other_rows = [r for r in comp["metrics"] if not r["is_key_metric"]]
         lines += ["### Key metrics", ""]
         lines += metric_table(key_rows) if key_rows else ["No key metrics were recorded for this agent."]
         lines += ["", CI_FOOTNOTE, ""]
         if other_rows:
-            lines += ["<details>", f"<summary>All other metrics ({len(other_rows)} rows)</summary>", "", *metric_table(other_rows), "", "</details>", ""]
+            lines += [
+                "<details>",
+                f"<summary>All other metrics ({len(other_rows)} rows)</summary>",
+                "",
+                *metric_table(other_rows),
+                "",
+                "</details>",
+                "",
+            ]
         for index, s in enumerate(comp["flips"]):
             label = f" — {labels[index]}" if len(comp["flips"]) > 1 else ""
             lines += [f"### Sample flips{label}", ""]
@@ -867,12 +1096,20 @@ def render_markdown(report: dict[str, Any]) -> str:
                 lines += [f"Not available: {s['reason']}", ""]
                 continue
             if s["mode"] == "binary":
-                lines += [f"Field: `{s['field']}` (task mean over its repeats). A task passes when its mean is above 0.5.", "",
-                          f"**{s['common_task_count']} common tasks · {s['pass_to_fail_count']} pass→fail · "
-                          f"{s['fail_to_pass_count']} fail→pass · net {s['net']:+d} · {s['unchanged_count']} unchanged · {s['tied_count']} tied**", ""]
+                lines += [
+                    f"Field: `{s['field']}` (task mean over its repeats). A task passes when its mean is above 0.5.",
+                    "",
+                    f"**{s['common_task_count']} common tasks · {s['pass_to_fail_count']} pass→fail · "
+                    f"{s['fail_to_pass_count']} fail→pass · net {s['net']:+d} · {s['unchanged_count']} unchanged · {s['tied_count']} tied**",
+                    "",
+                ]
             else:
-                lines += [f"Rewards are not binary, so this lists the largest per-task changes in `{s['field']}` rather than pass/fail flips.", "",
-                          f"**{s['common_task_count']} common tasks · {len(s['flips'])} changed · {s['unchanged_count']} unchanged**", ""]
+                lines += [
+                    f"Rewards are not binary, so this lists the largest per-task changes in `{s['field']}` rather than pass/fail flips.",
+                    "",
+                    f"**{s['common_task_count']} common tasks · {len(s['flips'])} changed · {s['unchanged_count']} unchanged**",
+                    "",
+                ]
             shown: list[dict[str, Any]] = []
             per: dict[str, int] = {}
             for f in s["flips"]:
@@ -881,46 +1118,89 @@ def render_markdown(report: dict[str, Any]) -> str:
                     shown.append(f)
             if shown:
                 fr = lambda rs: ", ".join(f"{x:g}" for x in rs) if rs else MISSING  # noqa: E731
-                lines += _table(["Task", "Direction", "Baseline", "Candidate", "Δ", "Baseline per-repeat", "Candidate per-repeat"],
-                                ["---:", "---", "---:", "---:", "---:", "---", "---"],
-                                [[str(f["task_index"]), f["direction"].replace("_to_", "→"), _f(f["baseline_score"]), _f(f["candidate_score"]),
-                                  _fs(f["delta"]), fr(f["baseline_rewards"]), fr(f["candidate_rewards"])] for f in shown])
+                lines += _table(
+                    ["Task", "Direction", "Baseline", "Candidate", "Δ", "Baseline per-repeat", "Candidate per-repeat"],
+                    ["---:", "---", "---:", "---:", "---:", "---", "---"],
+                    [
+                        [
+                            str(f["task_index"]),
+                            f["direction"].replace("_to_", "→"),
+                            _f(f["baseline_score"]),
+                            _f(f["candidate_score"]),
+                            _fs(f["delta"]),
+                            fr(f["baseline_rewards"]),
+                            fr(f["candidate_rewards"]),
+                        ]
+                        for f in shown
+                    ],
+                )
                 if len(s["flips"]) > len(shown):
                     lines += ["", f"… and {len(s['flips']) - len(shown)} more (full list in `compare_report.json`)."]
                 lines.append("")
-            lines += ["Tasks are joined on `_ng_task_index`. `*_aggregate_metrics.json` carries no task identity, so flips are "
-                      "reported by index only — this assumes both runs used the same dataset, split, `--limit` and ordering.", ""]
+            lines += [
+                "Tasks are joined on `_ng_task_index`. `*_aggregate_metrics.json` carries no task identity, so flips are "
+                "reported by index only — this assumes both runs used the same dataset, split, `--limit` and ordering.",
+                "",
+            ]
         paired = report["gymweb"]["paired_intervals"][ci]["candidates"]
-        lines += ["### Paired interval (gymweb)", "",
-                  f"`mean/reward`: 95% bootstrap interval of the mean per-task difference over the common tasks "
-                  f"({PAIRED_BOOTSTRAP_RESAMPLES} resamples of tasks, seed {PAIRED_BOOTSTRAP_SEED}). It removes the "
-                  "between-task variance the Welch interval carries.", ""]
-        lines += _table(["Candidate", "Tasks", "Δ (paired)", "Paired 95% CI", "Width", "Welch width", "Tighter"],
-                        ["---", "---:", "---:", "---", "---:", "---:", "---"],
-                        [[labels[i], str(p["tasks"]), _fs(p["delta"]),
-                          MISSING if p["ci_low"] is None else f"[{_fs(p['ci_low'])}, {_fs(p['ci_high'])}]",
-                          _f(p["width"]), _f(p["welch_width"]), p["tighter"] or MISSING] for i, p in enumerate(paired)])
+        lines += [
+            "### Paired interval (gymweb)",
+            "",
+            f"`mean/reward`: 95% bootstrap interval of the mean per-task difference over the common tasks "
+            f"({PAIRED_BOOTSTRAP_RESAMPLES} resamples of tasks, seed {PAIRED_BOOTSTRAP_SEED}). It removes the "
+            "between-task variance the Welch interval carries.",
+            "",
+        ]
+        lines += _table(
+            ["Candidate", "Tasks", "Δ (paired)", "Paired 95% CI", "Width", "Welch width", "Tighter"],
+            ["---", "---:", "---:", "---", "---:", "---:", "---"],
+            [
+                [
+                    labels[i],
+                    str(p["tasks"]),
+                    _fs(p["delta"]),
+                    MISSING if p["ci_low"] is None else f"[{_fs(p['ci_low'])}, {_fs(p['ci_high'])}]",
+                    _f(p["width"]),
+                    _f(p["welch_width"]),
+                    p["tighter"] or MISSING,
+                ]
+                for i, p in enumerate(paired)
+            ],
+        )
         lines.append("")
         one_sided = [r for r in comp["metrics"] if len(r["present_in"]) < 1 + len(cands)]
         if one_sided:
-            lines += ["### Metrics present in only one run", "",
-                      "Metric names embed the repeat count (`pass@1[avg-of-3]` vs `pass@1[avg-of-5]`), so runs collected with "
-                      "different `--num-repeats` will not line these up.", "",
-                      *(f"- `{r['metric']}` — {', '.join(r['present_in']) or 'no numeric value on either side'}" for r in one_sided), ""]
+            lines += [
+                "### Metrics present in only one run",
+                "",
+                "Metric names embed the repeat count (`pass@1[avg-of-3]` vs `pass@1[avg-of-5]`), so runs collected with "
+                "different `--num-repeats` will not line these up.",
+                "",
+                *(
+                    f"- `{r['metric']}` — {', '.join(r['present_in']) or 'no numeric value on either side'}"
+                    for r in one_sided
+                ),
+                "",
+            ]
         if comp["notes"]:
             lines += ["### Notes", "", *(f"- {n}" for n in comp["notes"]), ""]
     if report["warnings"]:
         lines += ["## Warnings", "", *(f"- {w}" for w in report["warnings"]), ""]
-    lines += ["---", f"Generated by gymweb in the layout of `gym eval compare` (nemo-gym {report['nemo_gym_version']}). "
-              f"Machine-readable output: `{COMPARE_JSON}` (schema_version {report['schema_version']}).", ""]
+    lines += [
+        "---",
+        f"Generated by gymweb in the layout of `gym eval compare` (nemo-gym {report['nemo_gym_version']}). "
+        f"Machine-readable output: `{COMPARE_JSON}` (schema_version {report['schema_version']}).",
+        "",
+    ]
     return "\n".join(lines)
 
 
 REPORT_FORMATS = ("md", "json", "both")
 
 
-def write_compare_report(report: dict[str, Any], output_dir: Union[str, Path], *, overwrite: bool = False,
-                         report_format: str = "both") -> list[Path]:
+def write_compare_report(
+    report: dict[str, Any], output_dir: str | Path, *, overwrite: bool = False, report_format: str = "both"
+) -> list[Path]:
     """Write ``compare_report.md`` and/or ``compare_report.json`` (orjson, 2-space indent, as NeMo
     Gym) into ``output_dir``; ``report_format`` is NeMo Gym's ``--report-format`` (``md``, ``json``,
     ``both``). Raises ``FileExistsError`` when one to write exists and ``overwrite`` is false

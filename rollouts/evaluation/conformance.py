@@ -35,6 +35,7 @@ Each code's advice is in ``CHECKS``.
 
 No Django here: a view, the ``check_agent`` command or a test can call it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,7 +44,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urljoin
 
 import aiohttp
@@ -98,21 +99,21 @@ class Check:
 
 
 _TOP_LEVEL = (
-    "id (string), created_at (number, seconds), model (string), object: \"response\", output (list), "
-    "parallel_tool_calls (bool), tool_choice (\"auto\" or an object) and tools (list)"
+    'id (string), created_at (number, seconds), model (string), object: "response", output (list), '
+    'parallel_tool_calls (bool), tool_choice ("auto" or an object) and tools (list)'
 )
 
 CHECKS: dict[str, Check] = {
     "target_refused": Check(
         ERROR,
-        "gymweb's target policy (README, \"Which hosts a run may reach\")",
+        'gymweb\'s target policy (README, "Which hosts a run may reach")',
         "gymweb refused to connect to this host under its target policy; runs against it fail with "
         "target_refused. An administrator can allow it: list it in GYMWEB_ALLOWED_TARGET_HOSTS (host, host:port "
         "or CIDR), or, for loopback and private addresses on a local single-user set-up, set GYMWEB_ALLOW_LOCAL_TARGETS=1.",
     ),
     "reply_too_large": Check(
         ERROR,
-        "gymweb's reply cap (README, \"Which hosts a run may reach\")",
+        'gymweb\'s reply cap (README, "Which hosts a run may reach")',
         "The reply is larger than GYMWEB_MAX_REPLY_BYTES; gymweb stopped reading it and a rollout would fail with "
         "reply_too_large. Send smaller replies, or raise the cap.",
     ),
@@ -120,7 +121,7 @@ CHECKS: dict[str, Check] = {
         ERROR,
         "contract rule 11, DESIGN.md",
         "Start the service and check the URL: gymweb POSTs to {base_url}/v1/responses. It tries 3 times, then "
-        "fails the rollout with \"is your service running at ...?\". Mind that HTTP_PROXY/HTTPS_PROXY are ignored.",
+        'fails the rollout with "is your service running at ...?". Mind that HTTP_PROXY/HTTPS_PROXY are ignored.',
     ),
     "connection_dropped": Check(
         ERROR,
@@ -142,7 +143,7 @@ CHECKS: dict[str, Check] = {
     ),
     "redirect": Check(
         ERROR,
-        "contract rule 1, DESIGN.md; the seed's \"Gotchas\"",
+        'contract rule 1, DESIGN.md; the seed\'s "Gotchas"',
         "Point the agent URL (NeMo Gym's agent_base_url) at the final address (the Location shown). Redirects are never followed: a "
         "301/302/303 would turn the POST into a body-less GET, a 307/308 would send the task somewhere you never "
         "configured.",
@@ -172,28 +173,28 @@ CHECKS: dict[str, Check] = {
     "invalid_output_item": Check(
         ERROR,
         "contract rule 3, DESIGN.md (NeMo Gym's NeMoGymResponse)",
-        "Give every output item a known type and its fields: message {id, role: \"assistant\", content: "
-        "[{type: \"output_text\", text, annotations: []}]}; function_call {call_id, name, arguments: a JSON "
+        'Give every output item a known type and its fields: message {id, role: "assistant", content: '
+        '[{type: "output_text", text, annotations: []}]}; function_call {call_id, name, arguments: a JSON '
         "*string*}; function_call_output {call_id, output: a string}; reasoning {id, summary: []}. An invalid "
         "object is a terminal failure.",
     ),
     "partial_usage": Check(
         ERROR,
-        "contract rule 3, DESIGN.md; the seed's \"Gotchas\"",
+        'contract rule 3, DESIGN.md; the seed\'s "Gotchas"',
         "Report the full usage object (input_tokens, output_tokens, total_tokens, input_tokens_details: "
         "{cached_tokens}, output_tokens_details: {reasoning_tokens}) or leave usage out entirely. A partial "
         "usage is an invalid object: a terminal failure.",
     ),
     "no_usage": Check(
         WARNING,
-        "contract rule 3, DESIGN.md; the seed's \"Your service is responsible for\" 4",
+        'contract rule 3, DESIGN.md; the seed\'s "Your service is responsible for" 4',
         "Report usage (input_tokens, output_tokens, total_tokens, input_tokens_details.cached_tokens, "
         "output_tokens_details.reasoning_tokens) to get token metrics. Leaving it out is allowed; the run's "
         "token metrics are then empty.",
     ),
     "undeclared_tool": Check(
         ERROR,
-        "contract rule 5, DESIGN.md; the seed's \"Expectations\" 1",
+        'contract rule 5, DESIGN.md; the seed\'s "Expectations" 1',
         "Ask only for tools the request's `tools` declared, by their exact name. gymweb still sends such a call to "
         "the environment and returns whatever it answers (usually a 404 text) as the output: a wasted step.",
     ),
@@ -217,14 +218,14 @@ CHECKS: dict[str, Check] = {
     ),
     "orphan_call_output": Check(
         ERROR,
-        "contract rule 4, DESIGN.md; the seed's \"Expectations\" 3",
+        'contract rule 4, DESIGN.md; the seed\'s "Expectations" 3',
         "Only return a function_call_output together with the function_call of the same call_id (your own tool's "
         "record, paired in the same reply). Never answer a call nobody made; gymweb adds the outputs of the calls "
         "it runs itself.",
     ),
     "nemo_gym_agent_server": Check(
         ERROR,
-        "docs/nemo-gym-environments.md, \"The mis-wiring\"",
+        'docs/nemo-gym-environments.md, "The mis-wiring"',
         "This URL is NeMo Gym's own agent server (it serves /run), not your agent service: it calls your agent "
         "itself and runs the environment's tools in a session of its own, so gymweb's environment would see no "
         "tool call and every rollout would score 0.0. Use your agent service's URL (the agent_base_url of the "
@@ -232,7 +233,7 @@ CHECKS: dict[str, Check] = {
     ),
     "agent_ran_env_tools": Check(
         WARNING,
-        "contract rule 4, DESIGN.md; docs/nemo-gym-environments.md, \"The mis-wiring\"",
+        'contract rule 4, DESIGN.md; docs/nemo-gym-environments.md, "The mis-wiring"',
         "The reply already carries the results of the environment's own tools (function_call + function_call_output "
         "for a declared tool): gymweb runs only unanswered calls, so the environment never sees these and /verify "
         "scores a session the tools never touched. Return the function_call alone and let gymweb run it, or point "
@@ -247,15 +248,15 @@ CHECKS: dict[str, Check] = {
     ),
     "arguments_not_json": Check(
         WARNING,
-        "contract rule 6, DESIGN.md; the seed's \"Expectations\" 2",
-        "Send arguments as a JSON-encoded string, e.g. json.dumps({\"count\": 1}). gymweb does not call the tool; "
+        'contract rule 6, DESIGN.md; the seed\'s "Expectations" 2',
+        'Send arguments as a JSON-encoded string, e.g. json.dumps({"count": 1}). gymweb does not call the tool; '
         "the call's output is an error text naming the parse error, and the rollout goes on.",
     ),
     "no_progress": Check(
         WARNING,
         "contract rule 10, DESIGN.md",
-        "End every reply with unpaired function_call asks (\"run these tools\") or an assistant message "
-        "(\"finished\"). With neither, gymweb calls again at once; a service that never ends loops until "
+        'End every reply with unpaired function_call asks ("run these tools") or an assistant message '
+        '("finished"). With neither, gymweb calls again at once; a service that never ends loops until '
         "max_steps or run_timeout_s.",
     ),
     "slow": Check(
@@ -304,10 +305,10 @@ class ProbeResult:
     url: str
     request: dict[str, Any]
     sent: str
-    status: Optional[int] = None
+    status: int | None = None
     received: str = ""
-    latency_ms: Optional[float] = None
-    error: Optional[str] = None
+    latency_ms: float | None = None
+    error: str | None = None
     findings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -337,7 +338,7 @@ class Report:
     def ok(self) -> bool:
         return not self.errors
 
-    def codes(self, severity: Optional[str] = None) -> set[str]:
+    def codes(self, severity: str | None = None) -> set[str]:
         """The finding codes, optionally of one severity."""
         return {f.code for f in self.findings if severity is None or f.severity == severity}
 
@@ -447,14 +448,16 @@ def _simulated_output(call: dict[str, Any]) -> str:
     return '{"detail":"Not Found"}'
 
 
-def _follow_up_request(first: dict[str, Any], reply: Optional[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+def _follow_up_request(first: dict[str, Any], reply: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
     """Probe 2's request: probe 1's conversation one turn later. Returns (request, purpose)."""
     output = reply.get("output") if isinstance(reply, dict) else None
     items = _usable_items(output) if isinstance(output, list) else []
     asks = [a for a in find_asks(items) if isinstance(a.get("name"), str)] if items else []
     request = dict(first)
     if asks:
-        outputs = [{"type": "function_call_output", "call_id": a["call_id"], "output": _simulated_output(a)} for a in asks]
+        outputs = [
+            {"type": "function_call_output", "call_id": a["call_id"], "output": _simulated_output(a)} for a in asks
+        ]
         request["input"] = list(first["input"]) + items + outputs
         return request, f"the conversation after {len(asks)} of its own ask(s) ran (cookies echoed)"
     call = {
@@ -515,16 +518,18 @@ def _input_call_ids(request: dict[str, Any]) -> set[str]:
     items = request.get("input")
     if not isinstance(items, list):
         return set()
-    return {i["call_id"] for i in items if isinstance(i, dict) and i.get("type") == "function_call" and isinstance(i.get("call_id"), str)}
+    return {
+        i["call_id"]
+        for i in items
+        if isinstance(i, dict) and i.get("type") == "function_call" and isinstance(i.get("call_id"), str)
+    }
 
 
-def _usage_problem(usage: Any) -> Optional[str]:
+def _usage_problem(usage: Any) -> str | None:
     try:
         Usage.model_validate(usage)
     except ValidationError as exc:
-        return "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'usage'}: {err['msg']}" for err in exc.errors()[:8]
-        )
+        return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'usage'}: {err['msg']}" for err in exc.errors()[:8])
     return None
 
 
@@ -580,7 +585,9 @@ def check_reply(request: dict[str, Any], data: dict[str, Any]) -> list[tuple[str
     unpaired = [i for i in items if i.get("type") == "function_call" and i["call_id"] not in answered]
     for call_id, n in Counter(i["call_id"] for i in unpaired).items():
         if n > 1:
-            found.append(("duplicate_call_id", f"{n} asks share call_id {call_id!r}: gymweb runs only the last of them"))
+            found.append(
+                ("duplicate_call_id", f"{n} asks share call_id {call_id!r}: gymweb runs only the last of them")
+            )
     asks = find_asks(items)
     for ask in asks:
         name = ask.get("name")
@@ -592,26 +599,53 @@ def check_reply(request: dict[str, Any], data: dict[str, Any]) -> list[tuple[str
             found.append((code, f"asked for tool {name!r}: {problem}; gymweb will not send it"))
         if name not in declared:
             shown = ", ".join(sorted(declared)) if declared else "none (tools: [])"
-            found.append(("undeclared_tool", f"asked for tool {name!r}, which the request does not declare (declared: {shown})"))
+            found.append(
+                ("undeclared_tool", f"asked for tool {name!r}, which the request does not declare (declared: {shown})")
+            )
         arguments = ask.get("arguments")
         if isinstance(arguments, str):
             _, problem = arguments_problem(arguments)
             if problem is not None:
-                found.append(("arguments_not_json", f"the arguments of the ask for {name!r} (call_id {ask['call_id']!r}) are not valid JSON: {arguments[:100]!r}"))
+                found.append(
+                    (
+                        "arguments_not_json",
+                        f"the arguments of the ask for {name!r} (call_id {ask['call_id']!r}) are not valid JSON: {arguments[:100]!r}",
+                    )
+                )
         if ask["call_id"] in earlier_ids:
-            found.append(("repeated_call_id", f"the ask for {name!r} reuses call_id {ask['call_id']!r} from earlier in the conversation"))
+            found.append(
+                (
+                    "repeated_call_id",
+                    f"the ask for {name!r} reuses call_id {ask['call_id']!r} from earlier in the conversation",
+                )
+            )
     ran_env_tools = unexecuted_tool_results([(i, "agent") for i in items], declared)
     if ran_env_tools and declared:
-        found.append(("agent_ran_env_tools", f"the reply answers {len(ran_env_tools)} call(s) of the declared tools itself "
-                                             f"(call_id {ran_env_tools[0]!r}): the environment never runs them"))
+        found.append(
+            (
+                "agent_ran_env_tools",
+                f"the reply answers {len(ran_env_tools)} call(s) of the declared tools itself "
+                f"(call_id {ran_env_tools[0]!r}): the environment never runs them",
+            )
+        )
     for item in items:
         if item.get("type") == "function_call_output" and item["call_id"] not in calls_here | earlier_ids:
-            found.append(("orphan_call_output", f"a function_call_output answers call_id {item['call_id']!r}, which no function_call made (neither in this reply nor in the input)"))
+            found.append(
+                (
+                    "orphan_call_output",
+                    f"a function_call_output answers call_id {item['call_id']!r}, which no function_call made (neither in this reply nor in the input)",
+                )
+            )
     shape_errors = any(code in ("partial_usage", "invalid_response", "invalid_output_item") for code, _ in found)
     # An invalid reply fails the rollout before the loop looks at it: "calls again" would not be true.
     if not shape_errors and not asks and not has_assistant_message(items) and not data.get("incomplete_details"):
         kinds = ", ".join(sorted({str(i.get("type")) for i in items})) or "no items"
-        found.append(("no_progress", f"the reply has neither an ask nor an assistant message ({kinds}): gymweb would call again at once"))
+        found.append(
+            (
+                "no_progress",
+                f"the reply has neither an ask nor an assistant message ({kinds}): gymweb would call again at once",
+            )
+        )
     return found
 
 
@@ -659,7 +693,13 @@ class _Run:
         """``GET {base}/openapi.json``: a NeMo Gym agent server (``/run`` beside ``/v1/responses``)
         is reported as ``nemo_gym_agent_server``. Silent when the document cannot be read."""
         url = f"{self.base_url}/openapi.json"
-        probe = ProbeResult(name="openapi", purpose="is it NeMo Gym's own agent server? (GET /openapi.json)", url=url, request={}, sent=f"GET {url}")
+        probe = ProbeResult(
+            name="openapi",
+            purpose="is it NeMo Gym's own agent server? (GET /openapi.json)",
+            url=url,
+            request={},
+            sent=f"GET {url}",
+        )
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -674,9 +714,13 @@ class _Run:
         probe.received = f"HTTP {response.status_code}: routes {', '.join(routes) or '(none of /run, /v1/responses)'}"
         if is_nemo_gym_agent_server(doc if isinstance(doc, dict) else None):  # listed only when it found this
             self.report.probes.append(probe)
-            self.add(probe, "nemo_gym_agent_server", f"{self.base_url} is a NeMo Gym agent server (it serves {', '.join(routes)}), not an agent service")
+            self.add(
+                probe,
+                "nemo_gym_agent_server",
+                f"{self.base_url} is a NeMo Gym agent server (it serves {', '.join(routes)}), not an agent service",
+            )
 
-    async def probe(self, name: str, purpose: str, request: dict[str, Any], jar: SessionJar) -> Optional[dict[str, Any]]:
+    async def probe(self, name: str, purpose: str, request: dict[str, Any], jar: SessionJar) -> dict[str, Any] | None:
         """Send one probe; record it and its findings. Returns the reply object when it is one."""
         body = _dumps(request)
         probe = ProbeResult(name=name, purpose=purpose, url=self.url, request=request, sent=_cut(body, SENT_CHARS))
@@ -702,10 +746,18 @@ class _Run:
                 self.add(probe, "target_refused", str(refused))
             elif too_large is not None:
                 probe.error = probe.received = str(too_large)
-                self.add(probe, "reply_too_large", f"the reply is larger than {too_large.limit:,} bytes (GYMWEB_MAX_REPLY_BYTES)")
+                self.add(
+                    probe,
+                    "reply_too_large",
+                    f"the reply is larger than {too_large.limit:,} bytes (GYMWEB_MAX_REPLY_BYTES)",
+                )
             elif isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
                 self.unreachable = True
-                self.add(probe, "unreachable", f"could not connect to {self.url}: is your service running at {self.base_url}?")
+                self.add(
+                    probe,
+                    "unreachable",
+                    f"could not connect to {self.url}: is your service running at {self.base_url}?",
+                )
             elif isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) or isinstance(
                 exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectTimeout)
             ):
@@ -751,8 +803,8 @@ async def check_agent(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     slow_s: float = DEFAULT_SLOW_S,
-    client: Optional[httpx.AsyncClient] = None,
-    policy: Optional[TargetPolicy] = None,
+    client: httpx.AsyncClient | None = None,
+    policy: TargetPolicy | None = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
 ) -> Report:
     """Probe the agent service at ``base_url`` and report every breach of the contract found.
@@ -781,7 +833,9 @@ async def check_agent(
         await run.probe_nemo_gym_agent_server()
         follow_up, purpose = _follow_up_request(first, reply)
         await run.probe("follow_up", purpose, follow_up, jar)
-        await run.probe("string_input", "input given as a string", {"input": STRING_TASK, "tools": PROBE_TOOLS}, SessionJar())
+        await run.probe(
+            "string_input", "input given as a string", {"input": STRING_TASK, "tools": PROBE_TOOLS}, SessionJar()
+        )
         await run.probe(
             "no_tools",
             "a plain question with tools: []",
@@ -794,8 +848,16 @@ async def check_agent(
             await client.aclose()
 
 
-def check_agent_sync(base_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, slow_s: float = DEFAULT_SLOW_S,
-                     policy: Optional[TargetPolicy] = None, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> Report:
+def check_agent_sync(
+    base_url: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    slow_s: float = DEFAULT_SLOW_S,
+    policy: TargetPolicy | None = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+) -> Report:
     """``check_agent`` for synchronous callers (a view, a command): runs it in a new event loop.
     Must not be called from inside a running event loop. Raises ``loop.InvalidBaseURL`` like it."""
-    return asyncio.run(check_agent(base_url, timeout_s=timeout_s, slow_s=slow_s, policy=policy, max_reply_bytes=max_reply_bytes))
+    return asyncio.run(
+        check_agent(base_url, timeout_s=timeout_s, slow_s=slow_s, policy=policy, max_reply_bytes=max_reply_bytes)
+    )

@@ -46,13 +46,15 @@ gymweb's failed keys are where agent failures show, so they are checked too; ``s
 restricts to NeMo Gym's set). Imported runs have no per-call evidence: their rows are checked like
 files. Verdicts are stored (``RolloutHealth``) and the summary on ``Run.health_summary``.
 """
+
 from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any
 
 import orjson
 from django.db import transaction
@@ -62,9 +64,23 @@ from rollouts.models import AgentCall, Rollout, RolloutHealth, Run, Task, Trajec
 from rollouts.nemo import miswiring
 
 __all__ = [
-    "CHECK_IDS", "ROLLOUT_CHECK_IDS", "TASK_CHECK_IDS", "QUALITY_SUMMARY_FILENAME", "ROLLOUT_VERDICTS_FILENAME",
-    "Evidence", "Digest", "HealthResult", "OutputExists", "check_evidence", "check_files", "check_run",
-    "evidence_from_file", "format_report", "store_run_health", "write_reports", "run_health_check",
+    "CHECK_IDS",
+    "ROLLOUT_CHECK_IDS",
+    "TASK_CHECK_IDS",
+    "QUALITY_SUMMARY_FILENAME",
+    "ROLLOUT_VERDICTS_FILENAME",
+    "Evidence",
+    "Digest",
+    "HealthResult",
+    "OutputExists",
+    "check_evidence",
+    "check_files",
+    "check_run",
+    "evidence_from_file",
+    "format_report",
+    "store_run_health",
+    "write_reports",
+    "run_health_check",
 ]
 
 QUALITY_SUMMARY_FILENAME = "quality_summary.json"
@@ -96,13 +112,34 @@ GYMWEB_CHECK_IDS = (TOOL_RESULTS_NOT_EXECUTED,)
 RECORD_ONLY = {"check_execution_error", "record_unreadable", "rollout_duplicate_identity"}
 TURN_CHECKS = {"rollout_missing_agent_turns", "agent_turn_hollow"}
 LENGTH_LIMIT_REASONS = frozenset({"length", "max_output_tokens", "max_tokens"})
-TOOL_CALL_TYPES = frozenset({
-    "function_call", "tool_call", "tool_use", "mcp_call", "mcp_list_tools", "mcp_approval_request",
-    "file_search_call", "web_search_call", "computer_call", "image_generation_call", "code_interpreter_call",
-    "local_shell_call", "custom_tool_call",
-})
-CONTENT_KEYS = ("text", "content", "output_text", "answer", "refusal", "encrypted_content", "reasoning",
-                "reasoning_content", "summary")
+TOOL_CALL_TYPES = frozenset(
+    {
+        "function_call",
+        "tool_call",
+        "tool_use",
+        "mcp_call",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "file_search_call",
+        "web_search_call",
+        "computer_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "local_shell_call",
+        "custom_tool_call",
+    }
+)
+CONTENT_KEYS = (
+    "text",
+    "content",
+    "output_text",
+    "answer",
+    "refusal",
+    "encrypted_content",
+    "reasoning",
+    "reasoning_content",
+    "summary",
+)
 CHECK_TEXT = {
     "check_execution_error": "a check raised an exception",
     "record_unreadable": "the row cannot be read",
@@ -148,7 +185,7 @@ def has_tool_call(item: Any) -> bool:
     return item.get("type") in TOOL_CALL_TYPES or bool(item.get("tool_calls"))
 
 
-def usage_tokens(usage: Any) -> tuple[Optional[int], Optional[int]]:
+def usage_tokens(usage: Any) -> tuple[int | None, int | None]:
     """(prompt, completion) tokens of a usage object (Responses or Chat names); None when absent
     or not a whole number >= 0 (NeMo Gym's ``_usage_tokens``)."""
     if not isinstance(usage, dict):
@@ -166,14 +203,14 @@ class Call:
     text, reasoning or a tool call (None when unknown)."""
 
     step: int
-    started_at: Optional[float]
+    started_at: float | None
     response_id: str
-    status_code: Optional[int]
+    status_code: int | None
     error_category: str
-    finish_reason: Optional[str]
-    tokens_in: Optional[int]
-    tokens_out: Optional[int]
-    has_content: Optional[bool]
+    finish_reason: str | None
+    tokens_in: int | None
+    tokens_out: int | None
+    has_content: bool | None
     failed: bool
 
     @property
@@ -197,19 +234,19 @@ class Evidence:
     row), None when ``parse_error`` names why it could not be read; ``calls``/``turns``: None when not
     observed (a file row without gymweb's steps)."""
 
-    task_index: Union[int, str]
-    rollout_index: Union[int, str]
+    task_index: int | str
+    rollout_index: int | str
     rollout_id: str
-    record: Optional[dict[str, Any]] = None
-    parse_error: Optional[str] = None
-    source: Optional[tuple[str, int]] = None  # (file, line) for record_unreadable
-    calls: Optional[list[Call]] = None
-    turns: Optional[list[Turn]] = None
+    record: dict[str, Any] | None = None
+    parse_error: str | None = None
+    source: tuple[str, int] | None = None  # (file, line) for record_unreadable
+    calls: list[Call] | None = None
+    turns: list[Turn] | None = None
     stage_index: Any = None
-    rollout_pk: Optional[int] = None
+    rollout_pk: int | None = None
     # call_ids of tool results the agent reported for the env's tools that the env never executed
     # (rollouts.nemo.miswiring); None when not observed (a file row).
-    unexecuted_tool_results: Optional[list[str]] = None
+    unexecuted_tool_results: list[str] | None = None
 
 
 @dataclass
@@ -217,12 +254,12 @@ class Digest:
     """One rollout's outcome (NeMo Gym's ``RolloutDigest``). ``finding_steps`` parallels
     ``findings``: the agent-call index each concerns, or None."""
 
-    task_index: Union[int, str]
-    rollout_index: Union[int, str]
+    task_index: int | str
+    rollout_index: int | str
     rollout_id: str
     verdict: str
     findings: list[dict[str, Any]] = field(default_factory=list)
-    finding_steps: list[Optional[int]] = field(default_factory=list)
+    finding_steps: list[int | None] = field(default_factory=list)
     unobserved: list[str] = field(default_factory=list)
     stage_index: Any = None
     capture_observed: bool = False
@@ -236,7 +273,7 @@ class Digest:
     transcript_completion_tokens: int = 0
     capture_prompt_tokens: int = 0
     capture_completion_tokens: int = 0
-    rollout_pk: Optional[int] = None
+    rollout_pk: int | None = None
     gymweb_observed: bool = False
 
 
@@ -248,7 +285,7 @@ class HealthResult:
     digests: list[Digest]
 
 
-def _finding(check: str, locator: Optional[dict] = None, detail: Optional[dict] = None) -> dict[str, Any]:
+def _finding(check: str, locator: dict | None = None, detail: dict | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"check": check}
     if locator is not None:
         out["locator"] = locator
@@ -262,7 +299,7 @@ def _transcript_tokens(record: dict[str, Any]) -> tuple[int, int, bool]:
     return prompt or 0, completion or 0, prompt is not None and completion is not None
 
 
-def _run_check(check: str, ev: Evidence, bound: list[Call]) -> list[tuple[dict[str, Any], Optional[int]]]:
+def _run_check(check: str, ev: Evidence, bound: list[Call]) -> list[tuple[dict[str, Any], int | None]]:
     """Findings of one rollout check, each with the step it concerns."""
     calls, turns = ev.calls or [], ev.turns or []
     if check in RECORD_ONLY:
@@ -274,23 +311,50 @@ def _run_check(check: str, ev: Evidence, bound: list[Call]) -> list[tuple[dict[s
     if check == "agent_turn_hollow":
         return [
             (_finding(check, {"turn": t.step + 1}, {"reason": "agent turn has no message or tool calls"}), t.step)
-            for t in turns if not t.has_message and not t.has_tool_calls
+            for t in turns
+            if not t.has_message and not t.has_tool_calls
         ]
     if check == "rollout_ended_on_failed_model_call":
         ordered = sorted(calls, key=lambda c: (c.started_at or 0.0, c.step))
         last = ordered[-1]
         if not last.failed:
             return []
-        return [(_finding(check, last.locator, {
-            "model_ref": None, "status": last.status_code, "error_category": last.error_category or None,
-            "observed_calls": len(calls), "successful_calls": sum(1 for c in calls if not c.failed),
-        }), last.step)]
+        return [
+            (
+                _finding(
+                    check,
+                    last.locator,
+                    {
+                        "model_ref": None,
+                        "status": last.status_code,
+                        "error_category": last.error_category or None,
+                        "observed_calls": len(calls),
+                        "successful_calls": sum(1 for c in calls if not c.failed),
+                    },
+                ),
+                last.step,
+            )
+        ]
     if check == "model_call_zero_completion_tokens":
         return [(_finding(check, c.locator, {"completion_tokens": 0}), c.step) for c in bound if c.tokens_out == 0]
     if check == "model_call_missing_token_counts":
         return [
-            (_finding(check, c.locator, {"missing": [name for name, v in (("prompt_tokens", c.tokens_in), ("completion_tokens", c.tokens_out)) if v is None]}), c.step)
-            for c in bound if c.tokens_in is None or c.tokens_out is None
+            (
+                _finding(
+                    check,
+                    c.locator,
+                    {
+                        "missing": [
+                            name
+                            for name, v in (("prompt_tokens", c.tokens_in), ("completion_tokens", c.tokens_out))
+                            if v is None
+                        ]
+                    },
+                ),
+                c.step,
+            )
+            for c in bound
+            if c.tokens_in is None or c.tokens_out is None
         ]
     if check == "trajectory_capture_mismatch":
         ids = Counter(c.response_id for c in bound if c.response_id)
@@ -298,26 +362,61 @@ def _run_check(check: str, ev: Evidence, bound: list[Call]) -> list[tuple[dict[s
         for c in bound:
             if c.response_id and ids[c.response_id] > 1 and c.response_id not in seen:
                 seen.add(c.response_id)
-                out.append((_finding(check, {"call_id": c.response_id}, {"kind": "duplicated_captured_call", "count": ids[c.response_id]}), c.step))
+                out.append(
+                    (
+                        _finding(
+                            check,
+                            {"call_id": c.response_id},
+                            {"kind": "duplicated_captured_call", "count": ids[c.response_id]},
+                        ),
+                        c.step,
+                    )
+                )
         return out
     if check == "model_call_failed":
         last_step = max((c.step for c in calls), default=None)
         return [
-            (_finding(check, c.locator, {"status": c.status_code, "error_category": c.error_category or None, "terminal": c.step == last_step}), c.step)
-            for c in calls if c.failed
+            (
+                _finding(
+                    check,
+                    c.locator,
+                    {
+                        "status": c.status_code,
+                        "error_category": c.error_category or None,
+                        "terminal": c.step == last_step,
+                    },
+                ),
+                c.step,
+            )
+            for c in calls
+            if c.failed
         ]
     if check == "rollout_token_count_mismatch":
         prompt, completion, _ = _transcript_tokens(ev.record or {})
         capture_prompt = sum(c.tokens_in or 0 for c in bound)
         capture_completion = sum(c.tokens_out or 0 for c in bound)
         if prompt != capture_prompt or completion != capture_completion:
-            return [(_finding(check, None, {"transcript_prompt": prompt, "transcript_completion": completion,
-                                            "capture_prompt": capture_prompt, "capture_completion": capture_completion}), None)]
+            return [
+                (
+                    _finding(
+                        check,
+                        None,
+                        {
+                            "transcript_prompt": prompt,
+                            "transcript_completion": completion,
+                            "capture_prompt": capture_prompt,
+                            "capture_completion": capture_completion,
+                        },
+                    ),
+                    None,
+                )
+            ]
         return []
     if check == "model_call_runaway_generation":
         return [
             (_finding(check, c.locator, {"finish_reason": c.finish_reason}), c.step)
-            for c in bound if c.finish_reason in LENGTH_LIMIT_REASONS and not c.has_content
+            for c in bound
+            if c.finish_reason in LENGTH_LIMIT_REASONS and not c.has_content
         ]
     raise KeyError(check)
 
@@ -334,8 +433,11 @@ def _observable(check: str, ev: Evidence, bound: list[Call]) -> bool:
     if check in ("rollout_ended_on_failed_model_call", "model_call_failed"):
         return bool(ev.calls)
     if check == "rollout_token_count_mismatch":
-        return bool(bound) and _transcript_tokens(ev.record or {})[2] and all(
-            c.tokens_in is not None and c.tokens_out is not None for c in bound)
+        return (
+            bool(bound)
+            and _transcript_tokens(ev.record or {})[2]
+            and all(c.tokens_in is not None and c.tokens_out is not None for c in bound)
+        )
     if check == "model_call_runaway_generation":
         return bool(bound) and not any(c.finish_reason in LENGTH_LIMIT_REASONS and c.has_content is None for c in bound)
     return bool(bound)
@@ -343,8 +445,9 @@ def _observable(check: str, ev: Evidence, bound: list[Call]) -> bool:
 
 def check_evidence(ev: Evidence, ignored: frozenset[str] = frozenset()) -> Digest:
     """Run every rollout-scope check on one rollout's evidence (NeMo Gym's per-rollout worker)."""
-    digest = Digest(ev.task_index, ev.rollout_index, ev.rollout_id, "healthy", stage_index=ev.stage_index,
-                    rollout_pk=ev.rollout_pk)
+    digest = Digest(
+        ev.task_index, ev.rollout_index, ev.rollout_id, "healthy", stage_index=ev.stage_index, rollout_pk=ev.rollout_pk
+    )
     calls = ev.calls or []
     bound = [c for c in calls if not c.failed]
     for check in ROLLOUT_CHECK_IDS:
@@ -353,7 +456,9 @@ def check_evidence(ev: Evidence, ignored: frozenset[str] = frozenset()) -> Diges
         if ev.parse_error is not None:
             if check == "record_unreadable":
                 locator = {"source_file": ev.source[0], "line": ev.source[1]} if ev.source else None
-                digest.findings.append(_finding(check, locator, {"reason": "rollout record is unreadable", "error": ev.parse_error}))
+                digest.findings.append(
+                    _finding(check, locator, {"reason": "rollout record is unreadable", "error": ev.parse_error})
+                )
                 digest.finding_steps.append(None)
             else:
                 digest.unobserved.append(check)
@@ -366,8 +471,17 @@ def check_evidence(ev: Evidence, ignored: frozenset[str] = frozenset()) -> Diges
         except Exception as exc:  # NeMo Gym's rule: a crashing check is itself a finding
             digest.unobserved.append(check)
             if "check_execution_error" not in ignored:
-                digest.findings.append(_finding("check_execution_error", None, {
-                    "reason": "check raised an unexpected exception", "failed_check": check, "error": type(exc).__name__}))
+                digest.findings.append(
+                    _finding(
+                        "check_execution_error",
+                        None,
+                        {
+                            "reason": "check raised an unexpected exception",
+                            "failed_check": check,
+                            "error": type(exc).__name__,
+                        },
+                    )
+                )
                 digest.finding_steps.append(None)
             continue
         for finding, step in found:
@@ -376,10 +490,17 @@ def check_evidence(ev: Evidence, ignored: frozenset[str] = frozenset()) -> Diges
     if ev.unexecuted_tool_results is not None and TOOL_RESULTS_NOT_EXECUTED not in ignored:
         digest.gymweb_observed = True
         if ev.unexecuted_tool_results:
-            digest.findings.append(_finding(TOOL_RESULTS_NOT_EXECUTED, {"call_id": ev.unexecuted_tool_results[0]}, {
-                "reason": "the agent's replies carry results of the env's tools that the env never executed "
-                          "(is the agent URL NeMo Gym's own agent server?)",
-                "count": len(ev.unexecuted_tool_results)}))
+            digest.findings.append(
+                _finding(
+                    TOOL_RESULTS_NOT_EXECUTED,
+                    {"call_id": ev.unexecuted_tool_results[0]},
+                    {
+                        "reason": "the agent's replies carry results of the env's tools that the env never executed "
+                        "(is the agent URL NeMo Gym's own agent server?)",
+                        "count": len(ev.unexecuted_tool_results),
+                    },
+                )
+            )
             digest.finding_steps.append(None)
     digest.verdict = "unhealthy" if digest.findings else "unobserved" if digest.unobserved else "healthy"
     failed = [c for c in calls if c.failed]
@@ -387,7 +508,9 @@ def check_evidence(ev: Evidence, ignored: frozenset[str] = frozenset()) -> Diges
     digest.policy_calls_observed = ev.calls is not None and ev.turns is not None
     digest.successful_model_calls = len(bound)
     digest.model_call_errors = len(failed)
-    digest.errors_by_status = dict(Counter(str(c.status_code) if c.status_code is not None else "unknown" for c in failed))
+    digest.errors_by_status = dict(
+        Counter(str(c.status_code) if c.status_code is not None else "unknown" for c in failed)
+    )
     if calls:
         digest.ended_on_error = sorted(calls, key=lambda c: (c.started_at or 0.0, c.step))[-1].failed
     ids = Counter(c.response_id for c in calls if c.response_id)
@@ -431,9 +554,13 @@ def _reduce(digests: list[Digest], ignored: frozenset[str]) -> dict[str, Any]:
         repeats = []
         for copies in per_rollout.values():
             seen = {c.verdict for c in copies}
-            repeats.append((seen.pop() if len(seen) == 1 else "unobserved",
-                            all(c.policy_calls_observed for c in copies),
-                            max(c.successful_model_calls for c in copies)))
+            repeats.append(
+                (
+                    seen.pop() if len(seen) == 1 else "unobserved",
+                    all(c.policy_calls_observed for c in copies),
+                    max(c.successful_model_calls for c in copies),
+                )
+            )
         repeats_of[task] = repeats
 
     coverage = {c: {"evaluated": 0, "unobserved": 0, "ignored": 0} for c in CHECK_IDS}
@@ -476,20 +603,30 @@ def _reduce(digests: list[Digest], ignored: frozenset[str]) -> dict[str, Any]:
     for task in sorted(repeats_of, key=lambda v: (isinstance(originals[v], str), str(originals[v]))):
         counts = Counter(r[0] for r in repeats_of[task])
         tasks[str(originals[task])] = {
-            "repeats": len(repeats_of[task]), "healthy": counts["healthy"], "unhealthy": counts["unhealthy"],
-            "unobserved": counts["unobserved"], "flags": task_flags.get(task, []),
+            "repeats": len(repeats_of[task]),
+            "healthy": counts["healthy"],
+            "unhealthy": counts["unhealthy"],
+            "unobserved": counts["unobserved"],
+            "flags": task_flags.get(task, []),
         }
     issue_counts = {c: issues[c] for c in CHECK_IDS}
     for c in GYMWEB_CHECK_IDS:
         if c in ignored or any(d.gymweb_observed for d in digests):
             issue_counts[c] = issues[c]
-            coverage[c] = {"evaluated": sum(d.gymweb_observed for d in digests), "unobserved": 0,
-                           "ignored": len(digests) if c in ignored else 0}
+            coverage[c] = {
+                "evaluated": sum(d.gymweb_observed for d in digests),
+                "unobserved": 0,
+                "ignored": len(digests) if c in ignored else 0,
+            }
             coverage[c]["unobserved"] = len(digests) - coverage[c]["evaluated"] - coverage[c]["ignored"]
     return {
         "run": {
             "ignored_checks": sorted(ignored),
-            "artifacts": {"records": len(digests), "captures": sum(d.capture_observed for d in digests), "coverage": coverage},
+            "artifacts": {
+                "records": len(digests),
+                "captures": sum(d.capture_observed for d in digests),
+                "coverage": coverage,
+            },
             "verdicts": {v: verdicts[v] for v in ("healthy", "unhealthy", "unobserved")},
             "issues": issue_counts,
             "stats": {
@@ -499,8 +636,10 @@ def _reduce(digests: list[Digest], ignored: frozenset[str]) -> dict[str, Any]:
                     "rollouts_affected": sum(bool(d.model_call_errors) for d in digests),
                     "ended_on_error": sum(d.ended_on_error for d in digests),
                 },
-                "duplicated_calls": {"replayed": sum(d.duplicated_calls for d in digests),
-                                     "rollouts": sum(bool(d.duplicated_calls) for d in digests)},
+                "duplicated_calls": {
+                    "replayed": sum(d.duplicated_calls for d in digests),
+                    "rollouts": sum(bool(d.duplicated_calls) for d in digests),
+                },
                 "tokens": {
                     "prompt": sum(d.transcript_prompt_tokens for d in digests),
                     "completion": sum(d.transcript_completion_tokens for d in digests),
@@ -518,7 +657,7 @@ def _sort_key(d: Digest) -> tuple:
     return part(d.task_index), part(d.rollout_index), part(d.stage_index)
 
 
-def normalize_ignored(checks: Union[str, Sequence[str], None]) -> frozenset[str]:
+def normalize_ignored(checks: str | Sequence[str] | None) -> frozenset[str]:
     """Check ids to skip, from a comma-separated string or a list. Raises ``ValueError`` naming
     unknown ids (NeMo Gym's ``normalize_ignored_checks``)."""
     if not checks:
@@ -541,7 +680,7 @@ def check_all(evidence: Iterable[Evidence], ignored: frozenset[str] = frozenset(
 
 
 # -- files ----------------------------------------------------------------------------------------
-def evidence_from_file(paths: Sequence[Union[str, Path]]) -> Iterator[Evidence]:
+def evidence_from_file(paths: Sequence[str | Path]) -> Iterator[Evidence]:
     """One ``Evidence`` per non-blank line of the given ``rollouts.jsonl`` files, read like NeMo
     Gym reads them: a row without ``_ng_task_index`` is numbered by its position among all rows; an
     unreadable line becomes a ``record_unreadable`` finding (never an error). Raises
@@ -565,15 +704,18 @@ def evidence_from_file(paths: Sequence[Union[str, Path]]) -> Iterator[Evidence]:
                 trajectory = record.get("ng_trajectory")
                 traj_id = trajectory.get("rollout_id") if isinstance(trajectory, dict) else None
                 yield Evidence(
-                    task_index=task_index, rollout_index=rollout_index,
+                    task_index=task_index,
+                    rollout_index=rollout_index,
                     rollout_id=str(record.get("rollout_id") or traj_id or f"{task_index}-{rollout_index}"),
-                    record=None if error else record, parse_error=error, source=(str(path), line_number),
+                    record=None if error else record,
+                    parse_error=error,
+                    source=(str(path), line_number),
                     stage_index=record.get("stage_index"),
                 )
                 ordinal += 1
 
 
-def check_files(paths: Sequence[Union[str, Path]], ignored: frozenset[str] = frozenset()) -> HealthResult:
+def check_files(paths: Sequence[str | Path], ignored: frozenset[str] = frozenset()) -> HealthResult:
     """NeMo Gym's health check of ``rollouts.jsonl`` files (``gym eval health-check``)."""
     for p in paths:
         if not Path(p).is_file():
@@ -583,19 +725,25 @@ def check_files(paths: Sequence[Union[str, Path]], ignored: frozenset[str] = fro
 
 def verdict_row(d: Digest) -> dict[str, Any]:
     """One ``rollout_verdicts.jsonl`` row (NeMo Gym's key order)."""
-    row = {"_ng_task_index": d.task_index, "_ng_rollout_index": d.rollout_index, "rollout_id": d.rollout_id,
-           "verdict": d.verdict, "findings": d.findings, "unobserved": d.unobserved}
+    row = {
+        "_ng_task_index": d.task_index,
+        "_ng_rollout_index": d.rollout_index,
+        "rollout_id": d.rollout_id,
+        "verdict": d.verdict,
+        "findings": d.findings,
+        "unobserved": d.unobserved,
+    }
     if d.stage_index is not None:
         row["stage_index"] = d.stage_index
     return row
 
 
-def report_paths(output_dir: Union[str, Path]) -> tuple[Path, Path]:
+def report_paths(output_dir: str | Path) -> tuple[Path, Path]:
     out = Path(output_dir)
     return out / QUALITY_SUMMARY_FILENAME, out / ROLLOUT_VERDICTS_FILENAME
 
 
-def write_reports(result: HealthResult, output_dir: Union[str, Path], *, overwrite: bool = False) -> tuple[Path, Path]:
+def write_reports(result: HealthResult, output_dir: str | Path, *, overwrite: bool = False) -> tuple[Path, Path]:
     """Write ``quality_summary.json`` (orjson, 2-space indent) and ``rollout_verdicts.jsonl`` into
     ``output_dir`` byte for byte as NeMo Gym does. Raises ``OutputExists`` when either exists and
     ``overwrite`` is false (nothing is written then)."""
@@ -612,12 +760,14 @@ def write_reports(result: HealthResult, output_dir: Union[str, Path], *, overwri
     return summary_path, verdicts_path
 
 
-def format_report(result: HealthResult, where: Optional[Path] = None) -> str:
+def format_report(result: HealthResult, where: Path | None = None) -> str:
     """NeMo Gym's one-line recap, plus the issues found."""
     v = result.summary["run"]["verdicts"]
     ignored = result.summary["run"]["ignored_checks"]
-    lines = [f"Rollout health: {sum(v.values())} checked, {v['healthy']} healthy, {v['unhealthy']} unhealthy, "
-             f"{v['unobserved']} unobserved" + (f" (ignored: {', '.join(ignored)})" if ignored else "")]
+    lines = [
+        f"Rollout health: {sum(v.values())} checked, {v['healthy']} healthy, {v['unhealthy']} unhealthy, "
+        f"{v['unobserved']} unobserved" + (f" (ignored: {', '.join(ignored)})" if ignored else "")
+    ]
     issues = {k: n for k, n in result.summary["run"]["issues"].items() if n}
     if issues:
         lines.append("Issues: " + ", ".join(f"{k}={n}" for k, n in issues.items()))
@@ -632,9 +782,11 @@ def checked_rollouts(run: Run, successes_only: bool = False) -> list[int]:
     latest failed attempt (by attempt number)."""
     S = Rollout.Status
     wanted = [S.SUCCEEDED] if successes_only else [S.SUCCEEDED, S.FAILED]
-    rows = (Rollout.objects.filter(run=run, status__in=wanted)
-            .order_by("task_index", "rollout_index", "attempt", "id")
-            .values_list("id", "task_index", "rollout_index", "status"))
+    rows = (
+        Rollout.objects.filter(run=run, status__in=wanted)
+        .order_by("task_index", "rollout_index", "attempt", "id")
+        .values_list("id", "task_index", "rollout_index", "status")
+    )
     chosen: dict[tuple[int, int], tuple[int, str]] = {}
     for pk, task, rollout, status in rows.iterator(chunk_size=2000):
         previous = chosen.get((task, rollout))
@@ -651,11 +803,20 @@ def _calls_of(calls: list[AgentCall], items_by_step: dict[int, list[dict]]) -> t
         items = items_by_step.get(c.index, [])
         reason = c.incomplete_details.get("reason") if isinstance(c.incomplete_details, dict) else None
         content = nonempty(items) or has_tool_call(items)
-        out_calls.append(Call(
-            step=c.index, started_at=c.started.timestamp() if c.started else None, response_id=c.response_id,
-            status_code=c.http_status, error_category=_error_category(c) if failed else "", finish_reason=reason,
-            tokens_in=tokens_in, tokens_out=tokens_out, has_content=content, failed=failed,
-        ))
+        out_calls.append(
+            Call(
+                step=c.index,
+                started_at=c.started.timestamp() if c.started else None,
+                response_id=c.response_id,
+                status_code=c.http_status,
+                error_category=_error_category(c) if failed else "",
+                finish_reason=reason,
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                has_content=content,
+                failed=failed,
+            )
+        )
         if not failed:
             turns.append(Turn(step=c.index, has_message=nonempty(items), has_tool_calls=has_tool_call(items)))
     return out_calls, turns
@@ -678,7 +839,7 @@ def _record(r: Rollout) -> dict[str, Any]:
     return {"reward": 0.0, "response": {"usage": None}}
 
 
-def _task_row(text: str) -> Optional[dict]:
+def _task_row(text: str) -> dict | None:
     try:
         row = json.loads(text)
     except ValueError:
@@ -691,7 +852,7 @@ def run_evidence(run: Run, ids: list[int], chunk: int = 200) -> Iterator[Evidenc
     of each). Imported runs give record-only evidence (no per-call data exists for them)."""
     imported = run.status == Run.Status.IMPORTED
     for start in range(0, len(ids), chunk):
-        part = ids[start:start + chunk]
+        part = ids[start : start + chunk]
         rollouts = list(Rollout.objects.filter(id__in=part).order_by("task_index", "rollout_index"))
         calls_of: dict[int, list[AgentCall]] = defaultdict(list)
         items_of: dict[int, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -699,20 +860,35 @@ def run_evidence(run: Run, ids: list[int], chunk: int = 200) -> Iterator[Evidenc
             for c in AgentCall.objects.filter(rollout_id__in=part).order_by("rollout_id", "index"):
                 calls_of[c.rollout_id].append(c)
             agent_items = TrajectoryItem.objects.filter(rollout_id__in=part, origin=TrajectoryItem.Origin.AGENT)
-            for rid, step, payload in agent_items.order_by("rollout_id", "seq").values_list("rollout_id", "step", "payload"):
+            for rid, step, payload in agent_items.order_by("rollout_id", "seq").values_list(
+                "rollout_id", "step", "payload"
+            ):
                 items_of[rid][step].append(payload)
             tools_of: dict[int, list[tuple[dict, str]]] = defaultdict(list)
-            tool_items = TrajectoryItem.objects.filter(rollout_id__in=part, kind__in=("function_call", "function_call_output"))
-            for rid, payload, origin in tool_items.order_by("rollout_id", "seq").values_list("rollout_id", "payload", "origin"):
+            tool_items = TrajectoryItem.objects.filter(
+                rollout_id__in=part, kind__in=("function_call", "function_call_output")
+            )
+            for rid, payload, origin in tool_items.order_by("rollout_id", "seq").values_list(
+                "rollout_id", "payload", "origin"
+            ):
                 tools_of[rid].append((payload, origin))
-            declared = {t.pk: miswiring.declared_tools((_task_row(t.row_json) or {}).get("responses_create_params"))
-                        for t in Task.objects.filter(rollouts__id__in=part).distinct().only("id", "row_json")}
+            declared = {
+                t.pk: miswiring.declared_tools((_task_row(t.row_json) or {}).get("responses_create_params"))
+                for t in Task.objects.filter(rollouts__id__in=part).distinct().only("id", "row_json")
+            }
         for r in rollouts:
-            ev = Evidence(task_index=r.task_index, rollout_index=r.rollout_index,
-                          rollout_id=f"{r.task_index}-{r.rollout_index}", record=_record(r), rollout_pk=r.pk)
+            ev = Evidence(
+                task_index=r.task_index,
+                rollout_index=r.rollout_index,
+                rollout_id=f"{r.task_index}-{r.rollout_index}",
+                record=_record(r),
+                rollout_pk=r.pk,
+            )
             if not imported:
                 ev.calls, ev.turns = _calls_of(calls_of.get(r.pk, []), items_of.get(r.pk, {}))
-                ev.unexecuted_tool_results = miswiring.unexecuted_tool_results(tools_of.get(r.pk, []), declared.get(r.task_id))
+                ev.unexecuted_tool_results = miswiring.unexecuted_tool_results(
+                    tools_of.get(r.pk, []), declared.get(r.task_id)
+                )
             yield ev
 
 
@@ -725,21 +901,37 @@ def store_run_health(run: Run, result: HealthResult) -> None:
     """Replace the run's stored verdicts and summary with ``result`` (one transaction)."""
     with transaction.atomic():
         RolloutHealth.objects.filter(run=run).delete()
-        RolloutHealth.objects.bulk_create([
-            RolloutHealth(
-                run=run, rollout_id=d.rollout_pk, task_index=d.task_index, rollout_index=d.rollout_index,
-                verdict=d.verdict, checks="," + ",".join(dict.fromkeys(f["check"] for f in d.findings)) + "," if d.findings else "",
-                findings=d.findings, finding_steps=d.finding_steps, unobserved=d.unobserved,
-            )
-            for d in result.digests if d.rollout_pk is not None
-        ], batch_size=500)
+        RolloutHealth.objects.bulk_create(
+            [
+                RolloutHealth(
+                    run=run,
+                    rollout_id=d.rollout_pk,
+                    task_index=d.task_index,
+                    rollout_index=d.rollout_index,
+                    verdict=d.verdict,
+                    checks="," + ",".join(dict.fromkeys(f["check"] for f in d.findings)) + "," if d.findings else "",
+                    findings=d.findings,
+                    finding_steps=d.finding_steps,
+                    unobserved=d.unobserved,
+                )
+                for d in result.digests
+                if d.rollout_pk is not None
+            ],
+            batch_size=500,
+        )
         run.health_summary = result.summary
         run.health_checked = timezone.now()
         run.save(update_fields=["health_summary", "health_checked"])
 
 
-def run_health_check(run: Run, output_dir: Optional[Union[str, Path]] = None, *, overwrite: bool = False,
-                     ignored: frozenset[str] = frozenset(), successes_only: bool = False) -> tuple[HealthResult, Optional[tuple[Path, Path]]]:
+def run_health_check(
+    run: Run,
+    output_dir: str | Path | None = None,
+    *,
+    overwrite: bool = False,
+    ignored: frozenset[str] = frozenset(),
+    successes_only: bool = False,
+) -> tuple[HealthResult, tuple[Path, Path] | None]:
     """Check a stored run, store the verdicts, and write the two files into ``output_dir`` when
     given. Returns ``(result, paths or None)``. Raises ``OutputExists`` (nothing written, verdicts
     still stored) when a file exists and ``overwrite`` is false."""
@@ -749,7 +941,7 @@ def run_health_check(run: Run, output_dir: Optional[Union[str, Path]] = None, *,
     return result, paths
 
 
-def auto_check(run: Run, output_dir: Optional[Union[str, Path]] = None) -> str:
+def auto_check(run: Run, output_dir: str | Path | None = None) -> str:
     """The check that ends every ``collect`` and import: store the verdicts and, for ``collect``,
     write the two files beside its output (replacing the ones an earlier ``collect`` of the same
     output wrote, as that command rewrites its other files). Returns the recap line; a failure of

@@ -19,12 +19,14 @@ Definitions (one place, used by every page):
 - Failure breakdown counts failed *attempts* (one per failures-sidecar row) by failure kind.
 - Token usage sums every finished attempt that reported usage (failed ones spent tokens too).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -54,7 +56,7 @@ class Progress:
     cancelled: int = 0
     interrupted: int = 0
     killed_latest: int = 0
-    reward_mean: Optional[float] = None  # over successes
+    reward_mean: float | None = None  # over successes
 
     @property
     def active(self) -> int:
@@ -133,16 +135,23 @@ def progress_for_runs(runs: Iterable[Run], with_reward: bool = True) -> dict[int
     if not ids:
         return {}
     out = {run.pk: Progress() for run in runs}
-    by_status = Rollout.objects.filter(run_id__in=ids).values_list("run_id", "status").annotate(n=Count("id")).order_by()
+    by_status = (
+        Rollout.objects.filter(run_id__in=ids).values_list("run_id", "status").annotate(n=Count("id")).order_by()
+    )
     for run_id, status, n in by_status:  # the (run, status) index alone
         if status in _STATUS_FIELDS:
             setattr(out[run_id], _STATUS_FIELDS[status], n)
     if with_reward:
-        means = Rollout.objects.filter(run_id__in=ids, status=S.SUCCEEDED).values_list("run_id").annotate(m=Avg("reward")).order_by()
+        means = (
+            Rollout.objects.filter(run_id__in=ids, status=S.SUCCEEDED)
+            .values_list("run_id")
+            .annotate(m=Avg("reward"))
+            .order_by()
+        )
         for run_id, mean in means:
             out[run_id].reward_mean = mean
     killable = [i for i in ids if out[i].cancelled or out[i].interrupted]
-    for run_id, n in (_killed_latest(killable).items() if killable else ()):
+    for run_id, n in _killed_latest(killable).items() if killable else ():
         out[run_id].killed_latest = n
     for run in runs:
         out[run.pk].total = _total(run, out[run.pk])
@@ -152,12 +161,12 @@ def progress_for_runs(runs: Iterable[Run], with_reward: bool = True) -> dict[int
 @dataclass
 class RewardStats:
     n: int = 0
-    mean: Optional[float] = None
-    minimum: Optional[float] = None
-    maximum: Optional[float] = None
-    median: Optional[float] = None
-    std: Optional[float] = None
-    mean_with_failures: Optional[float] = None  # failures (latest attempt failed) count as 0
+    mean: float | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    median: float | None = None
+    std: float | None = None
+    mean_with_failures: float | None = None  # failures (latest attempt failed) count as 0
     n_with_failures: int = 0
 
 
@@ -184,13 +193,13 @@ class Summary:
     histogram: list[Bin] = field(default_factory=list)
     failure_kinds: list[dict[str, Any]] = field(default_factory=list)
     terminal_failures: int = 0
-    tokens: dict[str, Optional[int]] = field(default_factory=dict)
+    tokens: dict[str, int | None] = field(default_factory=dict)
     usage_reported: int = 0
     finished_attempts: int = 0
-    recent_per_min: Optional[float] = None  # None while the run has not run for a whole window
-    overall_per_min: Optional[float] = None
-    rate_span_s: Optional[float] = None  # the seconds overall_per_min is measured over
-    mean_duration_ms: Optional[float] = None
+    recent_per_min: float | None = None  # None while the run has not run for a whole window
+    overall_per_min: float | None = None
+    rate_span_s: float | None = None  # the seconds overall_per_min is measured over
+    mean_duration_ms: float | None = None
 
     @property
     def failed_bar_percent(self) -> float:
@@ -206,7 +215,7 @@ class Summary:
         return f"{p.pending}.{p.running}.{p.succeeded}.{p.failed_attempts}.{p.cancelled}.{p.interrupted}"
 
 
-def _median(qs, n: int) -> Optional[float]:
+def _median(qs, n: int) -> float | None:
     """Median of ``reward`` over ``qs`` (n rows) by ORDER BY + OFFSET: one or two values fetched."""
     if n == 0:
         return None
@@ -215,7 +224,7 @@ def _median(qs, n: int) -> Optional[float]:
     return sum(values) / len(values)
 
 
-def _histogram(qs, lo: Optional[float], hi: Optional[float], bins: int = HISTOGRAM_BINS) -> list[Bin]:
+def _histogram(qs, lo: float | None, hi: float | None, bins: int = HISTOGRAM_BINS) -> list[Bin]:
     """Equal-width bins over [lo, hi] by SQL bucketing (FLOOR of the scaled reward; the top edge
     joins the last bin). One bin when every reward is equal."""
     if lo is None or hi is None:
@@ -247,9 +256,9 @@ class _Finished:
     histogram: list[Bin]
     failure_kinds: list[dict[str, Any]]
     terminal_failures: int
-    tokens: dict[str, Optional[int]]
+    tokens: dict[str, int | None]
     usage_reported: int
-    mean_duration_ms: Optional[float]
+    mean_duration_ms: float | None
     done: int = 0  # the run's done keys when these were computed (reward_sum's denominator)
     live: bool = False  # cached for GYMWEB_LIVE_CACHE_S, not under exact counts
 
@@ -289,13 +298,18 @@ def _reward_stats(successes) -> tuple[RewardStats, float, list[Bin]]:
     First one GROUP BY reward, capped at ``DISTINCT_REWARDS_MAX`` groups: when rewards take few
     values everything follows exactly from it. Otherwise (continuous rewards) SQL does it: one
     aggregate, the median by ORDER BY + OFFSET, the histogram by bucketing."""
-    values = list(successes.values_list("reward").annotate(c=Count("id")).order_by("reward")[: DISTINCT_REWARDS_MAX + 1])
+    values = list(
+        successes.values_list("reward").annotate(c=Count("id")).order_by("reward")[: DISTINCT_REWARDS_MAX + 1]
+    )
     if not values:
         return RewardStats(), 0.0, []
     if len(values) <= DISTINCT_REWARDS_MAX:
         return _stats_from_values(values)
     agg = successes.aggregate(
-        n=Count("reward"), total=Sum("reward"), lo=Min("reward"), hi=Max("reward"),
+        n=Count("reward"),
+        total=Sum("reward"),
+        lo=Min("reward"),
+        hi=Max("reward"),
         sq=Sum(F("reward") * F("reward"), output_field=FloatField()),
     )
     n, total = agg["n"], agg["total"] or 0.0
@@ -303,7 +317,10 @@ def _reward_stats(successes) -> tuple[RewardStats, float, list[Bin]]:
     ss = (agg["sq"] or 0.0) - total * total / n
     if ss <= 1e-9 * (agg["sq"] or 1.0):  # cancellation (values far from 0, tiny spread): two passes
         mean = stats.mean
-        ss = successes.aggregate(ss=Sum((F("reward") - mean) * (F("reward") - mean), output_field=FloatField()))["ss"] or 0.0
+        ss = (
+            successes.aggregate(ss=Sum((F("reward") - mean) * (F("reward") - mean), output_field=FloatField()))["ss"]
+            or 0.0
+        )
     stats.std = math.sqrt(max(ss, 0.0) / (n - 1))
     stats.median = _median(successes, n)
     return stats, total, _histogram(successes, stats.minimum, stats.maximum)
@@ -314,17 +331,23 @@ def _finished_aggregates(run: Run, progress: Progress) -> _Finished:
     successes = rows.filter(status=S.SUCCEEDED, reward__isnull=False)
     reward, reward_sum, histogram = _reward_stats(successes)
     # Only failed attempts carry a failure kind: this reads the (run, failure_kind) index alone.
-    kinds = list(rows.exclude(failure_kind="").values("failure_kind").annotate(n=Count("id")).order_by("-n", "failure_kind"))
+    kinds = list(
+        rows.exclude(failure_kind="").values("failure_kind").annotate(n=Count("id")).order_by("-n", "failure_kind")
+    )
     unclassified = progress.failed_attempts - sum(k["n"] for k in kinds)
     if unclassified > 0:
         kinds.append({"failure_kind": "", "n": unclassified})
     finished = rows.filter(status__in=FINISHED)
-    agg = finished.aggregate(
-        n_terminal=Count("id", filter=Q(status=S.FAILED, terminal=True)),
-        n_usage=Count("id", filter=Q(usage_reported=True)),
-        mean_duration_ms=Avg("duration_ms"),
-        **{f"tok_{name}": Sum(name, filter=Q(usage_reported=True)) for name in TOKEN_FIELDS},
-    ) if progress.succeeded or progress.failed_attempts else {}
+    agg = (
+        finished.aggregate(
+            n_terminal=Count("id", filter=Q(status=S.FAILED, terminal=True)),
+            n_usage=Count("id", filter=Q(usage_reported=True)),
+            mean_duration_ms=Avg("duration_ms"),
+            **{f"tok_{name}": Sum(name, filter=Q(usage_reported=True)) for name in TOKEN_FIELDS},
+        )
+        if progress.succeeded or progress.failed_attempts
+        else {}
+    )
     return _Finished(
         reward=reward,
         reward_sum=reward_sum,
@@ -365,7 +388,7 @@ def run_progress(run: Run) -> Progress:
     return progress_for_runs([run], with_reward=False)[run.pk]
 
 
-def run_summary(run: Run, now=None, progress: Optional[Progress] = None) -> Summary:
+def run_summary(run: Run, now=None, progress: Progress | None = None) -> Summary:
     """The run page's aggregates: a few indexed SQL aggregates, none per rollout in Python.
     Aggregates over finished attempts are cached under the run's succeeded and failed counts
     (``GYMWEB_SUMMARY_CACHE_S``, default 600 s; 0 turns it off)."""
@@ -406,7 +429,9 @@ def run_summary(run: Run, now=None, progress: Optional[Progress] = None) -> Summ
         overall = since / minutes if since else None
 
     tallest = max([b.count for b in fin.histogram] + [progress.failed]) or 1
-    histogram = [Bin(b.low, b.high, b.count, 100.0 * b.count / tallest) for b in fin.histogram]  # one scale with the failed bar
+    histogram = [
+        Bin(b.low, b.high, b.count, 100.0 * b.count / tallest) for b in fin.histogram
+    ]  # one scale with the failed bar
     return Summary(
         progress=progress,
         reward=reward,
@@ -427,5 +452,9 @@ def run_summary(run: Run, now=None, progress: Optional[Progress] = None) -> Summ
 def failure_kinds(run: Run) -> list[str]:
     """The failure kinds present in a run (for the filter's choices)."""
     return list(
-        Rollout.objects.filter(run=run).exclude(failure_kind="").values_list("failure_kind", flat=True).distinct().order_by("failure_kind")
+        Rollout.objects.filter(run=run)
+        .exclude(failure_kind="")
+        .values_list("failure_kind", flat=True)
+        .distinct()
+        .order_by("failure_kind")
     )

@@ -8,12 +8,14 @@ to replace an existing output unless ``--overwrite`` is given (``rollout_reverif
 that rule through ``check_outputs``, which looks at all of a command's outputs before anything is
 written, so a refusal leaves every file as it was.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Union
+from typing import Any
 
 import orjson
 
@@ -35,7 +37,7 @@ class OutputExists(FileExistsError):
         )
 
 
-def check_outputs(paths: Iterable[Union[str, Path]], overwrite: bool, flag: str = "--overwrite") -> list[Path]:
+def check_outputs(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> list[Path]:
     """Check that ``paths`` may be written: each parent is (or can become) a directory and no path is
     a directory; with ``overwrite`` False, none exists yet.
 
@@ -84,7 +86,7 @@ def dumps(obj: Any, *, indent: bool = False) -> bytes:
         return orjson.dumps(_exact_big_ints(obj), option=option)
 
 
-def write_bytes(path: Union[str, Path], data: bytes) -> Path:
+def write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file renamed into place, so a reader never sees
     half a file and a failed write leaves the old one. Creates missing directories. Returns the path."""
     path = Path(path)
@@ -100,7 +102,7 @@ def write_bytes(path: Union[str, Path], data: bytes) -> Path:
 
 
 def iter_json_objects(
-    path: Union[str, Path], error: type[Exception], *, not_object: str = "expected a JSON object", hint: str = ""
+    path: str | Path, error: type[Exception], *, not_object: str = "expected a JSON object", hint: str = ""
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(1-based line number, row)`` for the JSON object on each non-blank line of ``path`` (a
     UTF-8 byte order mark before the first line is skipped, as the import skips it).

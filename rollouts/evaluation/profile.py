@@ -65,10 +65,11 @@ import math
 import operator
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Mapping as _MappingABC
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -113,7 +114,7 @@ _GROUP_STATS = ("mean", "max", "min", "median", "std")
 # ``scipy.stats.t.interval``, as in NeMo Gym. pandas itself is not needed.
 
 
-def _block_stats(block: np.ndarray) -> Tuple[np.ndarray, ...]:
+def _block_stats(block: np.ndarray) -> tuple[np.ndarray, ...]:
     """``RewardProfiler.describe_dataframe``'s mean, max, min, median and std (ddof=1) of many groups
     of one size at once.
 
@@ -144,7 +145,7 @@ def _block_stats(block: np.ndarray) -> Tuple[np.ndarray, ...]:
     return mean, maxs, mins, median, std, count == n
 
 
-def _describe_groups(matrix: np.ndarray, members: Sequence[Sequence[int]]) -> Tuple[List[List[float]], ...]:
+def _describe_groups(matrix: np.ndarray, members: Sequence[Sequence[int]]) -> tuple[list[list[float]], ...]:
     """``describe_dataframe`` of each group of rows of ``matrix`` (float64, rows × columns, NaN =
     missing): ``(means, maxs, mins, medians, stds)`` as lists (one per group) of per-column floats,
     NaN where undefined. Groups are computed in batches of equal size. NeMo Gym's quirk is applied:
@@ -152,7 +153,7 @@ def _describe_groups(matrix: np.ndarray, members: Sequence[Sequence[int]]) -> Tu
     ngroups, ncols = len(members), matrix.shape[1]
     stats = [np.full((ngroups, ncols), np.nan) for _ in range(5)]
     complete = np.zeros((ngroups, ncols), dtype=bool)
-    by_size: Dict[int, List[int]] = defaultdict(list)
+    by_size: dict[int, list[int]] = defaultdict(list)
     for g, rows in enumerate(members):
         by_size[len(rows)].append(g)
     for size, gs in by_size.items():
@@ -171,7 +172,7 @@ def _describe_groups(matrix: np.ndarray, members: Sequence[Sequence[int]]) -> Tu
     return tuple(s.tolist() for s in stats)
 
 
-def _series_stats(values: np.ndarray) -> Tuple[float, float, float, float, float]:
+def _series_stats(values: np.ndarray) -> tuple[float, float, float, float, float]:
     """``(mean, median, std, min, max)`` of one column's present values (float64, 1-D, no NaN), as
     pandas' ``Series.mean()``/``median()``/``std(ddof=1)``/``min()``/``max()`` give them; std is
     0.0 for one value (NeMo Gym's ``if n > 1 else 0.0``)."""
@@ -198,7 +199,7 @@ def _student_t():
     return _t_distribution
 
 
-def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.95) -> Optional[Tuple[float, float]]:
+def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
     """NeMo Gym's ``RewardProfiler._confidence_interval``: None for n <= 1, (mean, mean) with a
     warning for sem == 0, else ``scipy.stats.t.interval(confidence, df=n - 1, loc=mean, scale=sem)``."""
     if n <= 1:
@@ -214,7 +215,7 @@ def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.
     return float(low), float(high)
 
 
-def iter_jsonl(path: Union[str, Path]) -> Iterator[dict]:
+def iter_jsonl(path: str | Path) -> Iterator[dict]:
     """Yield one parsed object per line of a JSONL file (blank lines skipped); a malformed line raises
     ``ValueError`` naming the file and line number."""
     with open(path, encoding="utf-8") as f:
@@ -226,29 +227,30 @@ def iter_jsonl(path: Union[str, Path]) -> Iterator[dict]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"Malformed JSON in '{path}' at line {line_no}: {e}") from e
 
+
 # ---------------------------------------------------------------------------------------------
 # Run labels (nemo_gym/global_config.py: rollout_run_key / label_runs / rollout_run_labels)
 # ---------------------------------------------------------------------------------------------
 
 
-def _agent_ref_name(row: Mapping[str, Any]) -> Optional[str]:
+def _agent_ref_name(row: Mapping[str, Any]) -> str | None:
     ref = row.get(AGENT_REF_KEY_NAME)
     return ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
 
 
-def _rollout_run_key(row: Mapping[str, Any]) -> Optional[str]:
+def _rollout_run_key(row: Mapping[str, Any]) -> str | None:
     server = row.get(ENVIRONMENT_SERVER_STAMP_KEY_NAME)
     if server is not None:
         return server
     return _agent_ref_name(row)
 
 
-def label_runs(agent_by_key: Mapping[Any, Optional[str]]) -> Dict[Any, Any]:
+def label_runs(agent_by_key: Mapping[Any, str | None]) -> dict[Any, Any]:
     """NeMo Gym's ``global_config.label_runs``: ``{run key: label}`` for ``{run key (environment
     server, else agent name): agent name}``. A run is labelled by its agent name unless another run
     has the same agent (two servers fronting one agent) or the label clashes with another run's
     key; then by its own key."""
-    keys_by_agent: Dict[str, set] = defaultdict(set)
+    keys_by_agent: dict[str, set] = defaultdict(set)
     for key, agent_name in agent_by_key.items():
         if agent_name is not None:
             keys_by_agent[agent_name].add(key)
@@ -330,10 +332,10 @@ class ProfileResult:
         masked_rollouts: number of rollouts left out of the statistics because of ``mask_sample``.
     """
 
-    reward_profiling: List[Dict[str, Any]] = field(default_factory=list)
-    agent_metrics: List[Dict[str, Any]] = field(default_factory=list)
-    repeat_level_metrics: List[Dict[str, Any]] = field(default_factory=list)
-    completion_summary: Dict[str, Any] = field(default_factory=dict)
+    reward_profiling: list[dict[str, Any]] = field(default_factory=list)
+    agent_metrics: list[dict[str, Any]] = field(default_factory=list)
+    repeat_level_metrics: list[dict[str, Any]] = field(default_factory=list)
+    completion_summary: dict[str, Any] = field(default_factory=dict)
     masked_rollouts: int = 0
 
 
@@ -351,7 +353,7 @@ class _Result:
         self.task_for_coverage = task_for_coverage
 
 
-def _key_of(row: Mapping[str, Any], what: str, position: int) -> Tuple[Any, Any]:
+def _key_of(row: Mapping[str, Any], what: str, position: int) -> tuple[Any, Any]:
     try:
         return row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
     except (KeyError, TypeError):
@@ -362,18 +364,18 @@ def _key_of(row: Mapping[str, Any], what: str, position: int) -> Tuple[Any, Any]
 
 
 def _result_of(
-    key: Tuple[Any, Any],
+    key: tuple[Any, Any],
     masked: bool,
     names: Iterable[str],
     values: Iterable[Any],
     row_info: Mapping[str, Any],
-    layouts: Dict[tuple, tuple],
+    layouts: dict[tuple, tuple],
 ) -> _Result:
     """A ``_Result`` from a row's key and ``_row_numbers``. The info record starts with the key's
     ``rollout_id`` and indices, then takes the row's fields in order (a row field of the same name
     overrides a key field in place, as NeMo Gym's successive assignments do)."""
     task_idx, rollout_idx = key
-    info: Dict[str, Any] = {
+    info: dict[str, Any] = {
         "rollout_id": f"{task_idx}:{rollout_idx}",
         TASK_INDEX_KEY_NAME: task_idx,
         ROLLOUT_INDEX_KEY_NAME: rollout_idx,
@@ -388,7 +390,7 @@ def _result_of(
     return _Result(key, shared, tuple(values), info, masked, task_idx)
 
 
-def _reduce_result(result: Mapping[str, Any], key: Tuple[Any, Any], layouts: Dict[tuple, tuple]) -> _Result:
+def _reduce_result(result: Mapping[str, Any], key: tuple[Any, Any], layouts: dict[tuple, tuple]) -> _Result:
     """Keep only what NeMo Gym's profiler reads from a rollout row (``rollout_info_from_result`` and the
     numeric record of ``profile_from_data``)."""
     masked, names, values, info = row_numbers(result)
@@ -404,7 +406,7 @@ class ReducedRollout(NamedTuple):
     numbers: Mapping[str, Any]
 
 
-def _reduce_numbers(reduced: ReducedRollout, key: Tuple[Any, Any], layouts: Dict[tuple, tuple]) -> _Result:
+def _reduce_numbers(reduced: ReducedRollout, key: tuple[Any, Any], layouts: dict[tuple, tuple]) -> _Result:
     numbers = reduced.numbers
     record = numbers["numbers"]
     return _result_of(key, numbers["masked"], record.keys(), record.values(), numbers["info"], layouts)
@@ -412,7 +414,7 @@ def _reduce_numbers(reduced: ReducedRollout, key: Tuple[Any, Any], layouts: Dict
 
 def profile_rows(
     materialized_rows: Iterable[Mapping[str, Any]],
-    rollout_rows: Iterable[Union[Mapping[str, Any], "ReducedRollout"]],
+    rollout_rows: Iterable[Mapping[str, Any] | ReducedRollout],
     *,
     allow_partial_rollouts: bool = False,
 ) -> ProfileResult:
@@ -440,8 +442,8 @@ def profile_rows(
             indices, or (strict mode) inputs without a rollout.
     """
     # 1. Rollouts first, reduced to numbers (the big file: full responses are never kept).
-    layouts: Dict[tuple, tuple] = {}
-    results: Dict[Tuple[Any, Any], _Result] = {}
+    layouts: dict[tuple, tuple] = {}
+    results: dict[tuple[Any, Any], _Result] = {}
     duplicate_result_key = None
     for position, result in enumerate(rollout_rows, 1):
         if isinstance(result, ReducedRollout):
@@ -461,13 +463,13 @@ def profile_rows(
     # 2. Materialised rows, streamed: keys, run keys, one representative row per (task, run key).
     row_keys: set = set()
     duplicate_row_key = None
-    run_key_of: Dict[Tuple[Any, Any], Any] = {}
-    agent_name_of: Dict[Tuple[Any, Any], Any] = {}
-    interned: Dict[Any, Any] = {}
-    agent_by_run_key: Dict[Any, Optional[str]] = {}  # measured rows only (rollout_run_labels)
+    run_key_of: dict[tuple[Any, Any], Any] = {}
+    agent_name_of: dict[tuple[Any, Any], Any] = {}
+    interned: dict[Any, Any] = {}
+    agent_by_run_key: dict[Any, str | None] = {}  # measured rows only (rollout_run_labels)
     expected_measured: Counter = Counter()  # (task, run_key) -> measured input rows
     expected_all: Counter = Counter()  # (task, run_key) -> all input rows (completion summary)
-    samples: Dict[Tuple[Any, Any], Tuple[Any, Dict[str, Any]]] = {}  # (task, run_key) -> (rollout, row)
+    samples: dict[tuple[Any, Any], tuple[Any, dict[str, Any]]] = {}  # (task, run_key) -> (rollout, row)
     completed_all: Counter = Counter()  # (task, run_key) -> rollouts (completion summary)
     for position, row in enumerate(materialized_rows, 1):
         try:
@@ -554,9 +556,9 @@ def profile_rows(
     }
 
     # Coverage (coverage_by_agent): only when something was masked.
-    coverage: Dict[str, Dict[str, Any]] = {}
+    coverage: dict[str, dict[str, Any]] = {}
     if masked_keys:
-        per_agent_results: Dict[str, List[_Result]] = defaultdict(list)
+        per_agent_results: dict[str, list[_Result]] = defaultdict(list)
         for key in sorted(results):
             name = agent_name_of.get(key)
             if name is not None:
@@ -607,17 +609,17 @@ _by_rollout_index = operator.itemgetter(ROLLOUT_INDEX_KEY_NAME)
 
 def _profile_aligned(
     profile: ProfileResult,
-    aligned: List[Tuple[Any, Any]],
-    results: Dict[Tuple[Any, Any], _Result],
-    run_key_of: Dict[Tuple[Any, Any], Any],
+    aligned: list[tuple[Any, Any]],
+    results: dict[tuple[Any, Any], _Result],
+    run_key_of: dict[tuple[Any, Any], Any],
     label_of,
     per_agent: bool,
     expected_measured: Counter,
-    samples: Dict[Tuple[Any, Any], Tuple[Any, Dict[str, Any]]],
+    samples: dict[tuple[Any, Any], tuple[Any, dict[str, Any]]],
 ) -> None:
     # Columns in order of first appearance (DataFrame.from_records), with their pandas dtype.
-    col_index: Dict[str, int] = {}
-    columns: List[str] = []
+    col_index: dict[str, int] = {}
+    columns: list[str] = []
     previous = None
     for key in aligned:
         names = results[key].names
@@ -630,15 +632,15 @@ def _profile_aligned(
                 columns.append(name)
     ncols = len(columns)
     col_is_int = [True] * ncols
-    matrix: List[List[Optional[float]]] = []
-    tasks: List[Any] = []
-    rollouts: List[Any] = []
-    agents: List[Any] = []
-    infos: List[Dict[str, Any]] = []
+    matrix: list[list[float | None]] = []
+    tasks: list[Any] = []
+    rollouts: list[Any] = []
+    agents: list[Any] = []
+    infos: list[dict[str, Any]] = []
     # Each layout's column positions; None for the layout that is all the columns in order.
     full_layout = tuple(columns)
-    positions: Dict[tuple, Optional[List[int]]] = {full_layout: None}
-    label_by_run_key: Dict[Any, Any] = {}
+    positions: dict[tuple, list[int] | None] = {full_layout: None}
+    label_by_run_key: dict[Any, Any] = {}
     for key in aligned:
         r = results.pop(key)
         names = r.names
@@ -647,7 +649,7 @@ def _profile_aligned(
         else:
             where = positions[names] = [col_index[name] for name in names]
         if where is None:
-            vec: List[Optional[float]] = list(r.values)
+            vec: list[float | None] = list(r.values)
         else:
             vec = [None] * ncols
             for c, v in zip(where, r.values):
@@ -675,14 +677,14 @@ def _profile_aligned(
     # max/min keep pandas' common dtype: ints only when every profiled column is an integer column.
     convert = (lambda v: int(v)) if all_int else (lambda v: v)
 
-    def describe_into(entry: Dict[str, Any], stats: Sequence[List[float]]) -> None:
+    def describe_into(entry: dict[str, Any], stats: Sequence[list[float]]) -> None:
         for s, (names, row) in enumerate(zip(stat_names, stats)):
             for name, v in zip(names, row):
                 if v == v:  # NaN: undefined, left out like NeMo Gym's notna filter
                     entry[name] = convert(v) if s in (1, 2) else v
 
     # --- group level (one row per task, or per (task, agent) under fan-out) ---
-    groups: Dict[Any, List[int]] = defaultdict(list)
+    groups: dict[Any, list[int]] = defaultdict(list)
     for i in range(len(tasks)):
         if per_agent:
             if agents[i] is None:
@@ -691,7 +693,7 @@ def _profile_aligned(
         else:
             groups[tasks[i]].append(i)
     # group key -> (task, run_key) groups it is made of, for samples and expected counts
-    parts: Dict[Any, List[Tuple[Any, Any]]] = defaultdict(list)
+    parts: dict[Any, list[tuple[Any, Any]]] = defaultdict(list)
     for task, run_key in expected_measured:
         gk = (task, label_of(run_key)) if per_agent else task
         parts[gk].append((task, run_key))
@@ -700,7 +702,7 @@ def _profile_aligned(
     group_stats = _describe_groups(values, [groups[gk] for gk in ordered_groups])
     for g, gk in enumerate(ordered_groups):
         members = groups[gk]
-        entry: Dict[str, Any] = {TASK_INDEX_KEY_NAME: gk[0] if per_agent else gk}
+        entry: dict[str, Any] = {TASK_INDEX_KEY_NAME: gk[0] if per_agent else gk}
         describe_into(entry, [stat[g] for stat in group_stats])
         if per_agent:
             entry[AGENT_REF_KEY_NAME] = {"name": gk[1]}
@@ -721,13 +723,13 @@ def _profile_aligned(
         profile.reward_profiling.append(entry)
 
     # --- agent level ---
-    by_agent: Dict[Any, List[int]] = defaultdict(list)
+    by_agent: dict[Any, list[int]] = defaultdict(list)
     for i, agent in enumerate(agents):
         if agent is not None:
             by_agent[agent].append(i)
     agent_order = sorted(by_agent)
     agent_stats = _describe_groups(values, [by_agent[agent] for agent in agent_order])
-    agent_entries: Dict[Any, Dict[str, Any]] = {}
+    agent_entries: dict[Any, dict[str, Any]] = {}
     for a, agent in enumerate(agent_order):
         entry = {}
         describe_into(entry, [stat[a] for stat in agent_stats])
@@ -738,11 +740,11 @@ def _profile_aligned(
     # --- repeat level (agents with at least two rollout indices) ---
     repeat_cols = sorted(range(ncols), key=lambda c: columns[c])
     multi = [a for a in agent_order if len({rollouts[i] for i in by_agent[a]}) > 1]
-    repeat_entries: List[Dict[str, Any]] = []
+    repeat_entries: list[dict[str, Any]] = []
     for agent in multi:
         members = by_agent[agent]
         total_tasks = len({tasks[i] for i in members})
-        by_rollout: Dict[Any, List[int]] = defaultdict(list)
+        by_rollout: dict[Any, list[int]] = defaultdict(list)
         for i in members:
             by_rollout[rollouts[i]].append(i)
         for rollout_idx in sorted(by_rollout):
@@ -794,7 +796,7 @@ def _profile_aligned(
     _add_across_repeats(agent_entries, repeat_entries)
 
 
-def _add_across_repeats(agent_entries: Mapping[Any, Dict[str, Any]], repeat_entries: List[Dict[str, Any]]) -> None:
+def _add_across_repeats(agent_entries: Mapping[Any, dict[str, Any]], repeat_entries: list[dict[str, Any]]) -> None:
     """NeMo Gym's ``_aggregate_repeat_level_metrics`` merged into the agent entries: each repeat's
     statistic (``mean/reward``, ...) is one observation, summarised across the agent's repeats as
     ``{mean,median,std,min,max,se}_across_repeats/<name>`` and the Student-t 95% interval
@@ -802,7 +804,7 @@ def _add_across_repeats(agent_entries: Mapping[Any, Dict[str, Any]], repeat_entr
     (``std/``, ``p25/``, ...) are left out (``metrics_config.is_primary_metric``)."""
     if not repeat_entries:
         return
-    across_cols: List[str] = []
+    across_cols: list[str] = []
     seen = set()
     for e in repeat_entries:
         for k, v in e.items():
@@ -811,7 +813,7 @@ def _add_across_repeats(agent_entries: Mapping[Any, Dict[str, Any]], repeat_entr
             seen.add(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and _is_repeat_aggregatable(k):
                 across_cols.append(k)
-    per_agent_entries: Dict[Any, List[Dict[str, Any]]] = defaultdict(list)
+    per_agent_entries: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for e in repeat_entries:
         per_agent_entries[e[AGENT_REF_KEY_NAME]["name"]].append(e)
     for agent in sorted(per_agent_entries):
@@ -835,9 +837,10 @@ def _add_across_repeats(agent_entries: Mapping[Any, Dict[str, Any]], repeat_entr
             if ci:
                 target[f"ci_low_95_across_repeats/{col}"], target[f"ci_high_95_across_repeats/{col}"] = ci
 
+
 def profile_files(
-    materialized_inputs_path: Union[str, Path],
-    rollouts_path: Union[str, Path],
+    materialized_inputs_path: str | Path,
+    rollouts_path: str | Path,
     *,
     allow_partial_rollouts: bool = False,
 ) -> ProfileResult:
@@ -850,7 +853,7 @@ def profile_files(
     )
 
 
-def _with_suffix_name(output_stem: Union[str, Path], tail: str, suffix: str) -> Path:
+def _with_suffix_name(output_stem: str | Path, tail: str, suffix: str) -> Path:
     p = Path(output_stem)
     if p.suffix == ".jsonl":
         # NeMo Gym: base_output_fpath.with_stem(stem + tail).with_suffix(suffix), base = rollouts.jsonl
@@ -858,7 +861,7 @@ def _with_suffix_name(output_stem: Union[str, Path], tail: str, suffix: str) -> 
     return p.with_name(p.name + tail + suffix)
 
 
-def profile_file_paths(output_stem: Union[str, Path]) -> Tuple[Path, Path, Path]:
+def profile_file_paths(output_stem: str | Path) -> tuple[Path, Path, Path]:
     """The three NeMo Gym file paths for a stem: ``out/rollouts`` (or ``out/rollouts.jsonl``, as NeMo
     Gym takes it) gives ``out/rollouts_reward_profiling.jsonl``, ``out/rollouts_agent_metrics.json``,
     ``out/rollouts_repeat_level_metrics.json``."""
@@ -870,8 +873,8 @@ def profile_file_paths(output_stem: Union[str, Path]) -> Tuple[Path, Path, Path]
 
 
 def write_profile_files(
-    result: ProfileResult, output_stem: Union[str, Path], *, overwrite: bool = False
-) -> Tuple[Path, Path, Path]:
+    result: ProfileResult, output_stem: str | Path, *, overwrite: bool = False
+) -> tuple[Path, Path, Path]:
     """Write NeMo Gym's three profile files exactly as ``RewardProfiler.write_to_disk`` does.
 
     ``<stem>_reward_profiling.jsonl``: one compact JSON object per line, each line ending in ``\\n``.
@@ -897,10 +900,10 @@ def write_profile_files(
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_rewards(rewards: Sequence[Any], k: int, what: str) -> List[float]:
+def _check_rewards(rewards: Sequence[Any], k: int, what: str) -> list[float]:
     if isinstance(k, bool) or not isinstance(k, int):
         raise ValueError(f"{what}: k must be an integer, got {k!r}")
-    values: List[float] = []
+    values: list[float] = []
     for r in rewards:
         if isinstance(r, bool):
             values.append(float(r))
@@ -968,9 +971,11 @@ def pass_at_1_avg_of_k(rewards: Sequence[float], k: int) -> float:
     return math.fsum(values[:k]) / k
 
 
-def _extras_groups(source: Union[ProfileResult, Iterable[Mapping[str, Any]]]) -> List[Tuple[Any, Optional[str], List[Any]]]:
+def _extras_groups(
+    source: ProfileResult | Iterable[Mapping[str, Any]],
+) -> list[tuple[Any, str | None, list[Any]]]:
     """(task, agent name, rewards in rollout-index order) per task."""
-    groups: List[Tuple[Any, Optional[str], List[Any]]] = []
+    groups: list[tuple[Any, str | None, list[Any]]] = []
     row: Mapping[str, Any]
     if isinstance(source, ProfileResult):
         for row in source.reward_profiling:
@@ -980,7 +985,7 @@ def _extras_groups(source: Union[ProfileResult, Iterable[Mapping[str, Any]]]) ->
             infos = sorted(row.get("rollout_infos") or [], key=lambda r: r[ROLLOUT_INDEX_KEY_NAME])
             groups.append((row[TASK_INDEX_KEY_NAME], agent, [info.get("reward") for info in infos]))
         return groups
-    collected: Dict[Tuple[Any, Optional[str]], List[Tuple[Any, Any]]] = defaultdict(list)
+    collected: dict[tuple[Any, str | None], list[tuple[Any, Any]]] = defaultdict(list)
     for position, row in enumerate(source, 1):
         try:
             task_idx, rollout_idx = row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
@@ -990,16 +995,16 @@ def _extras_groups(source: Union[ProfileResult, Iterable[Mapping[str, Any]]]) ->
         agent = ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
         collected[(task_idx, agent)].append((rollout_idx, row.get("reward")))
     first = operator.itemgetter(0)
-    for (task_idx, agent) in sorted(collected, key=lambda g: (g[0], "" if g[1] is None else g[1])):
+    for task_idx, agent in sorted(collected, key=lambda g: (g[0], "" if g[1] is None else g[1])):
         pairs = sorted(collected[(task_idx, agent)], key=first)
         groups.append((task_idx, agent, [r for _, r in pairs]))
     return groups
 
 
-_PASS_AT_LABELS: List[Tuple[str, str]] = []  # k - 1 -> ("pass@k", "pass@1[avg-of-k]")
+_PASS_AT_LABELS: list[tuple[str, str]] = []  # k - 1 -> ("pass@k", "pass@1[avg-of-k]")
 
 
-def _pass_at_labels(n: int) -> List[Tuple[str, str]]:
+def _pass_at_labels(n: int) -> list[tuple[str, str]]:
     while len(_PASS_AT_LABELS) < n:
         k = len(_PASS_AT_LABELS) + 1
         _PASS_AT_LABELS.append((f"pass@{k}", f"pass@1[avg-of-{k}]"))
@@ -1007,8 +1012,8 @@ def _pass_at_labels(n: int) -> List[Tuple[str, str]]:
 
 
 def gymweb_extras(
-    source: Union[ProfileResult, Iterable[Mapping[str, Any]]], *, continuous: str = "expected_max"
-) -> Dict[str, Any]:
+    source: ProfileResult | Iterable[Mapping[str, Any]], *, continuous: str = "expected_max"
+) -> dict[str, Any]:
     """gymweb's own per-task and overall pass@k, for k = 1..n (fractions in [0, 1]).
 
     Args:
@@ -1025,16 +1030,14 @@ def gymweb_extras(
         and, for each k, the mean over the tasks with at least k rollouts (``pass@k``,
         ``pass@1[avg-of-k]``) and how many tasks that was (``num_tasks@k``).
     """
-    per_task: List[Dict[str, Any]] = []
-    sums: Dict[Optional[str], Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
-    avg_sums: Dict[Optional[str], Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
+    per_task: list[dict[str, Any]] = []
+    sums: dict[str | None, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    avg_sums: dict[str | None, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     task_counts: Counter = Counter()
-    agent_order: List[Optional[str]] = []
+    agent_order: list[str | None] = []
     for task_idx, agent, raw in _extras_groups(source):
-        rewards = [
-            float(r) for r in raw if isinstance(r, (int, float)) and (isinstance(r, bool) or math.isfinite(r))
-        ]
-        entry: Dict[str, Any] = {TASK_INDEX_KEY_NAME: task_idx}
+        rewards = [float(r) for r in raw if isinstance(r, (int, float)) and (isinstance(r, bool) or math.isfinite(r))]
+        entry: dict[str, Any] = {TASK_INDEX_KEY_NAME: task_idx}
         if agent is not None:
             entry[AGENT_REF_KEY_NAME] = {"name": agent}
         n = len(rewards)
@@ -1061,7 +1064,7 @@ def gymweb_extras(
             entry[labels[k - 1][1]] = value
             agent_avg_sums[k].append(value)
         per_task.append(entry)
-    overall: List[Dict[str, Any]] = []
+    overall: list[dict[str, Any]] = []
     for agent in sorted(agent_order, key=lambda a: "" if a is None else a):
         entry = {}
         if agent is not None:
@@ -1094,8 +1097,8 @@ def gymweb_extras(
 
 
 def write_gymweb_extras(
-    source: Union[ProfileResult, Iterable[Mapping[str, Any]], Dict[str, Any]],
-    output_stem: Union[str, Path],
+    source: ProfileResult | Iterable[Mapping[str, Any]] | dict[str, Any],
+    output_stem: str | Path,
     *,
     continuous: str = "expected_max",
     overwrite: bool = False,
@@ -1111,6 +1114,6 @@ def write_gymweb_extras(
     return write_bytes(path, dumps(extras))
 
 
-def gymweb_extras_path(output_stem: Union[str, Path]) -> Path:
+def gymweb_extras_path(output_stem: str | Path) -> Path:
     """``<stem>_gymweb_pass_at_k.json`` (stem rules of ``profile_file_paths``)."""
     return _with_suffix_name(output_stem, "_gymweb_pass_at_k", ".json")

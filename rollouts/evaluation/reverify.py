@@ -7,21 +7,22 @@ envs answer ``unknown`` by default; a forced run notes ``reverify_unsafe``; the 
 same tasks, trajectories and agent calls, so every page works on it; ``reward_flips`` lists the keys
 whose reward changed.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 from django.db import transaction
 from django.utils import timezone
 
 from rollouts import targets
-from rollouts.engine.loop import validate_base_url
 from rollouts.collection.profile_numbers import profile_json_for_verify
+from rollouts.engine.loop import validate_base_url
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 __all__ = ["ReverifyError", "ReverifyRefused", "ReverifyResult", "reverify_run", "reward_flips", "reverify_mode"]
@@ -50,7 +51,7 @@ class ReverifyResult:
     mode: str
     reverified: int = 0
     failed: int = 0
-    flips: list[tuple[int, int, float, Optional[float]]] = field(default_factory=list)
+    flips: list[tuple[int, int, float, float | None]] = field(default_factory=list)
     warning: str = ""
 
 
@@ -82,17 +83,23 @@ def _payload(task_row: dict[str, Any], rollout_index: int, verify: dict[str, Any
     return payload
 
 
-async def _verify_all(env_url: str, payloads: list[dict[str, Any]], concurrency: int, timeout_s: float) -> list[tuple[Optional[dict], str, float]]:
+async def _verify_all(
+    env_url: str, payloads: list[dict[str, Any]], concurrency: int, timeout_s: float
+) -> list[tuple[dict | None, str, float]]:
     """POST every payload to ``/verify``: per payload ``(reply or None, error, ms)``."""
     semaphore = asyncio.Semaphore(max(1, concurrency))
     async with targets.async_client(max(1, concurrency)) as client:
-        async def one(payload: dict[str, Any]) -> tuple[Optional[dict], str, float]:
+
+        async def one(payload: dict[str, Any]) -> tuple[dict | None, str, float]:
             async with semaphore:
                 started = time.perf_counter()
                 try:
                     async with asyncio.timeout(timeout_s):
-                        response = await client.post(f"{env_url}/verify", content=json.dumps(payload),
-                                                     headers={"content-type": "application/json"})
+                        response = await client.post(
+                            f"{env_url}/verify",
+                            content=json.dumps(payload),
+                            headers={"content-type": "application/json"},
+                        )
                 except TimeoutError:
                     return None, f"{env_url}/verify did not answer within {timeout_s:g} s", 0.0
                 except httpx.HTTPError as exc:
@@ -112,8 +119,16 @@ async def _verify_all(env_url: str, payloads: list[dict[str, Any]], concurrency:
         return await asyncio.gather(*(one(p) for p in payloads))
 
 
-def reverify_run(source: Run, env_url: str, *, force: bool = False, concurrency: int = DEFAULT_CONCURRENCY,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "", user=None) -> ReverifyResult:
+def reverify_run(
+    source: Run,
+    env_url: str,
+    *,
+    force: bool = False,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    name: str = "",
+    user=None,
+) -> ReverifyResult:
     """Reverify ``source``'s successes against ``env_url`` (see the module docstring) and store the
     result as a new completed run linked to ``source``. Times in seconds.
 
@@ -133,22 +148,39 @@ def reverify_run(source: Run, env_url: str, *, force: bool = False, concurrency:
                 "rollout built up, which reverification does not replay). Rewards computed by reverification may be "
                 "incorrect. Pass --force to override (the new run's name is then prefixed with 'unsafe_')."
             )
-        warning = (f"the environment has reverify_mode={mode}: rewards computed by reverification may be incorrect; "
-                   "the new run is marked unsafe_")
+        warning = (
+            f"the environment has reverify_mode={mode}: rewards computed by reverification may be incorrect; "
+            "the new run is marked unsafe_"
+        )
 
-    copied = ("usage_reported", "input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens",
-              "num_agent_calls", "num_tool_calls", "num_items", "seed_ms", "duration_ms")
-    rows = list(Rollout.objects.filter(run=source, status=Rollout.Status.SUCCEEDED)
-                .order_by("task_index", "rollout_index", "id").only("id", "task_id", "task_index", "rollout_index", "reward",
-                                                                     "verify_json", *copied))
+    copied = (
+        "usage_reported",
+        "input_tokens",
+        "output_tokens",
+        "total_tokens",
+        "cached_tokens",
+        "reasoning_tokens",
+        "num_agent_calls",
+        "num_tool_calls",
+        "num_items",
+        "seed_ms",
+        "duration_ms",
+    )
+    rows = list(
+        Rollout.objects.filter(run=source, status=Rollout.Status.SUCCEEDED)
+        .order_by("task_index", "rollout_index", "id")
+        .only("id", "task_id", "task_index", "rollout_index", "reward", "verify_json", *copied)
+    )
     successes = [(r.pk, r.task_id, r.task_index, r.rollout_index, r.reward, r.verify_json) for r in rows]
     source_rows = {r.pk: r for r in rows}
     if not successes:
         raise ReverifyError(f"run #{source.pk} has no successful rollouts to reverify")
     tasks = {t.pk: t for t in Task.objects.filter(run=source)}
     task_rows = {pk: json.loads(t.row_json) for pk, t in tasks.items()}
-    payloads = [_payload(task_rows[task_id], rollout_index, json.loads(verify_json))
-                for _, task_id, _, rollout_index, _, verify_json in successes]
+    payloads = [
+        _payload(task_rows[task_id], rollout_index, json.loads(verify_json))
+        for _, task_id, _, rollout_index, _, verify_json in successes
+    ]
     outcomes = asyncio.run(_verify_all(env_url, payloads, concurrency, timeout_s))
 
     prefix = "unsafe_" if warning else ""
@@ -156,13 +188,28 @@ def reverify_run(source: Run, env_url: str, *, force: bool = False, concurrency:
     result_name = name or f"{prefix}reverify of #{source.pk} {source.name}"
     with transaction.atomic():
         run = Run.objects.create(
-            name=result_name[:200], status=Run.Status.COMPLETED, started=now, finished=now, created_by=user,
-            dataset=source.dataset, agent_url="", env_url=env_url, agent_name=source.agent_name,
-            concurrency=concurrency, max_steps=source.max_steps, num_repeats=source.num_repeats, limit=source.limit,
-            max_attempts=1, overrides=source.overrides, source_file="", reverified_from=source,
+            name=result_name[:200],
+            status=Run.Status.COMPLETED,
+            started=now,
+            finished=now,
+            created_by=user,
+            dataset=source.dataset,
+            agent_url="",
+            env_url=env_url,
+            agent_name=source.agent_name,
+            concurrency=concurrency,
+            max_steps=source.max_steps,
+            num_repeats=source.num_repeats,
+            limit=source.limit,
+            max_attempts=1,
+            overrides=source.overrides,
+            source_file="",
+            reverified_from=source,
             aggregate_metrics_error=warning,
         )
-        new_tasks = Task.objects.bulk_create([Task(run=run, task_index=t.task_index, row_json=t.row_json) for t in tasks.values()])
+        new_tasks = Task.objects.bulk_create(
+            [Task(run=run, task_index=t.task_index, row_json=t.row_json) for t in tasks.values()]
+        )
         task_map = {old: new for old, new in zip(tasks.keys(), new_tasks)}
         if any(t.pk is None for t in new_tasks):  # backends without RETURNING
             by_index = dict(Task.objects.filter(run=run).values_list("task_index", "id"))
@@ -171,13 +218,27 @@ def reverify_run(source: Run, env_url: str, *, force: bool = False, concurrency:
             task_ids = {old: new.pk for old, new in task_map.items()}
         result = ReverifyResult(run=run, mode=mode, warning=warning)
         pairs = []
-        for (old_pk, task_id, task_index, rollout_index, old_reward, old_verify), (reply, error, ms) in zip(successes, outcomes):
+        for (old_pk, task_id, task_index, rollout_index, old_reward, old_verify), (reply, error, ms) in zip(
+            successes, outcomes
+        ):
             source_row = source_rows[old_pk]
-            r = Rollout(run=run, task_id=task_ids[task_id], task_index=task_index, rollout_index=rollout_index, attempt=1,
-                        started=now, finished=now, verify_ms=ms or None,
-                        **{f: getattr(source_row, f) for f in copied})
+            r = Rollout(
+                run=run,
+                task_id=task_ids[task_id],
+                task_index=task_index,
+                rollout_index=rollout_index,
+                attempt=1,
+                started=now,
+                finished=now,
+                verify_ms=ms or None,
+                **{f: getattr(source_row, f) for f in copied},
+            )
             if reply is not None:
-                r.status, r.reward, r.verify_json = Rollout.Status.SUCCEEDED, float(reply["reward"]), json.dumps(reply, ensure_ascii=False)
+                r.status, r.reward, r.verify_json = (
+                    Rollout.Status.SUCCEEDED,
+                    float(reply["reward"]),
+                    json.dumps(reply, ensure_ascii=False),
+                )
                 r.profile_json = profile_json_for_verify(reply)
                 result.reverified += 1
             else:
@@ -188,26 +249,58 @@ def reverify_run(source: Run, env_url: str, *, force: bool = False, concurrency:
                 result.flips.append((task_index, rollout_index, old_reward, r.reward if reply is not None else None))
             pairs.append((old_pk, r))
         for start in range(0, len(pairs), CHUNK):
-            chunk = pairs[start:start + CHUNK]
+            chunk = pairs[start : start + CHUNK]
             created = Rollout.objects.bulk_create([r for _, r in chunk])
             if any(r.pk is None for r in created):
-                ids = {(t, ro): pk for pk, t, ro in Rollout.objects.filter(run=run).values_list("id", "task_index", "rollout_index")}
+                ids = {
+                    (t, ro): pk
+                    for pk, t, ro in Rollout.objects.filter(run=run).values_list("id", "task_index", "rollout_index")
+                }
                 for r in created:
                     r.pk = r.id = ids[(r.task_index, r.rollout_index)]
             new_of = {old: r.pk for (old, _), r in zip(chunk, created)}
-            AgentCall.objects.bulk_create([
-                AgentCall(rollout_id=new_of[c.rollout_id], index=c.index, started=c.started, latency_ms=c.latency_ms,
-                          http_status=c.http_status, response_id=c.response_id, model=c.model, usage=c.usage,
-                          incomplete_details=c.incomplete_details, num_asks=c.num_asks, error=c.error)
-                for c in AgentCall.objects.filter(rollout_id__in=new_of)
-            ], batch_size=2000)
-            TrajectoryItem.objects.bulk_create([
-                TrajectoryItem(rollout_id=new_of[i.rollout_id], seq=i.seq, step=i.step, kind=i.kind, role=i.role,
-                               call_id=i.call_id, name=i.name, origin=i.origin, asked=i.asked, paired=i.paired,
-                               refused=i.refused, latency_ms=i.latency_ms, tool_status=i.tool_status, payload=i.payload,
-                               search_text=i.search_text)
-                for i in TrajectoryItem.objects.filter(rollout_id__in=new_of).iterator(chunk_size=2000)
-            ], batch_size=1000)
+            AgentCall.objects.bulk_create(
+                [
+                    AgentCall(
+                        rollout_id=new_of[c.rollout_id],
+                        index=c.index,
+                        started=c.started,
+                        latency_ms=c.latency_ms,
+                        http_status=c.http_status,
+                        response_id=c.response_id,
+                        model=c.model,
+                        usage=c.usage,
+                        incomplete_details=c.incomplete_details,
+                        num_asks=c.num_asks,
+                        error=c.error,
+                    )
+                    for c in AgentCall.objects.filter(rollout_id__in=new_of)
+                ],
+                batch_size=2000,
+            )
+            TrajectoryItem.objects.bulk_create(
+                [
+                    TrajectoryItem(
+                        rollout_id=new_of[i.rollout_id],
+                        seq=i.seq,
+                        step=i.step,
+                        kind=i.kind,
+                        role=i.role,
+                        call_id=i.call_id,
+                        name=i.name,
+                        origin=i.origin,
+                        asked=i.asked,
+                        paired=i.paired,
+                        refused=i.refused,
+                        latency_ms=i.latency_ms,
+                        tool_status=i.tool_status,
+                        payload=i.payload,
+                        search_text=i.search_text,
+                    )
+                    for i in TrajectoryItem.objects.filter(rollout_id__in=new_of).iterator(chunk_size=2000)
+                ],
+                batch_size=1000,
+            )
         run.num_tasks = len({t for _, _, t, _, _, _ in successes})
         run.num_keys = len(successes)
         run.save(update_fields=["num_tasks", "num_keys"])
@@ -220,13 +313,29 @@ def reward_flips(run: Run) -> list[dict[str, Any]]:
     ``/verify`` failed). Empty for other runs. Two queries."""
     if run.reverified_from_id is None:
         return []
-    before = {(t, r): (pk, reward) for pk, t, r, reward in Rollout.objects.filter(
-        run_id=run.reverified_from_id, status=Rollout.Status.SUCCEEDED).values_list("id", "task_index", "rollout_index", "reward")}
+    before = {
+        (t, r): (pk, reward)
+        for pk, t, r, reward in Rollout.objects.filter(
+            run_id=run.reverified_from_id, status=Rollout.Status.SUCCEEDED
+        ).values_list("id", "task_index", "rollout_index", "reward")
+    }
     out = []
-    for pk, t, r, status, reward in Rollout.objects.filter(run=run).order_by("task_index", "rollout_index").values_list(
-            "id", "task_index", "rollout_index", "status", "reward"):
+    for pk, t, r, status, reward in (
+        Rollout.objects.filter(run=run)
+        .order_by("task_index", "rollout_index")
+        .values_list("id", "task_index", "rollout_index", "status", "reward")
+    ):
         old = before.get((t, r))
         after = reward if status == Rollout.Status.SUCCEEDED else None
         if old is not None and old[1] != after:
-            out.append({"task": t, "rollout": r, "before": old[1], "after": after, "rollout_id": pk, "source_rollout_id": old[0]})
+            out.append(
+                {
+                    "task": t,
+                    "rollout": r,
+                    "before": old[1],
+                    "after": after,
+                    "rollout_id": pk,
+                    "source_rollout_id": old[0],
+                }
+            )
     return out

@@ -17,19 +17,20 @@ left out, since nothing is known about them yet.
 A stored run's stem is ``rollouts`` (the names ``collect`` writes). For files, the stem is the
 rollouts file's own (``results/foo.jsonl`` → ``results/foo_reward_profiling.jsonl``), as in NeMo Gym.
 """
+
 from __future__ import annotations
 
 import gc
 import json
 import logging
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any
 
 from rollouts.collection.export import CHUNK, iter_successes
 from rollouts.collection.profile_numbers import loads_profile_numbers
-from rollouts.models import Rollout, Run, Task
 from rollouts.evaluation.outputs import check_outputs, iter_json_objects
 from rollouts.evaluation.profile import (
     ProfileResult,
@@ -41,6 +42,7 @@ from rollouts.evaluation.profile import (
     write_gymweb_extras,
     write_profile_files,
 )
+from rollouts.models import Rollout, Run, Task
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +96,17 @@ def _agent_names(run: Run) -> dict[int, str]:
     """``{task_index: agent_ref name}`` of the run's tasks (``_agent_name``). One entry per task, not
     per rollout."""
     names: dict[int, str] = {}
-    for task_index, row_json in Task.objects.filter(run=run).values_list("task_index", "row_json").iterator(chunk_size=500):
+    for task_index, row_json in (
+        Task.objects.filter(run=run).values_list("task_index", "row_json").iterator(chunk_size=500)
+    ):
         names[task_index] = _agent_name(json.loads(row_json), run)
     return names
 
 
-def _success_rewards(run: Run) -> dict[Key, Optional[float]]:
+def _success_rewards(run: Run) -> dict[Key, float | None]:
     """``{(task_index, rollout_index): reward}`` of the run's succeeded attempts (the highest
     non-null one should a key have several, like SQL's ``MAX``)."""
-    rewards: dict[Key, Optional[float]] = {}
+    rewards: dict[Key, float | None] = {}
     fetch = (
         Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED)
         .order_by("task_index", "rollout_index")
@@ -113,7 +117,7 @@ def _success_rewards(run: Run) -> dict[Key, Optional[float]]:
     return rewards
 
 
-def _keep_max(rewards: dict[Key, Optional[float]], key: Key, reward: Optional[float]) -> None:
+def _keep_max(rewards: dict[Key, float | None], key: Key, reward: float | None) -> None:
     if key not in rewards or (reward is not None and (rewards[key] is None or reward > rewards[key])):
         rewards[key] = reward
 
@@ -121,8 +125,8 @@ def _keep_max(rewards: dict[Key, Optional[float]], key: Key, reward: Optional[fl
 def failures_as_zero_rows(
     run: Run,
     *,
-    success_rewards: Optional[Mapping[Key, Optional[float]]] = None,
-    agent_names: Optional[Mapping[int, str]] = None,
+    success_rewards: Mapping[Key, float | None] | None = None,
+    agent_names: Mapping[int, str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """One row per finished key of ``run``, for gymweb's pass@k with failures counted as 0.
 
@@ -163,8 +167,8 @@ def _extras(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def run_success_rows(
-    run: Run, success_rewards: Optional[dict[Key, Optional[float]]] = None
-) -> Iterator[Union[ReducedRollout, dict[str, Any]]]:
+    run: Run, success_rewards: dict[Key, float | None] | None = None
+) -> Iterator[ReducedRollout | dict[str, Any]]:
     """The run's ``rollouts.jsonl`` rows for ``profile.profile_rows``, in key order: a
     ``ReducedRollout`` (key and stored ``profile_json``) for each success that has its numbers, and
     after them the full row (``export.iter_successes``, parsing ``verify_json``) of the others (stored
@@ -192,7 +196,7 @@ def run_success_rows(
             yield json.loads(line)
 
 
-def run_materialized_rows(run: Run, agent_names: Optional[dict[int, str]] = None) -> Iterator[dict[str, Any]]:
+def run_materialized_rows(run: Run, agent_names: dict[int, str] | None = None) -> Iterator[dict[str, Any]]:
     """The run's ``<stem>_materialized_inputs.jsonl`` rows as dicts, equal to those of
     ``export.iter_materialized``: each (task, rollout) key's task row plus ``_ng_rollout_index``, in
     key order. Faster: the keys come from an index alone and the task rows are read beside them
@@ -210,7 +214,12 @@ def run_materialized_rows(run: Run, agent_names: Optional[dict[int, str]] = None
         .values_list("task_index", "rollout_index")
         .distinct()
     )
-    tasks = Task.objects.filter(run=run).order_by("task_index").values_list("task_index", "row_json").iterator(chunk_size=CHUNK)
+    tasks = (
+        Task.objects.filter(run=run)
+        .order_by("task_index")
+        .values_list("task_index", "row_json")
+        .iterator(chunk_size=CHUNK)
+    )
     current = next(tasks, None)
     parsed_index, task_row = None, None
     for task_index, rollout_index in keys.iterator(chunk_size=2000):
@@ -262,7 +271,7 @@ def profile_run(run: Run) -> tuple[ProfileResult, dict[str, Any]]:
     rollouts.
     """
     with _gc_paused():
-        rewards: dict[Key, Optional[float]] = {}
+        rewards: dict[Key, float | None] = {}
         names: dict[int, str] = {}
         result = profile_rows(
             run_materialized_rows(run, names), run_success_rows(run, rewards), allow_partial_rollouts=True
@@ -289,7 +298,7 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def profile_paths(stem: Union[str, Path]) -> list[Path]:
+def profile_paths(stem: str | Path) -> list[Path]:
     """The four files a profile writes for ``stem`` (``DIR/rollouts`` or ``DIR/rollouts.jsonl`` give
     ``DIR/rollouts_reward_profiling.jsonl``, ``..._agent_metrics.json``, ``..._repeat_level_metrics.json``,
     ``..._gymweb_pass_at_k.json``), in that order."""
@@ -297,7 +306,7 @@ def profile_paths(stem: Union[str, Path]) -> list[Path]:
 
 
 def write_profile(
-    result: ProfileResult, extras: dict[str, Any], stem: Union[str, Path], *, overwrite: bool = False
+    result: ProfileResult, extras: dict[str, Any], stem: str | Path, *, overwrite: bool = False
 ) -> list[Path]:
     """Write a profile's four files for ``stem`` (``profile_paths``); directories are created.
 
@@ -309,7 +318,7 @@ def write_profile(
     return paths
 
 
-def write_run_profile(run: Run, output_dir: Union[str, Path], *, overwrite: bool = False) -> list[Path]:
+def write_run_profile(run: Run, output_dir: str | Path, *, overwrite: bool = False) -> list[Path]:
     """Profile ``run`` and write the four files into ``output_dir`` (created when missing):
     ``rollouts_reward_profiling.jsonl``, ``rollouts_agent_metrics.json``,
     ``rollouts_repeat_level_metrics.json`` (NeMo Gym's names and layout) and
@@ -326,7 +335,7 @@ def write_run_profile(run: Run, output_dir: Union[str, Path], *, overwrite: bool
 # ---------------------------------------------------------------------------------------------
 
 
-def iter_jsonl_objects(path: Union[str, Path], *, require_indices: bool = False) -> Iterator[dict[str, Any]]:
+def iter_jsonl_objects(path: str | Path, *, require_indices: bool = False) -> Iterator[dict[str, Any]]:
     """Yield the JSON object on each non-blank line of ``path``.
 
     Raises ``ProfileInputError`` naming the file and 1-based line for a line that is not JSON, not
@@ -376,10 +385,10 @@ def merge_failures_as_zero(
 
 
 def files_profile(
-    materialized_path: Union[str, Path],
-    rollouts_path: Union[str, Path],
+    materialized_path: str | Path,
+    rollouts_path: str | Path,
     *,
-    failures_path: Optional[Union[str, Path]] = None,
+    failures_path: str | Path | None = None,
     allow_partial_rollouts: bool = False,
 ) -> tuple[ProfileResult, dict[str, Any]]:
     """Profile NeMo Gym files: ``gym eval profile --inputs materialized_path --rollouts rollouts_path``.
@@ -406,13 +415,14 @@ def files_profile(
     else:
         extras = _extras(
             merge_failures_as_zero(
-                iter_jsonl_objects(rollouts_path, require_indices=True), iter_jsonl_objects(failures_path, require_indices=True)
+                iter_jsonl_objects(rollouts_path, require_indices=True),
+                iter_jsonl_objects(failures_path, require_indices=True),
             )
         )
     return result, extras
 
 
-def default_failures_path(rollouts_path: Union[str, Path]) -> Path:
+def default_failures_path(rollouts_path: str | Path) -> Path:
     """The failures sidecar NeMo Gym writes beside ``rollouts_path`` (``foo.jsonl`` →
     ``foo_failures.jsonl``)."""
     p = Path(rollouts_path)
@@ -420,7 +430,7 @@ def default_failures_path(rollouts_path: Union[str, Path]) -> Path:
     return stem.parent / f"{stem.name}_failures.jsonl"
 
 
-def output_stem_for(rollouts_path: Union[str, Path], output_dir: Optional[Union[str, Path]] = None) -> Path:
+def output_stem_for(rollouts_path: str | Path, output_dir: str | Path | None = None) -> Path:
     """Where NeMo Gym writes a profile of ``rollouts_path``: beside it, named after its stem; with
     ``output_dir``, in that directory under the same names."""
     p = Path(rollouts_path)
@@ -428,11 +438,11 @@ def output_stem_for(rollouts_path: Union[str, Path], output_dir: Optional[Union[
 
 
 def write_files_profile(
-    materialized_path: Union[str, Path],
-    rollouts_path: Union[str, Path],
+    materialized_path: str | Path,
+    rollouts_path: str | Path,
     *,
-    output_dir: Optional[Union[str, Path]] = None,
-    failures_path: Optional[Union[str, Path]] = None,
+    output_dir: str | Path | None = None,
+    failures_path: str | Path | None = None,
     allow_partial_rollouts: bool = False,
     overwrite: bool = False,
 ) -> tuple[ProfileResult, dict[str, Any], list[Path]]:
@@ -478,7 +488,9 @@ def summary_lines(result: ProfileResult, extras: dict[str, Any]) -> list[str]:
         lines.append(f"agent {name}: mean/reward (successes) {_fmt(entry.get('mean/reward'))}")
     for name, entry in overall.items():
         ks = sorted({int(k[5:]) for k in entry if k.startswith("pass@") and k[5:].isdigit()})
-        shown = ", ".join(f"pass@{k} {_fmt(entry[f'pass@{k}'])}" for k in sorted({ks[0], ks[-1]})) if ks else "no rollouts"
+        shown = (
+            ", ".join(f"pass@{k} {_fmt(entry[f'pass@{k}'])}" for k in sorted({ks[0], ks[-1]})) if ks else "no rollouts"
+        )
         basis = "failures as 0" if extras.get("estimator", {}).get("failures") else "success rows only"
         lines.append(f"agent {name}: {shown} over {entry.get('num_tasks', 0)} task(s) (gymweb pass@k, {basis})")
     return lines

@@ -30,13 +30,15 @@ What is written for ``--output OUT.jsonl`` (``merge_shards``, ``write_merged``):
   never counted; a counted row gets its task's dataset fields from the materialised inputs (only
   those fields real rows of its server carry).
 """
+
 from __future__ import annotations
 
 import glob as glob_module
 from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import orjson
 
@@ -72,13 +74,13 @@ class ShardError(ValueError):
     """A shard cannot be merged; ``str(exc)`` names the file and the 1-based line."""
 
 
-def failures_path_for(path: Union[str, Path]) -> Path:
+def failures_path_for(path: str | Path) -> Path:
     """NeMo Gym's ``failures_path_for``: ``shards/a.jsonl`` → ``shards/a_failures.jsonl``."""
     path = Path(path)
     return path.with_name(path.stem + "_failures.jsonl")
 
 
-def materialized_path_for(path: Union[str, Path]) -> Path:
+def materialized_path_for(path: str | Path) -> Path:
     """NeMo Gym's ``materialized_path_for``: ``shards/a.jsonl`` → ``shards/a_materialized_inputs.jsonl``."""
     path = Path(path)
     return path.with_stem(path.stem + "_materialized_inputs").with_suffix(".jsonl")
@@ -130,8 +132,8 @@ class Shard:
     """One shard: its rollouts file and the sidecars beside it (None when absent)."""
 
     path: Path
-    failures: Optional[Path]
-    materialized: Optional[Path]
+    failures: Path | None
+    materialized: Path | None
     successes: int = 0
     failure_rows: int = 0
     materialized_rows: int = 0
@@ -183,21 +185,23 @@ class MergeResult:
 def _counted_failure_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """NeMo Gym's ``_counted_failure_row``: the metrics-only copy of a sidecar row counted as zero
     (failure diagnostics dropped, ``mask_sample`` False, ``reward`` 0.0 unless it has one)."""
-    scored = {k: v for k, v in row.items() if not k.startswith("_ng_failure_") and k not in ("failure_kind", "failure_reason")}
+    scored = {
+        k: v for k, v in row.items() if not k.startswith("_ng_failure_") and k not in ("failure_kind", "failure_reason")
+    }
     scored["mask_sample"] = False
     scored.setdefault("reward", 0.0)
     return scored
 
 
 def merge_shards(
-    paths: Sequence[Union[str, Path]],
+    paths: Sequence[str | Path],
     *,
     count_failure_classes_as_zero: Sequence[str] = (),
     count_missing_rollouts_as_zero: bool = False,
-    env_url: Optional[str] = None,
+    env_url: str | None = None,
     timeout_s: float = 60.0,
     default_agent: str = "remote_agent",
-    policy: Optional[TargetPolicy] = None,
+    policy: TargetPolicy | None = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
 ) -> MergeResult:
     """Merge the shards at ``paths`` and compute their aggregate metrics (see the module docstring).
@@ -279,7 +283,9 @@ def merge_shards(
     for index, shard in enumerate(result.shards):
         if shard.materialized is None:
             if count_missing_rollouts_as_zero:
-                result.notes.append(f"{materialized_path_for(shard.path)} is missing; rollouts owed by that shard cannot be counted")
+                result.notes.append(
+                    f"{materialized_path_for(shard.path)} is missing; rollouts owed by that shard cannot be counted"
+                )
             continue
         for _line_no, line, row in _read_rows(shard.materialized):
             shard.materialized_rows += 1
@@ -296,12 +302,19 @@ def merge_shards(
                 unroutable += 1
                 continue
             accounted.add(identity)
-            zero = {TASK_INDEX: row.get(TASK_INDEX), ROLLOUT_INDEX: row.get(ROLLOUT_INDEX), "agent_ref": row.get("agent_ref"), "reward": 0.0}
+            zero = {
+                TASK_INDEX: row.get(TASK_INDEX),
+                ROLLOUT_INDEX: row.get(ROLLOUT_INDEX),
+                "agent_ref": row.get("agent_ref"),
+                "reward": 0.0,
+            }
             if "_ng_environment_server" in row:
                 zero["_ng_environment_server"] = row["_ng_environment_server"]
             missing.append(zero)
     if unroutable:
-        result.notes.append(f"{unroutable} materialized rollout(s) name no agent or environment server and are not counted")
+        result.notes.append(
+            f"{unroutable} materialized rollout(s) name no agent or environment server and are not counted"
+        )
     result.counted["missing"] = len(missing)
     counted.extend(missing)
     if counted:
@@ -312,8 +325,14 @@ def merge_shards(
         for identity, row in latest_failures.items()
         if identity not in result_ids and identity not in counted_ids
     )
-    result.aggregate = build_aggregate_metrics(rows + counted, env_url=env_url, timeout_s=timeout_s, default_agent=default_agent,
-                                               policy=policy, max_reply_bytes=max_reply_bytes)
+    result.aggregate = build_aggregate_metrics(
+        rows + counted,
+        env_url=env_url,
+        timeout_s=timeout_s,
+        default_agent=default_agent,
+        policy=policy,
+        max_reply_bytes=max_reply_bytes,
+    )
     return result
 
 
@@ -324,7 +343,10 @@ def _routable(row: Mapping[str, Any]) -> bool:
 
 
 def _fill_task_fields(
-    added: list[dict[str, Any]], real: Sequence[Mapping[str, Any]], materialized: Mapping[tuple, Mapping[str, Any]], group
+    added: list[dict[str, Any]],
+    real: Sequence[Mapping[str, Any]],
+    materialized: Mapping[tuple, Mapping[str, Any]],
+    group,
 ) -> None:
     """NeMo Gym's ``_fill_task_fields``: give each added row (counted failure, imputed zero) its
     task's dataset fields from the materialised row of its rollout, only those that real rows of the
@@ -342,7 +364,7 @@ def _fill_task_fields(
                 target.setdefault(key, source[key])
 
 
-def merged_paths(output: Union[str, Path], merge: bool = True) -> dict[str, Path]:
+def merged_paths(output: str | Path, merge: bool = True) -> dict[str, Path]:
     """The files ``write_merged`` writes for ``output``: ``rollouts``, ``failures``, ``materialized``
     (only with ``merge``) and ``aggregate_metrics``."""
     output = Path(output)
@@ -357,7 +379,9 @@ def merged_paths(output: Union[str, Path], merge: bool = True) -> dict[str, Path
     return paths
 
 
-def write_merged(result: MergeResult, output: Union[str, Path], *, merge: bool = True, overwrite: bool = False) -> dict[str, Path]:
+def write_merged(
+    result: MergeResult, output: str | Path, *, merge: bool = True, overwrite: bool = False
+) -> dict[str, Path]:
     """Write ``result`` for ``output`` (``merged_paths``). No file is replaced unless ``overwrite``:
     all are checked first (``outputs.OutputExists``), so a refusal writes none. The aggregate
     metrics file is not written when there is nothing to score (no entries), as in NeMo Gym.
@@ -368,7 +392,11 @@ def write_merged(result: MergeResult, output: Union[str, Path], *, merge: bool =
     if merge:
         written["rollouts"] = write_bytes(paths["rollouts"], b"".join(line + b"\n" for line in result.success_lines))
         written["failures"] = write_bytes(paths["failures"], b"".join(line + b"\n" for line in result.failure_lines))
-        written["materialized"] = write_bytes(paths["materialized"], b"".join(line + b"\n" for line in result.materialized_lines))
+        written["materialized"] = write_bytes(
+            paths["materialized"], b"".join(line + b"\n" for line in result.materialized_lines)
+        )
     if result.aggregate.entries:
-        written["aggregate_metrics"] = write_bytes(paths["aggregate_metrics"], aggregate_metrics_bytes(result.aggregate.entries))
+        written["aggregate_metrics"] = write_bytes(
+            paths["aggregate_metrics"], aggregate_metrics_bytes(result.aggregate.entries)
+        )
     return written

@@ -7,11 +7,13 @@ the command's ``--flag``) accepts those words too: a boolean flag is given for `
 ``1``/``yes`` and left out for ``false``/``False``/``0``/``no``; any other flag gets the value.
 An unknown key or a boolean that is neither is a clear error, never silently dropped.
 """
+
 from __future__ import annotations
 
 import argparse
 import re
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from django.core.management.base import CommandError
 
@@ -59,7 +61,7 @@ class NemoGymFlags:
         booleans = {opt for action in parser._actions if action.nargs == 0 for opt in action.option_strings}
         flags, parse = self.nemo_gym_flags, parser.parse_args
 
-        def parse_args(args: Optional[Sequence[str]] = None, namespace: Any = None) -> Any:
+        def parse_args(args: Sequence[str] | None = None, namespace: Any = None) -> Any:
             import sys
 
             given = list(sys.argv[2:] if args is None else args)

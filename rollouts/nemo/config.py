@@ -22,20 +22,29 @@ What gymweb takes from a config (the spec's ``counter_remote.yaml``)::
 
 No Django here. Errors are ``NemoConfigError`` naming the file and the key path.
 """
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 __all__ = [
-    "AGENTS", "RESOURCES_SERVERS", "AgentConfig", "NemoConfig", "NemoConfigError", "ResourcesServerConfig",
-    "load_files", "load_texts", "run_config_yaml",
+    "AGENTS",
+    "RESOURCES_SERVERS",
+    "AgentConfig",
+    "NemoConfig",
+    "NemoConfigError",
+    "ResourcesServerConfig",
+    "load_files",
+    "load_texts",
+    "run_config_yaml",
 ]
 
 AGENTS = "responses_api_agents"
@@ -43,16 +52,49 @@ RESOURCES_SERVERS = "resources_servers"
 CONFIG_PATHS = "config_paths"
 # NeMo Gym's reserved top-level keys that are never server instances (NEMO_GYM_RESERVED_TOP_LEVEL_KEYS,
 # the ones a config file commonly holds); any other top-level mapping with one server type is one.
-RESERVED = frozenset({
-    "config_paths", "entrypoint", "default_host", "head_server", "disallowed_ports", "head_server_deps",
-    "python_version", "pip_install_verbose", "use_absolute_ip", "uv_pip_set_python", "skip_venv_if_present",
-    "hf_token", "ray_head_node_address", "port_range_low", "port_range_high", "dry_run",
-    "server_spinup_timeout_seconds", "model_endpoint_readiness_timeout_seconds", "allow_openai_version_skew",
-    "uv_cache_dir", "uv_lock_timeout_seconds", "uv_venv_dir", "results_dir", "cache_dir", "_inherit_from",
-    "_copy", "nemo_gym_log_dir", "verbose", "json", "query", "observability_enabled", "model_call_capture_dir",
-    "component_name", "skip_verification", "skip_verification_reward", "allow_unsupported_pairing",
-    "environment_server_name", "environment_server_routes", "environment_routing_mode",
-})
+RESERVED = frozenset(
+    {
+        "config_paths",
+        "entrypoint",
+        "default_host",
+        "head_server",
+        "disallowed_ports",
+        "head_server_deps",
+        "python_version",
+        "pip_install_verbose",
+        "use_absolute_ip",
+        "uv_pip_set_python",
+        "skip_venv_if_present",
+        "hf_token",
+        "ray_head_node_address",
+        "port_range_low",
+        "port_range_high",
+        "dry_run",
+        "server_spinup_timeout_seconds",
+        "model_endpoint_readiness_timeout_seconds",
+        "allow_openai_version_skew",
+        "uv_cache_dir",
+        "uv_lock_timeout_seconds",
+        "uv_venv_dir",
+        "results_dir",
+        "cache_dir",
+        "_inherit_from",
+        "_copy",
+        "nemo_gym_log_dir",
+        "verbose",
+        "json",
+        "query",
+        "observability_enabled",
+        "model_call_capture_dir",
+        "component_name",
+        "skip_verification",
+        "skip_verification_reward",
+        "allow_unsupported_pairing",
+        "environment_server_name",
+        "environment_server_routes",
+        "environment_routing_mode",
+    }
+)
 MISSING = "???"
 # NeMo Gym registers these two as identity resolvers (its own key-swapping reads them later).
 for _name in ("inherit_from", "copy"):
@@ -72,11 +114,11 @@ class ResourcesServerConfig:
 
     name: str
     server: str
-    host: Optional[str] = None
-    port: Optional[int] = None
+    host: str | None = None
+    port: int | None = None
 
     @property
-    def url(self) -> Optional[str]:
+    def url(self) -> str | None:
         """``http://host:port`` when both are known, else None."""
         if self.host and self.port and int(self.port) > 0:
             return f"http://{self.host}:{int(self.port)}"
@@ -94,18 +136,18 @@ class AgentConfig:
     name: str
     agent_type: str
     path: str
-    agent_base_url: Optional[str]
-    resources_server: Optional[str]
-    concurrency: Optional[int] = None
-    max_steps: Optional[int] = None
-    remote_responses_timeout_s: Optional[float] = None
-    run_timeout_s: Optional[float] = None
+    agent_base_url: str | None
+    resources_server: str | None
+    concurrency: int | None = None
+    max_steps: int | None = None
+    remote_responses_timeout_s: float | None = None
+    run_timeout_s: float | None = None
     sources: dict[str, str] = field(default_factory=dict)
-    host: Optional[str] = None
-    port: Optional[int] = None
+    host: str | None = None
+    port: int | None = None
 
     @property
-    def server_url(self) -> Optional[str]:
+    def server_url(self) -> str | None:
         """Where NeMo Gym runs this agent's own server (its remote_agent), when the config says."""
         if self.host and self.port and int(self.port) > 0:
             return f"http://{self.host}:{int(self.port)}"
@@ -149,7 +191,7 @@ class NemoConfig:
                 continue
             inner = value.get(server_type)
             if isinstance(inner, dict) and len(inner) == 1:
-                (kind, block), = inner.items()
+                ((kind, block),) = inner.items()
                 if isinstance(block, dict):
                     out.append((str(name), str(kind), block))
         return out
@@ -158,7 +200,9 @@ class NemoConfig:
         """Every resources server instance, by its top-level name, in file order."""
         out = {}
         for name, kind, block in self._instances(RESOURCES_SERVERS):
-            out[name] = ResourcesServerConfig(name=name, server=kind, host=_str(block.get("host")), port=_int(block.get("port")))
+            out[name] = ResourcesServerConfig(
+                name=name, server=kind, host=_str(block.get("host")), port=_int(block.get("port"))
+            )
         return out
 
     def agents(self) -> list[AgentConfig]:
@@ -175,7 +219,9 @@ class NemoConfig:
                 try:
                     result = cast(value)
                 except (TypeError, ValueError):
-                    raise NemoConfigError(f"{self.where(f'{path}.{key}')} must be a {cast.__name__}, not {value!r}") from None
+                    raise NemoConfigError(
+                        f"{self.where(f'{path}.{key}')} must be a {cast.__name__}, not {value!r}"
+                    ) from None
                 sources[field_name] = self.where(f"{path}.{key}")
                 return result
 
@@ -185,17 +231,27 @@ class NemoConfig:
             if isinstance(reference, dict) and reference.get("name") not in (None, MISSING):
                 env = str(reference["name"])
                 sources["env"] = self.where(f"{path}.resources_server.name")
-            out.append(AgentConfig(
-                name=name, agent_type=kind, path=path, agent_base_url=url, resources_server=env,
-                concurrency=take("concurrency", "concurrency", int),
-                max_steps=take("max_steps", "max_steps", int),
-                remote_responses_timeout_s=take("remote_responses_timeout_secs", "remote_responses_timeout_s", float),
-                run_timeout_s=take("run_timeout_secs", "run_timeout_s", float),
-                sources=sources, host=_str(block.get("host")), port=_int(block.get("port")),
-            ))
+            out.append(
+                AgentConfig(
+                    name=name,
+                    agent_type=kind,
+                    path=path,
+                    agent_base_url=url,
+                    resources_server=env,
+                    concurrency=take("concurrency", "concurrency", int),
+                    max_steps=take("max_steps", "max_steps", int),
+                    remote_responses_timeout_s=take(
+                        "remote_responses_timeout_secs", "remote_responses_timeout_s", float
+                    ),
+                    run_timeout_s=take("run_timeout_secs", "run_timeout_s", float),
+                    sources=sources,
+                    host=_str(block.get("host")),
+                    port=_int(block.get("port")),
+                )
+            )
         return out
 
-    def agent(self, name: Optional[str] = None) -> AgentConfig:
+    def agent(self, name: str | None = None) -> AgentConfig:
         """The agent named ``name`` (its top-level key); without a name, the single agent block
         that has an ``agent_base_url``. Raises ``NemoConfigError`` naming the files and the agents
         there are."""
@@ -205,7 +261,9 @@ class NemoConfig:
                 if agent.name == name:
                     return agent
             known = ", ".join(a.name for a in agents) or "none"
-            raise NemoConfigError(f"{self.label}: no agent named {name!r} (a top-level key with a {AGENTS} block); agents there: {known}")
+            raise NemoConfigError(
+                f"{self.label}: no agent named {name!r} (a top-level key with a {AGENTS} block); agents there: {known}"
+            )
         usable = [a for a in agents if a.agent_base_url]
         if len(usable) == 1:
             return usable[0]
@@ -234,7 +292,7 @@ class NemoConfig:
             )
         return servers[agent.resources_server]
 
-    def head_server_url(self) -> Optional[str]:
+    def head_server_url(self) -> str | None:
         """The ``head_server`` block's ``http://host:port`` when it sets both."""
         block = self.data.get("head_server")
         if isinstance(block, dict) and block.get("host") and _int(block.get("port")):
@@ -242,11 +300,11 @@ class NemoConfig:
         return None
 
 
-def _str(value: Any) -> Optional[str]:
+def _str(value: Any) -> str | None:
     return None if value in (None, "", MISSING) else str(value)
 
 
-def _int(value: Any) -> Optional[int]:
+def _int(value: Any) -> int | None:
     try:
         return None if value in (None, "", MISSING) else int(value)
     except (TypeError, ValueError):
@@ -264,7 +322,9 @@ def _parse(text: str, source: str) -> DictConfig:
     except (OmegaConfBaseException, ValueError) as exc:
         raise NemoConfigError(f"{source}: cannot be read as a config: {exc}") from None
     if not isinstance(loaded, DictConfig):
-        raise NemoConfigError(f"{source}: a NeMo Gym config is a mapping at the top level, not a {type(loaded).__name__}")
+        raise NemoConfigError(
+            f"{source}: a NeMo Gym config is a mapping at the top level, not a {type(loaded).__name__}"
+        )
     return loaded
 
 
@@ -289,7 +349,7 @@ def load_texts(texts: Sequence[tuple[str, str]]) -> NemoConfig:
     return _merge([(source, _parse(text, source)) for source, text in texts])
 
 
-def load_files(paths: Sequence[Union[str, Path]]) -> NemoConfig:
+def load_files(paths: Sequence[str | Path]) -> NemoConfig:
     """Merge config files as ``+config_paths=[...]`` does: in order, later wins, each file's own
     ``config_paths`` pulled in before it (relative to that file's folder, else the working folder).
     Raises ``NemoConfigError`` for a missing or unreadable file, bad YAML (file, line, column) or an
@@ -297,7 +357,7 @@ def load_files(paths: Sequence[Union[str, Path]]) -> NemoConfig:
     ordered: list[tuple[str, DictConfig]] = []
     seen: set[Path] = set()
 
-    def visit(path: Path, named_as: str, named_in: Optional[str]) -> None:
+    def visit(path: Path, named_as: str, named_in: str | None) -> None:
         resolved = path.expanduser().resolve()
         if resolved in seen:
             return
@@ -313,7 +373,9 @@ def load_files(paths: Sequence[Union[str, Path]]) -> NemoConfig:
         includes = part.get(CONFIG_PATHS) if CONFIG_PATHS in part else None
         for entry in list(includes or []):
             entry_path = Path(str(entry))
-            candidates = [entry_path] if entry_path.is_absolute() else [resolved.parent / entry_path, Path.cwd() / entry_path]
+            candidates = (
+                [entry_path] if entry_path.is_absolute() else [resolved.parent / entry_path, Path.cwd() / entry_path]
+            )
             found = next((c for c in candidates if c.exists()), candidates[0])
             visit(found, str(entry), str(path))
         ordered.append((str(path), part))
@@ -323,9 +385,19 @@ def load_files(paths: Sequence[Union[str, Path]]) -> NemoConfig:
     return _merge(ordered)
 
 
-def run_config_yaml(*, agent_name: str, agent_url: str, env_name: str, env_server: Optional[str],
-                    concurrency: int, max_steps: Optional[int], remote_responses_timeout_s: float, run_timeout_s: float,
-                    num_repeats: int = 1, header: str = "") -> str:
+def run_config_yaml(
+    *,
+    agent_name: str,
+    agent_url: str,
+    env_name: str,
+    env_server: str | None,
+    concurrency: int,
+    max_steps: int | None,
+    remote_responses_timeout_s: float,
+    run_timeout_s: float,
+    num_repeats: int = 1,
+    header: str = "",
+) -> str:
     """A run's settings as a NeMo Gym config that ``gym env start "+config_paths=[FILE]"`` and
     ``gym eval run --no-serve +agent_name=AGENT`` accept: the resources server block (``env_server``
     is its directory name under ``resources_servers``; None writes NeMo Gym's ``???``, which NeMo Gym
@@ -333,15 +405,19 @@ def run_config_yaml(*, agent_name: str, agent_url: str, env_name: str, env_serve
     comment lines put first."""
     config = {
         env_name: {RESOURCES_SERVERS: {env_server or MISSING: {"entrypoint": "app.py", "domain": "agent"}}},
-        agent_name: {AGENTS: {"remote_agent": {
-            "entrypoint": "app.py",
-            "agent_base_url": agent_url,
-            "resources_server": {"type": RESOURCES_SERVERS, "name": env_name},
-            "concurrency": int(concurrency),
-            "max_steps": int(max_steps) if max_steps else None,
-            "remote_responses_timeout_secs": float(remote_responses_timeout_s),
-            "run_timeout_secs": float(run_timeout_s),
-        }}},
+        agent_name: {
+            AGENTS: {
+                "remote_agent": {
+                    "entrypoint": "app.py",
+                    "agent_base_url": agent_url,
+                    "resources_server": {"type": RESOURCES_SERVERS, "name": env_name},
+                    "concurrency": int(concurrency),
+                    "max_steps": int(max_steps) if max_steps else None,
+                    "remote_responses_timeout_secs": float(remote_responses_timeout_s),
+                    "run_timeout_secs": float(run_timeout_s),
+                }
+            }
+        },
     }
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     return comment + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)

@@ -12,11 +12,12 @@ Ports change on every start: resolve a resources server's URL from its name each
 starts or is retried, never keep it. No Django here: callers pass an ``httpx.Client`` (gymweb's
 target-policy client), so every request passes the target policy.
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -24,13 +25,33 @@ import httpx
 from rollouts.nemo.config import AGENTS, RESOURCES_SERVERS, NemoConfig, NemoConfigError, load_texts
 
 __all__ = [
-    "DEFAULT_HEAD_URL", "HeadServer", "HeadServerError", "ServerInstance", "fetch", "health", "openapi", "openapi_tools",
+    "DEFAULT_HEAD_URL",
+    "HeadServer",
+    "HeadServerError",
+    "ServerInstance",
+    "fetch",
+    "health",
+    "openapi",
+    "openapi_tools",
     "same_server",
 ]
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"
 # Routes every NeMo Gym resources server serves besides its tools (SimpleResourcesServer).
-NOT_TOOLS = frozenset({"/seed_session", "/close_session", "/verify", "/aggregate_metrics", "/stats", "/health", "/healthz", "/livez", "/readyz", "/"})
+NOT_TOOLS = frozenset(
+    {
+        "/seed_session",
+        "/close_session",
+        "/verify",
+        "/aggregate_metrics",
+        "/stats",
+        "/health",
+        "/healthz",
+        "/livez",
+        "/readyz",
+        "/",
+    }
+)
 
 
 class HeadServerError(Exception):
@@ -48,8 +69,10 @@ class ServerInstance:
     url: str
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> "ServerInstance":
-        url = record.get("url") or (f"http://{record.get('host')}:{record.get('port')}" if record.get("host") and record.get("port") else "")
+    def from_json(cls, record: dict[str, Any]) -> ServerInstance:
+        url = record.get("url") or (
+            f"http://{record.get('host')}:{record.get('port')}" if record.get("host") and record.get("port") else ""
+        )
         return cls(
             process_name=str(record.get("process_name") or record.get("config_path") or ""),
             server_type=str(record.get("server_type") or ""),
@@ -66,7 +89,7 @@ class HeadServer:
     config: NemoConfig
     instances: list[ServerInstance] = field(default_factory=list)
 
-    def instance(self, process_name: str) -> Optional[ServerInstance]:
+    def instance(self, process_name: str) -> ServerInstance | None:
         return next((i for i in self.instances if i.process_name == process_name), None)
 
     def resources_server_url(self, name: str) -> str:
@@ -78,13 +101,16 @@ class HeadServer:
         server = self.config.resources_servers().get(name)
         if server is not None and server.url:
             return server.url
-        known = sorted({i.process_name for i in self.instances if i.server_type == RESOURCES_SERVERS} | set(self.config.resources_servers()))
+        known = sorted(
+            {i.process_name for i in self.instances if i.server_type == RESOURCES_SERVERS}
+            | set(self.config.resources_servers())
+        )
         raise HeadServerError(
             f"the NeMo Gym head server at {self.url} knows no resources server named {name!r} "
             f"(it runs: {', '.join(known) or 'none'})"
         )
 
-    def agent_server_at(self, url: str) -> Optional[str]:
+    def agent_server_at(self, url: str) -> str | None:
         """The name of the NeMo Gym agent server (``responses_api_agents``) running at ``url``."""
         for inst in self.instances:
             if inst.server_type == AGENTS and same_server(inst.url, url):
@@ -97,7 +123,8 @@ class HeadServer:
 
 def same_server(a: str, b: str) -> bool:
     """Whether two base URLs name the same host and port (``localhost`` and ``127.0.0.1`` alike)."""
-    def key(u: str) -> tuple[str, Optional[int]]:
+
+    def key(u: str) -> tuple[str, int | None]:
         parts = urlsplit(u.strip())
         host = (parts.hostname or "").lower()
         if host in ("localhost", "::1", "0.0.0.0"):
@@ -107,6 +134,7 @@ def same_server(a: str, b: str) -> bool:
         except ValueError:
             port = None
         return host, port
+
     return key(a) == key(b)
 
 
@@ -120,7 +148,9 @@ def _get_json(client: httpx.Client, head_url: str, route: str) -> Any:
             "is `gym env start` running, and on which port (NeMo Gym's default is 11000)?"
         ) from None
     if response.status_code != 200:
-        raise HeadServerError(f"the NeMo Gym head server at {head_url} answered HTTP {response.status_code} to GET {route}")
+        raise HeadServerError(
+            f"the NeMo Gym head server at {head_url} answered HTTP {response.status_code} to GET {route}"
+        )
     try:
         return response.json()
     except ValueError:
@@ -133,7 +163,9 @@ def fetch(client: httpx.Client, head_url: str) -> HeadServer:
     head_url = head_url.rstrip("/")
     text = _get_json(client, head_url, "/global_config_dict_yaml")
     if not isinstance(text, str):
-        raise HeadServerError(f"{head_url}/global_config_dict_yaml is not a YAML string: is {head_url} a NeMo Gym head server?")
+        raise HeadServerError(
+            f"{head_url}/global_config_dict_yaml is not a YAML string: is {head_url} a NeMo Gym head server?"
+        )
     try:
         config = load_texts([(f"{head_url}/global_config_dict_yaml", text)])
     except NemoConfigError as exc:
@@ -156,7 +188,7 @@ def health(client: httpx.Client, url: str) -> tuple[bool, str]:
     return False, f"HTTP {response.status_code}"
 
 
-def openapi_tools(client: httpx.Client, url: str) -> Optional[list[str]]:
+def openapi_tools(client: httpx.Client, url: str) -> list[str] | None:
     """The tools a resources server serves: the POST routes of its OpenAPI document (NeMo Gym
     resources servers are FastAPI apps) other than ``/seed_session``, ``/close_session``,
     ``/verify`` and ``/aggregate_metrics``. None when the document cannot be read."""
@@ -166,11 +198,14 @@ def openapi_tools(client: httpx.Client, url: str) -> Optional[list[str]]:
     paths = doc.get("paths")
     if not isinstance(paths, dict):
         return None
-    return [p.lstrip("/") for p, ops in paths.items()
-            if p not in NOT_TOOLS and isinstance(ops, dict) and "post" in ops and "{" not in p and p.count("/") == 1]
+    return [
+        p.lstrip("/")
+        for p, ops in paths.items()
+        if p not in NOT_TOOLS and isinstance(ops, dict) and "post" in ops and "{" not in p and p.count("/") == 1
+    ]
 
 
-def openapi(client: httpx.Client, url: str) -> Optional[dict[str, Any]]:
+def openapi(client: httpx.Client, url: str) -> dict[str, Any] | None:
     """``GET {url}/openapi.json`` as a dict, or None (unreachable, not 200, not a JSON object)."""
     try:
         response = client.get(f"{url.rstrip('/')}/openapi.json")

@@ -15,13 +15,21 @@ Two signs, both read here:
 
 No Django here.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
-    "FAILURE_CODE", "ROLLOUT_WARNING", "agent_server_routes", "declared_tools", "explain", "is_nemo_gym_agent_server",
-    "rollout_warning", "unexecuted_tool_results",
+    "FAILURE_CODE",
+    "ROLLOUT_WARNING",
+    "agent_server_routes",
+    "declared_tools",
+    "explain",
+    "is_nemo_gym_agent_server",
+    "rollout_warning",
+    "unexecuted_tool_results",
 ]
 
 FAILURE_CODE = "nemo_gym_agent_server"
@@ -30,7 +38,7 @@ ROLLOUT_WARNING = "tool results the environment never executed"
 AGENT_SERVER_ROUTES = ("/run", "/v1/responses")
 
 
-def agent_server_routes(openapi: Optional[dict[str, Any]]) -> list[str]:
+def agent_server_routes(openapi: dict[str, Any] | None) -> list[str]:
     """NeMo Gym agent-server routes an OpenAPI document declares (``/run``, ``/v1/responses``,
     ``/aggregate_metrics``), in that order."""
     paths = (openapi or {}).get("paths")
@@ -39,33 +47,46 @@ def agent_server_routes(openapi: Optional[dict[str, Any]]) -> list[str]:
     return [p for p in ("/run", "/v1/responses", "/aggregate_metrics") if p in paths]
 
 
-def is_nemo_gym_agent_server(openapi: Optional[dict[str, Any]]) -> bool:
+def is_nemo_gym_agent_server(openapi: dict[str, Any] | None) -> bool:
     """Whether an OpenAPI document is a NeMo Gym agent server's: it serves ``/run`` and
     ``/v1/responses`` (a plain agent service has no ``/run``)."""
     routes = agent_server_routes(openapi)
     return all(r in routes for r in AGENT_SERVER_ROUTES)
 
 
-def explain(agent_url: str, *, agent_name: Optional[str] = None, likely_url: Optional[str] = None,
-            head_url: Optional[str] = None) -> str:
+def explain(
+    agent_url: str,
+    *,
+    agent_name: str | None = None,
+    likely_url: str | None = None,
+    head_url: str | None = None,
+) -> str:
     """The plain-words explanation of the mis-wiring for ``agent_url``, naming the URL the user
     most likely meant (``likely_url``: the agent's ``agent_base_url`` in the head server's config)."""
     who = f"NeMo Gym's own agent server {agent_name!r}" if agent_name else "a NeMo Gym agent server (it serves /run)"
     text = (
         f"{agent_url} is {who}, not your agent service. NeMo Gym's agent server calls your agent "
         "itself and runs the environment's tools in a session of its own, so gymweb's environment "
-        "session would see no tool call and every rollout would \"succeed\" at reward 0.0."
+        'session would see no tool call and every rollout would "succeed" at reward 0.0.'
     )
     if likely_url:
-        source = f" (agent_base_url of {agent_name!r} in the config of the head server at {head_url})" if head_url and agent_name else ""
+        source = (
+            f" (agent_base_url of {agent_name!r} in the config of the head server at {head_url})"
+            if head_url and agent_name
+            else ""
+        )
         text += f" Use your agent service's URL instead: {likely_url}{source}."
     else:
-        text += (" Use your agent service's URL instead: the agent_base_url of the remote_agent block in your "
-                 "NeMo Gym config (or pass --config/--head-url and --agent-name, and no agent URL).")
+        text += (
+            " Use your agent service's URL instead: the agent_base_url of the remote_agent block in your "
+            "NeMo Gym config (or pass --config/--head-url and --agent-name, and no agent URL)."
+        )
     return text
 
 
-def unexecuted_tool_results(items: Iterable[tuple[dict[str, Any], str]], env_tools: Optional[Iterable[str]] = None) -> list[str]:
+def unexecuted_tool_results(
+    items: Iterable[tuple[dict[str, Any], str]], env_tools: Iterable[str] | None = None
+) -> list[str]:
     """``call_id``s of tool results the agent reported for the environment's tools, which the
     environment never executed through gymweb.
 

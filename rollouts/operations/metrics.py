@@ -13,6 +13,7 @@ second), ``gymweb_worker_heartbeats``. Histograms (seconds): ``gymweb_agent_call
 ``gymweb_rollouts_pending``, ``gymweb_broker_queue_size``, ``gymweb_workers_live``,
 ``gymweb_worker_in_flight{worker}``, ``gymweb_worker_heartbeat_timestamp_seconds{worker}``.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -22,8 +23,9 @@ import math
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -125,7 +127,9 @@ def flush() -> None:
             for (name, labels), delta in deltas.items():
                 rows = MetricTotal.objects.filter(name=name, labels=labels)
                 if not rows.update(value=F("value") + delta):
-                    MetricTotal.objects.bulk_create([MetricTotal(name=name, labels=labels, value=0.0)], ignore_conflicts=True)
+                    MetricTotal.objects.bulk_create(
+                        [MetricTotal(name=name, labels=labels, value=0.0)], ignore_conflicts=True
+                    )
                     rows.update(value=F("value") + delta)
     except BaseException:
         with _lock:
@@ -169,12 +173,16 @@ class FleetCollector:
         in_flight = GaugeMetricFamily("gymweb_rollouts_in_flight", "rollouts running now, by run", labels=["run"])
         for run_id, n in (
             Rollout.objects.filter(status=Rollout.Status.RUNNING, run__status=Run.Status.RUNNING)
-            .values("run_id").annotate(n=Count("id")).values_list("run_id", "n")
+            .values("run_id")
+            .annotate(n=Count("id"))
+            .values_list("run_id", "n")
         ):
             in_flight.add_metric([str(run_id)], n)
         yield in_flight
         pending = Rollout.objects.filter(status=Rollout.Status.PENDING, run__status=Run.Status.RUNNING).count()
-        yield GaugeMetricFamily("gymweb_rollouts_pending", "rollout attempts of running runs waiting for a worker", value=pending)
+        yield GaugeMetricFamily(
+            "gymweb_rollouts_pending", "rollout attempts of running runs waiting for a worker", value=pending
+        )
         try:
             queued = float(get_broker().queue_size() or 0)
         except Exception:  # an unreachable broker shows as NaN here and in /readyz
@@ -184,8 +192,12 @@ class FleetCollector:
         now = timezone.now()
         workers = list(Worker.objects.values_list("name", "last_seen", "inflight"))
         live = sum(1 for _, seen, _ in workers if seen >= now - timedelta(seconds=LIVE_WINDOW_S))
-        yield GaugeMetricFamily("gymweb_workers_live", f"workers with a heartbeat in the last {LIVE_WINDOW_S:g} s", value=live)
-        beat = GaugeMetricFamily("gymweb_worker_heartbeat_timestamp_seconds", "each worker's last heartbeat (Unix time)", labels=["worker"])
+        yield GaugeMetricFamily(
+            "gymweb_workers_live", f"workers with a heartbeat in the last {LIVE_WINDOW_S:g} s", value=live
+        )
+        beat = GaugeMetricFamily(
+            "gymweb_worker_heartbeat_timestamp_seconds", "each worker's last heartbeat (Unix time)", labels=["worker"]
+        )
         inflight = GaugeMetricFamily("gymweb_worker_in_flight", "rollouts in flight in each worker", labels=["worker"])
         for name, seen, n in workers:
             beat.add_metric([name], seen.timestamp())

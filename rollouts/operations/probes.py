@@ -5,6 +5,7 @@ answers, every migration is applied, the broker answers and at least one worker 
 in the last minute; else 503. The body names each check and whether it passed, never why (errors
 go to the server's log).
 """
+
 from __future__ import annotations
 
 import logging

@@ -3,12 +3,14 @@
 Views, the API and tests all go through these functions, so each rule lives here once. They raise
 ``ReviewError`` (a clear message naming the field) for bad input and store nothing then.
 """
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Exists, Max, OuterRef, Subquery
@@ -58,7 +60,9 @@ def ensure_default_labels(**_kwargs) -> int:
     removed from a set it has). Connected to ``post_migrate``. Returns how many were made."""
     if Label.objects.exists():
         return 0
-    Label.objects.bulk_create([Label(name=n, description=d, position=i) for i, (n, d) in enumerate(DEFAULT_LABELS)], ignore_conflicts=True)
+    Label.objects.bulk_create(
+        [Label(name=n, description=d, position=i) for i, (n, d) in enumerate(DEFAULT_LABELS)], ignore_conflicts=True
+    )
     return len(DEFAULT_LABELS)
 
 
@@ -68,7 +72,9 @@ def create_label(name: Any, description: str = "", user=None) -> Label:
     clean = clean_label_name(name)
     description = str(description or "").strip()
     if len(description) > LABEL_DESCRIPTION_MAX_CHARS:  # cut silently, it would be stored otherwise than typed
-        raise ReviewError(f"the description has {len(description):,} characters; at most {LABEL_DESCRIPTION_MAX_CHARS}", "description")
+        raise ReviewError(
+            f"the description has {len(description):,} characters; at most {LABEL_DESCRIPTION_MAX_CHARS}", "description"
+        )
     if Label.objects.filter(name=clean).exists():
         raise ReviewError(f"label {clean!r} exists already", "label")
     position = (Label.objects.aggregate(m=Max("position"))["m"] or 0) + 1
@@ -137,7 +143,9 @@ def add_note(rollout: Rollout, text: Any, user=None, item: Any = None) -> Note:
         try:
             seq = int(str(item).strip().lstrip("#"))
         except ValueError:
-            raise ReviewError(f"item {str(item)[:40]!r}: give the item's number (#N on the trajectory page)", "item") from None
+            raise ReviewError(
+                f"item {str(item)[:40]!r}: give the item's number (#N on the trajectory page)", "item"
+            ) from None
         if seq < 0 or not TrajectoryItem.objects.filter(rollout=rollout, seq=seq).exists():
             raise ReviewError(f"this rollout has no item #{seq}", "item")
     return Note.objects.create(rollout=rollout, item_seq=seq, text=body, created_by=user)
@@ -181,14 +189,16 @@ def correct_reward(rollout: Rollout, reward: Any, reason: Any, user=None) -> Rew
     return RewardCorrection.objects.create(rollout=rollout, reward=value, reason=why, created_by=user)
 
 
-def withdraw_correction(rollout: Rollout, user=None, reason: Any = "") -> Optional[RewardCorrection]:
+def withdraw_correction(rollout: Rollout, user=None, reason: Any = "") -> RewardCorrection | None:
     """Withdraw the correction in force (a history row with no reward); None when there was none."""
     if current_correction(rollout) is None:
         return None
-    return RewardCorrection.objects.create(rollout=rollout, reward=None, reason=str(reason or "").strip()[:REASON_MAX_CHARS], created_by=user)
+    return RewardCorrection.objects.create(
+        rollout=rollout, reward=None, reason=str(reason or "").strip()[:REASON_MAX_CHARS], created_by=user
+    )
 
 
-def current_correction(rollout: Rollout) -> Optional[RewardCorrection]:
+def current_correction(rollout: Rollout) -> RewardCorrection | None:
     """The correction in force: the newest row, unless it withdrew the correction."""
     latest = RewardCorrection.objects.filter(rollout=rollout).select_related("created_by").order_by("-id").first()
     return latest if latest is not None and latest.reward is not None else None
@@ -202,7 +212,7 @@ class ReviewState:
 
     labels: list[dict[str, Any]] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
-    correction: Optional[RewardCorrection] = None
+    correction: RewardCorrection | None = None
     history: list[RewardCorrection] = field(default_factory=list)
 
     @property
@@ -215,16 +225,24 @@ def review_state(rollout: Rollout) -> ReviewState:
     its corrections."""
     uses = RolloutLabel.objects.filter(rollout=rollout, label=OuterRef("pk"))
     rows = Label.objects.order_by("position", "id").annotate(
-        use_at=Subquery(uses.values("created")[:1]), use_by=Subquery(uses.values("created_by__username")[:1]),
-        used=Exists(uses))
+        use_at=Subquery(uses.values("created")[:1]),
+        use_by=Subquery(uses.values("created_by__username")[:1]),
+        used=Exists(uses),
+    )
     labels = []
     for n, label in enumerate(rows):
         use = {"created": label.use_at, "by": label.use_by} if label.used else None
-        labels.append({"label": label, "on": use is not None, "use": use, "key": str(n + 1) if n < KEYED_LABELS else ""})
+        labels.append(
+            {"label": label, "on": use is not None, "use": use, "key": str(n + 1) if n < KEYED_LABELS else ""}
+        )
     history = list(RewardCorrection.objects.filter(rollout=rollout).select_related("created_by").order_by("id"))
     current = history[-1] if history and history[-1].reward is not None else None
-    return ReviewState(labels=labels, notes=list(Note.objects.filter(rollout=rollout).select_related("created_by")),
-                       correction=current, history=history)
+    return ReviewState(
+        labels=labels,
+        notes=list(Note.objects.filter(rollout=rollout).select_related("created_by")),
+        correction=current,
+        history=history,
+    )
 
 
 def attach_to_rows(rollouts: Iterable[Rollout]) -> None:
@@ -235,7 +253,13 @@ def attach_to_rows(rollouts: Iterable[Rollout]) -> None:
         r.review_label_names, r.review_note_count = [], 0
     if not rows:
         return
-    for rollout_id, name in RolloutLabel.objects.filter(rollout_id__in=list(rows)).order_by("label__position", "label_id").values_list("rollout_id", "label__name"):
+    for rollout_id, name in (
+        RolloutLabel.objects.filter(rollout_id__in=list(rows))
+        .order_by("label__position", "label_id")
+        .values_list("rollout_id", "label__name")
+    ):
         rows[rollout_id].review_label_names.append(name)
-    for rollout_id, n in Note.objects.filter(rollout_id__in=list(rows)).values_list("rollout_id").annotate(n=Count("id")).order_by():
+    for rollout_id, n in (
+        Note.objects.filter(rollout_id__in=list(rows)).values_list("rollout_id").annotate(n=Count("id")).order_by()
+    ):
         rows[rollout_id].review_note_count = n

@@ -6,6 +6,7 @@ Cheap on big runs: one grouped query over the (run, status, reward) index gives 
 distribution; the corrected one follows from it and the run's corrections (a small table), so no
 per-rollout subquery runs over the whole run.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -23,7 +24,11 @@ def corrections_in_force(run: Run) -> dict[int, float]:
     """``{rollout id: corrected reward}`` for the run's succeeded rollouts whose newest correction
     is not withdrawn."""
     latest: dict[int, Any] = {}
-    rows = RewardCorrection.objects.filter(rollout__run=run, rollout__status=Rollout.Status.SUCCEEDED).order_by("id").values_list("rollout_id", "reward")
+    rows = (
+        RewardCorrection.objects.filter(rollout__run=run, rollout__status=Rollout.Status.SUCCEEDED)
+        .order_by("id")
+        .values_list("rollout_id", "reward")
+    )
     for rollout_id, reward in rows:
         latest[rollout_id] = reward
     return {k: v for k, v in latest.items() if v is not None}
@@ -62,7 +67,10 @@ def review_counts(run: Run) -> dict[str, Any]:
     """How far a run's review went: ``{"labels": [(name, rollouts)], "notes": n, "noted": rollouts
     with notes, "labelled": rollouts with a label}``. Reads the review tables only."""
     labels = list(
-        RolloutLabel.objects.filter(rollout__run=run).values_list("label__name").annotate(n=Count("id")).order_by("label__position", "label_id")
+        RolloutLabel.objects.filter(rollout__run=run)
+        .values_list("label__name")
+        .annotate(n=Count("id"))
+        .order_by("label__position", "label_id")
     )
     notes = Note.objects.filter(rollout__run=run)
     return {

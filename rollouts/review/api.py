@@ -12,10 +12,11 @@ target URLs, timeouts, overrides, size) and launched like the form launches it; 
 the run table's filter (``RolloutFilterForm``, also the review filters); files stream through
 ``rollouts.review.curated``; labels, notes and corrections go through ``rollouts.review.actions``.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Optional, Union
+from typing import Any
 
 from django.conf import settings
 from django.db.models.functions import Substr
@@ -89,7 +90,7 @@ api = GymwebAPI(
     title="gymweb API",
     version="1",
     description="Datasets, runs, NeMo Gym files and review for scripts and training loops. "
-                "Send `Authorization: Bearer <token>` (make one on your account page).",
+    "Send `Authorization: Bearer <token>` (make one on your account page).",
     auth=TokenAuth(),
     urls_namespace="api",
     parser=StrictJSONParser(),
@@ -109,7 +110,7 @@ class DatasetOut(Schema):
     num_rows: int
     sha256: str
     created: datetime
-    source_run: Optional[int] = Field(None, description="the run whose filtered list these tasks came from")
+    source_run: int | None = Field(None, description="the run whose filtered list these tasks came from")
     source_filters: str = Field("", description="that list's filter querystring")
 
 
@@ -126,9 +127,9 @@ class ProgressOut(Schema):
 
 
 class TasksFrom(Schema):
-    dataset: Optional[int]
+    dataset: int | None
     dataset_name: str = ""
-    source_run: Optional[int] = None
+    source_run: int | None = None
     source_filters: str = ""
 
 
@@ -138,39 +139,45 @@ class RunOut(Schema):
     status: str = Field(..., description="queued, running, completed, cancelled or imported")
     final: bool
     created: datetime
-    started: Optional[datetime]
-    finished: Optional[datetime]
+    started: datetime | None
+    finished: datetime | None
     agent_url: str
     env_url: str
     url_changes: list[dict[str, Any]] = Field(
-        default_factory=list, description="each resume that switched URLs: {at, agent_url: [old, new], env_url: [old, new]}")
+        default_factory=list,
+        description="each resume that switched URLs: {at, agent_url: [old, new], env_url: [old, new]}",
+    )
     agent_name: str
     num_tasks: int
     num_keys: int
     tasks_from: TasksFrom
     progress: ProgressOut
     url: str
-    archived: Optional[datetime] = Field(None, description="when the run was archived (its items are in files); null when they are here")
+    archived: datetime | None = Field(
+        None, description="when the run was archived (its items are in files); null when they are here"
+    )
 
 
 class RewardStatsOut(Schema):
     n: int
-    mean: Optional[float]
-    minimum: Optional[float]
-    maximum: Optional[float]
-    median: Optional[float]
-    std: Optional[float]
-    mean_with_failures: Optional[float] = Field(None, description="failures (latest attempt failed) count as 0")
+    mean: float | None
+    minimum: float | None
+    maximum: float | None
+    median: float | None
+    std: float | None
+    mean_with_failures: float | None = Field(None, description="failures (latest attempt failed) count as 0")
     n_with_failures: int
 
 
 class AggregatesOut(Schema):
     reward: RewardStatsOut = Field(..., description="the env's rewards, over successes (NeMo Gym's convention)")
-    reward_corrected: RewardStatsOut = Field(..., description="the corrected reward where one is in force, the env's elsewhere")
+    reward_corrected: RewardStatsOut = Field(
+        ..., description="the corrected reward where one is in force, the env's elsewhere"
+    )
     corrections: int
     failure_kinds: dict[str, int]
     terminal_failures: int
-    tokens: dict[str, Optional[int]]
+    tokens: dict[str, int | None]
     usage_reported: int
     finished_attempts: int
 
@@ -186,22 +193,22 @@ class RetryOut(Schema):
 
 class LabelUse(Schema):
     name: str
-    by: Optional[str]
+    by: str | None
     at: datetime
 
 
 class NoteOut(Schema):
     id: int
     text: str
-    item: Optional[int] = Field(None, description="the trajectory item (#N) it is on; null = the whole rollout")
-    by: Optional[str]
+    item: int | None = Field(None, description="the trajectory item (#N) it is on; null = the whole rollout")
+    by: str | None
     at: datetime
 
 
 class CorrectionOut(Schema):
     reward: float
     reason: str
-    by: Optional[str]
+    by: str | None
     at: datetime
 
 
@@ -212,15 +219,15 @@ class RolloutOut(Schema):
     rollout_index: int
     attempt: int
     status: str
-    reward: Optional[float] = Field(None, description="the env's reward")
-    corrected_reward: Optional[float] = Field(None, description="the corrected reward in force, if any")
+    reward: float | None = Field(None, description="the env's reward")
+    corrected_reward: float | None = Field(None, description="the corrected reward in force, if any")
     failure_kind: str
     error: str = Field("", description="the first 500 characters")
     terminal: bool
-    duration_ms: Optional[float]
+    duration_ms: float | None
     num_agent_calls: int
     num_tool_calls: int
-    total_tokens: Optional[int]
+    total_tokens: int | None
     labels: list[str]
     notes: int
     url: str
@@ -234,7 +241,7 @@ class RolloutPage(Schema):
 
 
 class ReplyErrorOut(Schema):
-    path: list[Union[str, int]] = Field(..., description="JSON path into the body: object keys and list indices")
+    path: list[str | int] = Field(..., description="JSON path into the body: object keys and list indices")
     message: str
 
 
@@ -244,16 +251,20 @@ class RefusedReplyOut(Schema):
     size: int = Field(..., description="the whole body's length in bytes")
     truncated: bool = Field(..., description="only the first GYMWEB_FAILED_REPLY_MAX_BYTES bytes are kept")
     errors: list[ReplyErrorOut] = Field(..., description="validation errors of an invalid Responses object")
-    body: str = Field(..., description="the kept body as UTF-8 text (undecodable bytes as U+FFFD); model output: escape it")
+    body: str = Field(
+        ..., description="the kept body as UTF-8 text (undecodable bytes as U+FFFD); model output: escape it"
+    )
 
 
 class RolloutDetailOut(RolloutOut):
     agent_url: str = Field("", description="the agent base URL this attempt ran against")
     env_url: str = Field("", description="the env base URL this attempt ran against")
-    refused_reply: Optional[RefusedReplyOut] = Field(None, description="the agent reply gymweb refused, ending this attempt")
+    refused_reply: RefusedReplyOut | None = Field(
+        None, description="the agent reply gymweb refused, ending this attempt"
+    )
     label_uses: list[LabelUse]
     note_list: list[NoteOut]
-    correction: Optional[CorrectionOut]
+    correction: CorrectionOut | None
 
 
 class LabelIn(Schema):
@@ -262,7 +273,7 @@ class LabelIn(Schema):
 
 class NoteIn(Schema):
     text: str
-    item: Optional[int] = None
+    item: int | None = None
 
 
 class CorrectionIn(Schema):
@@ -287,22 +298,51 @@ def _absolute(request, path: str) -> str:
 
 
 def _dataset_out(d: Dataset) -> dict[str, Any]:
-    return {"id": d.pk, "name": d.name, "num_rows": d.num_rows, "sha256": d.sha256, "created": d.created,
-            "source_run": d.source_run_id, "source_filters": d.source_filters}
+    return {
+        "id": d.pk,
+        "name": d.name,
+        "num_rows": d.num_rows,
+        "sha256": d.sha256,
+        "created": d.created,
+        "source_run": d.source_run_id,
+        "source_filters": d.source_filters,
+    }
 
 
-def _run_out(request, run: Run, progress: Optional[metrics.Progress] = None) -> dict[str, Any]:
+def _run_out(request, run: Run, progress: metrics.Progress | None = None) -> dict[str, Any]:
     p = progress or metrics.run_progress(run)
     dataset = run.dataset
     return {
-        "id": run.pk, "name": run.name, "status": run.status, "final": run.is_final, "created": run.created,
-        "started": run.started, "finished": run.finished, "agent_url": run.agent_url, "env_url": run.env_url,
-        "url_changes": run.url_changes or [], "agent_name": run.agent_name, "num_tasks": run.num_tasks, "num_keys": run.num_keys,
-        "tasks_from": {"dataset": run.dataset_id, "dataset_name": dataset.name if dataset else "",
-                       "source_run": dataset.source_run_id if dataset else None,
-                       "source_filters": dataset.source_filters if dataset else ""},
-        "progress": {"total": p.total, "done": p.done, "succeeded": p.succeeded, "failed": p.failed, "pending": p.pending,
-                     "running": p.running, "not_run": p.not_run, "failed_attempts": p.failed_attempts, "percent": p.percent},
+        "id": run.pk,
+        "name": run.name,
+        "status": run.status,
+        "final": run.is_final,
+        "created": run.created,
+        "started": run.started,
+        "finished": run.finished,
+        "agent_url": run.agent_url,
+        "env_url": run.env_url,
+        "url_changes": run.url_changes or [],
+        "agent_name": run.agent_name,
+        "num_tasks": run.num_tasks,
+        "num_keys": run.num_keys,
+        "tasks_from": {
+            "dataset": run.dataset_id,
+            "dataset_name": dataset.name if dataset else "",
+            "source_run": dataset.source_run_id if dataset else None,
+            "source_filters": dataset.source_filters if dataset else "",
+        },
+        "progress": {
+            "total": p.total,
+            "done": p.done,
+            "succeeded": p.succeeded,
+            "failed": p.failed,
+            "pending": p.pending,
+            "running": p.running,
+            "not_run": p.not_run,
+            "failed_attempts": p.failed_attempts,
+            "percent": p.percent,
+        },
         "url": _absolute(request, run.get_absolute_url()),
         "archived": run.archived,
     }
@@ -337,28 +377,58 @@ def _rollout(request, rollout_id: int) -> Rollout:
     return rollout
 
 
-def _rollout_out(request, r: Rollout, labels: list[str], notes: int, corrected: Optional[float]) -> dict[str, Any]:
+def _rollout_out(request, r: Rollout, labels: list[str], notes: int, corrected: float | None) -> dict[str, Any]:
     return {
-        "id": r.pk, "run": r.run_id, "task_index": r.task_index, "rollout_index": r.rollout_index, "attempt": r.attempt,
-        "status": r.status, "reward": r.reward, "corrected_reward": corrected, "failure_kind": r.failure_kind,
+        "id": r.pk,
+        "run": r.run_id,
+        "task_index": r.task_index,
+        "rollout_index": r.rollout_index,
+        "attempt": r.attempt,
+        "status": r.status,
+        "reward": r.reward,
+        "corrected_reward": corrected,
+        "failure_kind": r.failure_kind,
         "error": r.error_head if hasattr(r, "error_head") else (r.error or "")[:500],
-        "terminal": r.terminal, "duration_ms": r.duration_ms, "num_agent_calls": r.num_agent_calls,
-        "num_tool_calls": r.num_tool_calls, "total_tokens": r.total_tokens if r.usage_reported else None,
-        "labels": labels, "notes": notes, "url": _absolute(request, r.get_absolute_url()),
+        "terminal": r.terminal,
+        "duration_ms": r.duration_ms,
+        "num_agent_calls": r.num_agent_calls,
+        "num_tool_calls": r.num_tool_calls,
+        "total_tokens": r.total_tokens if r.usage_reported else None,
+        "labels": labels,
+        "notes": notes,
+        "url": _absolute(request, r.get_absolute_url()),
     }
 
 
 def _rollout_detail(request, rollout: Rollout) -> dict[str, Any]:
     state = actions.review_state(rollout)
     corr = state.correction
-    out = _rollout_out(request, rollout, [e["label"].name for e in state.on], len(state.notes), corr.reward if corr else None)
+    out = _rollout_out(
+        request, rollout, [e["label"].name for e in state.on], len(state.notes), corr.reward if corr else None
+    )
     out["agent_url"], out["env_url"] = rollout.agent_url, rollout.env_url
     out["refused_reply"] = refused_data(RefusedReply.objects.filter(rollout=rollout).first())
     out["label_uses"] = [{"name": e["label"].name, "by": e["use"]["by"], "at": e["use"]["created"]} for e in state.on]
-    out["note_list"] = [{"id": n.pk, "text": n.text, "item": n.item_seq, "by": n.created_by.get_username() if n.created_by else None,
-                         "at": n.created} for n in state.notes]
-    out["correction"] = None if corr is None else {
-        "reward": corr.reward, "reason": corr.reason, "by": corr.created_by.get_username() if corr.created_by else None, "at": corr.created}
+    out["note_list"] = [
+        {
+            "id": n.pk,
+            "text": n.text,
+            "item": n.item_seq,
+            "by": n.created_by.get_username() if n.created_by else None,
+            "at": n.created,
+        }
+        for n in state.notes
+    ]
+    out["correction"] = (
+        None
+        if corr is None
+        else {
+            "reward": corr.reward,
+            "reason": corr.reason,
+            "by": corr.created_by.get_username() if corr.created_by else None,
+            "at": corr.created,
+        }
+    )
     return out
 
 
@@ -378,12 +448,17 @@ def _review_error(exc: ReviewError) -> HttpError:
 @api.get("/datasets", response=list[DatasetOut], summary="List datasets (newest first)")
 def list_datasets(request, limit: int = 100, offset: int = OFFSET):
     limit = max(1, min(limit, MAX_PAGE))
-    return [_dataset_out(d) for d in Dataset.objects.order_by("-created", "-id")[max(offset, 0): max(offset, 0) + limit]]
+    return [
+        _dataset_out(d) for d in Dataset.objects.order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
+    ]
 
 
 @api.post("/datasets", response={201: DatasetOut, 400: Error, 413: Error}, summary="Upload a JSONL dataset")
-def create_dataset(request, file: Optional[UploadedFile] = File(None, description="NeMo Gym JSONL: one task per line"),
-                   name: str = Form("", description="defaults to the file name")):
+def create_dataset(
+    request,
+    file: UploadedFile | None = File(None, description="NeMo Gym JSONL: one task per line"),
+    name: str = Form("", description="defaults to the file name"),
+):
     """Validated like the new-run form's upload: a bad line is reported with its line number and
     nothing is stored. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` (the upload handler stops a larger file
     before it is stored: 413)."""
@@ -391,7 +466,9 @@ def create_dataset(request, file: Optional[UploadedFile] = File(None, descriptio
     if "file" in too_large_uploads(request) or (file is not None and file.size > limit):
         raise HttpError(413, upload_limit_message(limit))
     if file is None:
-        raise FieldsError("no file: send the dataset as the multipart field 'file'", {"file": ["this field is required"]})
+        raise FieldsError(
+            "no file: send the dataset as the multipart field 'file'", {"file": ["this field is required"]}
+        )
     source = (file.name or "dataset.jsonl").rsplit("/", 1)[-1]
     try:
         parsed = read_jsonl(file, source=source)
@@ -413,17 +490,23 @@ def get_dataset(request, dataset_id: int):
 @api.get("/runs", response=list[RunOut], summary="List runs (newest first)")
 def list_runs(request, limit: int = 50, offset: int = OFFSET):
     limit = max(1, min(limit, MAX_PAGE))
-    page = list(Run.objects.select_related("dataset").order_by("-created", "-id")[max(offset, 0): max(offset, 0) + limit])
+    page = list(
+        Run.objects.select_related("dataset").order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
+    )
     progress = metrics.progress_for_runs(page)
     return [_run_out(request, run, progress[run.pk]) for run in page]
 
 
-@api.post("/runs/import", response={201: RunOut, 400: Error, 413: Error}, summary="Import NeMo Gym output files as a run")
-def import_run(request,
-               rollouts: Optional[UploadedFile] = File(None, description="rollouts.jsonl (successes); optional with failures"),
-               failures: Optional[UploadedFile] = File(None, description="rollouts_failures.jsonl (the failures sidecar)"),
-               materialized: Optional[UploadedFile] = File(None, description="rollouts_materialized_inputs.jsonl (the task rows)"),
-               name: str = Form("", description="defaults to the file names")):
+@api.post(
+    "/runs/import", response={201: RunOut, 400: Error, 413: Error}, summary="Import NeMo Gym output files as a run"
+)
+def import_run(
+    request,
+    rollouts: UploadedFile | None = File(None, description="rollouts.jsonl (successes); optional with failures"),
+    failures: UploadedFile | None = File(None, description="rollouts_failures.jsonl (the failures sidecar)"),
+    materialized: UploadedFile | None = File(None, description="rollouts_materialized_inputs.jsonl (the task rows)"),
+    name: str = Form("", description="defaults to the file names"),
+):
     """The import page's three slots (``collection.importer``): a new run with status ``imported``,
     all or nothing; a bad line is reported with its file and line (``errors`` names the field).
     Every imported file downloads again byte for byte. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` per file."""
@@ -436,12 +519,16 @@ def import_run(request,
         if field in too_large_uploads(request) or (upload is not None and upload.size > limit):
             raise HttpError(413, upload_limit_message(limit))
     if rollouts is None and failures is None:
-        raise FieldsError("no file: send 'rollouts', 'failures' or both (and optionally 'materialized') as multipart fields",
-                          {"rollouts": ["this field is required"]})
+        raise FieldsError(
+            "no file: send 'rollouts', 'failures' or both (and optionally 'materialized') as multipart fields",
+            {"rollouts": ["this field is required"]},
+        )
     sources = {field: (u.name or f"{field}.jsonl").rsplit("/", 1)[-1] for field, u in uploads.items() if u is not None}
     pick = lambda field: [(uploads[field], sources[field])] if uploads[field] is not None else []  # noqa: E731
     try:
-        summary = import_shards(pick("rollouts"), pick("failures"), pick("materialized"), name=name[:200], user=request.user)
+        summary = import_shards(
+            pick("rollouts"), pick("failures"), pick("materialized"), name=name[:200], user=request.user
+        )
     except DatasetError as exc:
         field = next((f for f, src in sources.items() if src == exc.source), "rollouts")
         raise FieldsError(str(exc), {field: [str(exc)]}) from None
@@ -505,12 +592,16 @@ def _file(request, run_id: int, kind: str):
     refused = archive.download_refusal(run, kind, form.active, options.plain)
     if refused:
         raise HttpError(409, refused)
-    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), export_filename(run.pk, kind, form), options)
+    return curated.streaming_response(
+        curated.lines(run, kind, qs if form.active else None, options), export_filename(run.pk, kind, form), options
+    )
 
 
-_FILE_DOC = ("Streams NeMo Gym JSONL. Querystring: the run table's filter (as for /runs/{id}/rollouts), "
-             "`reward_source=corrected` (rows' reward is the corrected one where in force; `_gymweb_reward_source` says which), "
-             "`review=1` (adds `gymweb_review`). Headers X-Gymweb-Reward-Source and X-Gymweb-Review say what was used.")
+_FILE_DOC = (
+    "Streams NeMo Gym JSONL. Querystring: the run table's filter (as for /runs/{id}/rollouts), "
+    "`reward_source=corrected` (rows' reward is the corrected one where in force; `_gymweb_reward_source` says which), "
+    "`review=1` (adds `gymweb_review`). Headers X-Gymweb-Reward-Source and X-Gymweb-Review say what was used."
+)
 
 
 @api.get("/runs/{run_id}/rollouts.jsonl", summary="rollouts.jsonl (successes)", description=_FILE_DOC)
@@ -518,7 +609,11 @@ def file_rollouts(request, run_id: int):
     return _file(request, run_id, "rollouts")
 
 
-@api.get("/runs/{run_id}/rollouts_failures.jsonl", summary="rollouts_failures.jsonl (one row per failed attempt)", description=_FILE_DOC)
+@api.get(
+    "/runs/{run_id}/rollouts_failures.jsonl",
+    summary="rollouts_failures.jsonl (one row per failed attempt)",
+    description=_FILE_DOC,
+)
 def file_failures(request, run_id: int):
     return _file(request, run_id, "rollouts_failures")
 
@@ -528,9 +623,12 @@ def file_materialized(request, run_id: int):
     return _file(request, run_id, "rollouts_materialized_inputs")
 
 
-@api.get("/runs/{run_id}/sft.jsonl", summary="SFT export (OpenAI chat format)",
-         description="The filtered successes as `{\"messages\", \"tools\"}` rows. `reasoning=keep|think|drop`, "
-                     "`reward_source`, `metadata=1`. See README, \"SFT export\".")
+@api.get(
+    "/runs/{run_id}/sft.jsonl",
+    summary="SFT export (OpenAI chat format)",
+    description='The filtered successes as `{"messages", "tools"}` rows. `reasoning=keep|think|drop`, '
+    '`reward_source`, `metadata=1`. See README, "SFT export".',
+)
 def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = False):
     run = _run_for(request, run_id)
     refused = archive.download_refusal(run, "sft", False, True)
@@ -540,12 +638,21 @@ def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = Fal
         raise HttpError(400, f"reasoning must be one of {', '.join(sft.REASONING_MODES)}")
     qs, form = _filtered(request, run)
     options = curated.ExportOptions.from_params(request.GET)
-    return curated.sft_response(run, qs if form.active else None, options, export_filename(run.pk, "sft", form),
-                                reasoning=reasoning, metadata=metadata)
+    return curated.sft_response(
+        run,
+        qs if form.active else None,
+        options,
+        export_filename(run.pk, "sft", form),
+        reasoning=reasoning,
+        metadata=metadata,
+    )
 
 
-@api.post("/runs/{run_id}/selection/dataset", response={201: DatasetOut, 400: Error},
-          summary="Make a dataset of the tasks of a filtered list")
+@api.post(
+    "/runs/{run_id}/selection/dataset",
+    response={201: DatasetOut, 400: Error},
+    summary="Make a dataset of the tasks of a filtered list",
+)
 def selection_dataset(request, run_id: int, name: str = ""):
     """The querystring is the run table's filter; each task with a rollout in the list gives one row."""
     run = _run_for(request, run_id)
@@ -554,19 +661,41 @@ def selection_dataset(request, run_id: int, name: str = ""):
         raise FieldsError(message, {"name": [message]})
     qs, form = _filtered(request, run)
     try:
-        dataset = selection.dataset_from_selection(run, qs, filters=form.querystring(sort=""), user=request.user, name=name or None)
+        dataset = selection.dataset_from_selection(
+            run, qs, filters=form.querystring(sort=""), user=request.user, name=name or None
+        )
     except ReviewError as exc:
         raise _review_error(exc) from None
     return Status(201, _dataset_out(dataset))
 
 
 # -- rollouts ------------------------------------------------------------------------------------
-@api.get("/runs/{run_id}/rollouts", response={200: RolloutPage, 400: Error}, summary="List a run's rollouts, filtered like the run page")
-def list_rollouts(request, run_id: int, limit: int = 100, offset: int = OFFSET,
-                  status: str = "", kind: str = "", reward_min: Optional[float] = None, reward_max: Optional[float] = None,
-                  task: Optional[int] = None, sort: str = "", label: str = "", not_label: str = "", notes: str = "",
-                  corrected: str = "", reward_source: str = "", text: str = "", tool: str = "", output: str = "",
-                  error: str = ""):
+@api.get(
+    "/runs/{run_id}/rollouts",
+    response={200: RolloutPage, 400: Error},
+    summary="List a run's rollouts, filtered like the run page",
+)
+def list_rollouts(
+    request,
+    run_id: int,
+    limit: int = 100,
+    offset: int = OFFSET,
+    status: str = "",
+    kind: str = "",
+    reward_min: float | None = None,
+    reward_max: float | None = None,
+    task: int | None = None,
+    sort: str = "",
+    label: str = "",
+    not_label: str = "",
+    notes: str = "",
+    corrected: str = "",
+    reward_source: str = "",
+    text: str = "",
+    tool: str = "",
+    output: str = "",
+    error: str = "",
+):
     """Every filter of the run page's table (and any it gains): the querystring is read by the same
     form, so an invalid value is a 400 naming it. Ordered like the table (``sort``). Content search
     (``rollouts.search``): ``text`` in any item, ``tool`` called (exact name), ``output`` in a tool
@@ -575,16 +704,22 @@ def list_rollouts(request, run_id: int, limit: int = 100, offset: int = OFFSET,
     qs, _form = _filtered(request, run)
     limit, offset = max(1, min(limit, MAX_PAGE)), max(offset, 0)
     count = qs.order_by().count()
-    ids = list(qs.values_list("id", flat=True)[offset: offset + limit])
-    loaded = (Rollout.objects.filter(id__in=ids).annotate(error_head=Substr("error", 1, 500, output_field=LosslessTextField()), corrected=corrected_reward())
-              .defer("verify_json", "profile_json", "partial_response_json").in_bulk())
+    ids = list(qs.values_list("id", flat=True)[offset : offset + limit])
+    loaded = (
+        Rollout.objects.filter(id__in=ids)
+        .annotate(error_head=Substr("error", 1, 500, output_field=LosslessTextField()), corrected=corrected_reward())
+        .defer("verify_json", "profile_json", "partial_response_json")
+        .in_bulk()
+    )
     page = [loaded[i] for i in ids if i in loaded]
     actions.attach_to_rows(page)
     items = [_rollout_out(request, r, r.review_label_names, r.review_note_count, r.corrected) for r in page]
     return {"count": count, "offset": offset, "limit": limit, "items": items}
 
 
-@api.post("/rollouts/{rollout_id}/labels", response={200: RolloutDetailOut, 400: Error}, summary="Put a label on a rollout")
+@api.post(
+    "/rollouts/{rollout_id}/labels", response={200: RolloutDetailOut, 400: Error}, summary="Put a label on a rollout"
+)
 def add_label(request, rollout_id: int, payload: LabelIn):
     rollout = _rollout(request, rollout_id)
     try:
@@ -594,7 +729,11 @@ def add_label(request, rollout_id: int, payload: LabelIn):
     return _rollout_detail(request, rollout)
 
 
-@api.delete("/rollouts/{rollout_id}/labels/{label}", response={200: RolloutDetailOut, 400: Error}, summary="Take a label off a rollout")
+@api.delete(
+    "/rollouts/{rollout_id}/labels/{label}",
+    response={200: RolloutDetailOut, 400: Error},
+    summary="Take a label off a rollout",
+)
 def remove_label(request, rollout_id: int, label: str):
     rollout = _rollout(request, rollout_id)
     try:
@@ -604,17 +743,34 @@ def remove_label(request, rollout_id: int, label: str):
     return _rollout_detail(request, rollout)
 
 
-@api.post("/rollouts/{rollout_id}/notes", response={201: NoteOut, 400: Error}, summary="Add a note to a rollout or one of its items")
+@api.post(
+    "/rollouts/{rollout_id}/notes",
+    response={201: NoteOut, 400: Error},
+    summary="Add a note to a rollout or one of its items",
+)
 def add_note(request, rollout_id: int, payload: NoteIn):
     rollout = _rollout(request, rollout_id)
     try:
         note = actions.add_note(rollout, payload.text, request.user, item=payload.item)
     except ReviewError as exc:
         raise _review_error(exc) from None
-    return Status(201, {"id": note.pk, "text": note.text, "item": note.item_seq, "by": request.user.get_username(), "at": note.created})
+    return Status(
+        201,
+        {
+            "id": note.pk,
+            "text": note.text,
+            "item": note.item_seq,
+            "by": request.user.get_username(),
+            "at": note.created,
+        },
+    )
 
 
-@api.post("/rollouts/{rollout_id}/correction", response={200: RolloutDetailOut, 400: Error}, summary="Record a corrected reward")
+@api.post(
+    "/rollouts/{rollout_id}/correction",
+    response={200: RolloutDetailOut, 400: Error},
+    summary="Record a corrected reward",
+)
 def correct(request, rollout_id: int, payload: CorrectionIn):
     """Kept beside the env's reward, never replacing it; the reason is required."""
     rollout = _rollout(request, rollout_id)
@@ -635,7 +791,10 @@ def withdraw(request, rollout_id: int, reason: str = ""):
 # -- labels --------------------------------------------------------------------------------------
 @api.get("/labels", response=list[LabelOut], summary="The instance's labels, in order (the first nine answer keys 1–9)")
 def list_labels(request):
-    return [{"name": lab.name, "description": lab.description, "position": lab.position} for lab in Label.objects.order_by("position", "id")]
+    return [
+        {"name": lab.name, "description": lab.description, "position": lab.position}
+        for lab in Label.objects.order_by("position", "id")
+    ]
 
 
 @api.post("/labels", response={201: LabelOut, 400: Error}, summary="Add a label")
@@ -648,10 +807,11 @@ def create_label(request, payload: NewLabelIn):
 
 
 # The training-loop routes (POST /runs, GET /runs/{id}/results, GET /rollouts/{id}) register on `api`.
-from rollouts.review import trainer_api  # noqa: E402,F401
-
 # Delete, archive and restore (DELETE /runs/{id}, POST /runs/{id}/archive, /restore): their own module.
-from rollouts.review import api_archive  # noqa: E402
+from rollouts.review import (
+    api_archive,  # noqa: E402
+    trainer_api,  # noqa: E402,F401
+)
 
 api.delete(api_archive.DELETE_PATH, **api_archive.DELETE_ROUTE)(api_archive.delete_run)
 api.add_router("", api_archive.router)

@@ -1,10 +1,10 @@
 """The API's routes to delete, archive and restore a run (``/api/v1/``; ``rollouts.collection.archive``
 does the work). Mounted on the API by ``rollouts.review.api`` (``router``, and ``delete_run``); auth and access as for every route
 there. A run being collected is refused with 409 (cancel it first), never cancelled."""
+
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Optional
 
 from ninja import Router, Schema
 from ninja.errors import HttpError
@@ -22,7 +22,7 @@ class Error(Schema):
 
 class ArchiveOut(Schema):
     run: int
-    archived: Optional[datetime] = Field(None, description="when the run was archived; null once restored")
+    archived: datetime | None = Field(None, description="when the run was archived; null once restored")
     archive_path: str = Field("", description="the folder of its archive files (empty once restored)")
     rollouts: int = Field(..., description="rollouts whose items were dropped or brought back")
     items: int = Field(..., description="trajectory items dropped or brought back")
@@ -39,8 +39,15 @@ class DeletedOut(Schema):
 
 
 def _outcome(run, out: archive.Outcome) -> dict:
-    return {"run": run.pk, "archived": run.archived, "archive_path": run.archive_path, "rollouts": out.rollouts,
-            "items": out.items, "seconds": out.seconds, "longest_transaction_s": out.longest_transaction_s}
+    return {
+        "run": run.pk,
+        "archived": run.archived,
+        "archive_path": run.archive_path,
+        "rollouts": out.rollouts,
+        "items": out.items,
+        "seconds": out.seconds,
+        "longest_transaction_s": out.longest_transaction_s,
+    }
 
 
 # DELETE /runs/{id} shares its path with GET /runs/{id}, so ``rollouts.review.api`` registers it on
@@ -57,11 +64,18 @@ def delete_run(request, run_id: int):
         out = archive.delete_run(run)
     except archive.RunBusy as exc:
         raise HttpError(409, str(exc)) from None
-    return {"deleted": run_id, "rollouts": out.rollouts, "items": out.items, "seconds": out.seconds,
-            "longest_transaction_s": out.longest_transaction_s}
+    return {
+        "deleted": run_id,
+        "rollouts": out.rollouts,
+        "items": out.items,
+        "seconds": out.seconds,
+        "longest_transaction_s": out.longest_transaction_s,
+    }
 
 
-@router.post("/runs/{run_id}/archive", response={200: ArchiveOut, 404: Error, 409: Error}, summary="Archive a finished run")
+@router.post(
+    "/runs/{run_id}/archive", response={200: ArchiveOut, 404: Error, 409: Error}, summary="Archive a finished run"
+)
 def archive_run(request, run_id: int):
     """Writes the run's NeMo Gym files (zstd) to the archive folder and drops its items from the
     database; aggregates, labels, notes and corrections stay. 409 while the run is being collected
@@ -74,7 +88,9 @@ def archive_run(request, run_id: int):
     return _outcome(run, out)
 
 
-@router.post("/runs/{run_id}/restore", response={200: ArchiveOut, 404: Error, 409: Error}, summary="Restore an archived run")
+@router.post(
+    "/runs/{run_id}/restore", response={200: ArchiveOut, 404: Error, 409: Error}, summary="Restore an archived run"
+)
 def restore_run(request, run_id: int):
     """Brings the archived run's items back from its files (checked first), then removes the files.
     409 if the run is not archived or its files do not match their manifest."""

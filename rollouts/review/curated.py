@@ -7,13 +7,15 @@ note's ``item`` is the trajectory item ``#N`` it is on, or null. Without either 
 exactly ``rollouts.collection.export``'s. All stream from the database with constant memory: rows
 are read in chunks, and each chunk's review in three queries.
 """
+
 from __future__ import annotations
 
 import json
 import tempfile
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
@@ -36,7 +38,7 @@ class ExportOptions:
     review: bool = False
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> "ExportOptions":
+    def from_params(cls, params: Mapping[str, Any]) -> ExportOptions:
         """Read ``reward_source`` and ``review`` from a querystring; unknown values mean the defaults."""
         source = str(params.get("reward_source") or "").strip().lower()
         return cls(
@@ -49,11 +51,11 @@ class ExportOptions:
         return self.reward_source == ORIGINAL and not self.review
 
 
-def _who(user) -> Optional[str]:
+def _who(user) -> str | None:
     return user.get_username() if user is not None else None
 
 
-def _at(when) -> Optional[str]:
+def _at(when) -> str | None:
     return when.isoformat() if when is not None else None
 
 
@@ -63,22 +65,31 @@ def review_info(ids: list[int]) -> dict[int, dict[str, Any]]:
     info: dict[int, dict[str, Any]] = {i: {"labels": [], "notes": [], "correction": None} for i in ids}
     if not ids:
         return info
-    for use in RolloutLabel.objects.filter(rollout_id__in=ids).select_related("label", "created_by").order_by("label__position", "label_id"):
-        info[use.rollout_id]["labels"].append({"name": use.label.name, "by": _who(use.created_by), "at": _at(use.created)})
+    for use in (
+        RolloutLabel.objects.filter(rollout_id__in=ids)
+        .select_related("label", "created_by")
+        .order_by("label__position", "label_id")
+    ):
+        info[use.rollout_id]["labels"].append(
+            {"name": use.label.name, "by": _who(use.created_by), "at": _at(use.created)}
+        )
     for note in Note.objects.filter(rollout_id__in=ids).select_related("created_by").order_by("created", "id"):
-        info[note.rollout_id]["notes"].append({"text": note.text, "item": note.item_seq, "by": _who(note.created_by), "at": _at(note.created)})
+        info[note.rollout_id]["notes"].append(
+            {"text": note.text, "item": note.item_seq, "by": _who(note.created_by), "at": _at(note.created)}
+        )
     for corr in RewardCorrection.objects.filter(rollout_id__in=ids).select_related("created_by").order_by("id"):
         info[corr.rollout_id]["correction"] = corr if corr.reward is not None else None  # the newest wins
     return info
 
 
-def _review_field(info: dict[str, Any], env_reward: Optional[float], source: str) -> dict[str, Any]:
+def _review_field(info: dict[str, Any], env_reward: float | None, source: str) -> dict[str, Any]:
     corr = info["correction"]
     return {
         "reward_source": source,
         "env_reward": env_reward,
-        "corrected_reward": None if corr is None else {
-            "reward": corr.reward, "reason": corr.reason, "by": _who(corr.created_by), "at": _at(corr.created)},
+        "corrected_reward": None
+        if corr is None
+        else {"reward": corr.reward, "reason": corr.reason, "by": _who(corr.created_by), "at": _at(corr.created)},
         "labels": info["labels"],
         "notes": info["notes"],
     }
@@ -95,16 +106,19 @@ def _chunks(fetch, size: int = CHUNK) -> Iterator[list[tuple]]:
         yield chunk
 
 
-def _base(run: Run, rollouts: Optional[QuerySet]) -> QuerySet:
+def _base(run: Run, rollouts: QuerySet | None) -> QuerySet:
     return rollouts if rollouts is not None else Rollout.objects.filter(run=run)
 
 
-def iter_success_rows(run: Run, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def iter_success_rows(
+    run: Run, rollouts: QuerySet | None, options: ExportOptions
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """``(rollouts.jsonl row, review info)`` of each succeeded attempt, the row already curated
     by ``options`` (reward and ``gymweb_review``)."""
     qs = _base(run, rollouts).filter(status=Rollout.Status.SUCCEEDED)
     fetch = qs.order_by("task_index", "rollout_index", "id").values_list(
-        "id", "task_index", "rollout_index", "reward", "verify_json", "task__row_json")
+        "id", "task_index", "rollout_index", "reward", "verify_json", "task__row_json"
+    )
     last_task, ref = None, None
     for chunk in _chunks(fetch):
         info = review_info([row[0] for row in chunk])
@@ -123,7 +137,7 @@ def iter_success_rows(run: Run, rollouts: Optional[QuerySet], options: ExportOpt
             yield row, mine
 
 
-def iter_successes(run: Run, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:
+def iter_successes(run: Run, rollouts: QuerySet | None, options: ExportOptions) -> Iterator[str]:
     """Lines of ``rollouts.jsonl`` under ``options`` (exactly ``export.iter_successes`` when plain)."""
     if options.plain:
         yield from export.iter_successes(run, rollouts)
@@ -132,14 +146,15 @@ def iter_successes(run: Run, rollouts: Optional[QuerySet], options: ExportOption
         yield export.row_line(row)
 
 
-def iter_failures(run: Run, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:
+def iter_failures(run: Run, rollouts: QuerySet | None, options: ExportOptions) -> Iterator[str]:
     """Lines of the failures sidecar; with ``review``, each row carries ``gymweb_review``."""
     if not options.review:
         yield from export.iter_failures(run, rollouts)
         return
     qs = _base(run, rollouts).filter(status=Rollout.Status.FAILED)
     fetch = qs.order_by("task_index", "rollout_index", "attempt", "id").values_list(
-        "id", "rollout_index", "error", "terminal", "failure_kind", "task__row_json")
+        "id", "rollout_index", "error", "terminal", "failure_kind", "task__row_json"
+    )
     for chunk in _chunks(fetch):
         info = review_info([row[0] for row in chunk])
         for rollout_id, rollout_index, error, terminal, kind, task_json in chunk:
@@ -148,7 +163,7 @@ def iter_failures(run: Run, rollouts: Optional[QuerySet], options: ExportOptions
             yield export.row_line(row)
 
 
-def lines(run: Run, kind: str, rollouts: Optional[QuerySet], options: ExportOptions) -> Iterator[str]:
+def lines(run: Run, kind: str, rollouts: QuerySet | None, options: ExportOptions) -> Iterator[str]:
     """The lines of file ``kind`` (``KINDS``) for the selection ``rollouts`` (None = the whole run)."""
     if kind == "rollouts":
         return iter_successes(run, rollouts, options)
@@ -159,8 +174,16 @@ def lines(run: Run, kind: str, rollouts: Optional[QuerySet], options: ExportOpti
     raise ValueError(f"unknown file {kind!r}; one of {', '.join(KINDS)}")
 
 
-def sft_lines(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *, reasoning: str = "keep",
-              metadata: bool = False, skipped: Optional[list[str]] = None, left_out: Optional[Counter] = None) -> Iterator[str]:
+def sft_lines(
+    run: Run,
+    rollouts: QuerySet | None,
+    options: ExportOptions,
+    *,
+    reasoning: str = "keep",
+    metadata: bool = False,
+    skipped: list[str] | None = None,
+    left_out: Counter | None = None,
+) -> Iterator[str]:
     """SFT lines (``rollouts.review.sft``) of the selection's succeeded attempts. ``metadata`` adds
     ``"metadata": {"run", "task_index", "rollout_index", "reward", "reward_source", "labels"}``
     (``reward`` by ``options.reward_source``). Rows that cannot be made valid chat examples are left
@@ -176,8 +199,11 @@ def sft_lines(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *,
             continue
         if metadata:
             out["metadata"] = {
-                "run": run.pk, "task_index": row["_ng_task_index"], "rollout_index": row["_ng_rollout_index"],
-                "reward": row.get("reward"), "reward_source": row.get("_gymweb_reward_source", "env"),
+                "run": run.pk,
+                "task_index": row["_ng_task_index"],
+                "rollout_index": row["_ng_rollout_index"],
+                "reward": row.get("reward"),
+                "reward_source": row.get("_gymweb_reward_source", "env"),
                 "labels": [entry["name"] for entry in info["labels"]],
             }
         yield json.dumps(out, ensure_ascii=False)
@@ -186,8 +212,15 @@ def sft_lines(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *,
 SFT_SPOOL_BYTES = 32 * 1024 * 1024
 
 
-def sft_response(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, filename: str, *, reasoning: str = "keep",
-                 metadata: bool = False) -> StreamingHttpResponse:
+def sft_response(
+    run: Run,
+    rollouts: QuerySet | None,
+    options: ExportOptions,
+    filename: str,
+    *,
+    reasoning: str = "keep",
+    metadata: bool = False,
+) -> StreamingHttpResponse:
     """The SFT download (``sft_lines``), written whole first (in memory up to ``SFT_SPOOL_BYTES``,
     then a temporary file) so that its headers can say what was left out: ``X-Gymweb-Rows``
     (rows written), ``X-Gymweb-Left-Out`` (rows left out) and ``X-Gymweb-Left-Out-Reasons``
@@ -216,7 +249,9 @@ def sft_response(run: Run, rollouts: Optional[QuerySet], options: ExportOptions,
     return response
 
 
-def sft_check(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *, reasoning: str = "keep") -> tuple[int, Counter]:
+def sft_check(
+    run: Run, rollouts: QuerySet | None, options: ExportOptions, *, reasoning: str = "keep"
+) -> tuple[int, Counter]:
     """``(rows the SFT export writes, rows left out counted by reason)`` for the selection."""
     left_out: Counter = Counter()
     rows = sum(1 for _ in sft_lines(run, rollouts, options, reasoning=reasoning, left_out=left_out))
@@ -226,7 +261,9 @@ def sft_check(run: Run, rollouts: Optional[QuerySet], options: ExportOptions, *,
 def streaming_response(line_iter: Iterator[str], filename: str, options: ExportOptions) -> StreamingHttpResponse:
     """A JSONL download of ``line_iter`` that says which reward it uses and whether it carries the
     review (headers ``X-Gymweb-Reward-Source``, ``X-Gymweb-Review``)."""
-    response = StreamingHttpResponse((line + "\n" for line in line_iter), content_type="application/jsonl; charset=utf-8")
+    response = StreamingHttpResponse(
+        (line + "\n" for line in line_iter), content_type="application/jsonl; charset=utf-8"
+    )
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["X-Content-Type-Options"] = "nosniff"
     response["X-Gymweb-Reward-Source"] = options.reward_source

@@ -6,6 +6,7 @@ read one filter.
 The querystring names (``label``, ``not_label``, ``notes``, ``corrected``, ``reward_source``):
 docs/review.md. Each is optional; invalid values are reported on the field and ignored.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -67,6 +68,7 @@ class ReviewFilterFields(forms.Form):
             if wanted and wanted not in dict(out) and isinstance(wanted, str) and LABEL_NAME.fullmatch(wanted):
                 out.append((wanted, wanted))
             return out
+
         return choices
 
     def reward_column(self, qs: QuerySet) -> tuple[QuerySet, str]:

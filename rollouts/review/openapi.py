@@ -7,6 +7,7 @@
   the 403 where a route declares one, all with the ``Error`` body;
 - the content type of the downloaded files (JSONL) and of the results stream (NDJSON).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,7 +20,7 @@ FILTERED = ("/rollouts", "/rollouts.jsonl", "/rollouts_failures.jsonl", "/sft.js
 FILES = {"/rollouts.jsonl", "/rollouts_failures.jsonl", "/rollouts_materialized_inputs.jsonl", "/sft.jsonl"}
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ANSWERS = {
-    "401": "no token, a malformed `Authorization` header, or an unknown or revoked token (`{\"detail\": \"Unauthorized\"}`)",
+    "401": 'no token, a malformed `Authorization` header, or an unknown or revoked token (`{"detail": "Unauthorized"}`)',
     "403": "the token's user may not do this",
     "404": "no such object (or not visible to the token's user)",
 }
@@ -34,8 +35,13 @@ _FILTER_DOC = {
     "task": "a task index",
 }
 _EXPORT_PARAMS = [
-    {"name": "review", "in": "query", "required": False, "schema": {"type": "string", "enum": ["", "0", "1"]},
-     "description": "1: each row gets `gymweb_review` (labels, notes, correction)"},
+    {
+        "name": "review",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "enum": ["", "0", "1"]},
+        "description": "1: each row gets `gymweb_review` (labels, notes, correction)",
+    },
 ]
 
 
@@ -74,7 +80,8 @@ def complete(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` (django-ninja's OpenAPI document of the API) with the declarations above added.
     Returns the same dict."""
     schema.setdefault("components", {}).setdefault("schemas", {}).setdefault(
-        "Error", {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]})
+        "Error", {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
+    )
     filters = filter_parameters()
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
@@ -85,12 +92,16 @@ def complete(schema: dict[str, Any]) -> dict[str, Any]:
                 responses[str(code)] = {**responses.get(str(code), {}), **answer}
             op["responses"] = responses
             if op.get("security") or schema.get("security"):
-                responses.setdefault("401", {"description": ANSWERS["401"], "content": {"application/json": {"schema": ERROR_REF}}})
+                responses.setdefault(
+                    "401", {"description": ANSWERS["401"], "content": {"application/json": {"schema": ERROR_REF}}}
+                )
             if "{" in path:
-                responses.setdefault("404", {"description": ANSWERS["404"], "content": {"application/json": {"schema": ERROR_REF}}})
+                responses.setdefault(
+                    "404", {"description": ANSWERS["404"], "content": {"application/json": {"schema": ERROR_REF}}}
+                )
             if "403" in responses:
                 responses["403"].setdefault("description", ANSWERS["403"])
-            tail = path[path.rfind("}") + 1:] if "{" in path else path
+            tail = path[path.rfind("}") + 1 :] if "{" in path else path
             if method == "get" and tail in FILES:
                 _content(op, "application/jsonl", "JSONL: one JSON object per line")
             if path.startswith("/api/v1/runs/{run_id}") and tail in FILTERED:
@@ -100,7 +111,10 @@ def complete(schema: dict[str, Any]) -> dict[str, Any]:
                     if p["name"] in have:
                         for q in params:
                             if q["name"] == p["name"]:
-                                q["schema"] = {**q.get("schema", {}), **{k: v for k, v in p["schema"].items() if k != "type"}}
+                                q["schema"] = {
+                                    **q.get("schema", {}),
+                                    **{k: v for k, v in p["schema"].items() if k != "type"},
+                                }
                                 q.setdefault("description", p["description"])
                     else:
                         params.append(p)

@@ -6,9 +6,8 @@ same list. A rollout is *reviewed* in a list once the user moved past it with ``
 or labelled, noted or corrected it while reviewing that list. Progress counts the reviewed
 rollouts that are in the list now (a label can move a rollout out of a list filtered by label).
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
@@ -22,7 +21,7 @@ def list_key(form) -> str:
     return form.querystring(sort="")
 
 
-def get_list(user, run: Run, form, create: bool = True) -> Optional[ReviewList]:
+def get_list(user, run: Run, form, create: bool = True) -> ReviewList | None:
     """The user's review list for ``run`` under ``form``'s filter (created when asked)."""
     key = list_key(form)[:2000]
     if not create:
@@ -45,16 +44,18 @@ def mark(review_list: ReviewList, rollout: Rollout) -> None:
     ReviewList.objects.filter(pk=review_list.pk).update(updated=timezone.now())
 
 
-def progress(review_list: Optional[ReviewList], rollouts: QuerySet) -> tuple[int, int]:
+def progress(review_list: ReviewList | None, rollouts: QuerySet) -> tuple[int, int]:
     """``(reviewed, total)`` for the list's rollouts ``rollouts`` (the filtered queryset)."""
     total = rollouts.order_by().count()
     if review_list is None or not total:
         return 0, total
-    reviewed = ReviewMark.objects.filter(review_list=review_list, rollout_id__in=rollouts.order_by().values("id")).count()
+    reviewed = ReviewMark.objects.filter(
+        review_list=review_list, rollout_id__in=rollouts.order_by().values("id")
+    ).count()
     return reviewed, total
 
 
-def first_unreviewed(review_list: Optional[ReviewList], rollouts: QuerySet) -> Optional[int]:
+def first_unreviewed(review_list: ReviewList | None, rollouts: QuerySet) -> int | None:
     """The id of the first rollout of the (sorted) list not reviewed yet; None when all are."""
     if review_list is not None:
         rollouts = rollouts.exclude(id__in=ReviewMark.objects.filter(review_list=review_list).values("rollout_id"))

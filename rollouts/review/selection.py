@@ -8,11 +8,11 @@ new run's results line up task by task with the source run's (compare page, pass
 the ``agent_ref`` the source run added (one equal to ``{"name": <its agent name>}``) so the new run
 names its own agent.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Optional
 
 from django.db import transaction
 from django.db.models import QuerySet
@@ -27,7 +27,12 @@ def selection_rows(run: Run, rollouts: QuerySet) -> list[dict]:
     """The task rows of the selection ``rollouts`` (a queryset of ``run``'s rollouts), by task index."""
     task_ids = rollouts.order_by().values("task_id")
     rows = []
-    for text in Task.objects.filter(run=run, id__in=task_ids).order_by("task_index").values_list("row_json", flat=True).iterator(chunk_size=1000):
+    for text in (
+        Task.objects.filter(run=run, id__in=task_ids)
+        .order_by("task_index")
+        .values_list("row_json", flat=True)
+        .iterator(chunk_size=1000)
+    ):
         row = json.loads(text)
         if row.get("agent_ref") == {"name": run.agent_name}:
             del row["agent_ref"]
@@ -35,16 +40,24 @@ def selection_rows(run: Run, rollouts: QuerySet) -> list[dict]:
     return rows
 
 
-def dataset_from_selection(run: Run, rollouts: QuerySet, *, filters: str = "", user=None, name: Optional[str] = None) -> Dataset:
+def dataset_from_selection(
+    run: Run, rollouts: QuerySet, *, filters: str = "", user=None, name: str | None = None
+) -> Dataset:
     """Store the selection's tasks as a new ``Dataset`` (see the module doc) that records its source
     run and filter querystring ``filters``. Raises ``ReviewError`` when the selection has no task."""
     rows = selection_rows(run, rollouts)
     if not rows:
         raise ReviewError("no rollout matches this filter, so there are no tasks to make a dataset of", "filters")
     texts = [json.dumps(row, ensure_ascii=False) for row in rows]
-    parsed = ParsedDataset(rows=rows, lines=list(range(1, len(rows) + 1)), texts=texts,
-                           sha256=hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest())
-    label = name or f"{run.name} #{run.pk} · {len(rows)} task{'' if len(rows) == 1 else 's'}" + (f" · {filters}" if filters else "")
+    parsed = ParsedDataset(
+        rows=rows,
+        lines=list(range(1, len(rows) + 1)),
+        texts=texts,
+        sha256=hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest(),
+    )
+    label = name or f"{run.name} #{run.pk} · {len(rows)} task{'' if len(rows) == 1 else 's'}" + (
+        f" · {filters}" if filters else ""
+    )
     with transaction.atomic():
         dataset = runs.store_dataset(parsed, label[:200], user=user)
         dataset.source_run = run
@@ -60,9 +73,14 @@ def new_run_initial(dataset: Dataset) -> dict:
     source = dataset.source_run
     if source is not None:
         initial.update(
-            agent_url=source.agent_url, env_url=source.env_url, agent_name=source.agent_name,
-            concurrency=source.concurrency, max_steps=source.max_steps, num_repeats=source.num_repeats,
-            max_attempts=source.max_attempts, remote_responses_timeout_s=source.remote_responses_timeout_s,
+            agent_url=source.agent_url,
+            env_url=source.env_url,
+            agent_name=source.agent_name,
+            concurrency=source.concurrency,
+            max_steps=source.max_steps,
+            num_repeats=source.num_repeats,
+            max_attempts=source.max_attempts,
+            remote_responses_timeout_s=source.remote_responses_timeout_s,
             run_timeout_s=source.run_timeout_s,
             overrides=json.dumps(source.overrides) if source.overrides else "",
         )

@@ -64,11 +64,13 @@ what chat cannot say:
   are neither text nor images) make the row unconvertible: ``NotConvertible`` says which item,
   and its ``reason`` the kind of fault exports count (``left_out_text``).
 """
+
 from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from rollouts.thinking import split_thinking
 
@@ -126,7 +128,9 @@ def _content(content: Any, where: str) -> Any:
             if isinstance(url, dict):
                 url = url.get("url")
             if not url:
-                raise NotConvertible(f"{where}: an input_image without image_url (a file_id) has no chat representation")
+                raise NotConvertible(
+                    f"{where}: an input_image without image_url (a file_id) has no chat representation"
+                )
             parts.append({"type": "image_url", "image_url": {"url": url, "detail": part.get("detail") or "auto"}})
         else:
             raise NotConvertible(f"{where}: content part {ptype!r} has no chat representation")
@@ -161,7 +165,7 @@ class _Assistant:
         self.calls: dict[str, dict[str, Any]] = {}  # call_id → tool call (insertion order kept)
         self.any = False
 
-    def message(self, reasoning: str) -> Optional[dict[str, Any]]:
+    def message(self, reasoning: str) -> dict[str, Any] | None:
         if not self.any:
             return None
         content = "".join(self.content)
@@ -236,7 +240,11 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
                 if isinstance(content, str):
                     pending.content.append(content)
                 for part in content if isinstance(content, list) else []:
-                    if isinstance(part, dict) and isinstance(part.get("refusal"), str) and part.get("type") in ("refusal", None):
+                    if (
+                        isinstance(part, dict)
+                        and isinstance(part.get("refusal"), str)
+                        and part.get("type") in ("refusal", None)
+                    ):
                         pending.refusal.append(part["refusal"])
                     elif isinstance(part, dict) and isinstance(part.get("text"), str):
                         pending.content.append(part["text"])
@@ -244,7 +252,9 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
                         raise NotConvertible(f"{where}: assistant content part {part!r:.80} has no chat representation")
             elif role in ("user", "system", "developer"):
                 flush()
-                messages.append({"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)})
+                messages.append(
+                    {"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)}
+                )
             else:
                 raise NotConvertible(f"{where}: message role {role!r} has no chat representation")
         elif kind == "reasoning":
@@ -261,14 +271,19 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
                 arguments = json.dumps(arguments, ensure_ascii=False)
             pending.any = True
             pending.calls.pop(call_id, None)  # a repeated call_id: the last one ran (rule 4)
-            pending.calls[call_id] = {"id": call_id, "type": "function",
-                                      "function": {"name": str(item.get("name") or ""), "arguments": arguments}}
+            pending.calls[call_id] = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": str(item.get("name") or ""), "arguments": arguments},
+            }
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             flush()
             if call_id not in made:
-                raise NotConvertible(f"{where}: answers call_id {call_id!r}, which no earlier function_call made",
-                                     "a tool output without its call")
+                raise NotConvertible(
+                    f"{where}: answers call_id {call_id!r}, which no earlier function_call made",
+                    "a tool output without its call",
+                )
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": _content(output, where)})
         else:
@@ -286,7 +301,12 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
 
 
 def _empty(msg: dict[str, Any]) -> bool:
-    return not msg.get("content") and not msg.get("tool_calls") and not msg.get("reasoning_content") and not msg.get("refusal")
+    return (
+        not msg.get("content")
+        and not msg.get("tool_calls")
+        and not msg.get("reasoning_content")
+        and not msg.get("refusal")
+    )
 
 
 def _drop_unanswered(messages: list[dict[str, Any]]) -> None:
@@ -296,7 +316,7 @@ def _drop_unanswered(messages: list[dict[str, Any]]) -> None:
     for i, msg in enumerate(messages):
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             answered = set()
-            for later in messages[i + 1:]:
+            for later in messages[i + 1 :]:
                 if later["role"] != "tool":
                     break
                 answered.add(later["tool_call_id"])
@@ -323,7 +343,9 @@ def _merge_turns(messages: list[dict[str, Any]]) -> None:
             prev["content"] = _join_content(prev["content"], msg["content"])
             continue
         if prev is not None and prev["role"] == msg["role"] == "assistant" and not prev.get("tool_calls"):
-            prev["content"] = "\n\n".join(t for t in (prev.get("content"), msg.get("content")) if t) or (None if msg.get("tool_calls") else "")
+            prev["content"] = "\n\n".join(t for t in (prev.get("content"), msg.get("content")) if t) or (
+                None if msg.get("tool_calls") else ""
+            )
             for key in ("reasoning_content", "refusal"):
                 joined = "\n\n".join(t for t in (prev.get(key), msg.get(key)) if t)
                 if joined:
@@ -338,8 +360,10 @@ def _merge_turns(messages: list[dict[str, Any]]) -> None:
 def _join_content(a: Any, b: Any) -> Any:
     if isinstance(a, str) and isinstance(b, str):
         return "\n\n".join(t for t in (a, b) if t)
+
     def parts(c: Any) -> list:
         return [{"type": "text", "text": c}] if isinstance(c, str) else list(c)
+
     return parts(a) + parts(b)
 
 
@@ -354,14 +378,20 @@ def _check_valid(messages: list[dict[str, Any]]) -> None:
     for i, msg in enumerate(messages):
         role = msg["role"]
         if role == "system" and i:
-            raise NotConvertible(f"message {i}: a system message after the conversation started", "a system message mid-conversation")
+            raise NotConvertible(
+                f"message {i}: a system message after the conversation started", "a system message mid-conversation"
+            )
         if role == "tool":
             if msg["tool_call_id"] not in open_calls:
-                raise NotConvertible(f"message {i}: a tool message that answers no call of the assistant turn before it",
-                                     "a tool output without its call")
+                raise NotConvertible(
+                    f"message {i}: a tool message that answers no call of the assistant turn before it",
+                    "a tool output without its call",
+                )
             open_calls.discard(msg["tool_call_id"])
         elif open_calls:  # _drop_unanswered leaves none: a guard for what it cannot fix
-            raise NotConvertible(f"message {i}: tool calls {sorted(open_calls)} are not answered before it", "an unanswered tool call")
+            raise NotConvertible(
+                f"message {i}: tool calls {sorted(open_calls)} are not answered before it", "an unanswered tool call"
+            )
         elif role == prev and role in ("user", "assistant"):
             raise NotConvertible(f"message {i}: two {role} turns in a row", f"two {role} turns in a row")
         if role == "assistant":
@@ -376,7 +406,9 @@ def _fold_instructions(messages: list[dict[str, Any]], instructions: Any) -> Non
     """``instructions`` (a string, or a list of input items' texts) as the first system message,
     with the leading system messages folded in (NeMo Gym's converter does the same)."""
     if isinstance(instructions, list):
-        instructions = "\n\n".join(t for it in instructions if isinstance(it, dict) for t in _text_of_parts(it.get("content")))
+        instructions = "\n\n".join(
+            t for it in instructions if isinstance(it, dict) for t in _text_of_parts(it.get("content"))
+        )
     if not isinstance(instructions, str) or not instructions:
         return
     parts = [instructions]
@@ -386,9 +418,14 @@ def _fold_instructions(messages: list[dict[str, Any]], instructions: Any) -> Non
     messages.insert(0, {"role": "system", "content": "\n\n".join(parts)})
 
 
-def convert_lines(rows: Iterable[dict[str, Any]], *, reasoning: str = "keep",
-                  skipped: Optional[list[str]] = None, where: Optional[Iterable[str]] = None,
-                  left_out: Optional[Counter] = None) -> Iterator[str]:
+def convert_lines(
+    rows: Iterable[dict[str, Any]],
+    *,
+    reasoning: str = "keep",
+    skipped: list[str] | None = None,
+    where: Iterable[str] | None = None,
+    left_out: Counter | None = None,
+) -> Iterator[str]:
     """JSON lines (no newline) of ``conversation`` for each row. A row that is not convertible is
     left out and, when ``skipped`` is a list, ``"<where>: <why>"`` is appended to it (``where``
     names each row, default ``row N``); ``left_out`` counts them by ``NotConvertible.reason``."""

@@ -1,11 +1,11 @@
 """Per-user API tokens (``Authorization: Bearer gw_…``). Only a token's SHA-256 is stored: the
 token is shown once, when it is made, and cannot be read back; deleting it revokes it at once."""
+
 from __future__ import annotations
 
 import hashlib
 import secrets
 from datetime import timedelta
-from typing import Optional
 
 from django.utils import timezone
 
@@ -22,11 +22,13 @@ def digest(token: str) -> str:
 def create_token(user, name: str) -> tuple[ApiToken, str]:
     """A new token for ``user``: ``(row, token)``; the token text exists only in this return value."""
     token = PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.create(user=user, name=(name or "").strip()[:100] or "API token", prefix=token[:10], digest=digest(token))
+    row = ApiToken.objects.create(
+        user=user, name=(name or "").strip()[:100] or "API token", prefix=token[:10], digest=digest(token)
+    )
     return row, token
 
 
-def user_for_token(token: Optional[str]):
+def user_for_token(token: str | None):
     """The active user a token belongs to, or None (unknown token, revoked, or inactive user).
     Records when the token was last used (at most once a minute)."""
     if not token or not token.startswith(PREFIX) or len(token) > 200:

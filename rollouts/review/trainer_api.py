@@ -9,12 +9,14 @@ sidecar has it. The stream's order is the finishing order (``Rollout.result_seq`
 the number of rows already read, so a client that reconnects with ``?after=<rows it has>`` gets
 every row exactly once.
 """
+
 from __future__ import annotations
 
 import json
 import tempfile
 import time
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile as DjangoUploadedFile
@@ -29,13 +31,29 @@ from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run
-from rollouts.review.api import Error, FieldsError, RolloutDetailOut, RunOut, _form_error, _rollout, _rollout_detail, _run_out, api
+from rollouts.review.api import (
+    Error,
+    FieldsError,
+    RolloutDetailOut,
+    RunOut,
+    _form_error,
+    _rollout,
+    _rollout_detail,
+    _run_out,
+    api,
+)
 from rollouts.web.forms import RunForm
 from rollouts.web.uploads import upload_limit_message
 from rollouts.web.views import _launch_from_form, _run_for
 
 NDJSON = "application/x-ndjson"
-JSONL_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines", "application/jsonlines", "text/plain")
+JSONL_TYPES = (
+    "application/x-ndjson",
+    "application/jsonl",
+    "application/x-jsonlines",
+    "application/jsonlines",
+    "text/plain",
+)
 FINISHED = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
 CHUNK = 500
 INLINE_NAME = "inline rows"  # the dataset name of rows sent inline (and what their errors name)
@@ -50,25 +68,29 @@ class RunSettings(Schema):
     env_url: str
     agent_name: str = "remote_agent"
     concurrency: int = 32
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     num_repeats: int = 1
-    limit: Optional[int] = None
+    limit: int | None = None
     max_attempts: int = 3
     remote_responses_timeout_s: float = 1800.0
     run_timeout_s: float = 2100.0
-    overrides: dict[str, Any] = Field(default_factory=dict, description="merged into every row's responses_create_params")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="merged into every row's responses_create_params"
+    )
 
 
 class RunIn(RunSettings):
-    dataset: Optional[int] = Field(None, description="a stored dataset's id (POST /datasets); or send `rows`")
-    rows: Optional[list[Any]] = Field(None, description="the task rows inline (NeMo Gym dataset rows), instead of `dataset`")
+    dataset: int | None = Field(None, description="a stored dataset's id (POST /datasets); or send `rows`")
+    rows: list[Any] | None = Field(
+        None, description="the task rows inline (NeMo Gym dataset rows), instead of `dataset`"
+    )
 
 
 def _bad(detail: str, field: str, status: int = 400) -> HttpError:
     return FieldsError(detail, {field: [detail]}, status)
 
 
-def _read_body(request: HttpRequest) -> "tempfile.SpooledTemporaryFile":
+def _read_body(request: HttpRequest) -> tempfile.SpooledTemporaryFile:
     """The request body in a spooled file, refused (413) past ``GYMWEB_MAX_UPLOAD_BYTES``, the
     limit of a dataset file."""
     limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
@@ -104,14 +126,35 @@ def _as_upload(spool, name: str, size: int) -> DjangoUploadedFile:
     return DjangoUploadedFile(file=spool, name=name, content_type="application/jsonl", size=size)
 
 
-@api.post("/runs", response={201: RunOut, 400: Error, 413: Error}, summary="Launch a run: task rows inline or a stored dataset",
-          openapi_extra={"requestBody": {"required": True, "content": {
-              "application/json": {"schema": RunIn.model_json_schema(ref_template="#/components/schemas/{model}")},
-              NDJSON: {"schema": {"type": "string", "description": "JSONL: one task row per line; the run settings go in the querystring"}},
-          }}, "parameters": [
-              {"name": name, "in": "query", "required": False,
-               "schema": {"type": "string"}, "description": f"with a JSONL body: the run setting `{name}`"}
-              for name in RunSettings.model_fields]})
+@api.post(
+    "/runs",
+    response={201: RunOut, 400: Error, 413: Error},
+    summary="Launch a run: task rows inline or a stored dataset",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": RunIn.model_json_schema(ref_template="#/components/schemas/{model}")},
+                NDJSON: {
+                    "schema": {
+                        "type": "string",
+                        "description": "JSONL: one task row per line; the run settings go in the querystring",
+                    }
+                },
+            },
+        },
+        "parameters": [
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": f"with a JSONL body: the run setting `{name}`",
+            }
+            for name in RunSettings.model_fields
+        ],
+    },
+)
 def create_run(request):
     """The tasks come either inline or as a stored dataset:
 
@@ -149,7 +192,9 @@ def _create_run(request, ctype: str, spool) -> Status:
         field = "body"
     else:
         if ctype not in ("", "application/json"):
-            raise _bad(f"unsupported Content-Type {ctype!r}: send application/json or application/x-ndjson", "body", 415)
+            raise _bad(
+                f"unsupported Content-Type {ctype!r}: send application/json or application/x-ndjson", "body", 415
+            )
         try:
             body = strict_loads(spool.read())
         except NotJSON as exc:
@@ -198,15 +243,25 @@ class _Rows:
     ``result_seq``. The position (``after``) is turned into a row key once; later reads go on from
     the last row's key."""
 
-    FIELDS = ("id", "result_seq", "status", "task_index", "rollout_index", "verify_json", "error", "terminal",
-              "failure_kind", "task__row_json")
+    FIELDS = (
+        "id",
+        "result_seq",
+        "status",
+        "task_index",
+        "rollout_index",
+        "verify_json",
+        "error",
+        "terminal",
+        "failure_kind",
+        "task__row_json",
+    )
 
     def __init__(self, run: Run, after: int):
         self.run = run
         self.stamp = export.stamps_rows(run)
         self.skip = after  # rows still to pass over before the key is known
-        self.last_id: Optional[int] = None  # in the unnumbered rows
-        self.last_seq: Optional[int] = None  # in the numbered rows
+        self.last_id: int | None = None  # in the unnumbered rows
+        self.last_seq: int | None = None  # in the numbered rows
         self.numbered = False
 
     def _unnumbered(self):
@@ -218,7 +273,7 @@ class _Rows:
     def _place(self) -> bool:
         """Turn ``skip`` into a key; False while there are not that many rows yet."""
         if not self.numbered:
-            ids = list(self._unnumbered().values_list("id", flat=True)[self.skip - 1: self.skip])
+            ids = list(self._unnumbered().values_list("id", flat=True)[self.skip - 1 : self.skip])
             if ids:
                 self.last_id, self.skip = ids[0], 0
                 return True
@@ -226,7 +281,7 @@ class _Rows:
             self.numbered = True
             if self.skip == 0:
                 return True
-        seqs = list(self._numbered().values_list("result_seq", flat=True)[self.skip - 1: self.skip])
+        seqs = list(self._numbered().values_list("result_seq", flat=True)[self.skip - 1 : self.skip])
         if not seqs:
             self.skip += self._unnumbered().count()  # try again from the start next time
             self.numbered = False
@@ -315,14 +370,25 @@ _RESULTS_DOC = (
     "`after`: how many rows you already have (the cursor; 0 = from the start); reconnecting with it gives every row exactly once. "
     "`wait=1` (default) keeps the connection open until the run is final (completed or cancelled) and every row is sent; "
     "`wait=0` answers at once with what is there. An empty line is a keep-alive. A stream also ends after "
-    "`GYMWEB_STREAM_MAX_S`: when it ends before the run is final, reconnect with your count.")
+    "`GYMWEB_STREAM_MAX_S`: when it ends before the run is final, reconnect with your count."
+)
 
 
-@api.get("/runs/{run_id}/results", summary="The run's finished rollouts as NeMo Gym rows, streamed as they finish",
-         description=_RESULTS_DOC, response={200: None, 400: Error},
-         openapi_extra={"responses": {"200": {"description": "NDJSON rows", "content": {NDJSON: {"schema": {"type": "string"}}}}}})
-def run_results(request, run_id: int, after: int = Query(0, ge=0, le=10**9, description="rows already read (the cursor)"),
-                wait: bool = Query(True, description="keep the stream open until the run is final")):
+@api.get(
+    "/runs/{run_id}/results",
+    summary="The run's finished rollouts as NeMo Gym rows, streamed as they finish",
+    description=_RESULTS_DOC,
+    response={200: None, 400: Error},
+    openapi_extra={
+        "responses": {"200": {"description": "NDJSON rows", "content": {NDJSON: {"schema": {"type": "string"}}}}}
+    },
+)
+def run_results(
+    request,
+    run_id: int,
+    after: int = Query(0, ge=0, le=10**9, description="rows already read (the cursor)"),
+    wait: bool = Query(True, description="keep the stream open until the run is final"),
+):
     run = _run_for(request, run_id)
     response = StreamingHttpResponse(result_lines(run.pk, after, wait), content_type=f"{NDJSON}; charset=utf-8")
     response["X-Content-Type-Options"] = "nosniff"
@@ -336,11 +402,11 @@ class StepOut(Schema):
     index: int = Field(..., description="0-based agent call")
     started: Any
     latency_ms: float
-    http_status: Optional[int]
+    http_status: int | None
     response_id: str
     model: str
-    usage: Optional[dict[str, Any]]
-    incomplete_details: Optional[Any]
+    usage: dict[str, Any] | None
+    incomplete_details: Any | None
     num_asks: int
     error: str
 
@@ -352,21 +418,23 @@ class ItemOut(Schema):
     origin: str = Field(..., description="input, agent or tool")
     call_id: str
     name: str
-    latency_ms: Optional[float] = Field(None, description="a tool call's time in the env")
-    tool_status: Optional[int]
+    latency_ms: float | None = Field(None, description="a tool call's time in the env")
+    tool_status: int | None
     item: Any = Field(..., description="the item as it came")
 
 
 class RolloutWholeOut(RolloutDetailOut):
-    response: Optional[dict[str, Any]] = Field(None, description="the merged response as NeMo Gym writes it (a failure: what it had)")
-    verify: Optional[dict[str, Any]] = Field(None, description="the env's /verify reply as it came (successes)")
+    response: dict[str, Any] | None = Field(
+        None, description="the merged response as NeMo Gym writes it (a failure: what it had)"
+    )
+    verify: dict[str, Any] | None = Field(None, description="the env's /verify reply as it came (successes)")
     steps: list[StepOut]
     items: list[ItemOut]
-    seed_ms: Optional[float]
-    verify_ms: Optional[float]
+    seed_ms: float | None
+    verify_ms: float | None
 
 
-def nemo_gym_row(rollout: Rollout) -> Optional[dict[str, Any]]:
+def nemo_gym_row(rollout: Rollout) -> dict[str, Any] | None:
     """The rollout's NeMo Gym row (success or failure row, by the files' writer); None for an
     attempt that has not ended or was cancelled/interrupted."""
     if rollout.status not in FINISHED:
@@ -374,16 +442,32 @@ def nemo_gym_row(rollout: Rollout) -> Optional[dict[str, Any]]:
     task_row = json.loads(rollout.task.row_json)
     stamp = export.stamps_rows(rollout.run)
     if rollout.status == Rollout.Status.SUCCEEDED:
-        return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index,
-                                  export.agent_ref_of(task_row, rollout.run), stamp)
+        return export.success_row(
+            rollout.verify_json,
+            rollout.task_index,
+            rollout.rollout_index,
+            export.agent_ref_of(task_row, rollout.run),
+            stamp,
+        )
     return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
 
 
-@api.get("/rollouts/{rollout_id}", response={200: RolloutWholeOut, 400: Error, 409: Error},
-         summary="One rollout whole: trajectory, steps, verify reply, review",
-         openapi_extra={"parameters": [{"name": "format", "in": "query", "required": False,
-                                        "schema": {"type": "string", "enum": ["", "nemo_gym"]},
-                                        "description": "`nemo_gym`: only its NeMo Gym row (a success as rollouts.jsonl has it, a failure as the sidecar has it)"}]})
+@api.get(
+    "/rollouts/{rollout_id}",
+    response={200: RolloutWholeOut, 400: Error, 409: Error},
+    summary="One rollout whole: trajectory, steps, verify reply, review",
+    openapi_extra={
+        "parameters": [
+            {
+                "name": "format",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string", "enum": ["", "nemo_gym"]},
+                "description": "`nemo_gym`: only its NeMo Gym row (a success as rollouts.jsonl has it, a failure as the sidecar has it)",
+            }
+        ]
+    },
+)
 def get_rollout(request, rollout_id: int):
     """The rollout with its labels, notes and correction, the merged response, every agent call
     (latency, usage), every trajectory item and the verify reply. ``?format=nemo_gym``: its NeMo
@@ -408,14 +492,32 @@ def get_rollout(request, rollout_id: int):
     out["response"] = response
     out["verify"] = verify
     out["steps"] = [
-        {"index": c.index, "started": c.started, "latency_ms": c.latency_ms, "http_status": c.http_status,
-         "response_id": c.response_id, "model": c.model, "usage": c.usage, "incomplete_details": c.incomplete_details,
-         "num_asks": c.num_asks, "error": c.error}
+        {
+            "index": c.index,
+            "started": c.started,
+            "latency_ms": c.latency_ms,
+            "http_status": c.http_status,
+            "response_id": c.response_id,
+            "model": c.model,
+            "usage": c.usage,
+            "incomplete_details": c.incomplete_details,
+            "num_asks": c.num_asks,
+            "error": c.error,
+        }
         for c in AgentCall.objects.filter(rollout=rollout).order_by("index")
     ]
     out["items"] = [
-        {"seq": i.seq, "step": i.step, "type": i.kind, "origin": i.origin, "call_id": i.call_id, "name": i.name,
-         "latency_ms": i.latency_ms, "tool_status": i.tool_status, "item": i.payload}
+        {
+            "seq": i.seq,
+            "step": i.step,
+            "type": i.kind,
+            "origin": i.origin,
+            "call_id": i.call_id,
+            "name": i.name,
+            "latency_ms": i.latency_ms,
+            "tool_status": i.tool_status,
+            "item": i.payload,
+        }
         for i in rollout.items.order_by("seq").defer("search_text")
     ]
     out["seed_ms"] = rollout.seed_ms

@@ -1,5 +1,6 @@
 """Routes of the review pages and actions, and the HTTP API (``/api/v1/``). Included before the
 dashboard's own routes (``runs/<id>/export/sft.jsonl`` must win over ``export/<kind>.jsonl``)."""
+
 from django.urls import path
 
 from rollouts.review import views
@@ -8,7 +9,11 @@ from rollouts.review.api import api
 urlpatterns = [
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/labels/", views.rollout_label, name="review_label"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/notes/", views.rollout_note, name="review_note"),
-    path("runs/<int:run_id>/rollouts/<int:rollout_id>/notes/<int:note_id>/delete/", views.note_delete, name="review_note_delete"),
+    path(
+        "runs/<int:run_id>/rollouts/<int:rollout_id>/notes/<int:note_id>/delete/",
+        views.note_delete,
+        name="review_note_delete",
+    ),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/correction/", views.rollout_correction, name="review_correction"),
     path("runs/<int:run_id>/review/", views.review_start, name="review_start"),
     path("runs/<int:run_id>/review/next/", views.review_next, name="review_next"),

@@ -7,9 +7,10 @@ answer an HTMX request with the review panel alone (``rollouts/review/panel.html
 form post with a redirect back to the page it came from. Access goes through the run pages' own
 rule (``rollouts.web.views._run_for``): every signed-in user sees every run.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -40,7 +41,9 @@ def _rollout_for(request, run_id: int, rollout_id: int) -> Rollout:
 def _back(request, fallback: str) -> HttpResponseRedirect:
     """Back to the page the form was on (``next``, same site only), else ``fallback``."""
     target = request.POST.get("next") or ""
-    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
         target = fallback
     return HttpResponseRedirect(target)
 
@@ -61,7 +64,7 @@ def _mark_if_reviewing(request, rollout: Rollout) -> None:
         progress.mark(_review_list_for(request, rollout.run, form), rollout)
 
 
-def review_context(request, rollout: Rollout, nav: Optional[dict] = None, params=None) -> dict[str, Any]:
+def review_context(request, rollout: Rollout, nav: dict | None = None, params=None) -> dict[str, Any]:
     """What the trajectory page needs for its review panel (``rollouts/review/panel.html``): the
     rollout's labels, notes and correction, and in review mode (``review=1`` in ``params``, default
     the querystring) the list's progress and the previous/next targets. ``nav`` is the page's own
@@ -69,7 +72,12 @@ def review_context(request, rollout: Rollout, nav: Optional[dict] = None, params
     params = request.GET if params is None else params
     state = actions.review_state(rollout)
     back = params.get("next") if request.method == "POST" else request.get_full_path()
-    context: dict[str, Any] = {"review": state, "review_mode": False, "review_rollout": rollout, "review_back": back or ""}
+    context: dict[str, Any] = {
+        "review": state,
+        "review_mode": False,
+        "review_rollout": rollout,
+        "review_back": back or "",
+    }
     if params.get(REVIEW_PARAM):
         qs, form = _list_form(rollout.run, params)
         review_list = _review_list_for(request, rollout.run, form, create=False)
@@ -81,7 +89,11 @@ def review_context(request, rollout: Rollout, nav: Optional[dict] = None, params
         list_qs = form.querystring()
         prev_url = ""
         if nav.get("prev_id"):
-            prev_url = reverse("rollout", args=[rollout.run_id, nav["prev_id"]]) + "?" + "&".join(p for p in (list_qs, "review=1") if p)
+            prev_url = (
+                reverse("rollout", args=[rollout.run_id, nav["prev_id"]])
+                + "?"
+                + "&".join(p for p in (list_qs, "review=1") if p)
+            )
         context.update(
             review_mode=True,
             review_reviewed=reviewed,
@@ -198,7 +210,11 @@ def review_start(request, run_id):
     reviewed, total = progress.progress(review_list, qs)
     first = qs.values_list("id", flat=True).first()
     context = {
-        "run": run, "filter": form, "list_qs": list_qs, "reviewed": reviewed, "total": total,
+        "run": run,
+        "filter": form,
+        "list_qs": list_qs,
+        "reviewed": reviewed,
+        "total": total,
         "first_url": _review_url(run.pk, first, list_qs) if first else "",
         "next_url": _review_url(run.pk, target, list_qs) if target else "",
         "run_url": reverse("run", args=[run.pk]) + (f"?{list_qs}" if list_qs else ""),
@@ -258,8 +274,12 @@ def labels_page(request):
             messages.success(request, f"Label “{label.name}” added.")
             return redirect("labels")
     labels = list(Label.objects.annotate(n=Count("uses")).order_by("position", "id"))
-    context = {"labels": labels, "error": error, "name": request.POST.get("name", "") if error else "",
-               "keyed": actions.KEYED_LABELS}
+    context = {
+        "labels": labels,
+        "error": error,
+        "name": request.POST.get("name", "") if error else "",
+        "keyed": actions.KEYED_LABELS,
+    }
     return render(request, "rollouts/review/labels.html", context, status=400 if error else 200)
 
 
@@ -285,8 +305,11 @@ def selection_dataset(request, run_id):
     except ReviewError as exc:
         messages.error(request, str(exc))
         return _back(request, run.get_absolute_url())
-    messages.success(request, f"Dataset #{dataset.pk} made from {dataset.num_rows} task{'' if dataset.num_rows == 1 else 's'} of this list: "
-                              "set the agent URL and start the run.")
+    messages.success(
+        request,
+        f"Dataset #{dataset.pk} made from {dataset.num_rows} task{'' if dataset.num_rows == 1 else 's'} of this list: "
+        "set the agent URL and start the run.",
+    )
     return redirect("dataset_new_run", dataset.pk)
 
 
@@ -309,14 +332,24 @@ def run_export_sft(request, run_id):
     run = _run_for(request, run_id)
     reasoning = request.GET.get("reasoning") or "keep"
     if reasoning not in sft.REASONING_MODES:
-        return HttpResponseBadRequest(f"reasoning={reasoning[:60]!r}: must be one of {', '.join(sft.REASONING_MODES)}; nothing was exported\n",
-                                      content_type="text/plain; charset=utf-8")
+        return HttpResponseBadRequest(
+            f"reasoning={reasoning[:60]!r}: must be one of {', '.join(sft.REASONING_MODES)}; nothing was exported\n",
+            content_type="text/plain; charset=utf-8",
+        )
     qs, form = filtered_rollouts(run, request.GET)
     if filter_problem(form):
-        return HttpResponseBadRequest(f"bad filter: {filter_problem(form)}; nothing was exported\n", content_type="text/plain; charset=utf-8")
+        return HttpResponseBadRequest(
+            f"bad filter: {filter_problem(form)}; nothing was exported\n", content_type="text/plain; charset=utf-8"
+        )
     options = curated.ExportOptions.from_params(request.GET)
-    response = curated.sft_response(run, qs if form.active else None, options, export_filename(run.pk, "sft", form),
-                                    reasoning=reasoning, metadata=request.GET.get("metadata") in curated.TRUE)
+    response = curated.sft_response(
+        run,
+        qs if form.active else None,
+        options,
+        export_filename(run.pk, "sft", form),
+        reasoning=reasoning,
+        metadata=request.GET.get("metadata") in curated.TRUE,
+    )
     response["X-Gymweb-Reasoning"] = reasoning
     return response
 
@@ -334,9 +367,14 @@ def run_export_sft_check(request, run_id):
     qs, form = filtered_rollouts(run, request.GET)
     if filter_problem(form):
         return HttpResponseBadRequest(f"bad filter: {filter_problem(form)}", content_type="text/plain; charset=utf-8")
-    rows, left_out = curated.sft_check(run, qs if form.active else None, curated.ExportOptions.from_params(request.GET), reasoning=reasoning)
-    return render(request, "rollouts/review/sft_check.html", {"rows": rows, "left_out": sft.left_out_text(left_out),
-                                                              "left_out_n": sum(left_out.values())})
+    rows, left_out = curated.sft_check(
+        run, qs if form.active else None, curated.ExportOptions.from_params(request.GET), reasoning=reasoning
+    )
+    return render(
+        request,
+        "rollouts/review/sft_check.html",
+        {"rows": rows, "left_out": sft.left_out_text(left_out), "left_out_n": sum(left_out.values())},
+    )
 
 
 def curated_export_response(request, run: Run, kind: str):
@@ -347,7 +385,9 @@ def curated_export_response(request, run: Run, kind: str):
     if options.plain or kind not in ("rollouts", "rollouts_failures"):
         return None  # the materialised inputs have no reward and no review
     qs, form = filtered_rollouts(run, request.GET)
-    return curated.streaming_response(curated.lines(run, kind, qs if form.active else None, options), export_filename(run.pk, kind, form), options)
+    return curated.streaming_response(
+        curated.lines(run, kind, qs if form.active else None, options), export_filename(run.pk, kind, form), options
+    )
 
 
 def say_plain_export(response):

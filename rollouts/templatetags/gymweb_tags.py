@@ -1,5 +1,6 @@
 """Template helpers for trajectory pages. Everything shown here is untrusted text from agents and
 envs: filters return escaped strings (``django.utils.html.escape``) and never mark raw data safe."""
+
 from __future__ import annotations
 
 import json

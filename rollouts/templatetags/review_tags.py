@@ -1,4 +1,5 @@
 """Template helpers of the review partials."""
+
 from django import template
 from django.utils.html import format_html_join
 

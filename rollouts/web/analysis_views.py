@@ -14,6 +14,7 @@ pickled on its own (only the shown page of rows is unpickled) and the task order
 precomputed. The charts' SQL aggregates are cached the same way. The profile files are written
 fresh for every download (exactly ``write_run_profile``'s bytes).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,10 @@ import tempfile
 import warnings
 from array import array
 from collections import defaultdict
-from datetime import datetime, timezone as dt_timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -41,20 +43,20 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_safe
 
-from rollouts.web.htmx import vary_on_htmx, wants_partial
-from rollouts.web import charts
-from rollouts.evaluation import compare as nemo_compare
-from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts import targets
 from rollouts.collection import environments
-from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
-from rollouts.web.forms import clean_agent_url, export_filename
 from rollouts.engine.loop import InvalidBaseURL
-from rollouts.models import AgentCall, Rollout, Run
+from rollouts.evaluation import compare as nemo_compare
 from rollouts.evaluation.aggregate import run_aggregate_entries
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
+from rollouts.evaluation.compare import compare_runs, pick_pair
+from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
 from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
+from rollouts.models import AgentCall, Rollout, Run
 from rollouts.templatetags.gymweb_tags import num, pretty_json_text
+from rollouts.web import charts
+from rollouts.web.forms import clean_agent_url, export_filename
+from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.trajectory_views import _task_input, _timeline, item_url_base
 
 S = Rollout.Status
@@ -62,14 +64,26 @@ FINISHED = (S.SUCCEEDED, S.FAILED)
 
 PROFILE_FILES = {
     # kind: (file name, content type, what it holds)
-    "reward_profiling": (f"{RUN_STEM}_reward_profiling.jsonl", "application/jsonl",
-                         "NeMo Gym's per-task profile, one task per line (successes only)"),
-    "agent_metrics": (f"{RUN_STEM}_agent_metrics.json", "application/json",
-                      "NeMo Gym's agent-level metrics, with the *_across_repeats figures and their 95% intervals"),
-    "repeat_level_metrics": (f"{RUN_STEM}_repeat_level_metrics.json", "application/json",
-                             "NeMo Gym's per-repeat metrics (one entry per agent and rollout index)"),
-    "gymweb_pass_at_k": (f"{RUN_STEM}_gymweb_pass_at_k.json", "application/json",
-                         "gymweb's pass@k and pass@1[avg-of-k], failures counted as 0"),
+    "reward_profiling": (
+        f"{RUN_STEM}_reward_profiling.jsonl",
+        "application/jsonl",
+        "NeMo Gym's per-task profile, one task per line (successes only)",
+    ),
+    "agent_metrics": (
+        f"{RUN_STEM}_agent_metrics.json",
+        "application/json",
+        "NeMo Gym's agent-level metrics, with the *_across_repeats figures and their 95% intervals",
+    ),
+    "repeat_level_metrics": (
+        f"{RUN_STEM}_repeat_level_metrics.json",
+        "application/json",
+        "NeMo Gym's per-repeat metrics (one entry per agent and rollout index)",
+    ),
+    "gymweb_pass_at_k": (
+        f"{RUN_STEM}_gymweb_pass_at_k.json",
+        "application/json",
+        "gymweb's pass@k and pass@1[avg-of-k], failures counted as 0",
+    ),
 }
 TASKS_PER_PAGE = 50
 TASK_SORTS = ("task", "-task", "reward", "-reward")
@@ -110,7 +124,9 @@ def _fmt(value: Any) -> str:
 def _finished_counts(run: Run) -> tuple[int, int]:
     """(succeeded, failed) attempt rows: one grouped count on the (run, status) index. Finished
     rows never change and each new one raises a count, so the pair keys caches of finished data."""
-    counts = dict(Rollout.objects.filter(run=run, status__in=FINISHED).values_list("status").annotate(n=Count("id")).order_by())
+    counts = dict(
+        Rollout.objects.filter(run=run, status__in=FINISHED).values_list("status").annotate(n=Count("id")).order_by()
+    )
     return counts.get(S.SUCCEEDED, 0), counts.get(S.FAILED, 0)
 
 
@@ -136,14 +152,18 @@ def _cached(kind: str, run: Run, build):
     return value
 
 
-def _agent_name(entry: dict) -> Optional[str]:
+def _agent_name(entry: dict) -> str | None:
     ref = entry.get("agent_ref")
     name = ref.get("name") if isinstance(ref, dict) else None
     return name if isinstance(name, str) else None
 
 
 def _sort_key_number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else math.nan
+    return (
+        float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        else math.nan
+    )
 
 
 # -- profile: building the cached view -------------------------------------------------------------
@@ -164,16 +184,22 @@ def _rollout_info(info: dict) -> dict[str, str]:
     """A compact record of one ``rollout_infos`` entry: a short label and a tooltip."""
     index = info.get("_ng_rollout_index")
     parts = [f"rollout {index}"]
-    parts += [f"{k} {_fmt(v)}" for k, v in info.items() if k not in ("rollout_id", "_ng_task_index", "_ng_rollout_index")]
+    parts += [
+        f"{k} {_fmt(v)}" for k, v in info.items() if k not in ("rollout_id", "_ng_task_index", "_ng_rollout_index")
+    ]
     reward = info.get("reward")
-    return {"label": f"#{index}", "reward": _fmt(reward), "title": " · ".join(parts),
-            "cls": "ok" if reward == 1 else "bad" if reward == 0 else ""}
+    return {
+        "label": f"#{index}",
+        "reward": _fmt(reward),
+        "title": " · ".join(parts),
+        "cls": "ok" if reward == 1 else "bad" if reward == 0 else "",
+    }
 
 
 GROUP_ORDER = ("mean", "max", "min", "median", "std")  # NeMo Gym's order in a task row
 
 
-def _task_raw(prow: Optional[dict], extra: Optional[dict], expected: Optional[int]) -> dict[str, Any]:
+def _task_raw(prow: dict | None, extra: dict | None, expected: int | None) -> dict[str, Any]:
     """One task of the profile page, raw numbers only (cached; formatted for the shown page by
     ``_task_view``), from NeMo Gym's row (``prow``, None when the task has no success row) and
     gymweb's pass@k entry (``extra``)."""
@@ -188,11 +214,17 @@ def _task_raw(prow: Optional[dict], extra: Optional[dict], expected: Optional[in
         "agent": _agent_name(source) or "",
         "n": n,
         "expected": expected,
-        "missing": prow.get("missing_num_rollouts") if prow is not None else (expected - n if expected is not None else None),
+        "missing": prow.get("missing_num_rollouts")
+        if prow is not None
+        else (expected - n if expected is not None else None),
         "mean_reward": reward[1] if reward else None,
         "fields": fields,
-        "infos": [{k: v for k, v in i.items() if k not in ("rollout_id", "_ng_task_index")} for i in prow.get("rollout_infos") or []]
-        if prow is not None else [],
+        "infos": [
+            {k: v for k, v in i.items() if k not in ("rollout_id", "_ng_task_index")}
+            for i in prow.get("rollout_infos") or []
+        ]
+        if prow is not None
+        else [],
         "keys": keys,
         "passes": [(k, extra.get(f"pass@{k}"), extra.get(f"pass@1[avg-of-{k}]")) for k in range(1, keys + 1)],
         "num_passed": extra.get("num_passed") if extra is not None else None,
@@ -244,8 +276,13 @@ def _agent_tables(entry: dict) -> dict[str, Any]:
             ci = "—"
             if a.get("ci_low_95") is not None and a.get("ci_high_95") is not None:
                 ci = f"[{_fmt(a['ci_low_95'])}, {_fmt(a['ci_high_95'])}]"
-            row["across"] = {"mean": _fmt(a.get("mean")), "ci": ci, "se": _fmt(a.get("se")), "std": _fmt(a.get("std")),
-                             "range": f"{_fmt(a.get('min'))} – {_fmt(a.get('max'))}"}
+            row["across"] = {
+                "mean": _fmt(a.get("mean")),
+                "ci": ci,
+                "se": _fmt(a.get("se")),
+                "std": _fmt(a.get("std")),
+                "range": f"{_fmt(a.get('min'))} – {_fmt(a.get('max'))}",
+            }
         rows.append(row)
     return {"agent": _agent_name(entry) or "", "rows": rows, "other": other, "has_across": bool(across)}
 
@@ -268,12 +305,18 @@ def _repeat_tables(entries: list[dict]) -> list[dict[str, Any]]:
             ci = "—"
             if "ci_low_95/reward" in e and "ci_high_95/reward" in e:
                 ci = f"[{_fmt(e['ci_low_95/reward'])}, {_fmt(e['ci_high_95/reward'])}]"
-            body.append([
-                _fmt(e.get("_ng_rollout_index")), _fmt(e.get("sample_count")), _fmt(e.get("missing_count")),
-                _fmt(e.get("mean/reward")), ci, _fmt(e.get("std/reward")),
-                f"{_fmt(e.get('p25/reward'))} – {_fmt(e.get('p75/reward'))}",
-                *[_fmt(e.get(f"mean/{name}")) for name in others],
-            ])
+            body.append(
+                [
+                    _fmt(e.get("_ng_rollout_index")),
+                    _fmt(e.get("sample_count")),
+                    _fmt(e.get("missing_count")),
+                    _fmt(e.get("mean/reward")),
+                    ci,
+                    _fmt(e.get("std/reward")),
+                    f"{_fmt(e.get('p25/reward'))} – {_fmt(e.get('p75/reward'))}",
+                    *[_fmt(e.get(f"mean/{name}")) for name in others],
+                ]
+            )
         tables.append({"agent": agent, "others": others, "rows": body})
     return tables
 
@@ -284,17 +327,27 @@ def _overall(extras: dict) -> list[dict[str, Any]]:
     out = []
     for entry in extras.get("overall", []):
         ks = sorted(int(key[5:]) for key in entry if key.startswith("pass@") and key[5:].isdigit())
-        out.append({
-            "agent": _agent_name(entry) or "",
-            "num_tasks": entry.get("num_tasks", 0),
-            "ks": [(k, entry.get(f"pass@{k}"), entry.get(f"pass@1[avg-of-{k}]"), entry.get(f"num_tasks@{k}")) for k in ks],
-        })
+        out.append(
+            {
+                "agent": _agent_name(entry) or "",
+                "num_tasks": entry.get("num_tasks", 0),
+                "ks": [
+                    (k, entry.get(f"pass@{k}"), entry.get(f"pass@1[avg-of-{k}]"), entry.get(f"num_tasks@{k}"))
+                    for k in ks
+                ],
+            }
+        )
     return out
 
 
 def _keys_per_task(run: Run) -> dict[int, int]:
     """Distinct rollout indices per task (the materialised keys): one grouped query."""
-    rows = Rollout.objects.filter(run=run).values("task_index").annotate(n=Count("rollout_index", distinct=True)).order_by()
+    rows = (
+        Rollout.objects.filter(run=run)
+        .values("task_index")
+        .annotate(n=Count("rollout_index", distinct=True))
+        .order_by()
+    )
     return {r["task_index"]: r["n"] for r in rows}
 
 
@@ -304,9 +357,11 @@ def _build_profile(run: Run) -> dict[str, Any]:
         result, extras = profile_run(run)
     # NeMo Gym's profiler notes: a collapsed interval (identical values) is routine, missing
     # rollouts are worth a warning.
-    notes = [{"text": text, "cls": "muted" if text.startswith("Standard error is 0") else "warn"}
-             for text in dict.fromkeys(str(w.message) for w in caught)]
-    by_key: dict[tuple[Any, Optional[str]], dict] = {}
+    notes = [
+        {"text": text, "cls": "muted" if text.startswith("Standard error is 0") else "warn"}
+        for text in dict.fromkeys(str(w.message) for w in caught)
+    ]
+    by_key: dict[tuple[Any, str | None], dict] = {}
     by_task: dict[Any, list[dict]] = defaultdict(list)
     for e in extras.get("per_task", []):
         by_key[(e["_ng_task_index"], _agent_name(e))] = e
@@ -350,8 +405,11 @@ def _build_profile(run: Run) -> dict[str, Any]:
         "num_tasks": n,
         "unprofiled": len(unprofiled),
     }
-    return {"summary": summary, "orders": orders,
-            "blobs": [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in rows]}
+    return {
+        "summary": summary,
+        "orders": orders,
+        "blobs": [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in rows],
+    }
 
 
 def _profile_data(run: Run) -> dict[str, Any]:
@@ -368,10 +426,15 @@ def _pass_at_k_chart(overall: list[dict[str, Any]]) -> charts.LineChart:
         series.append((f"{prefix}pass@1[avg-of-k]", [(k, a) for k, _, a, _ in entry["ks"] if a is not None]))
         dashed.append(True)
     return charts.line_chart(
-        series, id="pass-at-k", title="pass@k and pass@1[avg-of-k] by k (failures count as 0)",
+        series,
+        id="pass-at-k",
+        title="pass@k and pass@1[avg-of-k] by k (failures count as 0)",
         desc="For each k from 1 to the number of rollouts per task: gymweb's pass@k (unbiased estimator) and the mean "
-             "reward of the first k rollouts, averaged over the tasks with at least k rollouts.",
-        x_label="k", y_label="fraction", y_range=(0.0, 1.0), dashed=dashed,
+        "reward of the first k rollouts, averaged over the tasks with at least k rollouts.",
+        x_label="k",
+        y_label="fraction",
+        y_range=(0.0, 1.0),
+        dashed=dashed,
     )
 
 
@@ -419,15 +482,17 @@ def run_profile(request, run_id):
     if wants_partial(request):
         return vary_on_htmx(render(request, "rollouts/partials/profile_tasks.html", context))
     summary = data["summary"]
-    context.update({
-        "s": summary,
-        "pass_chart": _pass_at_k_chart(summary["overall"]),
-        "files": [(kind, name, what) for kind, (name, _, what) in PROFILE_FILES.items()],
-        "agg": _aggregate_view(run),
-        # NeMo Gym writes no aggregate metrics file without successes; the download would be a 404
-        "has_successes": Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).exists(),
-        **_run_charts(run),
-    })
+    context.update(
+        {
+            "s": summary,
+            "pass_chart": _pass_at_k_chart(summary["overall"]),
+            "files": [(kind, name, what) for kind, (name, _, what) in PROFILE_FILES.items()],
+            "agg": _aggregate_view(run),
+            # NeMo Gym writes no aggregate metrics file without successes; the download would be a 404
+            "has_successes": Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).exists(),
+            **_run_charts(run),
+        }
+    )
     return vary_on_htmx(render(request, "rollouts/profile.html", context))
 
 
@@ -487,8 +552,11 @@ def _env_agent_table(entry: Any) -> dict[str, Any]:
         return {"title": "", "rows": _kv_rows(entry), "matrix": None}
     tables = _agent_tables(entry)
     matrix = tables if tables["rows"] else None
-    return {"title": _agent_name(entry) or "", "matrix": matrix, "rows": tables["other"] if matrix else _kv_rows(
-        {k: v for k, v in entry.items() if k != "agent_ref"})}
+    return {
+        "title": _agent_name(entry) or "",
+        "matrix": matrix,
+        "rows": tables["other"] if matrix else _kv_rows({k: v for k, v in entry.items() if k != "agent_ref"}),
+    }
 
 
 def _aggregate_view(run: Run) -> dict[str, Any]:
@@ -515,7 +583,10 @@ def _aggregate_view(run: Run) -> dict[str, Any]:
             "more_columns": len(dict.fromkeys(k for g in groups for k in g)) > GROUP_COLUMNS_MAX,
         }
     elif groups is not None:
-        view["groups"] = {"json": pretty_json_text(groups)[0], "count": len(groups) if isinstance(groups, (list, dict)) else 1}
+        view["groups"] = {
+            "json": pretty_json_text(groups)[0],
+            "count": len(groups) if isinstance(groups, (list, dict)) else 1,
+        }
     view["other_keys"] = [k for k in data if k not in ("key_metrics", "agent_metrics", "group_level_metrics")]
     return view
 
@@ -566,13 +637,15 @@ def _failure_buckets(run: Run) -> dict[str, Any]:
     base = math.floor(start.timestamp() / step) * step
     count = int((end.timestamp() - base) // step) + 1
     buckets: list[dict[str, int]] = [defaultdict(int) for _ in range(count)]
-    rows = failed.annotate(t=trunc("finished", tzinfo=dt_timezone.utc)).values("t", "failure_kind").annotate(c=Count("id")).order_by()
+    rows = (
+        failed.annotate(t=trunc("finished", tzinfo=UTC)).values("t", "failure_kind").annotate(c=Count("id")).order_by()
+    )
     for row in rows:
         i = min(max(int((row["t"].timestamp() - base) // step), 0), count - 1)
         buckets[i][row["failure_kind"] or "(unclassified)"] += row["c"]
     columns = []
     for i, values in enumerate(buckets):
-        moment = timezone.localtime(datetime.fromtimestamp(base + i * step, tz=dt_timezone.utc))
+        moment = timezone.localtime(datetime.fromtimestamp(base + i * step, tz=UTC))
         columns.append((charts.time_label(moment, step), dict(values)))
     return {"n": agg["n"], "columns": columns, "step": step}
 
@@ -586,15 +659,24 @@ def _run_charts(run: Run) -> dict[str, Any]:
     data = _cached("charts", run, lambda: {"latency": _latency_buckets(run), "failures": _failure_buckets(run)})
     lat, fails = data["latency"], data["failures"]
     latency_chart = charts.bar_chart(
-        lat["items"], id="latency", title="Agent-call latency distribution",
+        lat["items"],
+        id="latency",
+        title="Agent-call latency distribution",
         desc=f"{lat['n']} agent calls of finished attempts, counted in buckets of 1-2-5 steps of milliseconds.",
-        x_label="latency", y_label="calls",
+        x_label="latency",
+        y_label="calls",
     )
     failures_chart = charts.stacked_bar_chart(
-        fails["columns"], id="failures-over-time", title="Failed attempts by kind over time",
+        fails["columns"],
+        id="failures-over-time",
+        title="Failed attempts by kind over time",
         desc=f"{fails['n']} failed attempts, stacked by failure kind, in buckets of {_step_text(fails['step'])} "
-             "by the time each attempt finished." if fails["n"] else "No failed attempts.",
-        x_label=f"finished ({timezone.get_current_timezone_name()}, buckets of {_step_text(fails['step'])})" if fails["n"] else "",
+        "by the time each attempt finished."
+        if fails["n"]
+        else "No failed attempts.",
+        x_label=f"finished ({timezone.get_current_timezone_name()}, buckets of {_step_text(fails['step'])})"
+        if fails["n"]
+        else "",
         y_label="failed attempts",
     )
     return {"latency": lat, "latency_chart": latency_chart, "failures": fails, "failures_chart": failures_chart}
@@ -616,12 +698,22 @@ class RunChoiceField(forms.ModelChoiceField):
 
 
 class CompareForm(forms.Form):
-    a = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Run A (baseline)", empty_label="(choose a run)")
-    b = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Run B (candidate)", empty_label="(choose a run)")
+    a = RunChoiceField(
+        queryset=Run.objects.order_by("-created", "-id"), label="Run A (baseline)", empty_label="(choose a run)"
+    )
+    b = RunChoiceField(
+        queryset=Run.objects.order_by("-created", "-id"), label="Run B (candidate)", empty_label="(choose a run)"
+    )
     # NeMo Gym's compare takes candidates as a list; the page takes up to four (B and these).
-    c = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Candidate 2", empty_label="(none)", required=False)
-    d = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Candidate 3", empty_label="(none)", required=False)
-    e = RunChoiceField(queryset=Run.objects.order_by("-created", "-id"), label="Candidate 4", empty_label="(none)", required=False)
+    c = RunChoiceField(
+        queryset=Run.objects.order_by("-created", "-id"), label="Candidate 2", empty_label="(none)", required=False
+    )
+    d = RunChoiceField(
+        queryset=Run.objects.order_by("-created", "-id"), label="Candidate 3", empty_label="(none)", required=False
+    )
+    e = RunChoiceField(
+        queryset=Run.objects.order_by("-created", "-id"), label="Candidate 4", empty_label="(none)", required=False
+    )
 
     def candidates(self) -> list[tuple[str, Run]]:
         """``[(field name, run)]`` of the chosen candidates, B first."""
@@ -631,7 +723,9 @@ class CompareForm(forms.Form):
 CANDIDATE_FIELDS = ("b", "c", "d", "e")
 
 
-def _compare_report_view(report: dict[str, Any], run_a: Run, candidates: list[tuple[str, Run]], here: str) -> dict[str, Any]:
+def _compare_report_view(
+    report: dict[str, Any], run_a: Run, candidates: list[tuple[str, Run]], here: str
+) -> dict[str, Any]:
     """NeMo Gym's compare report (``evaluation.compare.compare_sides``) as page rows: key metrics
     (other metrics folded), per candidate its flips with per-repeat rewards and a side-by-side link,
     and gymweb's paired interval."""
@@ -639,40 +733,98 @@ def _compare_report_view(report: dict[str, Any], run_a: Run, candidates: list[tu
     labels = [f"{name.upper()} · #{run.pk}" for name, run in candidates]
 
     def cells(row):
-        out = {"metric": row["metric"], "base": _fmt(row["baseline"] and (row["baseline"]["mean_across_repeats"] if row["baseline"]["mean_across_repeats"] is not None else row["baseline"]["value"])),
-               "base_ci": _ci(row["baseline"]), "cands": []}
+        out = {
+            "metric": row["metric"],
+            "base": _fmt(
+                row["baseline"]
+                and (
+                    row["baseline"]["mean_across_repeats"]
+                    if row["baseline"]["mean_across_repeats"] is not None
+                    else row["baseline"]["value"]
+                )
+            ),
+            "base_ci": _ci(row["baseline"]),
+            "cands": [],
+        }
         for cand in row["candidates"]:
             if cand is None:
                 out["cands"].append({"value": "—", "ci": "—", "delta": "—", "delta_ci": "—", "cls": ""})
                 continue
             delta = cand["delta"]
-            out["cands"].append({
-                "value": _fmt(cand["mean_across_repeats"] if cand["mean_across_repeats"] is not None else cand["value"]),
-                "ci": _ci(cand), "delta": "—" if delta is None else f"{delta:+.4f}" + (f" ({cand['delta_pct']:+.1f}%)" if cand["delta_pct"] is not None else ""),
-                "delta_ci": "—" if cand["delta_ci_low"] is None else f"[{cand['delta_ci_low']:+.4f}, {cand['delta_ci_high']:+.4f}]",
-                "cls": "" if not delta else ("bad" if cand["delta_ci_high"] is not None and cand["delta_ci_high"] < 0 else
-                                             "ok" if cand["delta_ci_low"] is not None and cand["delta_ci_low"] > 0 else ""),
-            })
+            out["cands"].append(
+                {
+                    "value": _fmt(
+                        cand["mean_across_repeats"] if cand["mean_across_repeats"] is not None else cand["value"]
+                    ),
+                    "ci": _ci(cand),
+                    "delta": "—"
+                    if delta is None
+                    else f"{delta:+.4f}" + (f" ({cand['delta_pct']:+.1f}%)" if cand["delta_pct"] is not None else ""),
+                    "delta_ci": "—"
+                    if cand["delta_ci_low"] is None
+                    else f"[{cand['delta_ci_low']:+.4f}, {cand['delta_ci_high']:+.4f}]",
+                    "cls": ""
+                    if not delta
+                    else (
+                        "bad"
+                        if cand["delta_ci_high"] is not None and cand["delta_ci_high"] < 0
+                        else "ok"
+                        if cand["delta_ci_low"] is not None and cand["delta_ci_low"] > 0
+                        else ""
+                    ),
+                }
+            )
         return out
 
     flips = []
-    for (name, run), summary, paired in zip(candidates, comp["flips"], report["gymweb"]["paired_intervals"][0]["candidates"]):
-        rows = [{**f, "baseline_score": _fmt(f["baseline_score"]), "candidate_score": _fmt(f["candidate_score"]),
-                 "delta": f"{f['delta']:+.4f}", "direction_text": f["direction"].replace("_to_", "→"),
-                 "base_rewards": [(r, "ok" if r == 1 else "bad" if r == 0 else "") for r in f["baseline_rewards"] or []],
-                 "cand_rewards": [(r, "ok" if r == 1 else "bad" if r == 0 else "") for r in f["candidate_rewards"] or []],
-                 "side_url": f"{here}&{urlencode({'task': f['task_index'], 'vs': name})}#side-by-side"}
-                for f in summary["flips"][:COMPARE_FLIPS_SHOWN]]
-        flips.append({"name": name, "run": run, "s": summary, "rows": rows, "more": max(len(summary["flips"]) - COMPARE_FLIPS_SHOWN, 0),
-                      "paired": {**paired, "ci": "—" if paired["ci_low"] is None else f"[{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}]",
-                                 "delta_text": _fmt(paired["delta"]), "width_text": _fmt(paired["width"]), "welch_text": _fmt(paired["welch_width"])}})
-    return {"labels": labels, "key_rows": [cells(r) for r in comp["metrics"] if r["is_key_metric"]],
-            "other_rows": [cells(r) for r in comp["metrics"] if not r["is_key_metric"]], "flips": flips,
-            "notes": comp["notes"] + report["warnings"], "tasks": comp["baseline_task_count"], "repeats": comp["baseline_repeat_count"],
-            "cand_tasks": comp["candidate_task_counts"], "cand_repeats": comp["candidate_repeat_counts"]}
+    for (name, run), summary, paired in zip(
+        candidates, comp["flips"], report["gymweb"]["paired_intervals"][0]["candidates"]
+    ):
+        rows = [
+            {
+                **f,
+                "baseline_score": _fmt(f["baseline_score"]),
+                "candidate_score": _fmt(f["candidate_score"]),
+                "delta": f"{f['delta']:+.4f}",
+                "direction_text": f["direction"].replace("_to_", "→"),
+                "base_rewards": [(r, "ok" if r == 1 else "bad" if r == 0 else "") for r in f["baseline_rewards"] or []],
+                "cand_rewards": [
+                    (r, "ok" if r == 1 else "bad" if r == 0 else "") for r in f["candidate_rewards"] or []
+                ],
+                "side_url": f"{here}&{urlencode({'task': f['task_index'], 'vs': name})}#side-by-side",
+            }
+            for f in summary["flips"][:COMPARE_FLIPS_SHOWN]
+        ]
+        flips.append(
+            {
+                "name": name,
+                "run": run,
+                "s": summary,
+                "rows": rows,
+                "more": max(len(summary["flips"]) - COMPARE_FLIPS_SHOWN, 0),
+                "paired": {
+                    **paired,
+                    "ci": "—" if paired["ci_low"] is None else f"[{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}]",
+                    "delta_text": _fmt(paired["delta"]),
+                    "width_text": _fmt(paired["width"]),
+                    "welch_text": _fmt(paired["welch_width"]),
+                },
+            }
+        )
+    return {
+        "labels": labels,
+        "key_rows": [cells(r) for r in comp["metrics"] if r["is_key_metric"]],
+        "other_rows": [cells(r) for r in comp["metrics"] if not r["is_key_metric"]],
+        "flips": flips,
+        "notes": comp["notes"] + report["warnings"],
+        "tasks": comp["baseline_task_count"],
+        "repeats": comp["baseline_repeat_count"],
+        "cand_tasks": comp["candidate_task_counts"],
+        "cand_repeats": comp["candidate_repeat_counts"],
+    }
 
 
-def _ci(value: Optional[dict]) -> str:
+def _ci(value: dict | None) -> str:
     if not value or value["ci_low"] is None or value["ci_high"] is None:
         return "—"
     return f"[{_fmt(value['ci_low'])}, {_fmt(value['ci_high'])}]"
@@ -681,7 +833,9 @@ def _ci(value: Optional[dict]) -> str:
 def _nemo_side(run: Run, role: str, index: int = 0):
     """A run as one side of NeMo Gym's compare; its metrics (a profile of its successes) are
     cached under its finished counts like the profile page's."""
-    side = nemo_compare.side_from_run(run, role, index, entries=_cached("compare-entries", run, lambda: nemo_compare.run_entries(run)))
+    side = nemo_compare.side_from_run(
+        run, role, index, entries=_cached("compare-entries", run, lambda: nemo_compare.run_entries(run))
+    )
     return side
 
 
@@ -700,9 +854,13 @@ def compare_report_file(request, fmt):
         raise Http404("unknown format")
     form = CompareForm(request.GET)
     if not form.is_valid():
-        return HttpResponse("choose a baseline (a) and a candidate (b)", status=400, content_type="text/plain; charset=utf-8")
+        return HttpResponse(
+            "choose a baseline (a) and a candidate (b)", status=400, content_type="text/plain; charset=utf-8"
+        )
     try:
-        report = _nemo_report(form.cleaned_data["a"], form.candidates(), command=f"gymweb compare page ?{request.GET.urlencode()}")
+        report = _nemo_report(
+            form.cleaned_data["a"], form.candidates(), command=f"gymweb compare page ?{request.GET.urlencode()}"
+        )
     except nemo_compare.CompareError as exc:
         return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
     if fmt == "md":
@@ -710,7 +868,11 @@ def compare_report_file(request, fmt):
     else:
         import orjson
 
-        body, name, ctype = orjson.dumps(report, option=orjson.OPT_INDENT_2), nemo_compare.COMPARE_JSON, "application/json"
+        body, name, ctype = (
+            orjson.dumps(report, option=orjson.OPT_INDENT_2),
+            nemo_compare.COMPARE_JSON,
+            "application/json",
+        )
     response = HttpResponse(body, content_type=f"{ctype}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     response["X-Content-Type-Options"] = "nosniff"
@@ -725,26 +887,34 @@ def _status_of(comparison) -> dict[int, str]:
     return status
 
 
-STATUS_TEXT = {"regressions": "regression", "improvements": "improvement", "unchanged": "unchanged",
-               "unfinished": "unfinished", "mismatched": "inputs differ"}
+STATUS_TEXT = {
+    "regressions": "regression",
+    "improvements": "improvement",
+    "unchanged": "unchanged",
+    "unfinished": "unfinished",
+    "mismatched": "inputs differ",
+}
 
 
 def _compare_row(t, status: str, urls: dict[str, str]) -> dict[str, Any]:
     delta = t.delta
     return {
         "task": t.task_index,
-        "mean_a": _fmt(t.mean_a), "mean_b": _fmt(t.mean_b),
-        "keys_a": t.keys_a, "keys_b": t.keys_b,
+        "mean_a": _fmt(t.mean_a),
+        "mean_b": _fmt(t.mean_b),
+        "keys_a": t.keys_a,
+        "keys_b": t.keys_b,
         "delta": "—" if delta is None else f"{delta:+.4f}".rstrip("0").rstrip(".") if delta else "0",
         "delta_cls": "" if status not in ("regressions", "improvements") else ("bad" if delta < 0 else "ok"),
-        "status": status, "status_text": STATUS_TEXT.get(status, status),
+        "status": status,
+        "status_text": STATUS_TEXT.get(status, status),
         "side_url": f"{urls['self']}&{urlencode({'task': t.task_index})}#side-by-side",
         "run_a_url": f"{urls['a']}?{urlencode({'task': t.task_index})}#rollouts",
         "run_b_url": f"{urls['b']}?{urlencode({'task': t.task_index})}#rollouts",
     }
 
 
-def _side(run: Run, rollout: Optional[Rollout]) -> dict[str, Any]:
+def _side(run: Run, rollout: Rollout | None) -> dict[str, Any]:
     """One column of the side-by-side view: the trajectory page's view models of a rollout."""
     side: dict[str, Any] = {"run": run, "rollout": rollout, "imported": run.status == Run.Status.IMPORTED}
     if rollout is None:
@@ -754,14 +924,20 @@ def _side(run: Run, rollout: Optional[Rollout]) -> dict[str, Any]:
     except ValueError:
         task_row = {}
     steps, num_items = _timeline(rollout)
-    side.update({
-        "steps": steps,
-        "num_items": num_items,
-        "task_input": _task_input(task_row, item_url_base(rollout)),
-        "tools": [t.get("name") for t in (task_row.get("responses_create_params") or {}).get("tools") or [] if isinstance(t, dict)],
-        "url": reverse("rollout", args=[run.pk, rollout.pk]),
-        "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
-    })
+    side.update(
+        {
+            "steps": steps,
+            "num_items": num_items,
+            "task_input": _task_input(task_row, item_url_base(rollout)),
+            "tools": [
+                t.get("name")
+                for t in (task_row.get("responses_create_params") or {}).get("tools") or []
+                if isinstance(t, dict)
+            ],
+            "url": reverse("rollout", args=[run.pk, rollout.pk]),
+            "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
+        }
+    )
     return side
 
 
@@ -779,7 +955,10 @@ def compare(request):
     ``&task=N`` puts the two runs' trajectories of task N side by side (``&vs=c`` uses candidate C
     instead of B); ``&show=…`` and ``&page=N`` page the task table."""
     bound = "a" in request.GET and "b" in request.GET  # one alone (the run page's link) pre-fills the form
-    form = CompareForm(request.GET if bound else None, initial={k: request.GET[k] for k in ("a", *CANDIDATE_FIELDS) if k in request.GET})
+    form = CompareForm(
+        request.GET if bound else None,
+        initial={k: request.GET[k] for k in ("a", *CANDIDATE_FIELDS) if k in request.GET},
+    )
     context: dict[str, Any] = {"form": form}
     if bound and form.is_valid():
         run_a, run_b = form.cleaned_data["a"], form.cleaned_data["b"]
@@ -802,21 +981,29 @@ def compare(request):
         status = _status_of(comparison)
         listed = comparison.tasks if show == "all" else getattr(comparison, show)
         page = Paginator(listed, COMPARE_ROWS_PER_PAGE).get_page(request.GET.get("page"))
-        context.update({
-            "run_a": run_a, "run_b": run_b, "c": comparison, "show": show,
-            "shows": [(name, len(comparison.tasks) if name == "all" else len(getattr(comparison, name))) for name in COMPARE_SHOWS],
-            "pair_url": urls["self"],
-            "swap_url": f"{here}?{urlencode({'a': run_b.pk, 'b': run_a.pk})}",
-            "page": page,
-            "page_qs": urlencode({"a": run_a.pk, "b": run_b.pk, **({"show": show} if show != "all" else {})}),
-            "rows": [_compare_row(t, status.get(t.task_index, ""), urls) for t in page.object_list],
-            "regressions": [_compare_row(t, "regressions", urls) for t in comparison.regressions[:COMPARE_TOP]],
-            "improvements": [_compare_row(t, "improvements", urls) for t in comparison.improvements[:COMPARE_TOP]],
-            "only_a": _index_list(comparison.only_in_a),
-            "only_b": _index_list(comparison.only_in_b),
-            "not_compared": len(comparison.unfinished) + len(comparison.mismatched),
-            "delta": _fmt(comparison.delta) if comparison.delta is None else f"{comparison.delta:+.4f}",
-        })
+        context.update(
+            {
+                "run_a": run_a,
+                "run_b": run_b,
+                "c": comparison,
+                "show": show,
+                "shows": [
+                    (name, len(comparison.tasks) if name == "all" else len(getattr(comparison, name)))
+                    for name in COMPARE_SHOWS
+                ],
+                "pair_url": urls["self"],
+                "swap_url": f"{here}?{urlencode({'a': run_b.pk, 'b': run_a.pk})}",
+                "page": page,
+                "page_qs": urlencode({"a": run_a.pk, "b": run_b.pk, **({"show": show} if show != "all" else {})}),
+                "rows": [_compare_row(t, status.get(t.task_index, ""), urls) for t in page.object_list],
+                "regressions": [_compare_row(t, "regressions", urls) for t in comparison.regressions[:COMPARE_TOP]],
+                "improvements": [_compare_row(t, "improvements", urls) for t in comparison.improvements[:COMPARE_TOP]],
+                "only_a": _index_list(comparison.only_in_a),
+                "only_b": _index_list(comparison.only_in_b),
+                "not_compared": len(comparison.unfinished) + len(comparison.mismatched),
+                "delta": _fmt(comparison.delta) if comparison.delta is None else f"{comparison.delta:+.4f}",
+            }
+        )
         task = request.GET.get("task")
         if task is not None:
             try:
@@ -854,7 +1041,7 @@ class CheckAgentForm(forms.Form):
         max_value=CHECK_TIMEOUT_MAX_S,
         initial=CHECK_TIMEOUT_DEFAULT_S,
         help_text=f"Each of the four probes waits at most this long (up to {CHECK_TIMEOUT_MAX_S:g} s). "
-                  f"Replies slower than {DEFAULT_SLOW_S:g} s get a warning.",
+        f"Replies slower than {DEFAULT_SLOW_S:g} s get a warning.",
         widget=forms.NumberInput(attrs={"step": "any", "size": 6}),
     )
 
@@ -870,10 +1057,20 @@ def _report_view(report) -> dict[str, Any]:
     probes = []
     for p in report.probes:
         sent, sent_is_json = pretty_json_text(p.sent)
-        probes.append({"p": p, "sent": sent if sent_is_json else p.sent,
-                       "outcome": f"HTTP {p.status}" if p.status is not None else "no reply"})
-    return {"report": report, "findings": findings, "probes": probes,
-            "errors": len(report.errors), "warnings": len(report.warnings)}
+        probes.append(
+            {
+                "p": p,
+                "sent": sent if sent_is_json else p.sent,
+                "outcome": f"HTTP {p.status}" if p.status is not None else "no reply",
+            }
+        )
+    return {
+        "report": report,
+        "findings": findings,
+        "probes": probes,
+        "errors": len(report.errors),
+        "warnings": len(report.warnings),
+    }
 
 
 @login_required
@@ -886,8 +1083,12 @@ def check_agent(request):
         form = CheckAgentForm(request.POST)
         if form.is_valid():
             try:
-                report = check_agent_sync(form.cleaned_data["agent_url"], timeout_s=form.cleaned_data["timeout_s"],
-                                          policy=targets.policy(), max_reply_bytes=targets.max_reply_bytes())
+                report = check_agent_sync(
+                    form.cleaned_data["agent_url"],
+                    timeout_s=form.cleaned_data["timeout_s"],
+                    policy=targets.policy(),
+                    max_reply_bytes=targets.max_reply_bytes(),
+                )
             except InvalidBaseURL as exc:  # validated above; kept for safety (the message never echoes credentials)
                 form.add_error("agent_url", str(exc))
             else:
@@ -900,7 +1101,11 @@ def check_agent(request):
     else:
         prefill = request.GET.get("agent_url", "") or settings.GYMWEB_DEFAULT_AGENT_URL
         form = CheckAgentForm(initial={"agent_url": prefill[:2000] if "@" not in prefill else ""})
-    response = render(request, "rollouts/check_agent.html", {"form": form, "result": result},
-                      status=400 if form.is_bound and form.errors else 200)
+    response = render(
+        request,
+        "rollouts/check_agent.html",
+        {"form": form, "result": result},
+        status=400 if form.is_bound and form.errors else 200,
+    )
     response["Cache-Control"] = "no-store"
     return response

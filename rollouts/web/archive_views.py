@@ -1,5 +1,6 @@
 """Pages to delete, archive and restore a run (``rollouts.collection.archive`` does the work), and
 what the trajectory pages show for a rollout of an archived run."""
+
 from __future__ import annotations
 
 from django.contrib import messages
@@ -22,7 +23,9 @@ def archived_rollout_response(request, rollout: Rollout, page: bool = True) -> H
     message = str(archive.RunArchived(rollout.run, "the trajectory"))
     if not page:
         return HttpResponse(message + "\n", status=409, content_type="text/plain; charset=utf-8")
-    return render(request, "rollouts/rollout_archived.html", {"rollout": rollout, "run": rollout.run, "message": message})
+    return render(
+        request, "rollouts/rollout_archived.html", {"rollout": rollout, "run": rollout.run, "message": message}
+    )
 
 
 @login_required
@@ -37,9 +40,13 @@ def run_delete(request, run_id):
         except archive.RunBusy as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(reverse("run", args=[run.pk]))
-        messages.success(request, f"Deleted run #{run.pk} ({run.name}): {out.rollouts:,} rollouts, {out.items:,} trajectory items.")
+        messages.success(
+            request, f"Deleted run #{run.pk} ({run.name}): {out.rollouts:,} rollouts, {out.items:,} trajectory items."
+        )
         return HttpResponseRedirect(reverse("runs"))
-    counts = {row["status"]: row["n"] for row in Rollout.objects.filter(run=run).values("status").annotate(n=Count("id"))}
+    counts = {
+        row["status"]: row["n"] for row in Rollout.objects.filter(run=run).values("status").annotate(n=Count("id"))
+    }
     context = {
         "run": run,
         "rollouts": sum(counts.values()),
@@ -60,7 +67,10 @@ def run_archive(request, run_id):
         messages.error(request, str(exc))
     else:
         size = sum(f["bytes"] for f in out.files.values())
-        messages.success(request, f"Archived: {out.items:,} trajectory items left the database; {size:,} bytes of files in {out.path}.")
+        messages.success(
+            request,
+            f"Archived: {out.items:,} trajectory items left the database; {size:,} bytes of files in {out.path}.",
+        )
     return HttpResponseRedirect(reverse("run", args=[run.pk]))
 
 

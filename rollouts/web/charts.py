@@ -17,12 +17,13 @@ Contents:
 - charts: ``bar_chart`` (a histogram or any labelled bars), ``line_chart`` (e.g. pass@k over k),
   ``stacked_bar_chart`` (e.g. failures by kind per time bucket).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Mapping, Optional, Sequence
 
 __all__ = [
     "PALETTE_SIZE",
@@ -84,7 +85,7 @@ def equal_width_edges(lo: float, hi: float, bins: int) -> list[float]:
     return [float(lo) + (hi - lo) * i / bins for i in range(bins)] + [float(hi)]
 
 
-def bin_index(value: float, edges: Sequence[float]) -> Optional[int]:
+def bin_index(value: float, edges: Sequence[float]) -> int | None:
     """The bin of ``value`` for ``edges`` (ascending): bins are ``[e_i, e_{i+1})`` except the last,
     which also holds its top edge. None when ``value`` lies outside ``[edges[0], edges[-1]]``."""
     if len(edges) < 2 or value is None or not math.isfinite(value):
@@ -128,7 +129,7 @@ def one_two_five_edges(lo: float, hi: float) -> list[float]:
     edges: list[float] = []
     while True:
         for m in (1, 2, 5):
-            e = m * 10.0 ** exponent
+            e = m * 10.0**exponent
             e = float(f"{e:.12g}")  # 0.1 * 3 noise away
             if e <= lo:
                 edges = [e]
@@ -143,12 +144,12 @@ def _nice(x: float, round_up: bool) -> float:
     if x <= 0:
         return 0.0
     exp = math.floor(math.log10(x))
-    f = x / 10 ** exp
+    f = x / 10**exp
     if round_up:
         nf = 1 if f <= 1 else 2 if f <= 2 else 5 if f <= 5 else 10
     else:
         nf = 1 if f < 1.5 else 2 if f < 3 else 5 if f < 7 else 10
-    return nf * 10 ** exp
+    return nf * 10**exp
 
 
 def nice_ticks(lo: float, hi: float, max_ticks: int = 5, min_step: float = 0.0) -> list[float]:
@@ -174,10 +175,28 @@ def nice_ticks(lo: float, hi: float, max_ticks: int = 5, min_step: float = 0.0) 
 
 
 _TIME_STEPS = (
-    1, 2, 5, 10, 15, 30,
-    60, 120, 300, 600, 900, 1800,
-    3600, 7200, 10800, 21600, 43200,
-    86400, 2 * 86400, 7 * 86400, 14 * 86400, 28 * 86400,
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+    2 * 86400,
+    7 * 86400,
+    14 * 86400,
+    28 * 86400,
 )
 
 
@@ -199,7 +218,7 @@ def time_step(span_s: float, max_buckets: int = 30) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def format_number(value: Optional[float], digits: int = 3) -> str:
+def format_number(value: float | None, digits: int = 3) -> str:
     """A short label: integers as they are (thousands separated), others to ``digits``
     significant digits; ``—`` for None or NaN."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -209,7 +228,7 @@ def format_number(value: Optional[float], digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
-def format_ms(ms: Optional[float]) -> str:
+def format_ms(ms: float | None) -> str:
     """Milliseconds for an axis: ``0.5 ms``, ``200 ms``, ``1 s``, ``2.5 s``, ``2 min``, ``1 h``."""
     if ms is None or not math.isfinite(ms):
         return "—"
@@ -359,28 +378,44 @@ def bar_chart(
     width: int = WIDTH,
     height: int = HEIGHT,
     value_format=format_number,
-    series: Optional[Sequence[int]] = None,
+    series: Sequence[int] | None = None,
 ) -> BarChart:
     """Bars for ``items`` = ``[(label, value >= 0)]`` in order, scaled so the largest reaches a
     round top tick. Each bar's tooltip reads ``"<label>: <value>"``. ``series`` optionally gives
     each bar a colour index. Empty ``items`` give a chart with ``empty`` True (draw a note)."""
     frame = _frame(width, height)
-    chart = BarChart(id=id, title=title, desc=desc, frame=frame, x_label=x_label, y_label=y_label,
-                     rows=[(label, value) for label, value in items])
+    chart = BarChart(
+        id=id,
+        title=title,
+        desc=desc,
+        frame=frame,
+        x_label=x_label,
+        y_label=y_label,
+        rows=[(label, value) for label, value in items],
+    )
     if not items:
         return chart
-    chart.y_ticks, top = _y_axis(frame, max(float(v) for _, v in items), value_format, counts=_all_whole(v for _, v in items))
+    chart.y_ticks, top = _y_axis(
+        frame, max(float(v) for _, v in items), value_format, counts=_all_whole(v for _, v in items)
+    )
     slot = frame.plot_width / len(items)
     gap = min(4.0, slot * 0.15)
     labels = []
     for i, (label, value) in enumerate(items):
         h = frame.plot_height * max(float(value), 0.0) / top
         x = frame.left + i * slot
-        chart.bars.append(Bar(
-            x=_r(x + gap / 2), y=_r(frame.bottom - h), width=_r(max(slot - gap, 1.0)), height=_r(h),
-            value=value, label=label, title=f"{label}: {value_format(value)}",
-            series=(series[i] if series else 0) % PALETTE_SIZE,
-        ))
+        chart.bars.append(
+            Bar(
+                x=_r(x + gap / 2),
+                y=_r(frame.bottom - h),
+                width=_r(max(slot - gap, 1.0)),
+                height=_r(h),
+                value=value,
+                label=label,
+                title=f"{label}: {value_format(value)}",
+                series=(series[i] if series else 0) % PALETTE_SIZE,
+            )
+        )
         labels.append(Tick(_r(x + slot / 2), label))
     chart.x_ticks = _thin(labels, slot)
     return chart
@@ -420,7 +455,7 @@ class LineChart:
     y_label: str = ""
     # a table: header cells and rows of (x label, one value per series)
     columns: list[str] = field(default_factory=list)
-    rows: list[tuple[str, list[Optional[float]]]] = field(default_factory=list)
+    rows: list[tuple[str, list[float | None]]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -435,7 +470,7 @@ def line_chart(
     desc: str = "",
     x_label: str = "",
     y_label: str = "",
-    y_range: Optional[tuple[float, float]] = None,
+    y_range: tuple[float, float] | None = None,
     width: int = WIDTH,
     height: int = HEIGHT,
     dashed: Sequence[bool] = (),
@@ -447,8 +482,15 @@ def line_chart(
     A single x value sits in the middle. ``dashed[i]`` draws series i dashed. Every point's
     tooltip reads ``"<name>, <x_label> <x>: <y>"``."""
     frame = _frame(width, height)
-    chart = LineChart(id=id, title=title, desc=desc, frame=frame, x_label=x_label, y_label=y_label,
-                      columns=[name for name, _ in series])
+    chart = LineChart(
+        id=id,
+        title=title,
+        desc=desc,
+        frame=frame,
+        x_label=x_label,
+        y_label=y_label,
+        columns=[name for name, _ in series],
+    )
     xs = sorted({float(x) for _, pts in series for x, _ in pts})
     ys = [float(y) for _, pts in series for _, y in pts]
     if not xs:
@@ -477,7 +519,7 @@ def line_chart(
     x_tick_values = xs if len(xs) <= 12 else [t for t in nice_ticks(x_lo, x_hi, 8) if x_lo <= t <= x_hi]
     slot = frame.plot_width / max(len(x_tick_values) - 1, 1)
     chart.x_ticks = _thin([Tick(_r(px(x)), x_format(x)) for x in x_tick_values], slot)
-    by_x: dict[float, list[Optional[float]]] = {x: [None] * len(series) for x in xs}
+    by_x: dict[float, list[float | None]] = {x: [None] * len(series) for x in xs}
     for i, (name, pts) in enumerate(series):
         s = Series(name=name, index=i % PALETTE_SIZE, dashed=bool(dashed[i]) if i < len(dashed) else False)
         for x, y in sorted(pts):
@@ -527,7 +569,7 @@ def stacked_bar_chart(
     desc: str = "",
     x_label: str = "",
     y_label: str = "",
-    series_order: Optional[Sequence[str]] = None,
+    series_order: Sequence[str] | None = None,
     width: int = WIDTH,
     height: int = HEIGHT,
     value_format=format_number,
@@ -541,13 +583,26 @@ def stacked_bar_chart(
         for name, v in values.items():
             totals[name] = totals.get(name, 0.0) + float(v)
     order = list(series_order) if series_order is not None else sorted(totals, key=lambda n: (-totals[n], n))
-    chart = StackedBarChart(id=id, title=title, desc=desc, frame=frame, x_label=x_label, y_label=y_label,
-                            legend=[(i % PALETTE_SIZE, name) for i, name in enumerate(order)])
-    chart.rows = [(label, [values.get(n, 0) for n in order], sum(values.get(n, 0) for n in order)) for label, values in columns]
+    chart = StackedBarChart(
+        id=id,
+        title=title,
+        desc=desc,
+        frame=frame,
+        x_label=x_label,
+        y_label=y_label,
+        legend=[(i % PALETTE_SIZE, name) for i, name in enumerate(order)],
+    )
+    chart.rows = [
+        (label, [values.get(n, 0) for n in order], sum(values.get(n, 0) for n in order)) for label, values in columns
+    ]
     if not columns:
         return chart
-    chart.y_ticks, top = _y_axis(frame, max((row[2] for row in chart.rows), default=0.0) or 1.0, value_format,
-                                 counts=_all_whole(v for _, values in columns for v in values.values()))
+    chart.y_ticks, top = _y_axis(
+        frame,
+        max((row[2] for row in chart.rows), default=0.0) or 1.0,
+        value_format,
+        counts=_all_whole(v for _, values in columns for v in values.values()),
+    )
     slot = frame.plot_width / len(columns)
     gap = min(4.0, slot * 0.15)
     labels = []
@@ -561,8 +616,18 @@ def stacked_bar_chart(
                 continue
             h = frame.plot_height * v / top
             base -= h
-            column.segments.append(Bar(x=column.x, y=_r(base), width=column.width, height=_r(h), value=v, label=name,
-                                       title=f"{label} · {name}: {value_format(v)}", series=si % PALETTE_SIZE))
+            column.segments.append(
+                Bar(
+                    x=column.x,
+                    y=_r(base),
+                    width=column.width,
+                    height=_r(h),
+                    value=v,
+                    label=name,
+                    title=f"{label} · {name}: {value_format(v)}",
+                    series=si % PALETTE_SIZE,
+                )
+            )
         chart.columns.append(column)
         labels.append(Tick(_r(x + slot / 2), label))
     chart.x_ticks = _thin(labels, slot)

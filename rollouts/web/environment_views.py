@@ -1,5 +1,6 @@
 """The Environments page (every environment gymweb knows: registered NeMo Gym head servers and the
 env URLs of past runs, with health, tools and runs) and a run's settings as a NeMo Gym config."""
+
 from __future__ import annotations
 
 from django.contrib import messages

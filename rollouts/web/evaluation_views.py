@@ -7,11 +7,12 @@ is its own partial (``rollouts/partials/run_evaluation.html``), loaded by HTMX a
 a real link as fallback) so the run page's own views stay as they are. Everything shown from the
 data (errors, URLs, check details) is autoescaped text.
 """
+
 from __future__ import annotations
 
 import json
 import tempfile
-from typing import Any, Optional
+from typing import Any
 
 import orjson
 from django import forms
@@ -44,9 +45,12 @@ def _run_for(request, run_id: int) -> Run:
 class ReverifyForm(forms.Form):
     """Where to re-score the run; validated like the new-run form's env URL."""
 
-    env_url = forms.CharField(label="Env base URL", max_length=2000,
-                              widget=forms.TextInput(attrs={"size": 40, "autocomplete": "off"}),
-                              help_text="GET /reverify_mode must answer \"stateless\"; POST /verify re-scores each success.")
+    env_url = forms.CharField(
+        label="Env base URL",
+        max_length=2000,
+        widget=forms.TextInput(attrs={"size": 40, "autocomplete": "off"}),
+        help_text='GET /reverify_mode must answer "stateless"; POST /verify re-scores each success.',
+    )
     force = forms.BooleanField(label="force (env not stateless: new run marked unsafe_)", required=False)
 
     def clean_env_url(self) -> str:
@@ -58,22 +62,38 @@ def _health_context(run: Run, url_base: str) -> dict[str, Any]:
     if not summary:
         return {"health": None}
     verdicts = summary["run"]["verdicts"]
-    issues = [{"check": c, "count": n, "text": health.CHECK_TEXT.get(c, c),
-               "url": f"{url_base}?check={c}#rollouts" if c in health.ROLLOUT_CHECK_IDS + health.GYMWEB_CHECK_IDS else ""}
-              for c, n in summary["run"]["issues"].items() if n]
+    issues = [
+        {
+            "check": c,
+            "count": n,
+            "text": health.CHECK_TEXT.get(c, c),
+            "url": f"{url_base}?check={c}#rollouts" if c in health.ROLLOUT_CHECK_IDS + health.GYMWEB_CHECK_IDS else "",
+        }
+        for c, n in summary["run"]["issues"].items()
+        if n
+    ]
     coverage = summary["run"]["artifacts"]["coverage"]
     unobserved = [c for c, cov in coverage.items() if cov["unobserved"] and not cov["evaluated"]]
     flagged_tasks = [(t, v["flags"]) for t, v in summary["tasks"].items() if v["flags"]]
-    return {"health": {
-        "checked": run.health_checked, "verdicts": [
-            {"name": v, "count": verdicts.get(v, 0), "url": f"{url_base}?verdict={v}#rollouts"} for v in ("healthy", "unhealthy", "unobserved")],
-        "records": summary["run"]["artifacts"]["records"], "issues": issues, "unobserved": unobserved,
-        "flagged_tasks": flagged_tasks[:50], "more_tasks": max(len(flagged_tasks) - 50, 0),
-        "ignored": summary["run"]["ignored_checks"], "stats": summary["run"]["stats"],
-    }}
+    return {
+        "health": {
+            "checked": run.health_checked,
+            "verdicts": [
+                {"name": v, "count": verdicts.get(v, 0), "url": f"{url_base}?verdict={v}#rollouts"}
+                for v in ("healthy", "unhealthy", "unobserved")
+            ],
+            "records": summary["run"]["artifacts"]["records"],
+            "issues": issues,
+            "unobserved": unobserved,
+            "flagged_tasks": flagged_tasks[:50],
+            "more_tasks": max(len(flagged_tasks) - 50, 0),
+            "ignored": summary["run"]["ignored_checks"],
+            "stats": summary["run"]["stats"],
+        }
+    }
 
 
-def _evaluation_context(request, run: Run, form: Optional[ReverifyForm] = None) -> dict[str, Any]:
+def _evaluation_context(request, run: Run, form: ReverifyForm | None = None) -> dict[str, Any]:
     run_url = reverse("run", args=[run.pk])
     flips = reverify.reward_flips(run) if run.reverified_from_id else []
     reverified = list(run.reverifications.order_by("-id").values("id", "name", "created")[:10])
@@ -82,8 +102,14 @@ def _evaluation_context(request, run: Run, form: Optional[ReverifyForm] = None) 
         **_health_context(run, run_url),
         "form": form or ReverifyForm(initial={"env_url": run.env_url}),
         "can_reverify": run.is_final and Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).exists(),
-        "flips": [{**f, "url": reverse("rollout", args=[run.pk, f["rollout_id"]]),
-                   "source_url": reverse("rollout", args=[run.reverified_from_id, f["source_rollout_id"]])} for f in flips[:FLIPS_SHOWN]],
+        "flips": [
+            {
+                **f,
+                "url": reverse("rollout", args=[run.pk, f["rollout_id"]]),
+                "source_url": reverse("rollout", args=[run.reverified_from_id, f["source_rollout_id"]]),
+            }
+            for f in flips[:FLIPS_SHOWN]
+        ],
         "flips_count": len(flips),
         "reverifications": reverified,
         "health_files": HEALTH_FILES,
@@ -112,7 +138,10 @@ def run_health_check(request, run_id):
     else:
         result, _ = health.run_health_check(run)
         v = result.summary["run"]["verdicts"]
-        messages.success(request, f"Health checked: {v['healthy']} healthy, {v['unhealthy']} unhealthy, {v['unobserved']} unobserved.")
+        messages.success(
+            request,
+            f"Health checked: {v['healthy']} healthy, {v['unhealthy']} unhealthy, {v['unobserved']} unobserved.",
+        )
     return HttpResponseRedirect(reverse("run", args=[run.pk]) + "#evaluation")
 
 
@@ -130,9 +159,23 @@ def run_health_file(request, run_id, kind):
         body = orjson.dumps(run.health_summary, option=orjson.OPT_INDENT_2)
     else:
         rows = RolloutHealth.objects.filter(run=run).order_by("task_index", "rollout_index")
-        body = b"".join(orjson.dumps(health.verdict_row(health.Digest(
-            h.task_index, h.rollout_index, f"{h.task_index}-{h.rollout_index}", h.verdict, h.findings, h.finding_steps,
-            h.unobserved)), option=orjson.OPT_APPEND_NEWLINE) for h in rows)
+        body = b"".join(
+            orjson.dumps(
+                health.verdict_row(
+                    health.Digest(
+                        h.task_index,
+                        h.rollout_index,
+                        f"{h.task_index}-{h.rollout_index}",
+                        h.verdict,
+                        h.findings,
+                        h.finding_steps,
+                        h.unobserved,
+                    )
+                ),
+                option=orjson.OPT_APPEND_NEWLINE,
+            )
+            for h in rows
+        )
     response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     response["X-Content-Type-Options"] = "nosniff"
@@ -155,17 +198,25 @@ def run_reverify(request, run_id):
         elif run.is_archived:
             form.add_error(None, str(archive.RunArchived(run, "reverify")))
         elif n > limit:
-            form.add_error(None, f"The run has {n} successes; the page reverifies at most {limit} "
-                                 f"(GYMWEB_REVERIFY_WEB_MAX_ROWS). Use: manage.py reverify {run.pk} --env-url URL")
+            form.add_error(
+                None,
+                f"The run has {n} successes; the page reverifies at most {limit} "
+                f"(GYMWEB_REVERIFY_WEB_MAX_ROWS). Use: manage.py reverify {run.pk} --env-url URL",
+            )
         else:
             try:
-                result = reverify.reverify_run(run, form.cleaned_data["env_url"], force=form.cleaned_data["force"], user=request.user)
+                result = reverify.reverify_run(
+                    run, form.cleaned_data["env_url"], force=form.cleaned_data["force"], user=request.user
+                )
             except reverify.ReverifyError as exc:
                 form.add_error("env_url" if isinstance(exc, reverify.ReverifyRefused) else None, str(exc))
             else:
                 note = f" Warning: {result.warning}." if result.warning else ""
-                messages.success(request, f"Reverified {result.reverified} rollout(s) ({result.failed} /verify failure(s)); "
-                                          f"{len(result.flips)} reward(s) changed.{note}")
+                messages.success(
+                    request,
+                    f"Reverified {result.reverified} rollout(s) ({result.failed} /verify failure(s)); "
+                    f"{len(result.flips)} reward(s) changed.{note}",
+                )
                 return HttpResponseRedirect(reverse("run", args=[result.run.pk]) + "#evaluation")
     context = _evaluation_context(request, run, form)
     return render(request, "rollouts/run_evaluation.html", context, status=400)
@@ -178,7 +229,11 @@ def run_atif(request, run_id):
     file so memory stays bounded."""
     run = _run_for(request, run_id)
     if run.is_archived:
-        return HttpResponse(str(archive.RunArchived(run, "the ATIF export")) + "\n", status=409, content_type="text/plain; charset=utf-8")
+        return HttpResponse(
+            str(archive.RunArchived(run, "the ATIF export")) + "\n",
+            status=409,
+            content_type="text/plain; charset=utf-8",
+        )
     include_failures = request.GET.get("failures") == "1"
     spool = tempfile.TemporaryFile()
     try:
@@ -190,7 +245,9 @@ def run_atif(request, run_id):
         spool.close()
         raise Http404("the run has no rollouts to export")
     spool.seek(0)
-    return FileResponse(spool, as_attachment=True, filename=f"gymweb-run-{run.pk}-atif.zip", content_type="application/zip")
+    return FileResponse(
+        spool, as_attachment=True, filename=f"gymweb-run-{run.pk}-atif.zip", content_type="application/zip"
+    )
 
 
 # -- the rollout page -------------------------------------------------------------------------------
@@ -204,9 +261,12 @@ def rollout_findings(rollout: Rollout, steps: list[dict[str, Any]]) -> dict[str,
     by_step: dict[int, list] = {}
     whole: list[dict[str, Any]] = []
     for finding, step in zip(h.findings, h.finding_steps or [None] * len(h.findings)):
-        view = {"check": finding.get("check"), "text": health.CHECK_TEXT.get(finding.get("check"), ""),
-                "detail": json.dumps(finding.get("detail") or {}, ensure_ascii=False, sort_keys=True),
-                "locator": json.dumps(finding.get("locator"), ensure_ascii=False) if finding.get("locator") else ""}
+        view = {
+            "check": finding.get("check"),
+            "text": health.CHECK_TEXT.get(finding.get("check"), ""),
+            "detail": json.dumps(finding.get("detail") or {}, ensure_ascii=False, sort_keys=True),
+            "locator": json.dumps(finding.get("locator"), ensure_ascii=False) if finding.get("locator") else "",
+        }
         (by_step.setdefault(step, []) if step is not None else whole).append(view)
     known = {s["index"] for s in steps}
     for s in steps:
@@ -214,5 +274,4 @@ def rollout_findings(rollout: Rollout, steps: list[dict[str, Any]]) -> dict[str,
     for step, views in by_step.items():
         if step not in known:  # a step without a row on the page: show it with the rollout's findings
             whole.extend(views)
-    return {"health": {"verdict": h.verdict, "findings": whole, "unobserved": h.unobserved,
-                       "count": len(h.findings)}}
+    return {"health": {"verdict": h.verdict, "findings": whole, "unobserved": h.unobserved, "count": len(h.findings)}}

@@ -1,10 +1,11 @@
 """Forms of the run pages: the new-run form and the rollout-table filter (also used by exports and,
 through ``RolloutFilterForm``, by any page that walks the filtered list, e.g. prev/next)."""
+
 from __future__ import annotations
 
 import re
 from pathlib import PurePath
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from django import forms
@@ -12,20 +13,24 @@ from django.conf import settings
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from rollouts import targets
-from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts import search, targets
+from rollouts.collection import environments, runs
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
-from rollouts.collection import runs
+from rollouts.collection.environments import Resolved
 from rollouts.collection.runs import RunTooLarge, check_size
-from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.engine.loop import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
+    DEFAULT_RUN_TIMEOUT_S,
+    InvalidBaseURL,
+    validate_base_url,
+)
 from rollouts.evaluation.health import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Dataset, Rollout, RolloutHealth
-from rollouts.web.uploads import human_bytes, upload_limit_message
-from rollouts.collection import environments
-from rollouts.collection.environments import Resolved
 from rollouts.nemo.config import NemoConfigError, load_texts
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
-from rollouts import search
+from rollouts.web.uploads import human_bytes, upload_limit_message
 
 SEARCH_MAX = 500  # characters of a content-search query
 
@@ -77,7 +82,9 @@ def clean_target_url(form: forms.Form, name: str, what: str) -> str:
     except InvalidBaseURL as exc:
         refused = targets.refusal_of_misspelled(raw)
         if refused is not None:
-            raise forms.ValidationError(target_refused_message(what, raw.strip(), refused), code="host_not_allowed") from None
+            raise forms.ValidationError(
+                target_refused_message(what, raw.strip(), refused), code="host_not_allowed"
+            ) from None
         raise forms.ValidationError(str(exc), code="invalid_url") from None
     try:
         targets.check_url(url)
@@ -86,7 +93,7 @@ def clean_target_url(form: forms.Form, name: str, what: str) -> str:
     return url
 
 
-def target_refused_message(what: str, url: str, exc: "targets.TargetRefused") -> str:
+def target_refused_message(what: str, url: str, exc: targets.TargetRefused) -> str:
     """The form error for a URL the target policy refuses: names the host, the rule and the
     setting to change, e.g. ``agent URL: host '127.0.0.1' is not allowed here (127.0.0.1 is a
     loopback address; …GYMWEB_ALLOW_LOCAL_TARGETS=1…).``"""
@@ -116,7 +123,9 @@ def dataset_label(dataset: Dataset) -> str:
     """How a stored dataset reads in a list: ``#12 good.jsonl · 5 rows · 2026-11-29 09:12``."""
     rows = dataset.num_rows
     created = timezone.localtime(dataset.created).strftime("%Y-%m-%d %H:%M") if dataset.created else ""
-    return " · ".join(p for p in (f"#{dataset.pk} {dataset.name}", f"{rows:,} row{'' if rows == 1 else 's'}", created) if p)
+    return " · ".join(
+        p for p in (f"#{dataset.pk} {dataset.name}", f"{rows:,} row{'' if rows == 1 else 's'}", created) if p
+    )
 
 
 class DatasetChoiceField(forms.ModelChoiceField):
@@ -134,7 +143,9 @@ class RunForm(forms.Form):
         required=False,
         label="Upload a JSONL dataset",
         help_text="One task per line, each with responses_create_params. Rows of an earlier rollouts file work too.",
-        widget=forms.ClearableFileInput(attrs={"accept": ".jsonl,.json,.ndjson,application/jsonl,application/x-ndjson"}),
+        widget=forms.ClearableFileInput(
+            attrs={"accept": ".jsonl,.json,.ndjson,application/jsonl,application/x-ndjson"}
+        ),
     )
     dataset = DatasetChoiceField(
         queryset=Dataset.objects.order_by("-created", "-id"),
@@ -146,21 +157,26 @@ class RunForm(forms.Form):
         required=False,
         label="NeMo Gym config (YAML)",
         help_text="Paste a NeMo Gym config (e.g. counter_remote.yaml): the agent's agent_base_url, its environment, "
-                  "concurrency, max_steps and timeouts fill the fields below.",
+        "concurrency, max_steps and timeouts fill the fields below.",
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
     )
     nemo_config_file = forms.FileField(
-        required=False, label="…or upload it",
+        required=False,
+        label="…or upload it",
         widget=forms.ClearableFileInput(attrs={"accept": ".yaml,.yml,application/yaml,text/yaml"}),
     )
     head_url = forms.CharField(
-        required=False, max_length=2000, label="NeMo Gym head server",
+        required=False,
+        max_length=2000,
+        label="NeMo Gym head server",
         help_text="Where `gym env start` runs (NeMo Gym's default http://127.0.0.1:11000): the environment is found "
-                  "there by name, at its current port, when the run starts and on every retry.",
+        "there by name, at its current port, when the run starts and on every retry.",
         widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:11000", "size": 48, "autocomplete": "off"}),
     )
     env_name = forms.CharField(
-        required=False, max_length=200, label="Environment name",
+        required=False,
+        max_length=200,
+        label="Environment name",
         help_text="The resources server's name in the head server's config (default: the agent's resources_server).",
     )
     agent_url = forms.CharField(
@@ -177,20 +193,33 @@ class RunForm(forms.Form):
         help_text="A NeMo Gym resources server: /seed_session, one route per tool, /verify.",
         widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:9101", "size": 48, "autocomplete": "off"}),
     )
-    agent_name = forms.CharField(max_length=200, initial="remote_agent",
-                                 help_text="agent_ref.name in the output rows; with a NeMo Gym config or head server, the agent to use.")
-    concurrency = forms.IntegerField(min_value=1, max_value=4096, initial=DEFAULT_CONCURRENCY, help_text="Rollouts in flight at once.")
-    max_steps = forms.IntegerField(min_value=0, required=False, help_text="Agent calls per rollout; empty or 0 = unbounded.")
+    agent_name = forms.CharField(
+        max_length=200,
+        initial="remote_agent",
+        help_text="agent_ref.name in the output rows; with a NeMo Gym config or head server, the agent to use.",
+    )
+    concurrency = forms.IntegerField(
+        min_value=1, max_value=4096, initial=DEFAULT_CONCURRENCY, help_text="Rollouts in flight at once."
+    )
+    max_steps = forms.IntegerField(
+        min_value=0, required=False, help_text="Agent calls per rollout; empty or 0 = unbounded."
+    )
     num_repeats = forms.IntegerField(min_value=1, max_value=100000, initial=1, help_text="Rollouts per task.")
     limit = forms.IntegerField(min_value=1, required=False, help_text="Only the first N rows of the dataset.")
     remote_responses_timeout_s = forms.FloatField(
-        label="Per-call timeout (s)", min_value=0.001, initial=DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
+        label="Per-call timeout (s)",
+        min_value=0.001,
+        initial=DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
         help_text="remote_responses_timeout_s: one agent call.",
     )
     run_timeout_s = forms.FloatField(
-        label="Whole-rollout timeout (s)", min_value=0.001, help_text="run_timeout_s: one rollout, all calls included.",
+        label="Whole-rollout timeout (s)",
+        min_value=0.001,
+        help_text="run_timeout_s: one rollout, all calls included.",
     )
-    max_attempts = forms.IntegerField(min_value=1, max_value=100, initial=3, help_text="Attempts per key in all, retries included.")
+    max_attempts = forms.IntegerField(
+        min_value=1, max_value=100, initial=3, help_text="Attempts per key in all, retries included."
+    )
     overrides = forms.CharField(
         required=False,
         label="Overrides (JSON object)",
@@ -198,7 +227,7 @@ class RunForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
     )
 
-    def __init__(self, *args: Any, too_large_uploads: Optional[set] = None, **kwargs: Any):
+    def __init__(self, *args: Any, too_large_uploads: set | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.too_large_uploads = too_large_uploads or set()
         # The services an instance offers by default (``make demo`` sets its example env and agent).
@@ -211,12 +240,18 @@ class RunForm(forms.Form):
         self.max_upload_bytes = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
         self.fields["dataset_file"].help_text += f" Up to {human_bytes(self.max_upload_bytes)}."
         self.fields["head_url"].initial = settings.GYMWEB_NEMO_GYM_HEAD_URL or None
-        self.parsed: Optional[ParsedDataset] = None
-        self.nemo: Optional[Resolved] = None  # what a NeMo Gym config / head server gave
+        self.parsed: ParsedDataset | None = None
+        self.nemo: Resolved | None = None  # what a NeMo Gym config / head server gave
 
     # -- NeMo Gym --------------------------------------------------------------------------------
-    NEMO_FIELDS = {"agent_url": "agent_url", "env_url": "env_url", "concurrency": "concurrency", "max_steps": "max_steps",
-                   "remote_responses_timeout_s": "remote_responses_timeout_s", "run_timeout_s": "run_timeout_s"}
+    NEMO_FIELDS = {
+        "agent_url": "agent_url",
+        "env_url": "env_url",
+        "concurrency": "concurrency",
+        "max_steps": "max_steps",
+        "remote_responses_timeout_s": "remote_responses_timeout_s",
+        "run_timeout_s": "run_timeout_s",
+    }
 
     def nemo_config_text(self) -> tuple[str, str]:
         """``(source name, YAML)`` of the uploaded or pasted config; ``("", "")`` when none."""
@@ -228,7 +263,7 @@ class RunForm(forms.Form):
         text = (self.data.get("nemo_config") or "").strip() if self.data else ""
         return ("the pasted config", text) if text else ("", "")
 
-    def resolve_nemo(self) -> tuple[Optional[Resolved], Optional[tuple[str, str]]]:
+    def resolve_nemo(self) -> tuple[Resolved | None, tuple[str, str] | None]:
         """The agent, env and knobs of the NeMo Gym config and/or head server in the form's raw
         data: ``(resolved, None)``, ``(None, (field, error))``, or ``(None, None)`` when neither is given."""
         try:
@@ -253,18 +288,27 @@ class RunForm(forms.Form):
             return None, ("head_url", str(exc))
         return resolved, None
 
-    def fill_from_nemo(self) -> Optional[dict[str, Any]]:
+    def fill_from_nemo(self) -> dict[str, Any] | None:
         """The form's data with the fields the NeMo Gym config / head server gives filled in (use
         ``annotate_sources`` on the new form to say where from). None when nothing could be read;
         ``fill_error`` then says why."""
-        self.fill_error: Optional[tuple[str, str]] = None
+        self.fill_error: tuple[str, str] | None = None
         resolved, error = self.resolve_nemo()
         if resolved is None:
-            self.fill_error = error or ("nemo_config", "Paste or upload a NeMo Gym config, or enter a head server, first.")
+            self.fill_error = error or (
+                "nemo_config",
+                "Paste or upload a NeMo Gym config, or enter a head server, first.",
+            )
             return None
         data = self.data.copy()
-        values = {"agent_url": resolved.agent_url, "env_url": resolved.env_url, "agent_name": resolved.agent_name,
-                  "env_name": resolved.env_name, "head_url": resolved.head_url or "", **resolved.options}
+        values = {
+            "agent_url": resolved.agent_url,
+            "env_url": resolved.env_url,
+            "agent_name": resolved.agent_name,
+            "env_name": resolved.env_name,
+            "head_url": resolved.head_url or "",
+            **resolved.options,
+        }
         for name, value in values.items():
             if value is not None:
                 data[name] = str(value)
@@ -273,9 +317,15 @@ class RunForm(forms.Form):
 
     def annotate_sources(self, resolved: Resolved) -> None:
         """Add "from FILE: key.path" to the help text of each field the config filled."""
-        for name, key in (("agent_url", "agent_url"), ("env_url", "env_url"), ("env_name", "env"), ("concurrency", "concurrency"),
-                          ("max_steps", "max_steps"), ("remote_responses_timeout_s", "remote_responses_timeout_s"),
-                          ("run_timeout_s", "run_timeout_s")):
+        for name, key in (
+            ("agent_url", "agent_url"),
+            ("env_url", "env_url"),
+            ("env_name", "env"),
+            ("concurrency", "concurrency"),
+            ("max_steps", "max_steps"),
+            ("remote_responses_timeout_s", "remote_responses_timeout_s"),
+            ("run_timeout_s", "run_timeout_s"),
+        ):
             if key in resolved.sources:
                 self.fields[name].help_text = f"From {resolved.sources[key]}. " + str(self.fields[name].help_text)
 
@@ -318,7 +368,7 @@ class RunForm(forms.Form):
             raise forms.ValidationError(f"Not valid JSON: {exc}.", code="invalid_json") from None
         if not isinstance(value, dict):
             raise forms.ValidationError(
-                f"Must be a JSON object like {{\"temperature\": 0.2}}, not a {type(value).__name__}.", code="not_object"
+                f'Must be a JSON object like {{"temperature": 0.2}}, not a {type(value).__name__}.', code="not_object"
             )
         try:
             return validate_overrides(value)
@@ -370,7 +420,10 @@ class RunForm(forms.Form):
                 if error is None:
                     for name in ("agent_url", "env_url"):
                         if not data.get(name):
-                            self.add_error(name, "This field is required: enter a URL, or give a NeMo Gym config or head server to find it.")
+                            self.add_error(
+                                name,
+                                "This field is required: enter a URL, or give a NeMo Gym config or head server to find it.",
+                            )
                 return
             self.nemo = resolved
             for name in ("agent_url", "env_url"):
@@ -381,7 +434,9 @@ class RunForm(forms.Form):
                         continue
                     try:
                         if name == "agent_url":
-                            problem = environments.miswiring_problem(validate_base_url(value, "agent URL"), resolved.head_url)
+                            problem = environments.miswiring_problem(
+                                validate_base_url(value, "agent URL"), resolved.head_url
+                            )
                             if problem:
                                 self.add_error(name, problem)
                                 continue
@@ -434,15 +489,24 @@ SORTS = {  # the primary term; ties always break in task order
     "calls": (F("num_agent_calls").asc(),),
 }
 SORT_CHOICES = [
-    ("task", "task ↑"), ("-task", "task ↓"),
-    ("reward", "reward ↑"), ("-reward", "reward ↓"),
-    ("duration", "duration ↑"), ("-duration", "duration ↓"),
-    ("calls", "agent calls ↑"), ("-calls", "agent calls ↓"),
+    ("task", "task ↑"),
+    ("-task", "task ↓"),
+    ("reward", "reward ↑"),
+    ("-reward", "reward ↓"),
+    ("duration", "duration ↑"),
+    ("-duration", "duration ↓"),
+    ("calls", "agent calls ↑"),
+    ("-calls", "agent calls ↓"),
 ]
 # The content search (``rollouts.search``): text in any item, a tool called, a tool
 # output's text, a failure message's text.
 CONTENT_FIELDS = ("text", "tool", "output", "error")
-FILTER_FIELDS = ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check") + CONTENT_FIELDS + ("sort",) + REVIEW_FILTER_FIELDS
+FILTER_FIELDS = (
+    ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check")
+    + CONTENT_FIELDS
+    + ("sort",)
+    + REVIEW_FILTER_FIELDS
+)
 # Fields that choose how the list reads, not which rows it holds.
 NOT_RESTRICTING = ("sort", "reward_source")
 
@@ -458,24 +522,48 @@ class RolloutFilterForm(ReviewFilterFields):
 
     status = forms.ChoiceField(choices=[("", "any status")] + list(Rollout.Status.choices), required=False)
     kind = forms.ChoiceField(label="failure kind", choices=[("", "any failure kind")], required=False)
-    reward_min = forms.FloatField(label="reward ≥", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5}))
-    reward_max = forms.FloatField(label="reward ≤", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5}))
+    reward_min = forms.FloatField(
+        label="reward ≥", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5})
+    )
+    reward_max = forms.FloatField(
+        label="reward ≤", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5})
+    )
     task = forms.IntegerField(label="task", required=False, widget=forms.NumberInput(attrs={"size": 5}))
     # Health verdicts of the last health check (rollouts.evaluation.health), one row per checked rollout.
-    verdict = forms.ChoiceField(label="health", choices=[("", "any health")] + list(RolloutHealth.Verdict.choices), required=False)
-    check = forms.ChoiceField(label="finding", choices=[("", "any finding")] + [(c, c) for c in CHECK_IDS + GYMWEB_CHECK_IDS], required=False)
+    verdict = forms.ChoiceField(
+        label="health", choices=[("", "any health")] + list(RolloutHealth.Verdict.choices), required=False
+    )
+    check = forms.ChoiceField(
+        label="finding", choices=[("", "any finding")] + [(c, c) for c in CHECK_IDS + GYMWEB_CHECK_IDS], required=False
+    )
     # Content search (rollouts.search): case-insensitive substrings, every character literal.
-    text = forms.CharField(label="trajectory contains", max_length=SEARCH_MAX, required=False,
-                           widget=forms.TextInput(attrs={"type": "search", "size": 14, "placeholder": "any item's text"}))
-    tool = forms.CharField(label="tool called", max_length=300, required=False,
-                           widget=forms.TextInput(attrs={"type": "search", "size": 10, "placeholder": "exact name"}))
-    output = forms.CharField(label="tool output contains", max_length=SEARCH_MAX, required=False,
-                             widget=forms.TextInput(attrs={"type": "search", "size": 12}))
-    error = forms.CharField(label="failure message contains", max_length=SEARCH_MAX, required=False,
-                            widget=forms.TextInput(attrs={"type": "search", "size": 12}))
+    text = forms.CharField(
+        label="trajectory contains",
+        max_length=SEARCH_MAX,
+        required=False,
+        widget=forms.TextInput(attrs={"type": "search", "size": 14, "placeholder": "any item's text"}),
+    )
+    tool = forms.CharField(
+        label="tool called",
+        max_length=300,
+        required=False,
+        widget=forms.TextInput(attrs={"type": "search", "size": 10, "placeholder": "exact name"}),
+    )
+    output = forms.CharField(
+        label="tool output contains",
+        max_length=SEARCH_MAX,
+        required=False,
+        widget=forms.TextInput(attrs={"type": "search", "size": 12}),
+    )
+    error = forms.CharField(
+        label="failure message contains",
+        max_length=SEARCH_MAX,
+        required=False,
+        widget=forms.TextInput(attrs={"type": "search", "size": 12}),
+    )
     sort = forms.ChoiceField(choices=SORT_CHOICES, required=False)
 
-    def __init__(self, data=None, *, kinds: Optional[list[str]] = None, **kwargs: Any):
+    def __init__(self, data=None, *, kinds: list[str] | None = None, **kwargs: Any):
         super().__init__(data if data is not None else {}, **kwargs)
         choices = [("", "any failure kind")] + [(k, k) for k in kinds or []]
         wanted = (data or {}).get("kind")
@@ -577,8 +665,12 @@ class RolloutFilterForm(ReviewFilterFields):
                 terms.append((label, f"reward-{word}", _number(self.value(name))))
         if self.value("task") is not None:
             terms.append(("task", "task", str(self.value("task"))))
-        for name, label in (("text", "trajectory contains"), ("tool", "tool called"),
-                            ("output", "tool output contains"), ("error", "failure message contains")):
+        for name, label in (
+            ("text", "trajectory contains"),
+            ("tool", "tool called"),
+            ("output", "tool output contains"),
+            ("error", "failure message contains"),
+        ):
             if self.value(name):
                 terms.append((label, name, f"“{self.value(name)}”" if name != "tool" else self.value(name)))
         terms.extend(self.review_terms())  # label, notes, corrected reward (rollouts.review.filters)
@@ -592,7 +684,10 @@ class RolloutFilterForm(ReviewFilterFields):
         """The active filter for file names: ``"status-failed_reward-ge-1"``; ``""`` when none.
         Only ``[A-Za-z0-9._-]``: other characters (an imported failure kind may hold any) become
         ``_``; at most 120 characters."""
-        parts = [f"{name}-{value.replace('-', 'minus', 1) if value.startswith('-') else value}" for _, name, value in self._terms()]
+        parts = [
+            f"{name}-{value.replace('-', 'minus', 1) if value.startswith('-') else value}"
+            for _, name, value in self._terms()
+        ]
         return _FILE_UNSAFE.sub("_", "_".join(parts).replace("“", "").replace("”", ""))[:120]
 
 
@@ -604,7 +699,7 @@ def _number(value: float) -> str:
     return f"{value:g}" if value == value else str(value)
 
 
-def export_filename(run_id: int, kind: str, filt: Optional[RolloutFilterForm] = None) -> str:
+def export_filename(run_id: int, kind: str, filt: RolloutFilterForm | None = None) -> str:
     """The download name of one of a run's files: ``run-12_rollouts.jsonl``, and with an active
     filter ``run-12_rollouts_reward-ge-1.jsonl``, so downloads never overwrite each other.
     ``kind``: ``rollouts``, ``rollouts_failures`` or ``rollouts_materialized_inputs``."""
@@ -622,7 +717,7 @@ def filter_problem(form: RolloutFilterForm) -> str:
     return ""
 
 
-def filtered_rollouts(run, data, kinds: Optional[list[str]] = None) -> tuple[QuerySet, RolloutFilterForm]:
+def filtered_rollouts(run, data, kinds: list[str] | None = None) -> tuple[QuerySet, RolloutFilterForm]:
     """A run's rollouts filtered and sorted by querystring ``data`` (a QueryDict or dict), and the
     form that read it. Other pages (a rollout's prev/next) can call this with the querystring
     that the run page put on their link."""

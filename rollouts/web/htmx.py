@@ -1,4 +1,5 @@
 """The two HTMX rules every page with live parts follows (DESIGN.md, known pitfalls)."""
+
 from __future__ import annotations
 
 from django.utils.cache import patch_vary_headers

@@ -5,10 +5,11 @@ and the one-line summary a folded item shows.
 Everything here works on the view dicts ``trajectory_views._timeline`` builds; nothing reads the
 database. Texts stay plain strings: templates autoescape them.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from rollouts.templatetags.gymweb_tags import ms
 
@@ -84,7 +85,7 @@ def item_summary(payload: Any) -> dict[str, str]:
     return {"label": label, "line": line, "length": _length(sum(len(t) for t in texts))}
 
 
-def _telling_argument(arguments: Any) -> Optional[str]:
+def _telling_argument(arguments: Any) -> str | None:
     """The argument that says what a call does (``command``, ``code``, ``query``…, or the only
     string argument) when ``arguments`` is a JSON object; None otherwise."""
     if not isinstance(arguments, str) or not arguments.lstrip().startswith("{") or len(arguments) > 1_000_000:
@@ -152,19 +153,27 @@ def _step_badges(step: dict[str, Any]) -> list[dict[str, str]]:
         badges.append({"cls": "warn", "text": "incomplete", "title": step["incomplete"]})
     refusals = sum(1 for v in items for p in (v.get("parts") or ()) if p.get("kind") == "refusal")
     if refusals:
-        badges.append({"cls": "failed", "text": "refusal", "title": f"{refusals} refusal part(s) in the agent's messages"})
+        badges.append(
+            {"cls": "failed", "text": "refusal", "title": f"{refusals} refusal part(s) in the agent's messages"}
+        )
     unpaired = sum(1 for v in items if v.get("unanswered"))
     if unpaired:
         badges.append({"cls": "unpaired", "text": f"{unpaired} unpaired", "title": "function calls no output answered"})
     refused = sum(1 for v in items if v.get("answer_refused") or (v.get("origin") == "gym" and v.get("refused")))
     refused_calls = sum(1 for v in items if v.get("answer_refused"))
     if refused_calls:
-        badges.append({"cls": "failed", "text": f"{refused_calls} refused", "title": "calls gymweb refused to send to the env"})
+        badges.append(
+            {"cls": "failed", "text": f"{refused_calls} refused", "title": "calls gymweb refused to send to the env"}
+        )
     elif refused:
-        badges.append({"cls": "failed", "text": f"{refused} refused", "title": "calls gymweb refused to send to the env"})
+        badges.append(
+            {"cls": "failed", "text": f"{refused} refused", "title": "calls gymweb refused to send to the env"}
+        )
     failed = sum(1 for v in items if (v.get("tool_status") or 0) >= 400)
     if failed:
-        badges.append({"cls": "bad", "text": f"{failed} tool failed", "title": "tool outputs with an HTTP error status"})
+        badges.append(
+            {"cls": "bad", "text": f"{failed} tool failed", "title": "tool outputs with an HTTP error status"}
+        )
     return badges
 
 
@@ -173,7 +182,7 @@ def _num(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".") or "0"
 
 
-def outline(steps: list[dict[str, Any]], *, imported: bool, started: Optional[Any] = None) -> dict[str, Any]:
+def outline(steps: list[dict[str, Any]], *, imported: bool, started: Any | None = None) -> dict[str, Any]:
     """The outline of a timeline (``trajectory_views._timeline``'s steps).
 
     Returns ``{"rows": [...], "timed": bool, "span": "12.3 s"}``; each row: ``index``, ``title``,

@@ -2,10 +2,11 @@
 the API: the body as lines (indented JSON when it is JSON), each validation error pointing at the
 line of the place its JSON path names. Model output: the lines are plain text, escaped by the
 templates like every other value."""
+
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.models import RefusedReply
@@ -13,7 +14,7 @@ from rollouts.models import RefusedReply
 __all__ = ["refused_data", "refused_view"]
 
 
-def refused_data(refused: Optional[RefusedReply]) -> Optional[dict[str, Any]]:
+def refused_data(refused: RefusedReply | None) -> dict[str, Any] | None:
     """The refused reply as plain data (the API's and the raw endpoint's shape): ``http_status``,
     ``content_type``, ``size`` (bytes of the whole body), ``truncated``, ``errors`` (``{"path",
     "message"}``) and ``body`` (the kept bytes as UTF-8 text, undecodable bytes as U+FFFD)."""
@@ -41,7 +42,13 @@ def _layout(value: Any) -> tuple[list[str], dict[tuple, int]]:
             lines.append(f"{indent}{prefix}{{")
             keys = list(node)
             for i, key in enumerate(keys):
-                emit(node[key], path + (key,), indent + "  ", f"{json.dumps(key, ensure_ascii=False)}: ", "," if i < len(keys) - 1 else "")
+                emit(
+                    node[key],
+                    path + (key,),
+                    indent + "  ",
+                    f"{json.dumps(key, ensure_ascii=False)}: ",
+                    "," if i < len(keys) - 1 else "",
+                )
             lines.append(f"{indent}}}{comma}")
         elif isinstance(node, list) and node:
             lines.append(f"{indent}{prefix}[")
@@ -55,7 +62,7 @@ def _layout(value: Any) -> tuple[list[str], dict[tuple, int]]:
     return lines, where
 
 
-def _line_of(path: list[Any], where: dict[tuple, int]) -> Optional[int]:
+def _line_of(path: list[Any], where: dict[tuple, int]) -> int | None:
     """The line of ``path``, or of its nearest ancestor that is in the body (a missing field
     points at the object that lacks it)."""
     key = tuple(path)
@@ -64,7 +71,7 @@ def _line_of(path: list[Any], where: dict[tuple, int]) -> Optional[int]:
     return where.get(key)
 
 
-def refused_view(refused: Optional[RefusedReply], max_chars: int) -> Optional[dict[str, Any]]:
+def refused_view(refused: RefusedReply | None, max_chars: int) -> dict[str, Any] | None:
     """The refused reply for the rollout page: the facts of ``refused_data``, ``kept`` (bytes),
     ``lines`` (each
     ``{"n": 1-based number, "text", "marked"}``, at most about ``max_chars`` characters of them;
@@ -89,8 +96,13 @@ def refused_view(refused: Optional[RefusedReply], max_chars: int) -> Optional[di
     for error in data["errors"]:
         path = error.get("path") or []
         line = _line_of(path, where) if laid_out else None
-        errors.append({"where": ".".join(str(p) for p in path) or "(top level)", "message": error.get("message", ""),
-                       "line": None if line is None else line + 1})
+        errors.append(
+            {
+                "where": ".".join(str(p) for p in path) or "(top level)",
+                "message": error.get("message", ""),
+                "line": None if line is None else line + 1,
+            }
+        )
     marked = {e["line"] for e in errors if e["line"] is not None}
     shown: list[dict[str, Any]] = []
     used = 0
@@ -103,5 +115,11 @@ def refused_view(refused: Optional[RefusedReply], max_chars: int) -> Optional[di
         used += len(line) + 1
     for error in errors:
         error["shown"] = error["line"] is not None and error["line"] <= len(shown)
-    return {**data, "kept": len(bytes(refused.body)), "lines": shown, "cut": len(lines) - len(shown), "json": laid_out,
-            "errors": errors}
+    return {
+        **data,
+        "kept": len(bytes(refused.body)),
+        "lines": shown,
+        "cut": len(lines) - len(shown),
+        "json": laid_out,
+        "errors": errors,
+    }

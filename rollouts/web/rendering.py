@@ -22,12 +22,14 @@ spent, so a render costs what is shown, not what is stored. Texts longer than ``
 are shown as plain text even when asked in full (Markdown and JSON trees of megabytes would make
 a page nobody can read, at a cost linear but large).
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import nh3
 from django.utils.html import escape
@@ -44,30 +46,118 @@ NESTED_JSON_LEVELS = 8
 JSON_TREE_DEPTH = 40
 # Argument and field names whose string values are code or commands: shown as code blocks even on
 # one line (any value with a newline is a code block too).
-CODE_KEYS = frozenset({
-    "command", "cmd", "commands", "code", "patch", "diff", "query", "sql", "script", "shell", "bash",
-    "python", "program", "source", "snippet", "regex", "pattern", "model_patch", "test_patch",
-})
+CODE_KEYS = frozenset(
+    {
+        "command",
+        "cmd",
+        "commands",
+        "code",
+        "patch",
+        "diff",
+        "query",
+        "sql",
+        "script",
+        "shell",
+        "bash",
+        "python",
+        "program",
+        "source",
+        "snippet",
+        "regex",
+        "pattern",
+        "model_patch",
+        "test_patch",
+    }
+)
 # An object whose values are all short scalars is shown on one line up to this length.
 COMPACT_OBJECT_CHARS = 100
 
 # -- the one sanitiser -----------------------------------------------------------------------
 _TAGS = {
-    "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "blockquote", "pre", "code",
-    "em", "strong", "s", "del", "a", "table", "thead", "tbody", "tr", "th", "td",
-    "details", "summary", "div", "span", "dl", "dt", "dd", "img",
+    "p",
+    "br",
+    "hr",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "ul",
+    "ol",
+    "li",
+    "blockquote",
+    "pre",
+    "code",
+    "em",
+    "strong",
+    "s",
+    "del",
+    "a",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+    "details",
+    "summary",
+    "div",
+    "span",
+    "dl",
+    "dt",
+    "dd",
+    "img",
 }
-_ATTRIBUTES = {"a": {"href"}, "ol": {"start"}, "details": {"open"}, "img": {"src", "alt"}, "*": set()}  # "*": no generic title/lang
+_ATTRIBUTES = {
+    "a": {"href"},
+    "ol": {"start"},
+    "details": {"open"},
+    "img": {"src", "alt"},
+    "*": set(),
+}  # "*": no generic title/lang
 _CLASSES = {
-    "div": {"md", "md-plain", "part-refusal", "part-label", "fields", "json", "j-in", "j-row", "diff-stat",
-            "think-body", "elided", "nested-note", "out-parts", "part-image", "part-image-remote"},
+    "div": {
+        "md",
+        "md-plain",
+        "part-refusal",
+        "part-label",
+        "fields",
+        "json",
+        "j-in",
+        "j-row",
+        "diff-stat",
+        "think-body",
+        "elided",
+        "nested-note",
+        "out-parts",
+        "part-image",
+        "part-image-remote",
+    },
     "img": {"part-img"},
-    "span": {"badge", "failed", "j-k", "j-s", "j-n", "j-l", "j-c", "j-note", "d-a", "d-d", "d-h", "d-f", "md-img",
-             "think-len", "code-lang"},
+    "span": {
+        "badge",
+        "failed",
+        "j-k",
+        "j-s",
+        "j-n",
+        "j-l",
+        "j-c",
+        "j-note",
+        "d-a",
+        "d-d",
+        "d-h",
+        "d-f",
+        "md-img",
+        "think-len",
+        "code-lang",
+    },
     "pre": {"code", "diff", "out-text", "part-json", "args", "args-raw", "j-m", "think-text", "plain"},
     "details": {"think", "j", "json-block", "reasoning"},
     "summary": {"think-sum", "j-sum"},
-    "dl": {"fields"}, "dt": {"f-k"}, "dd": {"f-v"},
+    "dl": {"fields"},
+    "dt": {"f-k"},
+    "dd": {"f-v"},
 }
 _URL_SCHEMES = {"http", "https", "mailto", "data"}  # data: only as an image's src (_url_filter)
 # An inline image: a base64 data URL of a raster type browsers decode safely (never SVG, which
@@ -77,7 +167,7 @@ DATA_IMAGE_RE = re.compile(r"data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=
 IMAGE_MAX_CHARS = 8_000_000
 
 
-def _url_filter(tag: str, attribute: str, value: str) -> Optional[str]:
+def _url_filter(tag: str, attribute: str, value: str) -> str | None:
     """nh3's attribute filter: an ``img`` keeps only a ``src`` that is an inline image
     (``DATA_IMAGE_RE``; never a remote URL the browser would fetch); no other element may carry a
     ``data:`` URL."""
@@ -89,8 +179,13 @@ def _url_filter(tag: str, attribute: str, value: str) -> Optional[str]:
 
 
 _CLEANER = nh3.Cleaner(
-    tags=_TAGS, attributes=_ATTRIBUTES, allowed_classes=_CLASSES, url_schemes=_URL_SCHEMES,
-    clean_content_tags={"script", "style"}, strip_comments=True, link_rel="noopener noreferrer nofollow",
+    tags=_TAGS,
+    attributes=_ATTRIBUTES,
+    allowed_classes=_CLASSES,
+    url_schemes=_URL_SCHEMES,
+    clean_content_tags={"script", "style"},
+    strip_comments=True,
+    link_rel="noopener noreferrer nofollow",
     attribute_filter=_url_filter,
 )
 # nh3's output is well-formed and its attribute values never hold '<' or '>' (it escapes them):
@@ -171,10 +266,13 @@ _MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": 
 _MD.enable(["table", "strikethrough"])
 _MD.add_render_rule("image", _render_image)
 
-def _think(text: str, note: str, total: Optional[int] = None) -> str:
+
+def _think(text: str, note: str, total: int | None = None) -> str:
     n = total if total is not None else len(text)
-    return (f'<details class="think"><summary class="think-sum">thinking <span class="think-len">'
-            f'{_plural(n, "character")}</span></summary>{_pre(text.strip(chr(10)), "think-text")}{_note(note)}</details>')
+    return (
+        f'<details class="think"><summary class="think-sum">thinking <span class="think-len">'
+        f"{_plural(n, 'character')}</span></summary>{_pre(text.strip(chr(10)), 'think-text')}{_note(note)}</details>"
+    )
 
 
 def _markdown(text: str) -> str:
@@ -220,7 +318,12 @@ def _diff(text: str, note: str = "") -> str:
     with a ``N files · +A −D`` line on top."""
     rows, files, added, removed = [], 0, 0, 0
     for line in text.split("\n"):
-        if line.startswith("diff --git ") or line.startswith("+++ ") or line.startswith("--- ") or line.startswith("index "):
+        if (
+            line.startswith("diff --git ")
+            or line.startswith("+++ ")
+            or line.startswith("--- ")
+            or line.startswith("index ")
+        ):
             cls = "d-f"
             if line.startswith("+++ "):
                 files += 1
@@ -270,7 +373,9 @@ def _string_value(key: str, text: str, budget: Budget, levels: int, in_json: boo
     if levels < NESTED_JSON_LEVELS:
         nested = parse_json_text(text)
         if nested is not None:
-            return '<div class="nested-note"><span class="j-note">JSON in a string</span></div>' + _json(nested, budget, levels + 1)
+            return '<div class="nested-note"><span class="j-note">JSON in a string</span></div>' + _json(
+                nested, budget, levels + 1
+            )
     if len(text) <= RICH_MAX_CHARS and looks_like_diff(text):
         shown, note = budget.clip(text)
         return _diff(shown, note)
@@ -312,15 +417,19 @@ def _json(value: Any, budget: Budget, levels: int = 0, depth: int = 0) -> str:
             break
         key = str(k)
         label = f'<span class="j-k">{escape(key)}</span>: ' if is_dict else ""
-        rows.append(f'<div class="j-row">{label}{_json(v, budget, levels, depth + 1) if isinstance(v, (dict, list)) else _leaf(key, v, budget, levels)}</div>')
+        rows.append(
+            f'<div class="j-row">{label}{_json(v, budget, levels, depth + 1) if isinstance(v, (dict, list)) else _leaf(key, v, budget, levels)}</div>'
+        )
         listed += 1
     if listed < len(value):
         left = len(value) - listed
         rows.append(_note(f"… {left:,} more entr{'y' if left == 1 else 'ies'}"))
     size = _plural(len(value), "key") if is_dict else _plural(len(value), "item")
     opener, closer = ("{", "}") if is_dict else ("[", "]")
-    return (f'<details class="j" open><summary class="j-sum">{opener} <span class="j-c">{size}</span></summary>'
-            f'<div class="j-in">{"".join(rows)}</div>{closer}</details>')
+    return (
+        f'<details class="j" open><summary class="j-sum">{opener} <span class="j-c">{size}</span></summary>'
+        f'<div class="j-in">{"".join(rows)}</div>{closer}</details>'
+    )
 
 
 def _is_plain_scalar(v: Any) -> bool:
@@ -329,7 +438,7 @@ def _is_plain_scalar(v: Any) -> bool:
     return v is None or isinstance(v, (bool, int, float))
 
 
-def _compact(value: Any, is_dict: bool) -> Optional[str]:
+def _compact(value: Any, is_dict: bool) -> str | None:
     """One line of JSON for a container of plain scalars (short one-line strings, numbers,
     literals): an array of any length, an object up to ``COMPACT_OBJECT_CHARS``; None otherwise
     (shown as a tree)."""
@@ -409,6 +518,7 @@ class Body:
     holds, ``cut`` True when the body shows less than all of it, ``notes`` (e.g. arguments that
     are not JSON), ``rich`` True when it differs from the plain rendering (fields, JSON tree, diff,
     Markdown, folded thinking)."""
+
     html: SafeString
     total: int
     cut: bool
@@ -466,7 +576,9 @@ def _parts(content: Any, budget: Budget, plain: bool, markdown: bool) -> str:
                 out.append(_image(part))
             elif ptype == "refusal" or (ptype is None and isinstance(part.get("refusal"), str)):
                 shown, note = budget.clip(str(part.get("refusal") or ""))
-                out.append(f'<div class="part-refusal"><span class="badge failed">refusal</span> {escape(shown)}</div>{_note(note)}')
+                out.append(
+                    f'<div class="part-refusal"><span class="badge failed">refusal</span> {escape(shown)}</div>{_note(note)}'
+                )
             elif isinstance(part.get("text"), str):
                 if ptype not in ("output_text", "input_text", "text", "summary_text", "reasoning_text", None):
                     out.append(f'<div class="part-label">{escape(_short(ptype))}</div>')
@@ -481,7 +593,7 @@ def _parts(content: Any, budget: Budget, plain: bool, markdown: bool) -> str:
     return "".join(out)
 
 
-def _image_url(part: dict) -> Optional[str]:
+def _image_url(part: dict) -> str | None:
     url = part.get("image_url")
     if isinstance(url, dict):
         url = url.get("url")
@@ -495,7 +607,7 @@ def _image(part: dict) -> str:
     url = _image_url(part) or ""
     head = url[:40].lower()
     if head.startswith("data:"):
-        kind = head[len("data:image/"):].split(";", 1)[0] if head.startswith("data:image/") else "?"
+        kind = head[len("data:image/") :].split(";", 1)[0] if head.startswith("data:image/") else "?"
         size = len(url) * 3 // 4
         label = f"image ({escape(kind)}, {_size(size)})"
         if len(url) > IMAGE_MAX_CHARS:
@@ -504,9 +616,13 @@ def _image(part: dict) -> str:
             return f'<div class="part-image-remote"><span class="badge">{label}</span> not shown: only base64 PNG, JPEG, GIF and WebP images are</div>'
         return f'<div class="part-image"><img class="part-img" src="{escape(url)}" alt="{label}"></div>'
     if head.startswith(("http://", "https://")):
-        return (f'<div class="part-image-remote"><span class="badge">remote image</span> <a href="{escape(url)}">'
-                f'{escape(_short(url, 300))}</a> (not loaded: open the link to see it)</div>')
-    return f'<div class="part-image-remote"><span class="badge">image</span> {escape(_short(url, 300))} (not shown)</div>'
+        return (
+            f'<div class="part-image-remote"><span class="badge">remote image</span> <a href="{escape(url)}">'
+            f"{escape(_short(url, 300))}</a> (not loaded: open the link to see it)</div>"
+        )
+    return (
+        f'<div class="part-image-remote"><span class="badge">image</span> {escape(_short(url, 300))} (not shown)</div>'
+    )
 
 
 def _size(n: int) -> str:
@@ -558,10 +674,16 @@ def item_body(payload: Any, kind: str, *, max_chars: int, plain: bool = False) -
                     break
                 shown, note = budget.clip(t)
                 inner.append(_pre(shown, "think-text") + _note(note))
-            html = (f'<details class="reasoning"><summary class="think-sum">reasoning <span class="think-len">'
-                    f'{_plural(total, "character")}</span></summary>{"".join(inner)}</details>')
+            html = (
+                f'<details class="reasoning"><summary class="think-sum">reasoning <span class="think-len">'
+                f"{_plural(total, 'character')}</span></summary>{''.join(inner)}</details>"
+            )
         else:
-            html = '<span class="j-l">' + ("(no summary; content encrypted)" if item.get("encrypted_content") else "(no summary)") + "</span>"
+            html = (
+                '<span class="j-l">'
+                + ("(no summary; content encrypted)" if item.get("encrypted_content") else "(no summary)")
+                + "</span>"
+            )
     elif kind == "function_call":
         arguments = item.get("arguments")
         raw, is_json = _pretty_text(arguments) if not isinstance(arguments, str) else (arguments, True)
@@ -653,7 +775,9 @@ def fields_body(fields: Iterable[tuple[str, Any]], *, max_chars: int) -> Body:
     rows, total = [], 0
     for key, value in fields:
         total += len(value) if isinstance(value, str) else len(_pretty_text(value)[0])
-        rows.append(f'<dt class="f-k">{escape(str(key))}</dt><dd class="f-v">{value_html(str(key), value, budget)}</dd>')
+        rows.append(
+            f'<dt class="f-k">{escape(str(key))}</dt><dd class="f-v">{value_html(str(key), value, budget)}</dd>'
+        )
     return Body(sanitise(f'<dl class="fields">{"".join(rows)}</dl>'), total, budget.cut, rich=True)
 
 
@@ -662,7 +786,11 @@ def text_body(key: str, text: str, *, max_chars: int) -> Body:
     for code-like keys (``CODE_KEYS``), otherwise Markdown with thinking folded; at most
     ``max_chars`` characters."""
     budget = Budget(max_chars)
-    if parse_json_text(text) is not None or (len(text) <= RICH_MAX_CHARS and looks_like_diff(text)) or key.lower() in CODE_KEYS:
+    if (
+        parse_json_text(text) is not None
+        or (len(text) <= RICH_MAX_CHARS and looks_like_diff(text))
+        or key.lower() in CODE_KEYS
+    ):
         html = _string_value(key, text, budget, 0, False)
     else:
         html = _message_text(text, budget, False) or '<span class="j-l">(empty)</span>'

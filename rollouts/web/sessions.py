@@ -15,6 +15,7 @@ page they were on, never into a fragment or an action URL.
   again in another tab, cookies cleared) gets a page that says nothing was done and links back
   to the page (or to sign in, then back), instead of Django's bare 403.
 """
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit
@@ -32,7 +33,9 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 
 def _local_path(request, url: str) -> str | None:
     """``url`` (absolute or not) as a path with its query, when it points at this site; else None."""
-    if not url or not url_has_allowed_host_and_scheme(url, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+    if not url or not url_has_allowed_host_and_scheme(
+        url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
         return None
     parts = urlsplit(url)
     if not parts.path.startswith("/"):

@@ -8,12 +8,14 @@ The run page links to a rollout with its filter querystring (``status``, ``kind`
 SQL filter and order (``forms.filtered_rollouts``) so previous/next walk the list the user was
 looking at. Unknown parameters and unusable values are ignored.
 """
+
 from __future__ import annotations
 
 import json
 import re
 import sys
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -24,24 +26,25 @@ from django.db.models import Count, F, Max, OrderBy, Q, QuerySet, Window
 from django.db.models.functions import Lag, Lead, RowNumber
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
-from django.urls import reverse
 
 from rollouts.collection import export
 from rollouts.collection.datasets import DatasetError
-from rollouts.web.forms import FILTER_FIELDS, MultipleFileField, filtered_rollouts
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
 from rollouts.evaluation import health
-from rollouts.web.evaluation_views import rollout_findings
-from rollouts.web.outline import fold_summary as item_summary, outline
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.review.views import review_context
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 from rollouts.web import rendering
-from rollouts.web.refused import refused_data, refused_view
 from rollouts.web.archive_views import archived_rollout_response
+from rollouts.web.evaluation_views import rollout_findings
+from rollouts.web.forms import FILTER_FIELDS, MultipleFileField, filtered_rollouts
+from rollouts.web.outline import fold_summary as item_summary
+from rollouts.web.outline import outline
+from rollouts.web.refused import refused_data, refused_view
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 from rollouts.web.verdict import verdict_view
 
@@ -106,7 +109,9 @@ def neighbours(rollout: Rollout, params: Mapping[str, Any]) -> dict[str, Any]:
     if any(v is None for v in values.values()):
         return _neighbours_by_window(qs, list(qs.query.order_by) or order, rollout.pk)
     counts = qs.order_by().aggregate(
-        total=Count("id"), here=Count("id", filter=Q(pk=rollout.pk)), before=Count("id", filter=_after(order, values, False))
+        total=Count("id"),
+        here=Count("id", filter=Q(pk=rollout.pk)),
+        before=Count("id", filter=_after(order, values, False)),
     )
     if not counts["here"]:
         return {"prev_id": None, "next_id": None, "position": None, "total": counts["total"]}
@@ -192,10 +197,24 @@ def _badge(cls: str, text: str, title: str = "") -> dict[str, str]:
 _TOGGLE_LABELS = {"message": "plain text"}
 
 
-def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", asked: bool = False, paired: bool = False,
-              refused: bool = False, latency_ms: Optional[float] = None, tool_status: Optional[int] = None,
-              call_names: Optional[dict[str, str]] = None, max_chars: Optional[int] = None, key: str = "",
-              item_url: str = "", plain: bool = False, full: bool = False, prefix: str = "") -> dict[str, Any]:
+def item_view(
+    payload: Any,
+    *,
+    seq: int | None = None,
+    origin: str = "",
+    asked: bool = False,
+    paired: bool = False,
+    refused: bool = False,
+    latency_ms: float | None = None,
+    tool_status: int | None = None,
+    call_names: dict[str, str] | None = None,
+    max_chars: int | None = None,
+    key: str = "",
+    item_url: str = "",
+    plain: bool = False,
+    full: bool = False,
+    prefix: str = "",
+) -> dict[str, Any]:
     """One item (a reply item, a gym output or a task input item) as a dict for its partial.
 
     Display strings (``seq``, badges, latency) are computed here rather than in the template: a
@@ -248,7 +267,9 @@ def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", aske
         view["answers"] = ""
         if origin == TrajectoryItem.Origin.GYM:
             if refused:
-                view["badges"].append(_badge("failed", "refused · not sent", "gymweb did not send this call to the env"))
+                view["badges"].append(
+                    _badge("failed", "refused · not sent", "gymweb did not send this call to the env")
+                )
             else:
                 view["badges"].append(_badge("gym", "run by gymweb", "gymweb executed this call against the env"))
                 if tool_status is not None:
@@ -262,8 +283,9 @@ def item_view(payload: Any, *, seq: Optional[int] = None, origin: str = "", aske
     return view
 
 
-def _body_links(view: dict[str, Any], kind: str, body: rendering.Body, item_url: str, plain: bool, full: bool,
-                prefix: str) -> None:
+def _body_links(
+    view: dict[str, Any], kind: str, body: rendering.Body, item_url: str, plain: bool, full: bool, prefix: str
+) -> None:
     """The links under an item's body: "show all N characters" (a cut body), the plain text /
     raw toggle (a body rendered by content), each an ``href`` to the item endpoint that HTMX
     loads into the page in place of the body."""
@@ -277,7 +299,7 @@ def _body_links(view: dict[str, Any], kind: str, body: rendering.Body, item_url:
     if body.cut:
         view["show_all_href"] = f"{base}?full=1{'&view=plain' if plain else ''}{extra}"
     if plain or kind == "message" or body.rich:
-        view["toggle_label"] = ("rendered" if plain else _TOGGLE_LABELS.get(kind, "raw"))
+        view["toggle_label"] = "rendered" if plain else _TOGGLE_LABELS.get(kind, "raw")
         view["toggle_href"] = f"{base}?view={'rendered' if plain else 'plain'}{'&full=1' if full else ''}{extra}"
 
 
@@ -291,28 +313,50 @@ def _call_badges(view: dict[str, Any]) -> None:
     if origin == TrajectoryItem.Origin.IMPORTED:
         if view["paired"]:
             where = f" at #{answered}" if answered is not None else ""
-            view["badges"].append(_badge("paired", f"answered{where}",
-                                         "an output with this call_id follows; an imported file does not record who ran it"))
+            view["badges"].append(
+                _badge(
+                    "paired",
+                    f"answered{where}",
+                    "an output with this call_id follows; an imported file does not record who ran it",
+                )
+            )
         else:
             view["unanswered"] = True
-            view["badges"].append(_badge("unpaired", "never answered", "no function_call_output with this call_id in the trajectory"))
+            view["badges"].append(
+                _badge("unpaired", "never answered", "no function_call_output with this call_id in the trajectory")
+            )
     elif view["asked"]:
         if view["answer_refused"]:
-            view["badges"].append(_badge("failed", "asked · refused, not sent",
-                                         "an unpaired call gymweb refused to send to the env (a tool name it may not call, "
-                                         "or arguments that are not JSON): its output says why"))
+            view["badges"].append(
+                _badge(
+                    "failed",
+                    "asked · refused, not sent",
+                    "an unpaired call gymweb refused to send to the env (a tool name it may not call, "
+                    "or arguments that are not JSON): its output says why",
+                )
+            )
         else:
-            view["badges"].append(_badge("asked", "asked · run by gymweb", "an unpaired call: gymweb ran it against the env"))
+            view["badges"].append(
+                _badge("asked", "asked · run by gymweb", "an unpaired call: gymweb ran it against the env")
+            )
         if answered is None:
             view["unanswered"] = True
             view["badges"].append(_badge("unpaired", "no output (the rollout stopped first)"))
     elif view["paired"]:
-        view["badges"].append(_badge("paired", "agent-internal (paired in the same reply)",
-                                     "the reply carried its own output for this call"))
+        view["badges"].append(
+            _badge(
+                "paired", "agent-internal (paired in the same reply)", "the reply carried its own output for this call"
+            )
+        )
     else:
         view["unanswered"] = answered is None
-        view["badges"].append(_badge("unpaired", "never answered" if answered is None else "not run",
-                                     "a later ask with the same call_id replaced it, or it was never answered"))
+        view["badges"].append(
+            _badge(
+                "unpaired",
+                "never answered" if answered is None else "not run",
+                "a later ask with the same call_id replaced it, or it was never answered",
+            )
+        )
 
 
 def _cap_items(views: list[dict[str, Any]], max_items: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
@@ -323,24 +367,39 @@ def _cap_items(views: list[dict[str, Any]], max_items: int) -> tuple[list[dict[s
     tail_n = max(1, max_items // 10) if max_items > 1 else 0
     hidden = len(views) - max_items
     head = views[: max_items - tail_n]
-    tail = views[len(views) - tail_n:] if tail_n else []
-    left_out = views[len(head): len(views) - len(tail)]
+    tail = views[len(views) - tail_n :] if tail_n else []
+    left_out = views[len(head) : len(views) - len(tail)]
     span = f"#{left_out[0]['seq']}–#{left_out[-1]['seq']}" if left_out[0]["seq"] and left_out[-1]["seq"] else ""
     note = f"… {hidden:,} more item{'' if hidden == 1 else 's'} of this step not shown{f' ({span})' if span else ''}, at most {max_items:,} per step"
     return head, tail, note
 
 
-def _task_input(task_row: dict[str, Any], item_url: str = "", max_chars: Optional[int] = None, plain: bool = False,
-                full: bool = False, prefix: str = "") -> list[dict[str, Any]]:
+def _task_input(
+    task_row: dict[str, Any],
+    item_url: str = "",
+    max_chars: int | None = None,
+    plain: bool = False,
+    full: bool = False,
+    prefix: str = "",
+) -> list[dict[str, Any]]:
     """The task input's items as views: the instructions (key ``instructions``) then each input
     item (key ``input-K``), at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` of them."""
     params = task_row.get("responses_create_params") or {}
     max_chars, max_items = max_chars or display_max_chars(), display_max_items()
-    opts: dict[str, Any] = {"origin": "input", "max_chars": max_chars, "item_url": item_url, "plain": plain, "full": full, "prefix": prefix}
+    opts: dict[str, Any] = {
+        "origin": "input",
+        "max_chars": max_chars,
+        "item_url": item_url,
+        "plain": plain,
+        "full": full,
+        "prefix": prefix,
+    }
     views = []
     instructions = params.get("instructions")
     if isinstance(instructions, str) and instructions:
-        views.append(item_view({"type": "message", "role": "instructions", "content": instructions}, key="instructions", **opts))
+        views.append(
+            item_view({"type": "message", "role": "instructions", "content": instructions}, key="instructions", **opts)
+        )
         views[-1]["summary"] = item_summary({"type": "message", "role": "instructions", "content": instructions})
     first = params.get("input")
     if isinstance(first, str):
@@ -354,12 +413,18 @@ def _task_input(task_row: dict[str, Any], item_url: str = "", max_chars: Optiona
         views[-1]["summary"] = item_summary(item)
     if len(first) > max_items:
         hidden = len(first) - max_items
-        views.append({"template": "rollouts/partials/item_note.html",
-                      "note": f"… {hidden:,} more input item{'' if hidden == 1 else 's'} not shown (at most {max_items:,})"})
+        views.append(
+            {
+                "template": "rollouts/partials/item_note.html",
+                "note": f"… {hidden:,} more input item{'' if hidden == 1 else 's'} not shown (at most {max_items:,})",
+            }
+        )
     return views
 
 
-def _verify_view(verify_json: str, item_url: str = "", max_chars: Optional[int] = None, full: bool = False) -> Optional[dict[str, Any]]:
+def _verify_view(
+    verify_json: str, item_url: str = "", max_chars: int | None = None, full: bool = False
+) -> dict[str, Any] | None:
     """The verify panel: reward, the other numeric fields, reward components and the rest, each
     rendered by content (``rendering.value_body``: a diff such as SWE-bench's ``model_patch``,
     JSON trees, code) with at most ``GYMWEB_DISPLAY_MAX_CHARS`` characters of each; when any is
@@ -372,8 +437,15 @@ def _verify_view(verify_json: str, item_url: str = "", max_chars: Optional[int] 
         data = json.loads(verify_json)
     except ValueError:
         text, cut = _Budget(max_chars).clip(verify_json)
-        return {"reward": None, "numbers": [], "components": None, "others": [], "invalid": text, "invalid_cut": cut,
-                "show_all_href": show_all if cut else ""}
+        return {
+            "reward": None,
+            "numbers": [],
+            "components": None,
+            "others": [],
+            "invalid": text,
+            "invalid_cut": cut,
+            "show_all_href": show_all if cut else "",
+        }
     if not isinstance(data, dict):
         return None
     numbers, others = [], []
@@ -403,11 +475,18 @@ def _verify_view(verify_json: str, item_url: str = "", max_chars: Optional[int] 
         body = rendering.value_body("reward_components", components, max_chars=max_chars)
         any_cut = any_cut or body.cut
         components = [("reward_components", body.html, False)]
-    return {"reward": data.get("reward"), "numbers": numbers, "components": components, "others": others, "invalid": None,
-            "show_all_href": show_all if any_cut else "", "full": full}
+    return {
+        "reward": data.get("reward"),
+        "numbers": numbers,
+        "components": components,
+        "others": others,
+        "invalid": None,
+        "show_all_href": show_all if any_cut else "",
+        "full": full,
+    }
 
 
-def _verdict(rollout: Rollout, imported: bool, payloads: list[tuple[int, Any]]) -> Optional[dict[str, Any]]:
+def _verdict(rollout: Rollout, imported: bool, payloads: list[tuple[int, Any]]) -> dict[str, Any] | None:
     """The verdict panel (``verdict.verdict_view``) of a succeeded attempt; None without a verify
     reply the env added anything to."""
     try:
@@ -423,7 +502,7 @@ def item_url_base(rollout: Rollout) -> str:
     return reverse("rollout_item", args=[rollout.run_id, rollout.pk, "input"])[: -len("input/")]
 
 
-def _timeline(rollout: Rollout, prefix: str = "", payloads: Optional[list] = None) -> tuple[list[dict[str, Any]], int]:
+def _timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -> tuple[list[dict[str, Any]], int]:
     """Steps in order: ``{"call": AgentCall|None, "index": n, "items": [view, ...], "tail": [view, ...],
     "hidden": note}``: at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step are shown (its
     first ones and its last few; ``hidden`` says how many are left out between them). One query
@@ -432,8 +511,22 @@ def _timeline(rollout: Rollout, prefix: str = "", payloads: Optional[list] = Non
     max_chars, max_items = display_max_chars(), display_max_items()
     item_url = item_url_base(rollout)
     calls = list(AgentCall.objects.filter(rollout=rollout).order_by("index"))
-    rows = TrajectoryItem.objects.filter(rollout=rollout).order_by("seq").values_list(
-        "seq", "step", "kind", "call_id", "origin", "asked", "paired", "refused", "latency_ms", "tool_status", "payload"
+    rows = (
+        TrajectoryItem.objects.filter(rollout=rollout)
+        .order_by("seq")
+        .values_list(
+            "seq",
+            "step",
+            "kind",
+            "call_id",
+            "origin",
+            "asked",
+            "paired",
+            "refused",
+            "latency_ms",
+            "tool_status",
+            "payload",
+        )
     )
     steps: dict[int, dict[str, Any]] = {}
     for c in calls:
@@ -448,9 +541,20 @@ def _timeline(rollout: Rollout, prefix: str = "", payloads: Optional[list] = Non
             payloads.append((seq, payload))
         if kind == "function_call" and call_id and isinstance(payload, dict):
             call_names[call_id] = str(payload.get("name") or "")
-        view = item_view(payload, seq=seq, origin=origin, asked=asked, paired=paired, refused=refused,
-                         latency_ms=latency_ms, tool_status=tool_status, call_names=call_names, max_chars=max_chars,
-                         item_url=item_url, prefix=prefix)
+        view = item_view(
+            payload,
+            seq=seq,
+            origin=origin,
+            asked=asked,
+            paired=paired,
+            refused=refused,
+            latency_ms=latency_ms,
+            tool_status=tool_status,
+            call_names=call_names,
+            max_chars=max_chars,
+            item_url=item_url,
+            prefix=prefix,
+        )
         view["summary"] = item_summary(payload)  # the line a folded item shows
         if origin == TrajectoryItem.Origin.GYM:  # the outline's tool time and failed outputs
             view["tool_status"], view["tool_latency_ms"] = tool_status, latency_ms
@@ -488,7 +592,9 @@ def _attempt_views(rollout: Rollout) -> list[dict[str, Any]]:
     the stored number alone would show two ``#1``. ``label`` is the position,
     ``counted`` False for kill-shaped rows."""
     rows = list(
-        Rollout.objects.filter(run_id=rollout.run_id, task_index=rollout.task_index, rollout_index=rollout.rollout_index)
+        Rollout.objects.filter(
+            run_id=rollout.run_id, task_index=rollout.task_index, rollout_index=rollout.rollout_index
+        )
         .order_by("attempt", "id")
         .values("id", "attempt", "status", "reward", "failure_kind", "terminal")
     )
@@ -503,8 +609,15 @@ def _live_counts(rollout: Rollout, steps: list[dict[str, Any]], num_items: int) 
     it ends), a finished one's own counters."""
     if rollout.status in ACTIVE_STATUSES:
         views = [v for s in steps for v in s["items"] + s["tail"]]
-        return {"calls": sum(1 for s in steps if s["call"] is not None), "items": num_items,
-                "tools": sum(1 for v in views if v.get("origin") == TrajectoryItem.Origin.GYM and v.get("template", "").endswith("output.html"))}
+        return {
+            "calls": sum(1 for s in steps if s["call"] is not None),
+            "items": num_items,
+            "tools": sum(
+                1
+                for v in views
+                if v.get("origin") == TrajectoryItem.Origin.GYM and v.get("template", "").endswith("output.html")
+            ),
+        }
     return {"calls": rollout.num_agent_calls, "items": num_items, "tools": rollout.num_tool_calls}
 
 
@@ -524,7 +637,9 @@ def _trajectory_context(request, rollout: Rollout) -> dict[str, Any]:
         "counts": _live_counts(rollout, steps, num_items),
         "outline": outline(steps, imported=imported, started=None),
         "live": rollout.status in ACTIVE_STATUSES and not imported,
-        "verify": _verify_view(rollout.verify_json, item_url_base(rollout)) if rollout.status == Rollout.Status.SUCCEEDED else None,
+        "verify": _verify_view(rollout.verify_json, item_url_base(rollout))
+        if rollout.status == Rollout.Status.SUCCEEDED
+        else None,
         "verdict": _verdict(rollout, imported, payloads) if rollout.status == Rollout.Status.SUCCEEDED else None,
         "raw_url": reverse("rollout_raw", args=[run.pk, rollout.pk]),
         "live_url": reverse("rollout_live", args=[run.pk, rollout.pk]),
@@ -564,21 +679,27 @@ def rollout_detail(request, run_id, rollout_id):
     search_q = request.GET.get("q", "")[:500]
     nav_qs = "&".join(p for p in (qs, urlencode({"q": search_q}) if search_q else "") if p)
     nav_suffix = f"?{nav_qs}" if nav_qs else ""
-    context.update({
-        "task_input": _task_input(task_row, item_url_base(rollout)),
-        "tools": [t.get("name") for t in (task_row.get("responses_create_params") or {}).get("tools") or [] if isinstance(t, dict)],
-        # every step but the last is fixed; the last one (the tail) is re-read while the attempt runs
-        "head_steps": steps[:-1] if context["live"] else steps,
-        "tail_steps": steps[-1:] if context["live"] else [],
-        "tail_from": steps[-1]["index"] if steps else 0,
-        "attempts": _attempt_views(rollout),
-        "nav": nav,
-        "filter_qs": qs,
-        "search_q": search_q,
-        "run_url": reverse("run", args=[run.pk]) + suffix,
-        "prev_url": reverse("rollout", args=[run.pk, nav["prev_id"]]) + nav_suffix if nav["prev_id"] else "",
-        "next_url": reverse("rollout", args=[run.pk, nav["next_id"]]) + nav_suffix if nav["next_id"] else "",
-    })
+    context.update(
+        {
+            "task_input": _task_input(task_row, item_url_base(rollout)),
+            "tools": [
+                t.get("name")
+                for t in (task_row.get("responses_create_params") or {}).get("tools") or []
+                if isinstance(t, dict)
+            ],
+            # every step but the last is fixed; the last one (the tail) is re-read while the attempt runs
+            "head_steps": steps[:-1] if context["live"] else steps,
+            "tail_steps": steps[-1:] if context["live"] else [],
+            "tail_from": steps[-1]["index"] if steps else 0,
+            "attempts": _attempt_views(rollout),
+            "nav": nav,
+            "filter_qs": qs,
+            "search_q": search_q,
+            "run_url": reverse("run", args=[run.pk]) + suffix,
+            "prev_url": reverse("rollout", args=[run.pk, nav["prev_id"]]) + nav_suffix if nav["prev_id"] else "",
+            "next_url": reverse("rollout", args=[run.pk, nav["next_id"]]) + nav_suffix if nav["next_id"] else "",
+        }
+    )
     context.update(review_context(request, rollout, nav=nav))  # labels, notes, review mode
     return render(request, "rollouts/rollout_detail.html", context)
 
@@ -600,17 +721,22 @@ def rollout_live(request, run_id, rollout_id):
     except ValueError:
         start = 0
     seen = request.GET.get("seen")
-    if seen and seen == _live_signature(rollout.status, TrajectoryItem.objects.filter(rollout=rollout).count(),
-                                        AgentCall.objects.filter(rollout=rollout).count()):
+    if seen and seen == _live_signature(
+        rollout.status,
+        TrajectoryItem.objects.filter(rollout=rollout).count(),
+        AgentCall.objects.filter(rollout=rollout).count(),
+    ):
         return HttpResponse(status=204)  # nothing new: htmx swaps nothing and the tail polls on
     context = _trajectory_context(request, rollout)
     steps = [s for s in context["steps"] if s["index"] >= start]
-    context.update({
-        "head_steps": steps[:-1] if context["live"] else steps,
-        "tail_steps": steps[-1:] if context["live"] else [],
-        "tail_from": steps[-1]["index"] if steps else start,
-        "oob": True,
-    })
+    context.update(
+        {
+            "head_steps": steps[:-1] if context["live"] else steps,
+            "tail_steps": steps[-1:] if context["live"] else [],
+            "tail_from": steps[-1]["index"] if steps else start,
+            "oob": True,
+        }
+    )
     return render(request, "rollouts/partials/rollout_live.html", context)
 
 
@@ -638,8 +764,12 @@ def rollout_item(request, run_id, rollout_id, key):
     max_chars = sys.maxsize if full else display_max_chars()
     item_url = item_url_base(rollout)
     raw_url = reverse("rollout_raw", args=[rollout.run_id, rollout.pk])
-    context: dict[str, Any] = {"run": rollout.run, "rollout": rollout, "raw_url": raw_url,
-                               "rollout_url": reverse("rollout", args=[rollout.run_id, rollout.pk])}
+    context: dict[str, Any] = {
+        "run": rollout.run,
+        "rollout": rollout,
+        "raw_url": raw_url,
+        "rollout_url": reverse("rollout", args=[rollout.run_id, rollout.pk]),
+    }
     if key == "verify":
         if rollout.status != Rollout.Status.SUCCEEDED:
             raise Http404("only a succeeded attempt has a verify result")
@@ -657,11 +787,29 @@ def rollout_item(request, run_id, rollout_id, key):
         views = _task_input(task_row if isinstance(task_row, dict) else {}, item_url, max_chars, plain, full)
         view = next((v for v in views if v.get("key") == key), None)
     else:
-        row = TrajectoryItem.objects.filter(rollout=rollout, seq=int(key)).values(
-            "seq", "origin", "asked", "paired", "refused", "latency_ms", "tool_status", "payload").first()
-        view = None if row is None else item_view(
-            row["payload"], seq=row["seq"], origin=row["origin"], asked=row["asked"], paired=row["paired"], refused=row["refused"],
-            latency_ms=row["latency_ms"], tool_status=row["tool_status"], max_chars=max_chars, item_url=item_url, plain=plain, full=full)
+        row = (
+            TrajectoryItem.objects.filter(rollout=rollout, seq=int(key))
+            .values("seq", "origin", "asked", "paired", "refused", "latency_ms", "tool_status", "payload")
+            .first()
+        )
+        view = (
+            None
+            if row is None
+            else item_view(
+                row["payload"],
+                seq=row["seq"],
+                origin=row["origin"],
+                asked=row["asked"],
+                paired=row["paired"],
+                refused=row["refused"],
+                latency_ms=row["latency_ms"],
+                tool_status=row["tool_status"],
+                max_chars=max_chars,
+                item_url=item_url,
+                plain=plain,
+                full=full,
+            )
+        )
     if view is None:
         raise Http404("this attempt has no such item")
     context["item"] = view
@@ -670,7 +818,7 @@ def rollout_item(request, run_id, rollout_id, key):
     return render(request, "rollouts/rollout_item.html", context)
 
 
-def raw_row(rollout: Rollout) -> Optional[dict[str, Any]]:
+def raw_row(rollout: Rollout) -> dict[str, Any] | None:
     """The output-file row of an attempt, built exactly as the exports build it: a success's
     ``rollouts.jsonl`` row, a failure's sidecar row (an imported line kept as it came, as it came);
     None for attempts written to no file."""
@@ -759,7 +907,7 @@ class ImportForm(forms.Form):
     )
     name = forms.CharField(max_length=200, required=False, help_text="default: the file names")
 
-    def __init__(self, *args, too_large_uploads: Optional[set] = None, **kwargs):
+    def __init__(self, *args, too_large_uploads: set | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.too_large_uploads = too_large_uploads or set()
 
@@ -829,22 +977,34 @@ def import_rollouts(request):
             sidecar_sources = {src for _, src in sidecars}
             input_sources = {src for _, src in inputs}
             try:
-                summary = import_shards(shards, sidecars, inputs, name=form.cleaned_data.get("name") or "", user=request.user)
+                summary = import_shards(
+                    shards, sidecars, inputs, name=form.cleaned_data.get("name") or "", user=request.user
+                )
             except LooksLikeDatasetError as exc:
                 form.add_error("rollouts", str(exc))
                 if len(shards) == 1:
                     offer = _dataset_offer(shards[0][0], request.user)
             except WrongFileError as exc:
-                form.add_error(None if exc.swapped else ("failures" if exc.source in sidecar_sources else "rollouts"), str(exc))
+                form.add_error(
+                    None if exc.swapped else ("failures" if exc.source in sidecar_sources else "rollouts"), str(exc)
+                )
             except DatasetError as exc:
-                field = "failures" if exc.source in sidecar_sources else "materialized" if exc.source in input_sources else "rollouts"
+                field = (
+                    "failures"
+                    if exc.source in sidecar_sources
+                    else "materialized"
+                    if exc.source in input_sources
+                    else "rollouts"
+                )
                 form.add_error(field, str(exc))
             else:
                 parts = [f"{summary.succeeded} succeeded", f"{summary.failed} failed"]
                 if summary.not_run:
                     parts.append(f"{summary.not_run} never run (rows without a result)")
                 files = f" from {len(shards)} shards" if len(shards) > 1 else ""
-                messages.success(request, f"Imported {summary.rows} rollout(s){files} into “{summary.run.name}”: {', '.join(parts)}.")
+                messages.success(
+                    request, f"Imported {summary.rows} rollout(s){files} into “{summary.run.name}”: {', '.join(parts)}."
+                )
                 health.auto_check(summary.run)  # the verdicts show on the run page
                 return redirect(reverse("run", args=[summary.run.pk]))
     else:

@@ -8,6 +8,7 @@
 - ``RequestSizeLimitMiddleware`` refuses a request whose declared size (``Content-Length``)
   passes ``GYMWEB_MAX_REQUEST_BYTES`` with 413, before anything reads its body.
 """
+
 from __future__ import annotations
 
 from django.conf import settings

@@ -1,18 +1,9 @@
 """Dashboard routes. Run pages live in ``views``; trajectory and import pages in ``trajectory_views``."""
+
 from django.urls import path
 from django.views.generic import RedirectView
 
-from rollouts.web import analysis_views
-
-from rollouts.web import archive_views
-
-from rollouts.web import environment_views
-
-from rollouts.web import evaluation_views
-
-from rollouts.web import trajectory_views
-
-from rollouts.web import views
+from rollouts.web import analysis_views, archive_views, environment_views, evaluation_views, trajectory_views, views
 
 urlpatterns = [
     path("", views.runs_list, name="runs"),
@@ -26,11 +17,19 @@ urlpatterns = [
     path("runs/<int:run_id>/archive/", archive_views.run_archive, name="run_archive"),
     path("runs/<int:run_id>/restore/", archive_views.run_restore, name="run_restore"),
     path("runs/<int:run_id>/export/<str:kind>.jsonl", views.run_export, name="run_export"),
-    path("runs/<int:run_id>/export/rollouts_aggregate_metrics.json", analysis_views.run_aggregate_metrics_file, name="run_aggregate_metrics"),
+    path(
+        "runs/<int:run_id>/export/rollouts_aggregate_metrics.json",
+        analysis_views.run_aggregate_metrics_file,
+        name="run_aggregate_metrics",
+    ),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/live/", trajectory_views.rollout_live, name="rollout_live"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/raw.json", trajectory_views.rollout_raw, name="rollout_raw"),
-    path("runs/<int:run_id>/rollouts/<int:rollout_id>/items/<str:key>/", trajectory_views.rollout_item, name="rollout_item"),
+    path(
+        "runs/<int:run_id>/rollouts/<int:rollout_id>/items/<str:key>/",
+        trajectory_views.rollout_item,
+        name="rollout_item",
+    ),
     path("import/", trajectory_views.import_rollouts, name="import"),
     path("runs/<int:run_id>/profile/", analysis_views.run_profile, name="run_profile"),
     path("runs/<int:run_id>/profile/files/<str:kind>", analysis_views.run_profile_file, name="run_profile_file"),

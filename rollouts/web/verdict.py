@@ -26,11 +26,13 @@ the latter:
 Pure functions: no database, no request. All markup comes from ``rendering`` (the one sanitiser);
 everything else is plain text the template escapes.
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from rollouts.web import rendering
 
@@ -45,10 +47,45 @@ MAX_SCAN_CHARS = 200_000_000  # texts searched for quotations: candidates × the
 MIN_QUOTE_CHARS = 16
 MAX_REFERENCES = 50
 
-NAME_KEYS = ("criterion", "criteria", "question", "name", "title", "requirement", "rubric", "item", "criterion_id", "id", "description")
-VERDICT_KEYS = ("verdict", "verdict_label", "judgement", "judgment", "decision", "label", "passed", "met", "satisfied", "correct", "is_correct")
+NAME_KEYS = (
+    "criterion",
+    "criteria",
+    "question",
+    "name",
+    "title",
+    "requirement",
+    "rubric",
+    "item",
+    "criterion_id",
+    "id",
+    "description",
+)
+VERDICT_KEYS = (
+    "verdict",
+    "verdict_label",
+    "judgement",
+    "judgment",
+    "decision",
+    "label",
+    "passed",
+    "met",
+    "satisfied",
+    "correct",
+    "is_correct",
+)
 SCORE_KEYS = ("score", "points", "reward", "grade", "rating", "value")
-REASON_KEYS = ("explanation", "reason", "reasoning", "rationale", "justification", "judge_response", "judge_output", "feedback", "critique", "comment")
+REASON_KEYS = (
+    "explanation",
+    "reason",
+    "reasoning",
+    "rationale",
+    "justification",
+    "judge_response",
+    "judge_output",
+    "feedback",
+    "critique",
+    "comment",
+)
 _INDEX_KEY_RE = re.compile(r"(?:^|_)(?:item|message|output)_?(?:index|idx)$", re.I)
 _QUOTE_RE = re.compile(r"[\"“‘`]([^\"“”‘’`\n]{%d,300})[\"”’`]" % MIN_QUOTE_CHARS)
 _ITEM_SKIP_KEYS = frozenset({"type", "id", "call_id", "role", "status", "name"})
@@ -94,7 +131,7 @@ def _judge_text(obj: dict) -> str:
     return "\n\n".join(t for t in texts if t)
 
 
-def _judgement_row(obj: Any) -> Optional[dict[str, Any]]:
+def _judgement_row(obj: Any) -> dict[str, Any] | None:
     """One judgement (``{"name", "verdict", "score", "reason"}``, texts or None) from an object
     with a verdict or score and a reason (or a judge's response); None for any other value."""
     if not isinstance(obj, dict):
@@ -120,7 +157,7 @@ def _judgement_row(obj: Any) -> Optional[dict[str, Any]]:
     }
 
 
-def judgement_rows(value: Any) -> Optional[list[dict[str, Any]]]:
+def judgement_rows(value: Any) -> list[dict[str, Any]] | None:
     """The rows of a known shape: a rubric (a non-empty list of objects, each a judgement) or a
     judge (one object that is a judgement); None for any other value."""
     if isinstance(value, dict):
@@ -157,11 +194,18 @@ def _walk(path: str, value: Any, depth: int) -> Iterator[tuple[str, str, Any]]:
         yield "empty", path, value
     elif rows is not None:
         yield "table", path, rows
-    elif _is_scalar(value) or (isinstance(value, list) and all(_is_scalar(v) for v in value) and len(scalar_text(value)) <= SCALAR_MAX_CHARS):
+    elif _is_scalar(value) or (
+        isinstance(value, list) and all(_is_scalar(v) for v in value) and len(scalar_text(value)) <= SCALAR_MAX_CHARS
+    ):
         yield "scalar", path, value
     elif isinstance(value, str):
         yield "text", path, value
-    elif isinstance(value, dict) and value and depth < OPEN_DEPTH and len(value) <= (OPEN_MAX_KEYS if depth else OPEN_TOP_MAX_KEYS):
+    elif (
+        isinstance(value, dict)
+        and value
+        and depth < OPEN_DEPTH
+        and len(value) <= (OPEN_MAX_KEYS if depth else OPEN_TOP_MAX_KEYS)
+    ):
         for k, v in value.items():
             yield from _walk(f"{path}.{k}", v, depth + 1)
     else:
@@ -205,7 +249,7 @@ class ItemIndex:
             self.texts.append((seq, "\n\x00".join(s for _, s in _strings(payload))))
         self.chars = sum(len(t) for _, t in self.texts)
 
-    def find_text(self, text: str) -> Optional[int]:
+    def find_text(self, text: str) -> int | None:
         for seq, haystack in self.texts:
             if text in haystack:
                 return seq
@@ -220,12 +264,19 @@ def references(entries: list[dict[str, Any]], index: ItemIndex) -> list[dict[str
     quotes = 0
     max_quotes = max(20, min(MAX_QUOTE_CANDIDATES, MAX_SCAN_CHARS // max(1, index.chars)))
 
-    def add(field_name: str, how: str, seq: Optional[int], text: str) -> None:
+    def add(field_name: str, how: str, seq: int | None, text: str) -> None:
         if seq is None or seq not in index.labels or (field_name, seq) in seen or len(found) >= MAX_REFERENCES:
             return
         seen.add((field_name, seq))
-        found.append({"field": field_name, "how": how, "seq": seq, "label": index.labels[seq],
-                      "text": text if len(text) <= 80 else text[:79] + "…"})
+        found.append(
+            {
+                "field": field_name,
+                "how": how,
+                "seq": seq,
+                "label": index.labels[seq],
+                "text": text if len(text) <= 80 else text[:79] + "…",
+            }
+        )
 
     def visit(field_name: str, key: str, value: Any) -> None:
         nonlocal quotes
@@ -261,7 +312,9 @@ def references(entries: list[dict[str, Any]], index: ItemIndex) -> list[dict[str
 
 
 # -- the panel ----------------------------------------------------------------------------------
-def verdict_view(verify: Any, task_row: Any, *, imported: bool, items: Iterable[tuple[int, Any]], max_chars: int) -> Optional[dict[str, Any]]:
+def verdict_view(
+    verify: Any, task_row: Any, *, imported: bool, items: Iterable[tuple[int, Any]], max_chars: int
+) -> dict[str, Any] | None:
     """The verdict panel's context: ``scalars`` and ``blocks`` (each ``{"kind": scalar|text|table|tree,
     "name", "text"/"html"/"rows", "refs"}``), ``references``, ``imported``, ``cut`` (a text or tree
     was cut at ``max_chars``), ``empty`` (nulls inside opened objects, not shown);
@@ -298,7 +351,11 @@ def verdict_view(verify: Any, task_row: Any, *, imported: bool, items: Iterable[
                     size = FOLD_TREE_CHARS + 1
                 body = rendering.tree_body(v, max_chars=max_chars)
                 entry["html"], entry["folded"] = body.html, size > FOLD_TREE_CHARS
-                entry["size"] = f"{len(v):,} {'key' if isinstance(v, dict) else 'item'}{'' if len(v) == 1 else 's'}" if isinstance(v, (dict, list)) else ""
+                entry["size"] = (
+                    f"{len(v):,} {'key' if isinstance(v, dict) else 'item'}{'' if len(v) == 1 else 's'}"
+                    if isinstance(v, (dict, list))
+                    else ""
+                )
                 cut = cut or body.cut
             else:  # table
                 budget = max(1, max_chars // max(1, len(v)))

@@ -6,10 +6,10 @@ request (except a history restore, which needs the whole page); such responses c
 ``_run_for`` so the rule lives in one place: every signed-in user sees every run (one team per
 instance).
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Optional
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -30,19 +30,17 @@ from django.utils.safestring import SafeString
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from rollouts.evaluation import metrics
-
 from rollouts import targets
-from rollouts.collection import archive, runs
-from rollouts.web.htmx import vary_on_htmx, wants_partial
+from rollouts.collection import archive, environments, runs
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
-from rollouts.collection import environments
-from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filter_problem, filtered_rollouts
-from rollouts.web.uploads import too_large_uploads
+from rollouts.evaluation import metrics
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
 from rollouts.models import AgentCall, Rollout, Run, Worker
 from rollouts.review import actions as review_actions
+from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filter_problem, filtered_rollouts
+from rollouts.web.htmx import vary_on_htmx, wants_partial
+from rollouts.web.uploads import too_large_uploads
 
 RUNS_PER_PAGE = 25
 ROLLOUTS_PER_PAGE = 50
@@ -83,7 +81,9 @@ def _run_for(request, run_id: int) -> Run:
 @login_required
 @require_safe
 def runs_list(request):
-    page = Paginator(Run.objects.select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page = Paginator(Run.objects.select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE).get_page(
+        request.GET.get("page")
+    )
     progress = metrics.progress_for_runs(page.object_list)
     rows = [(run, progress[run.pk]) for run in page.object_list]
     context = {"page": page, "rows": rows, "any_active": any(not run.is_final for run, _ in rows)}
@@ -112,8 +112,12 @@ def run_new(request):
             error = form.fill_error
             form = RunForm(initial={k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"})
             form.fill_problem = error[1]
-        return render(request, "rollouts/run_new.html", {"form": form, "head": head, "filled": filled is not None},
-                      status=200 if filled is not None else 400)
+        return render(
+            request,
+            "rollouts/run_new.html",
+            {"form": form, "head": head, "filled": filled is not None},
+            status=200 if filled is not None else 400,
+        )
     if request.method == "POST":
         form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
@@ -133,7 +137,11 @@ def run_new(request):
         head_url = initial.get("head_url") or settings.GYMWEB_NEMO_GYM_HEAD_URL
         if head_url:
             head = environments.head_listing(head_url, with_tools=False)
-    context = {"form": form, "head": head, "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads))}
+    context = {
+        "form": form,
+        "head": head,
+        "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads)),
+    }
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
 
 
@@ -150,7 +158,11 @@ def _launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
             dataset = form.cleaned_data["dataset"]
             parsed = runs.load_dataset(dataset)
         run = runs.create_run(
-            parsed, name=form.cleaned_data["name"] or form.dataset_name(), user=user, dataset=dataset, **form.run_options()
+            parsed,
+            name=form.cleaned_data["name"] or form.dataset_name(),
+            user=user,
+            dataset=dataset,
+            **form.run_options(),
         )
         runs.launch(run)  # marked running: the workers pick it up
     return run, reused
@@ -178,10 +190,27 @@ def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) 
     paginator = CappedPaginator(ids_qs, ROLLOUTS_PER_PAGE) if filt.searching else Paginator(ids_qs, ROLLOUTS_PER_PAGE)
     page = paginator.get_page(request.GET.get("page"))
     ids = list(page.object_list)
-    loaded = Rollout.objects.filter(id__in=ids).only(
-        "id", "run_id", "task_index", "rollout_index", "attempt", "status", "reward", "failure_kind", "terminal",
-        "duration_ms", "num_agent_calls", "num_tool_calls", "total_tokens", "usage_reported",
-    ).annotate(error_head=Substr("error", 1, 160, output_field=LosslessTextField())).in_bulk()
+    loaded = (
+        Rollout.objects.filter(id__in=ids)
+        .only(
+            "id",
+            "run_id",
+            "task_index",
+            "rollout_index",
+            "attempt",
+            "status",
+            "reward",
+            "failure_kind",
+            "terminal",
+            "duration_ms",
+            "num_agent_calls",
+            "num_tool_calls",
+            "total_tokens",
+            "usage_reported",
+        )
+        .annotate(error_head=Substr("error", 1, 160, output_field=LosslessTextField()))
+        .in_bulk()
+    )
     review_actions.attach_to_rows(loaded.values())  # labels and note counts (rollouts.review)
     _attach_live_calls(loaded.values())
     qs_text = filt.querystring()
@@ -207,7 +236,12 @@ def _attach_live_calls(rows) -> None:
     running = {r.pk: r for r in rows if r.status == Rollout.Status.RUNNING}
     if not running:
         return
-    counts = dict(AgentCall.objects.filter(rollout_id__in=list(running)).values_list("rollout_id").annotate(n=Count("id")).order_by())
+    counts = dict(
+        AgentCall.objects.filter(rollout_id__in=list(running))
+        .values_list("rollout_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
     for pk, row in running.items():
         row.num_agent_calls = counts.get(pk, 0)
 
@@ -240,7 +274,7 @@ def _live_workers() -> int:
     return Worker.objects.filter(last_seen__gte=since).count()
 
 
-def _live_signature(run: Run, progress: metrics.Progress, live_workers: Optional[int]) -> str:
+def _live_signature(run: Run, progress: metrics.Progress, live_workers: int | None) -> str:
     """What the live part's poll sends back as ``seen``: rollout states by status, the agent calls of
     running rollouts, how many workers are live and the run's status (last). Equal signatures mean the live part shows the same things
     (except the last minute's rate), so an unchanged poll is answered with 204."""
@@ -254,7 +288,7 @@ def _live_signature(run: Run, progress: metrics.Progress, live_workers: Optional
 _UNSET = object()
 
 
-def retry_label(run: Run, p: metrics.Progress) -> Optional[str]:
+def retry_label(run: Run, p: metrics.Progress) -> str | None:
     """The Retry button's label, named for what it would run, or None when it would run nothing
     (every failure terminal or out of attempts, nothing cancelled or interrupted, an imported or archived run,
     a run still going). Keys are counted only for a final run with failed or not-run keys, so the
@@ -273,7 +307,7 @@ def retry_label(run: Run, p: metrics.Progress) -> Optional[str]:
     return None
 
 
-def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_workers=_UNSET) -> dict:
+def _live_context(run: Run, progress: metrics.Progress | None = None, live_workers=_UNSET) -> dict:
     summary = metrics.run_summary(run, progress=progress)
     p = summary.progress
     if live_workers is _UNSET:
@@ -288,13 +322,15 @@ def _live_context(run: Run, progress: Optional[metrics.Progress] = None, live_wo
         "p": p,
         "signature": _live_signature(run, p, live_workers),
         "retry_label": retry_label(run, p),
-        "export_files": [(kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()],
+        "export_files": [
+            (kind, export_filename(run.pk, kind), description) for kind, description in EXPORT_KINDS.items()
+        ],
         # gym eval compare looks for it beside the rollouts file, named after it
         "aggregate_file": aggregate_metrics_path(export_filename(run.pk, "rollouts")).name,
     }
 
 
-def _shared_table_key(request, run: Run) -> Optional[str]:
+def _shared_table_key(request, run: Run) -> str | None:
     """The cache key of a running run's rollout table (``#rollout-table``) for this query string,
     or None when the table is rendered fresh (a final run; ``GYMWEB_LIVE_CACHE_S`` is 0)."""
     if run.status != Run.Status.RUNNING or float(settings.GYMWEB_LIVE_CACHE_S) <= 0:
@@ -303,7 +339,7 @@ def _shared_table_key(request, run: Run) -> Optional[str]:
     return f"gymweb:table-live:v2:{run.pk}:{created}:{run.status}:{request.GET.urlencode()}"
 
 
-def _shared_table(request, run: Run, kinds: list[str]) -> tuple[dict, Optional[str]]:
+def _shared_table(request, run: Run, kinds: list[str]) -> tuple[dict, str | None]:
     """The rollouts section's context and, while the run is running, its table's HTML shared by
     everyone watching (``#rollout-table`` holds no form and nothing of the user's) for
     ``GYMWEB_LIVE_CACHE_S``: (context, html or None). The table is what changes on every poll
@@ -424,7 +460,9 @@ def run_retry(request, run_id):
     if n:
         messages.success(request, f"Retrying {n} rollout{'s' if n != 1 else ''}.")
     else:
-        messages.info(request, "Nothing to retry: no failed rollout has attempts left (terminal failures are never retried).")
+        messages.info(
+            request, "Nothing to retry: no failed rollout has attempts left (terminal failures are never retried)."
+        )
     return HttpResponseRedirect(reverse("run", args=[run.pk]))
 
 
@@ -439,10 +477,14 @@ def run_export(request, run_id, kind):
 
     problem = filter_problem(RolloutFilterForm(request.GET))
     if problem:  # a hand-edited link: a file of another list than asked for would be silently wrong
-        return HttpResponseBadRequest(f"bad filter: {problem}; nothing was exported\n", content_type="text/plain; charset=utf-8")
+        return HttpResponseBadRequest(
+            f"bad filter: {problem}; nothing was exported\n", content_type="text/plain; charset=utf-8"
+        )
     from rollouts.review.curated import ExportOptions
 
-    refused = archive.download_refusal(run, kind, RolloutFilterForm(request.GET).active, ExportOptions.from_params(request.GET).plain)
+    refused = archive.download_refusal(
+        run, kind, RolloutFilterForm(request.GET).active, ExportOptions.from_params(request.GET).plain
+    )
     if refused:  # an archived run: this file needs the responses archiving dropped
         return HttpResponse(refused + "\n", status=409, content_type="text/plain; charset=utf-8")
     curated = curated_export_response(request, run, kind)

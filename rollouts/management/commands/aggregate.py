@@ -8,6 +8,7 @@ What it reads and writes: docs/evaluate.md. It prints what it read, the key metr
 coverage report; errors (no shard matched, bad JSONL with file and line, overlapping shards) exit
 non-zero and write nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,9 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from rollouts import targets
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 from rollouts.evaluation.outputs import OutputExists, check_outputs
-from rollouts import targets
 from rollouts.evaluation.shards import ShardError, expand_input_glob, merge_shards, merged_paths, write_merged
 
 
@@ -28,9 +29,15 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--input-glob", required=True, help="glob of the shards (comma-separated globs allowed); quote it")
-        parser.add_argument("--output", required=True, help="the merged rollouts file; the other files are named after it")
-        parser.add_argument("--env-url", default=None, help="resources server to ask for /aggregate_metrics (default: compute locally)")
+        parser.add_argument(
+            "--input-glob", required=True, help="glob of the shards (comma-separated globs allowed); quote it"
+        )
+        parser.add_argument(
+            "--output", required=True, help="the merged rollouts file; the other files are named after it"
+        )
+        parser.add_argument(
+            "--env-url", default=None, help="resources server to ask for /aggregate_metrics (default: compute locally)"
+        )
         parser.add_argument(
             "--count-failure-classes-as-zero",
             nargs="+",
@@ -44,7 +51,9 @@ class Command(BaseCommand):
             help="count materialised rollouts that left no row anywhere as reward 0 in the metrics",
         )
         parser.add_argument("--no-merge-shards", action="store_true", help="write only the aggregate metrics file")
-        parser.add_argument("--timeout-s", type=float, default=60.0, help="seconds for each /aggregate_metrics request (60)")
+        parser.add_argument(
+            "--timeout-s", type=float, default=60.0, help="seconds for each /aggregate_metrics request (60)"
+        )
         parser.add_argument("--overwrite", action="store_true", help="replace output files that already exist")
 
     def handle(self, *args, **opts) -> None:
@@ -90,11 +99,15 @@ class Command(BaseCommand):
             self.stderr.write(f"note: {path} is one of this command's outputs; not read as a shard")
         out(f"Aggregated {len(result.shards)} shard(s):")
         for shard in result.shards:
-            sidecars = [f"{shard.failure_rows} failure row(s)" if shard.failures else "no failures sidecar",
-                        f"{shard.materialized_rows} materialized row(s)" if shard.materialized else "no materialized inputs"]
+            sidecars = [
+                f"{shard.failure_rows} failure row(s)" if shard.failures else "no failures sidecar",
+                f"{shard.materialized_rows} materialized row(s)" if shard.materialized else "no materialized inputs",
+            ]
             out(f"  - {shard.path}: {shard.successes} success row(s), {', '.join(sidecars)}")
         if opts["count_failure_classes_as_zero"]:
-            out(f"Counting {result.counted['failures']} failure row(s) as scored zeros: {opts['count_failure_classes_as_zero']}")
+            out(
+                f"Counting {result.counted['failures']} failure row(s) as scored zeros: {opts['count_failure_classes_as_zero']}"
+            )
         if opts["count_missing_rollouts_as_zero"]:
             out(f"Counting {result.counted['missing']} materialized rollout(s) with no row as scored zeros")
         for note in result.notes + result.aggregate.notes:

@@ -6,6 +6,7 @@
 
 The tokens are the account page's (``rollouts.review.tokens``).
 """
+
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
@@ -37,7 +38,9 @@ class Command(BaseCommand):
         try:
             user = User.objects.get(**{User.USERNAME_FIELD: options["user"]})
         except User.DoesNotExist:
-            raise CommandError(f"no user named {options['user']!r} (create one with `manage.py createsuperuser` or the admin)") from None
+            raise CommandError(
+                f"no user named {options['user']!r} (create one with `manage.py createsuperuser` or the admin)"
+            ) from None
         action = options["action"]
         if action == "create":
             if not user.is_active:
@@ -51,7 +54,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"{options['user']} has no API tokens")
             for row in rows:
                 used = row.last_used.isoformat(timespec="seconds") if row.last_used else "never"
-                self.stdout.write(f"{row.pk}\t{row.prefix}…\t{row.name}\tcreated {row.created.isoformat(timespec='seconds')}\tlast used {used}")
+                self.stdout.write(
+                    f"{row.pk}\t{row.prefix}…\t{row.name}\tcreated {row.created.isoformat(timespec='seconds')}\tlast used {used}"
+                )
         else:
             qs = ApiToken.objects.filter(user=user)
             if options["id"] is not None:
@@ -63,7 +68,9 @@ class Command(BaseCommand):
                 qs = qs.filter(prefix__startswith=prefix[:10])
             n = qs.count()
             if n == 0:
-                raise CommandError(f"no such token of {options['user']} (see `manage.py api_token list --user {options['user']}`)")
+                raise CommandError(
+                    f"no such token of {options['user']} (see `manage.py api_token list --user {options['user']}`)"
+                )
             if options["prefix"] and n > 1:
                 raise CommandError(f"--prefix {options['prefix']} matches {n} tokens: use --id")
             qs.delete()

@@ -1,5 +1,6 @@
 """``python manage.py archive_run RUN [RUN ...] [--batch N]``: archive finished runs to
 ``GYMWEB_ARCHIVE_DIR`` (``rollouts.collection.archive.archive_run``); ``restore_run`` brings them back."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -9,11 +10,15 @@ from rollouts.models import Run
 
 
 class Command(BaseCommand):
-    help = "Archive finished runs: their NeMo Gym files, zstd-compressed, to GYMWEB_ARCHIVE_DIR; items leave the database."
+    help = (
+        "Archive finished runs: their NeMo Gym files, zstd-compressed, to GYMWEB_ARCHIVE_DIR; items leave the database."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("runs", type=int, nargs="+", help="ids of the runs to archive")
-        parser.add_argument("--batch", type=int, default=None, help="rollouts per transaction (default GYMWEB_DELETE_BATCH)")
+        parser.add_argument(
+            "--batch", type=int, default=None, help="rollouts per transaction (default GYMWEB_DELETE_BATCH)"
+        )
 
     def handle(self, *args, **opts) -> None:
         found = {run.pk: run for run in Run.objects.filter(pk__in=opts["runs"])}
@@ -28,5 +33,7 @@ class Command(BaseCommand):
             except archive.ArchiveError as exc:
                 raise CommandError(str(exc)) from None
             size = sum(f["bytes"] for f in out.files.values())
-            self.stdout.write(f"archived run #{pk} to {out.path}: {out.rollouts} rollouts, {out.items} items dropped, "
-                              f"{size:,} bytes of files, {out.seconds:.1f} s (longest transaction {out.longest_transaction_s * 1000:.0f} ms)")
+            self.stdout.write(
+                f"archived run #{pk} to {out.path}: {out.rollouts} rollouts, {out.items} items dropped, "
+                f"{size:,} bytes of files, {out.seconds:.1f} s (longest transaction {out.longest_transaction_s * 1000:.0f} ms)"
+            )

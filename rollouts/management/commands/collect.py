@@ -5,12 +5,13 @@ process, so no separate worker needs to be running. Workers (``qcluster``) shari
 with the run; the command waits until every attempt of the run has ended, wherever it ran, before
 it writes its files.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -21,14 +22,20 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.collection import environments, runs
-from rollouts.evaluation import health
-from rollouts.evaluation.aggregate import fetch_aggregate_metrics, write_run_aggregate_metrics
-from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
-from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
 from rollouts.collection.dispatch import run_in_process
 from rollouts.collection.export import output_stems, write_run_files
-from rollouts.engine.loop import DEFAULT_CONCURRENCY, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, InvalidBaseURL, validate_base_url
+from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.engine.loop import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
+    DEFAULT_RUN_TIMEOUT_S,
+    InvalidBaseURL,
+    validate_base_url,
+)
+from rollouts.evaluation import health
+from rollouts.evaluation.aggregate import fetch_aggregate_metrics, write_run_aggregate_metrics
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Rollout, Run
 from rollouts.nemo import miswiring
@@ -72,8 +79,11 @@ def default_max_attempts() -> int:
 def miswired_rollouts(run: Run) -> int:
     """Finished attempts of ``run`` whose agent reported results of the env's tools that the env
     never executed (the warning ``rollouts.collection.dispatch`` stores)."""
-    rows = (Rollout.objects.filter(run=run, status__in=[Rollout.Status.SUCCEEDED, Rollout.Status.FAILED])
-            .exclude(warnings=[]).values_list("warnings", flat=True))
+    rows = (
+        Rollout.objects.filter(run=run, status__in=[Rollout.Status.SUCCEEDED, Rollout.Status.FAILED])
+        .exclude(warnings=[])
+        .values_list("warnings", flat=True)
+    )
     return sum(1 for ws in rows.iterator() if any(str(w).startswith(miswiring.ROLLOUT_WARNING) for w in ws or []))
 
 
@@ -90,49 +100,124 @@ class Command(NemoGymFlags, BaseCommand):
     requires_system_checks = ["models", "gymweb"]
     # NeMo Gym's `gym eval run` keys (+resume_from_cache=true, +num_repeats=4, ...) as aliases.
     nemo_gym_flags = {
-        "resume_from_cache": "--resume", "input_jsonl_fpath": "--input", "output_jsonl_fpath": "--output",
-        "limit": "--limit", "num_repeats": "--num-repeats", "num_samples_in_parallel": "--concurrency",
-        "agent_name": "--agent-name", "disable_health_check": "--no-health-check",
+        "resume_from_cache": "--resume",
+        "input_jsonl_fpath": "--input",
+        "output_jsonl_fpath": "--output",
+        "limit": "--limit",
+        "num_repeats": "--num-repeats",
+        "num_samples_in_parallel": "--concurrency",
+        "agent_name": "--agent-name",
+        "disable_health_check": "--no-health-check",
     }
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--agent-url", default=None, help="agent service base URL (POST {URL}/v1/responses); default: the agent's agent_base_url in --config")
-        parser.add_argument("--env-url", default=None, help="resources server base URL (/seed_session, tools, /verify); default: found through --config/--head-url")
-        parser.add_argument("--config", action="append", default=[], metavar="FILE",
-                            help="a NeMo Gym config file (repeatable: merged in order, later wins, as +config_paths=[...])")
-        parser.add_argument("--head-url", default=None,
-                            help="a NeMo Gym head server (gym env start; NeMo Gym's default http://127.0.0.1:11000): finds the environment by name")
-        parser.add_argument("--input", required=True, help="input JSONL (one task per line, with responses_create_params)")
-        parser.add_argument("--output", required=True, help="output JSONL for successes; sidecars are written beside it")
-        parser.add_argument("--concurrency", type=_positive_int, default=None, help="rollouts in flight at once (default: the config's, else 32)")
-        parser.add_argument("--max-steps", type=_positive_int, default=None, help="agent calls per rollout (default: unbounded)")
+        parser.add_argument(
+            "--agent-url",
+            default=None,
+            help="agent service base URL (POST {URL}/v1/responses); default: the agent's agent_base_url in --config",
+        )
+        parser.add_argument(
+            "--env-url",
+            default=None,
+            help="resources server base URL (/seed_session, tools, /verify); default: found through --config/--head-url",
+        )
+        parser.add_argument(
+            "--config",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="a NeMo Gym config file (repeatable: merged in order, later wins, as +config_paths=[...])",
+        )
+        parser.add_argument(
+            "--head-url",
+            default=None,
+            help="a NeMo Gym head server (gym env start; NeMo Gym's default http://127.0.0.1:11000): finds the environment by name",
+        )
+        parser.add_argument(
+            "--input", required=True, help="input JSONL (one task per line, with responses_create_params)"
+        )
+        parser.add_argument(
+            "--output", required=True, help="output JSONL for successes; sidecars are written beside it"
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int,
+            default=None,
+            help="rollouts in flight at once (default: the config's, else 32)",
+        )
+        parser.add_argument(
+            "--max-steps", type=_positive_int, default=None, help="agent calls per rollout (default: unbounded)"
+        )
         parser.add_argument("--num-repeats", type=_positive_int, default=1, help="rollouts per task (default 1)")
         parser.add_argument("--limit", type=_positive_int, default=None, help="only the first N rows of the input")
-        parser.add_argument("--max-attempts", type=_positive_int, default=None, help="attempts per key incl. retries (default 3, or $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS)")
-        parser.add_argument("--remote-responses-timeout-s", type=_positive_float, default=None, help="per agent call timeout, seconds (default: the config's, else 1800)")
-        parser.add_argument("--run-timeout-s", type=_positive_float, default=None, help="whole-rollout timeout, seconds (default: the config's, else 2100)")
-        parser.add_argument("--agent-name", default=None,
-                            help="the agent in --config/the head server's config (default: the single one with an agent_base_url); "
-                                 "agent_ref name written into rows (default remote_agent)")
+        parser.add_argument(
+            "--max-attempts",
+            type=_positive_int,
+            default=None,
+            help="attempts per key incl. retries (default 3, or $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS)",
+        )
+        parser.add_argument(
+            "--remote-responses-timeout-s",
+            type=_positive_float,
+            default=None,
+            help="per agent call timeout, seconds (default: the config's, else 1800)",
+        )
+        parser.add_argument(
+            "--run-timeout-s",
+            type=_positive_float,
+            default=None,
+            help="whole-rollout timeout, seconds (default: the config's, else 2100)",
+        )
+        parser.add_argument(
+            "--agent-name",
+            default=None,
+            help="the agent in --config/the head server's config (default: the single one with an agent_base_url); "
+            "agent_ref name written into rows (default remote_agent)",
+        )
         files = parser.add_mutually_exclusive_group()
-        files.add_argument("--resume", action="store_true", help="retry failed keys of the earlier run with the same --output; keep successes")
-        files.add_argument("--overwrite", action="store_true", help="replace existing output files with a new run (without it, existing files are refused)")
-        parser.add_argument("--auto-retry", action="store_true",
-                            help="retry failed keys automatically (up to --max-attempts, with backoff) before the command ends, "
-                            "instead of leaving them to --resume (NeMo Gym's way)")
-        parser.add_argument("--allow-url-change", action="store_true",
-                            help="with --resume: allow --agent-url/--env-url to differ from the run's (recorded on the run)")
-        parser.add_argument("--overrides", default=None, help='JSON object merged into every row\'s responses_create_params, e.g. \'{"temperature": 0.2}\'')
-        parser.add_argument("--name", default=None, help="run name shown in the dashboard (default: the input file name)")
+        files.add_argument(
+            "--resume",
+            action="store_true",
+            help="retry failed keys of the earlier run with the same --output; keep successes",
+        )
+        files.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace existing output files with a new run (without it, existing files are refused)",
+        )
+        parser.add_argument(
+            "--auto-retry",
+            action="store_true",
+            help="retry failed keys automatically (up to --max-attempts, with backoff) before the command ends, "
+            "instead of leaving them to --resume (NeMo Gym's way)",
+        )
+        parser.add_argument(
+            "--allow-url-change",
+            action="store_true",
+            help="with --resume: allow --agent-url/--env-url to differ from the run's (recorded on the run)",
+        )
+        parser.add_argument(
+            "--overrides",
+            default=None,
+            help="JSON object merged into every row's responses_create_params, e.g. '{\"temperature\": 0.2}'",
+        )
+        parser.add_argument(
+            "--name", default=None, help="run name shown in the dashboard (default: the input file name)"
+        )
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-        parser.add_argument("--no-health-check", action="store_true",
-                            help="skip the health check that writes quality_summary.json and rollout_verdicts.jsonl")
+        parser.add_argument(
+            "--no-health-check",
+            action="store_true",
+            help="skip the health check that writes quality_summary.json and rollout_verdicts.jsonl",
+        )
 
     def handle(self, *args, **opts) -> None:
         nemo = self._nemo_gym(opts)
         if not opts["agent_url"] or not opts["env_url"]:
             missing = " and ".join(f for f in ("--agent-url", "--env-url") if not opts[f[2:].replace("-", "_")])
-            raise CommandError(f"pass {missing}, or a NeMo Gym config (--config FILE) and/or head server (--head-url URL)")
+            raise CommandError(
+                f"pass {missing}, or a NeMo Gym config (--config FILE) and/or head server (--head-url URL)"
+            )
         try:
             agent_url = validate_base_url(opts["agent_url"], "--agent-url")
             env_url = validate_base_url(opts["env_url"], "--env-url")
@@ -155,7 +240,9 @@ class Command(NemoGymFlags, BaseCommand):
         if max_attempts < 1:
             raise CommandError("--max-attempts must be at least 1")
         if opts["run_timeout_s"] > runs.max_run_timeout_s():
-            raise CommandError(f"--run-timeout-s may be at most {runs.max_run_timeout_s():g} s (GYMWEB_MAX_RUN_TIMEOUT_S)")
+            raise CommandError(
+                f"--run-timeout-s may be at most {runs.max_run_timeout_s():g} s (GYMWEB_MAX_RUN_TIMEOUT_S)"
+            )
         overrides = {}
         if opts["overrides"]:
             try:
@@ -179,13 +266,18 @@ class Command(NemoGymFlags, BaseCommand):
         except DatasetError as exc:
             raise CommandError(str(exc)) from None
         if parsed.stripped_fields:
-            self.stderr.write(f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}")
+            self.stderr.write(
+                f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}"
+            )
 
         # the three files, and NeMo Gym's aggregate metrics file beside them (written once the run completes)
         ours_here = [*output_stems(output).values(), aggregate_metrics_path(output)]
         written_here = list(ours_here)
         if not opts["no_health_check"]:  # the check writes its two files beside the output
-            written_here += [output.parent / health.QUALITY_SUMMARY_FILENAME, output.parent / health.ROLLOUT_VERDICTS_FILENAME]
+            written_here += [
+                output.parent / health.QUALITY_SUMMARY_FILENAME,
+                output.parent / health.ROLLOUT_VERDICTS_FILENAME,
+            ]
         existing = [p for p in written_here if p.exists()]
         if existing and not (opts["resume"] or opts["overwrite"]):
             raise CommandError(
@@ -196,11 +288,15 @@ class Command(NemoGymFlags, BaseCommand):
         self._migrate()
         run = None
         if opts["resume"]:
-            run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
+            run = (
+                Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
+            )
             if run is None and existing:
                 ours = [p for p in existing if p in ours_here]
                 if not ours:  # only the health files of another output in this folder
-                    raise CommandError(f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run.")
+                    raise CommandError(
+                        f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run."
+                    )
                 raise CommandError(
                     f"--resume: no run in this database wrote '{ours[0]}', so there is nothing to continue "
                     "(gymweb resumes from its database, not from the file). Pass --overwrite instead of --resume "
@@ -210,21 +306,31 @@ class Command(NemoGymFlags, BaseCommand):
                 self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
         if run is not None:
             if run.is_archived:
-                raise CommandError(f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}")
+                raise CommandError(
+                    f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}"
+                )
             # An env found again through the same head server by the same name moves with each
             # `gym env start` (a new port): that change is expected, and recorded like any other.
-            env_moved = bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
+            env_moved = (
+                bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
+            )
             try:
                 changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
             except runs.URLChangeRefused as exc:
                 raise CommandError(f"--resume: {exc}") from None
             for name, (old, new) in changed.items():
-                why = "found again through the head server" if env_moved and not opts["allow_url_change"] else "--allow-url-change"
+                why = (
+                    "found again through the head server"
+                    if env_moved and not opts["allow_url_change"]
+                    else "--allow-url-change"
+                )
                 self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
             run.head_url, run.env_name = head_url, env_name
             run.save(update_fields=["head_url", "env_name"])
             added = runs.resume(run, max_attempts=max_attempts)
-            self.stdout.write(f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})")
+            self.stdout.write(
+                f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})"
+            )
         else:
             try:
                 runs.check_size(len(parsed.rows), opts["num_repeats"], opts["limit"])
@@ -253,7 +359,9 @@ class Command(NemoGymFlags, BaseCommand):
                 source_file=str(output),
             )
             runs.launch(run)
-            self.stdout.write(f"run #{run.pk}: {run.num_tasks} task(s), {run.num_keys} rollout(s), concurrency {run.concurrency}")
+            self.stdout.write(
+                f"run #{run.pk}: {run.num_tasks} task(s), {run.num_keys} rollout(s), concurrency {run.concurrency}"
+            )
 
         # Attempts still to end: pending ones, and on --resume any that workers sharing the database
         # are running. The files are written only once all of them have ended, wherever they ran.
@@ -273,12 +381,15 @@ class Command(NemoGymFlags, BaseCommand):
         if not opts["no_health_check"]:
             self.stdout.write(health.auto_check(run, output.parent))
 
-    def _nemo_gym(self, opts: dict) -> "environments.Resolved | None":
+    def _nemo_gym(self, opts: dict) -> environments.Resolved | None:
         """Fill the agent, the env and the knobs the command line leaves out from ``--config`` /
         ``--head-url`` (flags win), and say where each came from. None without either."""
         if not opts["config"] and not opts["head_url"]:
-            for name, default in (("concurrency", DEFAULT_CONCURRENCY), ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S),
-                                  ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)):
+            for name, default in (
+                ("concurrency", DEFAULT_CONCURRENCY),
+                ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S),
+                ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S),
+            ):
                 if opts[name] is None:
                     opts[name] = default
             return None
@@ -287,23 +398,38 @@ class Command(NemoGymFlags, BaseCommand):
             if opts["env_url"] and config is not None and not opts["head_url"]:
                 agent = config.agent(opts["agent_name"])
                 resolved = environments.Resolved(
-                    agent_name=agent.name, agent_url=agent.agent_base_url, env_name="", env_url=opts["env_url"], head_url=None,
-                    options={k: getattr(agent, k) for k in ("concurrency", "max_steps", "remote_responses_timeout_s", "run_timeout_s")
-                             if getattr(agent, k) is not None},
-                    sources=dict(agent.sources))
+                    agent_name=agent.name,
+                    agent_url=agent.agent_base_url,
+                    env_name="",
+                    env_url=opts["env_url"],
+                    head_url=None,
+                    options={
+                        k: getattr(agent, k)
+                        for k in ("concurrency", "max_steps", "remote_responses_timeout_s", "run_timeout_s")
+                        if getattr(agent, k) is not None
+                    },
+                    sources=dict(agent.sources),
+                )
             else:
                 resolved = environments.resolve(config, head_url=opts["head_url"], agent_name=opts["agent_name"])
         except (NemoConfigError, environments.HeadServerError) as exc:
             raise CommandError(str(exc)) from None
         lines = []
-        for flag, key, value in (("--agent-url", "agent_url", resolved.agent_url), ("--env-url", "env_url", resolved.env_url)):
+        for flag, key, value in (
+            ("--agent-url", "agent_url", resolved.agent_url),
+            ("--env-url", "env_url", resolved.env_url),
+        ):
             if opts[key]:
                 lines.append(f"{flag} {opts[key]} (command line)")
             elif value:
                 opts[key] = value
                 lines.append(f"{flag} {value} ({resolved.sources.get(key, 'config')})")
-        for key, default in (("concurrency", DEFAULT_CONCURRENCY), ("max_steps", None),
-                             ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S), ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)):
+        for key, default in (
+            ("concurrency", DEFAULT_CONCURRENCY),
+            ("max_steps", None),
+            ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S),
+            ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S),
+        ):
             flag = "--" + key.replace("_", "-")
             if opts[key] is not None:
                 lines.append(f"{flag} {opts[key]} (command line)")
@@ -314,8 +440,10 @@ class Command(NemoGymFlags, BaseCommand):
                 opts[key] = default
         if not opts["agent_name"]:
             opts["agent_name"] = resolved.agent_name
-        self.stdout.write(f"NeMo Gym agent {resolved.agent_name!r}, environment {resolved.env_name or opts['env_url']!r}:\n  "
-                          + "\n  ".join(lines))
+        self.stdout.write(
+            f"NeMo Gym agent {resolved.agent_name!r}, environment {resolved.env_name or opts['env_url']!r}:\n  "
+            + "\n  ".join(lines)
+        )
         return resolved
 
     def _aggregate_metrics_file(self, run: Run, output: Path) -> None:
@@ -345,7 +473,9 @@ class Command(NemoGymFlags, BaseCommand):
             try:
                 os.rmdir(tempfile.mkdtemp(prefix=".gymweb-write-test-", dir=parent))
             except OSError as exc:
-                raise CommandError(f"--output {output}: cannot create folders in {parent} ({exc.strerror or exc})") from None
+                raise CommandError(
+                    f"--output {output}: cannot create folders in {parent} ({exc.strerror or exc})"
+                ) from None
             return
         try:
             probe = output.parent / f".{output.name}.gymweb-write-test"
@@ -417,9 +547,13 @@ class Command(NemoGymFlags, BaseCommand):
             return "every key succeeded: nothing is left to retry"
         parts = []
         if left["retryable"]:
-            parts.append(f"{left['retryable']} key(s) without a success can be retried: run the same command plus --resume")
+            parts.append(
+                f"{left['retryable']} key(s) without a success can be retried: run the same command plus --resume"
+            )
         if left["terminal"]:
-            parts.append(f"{left['terminal']} key(s) failed terminally (an invalid Responses object): never retried, fix the agent")
+            parts.append(
+                f"{left['terminal']} key(s) failed terminally (an invalid Responses object): never retried, fix the agent"
+            )
         if left["exhausted"]:
             parts.append(
                 f"{left['exhausted']} key(s) used all {run.max_attempts} attempt(s): "

@@ -4,6 +4,7 @@ What it starts and what a restart keeps: docs/development.md. The secret key in 
 the data directory is used unless ``GYMWEB_SECRET_KEY`` is set; the new-run form is pre-filled through
 ``GYMWEB_DEFAULT_AGENT_URL``/``_ENV_URL``.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,16 +58,37 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1", help="web server address (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=8000, help="web server port (default 8000)")
-        parser.add_argument("--env-port", type=int, default=DEFAULT_ENV_PORT, help=f"example env port on 127.0.0.1 (default {DEFAULT_ENV_PORT})")
-        parser.add_argument("--agent-port", type=int, default=DEFAULT_AGENT_PORT, help=f"example agent port on 127.0.0.1 (default {DEFAULT_AGENT_PORT})")
+        parser.add_argument(
+            "--env-port",
+            type=int,
+            default=DEFAULT_ENV_PORT,
+            help=f"example env port on 127.0.0.1 (default {DEFAULT_ENV_PORT})",
+        )
+        parser.add_argument(
+            "--agent-port",
+            type=int,
+            default=DEFAULT_AGENT_PORT,
+            help=f"example agent port on 127.0.0.1 (default {DEFAULT_AGENT_PORT})",
+        )
         parser.add_argument("--user", default="demo", help="sign-in user to create (default demo)")
-        parser.add_argument("--password", default=None, help="its password (default: the one it had in the last demo, else a new random one; printed)")
-        parser.add_argument("--num-repeats", type=int, default=4, help="rollouts per counter task in the demo run (default 4)")
-        parser.add_argument("--head-url", default=None,
-                            help="a running NeMo Gym head server (manage.py env start gymweb/examples/nemo_gym/counter_remote.yaml): "
-                                 "the demo run uses its counter environment, found by name, instead of the example env")
+        parser.add_argument(
+            "--password",
+            default=None,
+            help="its password (default: the one it had in the last demo, else a new random one; printed)",
+        )
+        parser.add_argument(
+            "--num-repeats", type=int, default=4, help="rollouts per counter task in the demo run (default 4)"
+        )
+        parser.add_argument(
+            "--head-url",
+            default=None,
+            help="a running NeMo Gym head server (manage.py env start gymweb/examples/nemo_gym/counter_remote.yaml): "
+            "the demo run uses its counter environment, found by name, instead of the example env",
+        )
         parser.add_argument("--no-run", action="store_true", help="start everything but launch no demo run")
-        parser.add_argument("--exit-when-done", action="store_true", help="stop once the demo run is final (for scripts and CI)")
+        parser.add_argument(
+            "--exit-when-done", action="store_true", help="stop once the demo run is final (for scripts and CI)"
+        )
 
     def handle(self, *args, **opts):
         self.children: list[subprocess.Popen] = []
@@ -90,18 +112,25 @@ class Command(BaseCommand):
         user, password = self._demo_user(opts["user"], opts["password"])
 
         nemo = self._nemo_gym_env(opts["head_url"]) if opts["head_url"] else None
-        env_url = self._spawn("counter env", [sys.executable, "-m", "gymweb.examples.counter_env", "--port", str(opts["env_port"])])
-        agent_url = self._spawn("counter agent", [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", str(opts["agent_port"])])
+        env_url = self._spawn(
+            "counter env", [sys.executable, "-m", "gymweb.examples.counter_env", "--port", str(opts["env_port"])]
+        )
+        agent_url = self._spawn(
+            "counter agent", [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", str(opts["agent_port"])]
+        )
         served = {
             "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
-            "GYMWEB_SECRET_KEY": settings.GYMWEB_SECRET_KEY or _kept_secret(Path(settings.DATA_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
+            "GYMWEB_SECRET_KEY": settings.GYMWEB_SECRET_KEY
+            or _kept_secret(Path(settings.DATA_DIR) / "secret_key", lambda: secrets.token_urlsafe(50)),
             "GYMWEB_DEFAULT_AGENT_URL": agent_url,
             "GYMWEB_DEFAULT_ENV_URL": env_url,
             "GYMWEB_NEMO_GYM_HEAD_URL": nemo.head_url if nemo else "",
         }
         self._spawn_plain("worker", [sys.executable, "-m", "gymweb", "worker"], served)
         web_url = f"http://{opts['host']}:{opts['port']}"
-        self._spawn_plain("web", [sys.executable, "-m", "gymweb", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"], served)
+        self._spawn_plain(
+            "web", [sys.executable, "-m", "gymweb", "runserver", "--noreload", f"{opts['host']}:{opts['port']}"], served
+        )
         self._wait_http(web_url + "/accounts/login/")
 
         run = None
@@ -129,7 +158,9 @@ class Command(BaseCommand):
         self.stdout.write(f"  sign in as  {opts['user']} / {password}")
         self.stdout.write(f"  example env {env_url}   example agent {agent_url}")
         if nemo:
-            self.stdout.write(f"  NeMo Gym    {nemo.env_name} at {nemo.env_url} (head server {nemo.head_url}): the demo run's environment")
+            self.stdout.write(
+                f"  NeMo Gym    {nemo.env_name} at {nemo.env_url} (head server {nemo.head_url}): the demo run's environment"
+            )
         self.stdout.write("  Ctrl-C stops everything.\n")
 
         while True:
@@ -140,7 +171,9 @@ class Command(BaseCommand):
                 run.refresh_from_db()
                 if run.is_final:
                     counts = runs.counts(run)
-                    self.stdout.write(f"demo run {run.status}: {counts['succeeded']} succeeded, {counts['failed']} failed")
+                    self.stdout.write(
+                        f"demo run {run.status}: {counts['succeeded']} succeeded, {counts['failed']} failed"
+                    )
                     return
             time.sleep(0.5)
 
@@ -155,8 +188,12 @@ class Command(BaseCommand):
             head = environments.fetch_head(head_url)
             servers = list(head.config.resources_servers())
             env_name = servers[0] if len(servers) == 1 else head.config.agent().resources_server
-            resolved = environments.resolve(head.config, head_url=head.url, env_name=env_name,
-                                            agent_name=next((a.name for a in head.config.agents() if a.resources_server == env_name), None))
+            resolved = environments.resolve(
+                head.config,
+                head_url=head.url,
+                env_name=env_name,
+                agent_name=next((a.name for a in head.config.agents() if a.resources_server == env_name), None),
+            )
         except (environments.HeadServerError, environments.NemoConfigError) as exc:
             raise CommandError(f"--head-url: {exc}") from None
         environments.register_head(head.url)
@@ -168,7 +205,9 @@ class Command(BaseCommand):
         is only set when it changes: setting it anew would sign out every open browser."""
         kept = Path(settings.DATA_DIR) / "demo_password"
         User = get_user_model()
-        user, _created = User.objects.get_or_create(username=username, defaults={"is_staff": True, "is_superuser": True})
+        user, _created = User.objects.get_or_create(
+            username=username, defaults={"is_staff": True, "is_superuser": True}
+        )
         password = wanted
         if password is None:
             try:

@@ -11,6 +11,7 @@ running). ``env list`` shows the registered head
 servers and their environments with health and tools; ``env add URL`` registers a head server that
 is already running.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from django.conf import settings
 from django.core.management import call_command
@@ -35,7 +35,7 @@ from rollouts.nemo.head_server import DEFAULT_HEAD_URL, HeadServerError
 STOP_GRACE_S = 30.0
 
 
-def find_gym(explicit: Optional[str]) -> str:
+def find_gym(explicit: str | None) -> str:
     """The ``gym`` executable: ``explicit``, else ``GYMWEB_NEMO_GYM_BIN``, else ``gym`` on PATH.
     Raises ``CommandError`` saying how to install NeMo Gym when there is none."""
     candidate = explicit or settings.GYMWEB_NEMO_GYM_BIN or shutil.which("gym")
@@ -55,11 +55,29 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
-        start = sub.add_parser("start", help="run NeMo Gym's `gym env start` with these configs and register its head server")
-        start.add_argument("configs", nargs="+", metavar="CONFIG", help="NeMo Gym config files (merged in order, as +config_paths=[...])")
-        start.add_argument("--gym", default=None, help="NeMo Gym's `gym` executable (default: GYMWEB_NEMO_GYM_BIN, else `gym` on PATH)")
-        start.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every server (default 600, NeMo Gym's own)")
-        start.add_argument("--log", default=None, help="file for NeMo Gym's output (default: nemo_gym_env_start.log in the data directory)")
+        start = sub.add_parser(
+            "start", help="run NeMo Gym's `gym env start` with these configs and register its head server"
+        )
+        start.add_argument(
+            "configs",
+            nargs="+",
+            metavar="CONFIG",
+            help="NeMo Gym config files (merged in order, as +config_paths=[...])",
+        )
+        start.add_argument(
+            "--gym", default=None, help="NeMo Gym's `gym` executable (default: GYMWEB_NEMO_GYM_BIN, else `gym` on PATH)"
+        )
+        start.add_argument(
+            "--timeout",
+            type=float,
+            default=600.0,
+            help="seconds to wait for every server (default 600, NeMo Gym's own)",
+        )
+        start.add_argument(
+            "--log",
+            default=None,
+            help="file for NeMo Gym's output (default: nemo_gym_env_start.log in the data directory)",
+        )
         sub.add_parser("list", help="registered head servers and their environments, with health")
         add = sub.add_parser("add", help="register a running head server")
         add.add_argument("url", help=f"the head server's URL (NeMo Gym's default {DEFAULT_HEAD_URL})")
@@ -104,8 +122,10 @@ class Command(BaseCommand):
             tools = f"  tools: {', '.join(env.tools)}" if env.tools else ""
             self.stdout.write(f"  environment {env.name}  {env.url or '-'}  {state}{tools}")
         for agent in listing.agents:
-            self.stdout.write(f"  agent {agent['name']}  agent_base_url {agent['agent_base_url'] or '(not set)'}"
-                              f"  environment {agent['resources_server'] or '-'}")
+            self.stdout.write(
+                f"  agent {agent['name']}  agent_base_url {agent['agent_base_url'] or '(not set)'}"
+                f"  environment {agent['resources_server'] or '-'}"
+            )
 
     # -- start ---------------------------------------------------------------------------------------
     def _start(self, opts: dict) -> None:
@@ -121,14 +141,22 @@ class Command(BaseCommand):
         except HeadServerError:
             pass
         else:
-            raise CommandError(f"a NeMo Gym head server already answers at {head_url}: stop it first, or register it with `env add {head_url}`")
+            raise CommandError(
+                f"a NeMo Gym head server already answers at {head_url}: stop it first, or register it with `env add {head_url}`"
+            )
         log_path = Path(opts["log"] or Path(settings.DATA_DIR) / "nemo_gym_env_start.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [gym, "env", "start", f"+config_paths=[{','.join(str(p) for p in paths)}]"]
         self.stdout.write(f"starting: {' '.join(argv)}\n  NeMo Gym's output: {log_path}")
         with log_path.open("ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=str(paths[0].parent), start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(paths[0].parent),
+                start_new_session=True,
+            )
         stopping = {"signal": None}
 
         def on_signal(signum, frame):
@@ -149,19 +177,25 @@ class Command(BaseCommand):
                 signal.signal(s, handler)
         self.stdout.write("stopped NeMo Gym (every process it started)")
 
-    def _wait_ready(self, proc: subprocess.Popen, head_url: str, timeout: float, log_path: Path, stopping: dict) -> None:
+    def _wait_ready(
+        self, proc: subprocess.Popen, head_url: str, timeout: float, log_path: Path, stopping: dict
+    ) -> None:
         deadline = time.monotonic() + timeout
         with environments.client(2.0) as c:
             while stopping["signal"] is None:
                 if proc.poll() is not None:
-                    raise CommandError(f"`gym env start` exited with status {proc.returncode} before it was ready:\n{_tail(log_path)}")
+                    raise CommandError(
+                        f"`gym env start` exited with status {proc.returncode} before it was ready:\n{_tail(log_path)}"
+                    )
                 try:
                     if c.get(f"{head_url}/health").status_code == 200:
                         return
                 except Exception:  # not up yet (refused, reset); the target policy's refusal too
                     pass
                 if time.monotonic() > deadline:
-                    raise CommandError(f"the head server at {head_url} was not ready after {timeout:g} s:\n{_tail(log_path)}")
+                    raise CommandError(
+                        f"the head server at {head_url} was not ready after {timeout:g} s:\n{_tail(log_path)}"
+                    )
                 time.sleep(0.5)
 
     def _ready(self, head_url: str, files: list[str]) -> None:
@@ -177,7 +211,8 @@ class Command(BaseCommand):
             config_args = " ".join(f"--config {f}" for f in files)
             self.stdout.write(
                 f"collect with: manage.py collect {config_args} --head-url {head.url} --agent-name {agents[0].name} "
-                "--input TASKS.jsonl --output results/rollouts.jsonl")
+                "--input TASKS.jsonl --output results/rollouts.jsonl"
+            )
         self.stdout.write("Ctrl-C stops NeMo Gym")
         sys.stdout.flush()
 

@@ -2,6 +2,7 @@
 the SFT export (OpenAI chat format, ``rollouts.review.sft``) of a NeMo Gym ``rollouts.jsonl`` file
 or of a stored run's (filtered) successes. An existing ``--output`` is refused unless
 ``--overwrite``; the ``--input`` file itself never."""
+
 from __future__ import annotations
 
 import json
@@ -20,20 +21,40 @@ from rollouts.web.forms import FILTER_FIELDS, filtered_rollouts
 
 
 class Command(BaseCommand):
-    help = "Write the SFT export ({\"messages\", \"tools\"} per line) of a rollouts.jsonl file or of a stored run."
+    help = 'Write the SFT export ({"messages", "tools"} per line) of a rollouts.jsonl file or of a stored run.'
 
     def add_arguments(self, parser: CommandParser) -> None:
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--input", help="a rollouts.jsonl written by NeMo Gym (or gymweb)")
         source.add_argument("--run", type=int, help="a stored run's id")
-        parser.add_argument("--filter", default="", help="with --run: the run table's filter as a querystring, e.g. 'label=good&reward_min=1'")
-        parser.add_argument("--reward-source", choices=["original", "corrected"], default="original",
-                            help="with --run and --metadata: which reward the metadata carries (and reward bounds read)")
-        parser.add_argument("--reasoning", choices=sft.REASONING_MODES, default="keep",
-                            help="keep: reasoning_content; think: <think>…</think> in the content; drop")
-        parser.add_argument("--metadata", action="store_true", help="with --run: add {run, task_index, rollout_index, reward, reward_source, labels}")
+        parser.add_argument(
+            "--filter",
+            default="",
+            help="with --run: the run table's filter as a querystring, e.g. 'label=good&reward_min=1'",
+        )
+        parser.add_argument(
+            "--reward-source",
+            choices=["original", "corrected"],
+            default="original",
+            help="with --run and --metadata: which reward the metadata carries (and reward bounds read)",
+        )
+        parser.add_argument(
+            "--reasoning",
+            choices=sft.REASONING_MODES,
+            default="keep",
+            help="keep: reasoning_content; think: <think>…</think> in the content; drop",
+        )
+        parser.add_argument(
+            "--metadata",
+            action="store_true",
+            help="with --run: add {run, task_index, rollout_index, reward, reward_source, labels}",
+        )
         parser.add_argument("--output", required=True, help="the JSONL file to write")
-        parser.add_argument("--overwrite", action="store_true", help="replace an existing --output (without it, an existing file is refused)")
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace an existing --output (without it, an existing file is refused)",
+        )
 
     def handle(self, *args, **options) -> None:
         skipped: list[str] = []
@@ -54,14 +75,22 @@ class Command(BaseCommand):
             params = dict(parse_qsl(options["filter"], keep_blank_values=True))
             unknown = sorted(set(params) - set(FILTER_FIELDS))
             if unknown:  # a typo would export the whole run without a word
-                raise CommandError(f"--filter: unknown filter {', '.join(map(repr, unknown))} (filters: {', '.join(FILTER_FIELDS)})")
+                raise CommandError(
+                    f"--filter: unknown filter {', '.join(map(repr, unknown))} (filters: {', '.join(FILTER_FIELDS)})"
+                )
             params["reward_source"] = options["reward_source"]
             qs, form = filtered_rollouts(run, params)
             if form.errors:
                 raise CommandError("--filter: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
-            lines = curated.sft_lines(run, qs if form.active else None, curated.ExportOptions.from_params(params),
-                                      reasoning=options["reasoning"], metadata=options["metadata"], skipped=skipped,
-                                      left_out=left_out)
+            lines = curated.sft_lines(
+                run,
+                qs if form.active else None,
+                curated.ExportOptions.from_params(params),
+                reasoning=options["reasoning"],
+                metadata=options["metadata"],
+                skipped=skipped,
+                left_out=left_out,
+            )
         try:  # before any row is read (the lines are lazy): never replace a file silently
             check_outputs([output], overwrite=options["overwrite"])
         except OSError as exc:
@@ -73,7 +102,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         for why in skipped:
             self.stderr.write(f"skipped {why}")
-        self.stdout.write(f"wrote {n} conversation(s) to {options['output']}" + (f"; skipped {len(skipped)} (see above)" if skipped else ""))
+        self.stdout.write(
+            f"wrote {n} conversation(s) to {options['output']}"
+            + (f"; skipped {len(skipped)} (see above)" if skipped else "")
+        )
         if left_out:
             self.stdout.write(sft.left_out_text(left_out))
 

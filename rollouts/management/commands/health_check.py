@@ -3,6 +3,7 @@ health-check`` (``rollouts.evaluation.health``). RUN is a stored run's id; RUN_D
 Gym takes it (its ``rollouts.jsonl``, or ``--rollouts-file`` relative to it; the reports go into it).
 Writes ``quality_summary.json`` and ``rollout_verdicts.jsonl``; never replaces existing ones without
 ``--overwrite``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,18 +25,35 @@ class Command(NemoGymFlags, BaseCommand):
     nemo_gym_flags = {"rollout_file": "--rollouts-file"}
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("run", nargs="?", metavar="RUN | RUN_DIR",
-                            help="id of a stored run, or a run folder as `gym eval health-check RUN_DIR` takes it")
-        parser.add_argument("--rollouts", action="append", default=[], metavar="FILE",
-                            help="a rollouts.jsonl to check instead of a run (repeatable)")
-        parser.add_argument("--rollouts-file", metavar="PATH",
-                            help="with RUN_DIR: the rollouts JSONL, relative paths under RUN_DIR (default rollouts.jsonl)")
-        parser.add_argument("--output-dir", help="where to write the two files (default: beside --rollouts; "
-                                                 "for a run, none unless given)")
+        parser.add_argument(
+            "run",
+            nargs="?",
+            metavar="RUN | RUN_DIR",
+            help="id of a stored run, or a run folder as `gym eval health-check RUN_DIR` takes it",
+        )
+        parser.add_argument(
+            "--rollouts",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="a rollouts.jsonl to check instead of a run (repeatable)",
+        )
+        parser.add_argument(
+            "--rollouts-file",
+            metavar="PATH",
+            help="with RUN_DIR: the rollouts JSONL, relative paths under RUN_DIR (default rollouts.jsonl)",
+        )
+        parser.add_argument(
+            "--output-dir",
+            help="where to write the two files (default: beside --rollouts; for a run, none unless given)",
+        )
         parser.add_argument("--overwrite", action="store_true", help="replace existing report files")
         parser.add_argument("--ignore-checks", default="", help="comma-separated check ids to skip")
-        parser.add_argument("--successes-only", action="store_true",
-                            help="a run: check its successes only (NeMo Gym's record set) instead of every finished key")
+        parser.add_argument(
+            "--successes-only",
+            action="store_true",
+            help="a run: check its successes only (NeMo Gym's record set) instead of every finished key",
+        )
         parser.add_argument("--json", action="store_true", help="print the summary as JSON (NeMo Gym's --json)")
 
     def handle(self, *args, **opts) -> None:
@@ -65,12 +83,15 @@ class Command(NemoGymFlags, BaseCommand):
                 run = Run.objects.filter(pk=int(opts["run"])).first()
                 if run is None:
                     raise CommandError(f"no run #{opts['run']}")
-                result, paths = health.run_health_check(run, output_dir, overwrite=opts["overwrite"], ignored=ignored,
-                                                        successes_only=opts["successes_only"])
+                result, paths = health.run_health_check(
+                    run, output_dir, overwrite=opts["overwrite"], ignored=ignored, successes_only=opts["successes_only"]
+                )
             else:
                 files = [Path(p).expanduser() for p in opts["rollouts"]]
                 result = health.check_files(files, ignored)
-                paths = health.write_reports(result, output_dir or run_dir or files[0].parent, overwrite=opts["overwrite"])
+                paths = health.write_reports(
+                    result, output_dir or run_dir or files[0].parent, overwrite=opts["overwrite"]
+                )
         except FileNotFoundError as exc:
             raise CommandError(str(exc)) from None
         except health.OutputExists as exc:

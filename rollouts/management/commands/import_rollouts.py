@@ -6,6 +6,7 @@ What it accepts and refuses: docs/evaluate.md and docs/nemo-gym-files.md. One FI
 only when given with ``--failures``; its ``<stem>_materialized_inputs.jsonl`` when given with
 ``--materialized-inputs`` or found beside FILE; shards: ``collection.importer.import_shards``.
 """
+
 from __future__ import annotations
 
 from contextlib import ExitStack
@@ -27,12 +28,23 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("files", nargs="*", metavar="FILE",
-                            help="rollouts.jsonl written by NeMo Gym (or gymweb); several = shards of one run; optional with --failures")
-        parser.add_argument("--input-glob", help="shards of one run, e.g. 'shards/*.jsonl' (quote it; comma-separated globs allowed)")
-        parser.add_argument("--failures", help="the failures sidecar of a single FILE (rollouts_failures.jsonl), or alone")
-        parser.add_argument("--materialized-inputs", metavar="FILE",
-                            help="the run's rollouts_materialized_inputs.jsonl (default: the one beside a single FILE, if any)")
+        parser.add_argument(
+            "files",
+            nargs="*",
+            metavar="FILE",
+            help="rollouts.jsonl written by NeMo Gym (or gymweb); several = shards of one run; optional with --failures",
+        )
+        parser.add_argument(
+            "--input-glob", help="shards of one run, e.g. 'shards/*.jsonl' (quote it; comma-separated globs allowed)"
+        )
+        parser.add_argument(
+            "--failures", help="the failures sidecar of a single FILE (rollouts_failures.jsonl), or alone"
+        )
+        parser.add_argument(
+            "--materialized-inputs",
+            metavar="FILE",
+            help="the run's rollouts_materialized_inputs.jsonl (default: the one beside a single FILE, if any)",
+        )
         parser.add_argument("--name", default="", help="the run's name (default: the file names)")
         parser.add_argument("--no-health-check", action="store_true", help="skip the health check of the imported rows")
 
@@ -46,12 +58,16 @@ class Command(BaseCommand):
         failures: list[Path] = []
         if options.get("failures"):
             if len(paths) > 1:
-                raise CommandError("--failures goes with a single FILE; shards are imported with the _failures.jsonl beside each")
+                raise CommandError(
+                    "--failures goes with a single FILE; shards are imported with the _failures.jsonl beside each"
+                )
             failures.append(Path(options["failures"]))
         elif len(paths) > 1:
             failures = [failures_path_for(p) for p in paths if failures_path_for(p).is_file()]
         if not paths and not failures:
-            raise CommandError("give a rollouts.jsonl, a --failures file, both, or several shards (FILE... or --input-glob)")
+            raise CommandError(
+                "give a rollouts.jsonl, a --failures file, both, or several shards (FILE... or --input-glob)"
+            )
         inputs: list[Path] = []
         if options.get("materialized_inputs"):
             inputs.append(Path(options["materialized_inputs"]))

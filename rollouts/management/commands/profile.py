@@ -9,6 +9,7 @@ Prints a short summary and the written paths on stdout, NeMo Gym's warnings on s
 (unknown run, missing file, bad JSONL with file and line, rows the profiler rejects) exit non-zero
 with a ``CommandError``.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -40,8 +41,11 @@ class Command(NemoGymFlags, BaseCommand):
     )
 
     # NeMo Gym's `gym eval profile` keys (++allow_partial_rollouts=True, ...) as aliases.
-    nemo_gym_flags = {"allow_partial_rollouts": "--allow-partial-rollouts", "materialized_inputs_jsonl_fpath": "--inputs",
-                      "rollouts_jsonl_fpath": "--rollouts"}
+    nemo_gym_flags = {
+        "allow_partial_rollouts": "--allow-partial-rollouts",
+        "materialized_inputs_jsonl_fpath": "--inputs",
+        "rollouts_jsonl_fpath": "--rollouts",
+    }
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("run", nargs="?", help="a run id (as shown in the dashboard)")
@@ -74,7 +78,9 @@ class Command(NemoGymFlags, BaseCommand):
                 raise CommandError("--inputs and --rollouts go together (the materialised inputs and the rollouts)")
             paths, lines = self._profile_files(opts)
         else:
-            raise CommandError("give a run id (profile RUN --output-dir DIR) or files (profile --inputs M --rollouts R)")
+            raise CommandError(
+                "give a run id (profile RUN --output-dir DIR) or files (profile --inputs M --rollouts R)"
+            )
         for line in lines:
             self.stdout.write(line)
         for path in paths:
@@ -98,7 +104,9 @@ class Command(NemoGymFlags, BaseCommand):
         try:
             run = Run.objects.filter(pk=run_id).first()
         except DatabaseError as exc:
-            raise CommandError(f"cannot read runs from the database ({exc}); is it set up? (manage.py migrate)") from None
+            raise CommandError(
+                f"cannot read runs from the database ({exc}); is it set up? (manage.py migrate)"
+            ) from None
         if run is None:
             raise CommandError(f"no run #{run_id}")
         if not output_dir:

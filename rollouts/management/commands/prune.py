@@ -1,6 +1,7 @@
 """``python manage.py prune --older-than 30d [--archive] [--dry-run]``: delete (or archive) every
 finished run older than the given age (``rollouts.collection.archive.prune``). Runs being collected
 are never touched. Age: a number and a unit, s, m, h, d or w (``30d``, ``12h``, ``2w``)."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -12,10 +13,14 @@ class Command(BaseCommand):
     help = "Delete (or, with --archive, archive) finished runs older than --older-than (e.g. 30d)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", required=True, help="age of a run (since it finished): 30d, 12h, 2w, 90m, 3600s")
+        parser.add_argument(
+            "--older-than", required=True, help="age of a run (since it finished): 30d, 12h, 2w, 90m, 3600s"
+        )
         parser.add_argument("--archive", action="store_true", help="archive the runs instead of deleting them")
         parser.add_argument("--dry-run", action="store_true", help="only list what would be done")
-        parser.add_argument("--batch", type=int, default=None, help="rollouts per transaction (default GYMWEB_DELETE_BATCH)")
+        parser.add_argument(
+            "--batch", type=int, default=None, help="rollouts per transaction (default GYMWEB_DELETE_BATCH)"
+        )
 
     def handle(self, *args, **opts) -> None:
         try:
@@ -25,7 +30,9 @@ class Command(BaseCommand):
         if opts["batch"] is not None and opts["batch"] < 1:
             raise CommandError("--batch must be >= 1")
         try:
-            done = archive.prune(age, archive=opts["archive"], batch=opts["batch"], dry_run=opts["dry_run"], log=self.stdout.write)
+            done = archive.prune(
+                age, archive=opts["archive"], batch=opts["batch"], dry_run=opts["dry_run"], log=self.stdout.write
+            )
         except archive.ArchiveError as exc:
             raise CommandError(str(exc)) from None
         if not opts["dry_run"]:

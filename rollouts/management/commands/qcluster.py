@@ -17,6 +17,7 @@ killed.
 What the worker processes do on a stop (release their in-flight rollouts at once) is in
 ``rollouts.collection.dispatch.start_in_worker_process``.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,8 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 from django_q import cluster as q_cluster
 from django_q.conf import Conf, logger
-from django_q.status import Stat
 from django_q.management.commands.qcluster import Command as QClusterCommand
-
+from django_q.status import Stat
 
 # How long workers get to take their STOP from the task queue before they are signalled directly.
 STOP_GRACE_S = 2.0
@@ -71,7 +71,9 @@ class Sentinel(q_cluster.Sentinel):
             _wait_until_dead(stuck, settings.GYMWEB_RELEASE_TIMEOUT_S + 10.0)
             for p in stuck:
                 if p.is_alive():
-                    logger.warning(_("%(name)s killing worker %(pid)s, which did not end") % {"name": name, "pid": p.pid})
+                    logger.warning(
+                        _("%(name)s killing worker %(pid)s, which did not end") % {"name": name, "pid": p.pid}
+                    )
                     p.kill()
                     p.join(5.0)
         self.pool.clear()
@@ -111,7 +113,9 @@ class Cluster(q_cluster.Cluster):
             if not self.sentinel.is_alive():
                 if self.sentinel.exitcode == 0:
                     break
-                raise RuntimeError(f"Q Cluster {self.name} failed to start: sentinel exited with code {self.sentinel.exitcode}")
+                raise RuntimeError(
+                    f"Q Cluster {self.name} failed to start: sentinel exited with code {self.sentinel.exitcode}"
+                )
             time.sleep(0.1)
         return self.pid
 

@@ -1,4 +1,5 @@
 """``gymweb settings``: every GYMWEB_* setting with its value (secrets masked) and where it came from."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,14 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--markdown", action="store_true", help="print the settings table of docs/settings.md (defaults, not values)")
-        parser.add_argument("--write-docs", metavar="FILE", help="rewrite the table between the markers in FILE (docs/settings.md)")
+        parser.add_argument(
+            "--markdown",
+            action="store_true",
+            help="print the settings table of docs/settings.md (defaults, not values)",
+        )
+        parser.add_argument(
+            "--write-docs", metavar="FILE", help="rewrite the table between the markers in FILE (docs/settings.md)"
+        )
 
     def handle(self, *args, **opts):
         if opts["write_docs"]:
