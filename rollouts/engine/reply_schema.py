@@ -13,7 +13,7 @@ Same verdict as NeMo Gym for every reply in ``tests/data/reply_corpus.jsonl`` (r
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Required
+from typing import Annotated, Any, Literal, Optional, Union
 
 from openai.types.responses import (
     Response,
@@ -52,7 +52,7 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningC
 from openai.types.responses.response_reasoning_item import Summary
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel, BeforeValidator, Discriminator, Field, Tag
-from typing_extensions import TypedDict
+from typing_extensions import Required, TypedDict
 
 __all__ = ["ITEM_TAGS", "ReplyModel", "ReplyUsage", "OutputItem"]
 
@@ -67,7 +67,7 @@ class _TokenMetadata(BaseModel):
     generation_token_ids: list[int]
     generation_log_probs: list[float]
     # Per-token routed experts: nested ints or an opaque string envelope.
-    routed_experts: str | list[list[list[int]]] | None = None
+    routed_experts: Optional[Union[str, list[list[list[int]]]]] = None
 
 
 _TOKEN_REQUIRED = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
@@ -95,8 +95,8 @@ def _typed(value: Any) -> Any:
 # -- message and call shapes (the SDK's own are TypedDicts or too strict for replayed transcripts) ---
 class _VideoPart(TypedDict, total=False):
     type: Required[Literal["input_video"]]
-    video_url: str | dict[str, Any]
-    video: str | dict[str, Any]
+    video_url: Union[str, dict[str, Any]]
+    video: Union[str, dict[str, Any]]
 
 
 def _video_source(value: Any) -> Any:
@@ -112,14 +112,14 @@ def _video_source(value: Any) -> Any:
     return value
 
 
-InputPart = Annotated[ResponseInputContentParam | _VideoPart, BeforeValidator(_video_source)]
+InputPart = Annotated[Union[ResponseInputContentParam, _VideoPart], BeforeValidator(_video_source)]
 
 
 class OutputText(BaseModel):
     annotations: list[Annotation]
     text: str
     type: Literal["output_text"] = "output_text"
-    logprobs: list[Logprob] | None = None
+    logprobs: Optional[list[Logprob]] = None
 
 
 class OutputRefusal(BaseModel):
@@ -131,7 +131,7 @@ class OutputMessage(BaseModel):
     """An assistant message as a model returns it."""
 
     id: str
-    content: list[OutputText | OutputRefusal]
+    content: list[Union[OutputText, OutputRefusal]]
     role: Literal["assistant"] = "assistant"
     status: Status = "completed"
     type: Literal["message"] = "message"
@@ -141,7 +141,7 @@ class OutputMessage(BaseModel):
 class EasyMessage(BaseModel):
     """A message of any role whose content is a string or a list of input parts."""
 
-    content: str | list[InputPart]
+    content: Union[str, list[InputPart]]
     role: Literal["user", "assistant", "system", "developer"]
     type: Literal["message"] = "message"
     phase: Phase = None
@@ -161,48 +161,48 @@ class FunctionCall(BaseModel):
     call_id: str
     name: str
     type: Literal["function_call"] = "function_call"
-    id: str | None = None
-    status: Status | None = None
-    namespace: str | None = None
+    id: Optional[str] = None
+    status: Optional[Status] = None
+    namespace: Optional[str] = None
 
 
 class FunctionCallResult(BaseModel):
     """A ``function_call_output`` in its request shape (no id or status needed)."""
 
     call_id: str
-    output: str | ResponseFunctionCallOutputItemListParam
+    output: Union[str, ResponseFunctionCallOutputItemListParam]
     type: Literal["function_call_output"] = "function_call_output"
-    id: str | None = None
-    status: Status | None = None
+    id: Optional[str] = None
+    status: Optional[Status] = None
 
 
 class Reasoning(BaseModel):
     id: str
     summary: list[Summary]
     type: Literal["reasoning"] = "reasoning"
-    encrypted_content: str | None = None
-    content: list[ReasoningContent] | None = None
+    encrypted_content: Optional[str] = None
+    content: Optional[list[ReasoningContent]] = None
 
 
 # Hosted MCP items: endpoints may omit the id and server label, and send any status or tool entry.
 class McpCallItem(McpCall):
     type: Literal["mcp_call"] = "mcp_call"
-    id: str | None = None
-    server_label: str | None = None
-    status: str | None = None
+    id: Optional[str] = None
+    server_label: Optional[str] = None
+    status: Optional[str] = None
 
 
 class McpListToolsItem(McpListTools):
     type: Literal["mcp_list_tools"] = "mcp_list_tools"
     tools: list[Any] = Field(default_factory=list)
-    id: str | None = None
-    server_label: str | None = None
+    id: Optional[str] = None
+    server_label: Optional[str] = None
 
 
 class McpApprovalRequestItem(McpApprovalRequest):
     type: Literal["mcp_approval_request"] = "mcp_approval_request"
-    id: str | None = None
-    server_label: str | None = None
+    id: Optional[str] = None
+    server_label: Optional[str] = None
 
 
 def _trained(base: type[BaseModel]) -> type[BaseModel]:
@@ -269,7 +269,7 @@ def _message_tag(item: dict[str, Any]) -> str:
     return "easy_message"
 
 
-def _item_tag(item: Any) -> str | None:
+def _item_tag(item: Any) -> Optional[str]:
     """The union tag of one output item, or None (no model fits: a validation error)."""
     if not isinstance(item, dict):
         for cls in type(item).__mro__:
@@ -293,7 +293,7 @@ def _item_tag(item: Any) -> str | None:
 
 
 OutputItem = Annotated[
-    tuple(Annotated[model, Tag(tag)] for tag, model in _MODELS.items()),  # type: ignore[misc]
+    Union[tuple(Annotated[model, Tag(tag)] for tag, model in _MODELS.items())],  # type: ignore[misc]
     Discriminator(_item_tag),
     BeforeValidator(_token_metadata_whole),
     BeforeValidator(_typed),
@@ -301,11 +301,11 @@ OutputItem = Annotated[
 
 
 class _InputDetails(InputTokensDetails):
-    cached_tokens: int | None  # required but nullable: null = unknown
+    cached_tokens: Optional[int]  # required but nullable: null = unknown
 
 
 class _OutputDetails(OutputTokensDetails):
-    reasoning_tokens: int | None
+    reasoning_tokens: Optional[int]
 
 
 class ReplyUsage(ResponseUsage):
@@ -319,4 +319,4 @@ class ReplyModel(Response):
     """A valid Responses API object from the agent service (contract rule 3, DESIGN.md)."""
 
     output: list[OutputItem]
-    usage: ReplyUsage | None = None
+    usage: Optional[ReplyUsage] = None
