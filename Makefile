@@ -92,8 +92,8 @@ bench-vs-nemo: $(BIN)/.installed
 
 # A training loop: 20 consecutive batches of 32 and of 512 rollouts, gymweb's client against NeMo Gym
 # 0.7.0's run_examples batch by batch in one run (NeMo Gym's venv at NGPEER_VENV_DIR/venv; ports 20500-20510).
-# make bench-trainer [NGPEER_VENV_DIR=/work/ngpeer] [DB=sqlite|postgres] [TRAINER_ARGS='--sizes 32 --batches 5']
-NGPEER_VENV_DIR ?= /work/ngpeer
+# make bench-trainer [NGPEER_VENV_DIR=$(NGPEER_WORK)] [DB=sqlite|postgres] [TRAINER_ARGS='--sizes 32 --batches 5']
+NGPEER_VENV_DIR ?= $(NGPEER_WORK)
 bench-trainer: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_trainer --db $(DB) --ngpeer $(NGPEER_VENV_DIR) $(TRAINER_ARGS)
 

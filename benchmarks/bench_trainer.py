@@ -3,7 +3,7 @@ client (``gymweb.client.Client.run_examples``) against NeMo Gym 0.7.0's
 ``RolloutCollectionHelper.run_examples``, side by side in one run, batch by batch in turn.
 
     python -m benchmarks.bench_trainer [--sizes 32,512] [--batches 20] [--latency-ms 200] [--db sqlite|postgres]
-        [--ngpeer /work/ngpeer] [--port-base 20500] [--skip-nemo]
+        [--ngpeer $NGPEER_WORK] [--port-base 20500] [--skip-nemo]
 
 Both drive the same scripted agent (``../shared/nemo_gym_peer/scripted_agent.py``: a fixed sleep per
 call, 4 calls per rollout) and NeMo Gym's own counter resources server code. NeMo Gym: its stack
@@ -113,7 +113,9 @@ def main() -> None:
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--redis-url", default=os.environ.get("GYMWEB_REDIS_URL", "redis://127.0.0.1:6379/5"))
     parser.add_argument(
-        "--ngpeer", default=os.environ.get("NGPEER_WORK", "/work/ngpeer"), help="NeMo Gym's venv, counter and gymrun"
+        "--ngpeer",
+        default=os.environ.get("NGPEER_WORK", os.path.join(os.environ.get("TMPDIR", "/tmp"), "ngpeer")),
+        help="NeMo Gym's venv, counter and gymrun",
     )
     parser.add_argument(
         "--port-base",
