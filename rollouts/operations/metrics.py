@@ -124,7 +124,9 @@ def flush() -> None:
         return
     try:
         with transaction.atomic():
-            for (name, labels), delta in deltas.items():
+            # Rows in one order in every process: two workers flushing at once lock the same rows
+            # in the same order and wait for each other instead of deadlocking (PostgreSQL).
+            for (name, labels), delta in sorted(deltas.items()):
                 rows = MetricTotal.objects.filter(name=name, labels=labels)
                 if not rows.update(value=F("value") + delta):
                     MetricTotal.objects.bulk_create(
@@ -133,7 +135,7 @@ def flush() -> None:
                     rows.update(value=F("value") + delta)
     except BaseException:
         with _lock:
-            _pending.update(deltas)
+            _pending.update(deltas)  # a Counter: added to what came in since
         raise
 
 
