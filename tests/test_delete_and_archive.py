@@ -433,6 +433,12 @@ def test_api_archive_restore_and_delete(collected, api):
     assert r.status_code == 409 and "Restore it first" in r.json()["detail"]
     r = api("get", f"/runs/{good.pk}/rollouts.jsonl")
     assert r.status_code == 200 and b"".join(r.streaming_content).count(b"\n") == 10
+    # the results stream and one rollout whole need the items: refused with the way out too
+    r = api("get", f"/runs/{good.pk}/results?wait=0")
+    assert r.status_code == 409 and "Restore it first" in r.json()["detail"]
+    one = Rollout.objects.filter(run=good).first()
+    r = api("get", f"/rollouts/{one.pk}")
+    assert r.status_code == 409 and "Restore it first" in r.json()["detail"]
     r = api("post", f"/runs/{good.pk}/restore")
     assert r.status_code == 200 and r.json()["archived"] is None
     assert api("post", f"/runs/{good.pk}/restore").status_code == 409

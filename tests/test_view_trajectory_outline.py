@@ -276,15 +276,6 @@ def test_long_run_names_are_cut_with_a_title_and_urls_do_not_wrap(signed_in):
     assert f"/runs/{run.pk}/" in html
 
 
-def test_the_rendering_modules_summary_is_split_in_its_three_parts(monkeypatch):
-    from rollouts.web import outline as outline_module
-
-    monkeypatch.setattr(outline_module, "_rendering_summary", lambda payload: "call bash · ls · -la · 12 chars")
-    assert outline_module.fold_summary({}) == {"label": "call bash", "line": "ls · -la", "length": "12 chars"}
-    monkeypatch.setattr(outline_module, "_rendering_summary", lambda payload: "reasoning")
-    assert outline_module.fold_summary({}) == {"label": "reasoning", "line": "", "length": ""}
-
-
 def test_previous_and_next_keep_the_search(signed_in):
     run = rf.make_run(3)
     for t in range(3):

@@ -26,7 +26,7 @@ from ninja.errors import HttpError
 from ninja.responses import Status
 from pydantic import Field, ValidationError
 
-from rollouts.collection import export
+from rollouts.collection import archive, export
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.lossless import dumps
@@ -378,7 +378,7 @@ _RESULTS_DOC = (
     "/runs/{run_id}/results",
     summary="The run's finished rollouts as NeMo Gym rows, streamed as they finish",
     description=_RESULTS_DOC,
-    response={200: None, 400: Error},
+    response={200: None, 400: Error, 409: Error},
     openapi_extra={
         "responses": {"200": {"description": "NDJSON rows", "content": {NDJSON: {"schema": {"type": "string"}}}}}
     },
@@ -390,6 +390,8 @@ def run_results(
     wait: bool = Query(True, description="keep the stream open until the run is final"),
 ):
     run = _run_for(request, run_id)
+    if run.is_archived:  # its verify replies are in the archive files, not in the rows the stream reads
+        raise HttpError(409, str(archive.RunArchived(run, "the results stream")))
     response = StreamingHttpResponse(result_lines(run.pk, after, wait), content_type=f"{NDJSON}; charset=utf-8")
     response["X-Content-Type-Options"] = "nosniff"
     response["Cache-Control"] = "no-store"
@@ -473,6 +475,8 @@ def get_rollout(request, rollout_id: int):
     (latency, usage), every trajectory item and the verify reply. ``?format=nemo_gym``: its NeMo
     Gym row instead (409 while it has none: pending, running, cancelled or interrupted)."""
     rollout = _rollout(request, rollout_id)
+    if rollout.run.is_archived:
+        raise HttpError(409, str(archive.RunArchived(rollout.run, "this rollout's trajectory")))
     fmt = request.GET.get("format", "")
     if fmt not in ("", "nemo_gym"):
         raise _bad("format must be nemo_gym or empty", "format")

@@ -104,23 +104,8 @@ def _telling_argument(arguments: Any) -> str | None:
 
 
 def fold_summary(payload: Any) -> dict[str, str]:
-    """The folded item's line as ``{"label", "line", "length"}``: the rendering module's
-    ``item_summary`` (``"who · first line · N chars"``) split in its three parts when that module
-    has one, else this module's own ``item_summary``."""
-    if _rendering_summary is None:
-        return item_summary(payload)
-    text = _rendering_summary(payload)
-    label, _, rest = text.partition(" · ")
-    line, _, length = rest.rpartition(" · ")
-    if not length.endswith("chars") and not length.endswith("char"):
-        line, length = rest, ""
-    return {"label": label, "line": line, "length": length}
-
-
-try:  # the rendering module (issue 11's content rendering) owns the summary once it is there
-    from rollouts.web.rendering import item_summary as _rendering_summary  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on which branch is merged first
-    _rendering_summary = None
+    """The folded item's line as ``{"label", "line", "length"}`` (``item_summary``)."""
+    return item_summary(payload)
 
 
 def _tokens(usage: Any) -> str:
