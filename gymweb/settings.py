@@ -147,6 +147,9 @@ AUTHENTICATION_BACKENDS = [
 AXES_FAILURE_LIMIT = GYMWEB.signin_failure_limit
 AXES_COOLOFF_TIME = timedelta(minutes=GYMWEB.signin_lockout_minutes)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The address is the client's as the trusted proxies report it (GYMWEB_TRUSTED_PROXIES), never a
+# header a client could set itself.
+AXES_CLIENT_IP_CALLABLE = "rollouts.web.sessions.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "rollouts.web.sessions.locked_out"
 

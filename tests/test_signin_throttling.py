@@ -70,3 +70,37 @@ def test_a_right_password_before_the_limit_resets_the_count(user):
         for i in range(settings.AXES_FAILURE_LIMIT - 1):
             assert _try(client, LOGIN, "alice", f"wrong {round_} {i}").status_code == 200
         assert _try(Client(), LOGIN, "alice", "correct horse battery").status_code == 302
+
+
+def _behind_proxy(client: Client, username: str, password: str, forwarded: str):
+    # nginx at 127.0.0.1 appends the address it was reached from to X-Forwarded-For.
+    return client.post(LOGIN, {"username": username, "password": password, "next": "/"},
+                       REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR=forwarded)
+
+
+def test_behind_a_trusted_proxy_one_clients_failures_do_not_lock_out_another(admin_user, settings):
+    settings.GYMWEB_TRUSTED_PROXIES = 1
+    attacker = Client()
+    for i in range(settings.AXES_FAILURE_LIMIT + 2):
+        _behind_proxy(attacker, "root", f"guess {i}", "203.0.113.7")
+    assert _behind_proxy(attacker, "root", "the right password 1", "203.0.113.7").status_code == 429
+    # The owner, from another address behind the same proxy, still signs in.
+    owner = _behind_proxy(Client(), "root", "the right password 1", "198.51.100.20")
+    assert owner.status_code == 302
+
+
+def test_a_forged_forwarded_address_does_not_escape_the_lockout(admin_user, settings):
+    settings.GYMWEB_TRUSTED_PROXIES = 1
+    client = Client()
+    for i in range(settings.AXES_FAILURE_LIMIT + 2):
+        # the client sends its own X-Forwarded-For; the proxy appends the real address
+        _behind_proxy(client, "root", f"guess {i}", f"10.9.9.{i}, 203.0.113.7")
+    assert _behind_proxy(client, "root", "the right password 1", "10.1.1.1, 203.0.113.7").status_code == 429
+
+
+def test_without_trusted_proxies_a_client_cannot_pick_its_address(admin_user, settings):
+    settings.GYMWEB_TRUSTED_PROXIES = 0
+    client = Client()
+    for i in range(settings.AXES_FAILURE_LIMIT + 2):
+        _behind_proxy(client, "root", f"guess {i}", f"10.9.9.{i}")
+    assert _behind_proxy(client, "root", "the right password 1", "10.1.1.1").status_code == 429

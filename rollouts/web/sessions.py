@@ -112,3 +112,18 @@ def locked_out(request, original_response=None, credentials=None):
     minutes = round(cooloff.total_seconds() / 60) if cooloff else None
     context = {"failure_limit": settings.AXES_FAILURE_LIMIT, "minutes": minutes}
     return render(request, "registration/locked_out.html", context, status=429)
+
+
+def client_address(request) -> str | None:
+    """The client's address for the sign-in lockout (django-axes' ``AXES_CLIENT_IP_CALLABLE``).
+
+    With ``GYMWEB_TRUSTED_PROXIES`` = N > 0, the N-th address from the right of ``X-Forwarded-For``:
+    each proxy appends the address it was reached from, so the right-most N entries are the trusted
+    proxies' own writing and anything further left is what the client sent (and could forge). With
+    fewer entries than N, or N = 0, the connection's own address (``REMOTE_ADDR``)."""
+    trusted = int(settings.GYMWEB_TRUSTED_PROXIES)
+    if trusted > 0:
+        hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if h.strip()]
+        if len(hops) >= trusted:
+            return hops[-trusted]
+    return request.META.get("REMOTE_ADDR")
