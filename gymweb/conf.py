@@ -95,7 +95,10 @@ class GymwebSettings(BaseSettings):
     signin_failure_limit: int = S(
         10, "wrong passwords for one user name from one address before sign-in is locked (429)"
     )
-    trusted_proxies: int = S(0, "how many proxies (nginx, a load balancer) stand in front of gymweb and append to X-Forwarded-For: the sign-in lockout then keys on the client's address they report (0: the connection's own address; never more than there are, or clients can pick their address)")
+    trusted_proxies: int = S(
+        0,
+        "how many proxies (nginx, a load balancer) stand in front of gymweb and append to X-Forwarded-For: the sign-in lockout then keys on the client's address they report (0: the connection's own address; never more than there are, or clients can pick their address)",
+    )
     signin_lockout_minutes: float = S(15, "how long a locked sign-in stays locked; `gymweb axes_reset` unlocks at once")
     max_upload_bytes: int = S(200 * MIB, "one uploaded file (new-run dataset, import)")
     max_request_bytes: int | None = S(

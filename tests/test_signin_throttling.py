@@ -74,8 +74,12 @@ def test_a_right_password_before_the_limit_resets_the_count(user):
 
 def _behind_proxy(client: Client, username: str, password: str, forwarded: str):
     # nginx at 127.0.0.1 appends the address it was reached from to X-Forwarded-For.
-    return client.post(LOGIN, {"username": username, "password": password, "next": "/"},
-                       REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR=forwarded)
+    return client.post(
+        LOGIN,
+        {"username": username, "password": password, "next": "/"},
+        REMOTE_ADDR="127.0.0.1",
+        HTTP_X_FORWARDED_FOR=forwarded,
+    )
 
 
 def test_behind_a_trusted_proxy_one_clients_failures_do_not_lock_out_another(admin_user, settings):
