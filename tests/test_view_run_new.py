@@ -117,7 +117,8 @@ def test_earlier_datasets_read_apart_with_id_count_and_date(signed_in):
     body = signed_in.get(URL).content.decode()
     for dataset, count in ((one, "1 row"), (five, "5 rows"), (other, "1,200 rows")):
         when = timezone.localtime(dataset.created).strftime("%Y-%m-%d %H:%M")
-        assert f'<option value="{dataset.pk}">#{dataset.pk} good.jsonl · {count} · {when}</option>' in body
+        selected = " selected" if dataset == other else ""  # the one uploaded last is pre-selected
+        assert f'<option value="{dataset.pk}"{selected}>#{dataset.pk} good.jsonl · {count} · {when}</option>' in body
     assert "1 rows" not in body
 
 

@@ -10,6 +10,7 @@ from datetime import timedelta
 from django.urls import reverse
 from django.utils import timezone
 
+from rollouts.collection import runs
 from rollouts.models import Rollout, Run
 
 from .run_factories import finish, key, make_run
@@ -119,3 +120,15 @@ def test_a_cancelled_placeholder_that_a_later_attempt_replaced_leaves_the_table_
     # It stays under its key: the retried rollout's page lists it among the key's attempts.
     page = signed_in.get(reverse("rollout", args=[run.pk, retried.pk])).content.decode()
     assert page.count('class="attempt') == 2 and "cancelled" in page
+
+
+def test_the_new_run_form_pre_selects_the_dataset_uploaded_last(signed_in, db):
+    from rollouts.collection.datasets import read_jsonl
+
+    from .run_factories import dataset_lines
+
+    older = runs.store_dataset(read_jsonl(dataset_lines(2)), "older.jsonl")
+    newer = runs.store_dataset(read_jsonl(dataset_lines(3)), "newer.jsonl")
+    html = signed_in.get(reverse("run_new")).content.decode()
+    assert re.search(rf'<option value="{newer.pk}"[^>]*selected', html)
+    assert not re.search(rf'<option value="{older.pk}"[^>]*selected', html)

@@ -240,6 +240,12 @@ class RunForm(forms.Form):
         self.max_upload_bytes = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
         self.fields["dataset_file"].help_text += f" Up to {human_bytes(self.max_upload_bytes)}."
         self.fields["head_url"].initial = settings.GYMWEB_NEMO_GYM_HEAD_URL or None
+        if not self.is_bound and not self.initial.get("dataset"):
+            # The dataset uploaded last is the likeliest next run (the demo's, after `make demo`):
+            # "Start run" works straight away.
+            self.fields["dataset"].initial = (
+                Dataset.objects.order_by("-created", "-id").values_list("pk", flat=True).first()
+            )
         self.parsed: ParsedDataset | None = None
         self.nemo: Resolved | None = None  # what a NeMo Gym config / head server gave
 
