@@ -291,20 +291,28 @@ def cancel(run: Run) -> bool:
     return bool(changed)
 
 
-def auto_retry_wait(run: Run, now=None) -> float | None:
+def _failed_keys_left(run: Run) -> dict[tuple[int, int], tuple[int, int, bool]]:
+    """``retryable_keys`` without the kill-shaped ones: failed keys with attempts left."""
+    return {k: v for k, v in retryable_keys(run).items() if not v[2]}
+
+
+def auto_retry_wait(run: Run, now=None, keys: dict | None = None) -> float | None:
     """Seconds until ``run``'s failed keys get their automatic new attempt (0: due now), or None when
     the run retries nothing by itself: ``auto_retry`` off, or no failed key with attempts left
     (terminal failures and keys at ``max_attempts`` never are; cancelled or interrupted keys are run
-    by Retry or by the worker that reaps them, not here).
+    by Retry or by the worker that reaps them, not here). ``keys``: ``_failed_keys_left(run)`` when
+    the caller has it already.
 
     The wait before the wave of attempt ``n`` is ``GYMWEB_AUTO_RETRY_DELAY_S`` × 2^(n-2), counted
     from the run's last failure: an env restarted within seconds is back by then."""
     if not run.auto_retry:
         return None
-    due = [attempt for _task, attempt, kill_shaped in retryable_keys(run).values() if not kill_shaped]
-    if not due:
+    keys = _failed_keys_left(run) if keys is None else keys
+    if not keys:
         return None
-    delay = float(settings.GYMWEB_AUTO_RETRY_DELAY_S) * 2 ** max(0, min(due) - 2)
+    delay = float(settings.GYMWEB_AUTO_RETRY_DELAY_S) * 2 ** max(
+        0, min(attempt for _t, attempt, _k in keys.values()) - 2
+    )
     last = Rollout.objects.filter(run=run, status=Rollout.Status.FAILED).aggregate(last=Max("finished"))["last"]
     if last is None:
         return 0.0
@@ -312,9 +320,8 @@ def auto_retry_wait(run: Run, now=None) -> float | None:
     return max(0.0, delay - elapsed)
 
 
-def _retry_failed(run: Run) -> int:
-    """New pending attempts for the run's failed keys that have attempts left (not kill-shaped)."""
-    keys = {k: v for k, v in retryable_keys(run).items() if not v[2]}
+def _retry_failed(run: Run, keys: dict[tuple[int, int], tuple[int, int, bool]]) -> int:
+    """New pending attempts for ``keys`` (``_failed_keys_left``)."""
     Rollout.objects.bulk_create(
         (
             Rollout(run=run, task_id=task_id, task_index=t, rollout_index=r, attempt=attempt)
@@ -340,10 +347,11 @@ def finish_if_done(run_id: int) -> bool:
         ).exists()
         if busy:
             return False
-        wait = auto_retry_wait(run)
+        keys = _failed_keys_left(run) if run.auto_retry else {}
+        wait = auto_retry_wait(run, keys=keys)
         if wait is not None:
             if wait <= 0:
-                _retry_failed(run)
+                _retry_failed(run, keys)  # the keys just read, under the run's lock: read once
             return False
         done = bool(
             Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(
