@@ -32,7 +32,8 @@ from typing import Any, Union
 from aiohttp import web
 from multidict import CIMultiDict
 
-from rollouts.engine.loop import LoopSettings, make_client, run_rollout
+from rollouts.engine.http import make_client
+from rollouts.engine.loop import LoopSettings, run_rollout
 from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy
 
 # The tests' services run on 127.0.0.1: engine-level clients get this policy (local targets allowed).

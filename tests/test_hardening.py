@@ -11,7 +11,8 @@ from django.core.management import CommandError, call_command
 from rollouts.collection import runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.collection.dispatch import _Batch, write_batch
-from rollouts.engine.loop import FailureKind, RolloutOutcome
+from rollouts.engine.failures import FailureKind
+from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import Rollout, Run
 
 from .servers import AgentService, EnvService, Reply, async_test, drive, message, reply

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rollouts.engine.loop import FailureKind
+from rollouts.engine.failures import FailureKind
 from rollouts.engine.nemo_request import materialize
 from tests.servers import (
     AgentService,

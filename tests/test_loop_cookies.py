@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from rollouts.engine.loop import make_client, run_rollout
+from rollouts.engine.http import make_client
+from rollouts.engine.loop import run_rollout
 from tests.servers import (
     LOCAL,
     AgentService,

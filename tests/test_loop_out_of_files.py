@@ -13,7 +13,7 @@ import aiohttp
 import httpx
 
 from rollouts import targets
-from rollouts.engine import loop
+from rollouts.engine import http, loop
 
 _KEY = SimpleNamespace(host="127.0.0.1", port=9, ssl=True, is_ssl=False)  # what the error's text reads
 
@@ -33,10 +33,10 @@ def _chain(os_error: OSError) -> httpx.ConnectError:
 
 
 def test_it_recognises_running_out_of_files_anywhere_in_the_chain():
-    assert loop._out_of_files(_chain(OSError(errno.EMFILE, "Too many open files")))
-    assert loop._out_of_files(_chain(OSError(errno.ENFILE, "Too many open files in system")))
-    assert not loop._out_of_files(_chain(ConnectionRefusedError(errno.ECONNREFUSED, "refused")))
-    assert not loop._out_of_files(None)
+    assert http.out_of_files(_chain(OSError(errno.EMFILE, "Too many open files")))
+    assert http.out_of_files(_chain(OSError(errno.ENFILE, "Too many open files in system")))
+    assert not http.out_of_files(_chain(ConnectionRefusedError(errno.ECONNREFUSED, "refused")))
+    assert not http.out_of_files(None)
 
 
 def _rollout_short_of_descriptors(monkeypatch, agent_url, env_url, tasks_path, failing_tries):
@@ -44,7 +44,7 @@ def _rollout_short_of_descriptors(monkeypatch, agent_url, env_url, tasks_path, f
     when the process has no descriptor left (EMFILE, through aiohttp and httpx as the client raises
     it); None: every try fails. Returns (outcome, tries made)."""
     tries = {"n": 0}
-    real = loop.LoopClient.post_bytes
+    real = http.LoopClient.post_bytes
 
     async def post_bytes(self, url, body, headers):
         tries["n"] += 1
@@ -52,7 +52,7 @@ def _rollout_short_of_descriptors(monkeypatch, agent_url, env_url, tasks_path, f
             raise _chain(OSError(errno.EMFILE, "Too many open files"))
         return await real(self, url, body, headers)
 
-    monkeypatch.setattr(loop.LoopClient, "post_bytes", post_bytes)
+    monkeypatch.setattr(http.LoopClient, "post_bytes", post_bytes)
     settings = loop.LoopSettings(
         agent_base_url=agent_url, env_base_url=env_url, connect_attempts=2, retry_pause_s=0.001
     )
@@ -89,6 +89,6 @@ def test_a_rollout_out_of_files_blames_gymweb_not_the_agent(
         monkeypatch, counter_agent_url, counter_env_url, counter_tasks_path, None
     )
     assert not outcome.ok
-    assert tries == loop.OUT_OF_FILES_WAITS + 2
+    assert tries == http.OUT_OF_FILES_WAITS + 2
     assert "ran out of open files" in outcome.error and "ulimit -n" in outcome.error, outcome.error
     assert "Is your" not in outcome.error

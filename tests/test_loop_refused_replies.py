@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rollouts.engine.loop import FailureKind
+from rollouts.engine.failures import FailureKind
 from tests.servers import AgentService, EnvService, Reply, async_test, drive, free_url, message, reply
 
 

@@ -155,7 +155,8 @@ async def test_max_steps_zero_or_unset_is_unbounded(max_steps):
 async def test_a_cancelled_rollout_raises_cancelled_error_instead_of_becoming_a_failure():
     import asyncio
 
-    from rollouts.engine.loop import make_client, run_rollout
+    from rollouts.engine.http import make_client
+    from rollouts.engine.loop import run_rollout
     from tests.servers import Reply, settings, task_row
 
     async with EnvService(TOOLS) as env, AgentService(Reply(json=reply(message()), delay=5.0)) as agent:

@@ -8,7 +8,8 @@ import time
 import httpx
 import pytest
 
-from rollouts.engine.loop import FailureKind, InvalidBaseURL, validate_base_url
+from rollouts.engine.failures import FailureKind
+from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 from tests.servers import (
     LOCAL,
     AgentService,
@@ -230,7 +231,7 @@ async def test_the_rollout_timeout_wins_when_it_is_shorter_than_the_call_timeout
 @async_test
 async def test_the_client_sets_no_hidden_default_timeout():
     # httpx's default is 5 s and aiohttp's 300 s: the loop's own bounds must be the only ones.
-    from rollouts.engine.loop import make_client
+    from rollouts.engine.http import make_client
 
     client = make_client(2, policy=LOCAL)
     try:
@@ -350,7 +351,8 @@ async def test_proxy_variables_are_ignored_and_the_proxy_is_never_contacted(monk
 async def test_one_shared_client_carries_more_than_100_agent_calls_in_flight_at_once():
     import asyncio
 
-    from rollouts.engine.loop import DEFAULT_CONCURRENCY, make_client, run_rollout
+    from rollouts.engine.http import make_client
+    from rollouts.engine.loop import DEFAULT_CONCURRENCY, run_rollout
     from tests.servers import settings, task_row
 
     assert DEFAULT_CONCURRENCY == 32

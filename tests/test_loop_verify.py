@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from rollouts.engine.loop import FailureKind, ItemRecord, StepRecord
+from rollouts.engine.failures import FailureKind
+from rollouts.engine.loop import ItemRecord, StepRecord
 from rollouts.engine.nemo_request import materialize_item, materialize_response, run_record
 from tests.servers import (
     AgentService,

@@ -27,7 +27,8 @@ from rollouts.collection import export, runs
 from rollouts.collection.datasets import materialize, read_jsonl
 from rollouts.collection.importer import import_rollouts
 from rollouts.collection.stamps import stamp
-from rollouts.engine.loop import make_client, run_rollout
+from rollouts.engine.http import make_client
+from rollouts.engine.loop import run_rollout
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from tests.servers import LOCAL
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from rollouts.engine import budget as budget_module
 from rollouts.engine.budget import ReplyBudget
-from rollouts.engine.loop import FailureKind, make_client, run_rollout
+from rollouts.engine.failures import FailureKind
+from rollouts.engine.http import make_client
+from rollouts.engine.loop import run_rollout
 from tests.servers import LOCAL, EnvService, async_test, drive, settings, task_row
 from tests.test_reply_cap import ENDLESS, Streamer
 

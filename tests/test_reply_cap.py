@@ -11,7 +11,7 @@ import json
 import pytest
 from aiohttp import web
 
-from rollouts.engine.loop import FailureKind
+from rollouts.engine.failures import FailureKind
 from tests.servers import LOCAL, AgentService, EnvService, Reply, async_test, call, drive, message, reply
 
 CAP = 64 * 1024

@@ -24,7 +24,8 @@ from rollouts.collection import dispatch, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.collection.dispatch import _Batch, write_batch
 from rollouts.collection.importer import import_rollouts
-from rollouts.engine.loop import FailureKind, RolloutOutcome
+from rollouts.engine.failures import FailureKind
+from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,7 +10,8 @@ import ipaddress
 import pytest
 
 from rollouts.engine import targets
-from rollouts.engine.loop import FailureKind, make_client
+from rollouts.engine.failures import FailureKind
+from rollouts.engine.http import make_client
 from rollouts.engine.targets import TargetPolicy, TargetRefused, make_sync_client
 from tests.servers import AgentService, EnvService, async_test, drive, message, reply
 

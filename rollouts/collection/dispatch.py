@@ -53,7 +53,8 @@ from rollouts import targets
 from rollouts.collection import runs, wakeup
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.contract import prepare_reply_validation
-from rollouts.engine.loop import FailureKind, ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
+from rollouts.engine.failures import FailureKind
+from rollouts.engine.loop import ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, Task, TrajectoryItem, Worker
 from rollouts.nemo import miswiring

@@ -12,23 +12,16 @@ Contract rules are numbered as in DESIGN.md ("Contract rules") and cited where t
 from __future__ import annotations
 
 import asyncio
-import errno
-import http.cookiejar
 import ipaddress
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
-import httpx
-from httpx_aiohttp import AiohttpTransport
-from httpx_aiohttp.transport import map_aiohttp_exceptions
-
 from rollouts.engine import nemo_request
-from rollouts.engine.budget import ReplyBudget, ReplyOverBudget
 from rollouts.engine.contract import (
     InvalidReply,
     NotJSON,
@@ -39,30 +32,25 @@ from rollouts.engine.contract import (
     refused_tool_output,
     strict_loads,
 )
-from rollouts.engine.targets import (
-    DEFAULT_MAX_REPLY_BYTES,
-    PolicyAsyncTransport,
-    PolicyResolver,
-    ReplyTooLarge,
-    TargetPolicy,
-    find_refusal,
-    find_too_large,
-    parse_ip,
-)
+from rollouts.engine.failures import OWN_KINDS, TIMEOUT, UNREACHABLE, Failure, FailureKind, kind_for_step
+from rollouts.engine.http import LoopClient, RawReply, SessionJar, make_client
+from rollouts.engine.targets import parse_ip
 
 __all__ = [
-    "FailureKind",
+    "InvalidBaseURL",
+    "ItemRecord",
     "LoopSettings",
     "Observer",
+    "RefusedBody",
     "RolloutOutcome",
     "StepRecord",
-    "ItemRecord",
-    "LoopClient",
-    "RawReply",
-    "RefusedBody",
-    "make_client",
     "run_rollout",
     "validate_base_url",
+    # Still imported from here by rollouts.evaluation.conformance and rollouts.review.openapi, which
+    # this module's split left as they were; their homes are rollouts.engine.http and .failures.
+    "FailureKind",
+    "SessionJar",
+    "make_client",
 ]
 
 # NeMo Gym keeps the first 500 characters of a failing reply's body (rule 2).
@@ -73,50 +61,6 @@ DEFAULT_CONCURRENCY = 32
 CONNECT_ATTEMPTS = 3
 # How much of an agent reply gymweb refused is kept for the user to read (NeMo Gym keeps 500 characters).
 DEFAULT_REFUSED_REPLY_MAX_BYTES = 1024 * 1024
-
-
-class FailureKind:
-    """gymweb's finer failure classification (DESIGN.md, "Failure rows"). Values are stable strings."""
-
-    AGENT_UNREACHABLE = "agent_unreachable"
-    AGENT_TIMEOUT = "agent_timeout"
-    AGENT_HTTP_ERROR = "agent_http_error"
-    AGENT_REDIRECT = "agent_redirect"
-    AGENT_BAD_JSON = "agent_bad_json"
-    AGENT_INVALID_RESPONSE = "agent_invalid_response"
-    SEED_FAILED = "seed_failed"
-    TOOL_TRANSPORT_FAILED = "tool_transport_failed"
-    VERIFY_FAILED = "verify_failed"
-    ROLLOUT_TIMEOUT = "rollout_timeout"
-    INTERNAL_ERROR = "internal_error"
-    # The target policy refused to connect to the agent or the env (rollouts.engine.targets).
-    TARGET_REFUSED = "target_refused"
-    # A reply of the agent or the env was larger than GYMWEB_MAX_REPLY_BYTES.
-    REPLY_TOO_LARGE = "reply_too_large"
-    # The replies being read at once in the worker passed GYMWEB_REPLY_BUDGET_BYTES (not terminal).
-    REPLY_OVER_BUDGET = "reply_over_budget"
-    # Set by the dispatcher, never by the loop: part of the attempt could not be stored.
-    STORAGE_FAILED = "storage_failed"
-
-    ALL = (
-        AGENT_UNREACHABLE,
-        AGENT_TIMEOUT,
-        AGENT_HTTP_ERROR,
-        AGENT_REDIRECT,
-        AGENT_BAD_JSON,
-        AGENT_INVALID_RESPONSE,
-        SEED_FAILED,
-        TOOL_TRANSPORT_FAILED,
-        VERIFY_FAILED,
-        ROLLOUT_TIMEOUT,
-        INTERNAL_ERROR,
-        STORAGE_FAILED,
-        TARGET_REFUSED,
-        REPLY_TOO_LARGE,
-        REPLY_OVER_BUDGET,
-    )
-    # Only an invalid Responses object is terminal: retrying cannot fix it (rule 3).
-    TERMINAL = frozenset({AGENT_INVALID_RESPONSE})
 
 
 @dataclass(frozen=True)
@@ -252,19 +196,6 @@ class RolloutOutcome:
     env_url: str | None = None
 
 
-class _Failure(Exception):
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-def _kind(exc: _Failure, default: str) -> str:
-    """The failure kind for a failed env call: its own kind when the target policy or the reply
-    cap ended it, else ``default`` (the step's kind)."""
-    return exc.kind if exc.kind in _OWN_KINDS else default
-
-
 class InvalidBaseURL(ValueError):
     """A base URL breaks rule 13. The message never echoes embedded credentials."""
 
@@ -350,341 +281,6 @@ def validate_base_url(url: str, what: str = "agent_base_url") -> str:
     return text.rstrip("/")
 
 
-class _NoCookies(http.cookiejar.CookieJar):
-    """A jar that never stores anything: cookies live in each rollout's own jars, never in the
-    shared client, whose jar would not be scoped by port (DESIGN.md, known pitfalls)."""
-
-    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:  # noqa: D102
-        return None
-
-    def extract_cookies(self, response: Any, request: Any) -> None:  # noqa: D102
-        return None
-
-
-class LoopClient(httpx.AsyncClient):
-    """The loop's shared client: an ``httpx.AsyncClient`` over the policy-wrapped aiohttp
-    transport that also lends its aiohttp session to the loop's own calls (``post_bytes``).
-
-    ``post_bytes`` skips httpx's request and response models (URL merging, auth and redirect
-    machinery, header models, the byte-stream iterator), which cost CPU on every call (see
-    benchmarks/README.md). It keeps everything the transport chain does: the
-    target policy (IP-literal hosts judged before connecting, with the transport's own cache of
-    passed (host, port) pairs; names judged by the connector's ``PolicyResolver``), the reply cap
-    (``ReplyTooLarge`` from the declared length or the running count), the same headers httpx
-    sends (the client's defaults: accept, accept-encoding, connection, user-agent), a
-    ``Content-Encoding`` decoded by httpx's own decoders, and the same httpx errors for the same
-    aiohttp errors (``httpx_aiohttp``'s map), so the loop's rules 11 and 14 behave as through
-    ``post``.
-    """
-
-    def __init__(
-        self,
-        transport: PolicyAsyncTransport,
-        aiohttp_transport: AiohttpTransport,
-        budget: ReplyBudget | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(transport=transport, **kwargs)
-        self.budget = budget if budget is not None else ReplyBudget(None)
-        self._policy_transport = transport
-        self._aiohttp_transport = aiohttp_transport
-        self._base_headers = {k.lower(): v for k, v in self.headers.items()}
-        self._keys: dict[str, tuple[str, int]] = {}  # scheme://netloc -> (host, port) as httpx reads them
-
-    def _session(self) -> aiohttp.ClientSession:
-        t = self._aiohttp_transport
-        if not isinstance(t.client, aiohttp.ClientSession):
-            t.client = t.get_client()  # what the transport itself does on its first request
-        return t.client
-
-    def _check_target(self, url: str) -> None:
-        origin = url[: url.find("/", url.find("//") + 2)] if url.count("/") > 2 else url
-        key = self._keys.get(origin)
-        if key is None:
-            parsed = httpx.URL(url)
-            key = (parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
-            if len(self._keys) > 4096:
-                self._keys.clear()
-            self._keys[origin] = key
-        pt = self._policy_transport
-        if key not in pt._passed:
-            pt.policy.check_literal(*key)  # raises TargetRefused
-            if len(pt._passed) > 4096:
-                pt._passed.clear()
-            pt._passed.add(key)
-
-    async def post_bytes(self, url: str, body: bytes, headers: dict[str, str]) -> RawReply:
-        """POST ``body`` to ``url`` and read the whole reply. Raises ``targets.TargetRefused``
-        (policy), ``targets.ReplyTooLarge`` (cap), the ``httpx.HTTPError`` subclasses the transport
-        maps aiohttp's errors to (connection refused/reset/dropped: ``ConnectError``,
-        ``ConnectTimeout`` or ``ReadError``; a resolver refusal stays in the cause chain, as
-        ``targets.find_refusal`` reads it), or an unmapped ``aiohttp.ClientError`` when the peer does
-        not speak HTTP; ``budget.ReplyOverBudget`` when the replies being read at once in this
-        process pass the client's budget. Never follows redirects; sets no timeout (the caller bounds it)."""
-        self._check_target(url)
-        limit = self._policy_transport.max_reply_bytes
-        sent = {**self._base_headers, **headers}
-        with map_aiohttp_exceptions():
-            async with self._session().request(
-                "POST",
-                url,
-                data=body,
-                headers=sent,
-                allow_redirects=False,
-                auto_decompress=False,
-                compress=False,
-                timeout=_NO_TIMEOUT,
-            ) as resp:
-                length = resp.headers.get("content-length", "")
-                if length.isdigit() and int(length) > limit:
-                    raise ReplyTooLarge(url, limit)
-                chunks, seen = [], 0
-                budget = self.budget
-                try:
-                    async for chunk in resp.content.iter_any():
-                        seen += len(chunk)
-                        if seen > limit:
-                            raise ReplyTooLarge(url, limit)
-                        if not budget.take(len(chunk)):
-                            seen -= len(chunk)
-                            raise ReplyOverBudget(url, budget.limit or 0)
-                        chunks.append(chunk)
-                finally:
-                    budget.give(seen)
-                status, raw_headers = resp.status, resp.headers
-        return RawReply(status, raw_headers, chunks[0] if len(chunks) == 1 else b"".join(chunks))
-
-
-_NO_TIMEOUT = aiohttp.ClientTimeout()  # every field None: the loop bounds each call itself (rule 12)
-
-
-class RawReply:
-    """A whole HTTP reply read by ``LoopClient.post_bytes``, with the parts of ``httpx.Response``
-    the loop reads: ``status_code``, ``is_success``, ``headers`` (case-insensitive ``get``;
-    ``get_list`` for repeated headers), ``content`` (bytes, ``Content-Encoding`` decoded as httpx
-    decodes it; a bad encoding raises ``httpx.DecodingError``) and ``text`` (decoded by the
-    ``Content-Type`` charset, else UTF-8, bad bytes replaced: httpx's rule)."""
-
-    __slots__ = ("status_code", "headers", "content", "_text")
-
-    def __init__(self, status: int, headers: Any, content: bytes):
-        self.status_code = status
-        self.headers = _Headers(headers)
-        self._text: str | None = None
-        encoding = headers.get("content-encoding")
-        if encoding and encoding.strip().lower() != "identity":
-            decoded = httpx.Response(status, headers=list(headers.items()), stream=httpx.ByteStream(content))
-            decoded.read()  # httpx's own decoders (gzip, deflate, br, zstd), its errors
-            content = decoded.content
-        self.content = content
-
-    @property
-    def is_success(self) -> bool:
-        return 200 <= self.status_code < 300
-
-    @property
-    def text(self) -> str:
-        if self._text is None:
-            ctype = self.headers.get("content-type") or ""
-            if "charset" in ctype.lower():  # rare: let httpx read the charset exactly as it does
-                self._text = httpx.Response(
-                    self.status_code, headers={"content-type": ctype}, content=self.content
-                ).text
-            else:
-                self._text = self.content.decode("utf-8", errors="replace")
-        return self._text
-
-
-class _Headers:
-    """aiohttp's case-insensitive multidict with httpx's ``get_list``."""
-
-    __slots__ = ("_h",)
-
-    def __init__(self, h: Any):
-        self._h = h
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._h.get(key, default)
-
-    def get_list(self, key: str) -> list[str]:
-        return list(self._h.getall(key, ()))
-
-    def __getitem__(self, key: str) -> str:
-        return self._h[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._h
-
-
-def make_client(
-    concurrency: int = DEFAULT_CONCURRENCY,
-    policy: TargetPolicy | None = None,
-    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-    reply_budget_bytes: int | None = None,
-) -> LoopClient:
-    """One shared HTTP client for a worker process: httpx over the aiohttp transport (a
-    ``LoopClient``, whose ``post_bytes`` the loop uses).
-
-    The connection pool is sized for ``concurrency`` in-flight rollouts (agent + env connections;
-    aiohttp's default cap of 100 would throttle a larger run). Neither httpx nor aiohttp keeps
-    cookies, reads proxy variables (rule 14) or follows redirects (rule 1); no client-side timeout
-    is set because the loop bounds every call itself (rule 12). Must be created and used inside a
-    running event loop; close it with ``await client.aclose()``.
-
-    ``policy``: the target policy enforced on every connection (``rollouts.engine.targets``: the
-    connector's resolver drops refused addresses, IP-literal hosts are judged before connecting);
-    None means the strict default ``TargetPolicy()`` (public addresses only). Refusals raise
-    ``targets.TargetRefused``. ``max_reply_bytes``: every reply body is counted as it streams and
-    refused past this many bytes (``targets.ReplyTooLarge``). ``reply_budget_bytes``: the bytes all
-    replies being read at once may hold together (``budget.ReplyBudget``; None: unbounded).
-    """
-    limit = max(4, 2 * int(concurrency) + 8)
-    policy = policy if policy is not None else TargetPolicy()
-
-    def session() -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(
-            limit=limit, limit_per_host=0, ttl_dns_cache=300, resolver=PolicyResolver(policy)
-        )
-        return aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-            auto_decompress=False,
-            timeout=_NO_TIMEOUT,
-        )
-
-    inner = AiohttpTransport(client=session, trust_env=False)
-    transport = PolicyAsyncTransport(inner, policy, max_reply_bytes)
-    return LoopClient(
-        transport,
-        inner,
-        budget=ReplyBudget(reply_budget_bytes),
-        trust_env=False,
-        follow_redirects=False,
-        timeout=None,
-        cookies=_NoCookies(),
-    )
-
-
-class SessionJar:
-    """One party's cookies for one rollout: name → value, kept up to date from every reply
-    (``update``), sent back as one ``Cookie`` header (``headers``). DESIGN.md, "Cookies"."""
-
-    __slots__ = ("values",)
-
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def update(self, response: Any) -> None:
-        """Take the ``Set-Cookie`` headers of ``response`` (an ``httpx.Response`` or a ``RawReply``)."""
-        for header in response.headers.get_list("set-cookie"):
-            first, _, attrs = header.partition(";")
-            name, eq, value = first.partition("=")
-            name = name.strip()
-            if not eq or not name:
-                continue
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = value[1:-1]
-            if _expired(attrs):
-                self.values.pop(name, None)
-            else:
-                self.values[name] = value
-
-    def headers(self) -> dict[str, str]:
-        if not self.values:
-            return _JSON_HEADERS
-        cookie = "; ".join(f"{k}={v}" for k, v in self.values.items())
-        return {**_JSON_HEADERS, "cookie": cookie}
-
-
-_JSON_HEADERS = {"content-type": "application/json"}
-
-
-def _expired(attrs: str) -> bool:
-    for attr in attrs.split(";"):
-        key, _, val = attr.partition("=")
-        key = key.strip().lower()
-        if key == "max-age":
-            try:
-                return int(val.strip()) <= 0
-            except ValueError:
-                return False
-        if key == "expires":
-            try:
-                return http.cookiejar.http2time(val.strip()) < time.time()  # type: ignore[attr-defined,operator]
-            except TypeError:
-                return False
-    return False
-
-
-# Errors that mean "refused, reset or dropped before a reply" (rule 11). With the aiohttp transport
-# a reset or dropped connection surfaces as httpx.ConnectTimeout (aiohttp's ClientConnectionError
-# family); the loop sets no client timeouts, so that class here never means a real timeout.
-_CONNECTION_ERRORS = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.CloseError,
-)
-
-
-# Any other transport error means the peer answered with something that is not HTTP (for example
-# aiohttp's "Bad status line", raised unmapped through the httpx-aiohttp transport). Without this a
-# service speaking another protocol ended as gymweb's own "internal_error".
-_PROTOCOL_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
-
-
-def _describe_exc(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    inner = cause if isinstance(cause, aiohttp.ClientError) else exc
-    text = str(inner) or inner.__class__.__name__
-    return f"{inner.__class__.__name__}: {text}"
-
-
-def _policy_failure(exc: BaseException, who: str, url: str) -> _Failure | None:
-    """A ``_Failure`` of kind ``target_refused`` or ``reply_too_large`` when ``exc`` is (or was
-    caused by) the target policy's refusal or the reply cap, else None."""
-    refused = find_refusal(exc)
-    if refused is not None:
-        return _Failure(FailureKind.TARGET_REFUSED, f"gymweb did not connect to {who} at {url}: {refused}")
-    too_large = find_too_large(exc)
-    if isinstance(too_large, ReplyOverBudget):
-        return _Failure(
-            FailureKind.REPLY_OVER_BUDGET, f"{who} at {url}: {too_large.args[0]}; the rollout can run again"
-        )
-    if too_large is not None:
-        return _Failure(
-            FailureKind.REPLY_TOO_LARGE,
-            f"{who} at {url} sent a reply larger than {too_large.limit:,} bytes "
-            f"(GYMWEB_MAX_REPLY_BYTES); gymweb stopped reading it",
-        )
-    return None
-
-
-_OWN_KINDS = (FailureKind.TARGET_REFUSED, FailureKind.REPLY_TOO_LARGE, FailureKind.REPLY_OVER_BUDGET)
-
-
-# Connection tries that failed because this process had no file descriptor left, waited out (a
-# pause of ``retry_pause_s`` each) before they count as attempts: at thousands in flight the agent
-# and env connections can pass the open-file limit for a moment.
-OUT_OF_FILES_WAITS = 60
-
-
-def _out_of_files(exc: BaseException | None) -> bool:
-    """True when ``exc`` or an exception in its cause chain is this process running out of file
-    descriptors (EMFILE/ENFILE): then the peer is not to blame and the error text says so."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
-
-
 def _excerpt(text: str) -> str:
     text = text.strip()
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"
@@ -695,7 +291,10 @@ def _redirect_message(status: int, url: str, location: str | None) -> str:
     request's URL), and which setting to change: gymweb's agent URL, NeMo Gym's ``agent_base_url``."""
     fix = "point the agent URL (NeMo Gym's agent_base_url) at the final address"
     if not location:
-        return f"the agent service answered HTTP {status} redirecting without a Location header; redirects are never followed"
+        return (
+            f"the agent service answered HTTP {status} redirecting without a Location header; "
+            "redirects are never followed"
+        )
     resolved = urljoin(url, location.strip())
     shown = resolved if resolved == location else f"{resolved} (Location: {_excerpt(location)})"
     if resolved.endswith("/v1/responses"):
@@ -714,9 +313,8 @@ _INPUT_MARK = "\x00gymweb-input-" + __import__("uuid").uuid4().hex
 class _Rollout:
     """State of one rollout: its two cookie jars, the conversation and the merged output."""
 
-    def __init__(self, client: httpx.AsyncClient, row: dict[str, Any], settings: LoopSettings, observer: Observer):
+    def __init__(self, client: LoopClient, row: dict[str, Any], settings: LoopSettings, observer: Observer):
         self.client = client
-        self.fast = isinstance(client, LoopClient)  # else any httpx.AsyncClient, through httpx
         self.row = row
         self.s = settings
         self.obs = observer
@@ -745,80 +343,39 @@ class _Rollout:
     # -- env ---------------------------------------------------------------------------------
     async def _post(
         self, url: str, body: bytes, jar: SessionJar, party: str, timeout_s: float | None = None
-    ) -> httpx.Response:
-        """POST ``body`` to ``url`` with one party's cookies and read the whole reply.
-
-        Connection refused, reset or dropped before a reply: ``connect_attempts`` tries with a pause
-        between, then a failure naming the URL (rule 11; rule 15 for the env); a try that failed
-        because this process had no file descriptor left is waited out (up to ``OUT_OF_FILES_WAITS``
-        pauses) before it counts, and the failure then names the open-file limit. A peer that answers
-        with something other than HTTP fails at once. ``timeout_s`` bounds each try (rule 12; None:
-        only the rollout's own timeout). Raises ``_Failure`` with kind ``unreachable``, ``not_http``
-        or ``timeout``, which callers turn into their own failure kind, or with ``target_refused``
-        (the client's target policy refused the host: nothing was sent, not retried) or
-        ``reply_too_large`` (the reply passed the client's cap; not read on), which they keep.
-        """
-        who = "the agent service" if party == "agent" else "the environment"
-        last: BaseException | None = None
-        failed = waits = 0  # tries that failed and count as attempts; tries waited out for a descriptor
-        while failed < self.s.connect_attempts:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    if self.fast:
-                        response = await self.client.post_bytes(url, body, jar.headers())  # type: ignore[attr-defined]
-                    else:
-                        response = await self.client.post(url, content=body, headers=jar.headers())
-                        await response.aread()
-            except TimeoutError:
-                raise _Failure("timeout", f"{who} did not answer within {timeout_s:g} s") from None
-            except _PROTOCOL_ERRORS as exc:
-                own = _policy_failure(exc, who, url)
-                if own is not None:  # refused by the target policy or over the reply cap: not retried
-                    raise own from None
-                if not isinstance(exc, _CONNECTION_ERRORS):  # answered, but not with HTTP: not retried (rule 11)
-                    raise _Failure(
-                        "not_http", f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})"
-                    ) from None
-                last = exc
-                if waits < OUT_OF_FILES_WAITS and _out_of_files(exc):
-                    # gymweb's own process is out of file descriptors (thousands in flight): not the
-                    # peer's fault, so wait for one to free up without spending an attempt
-                    waits += 1
-                else:
-                    failed += 1
-                if failed < self.s.connect_attempts:
-                    await asyncio.sleep(self.s.retry_pause_s)
-                continue
-            jar.update(response)
-            return response
+    ) -> RawReply:
+        """POST ``body`` to ``url`` with one party's cookies and read the whole reply, with the
+        connection attempts of the rollout's settings (rules 11, 12, 15; ``LoopClient.post_with_attempts``).
+        Raises ``Failure``."""
         hint = (
             f"Is your service running at {self.s.agent_base_url}?"
             if party == "agent"
             else f"Is your resources server running at {self.s.env_base_url}?"
         )
-        if _out_of_files(last):
-            hint = (
-                "gymweb's own process ran out of open files (each rollout in flight may hold an agent and an "
-                "env connection): raise its open-file limit (`ulimit -n`) or lower the concurrency"
-            )
-        raise _Failure(
-            "unreachable",
-            f"could not reach {who} after {self.s.connect_attempts} attempts ({_describe_exc(last)}). {hint}",
+        return await self.client.post_with_attempts(
+            url,
+            body,
+            jar,
+            who="the agent service" if party == "agent" else "the environment",
+            attempts=self.s.connect_attempts,
+            pause_s=self.s.retry_pause_s,
+            hint=hint,
+            timeout_s=timeout_s,
         )
 
-    async def _post_env(self, route: str, payload: Any) -> httpx.Response:
+    async def _post_env(self, route: str, payload: Any) -> RawReply:
         """POST to the env with its cookies (rule 15), bounded only by the rollout's own timeout.
-        Raises ``_Failure`` on a dead env; the caller names the failure kind."""
+        Raises ``Failure`` on a dead env; the caller names the failure kind."""
         return await self._post(f"{self.s.env_base_url}/{route}", _dumps(payload), self.env_jar, "env")
 
     async def seed(self) -> None:
         started = time.perf_counter()
         try:
             response = await self._post_env("seed_session", self.record)
-        except _Failure as exc:
-            raise _Failure(_kind(exc, FailureKind.SEED_FAILED), f"seed_session failed: {exc.message}") from None
+        except Failure as exc:
+            raise Failure(kind_for_step(exc, FailureKind.SEED_FAILED), f"seed_session failed: {exc.message}") from None
         if not response.is_success:
-            raise _Failure(
+            raise Failure(
                 FailureKind.SEED_FAILED,
                 f"seed_session failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
             )
@@ -837,9 +394,9 @@ class _Rollout:
             started = time.perf_counter()
             try:
                 response = await self._post_env(name, args)
-            except _Failure as exc:
-                raise _Failure(
-                    _kind(exc, FailureKind.TOOL_TRANSPORT_FAILED), f"tool call {name!r} failed: {exc.message}"
+            except Failure as exc:
+                raise Failure(
+                    kind_for_step(exc, FailureKind.TOOL_TRANSPORT_FAILED), f"tool call {name!r} failed: {exc.message}"
                 ) from None
             record.latency_ms = (time.perf_counter() - started) * 1000
             record.tool_status = response.status_code
@@ -855,28 +412,28 @@ class _Rollout:
         started = time.perf_counter()
         try:
             response = await self._post_env("verify", body)
-        except _Failure as exc:
-            raise _Failure(_kind(exc, FailureKind.VERIFY_FAILED), f"verify failed: {exc.message}") from None
+        except Failure as exc:
+            raise Failure(kind_for_step(exc, FailureKind.VERIFY_FAILED), f"verify failed: {exc.message}") from None
         self.outcome.verify_ms = (time.perf_counter() - started) * 1000
         if not response.is_success:
-            raise _Failure(
+            raise Failure(
                 FailureKind.VERIFY_FAILED,
                 f"verify failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
             )
         try:
             data = strict_loads(response.content)
         except NotJSON as exc:
-            raise _Failure(
+            raise Failure(
                 FailureKind.VERIFY_FAILED, f"verify failed: the reply is not JSON ({exc}): {_excerpt(response.text)}"
             ) from None
         if not isinstance(data, dict):
-            raise _Failure(
+            raise Failure(
                 FailureKind.VERIFY_FAILED,
                 f"verify failed: the reply is JSON but not an object: {_excerpt(response.text)}",
             )
         reward = data.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
-            raise _Failure(
+            raise Failure(
                 FailureKind.VERIFY_FAILED,
                 f"verify failed: the reply has no numeric 'reward' (got {json.dumps(reward)[:100]})",
             )
@@ -896,27 +453,27 @@ class _Rollout:
         try:
             try:
                 response = await self._post(url, body, self.agent_jar, "agent", timeout)
-            except _Failure as exc:
-                if exc.kind == "timeout":
-                    raise _Failure(
+            except Failure as exc:
+                if exc.kind == TIMEOUT:
+                    raise Failure(
                         FailureKind.AGENT_TIMEOUT,
                         f"the agent service did not answer within {timeout:g} s "
                         f"(remote_responses_timeout_s; NeMo Gym's remote_responses_timeout_secs) at {url}",
                     ) from None
-                if exc.kind in _OWN_KINDS:
+                if exc.kind in OWN_KINDS:
                     raise
-                kind = FailureKind.AGENT_UNREACHABLE if exc.kind == "unreachable" else FailureKind.AGENT_HTTP_ERROR
-                raise _Failure(kind, exc.message) from None
+                kind = FailureKind.AGENT_UNREACHABLE if exc.kind == UNREACHABLE else FailureKind.AGENT_HTTP_ERROR
+                raise Failure(kind, exc.message) from None
             step.http_status = response.status_code
             if 300 <= response.status_code < 400:  # rule 1
                 self._keep_refused(response)
-                raise _Failure(
+                raise Failure(
                     FailureKind.AGENT_REDIRECT,
                     _redirect_message(response.status_code, url, response.headers.get("location")),
                 )
             if not response.is_success:  # rule 2
                 self._keep_refused(response)
-                raise _Failure(
+                raise Failure(
                     FailureKind.AGENT_HTTP_ERROR,
                     f"the agent service answered HTTP {response.status_code}: {_excerpt(response.text)}",
                 )
@@ -924,27 +481,28 @@ class _Rollout:
                 data = strict_loads(response.content)
             except NotJSON as exc:
                 self._keep_refused(response)
-                raise _Failure(
+                raise Failure(
                     FailureKind.AGENT_BAD_JSON,
                     f"the agent service's reply is not JSON ({exc}): {_excerpt(response.text)}",
                 ) from None
             if not isinstance(data, dict):
                 self._keep_refused(response)
-                raise _Failure(
+                raise Failure(
                     FailureKind.AGENT_BAD_JSON,
-                    f"the agent service's reply is JSON but not an object ({type(data).__name__}): {_excerpt(response.text)}",
+                    f"the agent service's reply is JSON but not an object ({type(data).__name__}): "
+                    f"{_excerpt(response.text)}",
                 )
             try:
                 parse_reply(data)  # rule 3
             except InvalidReply as exc:
                 self._keep_refused(response, exc.errors)
-                raise _Failure(
+                raise Failure(
                     FailureKind.AGENT_INVALID_RESPONSE,
                     f"the agent service returned an invalid Responses API object: {exc}",
                 ) from None
             self.replies += 1
             return data, step
-        except _Failure as exc:
+        except Failure as exc:
             step.error = exc.message
             raise
         finally:
@@ -952,7 +510,7 @@ class _Rollout:
             if step.error is not None:
                 self.obs.on_step(step, [])
 
-    def _keep_refused(self, response: Any, errors: list[dict[str, Any]] | None = None) -> None:
+    def _keep_refused(self, response: Any, errors: Sequence[dict[str, Any]] | None = None) -> None:
         """Keep the reply being refused (up to ``refused_reply_max_bytes``) on the outcome."""
         content = response.content or b""
         cap = max(0, self.s.refused_reply_max_bytes)
@@ -1049,7 +607,7 @@ class _Rollout:
 
 
 async def run_rollout(
-    client: httpx.AsyncClient,
+    client: LoopClient,
     row: dict[str, Any],
     settings: LoopSettings,
     observer: Observer | None = None,
@@ -1079,7 +637,7 @@ async def run_rollout(
         async with asyncio.timeout(settings.run_timeout_s):
             await rollout.drive()
         outcome.ok = True
-    except _Failure as exc:
+    except Failure as exc:
         outcome.failure_kind = exc.kind
         outcome.error = exc.message
     except TimeoutError:
