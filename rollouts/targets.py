@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured
 
-from rollouts.engine.http import make_client
+from rollouts.engine.http import LoopClient, make_client
 from rollouts.engine.targets import (
     InvalidAllowEntry,
     TargetPolicy,
@@ -81,7 +81,7 @@ def refused_services(agent_url: str, env_url: str) -> list[str]:
     return out
 
 
-def async_client(concurrency: int = 32) -> httpx.AsyncClient:
+def async_client(concurrency: int = 32) -> LoopClient:
     """``rollouts.engine.http.make_client`` with this instance's policy and reply cap (use inside an event loop)."""
     budget = settings.GYMWEB_REPLY_BUDGET_BYTES or None
     return make_client(concurrency, policy=policy(), max_reply_bytes=max_reply_bytes(), reply_budget_bytes=budget)

@@ -253,12 +253,6 @@ class _Headers:
     def get_list(self, key: str) -> list[str]:
         return list(self._h.getall(key, ()))
 
-    def __getitem__(self, key: str) -> str:
-        return self._h[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._h
-
 
 def make_client(
     concurrency: int,

@@ -16,6 +16,7 @@ import ipaddress
 import json
 import re
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -307,7 +308,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 # Stands for the input list while the rest of an agent request is serialised (``_agent_body``).
-_INPUT_MARK = "\x00gymweb-input-" + __import__("uuid").uuid4().hex
+_INPUT_MARK = "\x00gymweb-input-" + uuid.uuid4().hex
 
 
 class _Rollout:
