@@ -8,9 +8,9 @@ tool names, tool outputs, failure messages and a 2-character query (no trigram: 
     python -m benchmarks.bench_search [--db sqlite|postgres] [--rollouts 100000] [--items 10] [--repeat 3]
 
 Seeding uses bulk inserts the way a restore would: on SQLite the FTS5 triggers are off while
-the rows go in and the index is then rebuilt from them (``rollouts.search.ensure_index``); on
+the rows go in and the index is then rebuilt from them (``rollouts.search.index.ensure_index``); on
 PostgreSQL the rows are COPYed with the trigram index dropped, then the index is built. The
-``search_text`` of every item is computed by ``rollouts.search.item_search_text``, as the
+``search_text`` of every item is computed by ``rollouts.search.text.item_search_text``, as the
 writers do. Target: every search under 1 s server time.
 """
 
@@ -86,9 +86,9 @@ def seed(total: int, items: int):
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from rollouts import search
     from rollouts.lossless import dumps, encode_text
     from rollouts.models import Rollout, Run, Task
+    from rollouts.search import index, text
 
     rng = random.Random(11)
     pool = sentences(rng, 20_000)
@@ -160,15 +160,15 @@ def seed(total: int, items: int):
                     kind in ("function_call", "function_call_output"),
                     False,
                     dumps(item),
-                    search.item_search_text(item),
+                    text.item_search_text(item),
                 )
 
     columns = "rollout_id, seq, step, kind, role, call_id, name, origin, asked, paired, refused, payload, search_text"
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             for suffix in ("ai", "ad", "au"):
-                cursor.execute(f"DROP TRIGGER IF EXISTS {search.FTS_TABLE}_{suffix}")
-            insert = f"INSERT INTO {search.ITEM_TABLE} ({columns}) VALUES ({', '.join(['%s'] * 13)})"
+                cursor.execute(f"DROP TRIGGER IF EXISTS {index.FTS_TABLE}_{suffix}")
+            insert = f"INSERT INTO {index.ITEM_TABLE} ({columns}) VALUES ({', '.join(['%s'] * 13)})"
             with transaction.atomic():
                 batch = []
                 for row in rows():
@@ -179,17 +179,17 @@ def seed(total: int, items: int):
                 if batch:
                     cursor.executemany(insert, batch)
             t0 = time.perf_counter()
-            search.ensure_index(connection)  # triggers back, index rebuilt from the rows
+            index.ensure_index(connection)  # triggers back, index rebuilt from the rows
             index_s = time.perf_counter() - t0
             cursor.execute("ANALYZE")
         else:
-            cursor.execute(f"DROP INDEX IF EXISTS {search.TRGM_INDEX}")
+            cursor.execute(f"DROP INDEX IF EXISTS {index.TRGM_INDEX}")
             raw = cursor.cursor  # psycopg's own cursor: COPY
-            with raw.copy(f"COPY {search.ITEM_TABLE} ({columns}) FROM STDIN") as copy:
+            with raw.copy(f"COPY {index.ITEM_TABLE} ({columns}) FROM STDIN") as copy:
                 for row in rows():
                     copy.write_row(row)
             t0 = time.perf_counter()
-            search.ensure_index(connection)
+            index.ensure_index(connection)
             index_s = time.perf_counter() - t0
             cursor.execute("ANALYZE")
     return user, run, index_s

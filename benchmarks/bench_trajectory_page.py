@@ -154,7 +154,7 @@ def main() -> None:
     client = Client()
     client.force_login(user)
     live = reverse("rollout_live", args=[run.pk, running.pk])
-    from rollouts.web.trajectory_views import _live_signature
+    from rollouts.web.trajectory_views import live_signature
 
     steps = (args.items + 2) // 3
     pages = [
@@ -168,7 +168,7 @@ def main() -> None:
         ),
         (
             "  live poll, nothing new (204)",
-            f"{live}?from={steps - 1}&seen={_live_signature('running', args.items, steps)}",
+            f"{live}?from={steps - 1}&seen={live_signature('running', args.items, steps)}",
             204,
             None,
         ),

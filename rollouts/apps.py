@@ -19,12 +19,12 @@ def _ensure_supervisor(sender, **kwargs):
 
 
 def _ensure_search_index(sender, using="default", **kwargs):
-    """The content-search index (``rollouts.search.ensure_index``) after every ``migrate``: a later
+    """The content-search index (``rollouts.search.index.ensure_index``) after every ``migrate``: a later
     migration that rebuilds the items table on SQLite drops its triggers; this puts them back and
     refills the index. Nothing happens before migration 0013 added ``search_text``."""
     from django.db import connections
 
-    from rollouts.search import ITEM_TABLE, ensure_index
+    from rollouts.search.index import ITEM_TABLE, ensure_index
 
     connection = connections[using]
     with connection.cursor() as cursor:

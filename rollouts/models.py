@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.urls import reverse
 
 from rollouts.lossless import JSONTextField, LosslessCharField, LosslessTextField
+from rollouts.search.text import fill_missing, item_search_text
 
 
 class Dataset(models.Model):
@@ -338,13 +339,11 @@ class AgentCall(models.Model):
 
 
 class TrajectoryItemManager(models.Manager):
-    """Fills ``search_text`` (``rollouts.search.item_search_text``) of new items on every
+    """Fills ``search_text`` (``rollouts.search.text.item_search_text``) of new items on every
     ``bulk_create``, so every writer (worker, ``collect``, imports, reverify) keeps the content
     search index complete without knowing about it."""
 
     def bulk_create(self, objs, *args, **kwargs):
-        from rollouts.search import fill_missing
-
         objs = list(objs)
         fill_missing(objs)
         return super().bulk_create(objs, *args, **kwargs)
@@ -392,8 +391,6 @@ class TrajectoryItem(models.Model):
 
     def save(self, *args, **kwargs):
         if not self.search_text and self.payload is not None:
-            from rollouts.search import item_search_text
-
             self.search_text = item_search_text(self.payload)
         super().save(*args, **kwargs)
 

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from rollouts import search
 from rollouts.models import Rollout, TrajectoryItem
+from rollouts.search import index, queries
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # migrates back and forth
 
@@ -26,9 +26,9 @@ def _migrate(targets):
 def _index_objects() -> int:
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
-            cursor.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE %s", [search.FTS_TABLE + "%"])
+            cursor.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE %s", [index.FTS_TABLE + "%"])
         else:
-            cursor.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", [search.TRGM_INDEX])
+            cursor.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", [index.TRGM_INDEX])
         return cursor.fetchone()[0]
 
 
@@ -59,8 +59,8 @@ def test_items_stored_before_the_migration_are_found_after_it_and_new_ones_too()
 
     assert _index_objects() >= 1
     rollouts = Rollout.objects.filter(run_id=run.pk)
-    assert list(search.filter_text(rollouts, 'before "QUOTED"').values_list("pk", flat=True)) == [before.pk]
-    assert list(search.filter_output(rollouts, "stored").values_list("pk", flat=True)) == [before.pk]
+    assert list(queries.filter_text(rollouts, 'before "QUOTED"').values_list("pk", flat=True)) == [before.pk]
+    assert list(queries.filter_output(rollouts, "stored").values_list("pk", flat=True)) == [before.pk]
     TrajectoryItem.objects.bulk_create(
         [
             TrajectoryItem(
@@ -73,8 +73,8 @@ def test_items_stored_before_the_migration_are_found_after_it_and_new_ones_too()
             )
         ]
     )
-    assert list(search.filter_text(rollouts, "written after").values_list("pk", flat=True)) == [other.pk]
-    assert list(search.filter_text(rollouts, "stored").values_list("pk", flat=True)) == [before.pk]
+    assert list(queries.filter_text(rollouts, "written after").values_list("pk", flat=True)) == [other.pk]
+    assert list(queries.filter_text(rollouts, "stored").values_list("pk", flat=True)) == [before.pk]
 
 
 def test_undoing_the_migration_drops_the_index_and_redoing_it_rebuilds_it():
@@ -96,7 +96,7 @@ def test_lost_triggers_are_put_back_and_the_index_refilled():
 
     run = make_run(1)
     with connection.cursor() as cursor:
-        cursor.execute(f"DROP TRIGGER {search.FTS_TABLE}_ai")
+        cursor.execute(f"DROP TRIGGER {index.FTS_TABLE}_ai")
     TrajectoryItem.objects.bulk_create(
         [
             TrajectoryItem(
@@ -110,10 +110,10 @@ def test_lost_triggers_are_put_back_and_the_index_refilled():
         ]
     )
     rollouts = Rollout.objects.filter(run=run)
-    assert not search.filter_text(rollouts, "unindexed").exists()
+    assert not queries.filter_text(rollouts, "unindexed").exists()
     call_command("migrate", verbosity=0)
-    assert search.filter_text(rollouts, "unindexed").exists()
-    assert search.ensure_index(connection) == "present"
+    assert queries.filter_text(rollouts, "unindexed").exists()
+    assert index.ensure_index(connection) == "present"
 
 
 @pytest.mark.parametrize("debug", [True, False], ids=["DEBUG on", "DEBUG off"])

@@ -12,9 +12,10 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from rollouts import search
 from rollouts.collection.importer import import_rollouts
 from rollouts.models import Rollout, TrajectoryItem
+from rollouts.search import index, queries
+from rollouts.search.text import item_search_text
 
 from .run_factories import finish, key, make_run
 
@@ -109,10 +110,10 @@ def keys(client, run, query):
 def test_the_index_is_the_backend_s_own(db):
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
-            cursor.execute("SELECT sql FROM sqlite_master WHERE name = %s", [search.FTS_TABLE])
+            cursor.execute("SELECT sql FROM sqlite_master WHERE name = %s", [index.FTS_TABLE])
             assert "trigram" in cursor.fetchone()[0]
         else:
-            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [search.TRGM_INDEX])
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [index.TRGM_INDEX])
             assert "gin_trgm_ops" in cursor.fetchone()[0]
 
 
@@ -291,7 +292,7 @@ def test_items_written_later_are_found_and_deleted_ones_are_not(signed_in, run):
 
 
 def test_the_search_text_of_an_item():
-    text = search.item_search_text(
+    text = item_search_text(
         {
             "type": "function_call",
             "id": "fc_9",
@@ -303,10 +304,9 @@ def test_the_search_text_of_an_item():
     assert "bash" in text and 'say "hi" there' in text
     assert "function_call" not in text and "completed" not in text and "fc_9" not in text
     assert (
-        search.item_search_text({"type": "reasoning", "summary": [{"text": "Deep \ud800 Thought"}]})
-        == "deep \ufffd thought"
+        item_search_text({"type": "reasoning", "summary": [{"text": "Deep \ud800 Thought"}]}) == "deep \ufffd thought"
     )
-    assert search.item_search_text(None) == ""
+    assert item_search_text(None) == ""
 
 
 @pytest.mark.django_db(transaction=True)
@@ -332,15 +332,15 @@ def test_a_collected_run_is_searchable_as_the_worker_wrote_it(
     run = Run.objects.get()
     rollouts = Rollout.objects.filter(run=run)
     names = set(TrajectoryItem.objects.filter(rollout__run=run, kind="function_call").values_list("name", flat=True))
-    assert names and all(search.filter_tool(rollouts, n).exists() for n in names)
+    assert names and all(queries.filter_tool(rollouts, n).exists() for n in names)
     tool = sorted(names)[0]
-    assert search.filter_tool(rollouts, tool).count() == 5
+    assert queries.filter_tool(rollouts, tool).count() == 5
     out = TrajectoryItem.objects.filter(rollout__run=run, kind="function_call_output").first()
-    assert out.search_text and search.filter_output(rollouts, out.search_text[:20]).exists()
+    assert out.search_text and queries.filter_output(rollouts, out.search_text[:20]).exists()
 
 
 def test_a_common_text_walks_the_run_and_finds_the_same_rollouts(signed_in, run, monkeypatch):
-    """A text found in many items (``search.COMMON_ITEMS``) is answered by probing each rollout
+    """A text found in many items (``queries.COMMON_ITEMS``) is answered by probing each rollout
     instead of listing every hit: the same rollouts either way."""
     cases = [
         "text=hello world",
@@ -352,7 +352,7 @@ def test_a_common_text_walks_the_run_and_finds_the_same_rollouts(signed_in, run,
         "text=" + quote("NEAR(this)"),
     ]
     indexed = [keys(signed_in, run, q)[0] for q in cases]
-    monkeypatch.setattr(search, "COMMON_ITEMS", 1)
+    monkeypatch.setattr(queries, "COMMON_ITEMS", 1)
     assert [keys(signed_in, run, q)[0] for q in cases] == indexed
     assert indexed[:3] == [[0], [1], [1]]
 

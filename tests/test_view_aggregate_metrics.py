@@ -1,4 +1,4 @@
-"""The run page's ``rollouts_aggregate_metrics.json`` download (``analysis_views.run_aggregate_metrics_file``)
+"""The run page's ``rollouts_aggregate_metrics.json`` download (``profile_views.run_aggregate_metrics_file``)
 and ``evaluation.aggregate`` behind it: the env's stored reply when there is one, else NeMo Gym's
 default computation over the stored rows (for an imported NeMo Gym run: NeMo Gym's own file, byte
 for byte)."""

@@ -134,7 +134,7 @@ def test_the_check_form_and_the_run_form_share_one_standalone_url_helper(setting
     from django import forms
 
     from rollouts.web import forms as run_forms
-    from rollouts.web.analysis_views import CheckAgentForm
+    from rollouts.web.check_views import CheckAgentForm
 
     # no borrowed methods: a plain function any form can call from its clean_<field>
     assert not hasattr(run_forms.RunForm, "_clean_base_url") and "_clean_base_url" not in vars(CheckAgentForm)

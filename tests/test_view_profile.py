@@ -216,11 +216,11 @@ def test_an_htmx_request_gets_only_the_task_table(signed_in, mixed):
 
 # -- cache -------------------------------------------------------------------------------------------
 def test_the_profile_is_cached_until_another_attempt_finishes(signed_in, mixed, monkeypatch):
-    from rollouts.web import analysis_views
+    from rollouts.web import profile_views
 
     calls = []
-    real = analysis_views.profile_run
-    monkeypatch.setattr(analysis_views, "profile_run", lambda run: calls.append(run.pk) or real(run))
+    real = profile_views.profile_run
+    monkeypatch.setattr(profile_views, "profile_run", lambda run: calls.append(run.pk) or real(run))
     signed_in.get(_url(mixed))
     signed_in.get(_url(mixed, sort="-reward"))
     assert len(calls) == 1
@@ -370,7 +370,11 @@ def test_the_profile_and_charts_are_inert_whatever_the_run_holds(signed_in, db):
 
 def test_no_new_template_or_module_marks_data_safe():
     files = [
-        REPO / "rollouts" / "web" / "analysis_views.py",
+        REPO / "rollouts" / "web" / "analysis.py",
+        REPO / "rollouts" / "web" / "profile_views.py",
+        REPO / "rollouts" / "web" / "chart_views.py",
+        REPO / "rollouts" / "web" / "compare_views.py",
+        REPO / "rollouts" / "web" / "check_views.py",
         REPO / "rollouts" / "web" / "charts.py",
         *(REPO / "gymweb" / "templates" / "rollouts").glob("profile.html"),
         *(REPO / "gymweb" / "templates" / "rollouts").glob("compare.html"),

@@ -16,7 +16,7 @@ from rollouts.collection import export, runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.collection.importer import import_rollouts
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from rollouts.web.trajectory_views import filter_querystring, filter_rollouts, neighbours
+from rollouts.web.navigation import filter_querystring, filter_rollouts, neighbours
 
 TASK_ROW = {
     "responses_create_params": {

@@ -154,6 +154,9 @@ def test_the_pretty_json_filter_escapes_what_it_returns():
 def test_no_template_or_view_of_the_trajectory_marks_data_safe():
     files = [
         REPO / "rollouts" / "web" / "trajectory_views.py",
+        REPO / "rollouts" / "web" / "items.py",
+        REPO / "rollouts" / "web" / "navigation.py",
+        REPO / "rollouts" / "web" / "import_views.py",
         REPO / "rollouts" / "collection" / "importer.py",
         REPO / "rollouts" / "templatetags" / "gymweb_tags.py",
         REPO / "gymweb" / "templates" / "rollouts" / "rollout_detail.html",

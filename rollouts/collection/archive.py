@@ -55,7 +55,7 @@ from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem
-from rollouts.search import fill_missing
+from rollouts.search.text import fill_missing
 
 __all__ = [
     "ArchiveError",

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from rollouts import search, targets
+from rollouts import targets
 from rollouts.collection import environments, runs
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
 from rollouts.collection.environments import Resolved
@@ -30,6 +30,7 @@ from rollouts.evaluation.health import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Dataset, Rollout, RolloutHealth
 from rollouts.nemo.config import NemoConfigError, load_texts
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
+from rollouts.search import queries as search
 from rollouts.web.uploads import human_bytes, upload_limit_message
 
 SEARCH_MAX = 500  # characters of a content-search query

@@ -2,7 +2,7 @@
 problem badges and a bar on one shared time axis (a waterfall of where the rollout's time went),
 and the one-line summary a folded item shows.
 
-Everything here works on the view dicts ``trajectory_views._timeline`` builds; nothing reads the
+Everything here works on the view dicts ``items.timeline`` builds; nothing reads the
 database. Texts stay plain strings: templates autoescape them.
 """
 
@@ -168,7 +168,7 @@ def _num(value: float) -> str:
 
 
 def outline(steps: list[dict[str, Any]], *, imported: bool, started: Any | None = None) -> dict[str, Any]:
-    """The outline of a timeline (``trajectory_views._timeline``'s steps).
+    """The outline of a timeline (``items.timeline``'s steps).
 
     Returns ``{"rows": [...], "timed": bool, "span": "12.3 s"}``; each row: ``index``, ``title``,
     ``tools`` (names, repeats folded), ``latency`` (text; "" when unknown), ``tokens`` (text),

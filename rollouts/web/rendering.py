@@ -13,7 +13,7 @@ Everything rendered here is untrusted model or environment output. The rules:
   ``data:`` only as the ``src`` of an ``img`` holding a PNG, JPEG, GIF or WebP, and ``img`` takes
   no other ``src``; no event handlers, no ``style``, no ``id``, no ``hx-*``), then escapes quotes
   in text as Django's autoescape does. Every body the trajectory page prints comes out of it.
-- Functions are pure (no database, no request): ``trajectory_views`` calls them with an item's
+- Functions are pure (no database, no request): ``items`` (the item view models) calls them with an item's
   payload and a character budget.
 
 Display limit: an item shows at most ``max_chars`` characters of its texts (``Budget``; the page

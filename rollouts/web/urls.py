@@ -1,9 +1,20 @@
-"""Dashboard routes. Run pages live in ``views``; trajectory and import pages in ``trajectory_views``."""
+"""Dashboard routes. Run pages live in ``views``; the other pages in their ``*_views`` module."""
 
 from django.urls import path
 from django.views.generic import RedirectView
 
-from rollouts.web import analysis_views, archive_views, environment_views, evaluation_views, trajectory_views, views
+from rollouts.web import (
+    archive_views,
+    chart_views,
+    check_views,
+    compare_views,
+    environment_views,
+    evaluation_views,
+    import_views,
+    profile_views,
+    trajectory_views,
+    views,
+)
 
 urlpatterns = [
     path("", views.runs_list, name="runs"),
@@ -19,7 +30,7 @@ urlpatterns = [
     path("runs/<int:run_id>/export/<str:kind>.jsonl", views.run_export, name="run_export"),
     path(
         "runs/<int:run_id>/export/rollouts_aggregate_metrics.json",
-        analysis_views.run_aggregate_metrics_file,
+        profile_views.run_aggregate_metrics_file,
         name="run_aggregate_metrics",
     ),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
@@ -30,18 +41,18 @@ urlpatterns = [
         trajectory_views.rollout_item,
         name="rollout_item",
     ),
-    path("import/", trajectory_views.import_rollouts, name="import"),
-    path("runs/<int:run_id>/profile/", analysis_views.run_profile, name="run_profile"),
-    path("runs/<int:run_id>/profile/files/<str:kind>", analysis_views.run_profile_file, name="run_profile_file"),
-    path("runs/<int:run_id>/charts/", analysis_views.run_charts, name="run_charts"),
+    path("import/", import_views.import_rollouts, name="import"),
+    path("runs/<int:run_id>/profile/", profile_views.run_profile, name="run_profile"),
+    path("runs/<int:run_id>/profile/files/<str:kind>", profile_views.run_profile_file, name="run_profile_file"),
+    path("runs/<int:run_id>/charts/", chart_views.run_charts, name="run_charts"),
     path("runs/<int:run_id>/evaluation/", evaluation_views.run_evaluation, name="run_evaluation"),
     path("runs/<int:run_id>/health/", evaluation_views.run_health_check, name="run_health_check"),
     path("runs/<int:run_id>/health/<str:kind>", evaluation_views.run_health_file, name="run_health_file"),
     path("runs/<int:run_id>/reverify/", evaluation_views.run_reverify, name="run_reverify"),
     path("runs/<int:run_id>/atif.zip", evaluation_views.run_atif, name="run_atif"),
-    path("compare/", analysis_views.compare, name="compare"),
-    path("compare/compare_report.<str:fmt>", analysis_views.compare_report_file, name="compare_report_file"),
-    path("check/", analysis_views.check_agent, name="check_agent"),
+    path("compare/", compare_views.compare, name="compare"),
+    path("compare/compare_report.<str:fmt>", compare_views.compare_report_file, name="compare_report_file"),
+    path("check/", check_views.check_agent, name="check_agent"),
     path("environments/", environment_views.environments_page, name="environments"),
     path("runs/<int:run_id>/nemo_gym_config.yaml", environment_views.run_nemo_config, name="run_nemo_config"),
 ]
