@@ -53,9 +53,10 @@ from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
 from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
 from rollouts.models import AgentCall, Rollout, Run
+from rollouts.review.query import export_filename
 from rollouts.templatetags.gymweb_tags import num, pretty_json_text
 from rollouts.web import charts
-from rollouts.web.forms import clean_agent_url, export_filename
+from rollouts.web.forms import clean_agent_url
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.trajectory_views import _task_input, _timeline, item_url_base
 

@@ -11,7 +11,7 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_http_methods, require_safe
 
 from rollouts.collection import environments
-from rollouts.web.analysis_views import _run_for
+from rollouts.web.access import run_for
 
 
 @login_required
@@ -38,7 +38,7 @@ def environments_page(request):
 @require_safe
 def run_nemo_config(request, run_id):
     """The run's settings as a NeMo Gym config (YAML) for ``gym env start`` + ``gym eval run``."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     text = environments.run_config(run)
     response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = content_disposition_header(True, f"run_{run.pk}_nemo_gym.yaml")

@@ -36,15 +36,16 @@ from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, 
 from rollouts.evaluation import health
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
-from rollouts.review.views import review_context
+from rollouts.review.query import FILTER_FIELDS, filtered_rollouts
 from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
 from rollouts.web import rendering
 from rollouts.web.archive_views import archived_rollout_response
 from rollouts.web.evaluation_views import rollout_findings
-from rollouts.web.forms import FILTER_FIELDS, MultipleFileField, filtered_rollouts
+from rollouts.web.forms import MultipleFileField
 from rollouts.web.outline import fold_summary as item_summary
 from rollouts.web.outline import outline
 from rollouts.web.refused import refused_data, refused_view
+from rollouts.web.review_views import review_context
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 from rollouts.web.verdict import verdict_view
 

@@ -47,7 +47,7 @@ _EXPORT_PARAMS = [
 
 def filter_parameters() -> list[dict[str, Any]]:
     """The run table's filter as OpenAPI query parameters (name, type, allowed values)."""
-    from rollouts.web.forms import FILTER_FIELDS, RolloutFilterForm
+    from rollouts.review.query import FILTER_FIELDS, RolloutFilterForm
 
     form = RolloutFilterForm({})
     out = []

@@ -1,4 +1,4 @@
-"""The API's routes for training loops (registered on ``rollouts.review.api.api``): batches in
+"""The API's routes for training loops (registered on ``rollouts.api.router.api``): batches in
 (``POST /runs`` with the task rows inline), results out as they finish (``GET /runs/{id}/results``,
 NDJSON) and one rollout whole (``GET /rollouts/{id}``). ``docs/trainer-api.md`` describes them;
 ``gymweb.client`` is their Python client.
@@ -26,25 +26,25 @@ from ninja.errors import HttpError
 from ninja.responses import Status
 from pydantic import Field, ValidationError
 
+from rollouts.api.router import (
+    Error,
+    FieldsError,
+    RolloutDetailOut,
+    RunOut,
+    api,
+    form_error,
+    rollout_detail,
+    rollout_for,
+    run_out,
+)
 from rollouts.collection import archive, export
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run
-from rollouts.review.api import (
-    Error,
-    FieldsError,
-    RolloutDetailOut,
-    RunOut,
-    _form_error,
-    _rollout,
-    _rollout_detail,
-    _run_out,
-    api,
-)
+from rollouts.web.access import launch_from_form, run_for
 from rollouts.web.forms import RunForm
 from rollouts.web.uploads import upload_limit_message
-from rollouts.web.views import _launch_from_form, _run_for
 
 NDJSON = "application/x-ndjson"
 JSONL_TYPES = (
@@ -225,15 +225,15 @@ def _create_run(request, ctype: str, spool) -> Status:
     data = {k: ("" if v is None else v) for k, v in data.items()}
     form = RunForm(data=data, files=files)
     if not form.is_valid():
-        err = _form_error(form)
+        err = form_error(form)
         if "dataset_file" in err.errors:  # the rows: say so under the name they were sent as
             first = err.message.startswith("dataset_file")
             err.errors[field] = err.errors.pop("dataset_file")
             if first:
                 err.message = err.errors[field][0]
         raise err
-    run, _reused = _launch_from_form(form, request.user)
-    return Status(201, _run_out(request, run))
+    run, _reused = launch_from_form(form, request.user)
+    return Status(201, run_out(request, run))
 
 
 # -- results out ---------------------------------------------------------------------------------
@@ -389,7 +389,7 @@ def run_results(
     after: int = Query(0, ge=0, le=10**9, description="rows already read (the cursor)"),
     wait: bool = Query(True, description="keep the stream open until the run is final"),
 ):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if run.is_archived:  # its verify replies are in the archive files, not in the rows the stream reads
         raise HttpError(409, str(archive.RunArchived(run, "the results stream")))
     response = StreamingHttpResponse(result_lines(run.pk, after, wait), content_type=f"{NDJSON}; charset=utf-8")
@@ -474,7 +474,7 @@ def get_rollout(request, rollout_id: int):
     """The rollout with its labels, notes and correction, the merged response, every agent call
     (latency, usage), every trajectory item and the verify reply. ``?format=nemo_gym``: its NeMo
     Gym row instead (409 while it has none: pending, running, cancelled or interrupted)."""
-    rollout = _rollout(request, rollout_id)
+    rollout = rollout_for(request, rollout_id)
     if rollout.run.is_archived:
         raise HttpError(409, str(archive.RunArchived(rollout.run, "this rollout's trajectory")))
     fmt = request.GET.get("format", "")
@@ -485,7 +485,7 @@ def get_rollout(request, rollout_id: int):
         if row is None:
             raise HttpError(409, f"rollout {rollout.pk} is {rollout.status}: it has no NeMo Gym row")
         return HttpResponse(export.row_line(row).encode("utf-8", "surrogatepass"), content_type="application/json")
-    out = _rollout_detail(request, rollout)
+    out = rollout_detail(request, rollout)
     verify = json.loads(rollout.verify_json) if rollout.verify_json else None
     if verify is not None:
         response = verify.get("response")
