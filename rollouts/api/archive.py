@@ -1,6 +1,7 @@
 """The API's routes to delete, archive and restore a run (``/api/v1/``; ``rollouts.collection.archive``
-does the work). Mounted on the API by ``rollouts.api.router`` (``router``, and ``delete_run``); auth and access as for every route
-there. A run being collected is refused with 409 (cancel it first), never cancelled."""
+does the work). Mounted on the API by ``rollouts.api.router`` (``router``, and ``delete_run``); auth
+and access as for every route there. A run being collected is refused with 409 (cancel it first),
+never cancelled."""
 
 from __future__ import annotations
 

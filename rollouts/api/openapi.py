@@ -20,7 +20,8 @@ FILTERED = ("/rollouts", "/rollouts.jsonl", "/rollouts_failures.jsonl", "/sft.js
 FILES = {"/rollouts.jsonl", "/rollouts_failures.jsonl", "/rollouts_materialized_inputs.jsonl", "/sft.jsonl"}
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ANSWERS = {
-    "401": 'no token, a malformed `Authorization` header, or an unknown or revoked token (`{"detail": "Unauthorized"}`)',
+    "401": "no token, a malformed `Authorization` header, or an unknown or revoked token "
+    '(`{"detail": "Unauthorized"}`)',
     "403": "the token's user may not do this",
     "404": "no such object (or not visible to the token's user)",
 }

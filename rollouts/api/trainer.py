@@ -207,19 +207,7 @@ def _create_run(request, ctype: str, spool) -> Status:
         if rows is not None:
             if data["dataset"] is not None:
                 raise _bad("send either `rows` or `dataset`, not both", "rows")
-            if not rows:
-                raise _bad("`rows` is empty: send at least one task row", "rows")
-            for i, row in enumerate(rows):
-                try:
-                    validate_row(row, i + 1, "")
-                except DatasetError as exc:
-                    raise _bad(f"rows[{i}] (row {i + 1}): {exc.reason}", "rows") from None
-            inline = tempfile.SpooledTemporaryFile(max_size=int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE))
-            for row in rows:
-                inline.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
-            size = inline.tell()
-            inline.seek(0)
-            files["dataset_file"] = _as_upload(inline, INLINE_NAME, size)
+            files["dataset_file"] = _rows_upload(rows)
     data.pop("rows", None)
     data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
     data = {k: ("" if v is None else v) for k, v in data.items()}
@@ -234,6 +222,24 @@ def _create_run(request, ctype: str, spool) -> Status:
         raise err
     run, _reused = launch_from_form(form, request.user)
     return Status(201, run_out(request, run))
+
+
+def _rows_upload(rows: list) -> DjangoUploadedFile:
+    """Task rows sent inline, each validated as a dataset row, as the JSONL upload the new-run
+    form reads (``INLINE_NAME``)."""
+    if not rows:
+        raise _bad("`rows` is empty: send at least one task row", "rows")
+    for i, row in enumerate(rows):
+        try:
+            validate_row(row, i + 1, "")
+        except DatasetError as exc:
+            raise _bad(f"rows[{i}] (row {i + 1}): {exc.reason}", "rows") from None
+    inline = tempfile.SpooledTemporaryFile(max_size=int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE))
+    for row in rows:
+        inline.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
+    size = inline.tell()
+    inline.seek(0)
+    return _as_upload(inline, INLINE_NAME, size)
 
 
 # -- results out ---------------------------------------------------------------------------------
@@ -365,10 +371,13 @@ def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
 
 _RESULTS_DOC = (
     "NDJSON, one NeMo Gym row per finished attempt, in finishing order: a success as `rollouts.jsonl` has it, "
-    "a failure as the failures sidecar (`rollouts_failures.jsonl`) has it (`_ng_failure_class`, `error`, `reward: 0.0`). "
+    "a failure as the failures sidecar (`rollouts_failures.jsonl`) has it "
+    "(`_ng_failure_class`, `error`, `reward: 0.0`). "
     "Cancelled and interrupted attempts are not rows (their keys run again or stay not run). "
-    "`after`: how many rows you already have (the cursor; 0 = from the start); reconnecting with it gives every row exactly once. "
-    "`wait=1` (default) keeps the connection open until the run is final (completed or cancelled) and every row is sent; "
+    "`after`: how many rows you already have (the cursor; 0 = from the start); "
+    "reconnecting with it gives every row exactly once. "
+    "`wait=1` (default) keeps the connection open until the run is final (completed or cancelled) "
+    "and every row is sent; "
     "`wait=0` answers at once with what is there. An empty line is a keep-alive. A stream also ends after "
     "`GYMWEB_STREAM_MAX_S`: when it ends before the run is final, reconnect with your count."
 )
@@ -465,7 +474,8 @@ def nemo_gym_row(rollout: Rollout) -> dict[str, Any] | None:
                 "in": "query",
                 "required": False,
                 "schema": {"type": "string", "enum": ["", "nemo_gym"]},
-                "description": "`nemo_gym`: only its NeMo Gym row (a success as rollouts.jsonl has it, a failure as the sidecar has it)",
+                "description": "`nemo_gym`: only its NeMo Gym row "
+                "(a success as rollouts.jsonl has it, a failure as the sidecar has it)",
             }
         ]
     },

@@ -422,34 +422,38 @@ class RunForm(forms.Form):
                         if not data.get(name):
                             self.add_error(
                                 name,
-                                "This field is required: enter a URL, or give a NeMo Gym config or head server to find it.",
+                                "This field is required: enter a URL, "
+                                "or give a NeMo Gym config or head server to find it.",
                             )
                 return
             self.nemo = resolved
             for name in ("agent_url", "env_url"):
                 if not data.get(name):
-                    value = getattr(resolved, name)
-                    if not value:
-                        self.add_error(name, f"The NeMo Gym config gives no {name.replace('_', ' ')}: enter it.")
-                        continue
-                    try:
-                        if name == "agent_url":
-                            problem = environments.miswiring_problem(
-                                validate_base_url(value, "agent URL"), resolved.head_url
-                            )
-                            if problem:
-                                self.add_error(name, problem)
-                                continue
-                        data[name] = validate_base_url(value, name.replace("_", " "))
-                        targets.check_url(data[name])
-                    except InvalidBaseURL as exc:
-                        self.add_error(name, str(exc))
-                    except targets.TargetRefused as exc:
-                        self.add_error(name, target_refused_message(name.replace("_", " "), value, exc))
+                    self._fill_service(data, name, resolved)
         elif data.get("head_url") and not self.nemo:
             resolved, _ = self.resolve_nemo()
             if resolved is not None and resolved.env_url == data.get("env_url"):
                 self.nemo = resolved
+
+    def _fill_service(self, data: dict[str, Any], name: str, resolved: Resolved) -> None:
+        """``data[name]`` (``agent_url`` or ``env_url``, left empty) from the NeMo Gym config / head
+        server, checked as a typed one is; an error on the field when it cannot be."""
+        value = getattr(resolved, name)
+        if not value:
+            self.add_error(name, f"The NeMo Gym config gives no {name.replace('_', ' ')}: enter it.")
+            return
+        try:
+            if name == "agent_url":
+                problem = environments.miswiring_problem(validate_base_url(value, "agent URL"), resolved.head_url)
+                if problem:
+                    self.add_error(name, problem)
+                    return
+            data[name] = validate_base_url(value, name.replace("_", " "))
+            targets.check_url(data[name])
+        except InvalidBaseURL as exc:
+            self.add_error(name, str(exc))
+        except targets.TargetRefused as exc:
+            self.add_error(name, target_refused_message(name.replace("_", " "), value, exc))
 
     def dataset_name(self) -> str:
         upload = self.cleaned_data.get("dataset_file")
