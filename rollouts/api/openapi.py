@@ -15,6 +15,7 @@ from typing import Any
 from django import forms
 
 from rollouts.engine.loop import FailureKind
+from rollouts.review.query import FILTER_FIELDS, RolloutFilterForm
 
 FILTERED = ("/rollouts", "/rollouts.jsonl", "/rollouts_failures.jsonl", "/sft.jsonl", "/selection/dataset")
 FILES = {"/rollouts.jsonl", "/rollouts_failures.jsonl", "/rollouts_materialized_inputs.jsonl", "/sft.jsonl"}
@@ -48,8 +49,6 @@ _EXPORT_PARAMS = [
 
 def filter_parameters() -> list[dict[str, Any]]:
     """The run table's filter as OpenAPI query parameters (name, type, allowed values)."""
-    from rollouts.review.query import FILTER_FIELDS, RolloutFilterForm
-
     form = RolloutFilterForm({})
     out = []
     for name in FILTER_FIELDS:

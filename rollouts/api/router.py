@@ -31,6 +31,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from rollouts import targets
+from rollouts.api.openapi import complete
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.engine.contract import NotJSON, strict_loads
@@ -92,8 +93,6 @@ class GymwebAPI(NinjaAPI):
     published operationIds (``OPERATION_ID_PREFIXES``)."""
 
     def get_openapi_schema(self, *args, **kwargs):
-        from rollouts.api.openapi import complete
-
         return complete(super().get_openapi_schema(*args, **kwargs))
 
     def get_openapi_operation_id(self, operation) -> str:
@@ -824,12 +823,8 @@ def create_label(request, payload: NewLabelIn):
 
 # The training-loop routes (POST /runs, GET /runs/{id}/results, GET /rollouts/{id}) register on `api`.
 # Delete, archive and restore (DELETE /runs/{id}, POST /runs/{id}/archive, /restore): their own module.
-from rollouts.api import (
-    archive as archive_routes,  # noqa: E402
-)
-from rollouts.api import (
-    trainer,  # noqa: E402,F401
-)
+from rollouts.api import archive as archive_routes
+from rollouts.api import trainer  # noqa: F401
 
 api.delete(archive_routes.DELETE_PATH, **archive_routes.DELETE_ROUTE)(archive_routes.delete_run)
 api.add_router("", archive_routes.router)
