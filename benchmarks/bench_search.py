@@ -236,7 +236,7 @@ def main() -> None:
     from django.urls import reverse
 
     from rollouts.models import Run, TrajectoryItem
-    from rollouts.web.forms import filtered_rollouts
+    from rollouts.review.query import filtered_rollouts
     from rollouts.web.views import SEARCH_COUNT_CAP
 
     t0 = time.perf_counter()

@@ -153,7 +153,7 @@ def main() -> None:
 
     from gymweb.client import Client
     from rollouts.models import Run, Worker
-    from rollouts.review.tokens import create_token
+    from rollouts.tokens import create_token
 
     user = get_user_model().objects.create_user(username="trainer", password=secrets.token_urlsafe(16))
     token = create_token(user, "bench")[1]

@@ -6,6 +6,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from rollouts.api.router import api
 from rollouts.operations.metrics import metrics_view
 from rollouts.operations.probes import healthz, readyz
 
@@ -29,6 +30,6 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
-    path("", include("rollouts.review.urls")),  # review pages and the API
+    path("api/v1/", api.urls),  # the HTTP API (rollouts.api)
     path("", include("rollouts.web.urls")),
 ]

@@ -239,7 +239,7 @@ class Rollout(models.Model):
     duration_ms = models.FloatField(null=True, blank=True)
     # Finishing order within the run (1, 2, ...; gaps allowed): set when a worker writes the attempt's
     # result, under a lock on the run row, so a higher number always commits later. The results
-    # stream reads it (rollouts.review.trainer_api). Empty on imported and older rows.
+    # stream reads it (rollouts.api.trainer). Empty on imported and older rows.
     result_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:

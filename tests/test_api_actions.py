@@ -13,7 +13,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from rollouts.collection import export
 from rollouts.models import Dataset, Note, RewardCorrection, Rollout, RolloutLabel, Run
 from rollouts.review import actions
-from rollouts.review.tokens import create_token
+from rollouts.tokens import create_token
 
 from .run_factories import dataset_lines, finish, key, make_run
 

@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from rollouts.models import ApiToken
-from rollouts.review.tokens import create_token, digest
+from rollouts.tokens import create_token, digest
 
 from .run_factories import finish, key, make_run
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from rollouts.models import Run
-from rollouts.review.tokens import create_token
+from rollouts.tokens import create_token
 
 from .conftest import REPO, _worker_env
 

@@ -26,7 +26,7 @@ from rollouts.models import (
     Task,
     TrajectoryItem,
 )
-from rollouts.review.tokens import create_token
+from rollouts.tokens import create_token
 from tests.run_factories import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

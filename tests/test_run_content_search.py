@@ -247,7 +247,7 @@ def test_exports_honour_the_content_filter(signed_in, run):
 
 
 def test_the_api_list_honours_the_content_filter(client, run, user):
-    from rollouts.review.tokens import create_token
+    from rollouts.tokens import create_token
 
     _row, token = create_token(user, "t")
     response = client.get(f"/api/v1/runs/{run.pk}/rollouts?text=hello%20world", HTTP_AUTHORIZATION=f"Bearer {token}")

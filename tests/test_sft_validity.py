@@ -17,8 +17,8 @@ from django.urls import reverse
 
 from rollouts.collection.importer import import_rollouts
 from rollouts.review.sft import REASONING_MODES, NotConvertible, conversation, left_out_text
-from rollouts.review.tokens import create_token
 from rollouts.thinking import split_thinking
+from rollouts.tokens import create_token
 
 
 def every_real_row(shared_data):

@@ -16,7 +16,7 @@ from django.urls import reverse
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Dataset, Rollout, Run
-from rollouts.review.tokens import create_token
+from rollouts.tokens import create_token
 
 from .conftest import wait_for
 from .run_factories import dataset_lines, finish, make_run

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from rollouts.collection import dispatch, export
 from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import AgentCall, ApiToken, Dataset, Rollout, Run
-from rollouts.review.tokens import create_token, user_for_token
+from rollouts.tokens import create_token, user_for_token
 
 from .conftest import COUNTER_TASKS
 

@@ -12,7 +12,7 @@ import pytest
 
 from gymweb.client import AsyncClient, Client, GymwebError, RefusedSettings, Unauthorized
 from rollouts.models import Run
-from rollouts.review.tokens import create_token
+from rollouts.tokens import create_token
 
 from .conftest import COUNTER_TASKS, wait_for
 

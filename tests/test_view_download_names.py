@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from rollouts.models import Rollout
-from rollouts.web.forms import RolloutFilterForm, export_filename
+from rollouts.review.query import RolloutFilterForm, export_filename
 
 from .run_factories import finish, key, make_run
 

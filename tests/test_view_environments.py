@@ -187,7 +187,7 @@ def test_a_runs_settings_download_as_a_nemo_gym_config(signed_in, head, counter_
 
 
 def test_the_api_retry_resolves_the_env_again(client, user, counter_agent_url, counter_env_url):
-    from rollouts.review.tokens import create_token
+    from rollouts.tokens import create_token
 
     token = create_token(user, "tests")[1]
     head = FakeHeadServer(env_url=counter_env_url, agent_base_url=counter_agent_url)

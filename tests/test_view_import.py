@@ -181,7 +181,7 @@ def test_a_result_row_in_the_materialised_inputs_slot_is_refused_there(signed_in
 
 
 def test_the_api_imports_the_three_files_and_says_which_one_is_bad(client, user, shared_data):
-    from rollouts.review.tokens import create_token
+    from rollouts.tokens import create_token
 
     auth = {"HTTP_AUTHORIZATION": f"Bearer {create_token(user, 'tests')[1]}"}
     folder = shared_data / "collect_outputs" / "mixed"

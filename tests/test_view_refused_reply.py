@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from gymweb.examples._serve import BackgroundServer
 from rollouts.models import RefusedReply, Rollout, Run
-from rollouts.review.tokens import create_token
+from rollouts.tokens import create_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

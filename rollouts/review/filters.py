@@ -1,5 +1,5 @@
 """The review filters of the run table (label, no label, notes, corrected reward, which reward the
-reward bounds read), as fields of ``rollouts.web.forms.RolloutFilterForm``, so the table, the
+reward bounds read), as fields of ``rollouts.review.query.RolloutFilterForm``, so the table, the
 trajectory page's previous/next, review mode, exports, datasets from a selection and the API all
 read one filter.
 

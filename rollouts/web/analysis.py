@@ -1,5 +1,5 @@
-"""What the analysis pages (profile, charts, compare) share: the run lookup, a value as a table
-cell, and a cache of finished data keyed by the run's finished attempt counts.
+"""What the analysis pages (profile, charts, compare) share: a value as a table cell and a cache
+of finished data keyed by the run's finished attempt counts.
 
 Finished rows never change, so a view of them is cached under the run's succeeded and failed
 attempt counts (``GYMWEB_SUMMARY_CACHE_S``, 0 turns caching off); while the run is running, under
@@ -15,18 +15,12 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Count
-from django.shortcuts import get_object_or_404
 
 from rollouts.models import Rollout, Run
 from rollouts.templatetags.gymweb_tags import num
 
 S = Rollout.Status
 FINISHED = (S.SUCCEEDED, S.FAILED)
-
-
-def run_for(request, run_id: int) -> Run:
-    """The run, if this user may see it (every signed-in user may, as on the run pages)."""
-    return get_object_or_404(Run.objects.select_related("dataset"), pk=run_id)
 
 
 def cell_text(value: Any) -> str:

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from rollouts.collection import archive
 from rollouts.models import Rollout
-from rollouts.web.views import _run_for
+from rollouts.web.access import run_for
 
 
 def archived_rollout_response(request, rollout: Rollout, page: bool = True) -> HttpResponse:
@@ -33,7 +33,7 @@ def archived_rollout_response(request, rollout: Rollout, page: bool = True) -> H
 def run_delete(request, run_id):
     """GET: what deleting the run removes, and a button to confirm. POST: delete it (refused, with
     the reason, while it is being collected), then go to the runs list."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if request.method == "POST":
         try:
             out = archive.delete_run(run)
@@ -60,7 +60,7 @@ def run_delete(request, run_id):
 @login_required
 @require_POST
 def run_archive(request, run_id):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     try:
         out = archive.archive_run(run)
     except archive.ArchiveError as exc:
@@ -77,7 +77,7 @@ def run_archive(request, run_id):
 @login_required
 @require_POST
 def run_restore(request, run_id):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     try:
         out = archive.restore_run(run)
     except archive.ArchiveError as exc:

@@ -18,7 +18,8 @@ from django.views.decorators.http import require_safe
 
 from rollouts.models import AgentCall, Rollout, Run
 from rollouts.web import charts
-from rollouts.web.analysis import FINISHED, S, run_cached, run_for
+from rollouts.web.access import run_for
+from rollouts.web.analysis import FINISHED, S, run_cached
 from rollouts.web.htmx import vary_on_htmx
 
 

@@ -11,7 +11,7 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_http_methods, require_safe
 
 from rollouts.collection import environments
-from rollouts.web.analysis import run_for
+from rollouts.web.access import run_for
 
 
 @login_required

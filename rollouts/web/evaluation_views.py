@@ -2,7 +2,7 @@
 counts, findings by check and its two files; reverify (button, source link, reward flips); the ATIF
 download. Plus the per-step findings the rollout page shows.
 
-Plain function views; access through ``_run_for`` like the other run pages. The evaluation section
+Plain function views; access through ``access.run_for`` like the other run pages. The evaluation section
 is its own partial (``rollouts/partials/run_evaluation.html``), loaded by HTMX after the page (with
 a real link as fallback) so the run page's own views stay as they are. Everything shown from the
 data (errors, URLs, check details) is autoescaped text.
@@ -20,13 +20,14 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from rollouts.collection import archive
 from rollouts.evaluation import atif, health, reverify
 from rollouts.models import Rollout, RolloutHealth, Run
+from rollouts.web.access import run_for
 from rollouts.web.forms import clean_target_url
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 
@@ -35,11 +36,6 @@ HEALTH_FILES = {
     "rollout_verdicts": (health.ROLLOUT_VERDICTS_FILENAME, "application/jsonl"),
 }
 FLIPS_SHOWN = 100
-
-
-def _run_for(request, run_id: int) -> Run:
-    """The run, if this user may see it (every signed-in user may, as on the run pages)."""
-    return get_object_or_404(Run.objects.select_related("reverified_from"), pk=run_id)
 
 
 class ReverifyForm(forms.Form):
@@ -120,7 +116,7 @@ def _evaluation_context(request, run: Run, form: ReverifyForm | None = None) -> 
 @require_safe
 def run_evaluation(request, run_id):
     """The run page's evaluation section (HTMX partial; a whole page for a plain request)."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     context = _evaluation_context(request, run)
     template = "rollouts/partials/run_evaluation.html" if wants_partial(request) else "rollouts/run_evaluation.html"
     return vary_on_htmx(render(request, template, context))
@@ -130,7 +126,7 @@ def run_evaluation(request, run_id):
 @require_POST
 def run_health_check(request, run_id):
     """Run the health check of a stored run now (it also runs after every collect and import)."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if not run.is_final:
         messages.error(request, "The run is still going: check its health when it is finished.")
     elif run.is_archived:
@@ -151,7 +147,7 @@ def run_health_file(request, run_id, kind):
     """``quality_summary.json`` or ``rollout_verdicts.jsonl`` of the last check, NeMo Gym's bytes."""
     if kind not in HEALTH_FILES:
         raise Http404("unknown file")
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if not run.health_summary:
         raise Http404("the run has not been health-checked")
     name, content_type = HEALTH_FILES[kind]
@@ -188,7 +184,7 @@ def run_reverify(request, run_id):
     """Reverify the run against the posted env URL; on success, go to the new run. Runs in the
     request (only ``/verify`` calls, at most ``GYMWEB_REVERIFY_WEB_MAX_ROWS`` successes; larger runs
     use ``manage.py reverify``)."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     form = ReverifyForm(request.POST)
     limit = int(settings.GYMWEB_REVERIFY_WEB_MAX_ROWS)
     if form.is_valid():
@@ -227,7 +223,7 @@ def run_reverify(request, run_id):
 def run_atif(request, run_id):
     """The run's ATIF v1.7 export as a zip (``?failures=1`` adds failed keys), built in a temporary
     file so memory stays bounded."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if run.is_archived:
         return HttpResponse(
             str(archive.RunArchived(run, "the ATIF export")) + "\n",

@@ -1,20 +1,18 @@
-"""Forms of the run pages: the new-run form and the rollout-table filter (also used by exports and,
-through ``RolloutFilterForm``, by any page that walks the filtered list, e.g. prev/next)."""
+"""Forms of the run pages: the new-run form (``RunForm``, also what the API validates a run with)
+and the helpers of its fields. The rollout-table filter is ``rollouts.review.query``."""
 
 from __future__ import annotations
 
-import re
 from pathlib import PurePath
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from django import forms
 from django.conf import settings
-from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from rollouts import targets
-from rollouts.collection import environments, runs
+from rollouts.collection import environments
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
 from rollouts.collection.environments import Resolved
 from rollouts.collection.runs import RunTooLarge, check_size
@@ -26,14 +24,9 @@ from rollouts.engine.loop import (
     InvalidBaseURL,
     validate_base_url,
 )
-from rollouts.evaluation.health import CHECK_IDS, GYMWEB_CHECK_IDS
-from rollouts.models import Dataset, Rollout, RolloutHealth
+from rollouts.models import Dataset
 from rollouts.nemo.config import NemoConfigError, load_texts
-from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
-from rollouts.search import queries as search
 from rollouts.web.uploads import human_bytes, upload_limit_message
-
-SEARCH_MAX = 500  # characters of a content-search query
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -429,34 +422,38 @@ class RunForm(forms.Form):
                         if not data.get(name):
                             self.add_error(
                                 name,
-                                "This field is required: enter a URL, or give a NeMo Gym config or head server to find it.",
+                                "This field is required: enter a URL, "
+                                "or give a NeMo Gym config or head server to find it.",
                             )
                 return
             self.nemo = resolved
             for name in ("agent_url", "env_url"):
                 if not data.get(name):
-                    value = getattr(resolved, name)
-                    if not value:
-                        self.add_error(name, f"The NeMo Gym config gives no {name.replace('_', ' ')}: enter it.")
-                        continue
-                    try:
-                        if name == "agent_url":
-                            problem = environments.miswiring_problem(
-                                validate_base_url(value, "agent URL"), resolved.head_url
-                            )
-                            if problem:
-                                self.add_error(name, problem)
-                                continue
-                        data[name] = validate_base_url(value, name.replace("_", " "))
-                        targets.check_url(data[name])
-                    except InvalidBaseURL as exc:
-                        self.add_error(name, str(exc))
-                    except targets.TargetRefused as exc:
-                        self.add_error(name, target_refused_message(name.replace("_", " "), value, exc))
+                    self._fill_service(data, name, resolved)
         elif data.get("head_url") and not self.nemo:
             resolved, _ = self.resolve_nemo()
             if resolved is not None and resolved.env_url == data.get("env_url"):
                 self.nemo = resolved
+
+    def _fill_service(self, data: dict[str, Any], name: str, resolved: Resolved) -> None:
+        """``data[name]`` (``agent_url`` or ``env_url``, left empty) from the NeMo Gym config / head
+        server, checked as a typed one is; an error on the field when it cannot be."""
+        value = getattr(resolved, name)
+        if not value:
+            self.add_error(name, f"The NeMo Gym config gives no {name.replace('_', ' ')}: enter it.")
+            return
+        try:
+            if name == "agent_url":
+                problem = environments.miswiring_problem(validate_base_url(value, "agent URL"), resolved.head_url)
+                if problem:
+                    self.add_error(name, problem)
+                    return
+            data[name] = validate_base_url(value, name.replace("_", " "))
+            targets.check_url(data[name])
+        except InvalidBaseURL as exc:
+            self.add_error(name, str(exc))
+        except targets.TargetRefused as exc:
+            self.add_error(name, target_refused_message(name.replace("_", " "), value, exc))
 
     def dataset_name(self) -> str:
         upload = self.cleaned_data.get("dataset_file")
@@ -485,248 +482,3 @@ class RunForm(forms.Form):
             "overrides": d["overrides"],
             "source_file": self.dataset_name()[:500],
         }
-
-
-# -- the rollout table's filter ------------------------------------------------------------------
-TASK_ORDER = ("task_index", "rollout_index", "attempt", "id")
-SORTS = {  # the primary term; ties always break in task order
-    "task": (),
-    "reward": (F("reward").asc(nulls_last=True),),
-    "duration": (F("duration_ms").asc(nulls_last=True),),
-    "calls": (F("num_agent_calls").asc(),),
-}
-SORT_CHOICES = [
-    ("task", "task ↑"),
-    ("-task", "task ↓"),
-    ("reward", "reward ↑"),
-    ("-reward", "reward ↓"),
-    ("duration", "duration ↑"),
-    ("-duration", "duration ↓"),
-    ("calls", "agent calls ↑"),
-    ("-calls", "agent calls ↓"),
-]
-# The content search (``rollouts.search``): text in any item, a tool called, a tool
-# output's text, a failure message's text.
-CONTENT_FIELDS = ("text", "tool", "output", "error")
-FILTER_FIELDS = (
-    ("status", "kind", "reward_min", "reward_max", "task", "verdict", "check")
-    + CONTENT_FIELDS
-    + ("sort",)
-    + REVIEW_FILTER_FIELDS
-)
-# Fields that choose how the list reads, not which rows it holds.
-NOT_RESTRICTING = ("sort", "reward_source")
-
-
-def _descending(term):
-    return F(term.expression.name).desc(nulls_last=True)
-
-
-class RolloutFilterForm(ReviewFilterFields):
-    """Filters of a run's rollout table, read from the querystring (so a filtered view is a
-    permalink). Invalid values are reported on the field and ignored; the valid ones still apply.
-    The review fields (label, notes, corrected reward) come from ``rollouts.review.filters``."""
-
-    status = forms.ChoiceField(choices=[("", "any status")] + list(Rollout.Status.choices), required=False)
-    kind = forms.ChoiceField(label="failure kind", choices=[("", "any failure kind")], required=False)
-    reward_min = forms.FloatField(
-        label="reward ≥", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5})
-    )
-    reward_max = forms.FloatField(
-        label="reward ≤", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5})
-    )
-    task = forms.IntegerField(label="task", required=False, widget=forms.NumberInput(attrs={"size": 5}))
-    # Health verdicts of the last health check (rollouts.evaluation.health), one row per checked rollout.
-    verdict = forms.ChoiceField(
-        label="health", choices=[("", "any health")] + list(RolloutHealth.Verdict.choices), required=False
-    )
-    check = forms.ChoiceField(
-        label="finding", choices=[("", "any finding")] + [(c, c) for c in CHECK_IDS + GYMWEB_CHECK_IDS], required=False
-    )
-    # Content search (rollouts.search): case-insensitive substrings, every character literal.
-    text = forms.CharField(
-        label="trajectory contains",
-        max_length=SEARCH_MAX,
-        required=False,
-        widget=forms.TextInput(attrs={"type": "search", "size": 14, "placeholder": "any item's text"}),
-    )
-    tool = forms.CharField(
-        label="tool called",
-        max_length=300,
-        required=False,
-        widget=forms.TextInput(attrs={"type": "search", "size": 10, "placeholder": "exact name"}),
-    )
-    output = forms.CharField(
-        label="tool output contains",
-        max_length=SEARCH_MAX,
-        required=False,
-        widget=forms.TextInput(attrs={"type": "search", "size": 12}),
-    )
-    error = forms.CharField(
-        label="failure message contains",
-        max_length=SEARCH_MAX,
-        required=False,
-        widget=forms.TextInput(attrs={"type": "search", "size": 12}),
-    )
-    sort = forms.ChoiceField(choices=SORT_CHOICES, required=False)
-
-    def __init__(self, data=None, *, kinds: list[str] | None = None, **kwargs: Any):
-        super().__init__(data if data is not None else {}, **kwargs)
-        choices = [("", "any failure kind")] + [(k, k) for k in kinds or []]
-        wanted = (data or {}).get("kind")
-        if wanted and wanted not in dict(choices):  # a permalink to a kind this run lacks: empty result, not an error
-            choices.append((wanted, wanted))
-        self.fields["kind"].choices = choices
-        self.is_valid()  # fills cleaned_data with the valid fields
-
-    def value(self, name: str) -> Any:
-        return self.cleaned_data.get(name) if hasattr(self, "cleaned_data") else None
-
-    @property
-    def sort_key(self) -> str:
-        return self.value("sort") or "task"
-
-    def filter(self, qs: QuerySet) -> QuerySet:
-        """``qs`` (a run's rollouts) restricted by the valid filters (not sorted)."""
-        if self.value("status"):
-            qs = qs.filter(status=self.value("status"))
-        if self.value("kind"):
-            qs = qs.filter(failure_kind=self.value("kind"))
-        qs, reward = self.reward_column(qs)  # the env's reward, or the corrected one (reward_source)
-        if self.value("reward_min") is not None:
-            qs = qs.filter(**{f"{reward}__gte": self.value("reward_min")})
-        if self.value("reward_max") is not None:
-            qs = qs.filter(**{f"{reward}__lte": self.value("reward_max")})
-        if self.value("task") is not None:
-            qs = qs.filter(task_index=self.value("task"))
-        if self.value("verdict"):
-            qs = qs.filter(health__verdict=self.value("verdict"))
-        if self.value("check"):
-            qs = qs.filter(health__checks__contains=f",{self.value('check')},")
-        if self.value("text"):
-            qs = search.filter_text(qs, self.value("text"))
-        if self.value("tool"):
-            qs = search.filter_tool(qs, self.value("tool"))
-        if self.value("output"):
-            qs = search.filter_output(qs, self.value("output"))
-        if self.value("error"):
-            qs = search.filter_error(qs, self.value("error"))
-        return self.review_filter(qs)
-
-    @property
-    def searching(self) -> bool:
-        """True when a content search (text, tool, output, error) restricts the list."""
-        return any(self.value(n) for n in CONTENT_FIELDS)
-
-    @property
-    def highlight(self) -> str:
-        """What the rollout page should highlight (its ``?q=``) for this filter: the searched text,
-        else the tool output's text, the failure message's text, the tool name; ``""`` when none."""
-        for name in ("text", "output", "error", "tool"):
-            if self.value(name):
-                return self.value(name)
-        return ""
-
-    def order(self, qs: QuerySet) -> QuerySet:
-        key = self.sort_key
-        column = key.lstrip("-")
-        if column == "task":
-            terms = tuple(F(t).desc() for t in TASK_ORDER) if key.startswith("-") else TASK_ORDER
-        else:
-            terms = tuple(_descending(t) for t in SORTS[column]) if key.startswith("-") else SORTS[column]
-            terms += TASK_ORDER
-        return qs.order_by(*terms)
-
-    def apply(self, qs: QuerySet) -> QuerySet:
-        return self.order(self.filter(qs))
-
-    @property
-    def active(self) -> bool:
-        """True when any filter (not the sort) restricts the list."""
-        return any(self.value(n) not in (None, "") for n in FILTER_FIELDS if n not in NOT_RESTRICTING)
-
-    def params(self, **changes: Any) -> dict[str, str]:
-        """The valid filter values as querystring parameters, with ``changes`` applied."""
-        out = {}
-        for name in FILTER_FIELDS:
-            value = changes[name] if name in changes else self.value(name)
-            if name == "sort" and value == "task":
-                continue
-            if value not in (None, ""):
-                out[name] = str(value)
-        return out
-
-    def querystring(self, **changes: Any) -> str:
-        return urlencode(self.params(**changes))
-
-    # -- how the active filter reads (next to the download links) and in file names -------------
-    def _terms(self) -> list[tuple[str, str, str]]:
-        """``(label, file-name part, shown value)`` of each active filter, in field order."""
-        terms = []
-        if self.value("status"):
-            terms.append(("status", "status", self.value("status")))
-        if self.value("kind"):
-            terms.append(("failure kind", "kind", self.value("kind")))
-        for name, label, word in (("reward_min", "reward ≥", "ge"), ("reward_max", "reward ≤", "le")):
-            if self.value(name) is not None:
-                terms.append((label, f"reward-{word}", _number(self.value(name))))
-        if self.value("task") is not None:
-            terms.append(("task", "task", str(self.value("task"))))
-        for name, label in (
-            ("text", "trajectory contains"),
-            ("tool", "tool called"),
-            ("output", "tool output contains"),
-            ("error", "failure message contains"),
-        ):
-            if self.value(name):
-                terms.append((label, name, f"“{self.value(name)}”" if name != "tool" else self.value(name)))
-        terms.extend(self.review_terms())  # label, notes, corrected reward (rollouts.review.filters)
-        return terms
-
-    def describe(self) -> str:
-        """The active filter for people: ``"status failed · reward ≥ 1"``; ``""`` when none."""
-        return " · ".join(f"{label} {value}" for label, _, value in self._terms())
-
-    def file_suffix(self) -> str:
-        """The active filter for file names: ``"status-failed_reward-ge-1"``; ``""`` when none.
-        Only ``[A-Za-z0-9._-]``: other characters (an imported failure kind may hold any) become
-        ``_``; at most 120 characters."""
-        parts = [
-            f"{name}-{value.replace('-', 'minus', 1) if value.startswith('-') else value}"
-            for _, name, value in self._terms()
-        ]
-        return _FILE_UNSAFE.sub("_", "_".join(parts).replace("“", "").replace("”", ""))[:120]
-
-
-_FILE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def _number(value: float) -> str:
-    """A filter bound as typed: ``1.0`` → ``"1"``, ``0.25`` → ``"0.25"``."""
-    return f"{value:g}" if value == value else str(value)
-
-
-def export_filename(run_id: int, kind: str, filt: RolloutFilterForm | None = None) -> str:
-    """The download name of one of a run's files: ``run-12_rollouts.jsonl``, and with an active
-    filter ``run-12_rollouts_reward-ge-1.jsonl``, so downloads never overwrite each other.
-    ``kind``: ``rollouts``, ``rollouts_failures`` or ``rollouts_materialized_inputs``."""
-    suffix = filt.file_suffix() if filt is not None and filt.active else ""
-    return f"run-{run_id}_{kind}{'_' + suffix if suffix else ''}.jsonl"
-
-
-def filter_problem(form: RolloutFilterForm) -> str:
-    """The first invalid filter value of ``form`` as one line (``"reward_min: Enter a number."``),
-    or ``""`` when every value is valid. Pages show a bad value on its field and ignore it; actions
-    that act on the list (downloads, a dataset from the list) refuse it with this text instead, so
-    a mistyped filter never yields a bigger list than asked for."""
-    for name, errors in form.errors.items():
-        return f"{name}={str(form.data.get(name, ''))[:60]!r}: {errors[0]}" if name != "__all__" else str(errors[0])
-    return ""
-
-
-def filtered_rollouts(run, data, kinds: list[str] | None = None) -> tuple[QuerySet, RolloutFilterForm]:
-    """A run's rollouts filtered and sorted by querystring ``data`` (a QueryDict or dict), and the
-    form that read it. Other pages (a rollout's prev/next) can call this with the querystring
-    that the run page put on their link."""
-    form = RolloutFilterForm(data, kinds=kinds)
-    return form.apply(runs.without_superseded(Rollout.objects.filter(run=run))), form

@@ -14,7 +14,7 @@ from django.db.models import Count, F, Max, OrderBy, Q, QuerySet, Window
 from django.db.models.functions import Lag, Lead, RowNumber
 
 from rollouts.models import Rollout, Run
-from rollouts.web.forms import FILTER_FIELDS, filtered_rollouts
+from rollouts.review.query import FILTER_FIELDS, filtered_rollouts
 
 # -- the run page's filter, in SQL ---------------------------------------------------------------
 # The run page's own reader of its querystring (``forms.filtered_rollouts``) decides the list, so

@@ -37,11 +37,12 @@ from rollouts.evaluation.aggregate import run_aggregate_entries
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
 from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
 from rollouts.models import Rollout, Run
+from rollouts.review.query import export_filename
 from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web import charts
-from rollouts.web.analysis import cell_text, run_cached, run_for
+from rollouts.web.access import run_for
+from rollouts.web.analysis import cell_text, run_cached
 from rollouts.web.chart_views import charts_context
-from rollouts.web.forms import export_filename
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 
 PROFILE_FILES = {

@@ -23,7 +23,6 @@ from django.views.decorators.http import require_safe
 from rollouts.collection import export
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
-from rollouts.review.views import review_context
 from rollouts.web import rendering
 from rollouts.web.archive_views import archived_rollout_response
 from rollouts.web.evaluation_views import rollout_findings
@@ -31,6 +30,7 @@ from rollouts.web.items import display_max_chars, item_url_base, item_view, task
 from rollouts.web.navigation import filter_querystring, neighbours
 from rollouts.web.outline import outline
 from rollouts.web.refused import refused_data, refused_view
+from rollouts.web.review_views import review_context
 from rollouts.web.verdict import verdict_view
 
 

@@ -1,4 +1,6 @@
-"""Dashboard routes. Run pages live in ``views``; the other pages in their ``*_views`` module."""
+"""Dashboard routes. Run pages live in ``views``; the other pages in their ``*_views`` module. Review
+pages and actions, labels and the account page (``review_views``) are listed first:
+``runs/<id>/export/sft.jsonl`` must win over ``export/<kind>.jsonl``."""
 
 from django.urls import path
 from django.views.generic import RedirectView
@@ -12,11 +14,37 @@ from rollouts.web import (
     evaluation_views,
     import_views,
     profile_views,
+    review_views,
     trajectory_views,
     views,
 )
 
 urlpatterns = [
+    # -- review pages and actions, labels, the account page
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/labels/", review_views.rollout_label, name="review_label"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/notes/", review_views.rollout_note, name="review_note"),
+    path(
+        "runs/<int:run_id>/rollouts/<int:rollout_id>/notes/<int:note_id>/delete/",
+        review_views.note_delete,
+        name="review_note_delete",
+    ),
+    path(
+        "runs/<int:run_id>/rollouts/<int:rollout_id>/correction/",
+        review_views.rollout_correction,
+        name="review_correction",
+    ),
+    path("runs/<int:run_id>/review/", review_views.review_start, name="review_start"),
+    path("runs/<int:run_id>/review/next/", review_views.review_next, name="review_next"),
+    path("runs/<int:run_id>/review/reset/", review_views.review_reset, name="review_reset"),
+    path("runs/<int:run_id>/selection/dataset/", review_views.selection_dataset, name="selection_dataset"),
+    path("runs/<int:run_id>/export/sft.jsonl", review_views.run_export_sft, name="run_export_sft"),
+    path("runs/<int:run_id>/export/sft-check/", review_views.run_export_sft_check, name="run_export_sft_check"),
+    path("datasets/<int:dataset_id>/new-run/", review_views.dataset_new_run, name="dataset_new_run"),
+    path("labels/", review_views.labels_page, name="labels"),
+    path("labels/<int:label_id>/up/", review_views.label_up, name="label_up"),
+    path("account/", review_views.account, name="account"),
+    path("account/tokens/<int:token_id>/delete/", review_views.token_delete, name="token_delete"),
+    # -- run pages
     path("", views.runs_list, name="runs"),
     path("runs/", RedirectView.as_view(pattern_name="runs", query_string=True)),  # where people look for the list
     path("runs/new/", views.run_new, name="run_new"),

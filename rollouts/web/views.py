@@ -3,8 +3,7 @@
 Plain function views. Pages render whole for a normal request and as a named partial for an HTMX
 request (except a history restore, which needs the whole page); such responses carry
 ``Vary: HX-Request``. Aggregates come from ``metrics`` (SQL only). Access goes through
-``_run_for`` so the rule lives in one place: every signed-in user sees every run (one team per
-instance).
+``access.run_for`` (every signed-in user sees every run, one team per instance).
 """
 
 from __future__ import annotations
@@ -17,11 +16,10 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import Count
 from django.db.models.functions import Substr
 from django.http import Http404, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -38,8 +36,12 @@ from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
 from rollouts.models import AgentCall, Rollout, Run, Worker
 from rollouts.review import actions as review_actions
-from rollouts.web.forms import RolloutFilterForm, RunForm, export_filename, filter_problem, filtered_rollouts
+from rollouts.review.curated import ExportOptions
+from rollouts.review.query import RolloutFilterForm, export_filename, filter_problem, filtered_rollouts
+from rollouts.web.access import launch_from_form, run_for
+from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
+from rollouts.web.review_views import curated_export_response, run_review_context, say_plain_export
 from rollouts.web.uploads import too_large_uploads
 
 RUNS_PER_PAGE = 25
@@ -69,12 +71,6 @@ class CappedPaginator(Paginator):
         return self._capped_count
 
     capped = False
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-def _run_for(request, run_id: int) -> Run:
-    """The run, if this user may see it (every signed-in user may; one place to change that)."""
-    return get_object_or_404(Run.objects.select_related("dataset", "created_by"), pk=run_id)
 
 
 # -- runs list ---------------------------------------------------------------------------------------
@@ -121,7 +117,7 @@ def run_new(request):
     if request.method == "POST":
         form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
-            run, reused = _launch_from_form(form, request.user)
+            run, reused = launch_from_form(form, request.user)
             note = f" The file was uploaded before: dataset #{run.dataset_id} reused." if reused else ""
             messages.success(request, f"Run “{run.name}” started: {run.num_keys} rollouts.{note}")
             return redirect("run", run.pk)
@@ -143,29 +139,6 @@ def run_new(request):
         "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads)),
     }
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
-
-
-def _launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
-    """Store the dataset (for an upload; an identical earlier upload of the same user is reused
-    instead) and the run, and launch it: all or nothing. Returns the run and whether an earlier
-    upload was reused."""
-    reused = False
-    with transaction.atomic():
-        if form.parsed is not None:
-            dataset, reused = runs.store_or_reuse_dataset(form.parsed, form.dataset_name(), user)
-            parsed = form.parsed
-        else:
-            dataset = form.cleaned_data["dataset"]
-            parsed = runs.load_dataset(dataset)
-        run = runs.create_run(
-            parsed,
-            name=form.cleaned_data["name"] or form.dataset_name(),
-            user=user,
-            dataset=dataset,
-            **form.run_options(),
-        )
-        runs.launch(run)  # marked running: the workers pick it up
-    return run, reused
 
 
 # -- run page ----------------------------------------------------------------------------------------
@@ -379,7 +352,7 @@ def _table_partial(request, run: Run) -> HttpResponse:
 @login_required
 @require_safe
 def run_detail(request, run_id):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if wants_partial(request):
         # The rollout table (filter, sort, page changes and live refreshes).
         return vary_on_htmx(_table_partial(request, run))
@@ -387,9 +360,7 @@ def run_detail(request, run_id):
     kinds = sorted(row["failure_kind"] for row in live["s"].failure_kinds if row["failure_kind"])
     table, table_html = _shared_table(request, run, kinds)
     context = {**live, **table, "table_html": table_html}
-    from rollouts.review.views import run_review_context  # the review card
-
-    context.update(run_review_context(request, run))
+    context.update(run_review_context(request, run))  # the review card
     return vary_on_htmx(render(request, "rollouts/run_detail.html", context))
 
 
@@ -404,7 +375,7 @@ def run_live(request, run_id):
     (a running run that is stalled, or waits for a worker), the answer is 204 No Content, which
     htmx leaves unswapped while it keeps polling: three small indexed queries and no rendering.
     (Not 304: htmx swaps a 304's empty body in; 286 would stop the polling.)"""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     seen = request.GET.get("seen")
     known = {}
     if seen is not None and not run.is_final:
@@ -427,7 +398,7 @@ def run_live(request, run_id):
 @login_required
 @require_POST
 def run_cancel(request, run_id):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if runs.cancel(run):
         messages.success(request, "Run cancelled. Rollouts in flight stop within a few seconds; resume with “Retry”.")
     else:
@@ -438,7 +409,7 @@ def run_cancel(request, run_id):
 @login_required
 @require_POST
 def run_retry(request, run_id):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if run.status == Run.Status.IMPORTED:
         messages.error(request, "An imported run has no services to run against.")
         return HttpResponseRedirect(reverse("run", args=[run.pk]))
@@ -472,16 +443,12 @@ def run_retry(request, run_id):
 def run_export(request, run_id, kind):
     if kind not in EXPORT_KINDS:
         raise Http404("unknown export")
-    run = _run_for(request, run_id)
-    from rollouts.review.views import curated_export_response, say_plain_export
-
+    run = run_for(request, run_id)
     problem = filter_problem(RolloutFilterForm(request.GET))
     if problem:  # a hand-edited link: a file of another list than asked for would be silently wrong
         return HttpResponseBadRequest(
             f"bad filter: {problem}; nothing was exported\n", content_type="text/plain; charset=utf-8"
         )
-    from rollouts.review.curated import ExportOptions
-
     refused = archive.download_refusal(
         run, kind, RolloutFilterForm(request.GET).active, ExportOptions.from_params(request.GET).plain
     )

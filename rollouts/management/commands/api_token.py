@@ -4,7 +4,7 @@
 - ``list --user NAME`` shows the user's tokens: id, prefix, name, created, last used;
 - ``revoke --user NAME (--id ID | --prefix gw_… | --all)`` deletes tokens, which refuses them at once.
 
-The tokens are the account page's (``rollouts.review.tokens``).
+The tokens are the account page's (``rollouts.tokens``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from rollouts.models import ApiToken
-from rollouts.review.tokens import create_token
+from rollouts.tokens import create_token
 
 
 class Command(BaseCommand):

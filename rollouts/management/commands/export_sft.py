@@ -17,7 +17,7 @@ from rollouts.collection.export import write_lines
 from rollouts.evaluation.outputs import check_outputs
 from rollouts.models import Run
 from rollouts.review import curated, sft
-from rollouts.web.forms import FILTER_FIELDS, filtered_rollouts
+from rollouts.review.query import FILTER_FIELDS, filtered_rollouts
 
 
 class Command(BaseCommand):

@@ -15,12 +15,14 @@ from typing import Any
 from django import forms
 
 from rollouts.engine.loop import FailureKind
+from rollouts.review.query import FILTER_FIELDS, RolloutFilterForm
 
 FILTERED = ("/rollouts", "/rollouts.jsonl", "/rollouts_failures.jsonl", "/sft.jsonl", "/selection/dataset")
 FILES = {"/rollouts.jsonl", "/rollouts_failures.jsonl", "/rollouts_materialized_inputs.jsonl", "/sft.jsonl"}
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ANSWERS = {
-    "401": 'no token, a malformed `Authorization` header, or an unknown or revoked token (`{"detail": "Unauthorized"}`)',
+    "401": "no token, a malformed `Authorization` header, or an unknown or revoked token "
+    '(`{"detail": "Unauthorized"}`)',
     "403": "the token's user may not do this",
     "404": "no such object (or not visible to the token's user)",
 }
@@ -47,8 +49,6 @@ _EXPORT_PARAMS = [
 
 def filter_parameters() -> list[dict[str, Any]]:
     """The run table's filter as OpenAPI query parameters (name, type, allowed values)."""
-    from rollouts.web.forms import FILTER_FIELDS, RolloutFilterForm
-
     form = RolloutFilterForm({})
     out = []
     for name in FILTER_FIELDS:

@@ -1,10 +1,10 @@
 """The HTTP API for scripts and training loops (django-ninja), under ``/api/v1/``.
 
 Auth: ``Authorization: Bearer <token>``, a per-user token made on the account page
-(``rollouts.review.tokens``). No token, a malformed header or an unknown/revoked token: 401 with
+(``rollouts.tokens``). No token, a malformed header or an unknown/revoked token: 401 with
 ``{"detail": "Unauthorized"}`` and nothing else (django-ninja checks auth before it reads any
 parameter). A token sees what its user sees: access goes through the run pages' rule
-(``rollouts.web.views._run_for``). The schema is at ``/api/v1/openapi.json`` (public: it holds no
+(``rollouts.web.access.run_for``). The schema is at ``/api/v1/openapi.json`` (public: it holds no
 data). No cookies are read, so no CSRF token is needed.
 
 The API reuses the pages' code for every rule: a run is validated by the new-run form (``RunForm``:
@@ -31,6 +31,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from rollouts import targets
+from rollouts.api.openapi import complete
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.engine.contract import NotJSON, strict_loads
@@ -41,11 +42,11 @@ from rollouts.review import actions, curated, selection, sft
 from rollouts.review.actions import ReviewError
 from rollouts.review.aggregates import reward_aggregates
 from rollouts.review.filters import corrected_reward
-from rollouts.review.tokens import user_for_token
-from rollouts.web.forms import export_filename, filtered_rollouts
+from rollouts.review.query import export_filename, filtered_rollouts
+from rollouts.tokens import user_for_token
+from rollouts.web.access import run_for
 from rollouts.web.refused import refused_data
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
-from rollouts.web.views import _run_for
 
 MAX_PAGE = 1000
 MAX_OFFSET = 10**12  # past any table; larger ones would overflow the database's bigint (a 500)
@@ -76,14 +77,28 @@ class StrictJSONParser(Parser):
             raise
 
 
+# The published operationIds (``rollouts_review_api_list_runs``, …): ninja derives them from the
+# view's module, so each module of this package keeps its published prefix and generated clients
+# keep their method names.
+OPERATION_ID_PREFIXES = {
+    "rollouts.api.router": "rollouts_review_api",
+    "rollouts.api.trainer": "rollouts_review_trainer_api",
+    "rollouts.api.archive": "rollouts_review_api_archive",
+}
+
+
 class GymwebAPI(NinjaAPI):
     """``NinjaAPI`` whose OpenAPI document also declares what the routes' signatures cannot
-    (``rollouts.review.openapi``: filter values, 401/403/404 answers, file content types)."""
+    (``rollouts.api.openapi``: filter values, 401/403/404 answers, file content types), with the
+    published operationIds (``OPERATION_ID_PREFIXES``)."""
 
     def get_openapi_schema(self, *args, **kwargs):
-        from rollouts.review.openapi import complete
-
         return complete(super().get_openapi_schema(*args, **kwargs))
+
+    def get_openapi_operation_id(self, operation) -> str:
+        module = operation.view_func.__module__
+        prefix = OPERATION_ID_PREFIXES.get(module, module.replace(".", "_"))
+        return f"{prefix}_{operation.view_func.__name__}"
 
 
 api = GymwebAPI(
@@ -309,7 +324,7 @@ def _dataset_out(d: Dataset) -> dict[str, Any]:
     }
 
 
-def _run_out(request, run: Run, progress: metrics.Progress | None = None) -> dict[str, Any]:
+def run_out(request, run: Run, progress: metrics.Progress | None = None) -> dict[str, Any]:
     p = progress or metrics.run_progress(run)
     dataset = run.dataset
     return {
@@ -356,7 +371,7 @@ class FieldsError(HttpError):
         self.errors = errors
 
 
-def _form_error(form) -> FieldsError:
+def form_error(form) -> FieldsError:
     errors = {name: [str(e) for e in errs] for name, errs in form.errors.items()}
     first = next(iter(errors.items()), ("", ["invalid input"]))
     detail = f"{first[0]}: {first[1][0]}" if first[0] and first[0] != "__all__" else first[1][0]
@@ -371,9 +386,9 @@ def _http_error(request, exc: HttpError):
     return api.create_response(request, body, status=exc.status_code)
 
 
-def _rollout(request, rollout_id: int) -> Rollout:
+def rollout_for(request, rollout_id: int) -> Rollout:
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id)
-    _run_for(request, rollout.run_id)  # the same access rule as the pages
+    run_for(request, rollout.run_id)  # the same access rule as the pages
     return rollout
 
 
@@ -400,7 +415,7 @@ def _rollout_out(request, r: Rollout, labels: list[str], notes: int, corrected: 
     }
 
 
-def _rollout_detail(request, rollout: Rollout) -> dict[str, Any]:
+def rollout_detail(request, rollout: Rollout) -> dict[str, Any]:
     state = actions.review_state(rollout)
     corr = state.correction
     out = _rollout_out(
@@ -436,7 +451,7 @@ def _filtered(request, run: Run):
     """The run's rollouts under the querystring's filter (the run table's); 400 on an invalid value."""
     qs, form = filtered_rollouts(run, request.GET)
     if form.errors:
-        raise _form_error(form)
+        raise form_error(form)
     return qs, form
 
 
@@ -494,7 +509,7 @@ def list_runs(request, limit: int = 50, offset: int = OFFSET):
         Run.objects.select_related("dataset").order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
     )
     progress = metrics.progress_for_runs(page)
-    return [_run_out(request, run, progress[run.pk]) for run in page]
+    return [run_out(request, run, progress[run.pk]) for run in page]
 
 
 @api.post(
@@ -533,15 +548,15 @@ def import_run(
         field = next((f for f, src in sources.items() if src == exc.source), "rollouts")
         raise FieldsError(str(exc), {field: [str(exc)]}) from None
     health.auto_check(summary.run)
-    return Status(201, _run_out(request, summary.run))
+    return Status(201, run_out(request, summary.run))
 
 
 @api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")
 def get_run(request, run_id: int):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     summary = metrics.run_summary(run)
     both = reward_aggregates(run)
-    out = _run_out(request, run, summary.progress)
+    out = run_out(request, run, summary.progress)
     out["aggregates"] = {
         "reward": {**vars(summary.reward)},
         "reward_corrected": both["corrected"],
@@ -558,9 +573,9 @@ def get_run(request, run_id: int):
 @api.post("/runs/{run_id}/cancel", response=RunOut, summary="Cancel a run")
 def cancel_run(request, run_id: int):
     """Pending rollouts are cancelled at once, in-flight ones within seconds. A final run is left as it is."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     runs.cancel(run)
-    return _run_out(request, run)
+    return run_out(request, run)
 
 
 @api.post("/runs/{run_id}/retry", response={200: RetryOut, 400: Error}, summary="Retry failed and not-run rollouts")
@@ -568,7 +583,7 @@ def retry_run(request, run_id: int):
     """New attempts for failed keys (up to the run's max attempts; terminal failures never) and for
     cancelled or interrupted ones; ``retried`` says how many. 400 (nothing queued) when the target
     policy now refuses the run's agent or env URL: the message names the rule and the setting."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if run.status == Run.Status.IMPORTED:
         raise HttpError(400, "an imported run has no services to run against")
     if run.is_archived:
@@ -582,11 +597,11 @@ def retry_run(request, run_id: int):
         raise HttpError(400, "not retried: " + " ".join(refused))
     n = runs.resume(run)
     run.refresh_from_db()
-    return {"retried": n, "run": _run_out(request, run)}
+    return {"retried": n, "run": run_out(request, run)}
 
 
 def _file(request, run_id: int, kind: str):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     qs, form = _filtered(request, run)
     options = curated.ExportOptions.from_params(request.GET)
     refused = archive.download_refusal(run, kind, form.active, options.plain)
@@ -630,7 +645,7 @@ def file_materialized(request, run_id: int):
     '`reward_source`, `metadata=1`. See README, "SFT export".',
 )
 def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = False):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     refused = archive.download_refusal(run, "sft", False, True)
     if refused:
         raise HttpError(409, refused)
@@ -655,7 +670,7 @@ def file_sft(request, run_id: int, reasoning: str = "keep", metadata: bool = Fal
 )
 def selection_dataset(request, run_id: int, name: str = ""):
     """The querystring is the run table's filter; each task with a rollout in the list gives one row."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if len(name) > 200:
         message = f"the name has {len(name):,} characters; at most 200"
         raise FieldsError(message, {"name": [message]})
@@ -700,7 +715,7 @@ def list_rollouts(
     form, so an invalid value is a 400 naming it. Ordered like the table (``sort``). Content search
     (``rollouts.search``): ``text`` in any item, ``tool`` called (exact name), ``output`` in a tool
     output, ``error`` in the failure message; case-insensitive substrings."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     qs, _form = _filtered(request, run)
     limit, offset = max(1, min(limit, MAX_PAGE)), max(offset, 0)
     count = qs.order_by().count()
@@ -721,12 +736,12 @@ def list_rollouts(
     "/rollouts/{rollout_id}/labels", response={200: RolloutDetailOut, 400: Error}, summary="Put a label on a rollout"
 )
 def add_label(request, rollout_id: int, payload: LabelIn):
-    rollout = _rollout(request, rollout_id)
+    rollout = rollout_for(request, rollout_id)
     try:
         actions.set_label(rollout, actions.find_label(payload.label), True, request.user)
     except ReviewError as exc:
         raise _review_error(exc) from None
-    return _rollout_detail(request, rollout)
+    return rollout_detail(request, rollout)
 
 
 @api.delete(
@@ -735,12 +750,12 @@ def add_label(request, rollout_id: int, payload: LabelIn):
     summary="Take a label off a rollout",
 )
 def remove_label(request, rollout_id: int, label: str):
-    rollout = _rollout(request, rollout_id)
+    rollout = rollout_for(request, rollout_id)
     try:
         actions.set_label(rollout, actions.find_label(label), False, request.user)
     except ReviewError as exc:
         raise _review_error(exc) from None
-    return _rollout_detail(request, rollout)
+    return rollout_detail(request, rollout)
 
 
 @api.post(
@@ -749,7 +764,7 @@ def remove_label(request, rollout_id: int, label: str):
     summary="Add a note to a rollout or one of its items",
 )
 def add_note(request, rollout_id: int, payload: NoteIn):
-    rollout = _rollout(request, rollout_id)
+    rollout = rollout_for(request, rollout_id)
     try:
         note = actions.add_note(rollout, payload.text, request.user, item=payload.item)
     except ReviewError as exc:
@@ -773,19 +788,19 @@ def add_note(request, rollout_id: int, payload: NoteIn):
 )
 def correct(request, rollout_id: int, payload: CorrectionIn):
     """Kept beside the env's reward, never replacing it; the reason is required."""
-    rollout = _rollout(request, rollout_id)
+    rollout = rollout_for(request, rollout_id)
     try:
         actions.correct_reward(rollout, payload.reward, payload.reason, request.user)
     except ReviewError as exc:
         raise _review_error(exc) from None
-    return _rollout_detail(request, rollout)
+    return rollout_detail(request, rollout)
 
 
 @api.delete("/rollouts/{rollout_id}/correction", response=RolloutDetailOut, summary="Withdraw the corrected reward")
 def withdraw(request, rollout_id: int, reason: str = ""):
-    rollout = _rollout(request, rollout_id)
+    rollout = rollout_for(request, rollout_id)
     actions.withdraw_correction(rollout, request.user, reason)
-    return _rollout_detail(request, rollout)
+    return rollout_detail(request, rollout)
 
 
 # -- labels --------------------------------------------------------------------------------------
@@ -808,10 +823,8 @@ def create_label(request, payload: NewLabelIn):
 
 # The training-loop routes (POST /runs, GET /runs/{id}/results, GET /rollouts/{id}) register on `api`.
 # Delete, archive and restore (DELETE /runs/{id}, POST /runs/{id}/archive, /restore): their own module.
-from rollouts.review import (
-    api_archive,  # noqa: E402
-    trainer_api,  # noqa: E402,F401
-)
+from rollouts.api import archive as archive_routes
+from rollouts.api import trainer  # noqa: F401
 
-api.delete(api_archive.DELETE_PATH, **api_archive.DELETE_ROUTE)(api_archive.delete_run)
-api.add_router("", api_archive.router)
+api.delete(archive_routes.DELETE_PATH, **archive_routes.DELETE_ROUTE)(archive_routes.delete_run)
+api.add_router("", archive_routes.router)

@@ -1,4 +1,4 @@
-"""The API's routes for training loops (registered on ``rollouts.review.api.api``): batches in
+"""The API's routes for training loops (registered on ``rollouts.api.router.api``): batches in
 (``POST /runs`` with the task rows inline), results out as they finish (``GET /runs/{id}/results``,
 NDJSON) and one rollout whole (``GET /rollouts/{id}``). ``docs/trainer-api.md`` describes them;
 ``gymweb.client`` is their Python client.
@@ -26,25 +26,25 @@ from ninja.errors import HttpError
 from ninja.responses import Status
 from pydantic import Field, ValidationError
 
+from rollouts.api.router import (
+    Error,
+    FieldsError,
+    RolloutDetailOut,
+    RunOut,
+    api,
+    form_error,
+    rollout_detail,
+    rollout_for,
+    run_out,
+)
 from rollouts.collection import archive, export
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run
-from rollouts.review.api import (
-    Error,
-    FieldsError,
-    RolloutDetailOut,
-    RunOut,
-    _form_error,
-    _rollout,
-    _rollout_detail,
-    _run_out,
-    api,
-)
+from rollouts.web.access import launch_from_form, run_for
 from rollouts.web.forms import RunForm
 from rollouts.web.uploads import upload_limit_message
-from rollouts.web.views import _launch_from_form, _run_for
 
 NDJSON = "application/x-ndjson"
 JSONL_TYPES = (
@@ -207,33 +207,39 @@ def _create_run(request, ctype: str, spool) -> Status:
         if rows is not None:
             if data["dataset"] is not None:
                 raise _bad("send either `rows` or `dataset`, not both", "rows")
-            if not rows:
-                raise _bad("`rows` is empty: send at least one task row", "rows")
-            for i, row in enumerate(rows):
-                try:
-                    validate_row(row, i + 1, "")
-                except DatasetError as exc:
-                    raise _bad(f"rows[{i}] (row {i + 1}): {exc.reason}", "rows") from None
-            inline = tempfile.SpooledTemporaryFile(max_size=int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE))
-            for row in rows:
-                inline.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
-            size = inline.tell()
-            inline.seek(0)
-            files["dataset_file"] = _as_upload(inline, INLINE_NAME, size)
+            files["dataset_file"] = _rows_upload(rows)
     data.pop("rows", None)
     data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
     data = {k: ("" if v is None else v) for k, v in data.items()}
     form = RunForm(data=data, files=files)
     if not form.is_valid():
-        err = _form_error(form)
+        err = form_error(form)
         if "dataset_file" in err.errors:  # the rows: say so under the name they were sent as
             first = err.message.startswith("dataset_file")
             err.errors[field] = err.errors.pop("dataset_file")
             if first:
                 err.message = err.errors[field][0]
         raise err
-    run, _reused = _launch_from_form(form, request.user)
-    return Status(201, _run_out(request, run))
+    run, _reused = launch_from_form(form, request.user)
+    return Status(201, run_out(request, run))
+
+
+def _rows_upload(rows: list) -> DjangoUploadedFile:
+    """Task rows sent inline, each validated as a dataset row, as the JSONL upload the new-run
+    form reads (``INLINE_NAME``)."""
+    if not rows:
+        raise _bad("`rows` is empty: send at least one task row", "rows")
+    for i, row in enumerate(rows):
+        try:
+            validate_row(row, i + 1, "")
+        except DatasetError as exc:
+            raise _bad(f"rows[{i}] (row {i + 1}): {exc.reason}", "rows") from None
+    inline = tempfile.SpooledTemporaryFile(max_size=int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE))
+    for row in rows:
+        inline.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
+    size = inline.tell()
+    inline.seek(0)
+    return _as_upload(inline, INLINE_NAME, size)
 
 
 # -- results out ---------------------------------------------------------------------------------
@@ -365,10 +371,13 @@ def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
 
 _RESULTS_DOC = (
     "NDJSON, one NeMo Gym row per finished attempt, in finishing order: a success as `rollouts.jsonl` has it, "
-    "a failure as the failures sidecar (`rollouts_failures.jsonl`) has it (`_ng_failure_class`, `error`, `reward: 0.0`). "
+    "a failure as the failures sidecar (`rollouts_failures.jsonl`) has it "
+    "(`_ng_failure_class`, `error`, `reward: 0.0`). "
     "Cancelled and interrupted attempts are not rows (their keys run again or stay not run). "
-    "`after`: how many rows you already have (the cursor; 0 = from the start); reconnecting with it gives every row exactly once. "
-    "`wait=1` (default) keeps the connection open until the run is final (completed or cancelled) and every row is sent; "
+    "`after`: how many rows you already have (the cursor; 0 = from the start); "
+    "reconnecting with it gives every row exactly once. "
+    "`wait=1` (default) keeps the connection open until the run is final (completed or cancelled) "
+    "and every row is sent; "
     "`wait=0` answers at once with what is there. An empty line is a keep-alive. A stream also ends after "
     "`GYMWEB_STREAM_MAX_S`: when it ends before the run is final, reconnect with your count."
 )
@@ -389,7 +398,7 @@ def run_results(
     after: int = Query(0, ge=0, le=10**9, description="rows already read (the cursor)"),
     wait: bool = Query(True, description="keep the stream open until the run is final"),
 ):
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     if run.is_archived:  # its verify replies are in the archive files, not in the rows the stream reads
         raise HttpError(409, str(archive.RunArchived(run, "the results stream")))
     response = StreamingHttpResponse(result_lines(run.pk, after, wait), content_type=f"{NDJSON}; charset=utf-8")
@@ -465,7 +474,8 @@ def nemo_gym_row(rollout: Rollout) -> dict[str, Any] | None:
                 "in": "query",
                 "required": False,
                 "schema": {"type": "string", "enum": ["", "nemo_gym"]},
-                "description": "`nemo_gym`: only its NeMo Gym row (a success as rollouts.jsonl has it, a failure as the sidecar has it)",
+                "description": "`nemo_gym`: only its NeMo Gym row "
+                "(a success as rollouts.jsonl has it, a failure as the sidecar has it)",
             }
         ]
     },
@@ -474,7 +484,7 @@ def get_rollout(request, rollout_id: int):
     """The rollout with its labels, notes and correction, the merged response, every agent call
     (latency, usage), every trajectory item and the verify reply. ``?format=nemo_gym``: its NeMo
     Gym row instead (409 while it has none: pending, running, cancelled or interrupted)."""
-    rollout = _rollout(request, rollout_id)
+    rollout = rollout_for(request, rollout_id)
     if rollout.run.is_archived:
         raise HttpError(409, str(archive.RunArchived(rollout.run, "this rollout's trajectory")))
     fmt = request.GET.get("format", "")
@@ -485,7 +495,7 @@ def get_rollout(request, rollout_id: int):
         if row is None:
             raise HttpError(409, f"rollout {rollout.pk} is {rollout.status}: it has no NeMo Gym row")
         return HttpResponse(export.row_line(row).encode("utf-8", "surrogatepass"), content_type="application/json")
-    out = _rollout_detail(request, rollout)
+    out = rollout_detail(request, rollout)
     verify = json.loads(rollout.verify_json) if rollout.verify_json else None
     if verify is not None:
         response = verify.get("response")

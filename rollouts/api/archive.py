@@ -1,6 +1,7 @@
 """The API's routes to delete, archive and restore a run (``/api/v1/``; ``rollouts.collection.archive``
-does the work). Mounted on the API by ``rollouts.review.api`` (``router``, and ``delete_run``); auth and access as for every route
-there. A run being collected is refused with 409 (cancel it first), never cancelled."""
+does the work). Mounted on the API by ``rollouts.api.router`` (``router``, and ``delete_run``); auth
+and access as for every route there. A run being collected is refused with 409 (cancel it first),
+never cancelled."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ninja.errors import HttpError
 from pydantic import Field
 
 from rollouts.collection import archive
-from rollouts.web.views import _run_for
+from rollouts.web.access import run_for
 
 router = Router()
 
@@ -50,7 +51,7 @@ def _outcome(run, out: archive.Outcome) -> dict:
     }
 
 
-# DELETE /runs/{id} shares its path with GET /runs/{id}, so ``rollouts.review.api`` registers it on
+# DELETE /runs/{id} shares its path with GET /runs/{id}, so ``rollouts.api.router`` registers it on
 # its own router (one path, one view): ``api.delete(DELETE_PATH, **DELETE_ROUTE)(delete_run)``.
 DELETE_PATH = "/runs/{run_id}"
 DELETE_ROUTE = dict(response={200: DeletedOut, 404: Error, 409: Error}, summary="Delete a run and everything under it")
@@ -59,7 +60,7 @@ DELETE_ROUTE = dict(response={200: DeletedOut, 404: Error, 409: Error}, summary=
 def delete_run(request, run_id: int):
     """Deletes the run, its tasks, rollouts, trajectories, labels, notes, corrections and archive
     files, in bounded transactions. 409 while the run is being collected: cancel it first."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     try:
         out = archive.delete_run(run)
     except archive.RunBusy as exc:
@@ -80,7 +81,7 @@ def archive_run(request, run_id: int):
     """Writes the run's NeMo Gym files (zstd) to the archive folder and drops its items from the
     database; aggregates, labels, notes and corrections stay. 409 while the run is being collected
     or when the folder cannot be written."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     try:
         out = archive.archive_run(run)
     except archive.ArchiveError as exc:
@@ -94,7 +95,7 @@ def archive_run(request, run_id: int):
 def restore_run(request, run_id: int):
     """Brings the archived run's items back from its files (checked first), then removes the files.
     409 if the run is not archived or its files do not match their manifest."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     try:
         out = archive.restore_run(run)
     except archive.ArchiveError as exc:

@@ -1,11 +1,12 @@
 """Review pages and actions: labels, notes and corrected rewards on a rollout, review mode, the
 Labels page, datasets from a selection, the SFT export and the account page (API tokens).
 
-Plain function views, thin: the rules live in ``actions``, ``progress``, ``selection``,
-``curated`` and ``tokens``. Every write is a POST with Django's CSRF check. The rollout actions
-answer an HTMX request with the review panel alone (``rollouts/review/panel.html``) and a plain
-form post with a redirect back to the page it came from. Access goes through the run pages' own
-rule (``rollouts.web.views._run_for``): every signed-in user sees every run.
+Plain function views, thin: the rules live in ``rollouts.review`` (``actions``, ``progress``,
+``selection``, ``curated``) and ``rollouts.tokens``. Every write is a POST with Django's CSRF
+check. The rollout actions answer an HTMX request with the review panel alone
+(``rollouts/review/panel.html``) and a plain form post with a redirect back to the page it came
+from. Access goes through the run pages' own rule (``rollouts.web.access.run_for``): every
+signed-in user sees every run.
 """
 
 from __future__ import annotations
@@ -21,20 +22,23 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
+from rollouts import tokens
 from rollouts.models import ApiToken, Dataset, Label, Note, Rollout, Run
-from rollouts.review import actions, curated, progress, selection, sft, tokens
+from rollouts.review import actions, curated, progress, selection, sft
 from rollouts.review.actions import ReviewError
 from rollouts.review.aggregates import review_counts, reward_aggregates
-from rollouts.web.forms import RunForm, export_filename, filter_problem, filtered_rollouts
+from rollouts.review.query import export_filename, filter_problem, filtered_rollouts
+from rollouts.web.access import run_for
+from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
-from rollouts.web.views import _run_for
+from rollouts.web.navigation import neighbours
 
 REVIEW_PARAM = "review"
 
 
 # -- helpers ---------------------------------------------------------------------------------------
 def _rollout_for(request, run_id: int, rollout_id: int) -> Rollout:
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     return get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run=run)
 
 
@@ -68,7 +72,7 @@ def review_context(request, rollout: Rollout, nav: dict | None = None, params=No
     """What the trajectory page needs for its review panel (``rollouts/review/panel.html``): the
     rollout's labels, notes and correction, and in review mode (``review=1`` in ``params``, default
     the querystring) the list's progress and the previous/next targets. ``nav`` is the page's own
-    neighbours in the list (``trajectory_views.neighbours``), if it has them."""
+    neighbours in the list (``navigation.neighbours``), if it has them."""
     params = request.GET if params is None else params
     state = actions.review_state(rollout)
     back = params.get("next") if request.method == "POST" else request.get_full_path()
@@ -83,8 +87,6 @@ def review_context(request, rollout: Rollout, nav: dict | None = None, params=No
         review_list = _review_list_for(request, rollout.run, form, create=False)
         reviewed, total = progress.progress(review_list, qs)
         if nav is None:
-            from rollouts.web.trajectory_views import neighbours
-
             nav = neighbours(rollout, params)
         list_qs = form.querystring()
         prev_url = ""
@@ -200,7 +202,7 @@ def _review_url(run_id: int, rollout_id: int, list_qs: str) -> str:
 def review_start(request, run_id):
     """Review mode for the list this querystring filters: the first rollout not reviewed yet, or,
     when every one is, the list's summary."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     qs, form = _list_form(run, request.GET)
     review_list = _review_list_for(request, run, form, create=False)
     target = progress.first_unreviewed(review_list, qs)
@@ -228,13 +230,11 @@ def review_start(request, run_id):
 def review_next(request, run_id):
     """``j`` in review mode: count ``rollout`` (POST) as reviewed in the list (the POSTed filter)
     and go to the next rollout of the list; past the last one, to the list's summary."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     qs, form = _list_form(run, request.POST)
     rollout = get_object_or_404(Rollout, pk=request.POST.get("rollout") or 0, run=run)
     review_list = _review_list_for(request, run, form)
     progress.mark(review_list, rollout)
-    from rollouts.web.trajectory_views import neighbours
-
     nav = neighbours(rollout, request.POST)
     list_qs = form.querystring()
     if nav.get("next_id"):
@@ -251,7 +251,7 @@ def review_next(request, run_id):
 @require_POST
 def review_reset(request, run_id):
     """Start the list's review over (forget which rollouts were reviewed in it)."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     _qs, form = _list_form(run, request.POST)
     review_list = _review_list_for(request, run, form, create=False)
     n = progress.reset(review_list) if review_list else 0
@@ -295,7 +295,7 @@ def label_up(request, label_id):
 @require_POST
 def selection_dataset(request, run_id):
     """The tasks of the POSTed filter's list become a new dataset; then the new-run form for it."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     qs, form = _list_form(run, request.POST)
     if filter_problem(form):  # the list would be bigger than the one asked for
         messages.error(request, f"No dataset made: bad filter {filter_problem(form)}")
@@ -329,7 +329,7 @@ def dataset_new_run(request, dataset_id):
 def run_export_sft(request, run_id):
     """The selection's succeeded trajectories in the OpenAI chat format (``rollouts.review.sft``).
     Querystring: the rollout filter, ``reasoning=keep|think|drop``, ``reward_source``, ``metadata=1``."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     reasoning = request.GET.get("reasoning") or "keep"
     if reasoning not in sft.REASONING_MODES:
         return HttpResponseBadRequest(
@@ -360,7 +360,7 @@ def run_export_sft_check(request, run_id):
     """What the SFT download of this selection would hold (the run page's export panel loads it):
     rows written and rows left out by reason ("3 rollouts left out: no assistant turn").
     Querystring as ``run_export_sft``."""
-    run = _run_for(request, run_id)
+    run = run_for(request, run_id)
     reasoning = request.GET.get("reasoning") or "keep"
     if reasoning not in sft.REASONING_MODES:
         reasoning = "keep"
