@@ -85,7 +85,8 @@ class Watcher:
     def _watch_sqlite(self) -> None:
         name = str(connections["default"].settings_dict["NAME"])
         if name == ":memory:" or "mode=memory" in name:
-            return self._stop.wait()
+            self._stop.wait()
+            return
         from rollouts.models import Run
 
         query = f"SELECT id, started FROM {Run._meta.db_table} WHERE status = ?"
