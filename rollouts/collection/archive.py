@@ -49,13 +49,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from rollouts.bulk import insert_ignoring_conflicts
 from rollouts.collection import export
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem
 from rollouts.search import fill_missing
-from rollouts.workers.sql import insert_ignoring_conflicts
 
 __all__ = [
     "ArchiveError",

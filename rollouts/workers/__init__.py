@@ -12,10 +12,10 @@ dispatcher (or ``supervise``) marks the attempt ``interrupted`` and queues its k
 
 - ``claims``: claiming, leases, the heartbeat, ``supervise``
 - ``writer``: batched writes of a dispatcher (``Batch``, ``write_batch``)
-- ``sql``: the insert and update statements the writer builds once and keeps
+- ``sql``: the update that ends an attempt, built once and kept (the insert is ``rollouts.bulk``)
 - ``dbthread``: the dispatcher's one database thread
 - ``dispatcher``: the dispatcher loop (``Dispatcher``)
 - ``tuning``: the garbage collector and the open-file limit
 - ``process``: entry points (a worker process's dispatcher thread and its signals; the CLI's run)
-- ``wakeup``: idle dispatchers woken when a run is launched
+- ``wakeup``: idle dispatchers woken when a run is launched (the sender is ``rollouts.collection.notify``)
 """

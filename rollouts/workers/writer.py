@@ -15,13 +15,14 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
+from rollouts.bulk import insert_ignoring_conflicts
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.loop import FailureKind, ItemRecord, RolloutOutcome, StepRecord
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.operations import metrics
 from rollouts.search import fill_missing
-from rollouts.workers.sql import finish_rollout, insert_ignoring_conflicts
+from rollouts.workers.sql import finish_rollout
 
 log = logging.getLogger("gymweb.dispatch")
 
