@@ -45,8 +45,8 @@ def main() -> None:
     where = h.setup_django(args.db)
     from django.db import connection as main_connection
 
-    from rollouts.collection.dispatch import run_in_process
     from rollouts.models import AgentCall, Rollout
+    from rollouts.workers.process import run_in_process
 
     rss_before = h.peak_rss_mb()
     gc_time = {"n": 0, "s": 0.0, "full": 0, "t0": 0.0}

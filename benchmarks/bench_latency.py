@@ -28,8 +28,8 @@ def main() -> None:
     where = h.setup_django(args.db)
     from django.db.models import Min
 
-    from rollouts.collection.dispatch import run_in_process
     from rollouts.models import AgentCall, Rollout
+    from rollouts.workers.process import run_in_process
 
     agent_url, env_url, procs = h.start_services(args.calls, args.latency_ms)
     try:

@@ -33,8 +33,8 @@ def main() -> None:
     where = h.setup_django(args.db)
     from django.db import connection
 
-    from rollouts.collection.dispatch import run_in_process
     from rollouts.models import AgentCall, Rollout
+    from rollouts.workers.process import run_in_process
 
     agent_url, env_url, procs = h.start_services(args.steps, args.latency_ms, tool_output_kb=args.tool_kb)
     samples: list[tuple[float, float]] = []  # (epoch s, process CPU s)

@@ -24,8 +24,8 @@ def main() -> None:
     args = parser.parse_args()
 
     where = h.setup_django(args.db)
-    from rollouts.collection.dispatch import run_in_process
     from rollouts.models import AgentCall, Rollout, TrajectoryItem
+    from rollouts.workers.process import run_in_process
 
     agent_url, env_url, procs = h.start_services(args.calls)
     try:

@@ -10,7 +10,7 @@ def _ensure_supervisor(sender, **kwargs):
     Schedule.objects.update_or_create(
         name="gymweb-supervise",
         defaults={
-            "func": "rollouts.collection.dispatch.supervise",
+            "func": "rollouts.workers.claims.supervise",
             "schedule_type": Schedule.MINUTES,
             "minutes": settings.GYMWEB_SUPERVISE_MINUTES,
             "repeats": -1,
@@ -36,11 +36,12 @@ def _ensure_search_index(sender, using="default", **kwargs):
 
 
 def _on_worker_spawn(sender, proc_name=None, **kwargs):
-    """Each django-q2 worker process runs a dispatcher thread (rollouts.collection.dispatch), and first
+    """Each django-q2 worker process runs a dispatcher thread (rollouts.workers), and first
     requeues rollouts that died with an earlier worker instead of waiting for the schedule."""
     import logging
 
-    from rollouts.collection.dispatch import start_in_worker_process, supervise
+    from rollouts.workers.claims import supervise
+    from rollouts.workers.process import start_in_worker_process
 
     try:
         supervise()

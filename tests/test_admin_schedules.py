@@ -36,7 +36,7 @@ def test_a_superuser_sees_the_schedules_but_cannot_add_one(admin_client_):
 def test_a_superuser_cannot_change_or_delete_the_supervisor_schedule(admin_client_):
     schedule = Schedule.objects.create(
         name="gymweb-supervise-test",
-        func="rollouts.collection.dispatch.supervise",
+        func="rollouts.workers.claims.supervise",
         schedule_type=Schedule.MINUTES,
         minutes=1,
         repeats=-1,
@@ -51,4 +51,4 @@ def test_a_superuser_cannot_change_or_delete_the_supervisor_schedule(admin_clien
     deleted = admin_client_.post(reverse("admin:django_q_schedule_delete", args=[schedule.pk]), {"post": "yes"})
     assert deleted.status_code == 403
     schedule.refresh_from_db()
-    assert schedule.func == "rollouts.collection.dispatch.supervise"
+    assert schedule.func == "rollouts.workers.claims.supervise"

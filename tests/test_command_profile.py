@@ -263,7 +263,7 @@ def test_an_unknown_run_a_bad_id_and_a_missing_output_dir_are_clear_errors(tmp_p
 def test_profiling_a_run_collected_in_process_writes_four_files_with_reward_one(
     tmp_path, counter_env_url, counter_agent_url, counter_tasks_path, capsys
 ):
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     with counter_tasks_path.open("rb") as fh:
         run = runs.create_run(

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from rollouts.collection import dispatch
 from rollouts.models import Rollout, Run
+from rollouts.workers import claims
 
 from .run_factories import make_run
 
@@ -25,7 +25,7 @@ def _run_with_finished_head(n: int, finished: int) -> Run:
 
 def test_it_claims_the_first_pending_keys_in_order():
     run = _run_with_finished_head(12, 5)
-    claimed = dispatch.claim(run.pk, "w1", 3, lease_s=30)
+    claimed = claims.claim(run.pk, "w1", 3, lease_s=30)
     assert [Rollout.objects.get(pk=rid).task_index for rid, _, _ in claimed] == [5, 6, 7]
     assert set(Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).values_list("worker", flat=True)) == {
         "w1"
@@ -34,16 +34,16 @@ def test_it_claims_the_first_pending_keys_in_order():
 
 def test_it_never_claims_past_the_runs_concurrency():
     run = _run_with_finished_head(20, 0)
-    assert len(dispatch.claim(run.pk, "w1", 6, lease_s=30)) == 6
-    assert len(dispatch.claim(run.pk, "w2", 6, lease_s=30)) == 2  # concurrency 8 over all workers
-    assert dispatch.claim(run.pk, "w3", 6, lease_s=30) == []
+    assert len(claims.claim(run.pk, "w1", 6, lease_s=30)) == 6
+    assert len(claims.claim(run.pk, "w2", 6, lease_s=30)) == 2  # concurrency 8 over all workers
+    assert claims.claim(run.pk, "w3", 6, lease_s=30) == []
 
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="reads SQLite's query plan")
 def test_the_pending_keys_are_found_through_the_claim_index():
     run = _run_with_finished_head(30, 20)
     with CaptureQueriesContext(connection) as ctx:
-        dispatch.claim(run.pk, "w1", 2, lease_s=30)
+        claims.claim(run.pk, "w1", 2, lease_s=30)
     select = next(q["sql"] for q in ctx.captured_queries if "ORDER BY task_index" in q["sql"])
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN QUERY PLAN " + select)

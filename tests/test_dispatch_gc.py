@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 
-from rollouts.collection.dispatch import collector_tuned
+from rollouts.workers.tuning import collector_tuned
 
 
 def test_it_sets_the_threshold_and_freezes_the_heap_only_inside_the_block():

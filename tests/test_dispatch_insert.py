@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from django.db import connection
 
-from rollouts.collection import dispatch
+from rollouts import bulk
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +46,7 @@ def test_passed_through_values_are_what_django_would_send(model):
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     checked = 0
     for field in fields:
-        plain = dispatch._plain_types(field, connection)
+        plain = bulk.plain_types(field, connection)
         for value in VALUES:
             if type(value) not in plain:
                 continue
@@ -69,7 +69,7 @@ def test_lossless_and_json_fields_always_convert():
     ]
     assert ours
     for field in ours:
-        assert dispatch._plain_types(field, connection) == frozenset(), field.name
+        assert bulk.plain_types(field, connection) == frozenset(), field.name
 
 
 def test_it_stores_what_it_was_given_and_ignores_conflicts():
@@ -92,8 +92,8 @@ def test_it_stores_what_it_was_given_and_ignores_conflicts():
         )
         for i in range(4)
     ]
-    dispatch._insert_ignoring_conflicts(TrajectoryItem, objs)
-    dispatch._insert_ignoring_conflicts(TrajectoryItem, objs)  # conflicts are ignored
+    bulk.insert_ignoring_conflicts(TrajectoryItem, objs)
+    bulk.insert_ignoring_conflicts(TrajectoryItem, objs)  # conflicts are ignored
     rows = list(TrajectoryItem.objects.filter(rollout=rollout).order_by("seq"))
     assert [r.seq for r in rows] == [0, 1, 2, 3]
     assert [r.name for r in rows] == ["n\x00" * i for i in range(4)]

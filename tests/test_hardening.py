@@ -10,10 +10,10 @@ from django.core.management import CommandError, call_command
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
-from rollouts.collection.dispatch import _Batch, write_batch
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import Rollout, Run
+from rollouts.workers.writer import Batch, write_batch
 
 from .servers import AgentService, EnvService, Reply, async_test, drive, message, reply
 
@@ -138,7 +138,7 @@ def test_summed_token_counts_past_64_bits_keep_the_success_with_a_warning():
         "output_tokens_details": {"reasoning_tokens": 0},
     }
     outcome = RolloutOutcome(ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": []}, usage=huge)
-    write_batch(_Batch(finished=[(rollout.pk, outcome)]), "w")
+    write_batch(Batch(finished=[(rollout.pk, outcome)]), "w")
     rollout.refresh_from_db()
     assert rollout.status == Rollout.Status.SUCCEEDED and rollout.reward == 1.0
     assert not rollout.usage_reported and rollout.input_tokens is None

@@ -132,7 +132,7 @@ def test_metrics_are_refused_without_the_token_or_an_allowed_address(client, set
 
 @pytest.mark.django_db(transaction=True)
 def test_metrics_count_what_a_run_does(client, settings, counter_env_url, counter_agent_url, counter_tasks_path):
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     settings.GYMWEB_METRICS_TOKEN = TOKEN
     auth = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}

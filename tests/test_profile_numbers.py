@@ -306,7 +306,7 @@ def test_profile_json_for_verify_is_the_numbers_of_the_row_the_export_writes():
 def test_a_run_collected_in_process_stores_the_numbers_and_profiles_from_them(
     counter_env_url, counter_agent_url, counter_tasks_path
 ):
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     with counter_tasks_path.open("rb") as fh:
         run = runs.create_run(

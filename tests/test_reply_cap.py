@@ -120,8 +120,8 @@ def test_a_worker_run_fails_with_reply_too_large_under_the_setting(settings, tra
     from gymweb.examples._serve import BackgroundServer
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
-    from rollouts.collection.dispatch import run_in_process
     from rollouts.models import Rollout, Run
+    from rollouts.workers.process import run_in_process
 
     settings.GYMWEB_MAX_REPLY_BYTES = CAP
 

@@ -20,13 +20,14 @@ from django.db import DataError
 from django.urls import reverse
 
 from rollouts import lossless
-from rollouts.collection import dispatch, runs
+from rollouts.collection import runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
-from rollouts.collection.dispatch import _Batch, write_batch
 from rollouts.collection.importer import import_rollouts
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from rollouts.workers import writer
+from rollouts.workers.writer import Batch, write_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,10 +120,10 @@ def _running_rollout():
 
 def test_a_result_that_cannot_be_stored_becomes_a_storage_failure_row(monkeypatch, caplog):
     run, rollout = _running_rollout()
-    monkeypatch.setattr(dispatch, "dumps", refuse(lambda v: isinstance(v, dict) and "reward" in v))
+    monkeypatch.setattr(writer, "dumps", refuse(lambda v: isinstance(v, dict) and "reward" in v))
     outcome = RolloutOutcome(ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": []})
     with caplog.at_level(logging.ERROR, logger="gymweb.dispatch"):
-        write_batch(_Batch(finished=[(rollout.pk, outcome)]), "w")
+        write_batch(Batch(finished=[(rollout.pk, outcome)]), "w")
     rollout.refresh_from_db()
     assert (rollout.status, rollout.failure_kind, rollout.reward) == ("failed", "storage_failed", 0.0)
     assert "Missing: the rollout's result (status, reward, verify reply, counts): DataError" in rollout.error
@@ -141,7 +142,7 @@ def test_an_agent_call_lost_in_one_batch_fails_the_rollout_when_it_finishes_in_a
     item = TrajectoryItem(
         rollout_id=rollout.pk, seq=0, step=0, kind="message", origin="agent", payload={"type": "message"}
     )
-    write_batch(_Batch(calls=[call], items=[item]), "w")
+    write_batch(Batch(calls=[call], items=[item]), "w")
     rollout.refresh_from_db()
     assert rollout.status == "running" and rollout.storage_error.startswith("agent call 1: DataError")
     assert TrajectoryItem.objects.filter(rollout=rollout).count() == 1
@@ -149,11 +150,11 @@ def test_an_agent_call_lost_in_one_batch_fails_the_rollout_when_it_finishes_in_a
     outcome = RolloutOutcome(
         ok=True, reward=1.0, verify_response={"reward": 1.0}, response={"output": [{"type": "message"}]}
     )
-    write_batch(_Batch(finished=[(rollout.pk, outcome)]), "w")
+    write_batch(Batch(finished=[(rollout.pk, outcome)]), "w")
     rollout.refresh_from_db()
     assert (rollout.status, rollout.failure_kind) == ("failed", "storage_failed")
     assert "Missing: agent call 1: DataError" in rollout.error
-    assert dispatch._missing == {}
+    assert writer._missing == {}
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from rollouts.collection import dispatch, export
+from rollouts.collection import export
 from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import AgentCall, ApiToken, Dataset, Rollout, Run
 from rollouts.tokens import create_token, user_for_token
+from rollouts.workers import claims, dispatcher, writer
 
 from .conftest import COUNTER_TASKS
 
@@ -142,8 +143,9 @@ def test_a_launch_wakes_idle_workers_through_the_database(transactional_db):
     """The SQLite watcher sees a run launched by another connection (PostgreSQL: LISTEN/NOTIFY)."""
     import threading
 
-    from rollouts.collection import runs, wakeup
+    from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
+    from rollouts.workers import wakeup
 
     woken = threading.Event()
     watcher = wakeup.Watcher(woken.set, poll_s=0.01).start()
@@ -160,9 +162,9 @@ def test_a_launch_wakes_idle_workers_through_the_database(transactional_db):
 # -- results out -----------------------------------------------------------------------------------
 def finish_some(run: Run, n: int, fail_every: int = 0) -> list[int]:
     """Claim ``n`` pending rollouts and write their ends through the dispatcher's own writer."""
-    claimed = dispatch.claim(run.pk, "test-worker", n, 60.0)
+    claimed = claims.claim(run.pk, "test-worker", n, 60.0)
     assert len(claimed) == n
-    batch = dispatch._Batch()
+    batch = writer.Batch()
     for i, (rollout_id, row_json, rollout_index) in enumerate(reversed(claimed)):  # not in key order
         row = json.loads(row_json)
         if fail_every and i % fail_every == 0:
@@ -190,7 +192,7 @@ def finish_some(run: Run, n: int, fail_every: int = 0) -> list[int]:
             out = RolloutOutcome(ok=True, reward=1.0, verify_response=verify)
         batch.finished.append((rollout_id, out))
         batch.run_of[rollout_id] = run.pk
-    dispatch.write_batch(batch, "test-worker")
+    writer.write_batch(batch, "test-worker")
     return [rollout_id for rollout_id, _, _ in reversed(claimed)]
 
 
@@ -223,7 +225,7 @@ def test_the_stream_gives_the_files_rows_in_finishing_order_and_each_once_across
     later = read_stream(client, auth, run, after=3)
     assert len(later) == 4
     finish_some(run, 3)
-    dispatch._finish_idle([run.pk], after_finish=False)
+    dispatcher.finish_idle([run.pk], after_finish=False)
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED
     whole = got + later + read_stream(client, auth, run, after=7, wait=1)  # a final run: answers at once

@@ -104,7 +104,7 @@ def test_a_real_run_exports_rows_that_read_like_nemo_gym_s(
 ):
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     client.force_login(django_user_model.objects.create_user("dave", password="x" * 12))
     with open(counter_tasks_path, "rb") as fh:

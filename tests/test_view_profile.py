@@ -93,7 +93,7 @@ def test_an_unknown_run_or_file_kind_is_404(signed_in, mixed):
 def test_a_run_collected_in_process_shows_every_task_with_mean_reward_one_and_pass_at_k(
     client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path, tmp_path
 ):
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     cache.clear()
     client.force_login(django_user_model.objects.create_user("erin", password="x" * 12))

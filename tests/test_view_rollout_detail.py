@@ -688,7 +688,7 @@ def test_the_raw_view_gives_one_item_or_the_task_input_whole_for_an_attempt_of_a
 def test_a_counter_rollout_collected_by_gymweb_renders_its_steps_and_gym_outputs(
     client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path
 ):
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     client.force_login(django_user_model.objects.create_user("bob", password="pw-long-enough"))
     with counter_tasks_path.open("rb") as fh:

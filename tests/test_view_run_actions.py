@@ -123,7 +123,7 @@ def test_retry_runs_the_failed_keys_again_and_they_succeed_once_the_agent_is_up(
 ):
     from rollouts.collection import runs
     from rollouts.collection.datasets import read_jsonl
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     client.force_login(django_user_model.objects.create_user("carol", password="x" * 12))
     with open(counter_tasks_path, "rb") as fh:

@@ -288,7 +288,7 @@ def test_a_post_without_the_csrf_token_is_refused(user):
 def test_a_submitted_run_completes_against_the_example_services(
     client, django_user_model, counter_env_url, counter_agent_url, counter_tasks_path
 ):
-    from rollouts.collection.dispatch import run_in_process
+    from rollouts.workers.process import run_in_process
 
     client.force_login(django_user_model.objects.create_user("bob", password="x" * 12))
     response = client.post(

@@ -21,9 +21,10 @@ import pytest
 from django.db import OperationalError
 
 from gymweb.examples._serve import BackgroundServer
-from rollouts.collection import dispatch, runs
+from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Rollout, Run, Worker
+from rollouts.workers import dispatcher as dispatcher_module
 
 from . import agents
 from .conftest import wait_for
@@ -134,17 +135,17 @@ def test_a_release_the_database_refuses_is_logged_in_plain_lines_and_bounded(tra
     def refuse(*args):
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(dispatch, "_release_held", refuse)
-    dispatcher = dispatch.Dispatcher()
+    monkeypatch.setattr(dispatcher_module, "_release_held", refuse)
+    dispatcher = dispatcher_module.Dispatcher()
     dispatcher.release_timeout_s = 2.5
     beat = threading.Event()
-    real_heartbeat = dispatch._heartbeat
+    real_heartbeat = dispatcher_module.heartbeat
 
     def heartbeat(*args):
         beat.set()
         return real_heartbeat(*args)
 
-    monkeypatch.setattr(dispatch, "_heartbeat", heartbeat)
+    monkeypatch.setattr(dispatcher_module, "heartbeat", heartbeat)
     thread = threading.Thread(target=lambda: asyncio.run(dispatcher.run()))
     with caplog.at_level(logging.INFO, logger="gymweb.dispatch"):
         thread.start()

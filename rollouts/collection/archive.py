@@ -49,8 +49,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from rollouts.bulk import insert_ignoring_conflicts
 from rollouts.collection import export
-from rollouts.collection.dispatch import _insert_ignoring_conflicts as insert_rows
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
 from rollouts.lossless import dumps
@@ -589,8 +589,8 @@ def _restore_chunk(chunk: list[tuple[dict[str, Any], str | None]], out: Outcome)
             TrajectoryItem.objects.filter(rollout_id__in=ids).delete()
             AgentCall.objects.filter(rollout_id__in=ids).delete()
             # the dispatcher's insert (one executemany, values prepared as bulk_create would)
-            insert_rows(AgentCall, calls)
-            insert_rows(TrajectoryItem, items)
+            insert_ignoring_conflicts(AgentCall, calls)
+            insert_ignoring_conflicts(TrajectoryItem, items)
             if updates:
                 with connection.cursor() as cursor:
                     cursor.executemany(update_sql, [(v, p, rid) for rid, v, p in updates])

@@ -15,8 +15,8 @@ from django.db import transaction
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from rollouts.collection import wakeup
 from rollouts.collection.datasets import ParsedDataset, materialize
+from rollouts.collection.notify import notify_launch
 from rollouts.lossless import dumps
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 
@@ -126,14 +126,14 @@ def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Dataset 
 
 
 def launch(run: Run) -> None:
-    """Mark the run running: idle dispatchers are woken at once (``rollouts.collection.wakeup``),
+    """Mark the run running: idle dispatchers are woken at once (``rollouts.collection.notify``),
     busy ones pick it up at their next poll (``GYMWEB_POLL_S``), and claim rollouts atomically
-    (``rollouts.collection.dispatch``)."""
+    (``rollouts.workers.claims``)."""
     changed = Run.objects.filter(
         pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]
     ).update(status=Run.Status.RUNNING, started=timezone.now(), finished=None)
     if changed:
-        wakeup.notify_launch(run.pk)
+        notify_launch(run.pk)
     run.refresh_from_db()
     log.info("run %s launched: %s (concurrency %s)", run.pk, run.status, run.concurrency, extra={"run": run.pk})
 

@@ -130,7 +130,7 @@ class ItemRecord:
 
 class Observer(Protocol):
     """Receives a rollout's steps as they happen. Methods must not block the event loop (queue the
-    work; see ``rollouts.collection.dispatch``)."""
+    work; see ``rollouts.workers``)."""
 
     def on_seeded(self, latency_ms: float) -> None: ...
 

@@ -14,11 +14,11 @@ from urllib.parse import urlencode
 from django import forms
 from django.db.models import F, QuerySet
 
-from rollouts import search
 from rollouts.collection import runs
 from rollouts.evaluation.health import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Rollout, RolloutHealth
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
+from rollouts.search import queries as search
 
 SEARCH_MAX = 500  # characters of a content-search query
 

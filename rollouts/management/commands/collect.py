@@ -1,6 +1,6 @@
 """``python manage.py collect``: headless rollout collection, NeMo Gym's ``gym eval run`` equivalent.
 
-Same code path as the web (``rollouts.collection.runs`` + ``rollouts.collection.dispatch``); the work runs in this
+Same code path as the web (``rollouts.collection.runs`` + ``rollouts.workers``); the work runs in this
 process, so no separate worker needs to be running. Workers (``qcluster``) sharing the database help
 with the run; the command waits until every attempt of the run has ended, wherever it ran, before
 it writes its files.
@@ -23,7 +23,6 @@ from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.collection import environments, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
-from rollouts.collection.dispatch import run_in_process
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.engine.loop import (
@@ -40,6 +39,7 @@ from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Rollout, Run
 from rollouts.nemo import miswiring
 from rollouts.nemo.config import NemoConfigError, load_files
+from rollouts.workers.process import run_in_process
 
 
 def _positive_int(value: str) -> int:
@@ -78,7 +78,7 @@ def default_max_attempts() -> int:
 
 def miswired_rollouts(run: Run) -> int:
     """Finished attempts of ``run`` whose agent reported results of the env's tools that the env
-    never executed (the warning ``rollouts.collection.dispatch`` stores)."""
+    never executed (the warning ``rollouts.workers.dispatcher`` stores)."""
     rows = (
         Rollout.objects.filter(run=run, status__in=[Rollout.Status.SUCCEEDED, Rollout.Status.FAILED])
         .exclude(warnings=[])

@@ -15,7 +15,7 @@ never ends. Here the sentinel's stop is bounded: workers still alive after a sho
 killed.
 
 What the worker processes do on a stop (release their in-flight rollouts at once) is in
-``rollouts.collection.dispatch.start_in_worker_process``.
+``rollouts.workers.process.start_in_worker_process``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Sentinel(q_cluster.Sentinel):
         _wait_until_dead(self.pool, STOP_GRACE_S)
         stuck = [p for p in self.pool if p.is_alive()]
         if stuck:
-            # SIGTERM runs the worker's own handler (rollouts.collection.dispatch.start_in_worker_process):
+            # SIGTERM runs the worker's own handler (rollouts.workers.process.start_in_worker_process):
             # it releases the in-flight rollouts, then ends the process.
             logger.info(_("%(name)s signalling %(n)d worker(s) directly") % {"name": name, "n": len(stuck)})
             for p in stuck:

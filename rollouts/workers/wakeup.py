@@ -2,7 +2,8 @@
 within tens of milliseconds instead of at the next poll (``GYMWEB_POLL_S``).
 
 - PostgreSQL: ``runs.launch`` sends ``NOTIFY gymweb_runs`` in its transaction (delivered on
-  commit); each dispatcher's watcher thread holds its own connection that ``LISTEN``\\s.
+  commit; ``rollouts.collection.notify``); each dispatcher's watcher thread holds its own
+  connection that ``LISTEN``\\s.
 - SQLite: every commit of another connection changes ``PRAGMA data_version``; the watcher reads it
   every ``GYMWEB_WAKE_POLL_S`` on its own read-only connection and, when it changed, looks at the
   running runs (their ids and start times, a few rows) for one it has not seen.
@@ -19,26 +20,13 @@ import threading
 from collections.abc import Callable
 
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connections
+
+from rollouts.collection.notify import CHANNEL
 
 log = logging.getLogger("gymweb.dispatch")
 
-CHANNEL = "gymweb_runs"
-
-__all__ = ["CHANNEL", "Watcher", "notify_launch"]
-
-
-def notify_launch(run_id: int) -> None:
-    """Tell every dispatcher that ``run_id`` was launched (on PostgreSQL, at the commit of the
-    current transaction; on SQLite the commit itself is the signal). Never raises: a lost
-    notification only delays the start to the next poll."""
-    if connection.vendor != "postgresql":
-        return
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(run_id)])
-    except Exception as exc:  # the run is launched either way
-        log.warning("could not notify the workers of run %s (%s); they start it at their next poll", run_id, exc)
+__all__ = ["Watcher"]
 
 
 class Watcher:
@@ -85,7 +73,8 @@ class Watcher:
     def _watch_sqlite(self) -> None:
         name = str(connections["default"].settings_dict["NAME"])
         if name == ":memory:" or "mode=memory" in name:
-            return self._stop.wait()
+            self._stop.wait()
+            return
         from rollouts.models import Run
 
         query = f"SELECT id, started FROM {Run._meta.db_table} WHERE status = ?"
