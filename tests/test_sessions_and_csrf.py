@@ -70,7 +70,17 @@ def _get_routes() -> list[URLPattern]:
 
 def test_every_dashboard_route_answers_a_signed_out_htmx_request_with_hx_redirect(client, run):
     rollout = key(run, 0)
-    kwargs_for = {"run_id": run.pk, "rollout_id": rollout.pk, "kind": "rollouts", "fmt": "md", "key": "verify"}
+    kwargs_for = {
+        "run_id": run.pk,
+        "rollout_id": rollout.pk,
+        "kind": "rollouts",
+        "fmt": "md",
+        "key": "verify",
+        "dataset_id": run.dataset_id or 1,
+        "note_id": 1,
+        "label_id": 1,
+        "token_id": 1,
+    }
     page = reverse("run", args=[run.pk]) + "?task=1"
     routes = _get_routes()
     assert len(routes) >= 15
