@@ -46,7 +46,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 from rollouts import targets
 from rollouts.collection import environments
 from rollouts.engine.loop import InvalidBaseURL
-from rollouts.evaluation import compare as nemo_compare
+from rollouts.evaluation import compare_report as nemo_compare
 from rollouts.evaluation.aggregate import run_aggregate_entries
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
 from rollouts.evaluation.compare import compare_runs, pick_pair
@@ -726,7 +726,7 @@ CANDIDATE_FIELDS = ("b", "c", "d", "e")
 def _compare_report_view(
     report: dict[str, Any], run_a: Run, candidates: list[tuple[str, Run]], here: str
 ) -> dict[str, Any]:
-    """NeMo Gym's compare report (``evaluation.compare.compare_sides``) as page rows: key metrics
+    """NeMo Gym's compare report (``evaluation.compare_report.compare_sides``) as page rows: key metrics
     (other metrics folded), per candidate its flips with per-repeat rewards and a side-by-side link,
     and gymweb's paired interval."""
     comp = report["comparisons"][0]
