@@ -45,7 +45,7 @@ import numpy as np
 from rollouts.collection.stamps import environment_server_name
 from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy, make_sync_client
 from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
-from rollouts.evaluation.profile import label_runs, profile_rows
+from rollouts.evaluation.reward_profile import label_runs, profile_rows
 
 __all__ = [
     "AggregateOutcome",

@@ -105,10 +105,10 @@ class Side:
 
 def aggregate_entry_from_rows(rows: Iterable[Any], agent_name: str) -> dict[str, Any]:
     """An aggregate-metrics entry computed from success rows (dicts with the indices, ``reward`` and
-    ``response``, or ``profile.ReducedRollout``), as NeMo Gym's ``compute_aggregate_metrics`` does it
+    ``response``, or ``reward_profile.ReducedRollout``), as NeMo Gym's ``compute_aggregate_metrics`` does it
     for an env without its own metrics: every row grouped under one synthetic agent, key metrics =
     the ``mean/`` metrics. Raises ``CompareError`` when there are no rows."""
-    from rollouts.evaluation.profile import ReducedRollout, profile_rows
+    from rollouts.evaluation.reward_profile import ReducedRollout, profile_rows
 
     rows = list(rows)
     if not rows:

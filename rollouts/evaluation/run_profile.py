@@ -1,7 +1,7 @@
 """Profiling a stored run, or NeMo Gym files from anywhere, like NeMo Gym's ``gym eval profile``.
 
-The statistics are ``rollouts.evaluation.profile`` (a faithful reimplementation of NeMo Gym's profiler); this
-module only feeds it and names the files:
+The statistics are ``rollouts.evaluation.reward_profile`` (a faithful reimplementation of NeMo Gym's
+profiler) and ``rollouts.evaluation.pass_at_k``; this module only feeds them and names the files:
 
 - ``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``,
   ``<stem>_repeat_level_metrics.json``: NeMo Gym's three files, NeMo Gym's convention (successes
@@ -32,14 +32,12 @@ from typing import Any
 from rollouts.collection.export import CHUNK, iter_successes
 from rollouts.collection.profile_numbers import loads_profile_numbers
 from rollouts.evaluation.outputs import check_outputs, iter_json_objects
-from rollouts.evaluation.profile import (
+from rollouts.evaluation.pass_at_k import gymweb_extras, gymweb_extras_path, write_gymweb_extras
+from rollouts.evaluation.reward_profile import (
     ProfileResult,
     ReducedRollout,
-    gymweb_extras,
-    gymweb_extras_path,
     profile_file_paths,
     profile_rows,
-    write_gymweb_extras,
     write_profile_files,
 )
 from rollouts.models import Rollout, Run, Task
