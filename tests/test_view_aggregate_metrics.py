@@ -1,5 +1,5 @@
 """The run page's ``rollouts_aggregate_metrics.json`` download (``analysis_views.run_aggregate_metrics_file``)
-and ``evaluation.aggregate`` behind it: the env's stored reply when there is one, else NeMo Gym's
+and ``evaluation.run_aggregate_metrics`` behind it: the env's stored reply when there is one, else NeMo Gym's
 default computation over the stored rows (for an imported NeMo Gym run: NeMo Gym's own file, byte
 for byte)."""
 
@@ -9,14 +9,14 @@ import pytest
 from django.urls import reverse
 
 from rollouts.collection.importer import import_rollouts
-from rollouts.evaluation.aggregate import (
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, build_aggregate_metrics
+from rollouts.evaluation.outputs import OutputExists
+from rollouts.evaluation.run_aggregate_metrics import (
     fetch_aggregate_metrics,
     run_aggregate_entries,
     run_aggregate_rows,
     write_run_aggregate_metrics,
 )
-from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, build_aggregate_metrics
-from rollouts.evaluation.outputs import OutputExists
 from rollouts.models import Rollout, Run
 
 from .run_factories import finish, key, make_run

@@ -1,7 +1,7 @@
 """The numbers NeMo Gym's profiler reads from one ``rollouts.jsonl`` row, stored beside each success.
 
 Collection writes them (``dispatch`` when a rollout succeeds, ``importer`` for imported rows) into
-``Rollout.profile_json``; evaluation (``rollouts.evaluation.profile``/``run_profile``) reads them, so a
+``Rollout.profile_json``; evaluation (``rollouts.evaluation.reward_profile``/``profile_report``) reads them, so a
 run's profile never parses a response. They live here, in collection, so that evaluation imports
 collection and never the reverse (DESIGN.md, "Suggested layout").
 

@@ -3,7 +3,7 @@ from the environment's ``/aggregate_metrics``, and what ``gym eval compare`` rea
 
 Reference: nemo-gym 0.7.0, ``rollout_collection.py`` (``_call_aggregate_metrics``) and
 ``reward_profile.py`` (``compute_aggregate_metrics``, the default every NeMo Gym resources server
-serves). No Django here; ``rollouts.evaluation.aggregate`` applies it to stored runs and
+serves). No Django here; ``rollouts.evaluation.run_aggregate_metrics`` applies it to stored runs and
 ``rollouts.evaluation.shards`` to shard files.
 
 The file is a JSON list (orjson, ``OPT_INDENT_2``) with one entry per environment server the rows ran

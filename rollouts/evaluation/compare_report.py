@@ -162,7 +162,7 @@ def _env_entry(run: Run) -> dict[str, Any] | None:
 def run_entries(run: Run) -> dict[str, dict[str, Any]]:
     """A stored run's aggregate-metrics entries by agent name (one: the run's agent), from its env's
     reply or computed (see the section comment). Raises ``CompareError`` when it has no successes."""
-    from rollouts.evaluation.run_profile import run_success_rows
+    from rollouts.evaluation.profile_report import run_success_rows
 
     entry = _env_entry(run)
     if entry is None:

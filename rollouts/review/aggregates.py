@@ -1,5 +1,5 @@
 """Run aggregates read either way: with the env's rewards, or with the corrected reward where one
-is in force. Same definitions as the run page (``rollouts.evaluation.metrics``): over successes
+is in force. Same definitions as the run page (``rollouts.evaluation.run_summary``): over successes
 (NeMo Gym's convention), and with failures as 0 over done keys.
 
 Cheap on big runs: one grouped query over the (run, status, reward) index gives the env's reward
@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary as metrics
 from rollouts.models import Note, RewardCorrection, Rollout, RolloutLabel, Run
 from rollouts.review.filters import CORRECTED, ORIGINAL
 
@@ -38,7 +38,7 @@ def _stats(counts: Counter, done: int) -> dict[str, Any]:
     values = sorted((v, c) for v, c in counts.items() if c > 0 and v is not None)
     if not values:
         return asdict(metrics.RewardStats(n_with_failures=done))
-    stats, total, _bins = metrics._stats_from_values(values)
+    stats, total, _bins = metrics.stats_from_values(values)
     stats.n_with_failures = done
     stats.mean_with_failures = total / done if done else None
     return asdict(stats)

@@ -34,7 +34,7 @@ from rollouts import targets
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.engine.contract import NotJSON, strict_loads
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary as metrics
 from rollouts.lossless import LosslessTextField
 from rollouts.models import Dataset, Label, RefusedReply, Rollout, Run
 from rollouts.review import actions, curated, selection, sft

@@ -6,7 +6,7 @@ the run pages). Everything shown is untrusted text (run names, agent names, fail
 replies, agent replies): templates only autoescape it, charts are drawn from numbers
 (``rollouts.web.charts``), nothing here marks data safe.
 
-Speed. The profile is NeMo Gym's (``run_profile.profile_run``), which reads each success's stored numbers
+Speed. The profile is NeMo Gym's (``profile_report.profile_run``), which reads each success's stored numbers
 (its cost: benchmarks/README.md). Finished rows never change, so the page's view of it is cached under
 the run's succeeded and failed attempt counts (like ``metrics``; ``GYMWEB_SUMMARY_CACHE_S``, 0
 turns caching off). The cached value is compact: the small summaries as they are, each task row
@@ -47,11 +47,11 @@ from rollouts import targets
 from rollouts.collection import environments
 from rollouts.engine.loop import InvalidBaseURL
 from rollouts.evaluation import compare_report as nemo_compare
-from rollouts.evaluation.aggregate import run_aggregate_entries
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
-from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
+from rollouts.evaluation.profile_report import RUN_STEM, profile_run, write_profile
+from rollouts.evaluation.run_aggregate_metrics import run_aggregate_entries
 from rollouts.models import AgentCall, Rollout, Run
 from rollouts.templatetags.gymweb_tags import num, pretty_json_text
 from rollouts.web import charts

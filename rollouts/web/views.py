@@ -33,7 +33,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from rollouts import targets
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary as metrics
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
 from rollouts.models import AgentCall, Rollout, Run, Worker
