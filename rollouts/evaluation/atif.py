@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "ATIF_SCHEMA_VERSION",
@@ -395,8 +396,8 @@ def manifest_line(task_index: int, rollout_index: int, data: bytes) -> str:
     return json.dumps(
         {
             "trajectory_path": f"{task_index}-{rollout_index}.json",
-            "_ng_task_index": task_index,
-            "_ng_rollout_index": rollout_index,
+            TASK_INDEX_KEY_NAME: task_index,
+            ROLLOUT_INDEX_KEY_NAME: rollout_index,
             "expected_sha256": hashlib.sha256(data).hexdigest(),
         },
         sort_keys=True,

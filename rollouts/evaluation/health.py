@@ -62,6 +62,7 @@ from django.utils import timezone
 
 from rollouts.models import AgentCall, Rollout, RolloutHealth, Run, Task, TrajectoryItem
 from rollouts.nemo import miswiring
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "CHECK_IDS",
@@ -699,8 +700,8 @@ def evidence_from_file(paths: Sequence[str | Path]) -> Iterator[Evidence]:
                 except Exception as exc:
                     record, error = {}, type(exc).__name__
                 fallback = f"__unreadable_record__:input-{source_index}:line-{line_number}" if error else ordinal
-                task_index = record.get("_ng_task_index", fallback)
-                rollout_index = record.get("_ng_rollout_index", 0)
+                task_index = record.get(TASK_INDEX_KEY_NAME, fallback)
+                rollout_index = record.get(ROLLOUT_INDEX_KEY_NAME, 0)
                 trajectory = record.get("ng_trajectory")
                 traj_id = trajectory.get("rollout_id") if isinstance(trajectory, dict) else None
                 yield Evidence(
@@ -726,8 +727,8 @@ def check_files(paths: Sequence[str | Path], ignored: frozenset[str] = frozenset
 def verdict_row(d: Digest) -> dict[str, Any]:
     """One ``rollout_verdicts.jsonl`` row (NeMo Gym's key order)."""
     row = {
-        "_ng_task_index": d.task_index,
-        "_ng_rollout_index": d.rollout_index,
+        TASK_INDEX_KEY_NAME: d.task_index,
+        ROLLOUT_INDEX_KEY_NAME: d.rollout_index,
         "rollout_id": d.rollout_id,
         "verdict": d.verdict,
         "findings": d.findings,

@@ -52,6 +52,7 @@ from rollouts.evaluation.aggregate_metrics import (
     strip_row,
 )
 from rollouts.evaluation.outputs import check_outputs, write_bytes
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "MergeResult",
@@ -65,8 +66,6 @@ __all__ = [
     "write_merged",
 ]
 
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
 FAILURE_CLASS = "_ng_failure_class"
 
 
@@ -120,11 +119,11 @@ def _read_rows(path: Path) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
 
 
 def _key(row: Mapping[str, Any]) -> tuple[Any, Any]:
-    return row.get(TASK_INDEX), row.get(ROLLOUT_INDEX)
+    return row.get(TASK_INDEX_KEY_NAME), row.get(ROLLOUT_INDEX_KEY_NAME)
 
 
 def _order_key(row: Mapping[str, Any]) -> tuple:
-    return (row.get(TASK_INDEX) or 0, row.get(ROLLOUT_INDEX) or 0)
+    return (row.get(TASK_INDEX_KEY_NAME) or 0, row.get(ROLLOUT_INDEX_KEY_NAME) or 0)
 
 
 @dataclass
@@ -230,8 +229,10 @@ def merge_shards(
         shard = Shard(path, failures if failures.is_file() else None, materialized if materialized.is_file() else None)
         keys = shard_keys[index] = set()
         for line_no, line, row in _read_rows(path):
-            if TASK_INDEX not in row or ROLLOUT_INDEX not in row:
-                raise ShardError(f"{path}, line {line_no}: the row has no {TASK_INDEX}/{ROLLOUT_INDEX}")
+            if TASK_INDEX_KEY_NAME not in row or ROLLOUT_INDEX_KEY_NAME not in row:
+                raise ShardError(
+                    f"{path}, line {line_no}: the row has no {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}"
+                )
             identity = (group(row), *_key(row))
             where = f"{path}, line {line_no}"
             if identity in seen:
@@ -303,8 +304,8 @@ def merge_shards(
                 continue
             accounted.add(identity)
             zero = {
-                TASK_INDEX: row.get(TASK_INDEX),
-                ROLLOUT_INDEX: row.get(ROLLOUT_INDEX),
+                TASK_INDEX_KEY_NAME: row.get(TASK_INDEX_KEY_NAME),
+                ROLLOUT_INDEX_KEY_NAME: row.get(ROLLOUT_INDEX_KEY_NAME),
                 "agent_ref": row.get("agent_ref"),
                 "reward": 0.0,
             }

@@ -23,7 +23,10 @@ def _names(value: str | None) -> list[str] | None:
 
 
 class Command(NemoGymFlags, BaseCommand):
-    help = "Compare a baseline run against 1-4 candidate runs (run ids or NeMo Gym rollouts.jsonl paths) like `gym eval compare`."
+    help = (
+        "Compare a baseline run against 1-4 candidate runs (run ids or NeMo Gym rollouts.jsonl paths) "
+        "like `gym eval compare`."
+    )
 
     nemo_gym_flags = {
         "baseline_rollouts_jsonl_fpath": "--baseline",
@@ -125,7 +128,10 @@ class Command(NemoGymFlags, BaseCommand):
                     )
                     head += f": Δ mean/reward {c['delta']:+.4f}{ci}"
                 if s["mode"] == "binary":
-                    head += f"; {s['fail_to_pass_count']} fail→pass, {s['pass_to_fail_count']} pass→fail over {s['common_task_count']} common tasks"
+                    head += (
+                        f"; {s['fail_to_pass_count']} fail→pass, {s['pass_to_fail_count']} pass→fail "
+                        f"over {s['common_task_count']} common tasks"
+                    )
                 elif s["mode"] == "continuous":
                     head += f"; {len(s['flips'])} of {s['common_task_count']} common tasks moved"
                 else:

@@ -60,7 +60,10 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--allow-partial-rollouts",
             action="store_true",
-            help="profile even when some materialised rows have no rollout row (NeMo Gym's ++allow_partial_rollouts=True)",
+            help=(
+                "profile even when some materialised rows have no rollout row "
+                "(NeMo Gym's ++allow_partial_rollouts=True)"
+            ),
         )
         parser.add_argument(
             "--overwrite",
