@@ -1,6 +1,6 @@
 """Benchmark 5, the profile of a big run: seed one run of 50,000 rollouts (4 repeats, 10% failed)
 whose successes carry a realistic ``/verify`` reply (~4 KB: the task, the merged response with
-``usage``), then time ``run_profile.profile_run`` and the profile page (server time, first view with
+``usage``), then time ``profile_report.profile_run`` and the profile page (server time, first view with
 the cache cleared, and cached).
 
     python -m benchmarks.bench_profile [--rollouts 50000] [--db sqlite|postgres] [--repeat 3] [--blank] [--pad-kb N]
@@ -219,7 +219,7 @@ def main() -> None:
     from django.test import Client
     from django.urls import reverse
 
-    from rollouts.evaluation.run_profile import profile_run
+    from rollouts.evaluation.profile_report import profile_run
     from rollouts.models import Rollout
 
     t0 = time.perf_counter()

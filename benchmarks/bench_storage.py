@@ -193,10 +193,10 @@ def timed(client, url: str, repeat: int, cold: bool) -> float:
 
 
 def profile_run_ms(run, repeat: int) -> float:
-    """Median time (ms) of ``run_profile.profile_run(run)``: the profile page's computation alone."""
+    """Median time (ms) of ``profile_report.profile_run(run)``: the profile page's computation alone."""
     import warnings
 
-    from rollouts.evaluation.run_profile import profile_run
+    from rollouts.evaluation.profile_report import profile_run
 
     times = []
     with warnings.catch_warnings():

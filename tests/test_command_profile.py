@@ -1,4 +1,4 @@
-"""``manage.py profile`` and ``rollouts.evaluation.run_profile``: NeMo Gym's ``gym eval profile`` for files and runs.
+"""``manage.py profile`` and ``rollouts.evaluation.profile_report``: NeMo Gym's ``gym eval profile`` for files and runs.
 
 The reference output is NeMo Gym 0.7.0's own files for a known input (tests/data/profile_fixture, a
 copy of ../shared/data/nemo_gym/profile_fixture).
@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.evaluation.run_profile import (
+from rollouts.evaluation.profile_report import (
     failures_as_zero_rows,
     merge_failures_as_zero,
     profile_run,

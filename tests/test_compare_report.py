@@ -9,7 +9,7 @@ import math
 import pytest
 from django.core.management import CommandError, call_command
 
-from rollouts.evaluation import compare
+from rollouts.evaluation import compare_report
 from rollouts.models import Run
 
 pytestmark = pytest.mark.django_db
@@ -64,9 +64,9 @@ def test_imported_reference_runs_reproduce_nemo_gyms_compare_report(shared_data,
 
 def test_nemo_gym_files_compare_exactly_too(shared_data, tmp_path):
     ref_dir = shared_data / "eval_0.7.0"
-    baseline = compare.resolve_side(str(ref_dir / "runA" / "rollouts.jsonl"), "baseline")
-    candidate = compare.resolve_side(str(ref_dir / "runB" / "rollouts.jsonl"), "candidate")
-    ours = compare.compare_sides(baseline, [candidate])
+    baseline = compare_report.resolve_side(str(ref_dir / "runA" / "rollouts.jsonl"), "baseline")
+    candidate = compare_report.resolve_side(str(ref_dir / "runB" / "rollouts.jsonl"), "candidate")
+    ours = compare_report.compare_sides(baseline, [candidate])
     nemo = json.loads((ref_dir / "compare_A_vs_B" / "compare_report.json").read_text())
     assert ours["comparisons"] == nemo["comparisons"]
     assert ours["baseline"]["label"] == "runA" and ours["baseline"]["agent_names"] == ["remote_agent"]
@@ -75,11 +75,11 @@ def test_nemo_gym_files_compare_exactly_too(shared_data, tmp_path):
 def test_the_paired_interval_is_seeded_and_says_which_interval_is_tighter(shared_data):
     ref_dir = shared_data / "eval_0.7.0"
     sides = [
-        compare.resolve_side(str(ref_dir / r / "rollouts.jsonl"), role)
+        compare_report.resolve_side(str(ref_dir / r / "rollouts.jsonl"), role)
         for r, role in (("runA", "baseline"), ("runB", "candidate"))
     ]
-    first = compare.compare_sides(sides[0], [sides[1]])["gymweb"]["paired_intervals"][0]["candidates"][0]
-    again = compare.compare_sides(sides[0], [sides[1]])["gymweb"]["paired_intervals"][0]["candidates"][0]
+    first = compare_report.compare_sides(sides[0], [sides[1]])["gymweb"]["paired_intervals"][0]["candidates"][0]
+    again = compare_report.compare_sides(sides[0], [sides[1]])["gymweb"]["paired_intervals"][0]["candidates"][0]
     assert first == again
     assert first["tasks"] == 4 and first["ci_low"] < first["delta"] < first["ci_high"]
     assert first["tighter"] == "paired" and first["width"] < first["welch_width"]
@@ -91,13 +91,13 @@ def _entry(task_rewards: dict[int, list[float]]) -> dict:
         for t, rs in task_rewards.items()
         for i, r in enumerate(rs)
     ]
-    return compare.aggregate_entry_from_rows(rows, "agent")
+    return compare_report.aggregate_entry_from_rows(rows, "agent")
 
 
 def test_flips_go_both_ways_with_per_repeat_rewards():
     base = _entry({0: [1, 1, 1], 1: [0, 0, 0], 2: [1, 0, 1], 3: [1, 1, 0]})
     cand = _entry({0: [0, 0, 1], 1: [1, 1, 0], 2: [1, 1, 1], 3: [1, 0, 1]})
-    s = compare.flip_summary(base, cand)
+    s = compare_report.flip_summary(base, cand)
     assert s["mode"] == "binary"
     assert [(f["task_index"], f["direction"]) for f in s["flips"]] == [(0, "pass_to_fail"), (1, "fail_to_pass")]
     assert s["flips"][0]["baseline_rewards"] == [1.0, 1.0, 1.0] and s["flips"][0]["candidate_rewards"] == [
@@ -109,7 +109,7 @@ def test_flips_go_both_ways_with_per_repeat_rewards():
 
 
 def test_non_binary_rewards_list_the_largest_changes():
-    s = compare.flip_summary(_entry({0: [0.2, 0.4], 1: [0.5, 0.5]}), _entry({0: [0.9, 0.9], 1: [0.5, 0.5]}))
+    s = compare_report.flip_summary(_entry({0: [0.2, 0.4], 1: [0.5, 0.5]}), _entry({0: [0.9, 0.9], 1: [0.5, 0.5]}))
     assert s["mode"] == "continuous" and [f["task_index"] for f in s["flips"]] == [0] and s["unchanged_count"] == 1
 
 

@@ -162,7 +162,7 @@ def _check_pages(client, run: Run, oracle) -> None:
 
 def _stored_aggregate() -> dict:
     """What a run keeps of the env's /aggregate_metrics reply: the entry of NeMo Gym's
-    ``*_aggregate_metrics.json`` it makes (``evaluation.aggregate``), every value exactly as sent."""
+    ``*_aggregate_metrics.json`` it makes (``evaluation.run_aggregate_metrics``), every value exactly as sent."""
     reply = corpus.aggregate_reply()
     return {
         "agent_ref": {"name": "remote_agent"},

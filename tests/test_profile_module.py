@@ -1,4 +1,5 @@
-"""rollouts.evaluation.profile: NeMo Gym's `gym eval profile` (numpy, scipy.stats, orjson), plus gymweb's pass@k.
+"""rollouts.evaluation.reward_profile: NeMo Gym's `gym eval profile` (numpy, scipy.stats, orjson), plus gymweb's pass@k
+(rollouts.evaluation.pass_at_k).
 
 The reference output is NeMo Gym 0.7.0's own files for a known input (the profile fixture). The copy in
 tests/data/profile_fixture/ is preferred so a lone clone (no ../shared) still runs these tests.
@@ -17,7 +18,8 @@ import orjson
 import pytest
 from scipy import stats
 
-from rollouts.evaluation import profile as P
+from rollouts.evaluation import pass_at_k as K
+from rollouts.evaluation import reward_profile as P
 
 HERE = Path(__file__).resolve()
 BUNDLED_FIXTURE = HERE.parent / "data" / "profile_fixture"
@@ -356,41 +358,41 @@ def test_the_files_are_written_with_orjson(tmp_path):
 
 
 def test_pass_at_k_for_binary_rewards_is_the_unbiased_combinatorial_estimator():
-    assert P.pass_at_k([1, 0, 1, 0], 1) == pytest.approx(0.5)  # 1 - C(2,1)/C(4,1)
-    assert P.pass_at_k([1, 0, 1, 0], 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2)
-    assert P.pass_at_k([1, 0, 1, 0], 3) == 1.0  # fewer than 3 failures
-    assert P.pass_at_k([1.0, 0.0, 0.0, 0.0], 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
-    assert P.pass_at_k([True, False, False, False], 3) == pytest.approx(0.75)  # 1 - C(3,3)/C(4,3)
-    assert P.pass_at_k([0, 0, 0], 3) == 0.0 and P.pass_at_k([1, 1], 1) == 1.0
+    assert K.pass_at_k([1, 0, 1, 0], 1) == pytest.approx(0.5)  # 1 - C(2,1)/C(4,1)
+    assert K.pass_at_k([1, 0, 1, 0], 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2)
+    assert K.pass_at_k([1, 0, 1, 0], 3) == 1.0  # fewer than 3 failures
+    assert K.pass_at_k([1.0, 0.0, 0.0, 0.0], 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
+    assert K.pass_at_k([True, False, False, False], 3) == pytest.approx(0.75)  # 1 - C(3,3)/C(4,3)
+    assert K.pass_at_k([0, 0, 0], 3) == 0.0 and K.pass_at_k([1, 1], 1) == 1.0
 
 
 def test_pass_at_k_for_continuous_rewards_is_the_expected_max_of_k_draws():
     rewards = [0.2, 0.8, 0.5]
-    assert P.pass_at_k(rewards, 1) == pytest.approx(0.5)  # mean
-    assert P.pass_at_k(rewards, 2) == pytest.approx((0.8 + 0.5 + 0.8) / 3)  # the three pairs' maxima
-    assert P.pass_at_k(rewards, 3) == pytest.approx(0.8)
-    assert P.pass_at_k(rewards, 2, continuous="first_k") == 0.8  # NeMo Gym's convention: max of the first k
-    assert P.pass_at_k(rewards, 1, continuous="first_k") == 0.2
+    assert K.pass_at_k(rewards, 1) == pytest.approx(0.5)  # mean
+    assert K.pass_at_k(rewards, 2) == pytest.approx((0.8 + 0.5 + 0.8) / 3)  # the three pairs' maxima
+    assert K.pass_at_k(rewards, 3) == pytest.approx(0.8)
+    assert K.pass_at_k(rewards, 2, continuous="first_k") == 0.8  # NeMo Gym's convention: max of the first k
+    assert K.pass_at_k(rewards, 1, continuous="first_k") == 0.2
 
 
 def test_pass_at_1_avg_of_k_is_the_mean_of_the_first_k_rollouts():
-    assert P.pass_at_1_avg_of_k([0.2, 0.8, 0.5], 2) == pytest.approx(0.5)
-    assert P.pass_at_1_avg_of_k([1, 0, 0, 1], 4) == 0.5
+    assert K.pass_at_1_avg_of_k([0.2, 0.8, 0.5], 2) == pytest.approx(0.5)
+    assert K.pass_at_1_avg_of_k([1, 0, 0, 1], 4) == 0.5
 
 
 def test_k_larger_than_the_number_of_rollouts_is_a_clear_error():
     with pytest.raises(ValueError, match=r"k=5 is larger than the number of rollouts n=4"):
-        P.pass_at_k([1, 0, 1, 0], 5)
+        K.pass_at_k([1, 0, 1, 0], 5)
     with pytest.raises(ValueError, match=r"k=3 is larger than the number of rollouts n=2"):
-        P.pass_at_1_avg_of_k([1, 0], 3)
+        K.pass_at_1_avg_of_k([1, 0], 3)
     with pytest.raises(ValueError, match="k must be >= 1"):
-        P.pass_at_k([1, 0], 0)
+        K.pass_at_k([1, 0], 0)
     with pytest.raises(ValueError, match="finite numbers"):
-        P.pass_at_k([1, float("nan")], 1)
+        K.pass_at_k([1, float("nan")], 1)
 
 
 def test_gymweb_extras_give_pass_at_k_per_task_and_overall_for_the_fixture(fixture_result, tmp_path):
-    extras = P.gymweb_extras(fixture_result)
+    extras = K.gymweb_extras(fixture_result)
     per_task = {t["_ng_task_index"]: t for t in extras["per_task"]}
     assert [per_task[i]["num_passed"] for i in range(5)] == [4, 3, 1, 0, 2]
     assert per_task[2]["pass@2"] == pytest.approx(0.5)
@@ -402,7 +404,7 @@ def test_gymweb_extras_give_pass_at_k_per_task_and_overall_for_the_fixture(fixtu
     assert overall["pass@3"] == pytest.approx(0.75)
     assert overall["pass@4"] == pytest.approx(0.8)
     assert overall["pass@1[avg-of-4]"] == pytest.approx(0.5)
-    path = P.write_gymweb_extras(fixture_result, tmp_path / "rollouts")
+    path = K.write_gymweb_extras(fixture_result, tmp_path / "rollouts")
     assert path.name == "rollouts_gymweb_pass_at_k.json"
     assert path.read_bytes() == orjson.dumps(extras)
 
@@ -410,8 +412,8 @@ def test_gymweb_extras_give_pass_at_k_per_task_and_overall_for_the_fixture(fixtu
 def test_gymweb_extras_from_rows_can_count_failures_as_zero():
     successes = [rollout(0, 0, 1.0), rollout(0, 2, 1.0)]
     failures = [rollout(0, 1, 0.0, error="agent unreachable")]
-    only_successes = P.gymweb_extras(successes)["overall"][0]
-    with_failures = P.gymweb_extras(successes + failures)["overall"][0]
+    only_successes = K.gymweb_extras(successes)["overall"][0]
+    with_failures = K.gymweb_extras(successes + failures)["overall"][0]
     assert only_successes["pass@1"] == 1.0
     assert with_failures["pass@1"] == pytest.approx(2 / 3)
     assert with_failures["pass@1[avg-of-2]"] == 0.5  # rollouts 0 and 1, in rollout-index order
@@ -512,8 +514,8 @@ def profile_snapshot(seed) -> dict:
         "masked_rollouts": _plain(result.masked_rollouts),
     }
     for continuous in ("expected_max", "first_k"):
-        snapshot[f"gymweb_extras/{continuous}"] = _plain(P.gymweb_extras(result, continuous=continuous))
-        snapshot[f"gymweb_extras/{continuous}/from_rows"] = _plain(P.gymweb_extras(rows, continuous=continuous))
+        snapshot[f"gymweb_extras/{continuous}"] = _plain(K.gymweb_extras(result, continuous=continuous))
+        snapshot[f"gymweb_extras/{continuous}/from_rows"] = _plain(K.gymweb_extras(rows, continuous=continuous))
     snapshot["warnings"] = [str(w.message) for w in caught]
     return snapshot
 

@@ -35,14 +35,15 @@ from rollouts.collection.profile_numbers import (
     profile_numbers,
 )
 from rollouts.evaluation.outputs import dumps
-from rollouts.evaluation.profile import ReducedRollout, gymweb_extras, iter_jsonl, profile_rows
-from rollouts.evaluation.run_profile import (
+from rollouts.evaluation.pass_at_k import gymweb_extras
+from rollouts.evaluation.profile_report import (
     EXTRAS_FAILURES_NOTE,
     failures_as_zero_rows,
     profile_run,
     run_materialized_rows,
     run_success_rows,
 )
+from rollouts.evaluation.reward_profile import ReducedRollout, iter_jsonl, profile_rows
 from rollouts.models import Rollout
 
 from .run_factories import finish, key, make_run, new_attempt

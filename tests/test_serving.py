@@ -241,7 +241,7 @@ def test_sign_in_behind_a_tls_proxy_works_with_the_proxy_header_setting(gunicorn
 
 # -- a 500 with DEBUG off ----------------------------------------------------------------------------
 def test_a_500_with_debug_off_logs_its_traceback(signed_in, settings, monkeypatch):
-    from rollouts.evaluation import metrics
+    from rollouts.evaluation import run_summary
 
     settings.DEBUG = False
     stream = io.StringIO()
@@ -253,7 +253,7 @@ def test_a_500_with_debug_off_logs_its_traceback(signed_in, settings, monkeypatc
     def boom(*args, **kwargs):
         raise RuntimeError("boom in the runs list")
 
-    monkeypatch.setattr(metrics, "progress_for_runs", boom)
+    monkeypatch.setattr(run_summary, "progress_for_runs", boom)
     signed_in.raise_request_exception = False
     response = signed_in.get("/")
     assert response.status_code == 500

@@ -1,5 +1,5 @@
 """The run page's ``rollouts_aggregate_metrics.json`` download (``profile_views.run_aggregate_metrics_file``)
-and ``evaluation.aggregate`` behind it: the env's stored reply when there is one, else NeMo Gym's
+and ``evaluation.run_aggregate_metrics`` behind it: the env's stored reply when there is one, else NeMo Gym's
 default computation over the stored rows (for an imported NeMo Gym run: NeMo Gym's own file, byte
 for byte)."""
 
@@ -9,14 +9,14 @@ import pytest
 from django.urls import reverse
 
 from rollouts.collection.importer import import_rollouts
-from rollouts.evaluation.aggregate import (
+from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, build_aggregate_metrics
+from rollouts.evaluation.outputs import OutputExists
+from rollouts.evaluation.run_aggregate_metrics import (
     fetch_aggregate_metrics,
     run_aggregate_entries,
     run_aggregate_rows,
     write_run_aggregate_metrics,
 )
-from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, build_aggregate_metrics
-from rollouts.evaluation.outputs import OutputExists
 from rollouts.models import Rollout, Run
 
 from .run_factories import finish, key, make_run
@@ -153,7 +153,7 @@ def test_the_env_reply_is_stored_with_its_key_order_and_written_beside_the_rollo
 
 @pytest.mark.django_db
 def test_compare_reads_the_stored_entry_with_its_metric_order():
-    from rollouts.evaluation.compare import run_entries
+    from rollouts.evaluation.compare_report import run_entries
 
     run = make_run(2, num_repeats=2)
     for t in range(2):

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.evaluation.run_profile import write_run_profile
+from rollouts.evaluation.profile_report import write_run_profile
 from rollouts.models import AgentCall, Rollout, Run
 
 from .run_factories import finish, key, make_run, new_attempt

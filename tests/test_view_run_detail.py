@@ -9,7 +9,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary
 from rollouts.models import Rollout, Run
 
 from .run_factories import finish, key, make_run, new_attempt
@@ -69,19 +69,19 @@ def test_an_unknown_run_is_404(signed_in):
 
 # -- definitions and aggregates ----------------------------------------------------------------------
 def test_progress_counts_a_key_done_when_its_latest_attempt_succeeded_or_failed(mixed_run):
-    p = metrics.run_summary(mixed_run).progress
+    p = run_summary.run_summary(mixed_run).progress
     assert (p.total, p.done, p.succeeded, p.failed) == (10, 7, 5, 2)
     assert (p.pending, p.running, p.in_flight, p.killed_latest, p.failed_attempts) == (1, 1, 1, 1, 4)
 
 
 def test_a_retried_key_is_not_done_while_its_new_attempt_waits(mixed_run):
     new_attempt(mixed_run, 2, 0)  # the terminal one, say after a manual resume
-    p = metrics.run_summary(mixed_run).progress
+    p = run_summary.run_summary(mixed_run).progress
     assert (p.done, p.failed, p.pending) == (6, 1, 2)
 
 
 def test_reward_aggregates_follow_nemo_gym_and_count_failures_as_zero_beside_it(mixed_run):
-    r = metrics.run_summary(mixed_run).reward
+    r = run_summary.run_summary(mixed_run).reward
     rewards = [1.0, 0.5, 0.0, 1.0, 0.25]
     assert r.n == 5 and r.mean == pytest.approx(sum(rewards) / 5)
     assert (r.minimum, r.maximum, r.median) == (0.0, 1.0, 0.5)
@@ -93,16 +93,16 @@ def test_reward_aggregates_follow_nemo_gym_and_count_failures_as_zero_beside_it(
 def test_one_success_has_std_zero_and_an_even_count_has_the_middle_mean_as_median(db):
     run = make_run(4)
     finish(key(run, 0), S.SUCCEEDED, 0.3)
-    assert metrics.run_summary(run).reward.std == 0.0
+    assert run_summary.run_summary(run).reward.std == 0.0
     finish(key(run, 1), S.SUCCEEDED, 0.5)
     finish(key(run, 2), S.SUCCEEDED, 0.9)
     finish(key(run, 3), S.SUCCEEDED, 1.0)
-    assert metrics.run_summary(run).reward.median == pytest.approx(0.7)
+    assert run_summary.run_summary(run).reward.median == pytest.approx(0.7)
 
 
 def test_the_histogram_bins_success_rewards_and_shows_failed_keys_apart(mixed_run):
-    s = metrics.run_summary(mixed_run)
-    assert len(s.histogram) == metrics.HISTOGRAM_BINS
+    s = run_summary.run_summary(mixed_run)
+    assert len(s.histogram) == run_summary.HISTOGRAM_BINS
     assert sum(b.count for b in s.histogram) == 5
     assert (
         s.histogram[0].count == 1
@@ -119,9 +119,9 @@ def test_continuous_rewards_take_the_sql_path_and_agree_with_the_exact_one(db, m
     rewards = [0.11, 0.5, 0.93, 0.27, 0.5, 0.64, 0.08, 0.99, 0.35]
     for i, reward in enumerate(rewards):
         finish(key(run, i), S.SUCCEEDED, reward)
-    exact = metrics.run_summary(run)
-    monkeypatch.setattr(metrics, "DISTINCT_REWARDS_MAX", 3)
-    sql = metrics.run_summary(run)
+    exact = run_summary.run_summary(run)
+    monkeypatch.setattr(run_summary, "DISTINCT_REWARDS_MAX", 3)
+    sql = run_summary.run_summary(run)
     assert sql.reward.median == exact.reward.median == 0.5
     assert sql.reward.std == pytest.approx(exact.reward.std) and sql.reward.mean == pytest.approx(exact.reward.mean)
     assert (sql.reward.minimum, sql.reward.maximum) == (exact.reward.minimum, exact.reward.maximum) == (0.08, 0.99)
@@ -130,7 +130,7 @@ def test_continuous_rewards_take_the_sql_path_and_agree_with_the_exact_one(db, m
 
 
 def test_failure_kinds_tokens_and_attempts_are_summed(mixed_run):
-    s = metrics.run_summary(mixed_run)
+    s = run_summary.run_summary(mixed_run)
     assert s.failure_kinds == [
         {"failure_kind": "agent_timeout", "n": 2},
         {"failure_kind": "agent_http_error", "n": 1},

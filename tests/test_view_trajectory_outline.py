@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.collection.importer import import_rollouts
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from rollouts.web.outline import item_summary, outline
 
@@ -260,10 +260,10 @@ def test_the_overall_rate_after_a_retry_counts_from_the_relaunch():
     run.refresh_from_db()
     assert runs.resume(run) == 1
     run.refresh_from_db()
-    summary = metrics.run_summary(run, now=run.started + timedelta(seconds=1))
+    summary = run_summary.run_summary(run, now=run.started + timedelta(seconds=1))
     assert summary.overall_per_min is None  # nothing finished since the relaunch (was 60 × 60 = 3,600/min)
     rf.finish(rf.key(run, 59), Rollout.Status.SUCCEEDED, 1.0)
-    summary = metrics.run_summary(run, now=run.started + timedelta(seconds=30))
+    summary = run_summary.run_summary(run, now=run.started + timedelta(seconds=30))
     assert summary.overall_per_min == pytest.approx(2.0, rel=0.5)
 
 

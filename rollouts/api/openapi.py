@@ -14,7 +14,7 @@ from typing import Any
 
 from django import forms
 
-from rollouts.engine.loop import FailureKind
+from rollouts.engine.failures import FailureKind
 from rollouts.review.query import FILTER_FIELDS, RolloutFilterForm
 
 FILTERED = ("/rollouts", "/rollouts.jsonl", "/rollouts_failures.jsonl", "/sft.jsonl", "/selection/dataset")

@@ -35,7 +35,7 @@ from rollouts.api.openapi import complete
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.engine.contract import NotJSON, strict_loads
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary
 from rollouts.lossless import LosslessTextField
 from rollouts.models import Dataset, Label, RefusedReply, Rollout, Run
 from rollouts.review import actions, curated, selection, sft
@@ -324,8 +324,8 @@ def _dataset_out(d: Dataset) -> dict[str, Any]:
     }
 
 
-def run_out(request, run: Run, progress: metrics.Progress | None = None) -> dict[str, Any]:
-    p = progress or metrics.run_progress(run)
+def run_out(request, run: Run, progress: run_summary.Progress | None = None) -> dict[str, Any]:
+    p = progress or run_summary.run_progress(run)
     dataset = run.dataset
     return {
         "id": run.pk,
@@ -508,7 +508,7 @@ def list_runs(request, limit: int = 50, offset: int = OFFSET):
     page = list(
         Run.objects.select_related("dataset").order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
     )
-    progress = metrics.progress_for_runs(page)
+    progress = run_summary.progress_for_runs(page)
     return [run_out(request, run, progress[run.pk]) for run in page]
 
 
@@ -554,7 +554,7 @@ def import_run(
 @api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")
 def get_run(request, run_id: int):
     run = run_for(request, run_id)
-    summary = metrics.run_summary(run)
+    summary = run_summary.run_summary(run)
     both = reward_aggregates(run)
     out = run_out(request, run, summary.progress)
     out["aggregates"] = {

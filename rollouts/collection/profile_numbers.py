@@ -1,8 +1,8 @@
 """The numbers NeMo Gym's profiler reads from one ``rollouts.jsonl`` row, stored beside each success.
 
-Collection writes them (``rollouts.workers.writer`` when a rollout succeeds, ``importer`` for imported rows) into
-``Rollout.profile_json``; evaluation (``rollouts.evaluation.profile``/``run_profile``) reads them, so a
-run's profile never parses a response. They live here, in collection, so that evaluation imports
+Collection writes them (``rollouts.workers.writer`` when a rollout succeeds, ``importer`` for imported
+rows) into ``Rollout.profile_json``; evaluation (``rollouts.evaluation.reward_profile``/``profile_report``)
+reads them, so a run's profile never parses a response. They live here, in collection, so that evaluation imports
 collection and never the reverse (DESIGN.md, "Suggested layout").
 
 What is read from a row is NeMo Gym 0.7.0's ``RewardProfiler`` (``nemo_gym/reward_profile.py``):

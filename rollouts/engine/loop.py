@@ -34,7 +34,7 @@ from rollouts.engine.contract import (
     strict_loads,
 )
 from rollouts.engine.failures import OWN_KINDS, TIMEOUT, UNREACHABLE, Failure, FailureKind, kind_for_step
-from rollouts.engine.http import LoopClient, RawReply, SessionJar, make_client
+from rollouts.engine.http import LoopClient, RawReply, SessionJar
 from rollouts.engine.targets import parse_ip
 
 __all__ = [
@@ -47,11 +47,6 @@ __all__ = [
     "StepRecord",
     "run_rollout",
     "validate_base_url",
-    # Still imported from here by rollouts.evaluation.conformance and rollouts.review.openapi, which
-    # this module's split left as they were; their homes are rollouts.engine.http and .failures.
-    "FailureKind",
-    "SessionJar",
-    "make_client",
 ]
 
 # NeMo Gym keeps the first 500 characters of a failing reply's body (rule 2).

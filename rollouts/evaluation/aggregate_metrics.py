@@ -3,7 +3,7 @@ from the environment's ``/aggregate_metrics``, and what ``gym eval compare`` rea
 
 Reference: nemo-gym 0.7.0, ``rollout_collection.py`` (``_call_aggregate_metrics``) and
 ``reward_profile.py`` (``compute_aggregate_metrics``, the default every NeMo Gym resources server
-serves). No Django here; ``rollouts.evaluation.aggregate`` applies it to stored runs and
+serves). No Django here; ``rollouts.evaluation.run_aggregate_metrics`` applies it to stored runs and
 ``rollouts.evaluation.shards`` to shard files.
 
 The file is a JSON list (orjson, ``OPT_INDENT_2``) with one entry per environment server the rows ran
@@ -42,10 +42,11 @@ from typing import Any
 import httpx
 import numpy as np
 
-from rollouts.collection.stamps import environment_server_name
+from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, environment_server_name
 from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy, make_sync_client
 from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
-from rollouts.evaluation.profile import label_runs, profile_rows
+from rollouts.evaluation.reward_profile import label_runs, profile_rows
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "AggregateOutcome",
@@ -61,9 +62,6 @@ __all__ = [
     "write_aggregate_metrics",
 ]
 
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
-ENVIRONMENT_SERVER = "_ng_environment_server"
 MASK_SAMPLE = "mask_sample"
 # Heavy fields NeMo Gym leaves out of the /aggregate_metrics request (rollout_collection.py).
 STRIPPED_KEYS = (
@@ -90,7 +88,7 @@ def environment_server_of(row: Mapping[str, Any], default_agent: str = "remote_a
     """The environment server a row is scored under: its ``_ng_environment_server`` stamp, else the
     one NeMo Gym generates for its agent (``stamps.environment_server_name`` of ``agent_ref.name``,
     ``default_agent`` when the row names none)."""
-    stamp = row.get(ENVIRONMENT_SERVER)
+    stamp = row.get(ENVIRONMENT_SERVER_KEY)
     if isinstance(stamp, str):
         return stamp
     ref = row.get("agent_ref")
@@ -123,7 +121,7 @@ def strip_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _order_key(row: Mapping[str, Any]) -> tuple:
     """NeMo Gym's ``_rollout_order_key``: task, then repeat (missing indices count as 0)."""
-    return (row.get(TASK_INDEX) or 0, row.get(ROLLOUT_INDEX) or 0)
+    return (row.get(TASK_INDEX_KEY_NAME) or 0, row.get(ROLLOUT_INDEX_KEY_NAME) or 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,8 +198,8 @@ def _coverage(
     """``reward_profile._coverage_metrics``: empty unless something was masked."""
     if not masked:
         return {}
-    tasks_total = {r.get(TASK_INDEX, 0) for r in all_rows}
-    tasks_measured = {r.get(TASK_INDEX, 0) for r in scored}
+    tasks_total = {r.get(TASK_INDEX_KEY_NAME, 0) for r in all_rows}
+    tasks_measured = {r.get(TASK_INDEX_KEY_NAME, 0) for r in scored}
     return {
         "coverage/measured_rollouts": len(scored),
         "coverage/masked_rollouts": len(masked),
@@ -239,19 +237,23 @@ def compute_aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> 
         return {**empty, "agent_metrics": dict(coverage), "key_metrics": dict(coverage), "perf_summary": perf_summary}
 
     # One synthetic agent "agent", as NeMo Gym's compute_aggregate_metrics profiles them.
-    masked_keys = {(r.get(TASK_INDEX, 0), r.get(ROLLOUT_INDEX, 0)) for r in masked}
+    masked_keys = {(r.get(TASK_INDEX_KEY_NAME, 0), r.get(ROLLOUT_INDEX_KEY_NAME, 0)) for r in masked}
     inputs = [
-        {TASK_INDEX: r.get(TASK_INDEX, 0), ROLLOUT_INDEX: r.get(ROLLOUT_INDEX, 0), "agent_ref": {"name": "agent"}}
+        {
+            TASK_INDEX_KEY_NAME: r.get(TASK_INDEX_KEY_NAME, 0),
+            ROLLOUT_INDEX_KEY_NAME: r.get(ROLLOUT_INDEX_KEY_NAME, 0),
+            "agent_ref": {"name": "agent"},
+        }
         for r in verify_responses
     ]
-    inputs = [row for row in inputs if (row[TASK_INDEX], row[ROLLOUT_INDEX]) not in masked_keys]
+    inputs = [row for row in inputs if (row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) not in masked_keys]
     results = []
     for r in scored:
         result = {k: v for k, v in r.items() if k != MASK_SAMPLE}
         if "response" not in result:
             result["response"] = {}
-        result.setdefault(TASK_INDEX, 0)
-        result.setdefault(ROLLOUT_INDEX, 0)
+        result.setdefault(TASK_INDEX_KEY_NAME, 0)
+        result.setdefault(ROLLOUT_INDEX_KEY_NAME, 0)
         results.append(result)
     with warnings.catch_warnings():
         # NeMo Gym's env logs these (zero spread, repeats missing some tasks) on its own console.
@@ -262,7 +264,7 @@ def compute_aggregate_metrics(verify_responses: Sequence[Mapping[str, Any]]) -> 
     for entry in profile.agent_metrics:
         agent_metrics.update((k, v) for k, v in entry.items() if k != "agent_ref")
     agent_metrics.update(coverage)
-    agent_metrics["num_repeats"] = len({r.get(ROLLOUT_INDEX, 0) for r in verify_responses})
+    agent_metrics["num_repeats"] = len({r.get(ROLLOUT_INDEX_KEY_NAME, 0) for r in verify_responses})
     key_metrics = {k: v for k, v in agent_metrics.items() if k.startswith("mean/")}
     key_metrics.update(coverage)
     return {
@@ -368,8 +370,9 @@ class AggregateOutcome:
     """What ``build_aggregate_metrics`` made.
 
     ``entries``: the file's list (one dict per environment server, in order of first appearance).
-    ``sources``: ``{server: "env" | "local" | "none"}`` ("none": not answered, no local fallback). ``notes``: one line per server not answered by the
-    env (why, and that it was computed locally). ``replies``: the env's validated replies by server.
+    ``sources``: ``{server: "env" | "local" | "none"}`` ("none": not answered, no local fallback).
+    ``notes``: one line per server not answered by the env (why, and that it was computed locally).
+    ``replies``: the env's validated replies by server.
     """
 
     entries: list[dict[str, Any]] = field(default_factory=list)
@@ -439,7 +442,7 @@ def build_aggregate_metrics(
                 outcome.replies[server] = reply
             entry = {
                 "agent_ref": {"name": labels[server]},
-                ENVIRONMENT_SERVER: server,
+                ENVIRONMENT_SERVER_KEY: server,
                 "agent_metrics": reply["agent_metrics"],
                 "key_metrics": reply["key_metrics"],
                 "group_level_metrics": reply["group_level_metrics"],

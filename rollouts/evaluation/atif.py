@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "ATIF_SCHEMA_VERSION",
@@ -152,6 +153,51 @@ def _input_steps(task_row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
     return steps, other
 
 
+def _tool_call(p: dict[str, Any], item: TrajectoryItem) -> dict[str, Any]:
+    """A ``function_call`` item as an ATIF tool call (unparseable arguments kept raw under ``extra``)."""
+    raw = p.get("arguments")
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        parsed = None
+    extra: dict[str, Any] = {"source_item_id": p["id"]} if isinstance(p.get("id"), str) else {}
+    if not isinstance(parsed, dict):
+        parsed, extra["raw_arguments"] = {}, raw
+    if item.asked:
+        extra["asked"] = True
+    return {
+        "tool_call_id": p["call_id"],
+        "function_name": str(p.get("name") or ""),
+        "arguments": parsed,
+        "extra": {"gymweb": extra} if extra else None,
+    }
+
+
+def _tool_result(p: dict[str, Any], item: TrajectoryItem, call_ids: set[str]) -> dict[str, Any]:
+    """A ``function_call_output`` item as an ATIF observation result (its call id under ``extra``
+    when no earlier tool call of the step has it)."""
+    content = p.get("output")
+    content = content if isinstance(content, str) else _text_parts(content) or json.dumps(content, ensure_ascii=False)
+    extra = {
+        k: v
+        for k, v in (
+            ("origin", item.origin),
+            ("refused", item.refused or None),
+            ("tool_status", item.tool_status),
+            ("latency_ms", item.latency_ms),
+        )
+        if v is not None
+    }
+    result: dict[str, Any] = {
+        "source_call_id": p.get("call_id") if p.get("call_id") in call_ids else None,
+        "content": content,
+        "extra": {"gymweb": extra},
+    }
+    if p.get("call_id") not in call_ids and p.get("call_id") is not None:
+        result["extra"]["gymweb"]["call_id"] = p.get("call_id")
+    return result
+
+
 def _agent_step(call: AgentCall | None, items: list[TrajectoryItem]) -> dict[str, Any]:
     texts, reasoning, tool_calls, results, extra_items = [], [], [], [], []
     call_ids: set[str] = set()
@@ -168,49 +214,10 @@ def _agent_step(call: AgentCall | None, items: list[TrajectoryItem]) -> dict[str
             ]
             reasoning.extend(segments)
         elif kind == "function_call" and isinstance(p.get("call_id"), str):
-            raw = p.get("arguments")
-            try:
-                parsed = json.loads(raw) if isinstance(raw, str) else raw
-            except ValueError:
-                parsed = None
-            extra: dict[str, Any] = {"source_item_id": p["id"]} if isinstance(p.get("id"), str) else {}
-            if not isinstance(parsed, dict):
-                parsed, extra["raw_arguments"] = {}, raw
-            if item.asked:
-                extra["asked"] = True
-            tool_calls.append(
-                {
-                    "tool_call_id": p["call_id"],
-                    "function_name": str(p.get("name") or ""),
-                    "arguments": parsed,
-                    "extra": {"gymweb": extra} if extra else None,
-                }
-            )
+            tool_calls.append(_tool_call(p, item))
             call_ids.add(p["call_id"])
         elif kind == "function_call_output":
-            content = p.get("output")
-            content = (
-                content if isinstance(content, str) else _text_parts(content) or json.dumps(content, ensure_ascii=False)
-            )
-            extra = {
-                k: v
-                for k, v in (
-                    ("origin", item.origin),
-                    ("refused", item.refused or None),
-                    ("tool_status", item.tool_status),
-                    ("latency_ms", item.latency_ms),
-                )
-                if v is not None
-            }
-            results.append(
-                {
-                    "source_call_id": p.get("call_id") if p.get("call_id") in call_ids else None,
-                    "content": content,
-                    "extra": {"gymweb": extra},
-                }
-            )
-            if p.get("call_id") not in call_ids and p.get("call_id") is not None:
-                results[-1]["extra"]["gymweb"]["call_id"] = p.get("call_id")
+            results.append(_tool_result(p, item, call_ids))
         else:
             extra_items.append(p)
     step: dict[str, Any] = {"source": "agent", "message": "\n".join(t for t in texts if t) if texts else ""}
@@ -395,8 +402,8 @@ def manifest_line(task_index: int, rollout_index: int, data: bytes) -> str:
     return json.dumps(
         {
             "trajectory_path": f"{task_index}-{rollout_index}.json",
-            "_ng_task_index": task_index,
-            "_ng_rollout_index": rollout_index,
+            TASK_INDEX_KEY_NAME: task_index,
+            ROLLOUT_INDEX_KEY_NAME: rollout_index,
             "expected_sha256": hashlib.sha256(data).hexdigest(),
         },
         sort_keys=True,

@@ -3,7 +3,7 @@
 ``check_agent(base_url)`` sends a few probe conversations to ``{base_url}/v1/responses``, the way a
 rollout would, and returns a ``Report`` listing each breach found as a ``Finding`` with what was
 sent, what came back, and how to fix it. It never follows redirects, sends no credentials, keeps no
-client cookie jar (``loop.make_client``; the service's own cookies are echoed back only within one
+client cookie jar (``http.make_client``; the service's own cookies are echoed back only within one
 probe conversation, as in a rollout) and needs no environment: tool outputs are simulated.
 
 The probes (in order):
@@ -62,7 +62,8 @@ from rollouts.engine.contract import (
     refused_tool_output,
     tool_name_problem,
 )
-from rollouts.engine.loop import BODY_EXCERPT_CHARS, SessionJar, make_client, validate_base_url
+from rollouts.engine.http import SessionJar, make_client
+from rollouts.engine.loop import BODY_EXCERPT_CHARS, validate_base_url
 from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy, find_refusal, find_too_large
 from rollouts.nemo.miswiring import agent_server_routes, is_nemo_gym_agent_server, unexecuted_tool_results
 
@@ -812,7 +813,7 @@ async def check_agent(
     ``base_url``: the agent's base URL (``validate_base_url``, contract rule 13: absolute http(s),
     no query, fragment or credentials; a trailing slash is dropped). ``timeout_s``: per probe
     (seconds). ``slow_s``: replies slower than this get a ``slow`` warning. ``client``: an
-    ``httpx.AsyncClient`` from ``loop.make_client`` to reuse (default: a fresh one with ``policy``
+    ``httpx.AsyncClient`` from ``http.make_client`` to reuse (default: a fresh one with ``policy``
     and ``max_reply_bytes``, closed after). ``policy``: the target policy (``rollouts.engine.targets``;
     None: the strict default); a refused host ends the check with one ``target_refused`` finding.
 

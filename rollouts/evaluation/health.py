@@ -62,6 +62,7 @@ from django.utils import timezone
 
 from rollouts.models import AgentCall, Rollout, RolloutHealth, Run, Task, TrajectoryItem
 from rollouts.nemo import miswiring
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "CHECK_IDS",
@@ -299,6 +300,50 @@ def _transcript_tokens(record: dict[str, Any]) -> tuple[int, int, bool]:
     return prompt or 0, completion or 0, prompt is not None and completion is not None
 
 
+def _ended_on_failed_call(check: str, calls: list[Call]) -> list[tuple[dict[str, Any], int | None]]:
+    """``rollout_ended_on_failed_model_call``: the last model call (by start, then step) failed."""
+    ordered = sorted(calls, key=lambda c: (c.started_at or 0.0, c.step))
+    last = ordered[-1]
+    if not last.failed:
+        return []
+    return [
+        (
+            _finding(
+                check,
+                last.locator,
+                {
+                    "model_ref": None,
+                    "status": last.status_code,
+                    "error_category": last.error_category or None,
+                    "observed_calls": len(calls),
+                    "successful_calls": sum(1 for c in calls if not c.failed),
+                },
+            ),
+            last.step,
+        )
+    ]
+
+
+def _duplicated_captures(check: str, bound: list[Call]) -> list[tuple[dict[str, Any], int | None]]:
+    """``trajectory_capture_mismatch``: a captured call (by response id) bound more than once."""
+    ids = Counter(c.response_id for c in bound if c.response_id)
+    out, seen = [], set()
+    for c in bound:
+        if c.response_id and ids[c.response_id] > 1 and c.response_id not in seen:
+            seen.add(c.response_id)
+            out.append(
+                (
+                    _finding(
+                        check,
+                        {"call_id": c.response_id},
+                        {"kind": "duplicated_captured_call", "count": ids[c.response_id]},
+                    ),
+                    c.step,
+                )
+            )
+    return out
+
+
 def _run_check(check: str, ev: Evidence, bound: list[Call]) -> list[tuple[dict[str, Any], int | None]]:
     """Findings of one rollout check, each with the step it concerns."""
     calls, turns = ev.calls or [], ev.turns or []
@@ -315,26 +360,7 @@ def _run_check(check: str, ev: Evidence, bound: list[Call]) -> list[tuple[dict[s
             if not t.has_message and not t.has_tool_calls
         ]
     if check == "rollout_ended_on_failed_model_call":
-        ordered = sorted(calls, key=lambda c: (c.started_at or 0.0, c.step))
-        last = ordered[-1]
-        if not last.failed:
-            return []
-        return [
-            (
-                _finding(
-                    check,
-                    last.locator,
-                    {
-                        "model_ref": None,
-                        "status": last.status_code,
-                        "error_category": last.error_category or None,
-                        "observed_calls": len(calls),
-                        "successful_calls": sum(1 for c in calls if not c.failed),
-                    },
-                ),
-                last.step,
-            )
-        ]
+        return _ended_on_failed_call(check, calls)
     if check == "model_call_zero_completion_tokens":
         return [(_finding(check, c.locator, {"completion_tokens": 0}), c.step) for c in bound if c.tokens_out == 0]
     if check == "model_call_missing_token_counts":
@@ -357,22 +383,7 @@ def _run_check(check: str, ev: Evidence, bound: list[Call]) -> list[tuple[dict[s
             if c.tokens_in is None or c.tokens_out is None
         ]
     if check == "trajectory_capture_mismatch":
-        ids = Counter(c.response_id for c in bound if c.response_id)
-        out, seen = [], set()
-        for c in bound:
-            if c.response_id and ids[c.response_id] > 1 and c.response_id not in seen:
-                seen.add(c.response_id)
-                out.append(
-                    (
-                        _finding(
-                            check,
-                            {"call_id": c.response_id},
-                            {"kind": "duplicated_captured_call", "count": ids[c.response_id]},
-                        ),
-                        c.step,
-                    )
-                )
-        return out
+        return _duplicated_captures(check, bound)
     if check == "model_call_failed":
         last_step = max((c.step for c in calls), default=None)
         return [
@@ -543,82 +554,17 @@ def _hashable(value: Any) -> Any:
 
 def _reduce(digests: list[Digest], ignored: frozenset[str]) -> dict[str, Any]:
     """NeMo Gym's ``_reduce``: coverage, verdict and issue counts, stats, per-task flags."""
-    by_task: dict[Any, list[Digest]] = defaultdict(list)
-    for d in digests:
-        by_task[_hashable(d.task_index)].append(d)
-    repeats_of: dict[Any, list[tuple[str, bool, int]]] = {}
-    for task, records in by_task.items():
-        per_rollout: dict[Any, list[Digest]] = defaultdict(list)
-        for d in records:
-            per_rollout[_hashable(d.rollout_index)].append(d)
-        repeats = []
-        for copies in per_rollout.values():
-            seen = {c.verdict for c in copies}
-            repeats.append(
-                (
-                    seen.pop() if len(seen) == 1 else "unobserved",
-                    all(c.policy_calls_observed for c in copies),
-                    max(c.successful_model_calls for c in copies),
-                )
-            )
-        repeats_of[task] = repeats
-
-    coverage = {c: {"evaluated": 0, "unobserved": 0, "ignored": 0} for c in CHECK_IDS}
-    for d in digests:
-        unobserved = set(d.unobserved)
-        for c in ROLLOUT_CHECK_IDS:
-            if c in ignored:
-                coverage[c]["ignored"] += 1
-            else:
-                coverage[c]["unobserved" if c in unobserved else "evaluated"] += 1
-    task_flags: dict[Any, list[str]] = defaultdict(list)
-    for task, repeats in repeats_of.items():
-        if "task_consistently_unhealthy" in ignored:
-            coverage["task_consistently_unhealthy"]["ignored"] += 1
-        else:
-            computable = [r for r in repeats if r[0] != "unobserved"]
-            if len(computable) >= 2:
-                coverage["task_consistently_unhealthy"]["evaluated"] += 1
-                if all(r[0] == "unhealthy" for r in computable):
-                    task_flags[task].append("task_consistently_unhealthy")
-            else:
-                coverage["task_consistently_unhealthy"]["unobserved"] += 1
-        if "task_no_successful_model_calls" in ignored:
-            coverage["task_no_successful_model_calls"]["ignored"] += 1
-        elif repeats and all(r[1] for r in repeats):
-            coverage["task_no_successful_model_calls"]["evaluated"] += 1
-            if not any(r[2] for r in repeats):
-                task_flags[task].append("task_no_successful_model_calls")
-        else:
-            coverage["task_no_successful_model_calls"]["unobserved"] += 1
-
+    repeats_of = _repeats_by_task(digests)
+    coverage = _rollout_coverage(digests, ignored)
+    task_flags = _task_flags(repeats_of, ignored, coverage)
     issues = Counter(f["check"] for d in digests for f in d.findings)
     issues.update(flag for flags in task_flags.values() for flag in flags)
     verdicts = Counter(d.verdict for d in digests)
     statuses: Counter[str] = Counter()
     for d in digests:
         statuses.update(d.errors_by_status)
-    tasks: dict[str, Any] = {}
-    originals = {_hashable(d.task_index): d.task_index for d in digests}
-    for task in sorted(repeats_of, key=lambda v: (isinstance(originals[v], str), str(originals[v]))):
-        counts = Counter(r[0] for r in repeats_of[task])
-        tasks[str(originals[task])] = {
-            "repeats": len(repeats_of[task]),
-            "healthy": counts["healthy"],
-            "unhealthy": counts["unhealthy"],
-            "unobserved": counts["unobserved"],
-            "flags": task_flags.get(task, []),
-        }
-    issue_counts = {c: issues[c] for c in CHECK_IDS}
-    for c in GYMWEB_CHECK_IDS:
-        if c in ignored or any(d.gymweb_observed for d in digests):
-            issue_counts[c] = issues[c]
-            coverage[c] = {
-                "evaluated": sum(d.gymweb_observed for d in digests),
-                "unobserved": 0,
-                "ignored": len(digests) if c in ignored else 0,
-            }
-            coverage[c]["unobserved"] = len(digests) - coverage[c]["evaluated"] - coverage[c]["ignored"]
+    tasks = _task_table(digests, repeats_of, task_flags)
+    issue_counts = _gymweb_coverage(digests, ignored, issues, coverage)
     return {
         "run": {
             "ignored_checks": sorted(ignored),
@@ -650,6 +596,107 @@ def _reduce(digests: list[Digest], ignored: frozenset[str]) -> dict[str, Any]:
         },
         "tasks": tasks,
     }
+
+
+def _repeats_by_task(digests: list[Digest]) -> dict[Any, list[tuple[str, bool, int]]]:
+    """Per task: one ``(verdict, policy calls observed, successful model calls)`` per repeat (the
+    copies of a repeat agree on a verdict, else it is unobserved)."""
+    by_task: dict[Any, list[Digest]] = defaultdict(list)
+    for d in digests:
+        by_task[_hashable(d.task_index)].append(d)
+    repeats_of: dict[Any, list[tuple[str, bool, int]]] = {}
+    for task, records in by_task.items():
+        per_rollout: dict[Any, list[Digest]] = defaultdict(list)
+        for d in records:
+            per_rollout[_hashable(d.rollout_index)].append(d)
+        repeats = []
+        for copies in per_rollout.values():
+            seen = {c.verdict for c in copies}
+            repeats.append(
+                (
+                    seen.pop() if len(seen) == 1 else "unobserved",
+                    all(c.policy_calls_observed for c in copies),
+                    max(c.successful_model_calls for c in copies),
+                )
+            )
+        repeats_of[task] = repeats
+    return repeats_of
+
+
+def _rollout_coverage(digests: list[Digest], ignored: frozenset[str]) -> dict[str, dict[str, int]]:
+    """Every check's coverage, with the rollout checks' counted: evaluated, unobserved or ignored."""
+    coverage = {c: {"evaluated": 0, "unobserved": 0, "ignored": 0} for c in CHECK_IDS}
+    for d in digests:
+        unobserved = set(d.unobserved)
+        for c in ROLLOUT_CHECK_IDS:
+            if c in ignored:
+                coverage[c]["ignored"] += 1
+            else:
+                coverage[c]["unobserved" if c in unobserved else "evaluated"] += 1
+    return coverage
+
+
+def _task_flags(
+    repeats_of: dict[Any, list[tuple[str, bool, int]]], ignored: frozenset[str], coverage: dict[str, dict[str, int]]
+) -> dict[Any, list[str]]:
+    """The task checks' flags per task, counting their coverage into ``coverage``."""
+    task_flags: dict[Any, list[str]] = defaultdict(list)
+    for task, repeats in repeats_of.items():
+        if "task_consistently_unhealthy" in ignored:
+            coverage["task_consistently_unhealthy"]["ignored"] += 1
+        else:
+            computable = [r for r in repeats if r[0] != "unobserved"]
+            if len(computable) >= 2:
+                coverage["task_consistently_unhealthy"]["evaluated"] += 1
+                if all(r[0] == "unhealthy" for r in computable):
+                    task_flags[task].append("task_consistently_unhealthy")
+            else:
+                coverage["task_consistently_unhealthy"]["unobserved"] += 1
+        if "task_no_successful_model_calls" in ignored:
+            coverage["task_no_successful_model_calls"]["ignored"] += 1
+        elif repeats and all(r[1] for r in repeats):
+            coverage["task_no_successful_model_calls"]["evaluated"] += 1
+            if not any(r[2] for r in repeats):
+                task_flags[task].append("task_no_successful_model_calls")
+        else:
+            coverage["task_no_successful_model_calls"]["unobserved"] += 1
+    return task_flags
+
+
+def _task_table(
+    digests: list[Digest], repeats_of: dict[Any, list[tuple[str, bool, int]]], task_flags: dict[Any, list[str]]
+) -> dict[str, Any]:
+    """Per task (by its original index, as text): repeats, verdict counts and flags."""
+    tasks: dict[str, Any] = {}
+    originals = {_hashable(d.task_index): d.task_index for d in digests}
+    for task in sorted(repeats_of, key=lambda v: (isinstance(originals[v], str), str(originals[v]))):
+        counts = Counter(r[0] for r in repeats_of[task])
+        tasks[str(originals[task])] = {
+            "repeats": len(repeats_of[task]),
+            "healthy": counts["healthy"],
+            "unhealthy": counts["unhealthy"],
+            "unobserved": counts["unobserved"],
+            "flags": task_flags.get(task, []),
+        }
+    return tasks
+
+
+def _gymweb_coverage(
+    digests: list[Digest], ignored: frozenset[str], issues: Counter, coverage: dict[str, dict[str, int]]
+) -> dict[str, int]:
+    """The issue counts of NeMo Gym's checks, plus gymweb's own checks (and their coverage, into
+    ``coverage``) when observed or ignored."""
+    issue_counts = {c: issues[c] for c in CHECK_IDS}
+    for c in GYMWEB_CHECK_IDS:
+        if c in ignored or any(d.gymweb_observed for d in digests):
+            issue_counts[c] = issues[c]
+            coverage[c] = {
+                "evaluated": sum(d.gymweb_observed for d in digests),
+                "unobserved": 0,
+                "ignored": len(digests) if c in ignored else 0,
+            }
+            coverage[c]["unobserved"] = len(digests) - coverage[c]["evaluated"] - coverage[c]["ignored"]
+    return issue_counts
 
 
 def _sort_key(d: Digest) -> tuple:
@@ -699,8 +746,8 @@ def evidence_from_file(paths: Sequence[str | Path]) -> Iterator[Evidence]:
                 except Exception as exc:
                     record, error = {}, type(exc).__name__
                 fallback = f"__unreadable_record__:input-{source_index}:line-{line_number}" if error else ordinal
-                task_index = record.get("_ng_task_index", fallback)
-                rollout_index = record.get("_ng_rollout_index", 0)
+                task_index = record.get(TASK_INDEX_KEY_NAME, fallback)
+                rollout_index = record.get(ROLLOUT_INDEX_KEY_NAME, 0)
                 trajectory = record.get("ng_trajectory")
                 traj_id = trajectory.get("rollout_id") if isinstance(trajectory, dict) else None
                 yield Evidence(
@@ -726,8 +773,8 @@ def check_files(paths: Sequence[str | Path], ignored: frozenset[str] = frozenset
 def verdict_row(d: Digest) -> dict[str, Any]:
     """One ``rollout_verdicts.jsonl`` row (NeMo Gym's key order)."""
     row = {
-        "_ng_task_index": d.task_index,
-        "_ng_rollout_index": d.rollout_index,
+        TASK_INDEX_KEY_NAME: d.task_index,
+        ROLLOUT_INDEX_KEY_NAME: d.rollout_index,
         "rollout_id": d.rollout_id,
         "verdict": d.verdict,
         "findings": d.findings,

@@ -24,6 +24,7 @@ from rollouts import targets
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.loop import validate_base_url
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME
 
 __all__ = ["ReverifyError", "ReverifyRefused", "ReverifyResult", "reverify_run", "reward_flips", "reverify_mode"]
 
@@ -76,7 +77,7 @@ def reverify_mode(env_url: str, timeout_s: float = 30.0) -> str:
 
 
 def _payload(task_row: dict[str, Any], rollout_index: int, verify: dict[str, Any]) -> dict[str, Any]:
-    payload = {**task_row, "_ng_rollout_index": rollout_index, "response": verify.get("response")}
+    payload = {**task_row, ROLLOUT_INDEX_KEY_NAME: rollout_index, "response": verify.get("response")}
     for key in ("deliverables_dir", "reference_ids"):
         if key in verify:
             payload[key] = verify[key]

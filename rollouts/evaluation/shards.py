@@ -52,6 +52,7 @@ from rollouts.evaluation.aggregate_metrics import (
     strip_row,
 )
 from rollouts.evaluation.outputs import check_outputs, write_bytes
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "MergeResult",
@@ -65,8 +66,6 @@ __all__ = [
     "write_merged",
 ]
 
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
 FAILURE_CLASS = "_ng_failure_class"
 
 
@@ -120,11 +119,11 @@ def _read_rows(path: Path) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
 
 
 def _key(row: Mapping[str, Any]) -> tuple[Any, Any]:
-    return row.get(TASK_INDEX), row.get(ROLLOUT_INDEX)
+    return row.get(TASK_INDEX_KEY_NAME), row.get(ROLLOUT_INDEX_KEY_NAME)
 
 
 def _order_key(row: Mapping[str, Any]) -> tuple:
-    return (row.get(TASK_INDEX) or 0, row.get(ROLLOUT_INDEX) or 0)
+    return (row.get(TASK_INDEX_KEY_NAME) or 0, row.get(ROLLOUT_INDEX_KEY_NAME) or 0)
 
 
 @dataclass
@@ -219,7 +218,57 @@ def merge_shards(
     """
     result = MergeResult()
     group = lambda row: environment_server_of(row, default_agent)  # noqa: E731
-    successes: list[tuple[tuple, bytes, dict[str, Any]]] = []  # (order key, orjson bytes, stripped row)
+    successes, seen, shard_keys = _read_successes(paths, result, group)
+
+    # Successes in NeMo Gym's order (a stable sort: ties keep shard order), re-serialised with
+    # orjson as NeMo Gym writes its merged file.
+    successes.sort(key=lambda item: item[0])
+    result.success_lines = [line for _, line, _ in successes]
+    rows = [row for _, _, row in successes]
+    del successes
+
+    latest_failures, recorded_by_shard = _read_failures(result, shard_keys, group)
+    result_ids = set(seen)
+    wanted = set(count_failure_classes_as_zero)
+    counted = [
+        _counted_failure_row(row)
+        for identity, row in latest_failures.items()
+        if identity not in result_ids and row.get(FAILURE_CLASS) in wanted and _routable(row)
+    ]
+    result.counted["failures"] = len(counted)
+
+    accounted = result_ids | set(latest_failures)
+    materialized_by_identity, missing = _read_materialized(
+        result, shard_keys, recorded_by_shard, accounted, group, count_missing_rollouts_as_zero
+    )
+    result.counted["missing"] = len(missing)
+    counted.extend(missing)
+    if counted:
+        _fill_task_fields(counted, rows, materialized_by_identity, group)
+    counted_ids = {(group(r), *_key(r)) for r in counted}
+    result.dropped = Counter(
+        row.get(FAILURE_CLASS) or "unknown"
+        for identity, row in latest_failures.items()
+        if identity not in result_ids and identity not in counted_ids
+    )
+    result.aggregate = build_aggregate_metrics(
+        rows + counted,
+        env_url=env_url,
+        timeout_s=timeout_s,
+        default_agent=default_agent,
+        policy=policy,
+        max_reply_bytes=max_reply_bytes,
+    )
+    return result
+
+
+def _read_successes(
+    paths: Sequence[str | Path], result: MergeResult, group
+) -> tuple[list[tuple[tuple, bytes, dict[str, Any]]], dict[tuple, str], dict[int, set]]:
+    """Every shard's success rows, in shard order: ``(order key, orjson bytes, stripped row)`` each,
+    where each identity was seen (``{identity: "file, line N"}``) and each shard's keys. Appends the
+    shards to ``result``."""
+    successes: list[tuple[tuple, bytes, dict[str, Any]]] = []
     seen: dict[tuple, str] = {}
     shard_keys: dict[int, set] = {}
     for index, raw_path in enumerate(paths):
@@ -229,9 +278,11 @@ def merge_shards(
         failures, materialized = failures_path_for(path), materialized_path_for(path)
         shard = Shard(path, failures if failures.is_file() else None, materialized if materialized.is_file() else None)
         keys = shard_keys[index] = set()
-        for line_no, line, row in _read_rows(path):
-            if TASK_INDEX not in row or ROLLOUT_INDEX not in row:
-                raise ShardError(f"{path}, line {line_no}: the row has no {TASK_INDEX}/{ROLLOUT_INDEX}")
+        for line_no, _line, row in _read_rows(path):
+            if TASK_INDEX_KEY_NAME not in row or ROLLOUT_INDEX_KEY_NAME not in row:
+                raise ShardError(
+                    f"{path}, line {line_no}: the row has no {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}"
+                )
             identity = (group(row), *_key(row))
             where = f"{path}, line {line_no}"
             if identity in seen:
@@ -244,16 +295,14 @@ def merge_shards(
             successes.append((_order_key(row), orjson.dumps(row), strip_row(row)))
             shard.successes += 1
         result.shards.append(shard)
+    return successes, seen, shard_keys
 
-    # Successes in NeMo Gym's order (a stable sort: ties keep shard order), re-serialised with
-    # orjson as NeMo Gym writes its merged file.
-    successes.sort(key=lambda item: item[0])
-    result.success_lines = [line for _, line, _ in successes]
-    rows = [row for _, _, row in successes]
-    del successes
 
-    # Sidecars: every attempt for the merged sidecar; the last attempt of each rollout (not landed in
-    # its own shard) for counting, keyed by identity.
+def _read_failures(
+    result: MergeResult, shard_keys: dict[int, set], group
+) -> tuple[dict[tuple, dict[str, Any]], dict[int, set]]:
+    """Sidecars: every attempt for the merged sidecar; the last attempt of each rollout (not landed in
+    its own shard) for counting, keyed by identity; and each shard's keys with a recorded failure."""
     latest_failures: dict[tuple, dict[str, Any]] = {}
     recorded_by_shard: dict[int, set] = defaultdict(set)
     for index, shard in enumerate(result.shards):
@@ -266,18 +315,21 @@ def merge_shards(
             recorded_by_shard[index].add(key)
             if key not in shard_keys[index]:
                 latest_failures[(group(row), *key)] = row
-    result_ids = set(seen)
-    wanted = set(count_failure_classes_as_zero)
-    counted = [
-        _counted_failure_row(row)
-        for identity, row in latest_failures.items()
-        if identity not in result_ids and row.get(FAILURE_CLASS) in wanted and _routable(row)
-    ]
-    result.counted["failures"] = len(counted)
+    return latest_failures, recorded_by_shard
 
-    # Materialised inputs: one row per rollout (the first shard's); missing rollouts counted as zeros.
+
+def _read_materialized(
+    result: MergeResult,
+    shard_keys: dict[int, set],
+    recorded_by_shard: dict[int, set],
+    accounted: set,
+    group,
+    count_missing_rollouts_as_zero: bool,
+) -> tuple[dict[tuple, dict[str, Any]], list[dict[str, Any]]]:
+    """Materialised inputs: one row per rollout (the first shard's), by identity; and, when
+    ``count_missing_rollouts_as_zero``, a zero row for each rollout no shard accounts for
+    (``accounted`` grows with them)."""
     materialized_by_identity: dict[tuple, dict[str, Any]] = {}
-    accounted = result_ids | set(latest_failures)
     missing: list[dict[str, Any]] = []
     unroutable = 0
     for index, shard in enumerate(result.shards):
@@ -302,38 +354,25 @@ def merge_shards(
                 unroutable += 1
                 continue
             accounted.add(identity)
-            zero = {
-                TASK_INDEX: row.get(TASK_INDEX),
-                ROLLOUT_INDEX: row.get(ROLLOUT_INDEX),
-                "agent_ref": row.get("agent_ref"),
-                "reward": 0.0,
-            }
-            if "_ng_environment_server" in row:
-                zero["_ng_environment_server"] = row["_ng_environment_server"]
-            missing.append(zero)
+            missing.append(_missing_zero(row))
     if unroutable:
         result.notes.append(
             f"{unroutable} materialized rollout(s) name no agent or environment server and are not counted"
         )
-    result.counted["missing"] = len(missing)
-    counted.extend(missing)
-    if counted:
-        _fill_task_fields(counted, rows, materialized_by_identity, group)
-    counted_ids = {(group(r), *_key(r)) for r in counted}
-    result.dropped = Counter(
-        row.get(FAILURE_CLASS) or "unknown"
-        for identity, row in latest_failures.items()
-        if identity not in result_ids and identity not in counted_ids
-    )
-    result.aggregate = build_aggregate_metrics(
-        rows + counted,
-        env_url=env_url,
-        timeout_s=timeout_s,
-        default_agent=default_agent,
-        policy=policy,
-        max_reply_bytes=max_reply_bytes,
-    )
-    return result
+    return materialized_by_identity, missing
+
+
+def _missing_zero(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The reward-0 row of a materialised rollout no shard accounts for."""
+    zero = {
+        TASK_INDEX_KEY_NAME: row.get(TASK_INDEX_KEY_NAME),
+        ROLLOUT_INDEX_KEY_NAME: row.get(ROLLOUT_INDEX_KEY_NAME),
+        "agent_ref": row.get("agent_ref"),
+        "reward": 0.0,
+    }
+    if "_ng_environment_server" in row:
+        zero["_ng_environment_server"] = row["_ng_environment_server"]
+    return zero
 
 
 def _routable(row: Mapping[str, Any]) -> bool:

@@ -1,2 +1,3 @@
-"""NeMo Gym environments: its config files (``config``), its head server (``head_server``) and the
-mis-wiring of an agent URL that is NeMo Gym's own agent server (``miswiring``). No Django here."""
+"""NeMo Gym's own rules: its config files (``config``), its head server (``head_server``), the
+mis-wiring of an agent URL that is NeMo Gym's own agent server (``miswiring``), its row key names
+(``keys``) and which metrics are primary (``metrics_config``). No Django here."""

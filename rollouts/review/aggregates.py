@@ -1,5 +1,5 @@
 """Run aggregates read either way: with the env's rewards, or with the corrected reward where one
-is in force. Same definitions as the run page (``rollouts.evaluation.metrics``): over successes
+is in force. Same definitions as the run page (``rollouts.evaluation.run_summary``): over successes
 (NeMo Gym's convention), and with failures as 0 over done keys.
 
 Cheap on big runs: one grouped query over the (run, status, reward) index gives the env's reward
@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary
 from rollouts.models import Note, RewardCorrection, Rollout, RolloutLabel, Run
 from rollouts.review.filters import CORRECTED, ORIGINAL
 
@@ -37,8 +37,8 @@ def corrections_in_force(run: Run) -> dict[int, float]:
 def _stats(counts: Counter, done: int) -> dict[str, Any]:
     values = sorted((v, c) for v, c in counts.items() if c > 0 and v is not None)
     if not values:
-        return asdict(metrics.RewardStats(n_with_failures=done))
-    stats, total, _bins = metrics._stats_from_values(values)
+        return asdict(run_summary.RewardStats(n_with_failures=done))
+    stats, total, _bins = run_summary.stats_from_values(values)
     stats.n_with_failures = done
     stats.mean_with_failures = total / done if done else None
     return asdict(stats)
@@ -49,7 +49,7 @@ def reward_aggregates(run: Run) -> dict[str, Any]:
     ``mean``, ``minimum``, ``maximum``, ``median``, ``std`` (ddof=1) over successes and
     ``mean_with_failures`` over ``n_with_failures`` done keys (a key whose latest attempt failed
     counts as 0). ``corrections``: succeeded rollouts with a corrected reward in force."""
-    done = metrics.run_progress(run).done
+    done = run_summary.run_progress(run).done
     successes = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED, reward__isnull=False)
     counts = Counter(dict(successes.values_list("reward").annotate(c=Count("id")).order_by()))
     original = _stats(counts, done)

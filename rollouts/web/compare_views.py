@@ -19,7 +19,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
-from rollouts.evaluation import compare as nemo_compare
+from rollouts.evaluation import compare_report
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.models import Rollout, Run
 from rollouts.web.analysis import cell_text, run_cached
@@ -173,8 +173,8 @@ def _ci(value: dict | None) -> str:
 def _nemo_side(run: Run, role: str, index: int = 0):
     """A run as one side of NeMo Gym's compare; its metrics (a profile of its successes) are
     cached under its finished counts like the profile page's."""
-    side = nemo_compare.side_from_run(
-        run, role, index, entries=run_cached("compare-entries", run, lambda: nemo_compare.run_entries(run))
+    side = compare_report.side_from_run(
+        run, role, index, entries=run_cached("compare-entries", run, lambda: compare_report.run_entries(run))
     )
     return side
 
@@ -182,7 +182,7 @@ def _nemo_side(run: Run, role: str, index: int = 0):
 def _nemo_report(run_a: Run, candidates: list[tuple[str, Run]], command: str = "") -> dict[str, Any]:
     baseline = _nemo_side(run_a, "baseline")
     sides = [_nemo_side(run, "candidate", i) for i, (_, run) in enumerate(candidates)]
-    return nemo_compare.compare_sides(baseline, sides, command=command)
+    return compare_report.compare_sides(baseline, sides, command=command)
 
 
 @login_required
@@ -201,16 +201,16 @@ def compare_report_file(request, fmt):
         report = _nemo_report(
             form.cleaned_data["a"], form.candidates(), command=f"gymweb compare page ?{request.GET.urlencode()}"
         )
-    except nemo_compare.CompareError as exc:
+    except compare_report.CompareError as exc:
         return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
     if fmt == "md":
-        body, name, ctype = nemo_compare.render_markdown(report).encode(), nemo_compare.COMPARE_MD, "text/markdown"
+        body, name, ctype = compare_report.render_markdown(report).encode(), compare_report.COMPARE_MD, "text/markdown"
     else:
         import orjson
 
         body, name, ctype = (
             orjson.dumps(report, option=orjson.OPT_INDENT_2),
-            nemo_compare.COMPARE_JSON,
+            compare_report.COMPARE_JSON,
             "application/json",
         )
     response = HttpResponse(body, content_type=f"{ctype}; charset=utf-8")
@@ -309,7 +309,7 @@ def compare(request):
         try:
             report = _nemo_report(run_a, candidates)
             context["report"] = _compare_report_view(report, run_a, candidates, f"{here}?{all_qs}")
-        except nemo_compare.CompareError as exc:
+        except compare_report.CompareError as exc:
             context["report_error"] = str(exc)
         context["report_qs"] = all_qs
         # ``&vs=c`` (a flip's side-by-side link) puts candidate C in B's place for the task table

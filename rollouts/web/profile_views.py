@@ -4,7 +4,7 @@ env's /aggregate_metrics reply, and the aggregate metrics download.
 Everything shown is untrusted text (agent names, env replies): templates only autoescape it,
 nothing here marks data safe.
 
-Speed. The profile is NeMo Gym's (``run_profile.profile_run``), which reads each success's stored
+Speed. The profile is NeMo Gym's (``profile_report.profile_run``), which reads each success's stored
 numbers (its cost: benchmarks/README.md). The page's view of it is cached under the run's finished
 counts (``analysis.run_cached``). The cached value is compact: the small summaries as they are,
 each task row pickled on its own (only the shown page of rows is unpickled) and the task order for
@@ -33,9 +33,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
-from rollouts.evaluation.aggregate import run_aggregate_entries
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
-from rollouts.evaluation.run_profile import RUN_STEM, profile_run, write_profile
+from rollouts.evaluation.profile_report import RUN_STEM, profile_run, write_profile
+from rollouts.evaluation.run_aggregate_metrics import run_aggregate_entries
 from rollouts.models import Rollout, Run
 from rollouts.review.query import export_filename
 from rollouts.templatetags.gymweb_tags import pretty_json_text

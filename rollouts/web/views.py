@@ -2,7 +2,7 @@
 
 Plain function views. Pages render whole for a normal request and as a named partial for an HTMX
 request (except a history restore, which needs the whole page); such responses carry
-``Vary: HX-Request``. Aggregates come from ``metrics`` (SQL only). Access goes through
+``Vary: HX-Request``. Aggregates come from ``run_summary`` (SQL only). Access goes through
 ``access.run_for`` (every signed-in user sees every run, one team per instance).
 """
 
@@ -31,7 +31,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from rollouts import targets
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
-from rollouts.evaluation import metrics
+from rollouts.evaluation import run_summary
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
 from rollouts.models import AgentCall, Rollout, Run, Worker
@@ -80,7 +80,7 @@ def runs_list(request):
     page = Paginator(Run.objects.select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE).get_page(
         request.GET.get("page")
     )
-    progress = metrics.progress_for_runs(page.object_list)
+    progress = run_summary.progress_for_runs(page.object_list)
     rows = [(run, progress[run.pk]) for run in page.object_list]
     context = {"page": page, "rows": rows, "any_active": any(not run.is_final for run, _ in rows)}
     template = "rollouts/partials/run_list_table.html" if wants_partial(request) else "rollouts/runs_list.html"
@@ -247,11 +247,11 @@ def _live_workers() -> int:
     return Worker.objects.filter(last_seen__gte=since).count()
 
 
-def _live_signature(run: Run, progress: metrics.Progress, live_workers: int | None) -> str:
+def _live_signature(run: Run, progress: run_summary.Progress, live_workers: int | None) -> str:
     """What the live part's poll sends back as ``seen``: rollout states by status, the agent calls of
     running rollouts, how many workers are live and the run's status (last). Equal signatures mean the live part shows the same things
     (except the last minute's rate), so an unchanged poll is answered with 204."""
-    rollouts = metrics.Summary(progress=progress, reward=metrics.RewardStats()).signature
+    rollouts = run_summary.Summary(progress=progress, reward=run_summary.RewardStats()).signature
     calls = running_calls(run) if progress.running else 0
     workers = "" if live_workers is None else live_workers
     # the run's status stays last: run_live reads it back (rpartition) to tell when the run ended
@@ -261,7 +261,7 @@ def _live_signature(run: Run, progress: metrics.Progress, live_workers: int | No
 _UNSET = object()
 
 
-def retry_label(run: Run, p: metrics.Progress) -> str | None:
+def retry_label(run: Run, p: run_summary.Progress) -> str | None:
     """The Retry button's label, named for what it would run, or None when it would run nothing
     (every failure terminal or out of attempts, nothing cancelled or interrupted, an imported or archived run,
     a run still going). Keys are counted only for a final run with failed or not-run keys, so the
@@ -280,8 +280,8 @@ def retry_label(run: Run, p: metrics.Progress) -> str | None:
     return None
 
 
-def _live_context(run: Run, progress: metrics.Progress | None = None, live_workers=_UNSET) -> dict:
-    summary = metrics.run_summary(run, progress=progress)
+def _live_context(run: Run, progress: run_summary.Progress | None = None, live_workers=_UNSET) -> dict:
+    summary = run_summary.run_summary(run, progress=progress)
     p = summary.progress
     if live_workers is _UNSET:
         live_workers = None if run.is_final else _live_workers()
@@ -339,7 +339,7 @@ def _table_partial(request, run: Run) -> HttpResponse:
     (``#rollout-table`` refetches itself when the live part says ``rollouts-changed``; only
     ``#rollout-table`` of the answer is kept, hx-select): shared while the run is running
     (``_shared_table``)."""
-    kinds = metrics.failure_kinds(run)
+    kinds = run_summary.failure_kinds(run)
     if request.headers.get("HX-Target") == "rollout-table":
         context, html = _shared_table(request, run, kinds)
         if html is None:
@@ -379,7 +379,7 @@ def run_live(request, run_id):
     seen = request.GET.get("seen")
     known = {}
     if seen is not None and not run.is_final:
-        known = {"progress": metrics.run_progress(run), "live_workers": _live_workers()}
+        known = {"progress": run_summary.run_progress(run), "live_workers": _live_workers()}
         if seen == _live_signature(run, known["progress"], known["live_workers"]):
             return HttpResponse(status=204)
     context = _live_context(run, **known)

@@ -126,7 +126,9 @@ def finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
     for run_id in run_ids:
         if runs.finish_if_done(run_id) and after_finish:
             async_task(
-                "rollouts.evaluation.aggregate.fetch_aggregate_metrics", run_id, task_name=f"run-{run_id}-aggregate"
+                "rollouts.evaluation.run_aggregate_metrics.fetch_aggregate_metrics",
+                run_id,
+                task_name=f"run-{run_id}-aggregate",
             )
 
 

@@ -19,7 +19,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rollouts import targets
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 from rollouts.evaluation.outputs import OutputExists, check_outputs
-from rollouts.evaluation.shards import ShardError, expand_input_glob, merge_shards, merged_paths, write_merged
+from rollouts.evaluation.shards import (
+    MergeResult,
+    ShardError,
+    expand_input_glob,
+    merge_shards,
+    merged_paths,
+    write_merged,
+)
 
 
 class Command(BaseCommand):
@@ -43,7 +50,10 @@ class Command(BaseCommand):
             nargs="+",
             default=[],
             metavar="CLASS",
-            help="failure classes (_ng_failure_class, e.g. remote_agent_error) whose rollouts count as reward 0 in the metrics",
+            help=(
+                "failure classes (_ng_failure_class, e.g. remote_agent_error) whose rollouts count as reward 0 "
+                "in the metrics"
+            ),
         )
         parser.add_argument(
             "--count-missing-rollouts-as-zero",
@@ -93,7 +103,10 @@ class Command(BaseCommand):
             written = write_merged(result, output, merge=merge, overwrite=opts["overwrite"])
         except (OutputExists, OSError) as exc:
             raise CommandError(str(exc)) from None
+        self._summary(result, skipped, written, opts)
 
+    def _summary(self, result: MergeResult, skipped: list[Path], written: dict[str, Path], opts) -> None:
+        """What was read, counted, noted and written."""
         out = self.stdout.write
         for path in skipped:
             self.stderr.write(f"note: {path} is one of this command's outputs; not read as a shard")
@@ -106,7 +119,8 @@ class Command(BaseCommand):
             out(f"  - {shard.path}: {shard.successes} success row(s), {', '.join(sidecars)}")
         if opts["count_failure_classes_as_zero"]:
             out(
-                f"Counting {result.counted['failures']} failure row(s) as scored zeros: {opts['count_failure_classes_as_zero']}"
+                f"Counting {result.counted['failures']} failure row(s) as scored zeros: "
+                f"{opts['count_failure_classes_as_zero']}"
             )
         if opts["count_missing_rollouts_as_zero"]:
             out(f"Counting {result.counted['missing']} materialized rollout(s) with no row as scored zeros")

@@ -33,8 +33,8 @@ from rollouts.engine.loop import (
     validate_base_url,
 )
 from rollouts.evaluation import health
-from rollouts.evaluation.aggregate import fetch_aggregate_metrics, write_run_aggregate_metrics
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
+from rollouts.evaluation.run_aggregate_metrics import fetch_aggregate_metrics, write_run_aggregate_metrics
 from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Rollout, Run
 from rollouts.nemo import miswiring

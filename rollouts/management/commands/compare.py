@@ -1,5 +1,5 @@
 """``python manage.py compare --baseline RUN --candidates RUN[,RUN…]``: NeMo Gym's ``gym eval compare``
-with up to four candidates and gymweb's paired interval (``rollouts.evaluation.compare``). A side is
+with up to four candidates and gymweb's paired interval (``rollouts.evaluation.compare_report``). A side is
 a stored run id or a path to a ``rollouts.jsonl`` (its ``*_aggregate_metrics.json`` sibling is read,
 or the file given with ``--baseline-agg-metrics``/``--candidates-agg-metrics``). ``--agent-name``
 (``--agent``) compares one agent on every side, ``--baseline-agent``/``--candidate-agents`` a named
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from rollouts.evaluation import compare
+from rollouts.evaluation import compare_report
 from rollouts.management.nemo_gym_flags import NemoGymFlags
 
 
@@ -23,7 +23,10 @@ def _names(value: str | None) -> list[str] | None:
 
 
 class Command(NemoGymFlags, BaseCommand):
-    help = "Compare a baseline run against 1-4 candidate runs (run ids or NeMo Gym rollouts.jsonl paths) like `gym eval compare`."
+    help = (
+        "Compare a baseline run against 1-4 candidate runs (run ids or NeMo Gym rollouts.jsonl paths) "
+        "like `gym eval compare`."
+    )
 
     nemo_gym_flags = {
         "baseline_rollouts_jsonl_fpath": "--baseline",
@@ -69,7 +72,7 @@ class Command(NemoGymFlags, BaseCommand):
         )
         parser.add_argument(
             "--report-format",
-            choices=compare.REPORT_FORMATS,
+            choices=compare_report.REPORT_FORMATS,
             default="both",
             help="report files to write: md, json or both (default)",
         )
@@ -79,18 +82,19 @@ class Command(NemoGymFlags, BaseCommand):
         specs = [s.strip() for s in opts["candidates"].split(",") if s.strip()]
         if not specs:
             raise CommandError("--candidates: give at least one run id or rollouts.jsonl path")
-        if len(specs) > compare.MAX_CANDIDATES:
-            raise CommandError(f"--candidates: at most {compare.MAX_CANDIDATES} (got {len(specs)})")
+        if len(specs) > compare_report.MAX_CANDIDATES:
+            raise CommandError(f"--candidates: at most {compare_report.MAX_CANDIDATES} (got {len(specs)})")
         metrics = _names(opts["candidates_agg_metrics"])
         if metrics is not None and len(metrics) != len(specs):
             raise CommandError(f"--candidates-agg-metrics names {len(metrics)} file(s) for {len(specs)} candidate(s)")
         try:
-            baseline = compare.resolve_side(opts["baseline"], "baseline", metrics=opts["baseline_agg_metrics"])
+            baseline = compare_report.resolve_side(opts["baseline"], "baseline", metrics=opts["baseline_agg_metrics"])
             candidates = [
-                compare.resolve_side(s, "candidate", i, metrics[i] if metrics else None) for i, s in enumerate(specs)
+                compare_report.resolve_side(s, "candidate", i, metrics[i] if metrics else None)
+                for i, s in enumerate(specs)
             ]
             command = shlex.join(["manage.py", "compare", *sys.argv[2:]]) if len(sys.argv) > 2 else "manage.py compare"
-            report = compare.compare_sides(
+            report = compare_report.compare_sides(
                 baseline,
                 candidates,
                 command=command,
@@ -104,10 +108,10 @@ class Command(NemoGymFlags, BaseCommand):
                 out = Path(candidates[-1].rollouts_jsonl_fpath).parent
             else:
                 out = Path.cwd()
-            paths = compare.write_compare_report(
+            paths = compare_report.write_compare_report(
                 report, out, overwrite=opts["overwrite"], report_format=opts["report_format"]
             )
-        except (compare.CompareError, FileExistsError) as exc:
+        except (compare_report.CompareError, FileExistsError) as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"cannot write the report: {exc}") from None
@@ -124,7 +128,10 @@ class Command(NemoGymFlags, BaseCommand):
                     )
                     head += f": Δ mean/reward {c['delta']:+.4f}{ci}"
                 if s["mode"] == "binary":
-                    head += f"; {s['fail_to_pass_count']} fail→pass, {s['pass_to_fail_count']} pass→fail over {s['common_task_count']} common tasks"
+                    head += (
+                        f"; {s['fail_to_pass_count']} fail→pass, {s['pass_to_fail_count']} pass→fail "
+                        f"over {s['common_task_count']} common tasks"
+                    )
                 elif s["mode"] == "continuous":
                     head += f"; {len(s['flips'])} of {s['common_task_count']} common tasks moved"
                 else:

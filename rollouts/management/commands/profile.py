@@ -4,7 +4,7 @@
     manage.py profile --inputs MATERIALIZED.jsonl --rollouts ROLLOUTS.jsonl [--output-dir DIR]
                       [--failures FAILURES.jsonl] [--allow-partial-rollouts] [--overwrite]
 
-The files it writes and when it refuses: docs/evaluate.md; their names: ``rollouts.evaluation.run_profile``.
+The files it writes and when it refuses: docs/evaluate.md; their names: ``rollouts.evaluation.profile_report``.
 Prints a short summary and the written paths on stdout, NeMo Gym's warnings on stderr. Errors
 (unknown run, missing file, bad JSONL with file and line, rows the profiler rejects) exit non-zero
 with a ``CommandError``.
@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from rollouts.evaluation.outputs import OutputExists, check_outputs
-from rollouts.evaluation.run_profile import (
+from rollouts.evaluation.profile_report import (
     RUN_STEM,
     default_failures_path,
     output_stem_for,
@@ -60,7 +60,10 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--allow-partial-rollouts",
             action="store_true",
-            help="profile even when some materialised rows have no rollout row (NeMo Gym's ++allow_partial_rollouts=True)",
+            help=(
+                "profile even when some materialised rows have no rollout row "
+                "(NeMo Gym's ++allow_partial_rollouts=True)"
+            ),
         )
         parser.add_argument(
             "--overwrite",

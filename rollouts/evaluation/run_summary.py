@@ -224,23 +224,30 @@ def _median(qs, n: int) -> float | None:
     return sum(values) / len(values)
 
 
-def _histogram(qs, lo: float | None, hi: float | None, bins: int = HISTOGRAM_BINS) -> list[Bin]:
-    """Equal-width bins over [lo, hi] by SQL bucketing (FLOOR of the scaled reward; the top edge
-    joins the last bin). One bin when every reward is equal."""
+def equal_width_bins(lo: float, width: float, positions: Iterable[tuple[float | None, int]]) -> list[Bin]:
+    """The reward histogram's one binning rule: ``HISTOGRAM_BINS`` equal-width bins from ``lo``
+    (``width`` = (max - min) / bins); ``positions`` are ``((value - lo) / width, count)`` pairs, the
+    position floored or not, truncated into a bin index and clamped (the top edge joins the last bin)."""
+    counts = [0] * HISTOGRAM_BINS
+    for position, n in positions:
+        counts[min(max(int(position or 0), 0), HISTOGRAM_BINS - 1)] += n
+    tallest = max(counts) or 1
+    return [Bin(lo + i * width, lo + (i + 1) * width, c, 100.0 * c / tallest) for i, c in enumerate(counts)]
+
+
+def _histogram(qs, lo: float | None, hi: float | None) -> list[Bin]:
+    """``equal_width_bins`` over [lo, hi] by SQL bucketing (FLOOR of the scaled reward). One bin when
+    every reward is equal."""
     if lo is None or hi is None:
         return []
     if hi == lo:
         n = qs.count()
         return [Bin(lo, hi, n, 100.0)] if n else []
-    width = (hi - lo) / bins
+    width = (hi - lo) / HISTOGRAM_BINS
     # Floor, not a cast to integer: PostgreSQL's cast rounds where SQLite's truncates.
     bucket = Floor((F("reward") - lo) / width)
-    counts = [0] * bins
-    for row in qs.annotate(bucket=bucket).values("bucket").annotate(n=Count("id")).order_by():
-        index = min(max(int(row["bucket"] or 0), 0), bins - 1)
-        counts[index] += row["n"]
-    tallest = max(counts) or 1
-    return [Bin(lo + i * width, lo + (i + 1) * width, c, 100.0 * c / tallest) for i, c in enumerate(counts)]
+    rows = qs.annotate(bucket=bucket).values("bucket").annotate(n=Count("id")).order_by()
+    return equal_width_bins(lo, width, ((row["bucket"], row["n"]) for row in rows))
 
 
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
@@ -266,7 +273,7 @@ class _Finished:
 DISTINCT_REWARDS_MAX = 5000
 
 
-def _stats_from_values(values: list[tuple[float, int]]) -> tuple[RewardStats, float, list[Bin]]:
+def stats_from_values(values: list[tuple[float, int]]) -> tuple[RewardStats, float, list[Bin]]:
     """Exact stats, median and histogram from (reward, count) pairs sorted by reward: one small
     GROUP BY result when rewards take few distinct values (0/1, a score out of 10, ...)."""
     n = sum(c for _, c in values)
@@ -286,10 +293,7 @@ def _stats_from_values(values: list[tuple[float, int]]) -> tuple[RewardStats, fl
     if lo == hi:
         return stats, total, [Bin(lo, hi, n, 100.0)]
     width = (hi - lo) / HISTOGRAM_BINS
-    counts = [0] * HISTOGRAM_BINS
-    for v, c in values:
-        counts[min(max(int((v - lo) / width), 0), HISTOGRAM_BINS - 1)] += c
-    return stats, total, [Bin(lo + i * width, lo + (i + 1) * width, c, 0.0) for i, c in enumerate(counts)]
+    return stats, total, equal_width_bins(lo, width, (((v - lo) / width, c) for v, c in values))
 
 
 def _reward_stats(successes) -> tuple[RewardStats, float, list[Bin]]:
@@ -304,7 +308,7 @@ def _reward_stats(successes) -> tuple[RewardStats, float, list[Bin]]:
     if not values:
         return RewardStats(), 0.0, []
     if len(values) <= DISTINCT_REWARDS_MAX:
-        return _stats_from_values(values)
+        return stats_from_values(values)
     agg = successes.aggregate(
         n=Count("reward"),
         total=Sum("reward"),

@@ -1,7 +1,7 @@
 """Profiling a stored run, or NeMo Gym files from anywhere, like NeMo Gym's ``gym eval profile``.
 
-The statistics are ``rollouts.evaluation.profile`` (a faithful reimplementation of NeMo Gym's profiler); this
-module only feeds it and names the files:
+The statistics are ``rollouts.evaluation.reward_profile`` (a faithful reimplementation of NeMo Gym's
+profiler) and ``rollouts.evaluation.pass_at_k``; this module only feeds them and names the files:
 
 - ``<stem>_reward_profiling.jsonl``, ``<stem>_agent_metrics.json``,
   ``<stem>_repeat_level_metrics.json``: NeMo Gym's three files, NeMo Gym's convention (successes
@@ -32,17 +32,16 @@ from typing import Any
 from rollouts.collection.export import CHUNK, iter_successes
 from rollouts.collection.profile_numbers import loads_profile_numbers
 from rollouts.evaluation.outputs import check_outputs, iter_json_objects
-from rollouts.evaluation.profile import (
+from rollouts.evaluation.pass_at_k import gymweb_extras, gymweb_extras_path, write_gymweb_extras
+from rollouts.evaluation.reward_profile import (
     ProfileResult,
     ReducedRollout,
-    gymweb_extras,
-    gymweb_extras_path,
     profile_file_paths,
     profile_rows,
-    write_gymweb_extras,
     write_profile_files,
 )
 from rollouts.models import Rollout, Run, Task
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +152,8 @@ def failures_as_zero_rows(
         reward = success_rewards[key] if key in success_rewards else 0.0
         name = names.get(key[0], run.agent_name)
         yield {
-            "_ng_task_index": key[0],
-            "_ng_rollout_index": key[1],
+            TASK_INDEX_KEY_NAME: key[0],
+            ROLLOUT_INDEX_KEY_NAME: key[1],
             "reward": float(reward) if reward is not None else 0.0,
             "agent_ref": {"name": name},
         }
@@ -237,7 +236,7 @@ def run_materialized_rows(run: Run, agent_names: dict[int, str] | None = None) -
                 yield json.loads(line)
             continue
         row = dict(task_row)
-        row["_ng_rollout_index"] = rollout_index
+        row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
         yield row
 
 
@@ -250,7 +249,7 @@ def _iter_materialized_key(run: Run, task_index: int, rollout_index: int) -> Ite
     )
     for task_json in fetch:
         row = json.loads(task_json)
-        row["_ng_rollout_index"] = rollout_index
+        row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
         yield json.dumps(row, ensure_ascii=False)
 
 
@@ -343,7 +342,7 @@ def iter_jsonl_objects(path: str | Path, *, require_indices: bool = False) -> It
     ``_ng_rollout_index``; ``FileNotFoundError``/``IsADirectoryError`` as ``open`` does.
     """
     for line_no, value in iter_json_objects(path, ProfileInputError):
-        if require_indices and not ("_ng_task_index" in value and "_ng_rollout_index" in value):
+        if require_indices and not (TASK_INDEX_KEY_NAME in value and ROLLOUT_INDEX_KEY_NAME in value):
             raise ProfileInputError(
                 f"{path}, line {line_no}: the row has no _ng_task_index/_ng_rollout_index "
                 "(profiling joins inputs and rollouts on these two indices)"
@@ -365,20 +364,20 @@ def merge_failures_as_zero(
 
     def key_of(row: Mapping[str, Any], what: str, n: int) -> tuple[Any, Any]:
         try:
-            return row["_ng_task_index"], row["_ng_rollout_index"]
+            return row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
         except KeyError:
             raise ProfileInputError(f"{what} row #{n} has no _ng_task_index/_ng_rollout_index") from None
 
     for n, row in enumerate(success_rows, 1):
         key = key_of(row, "rollout", n)
-        keys[key] = {"_ng_task_index": key[0], "_ng_rollout_index": key[1], "reward": row.get("reward")}
+        keys[key] = {TASK_INDEX_KEY_NAME: key[0], ROLLOUT_INDEX_KEY_NAME: key[1], "reward": row.get("reward")}
         if isinstance(row.get("agent_ref"), dict):
             keys[key]["agent_ref"] = row["agent_ref"]
     for n, row in enumerate(failure_rows, 1):
         key = key_of(row, "failure", n)
         if key in keys:
             continue
-        keys[key] = {"_ng_task_index": key[0], "_ng_rollout_index": key[1], "reward": 0.0}
+        keys[key] = {TASK_INDEX_KEY_NAME: key[0], ROLLOUT_INDEX_KEY_NAME: key[1], "reward": 0.0}
         if isinstance(row.get("agent_ref"), dict):
             keys[key]["agent_ref"] = row["agent_ref"]
     return list(keys.values())  # gymweb_extras groups and orders them by task and rollout index

@@ -45,8 +45,8 @@ What NeMo Gym computes, in short (every rule below is mirrored here):
 * Under "fan-out" (one task index run by several agents / environment servers) tasks are profiled per
   (task, agent) and each task row carries ``agent_ref``.
 
-gymweb's own extras (pass@k, pass@1[avg-of-k]) live in a separate file, ``<stem>_gymweb_pass_at_k.json``,
-never inside NeMo Gym's files.
+gymweb's own extras (pass@k, pass@1[avg-of-k]) are ``rollouts.evaluation.pass_at_k``, written to a
+separate file, never inside NeMo Gym's files.
 
 Memory: rollout rows are reduced to their numeric fields as they stream in (responses are not kept);
 materialised rows are reduced to their keys plus one representative row per task.
@@ -61,7 +61,6 @@ never parses a response.
 from __future__ import annotations
 
 import json
-import math
 import operator
 import warnings
 from collections import Counter, defaultdict
@@ -74,7 +73,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rollouts.collection.profile_numbers import row_numbers
+from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY
 from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
+from rollouts.nemo.keys import AGENT_REF_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+from rollouts.nemo.metrics_config import is_primary_metric
 
 __all__ = [
     "ProfileResult",
@@ -85,18 +87,11 @@ __all__ = [
     "profile_file_paths",
     "iter_jsonl",
     "label_runs",
-    "pass_at_k",
-    "pass_at_1_avg_of_k",
-    "gymweb_extras",
-    "gymweb_extras_path",
-    "write_gymweb_extras",
+    "agent_ref_name",
+    "row_key",
+    "stem_path",
 ]
 
-TASK_INDEX_KEY_NAME = "_ng_task_index"
-ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
-ATTEMPT_INDEX_KEY_NAME = "_ng_attempt_index"
-AGENT_REF_KEY_NAME = "agent_ref"
-ENVIRONMENT_SERVER_STAMP_KEY_NAME = "_ng_environment_server"
 
 _GROUP_STATS = ("mean", "max", "min", "median", "std")
 
@@ -233,16 +228,16 @@ def iter_jsonl(path: str | Path) -> Iterator[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _agent_ref_name(row: Mapping[str, Any]) -> str | None:
+def agent_ref_name(row: Mapping[str, Any]) -> str | None:
     ref = row.get(AGENT_REF_KEY_NAME)
     return ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
 
 
 def _rollout_run_key(row: Mapping[str, Any]) -> str | None:
-    server = row.get(ENVIRONMENT_SERVER_STAMP_KEY_NAME)
+    server = row.get(ENVIRONMENT_SERVER_KEY)
     if server is not None:
         return server
-    return _agent_ref_name(row)
+    return agent_ref_name(row)
 
 
 def label_runs(agent_by_key: Mapping[Any, str | None]) -> dict[Any, Any]:
@@ -265,51 +260,6 @@ def label_runs(agent_by_key: Mapping[Any, str | None]) -> dict[Any, Any]:
             return labels
         for key in clashing:
             labels[key] = key
-
-
-# --- nemo_gym/metrics_config.py: is_primary_metric -----------------------------------------------
-
-_STAT_NAMES = ("mean", "max", "min", "median", "std", "sem", "se", "p25", "p75", "ci_low_95", "ci_high_95", "histogram")
-_METRIC_EXCLUDED_PREFIXES = tuple(f"{s}/" for s in _STAT_NAMES if s != "mean")
-_METRIC_EXCLUDED_SUFFIXES = (
-    "/max",
-    "/min",
-    "/median",
-    "/p5",
-    "/p25",
-    "/p75",
-    "/p95",
-    "/ci_low_95",
-    "/ci_high_95",
-    "/ci_lower",
-    "/ci_upper",
-    "_ci_lower",
-    "_ci_upper",
-    "_ci95_lower",
-    "_ci95_upper",
-    f"/{ATTEMPT_INDEX_KEY_NAME}",
-    "/std_dev_across_runs",
-    "/std_err_across_runs",
-    "/avg_sample_std_dev",
-)
-_METRIC_EXCLUDED_NAMES = (
-    TASK_INDEX_KEY_NAME,
-    ROLLOUT_INDEX_KEY_NAME,
-    ATTEMPT_INDEX_KEY_NAME,
-    "sample_count",
-    "missing_count",
-    "num_repeats",
-    "token_usage_version",
-)
-
-
-def _is_repeat_aggregatable(name: str) -> bool:
-    return (
-        name not in _METRIC_EXCLUDED_NAMES
-        and not name.startswith(_METRIC_EXCLUDED_PREFIXES)
-        and not name.endswith(_METRIC_EXCLUDED_SUFFIXES)
-        and "_across_repeats/" not in name
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +303,7 @@ class _Result:
         self.task_for_coverage = task_for_coverage
 
 
-def _key_of(row: Mapping[str, Any], what: str, position: int) -> tuple[Any, Any]:
+def row_key(row: Mapping[str, Any], what: str, position: int) -> tuple[Any, Any]:
     try:
         return row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
     except (KeyError, TypeError):
@@ -442,6 +392,43 @@ def profile_rows(
             indices, or (strict mode) inputs without a rollout.
     """
     # 1. Rollouts first, reduced to numbers (the big file: full responses are never kept).
+    results, duplicate_result_key = _reduce_rollouts(rollout_rows)
+    masked_keys = {k for k, r in results.items() if r.masked}
+
+    # 2. Materialised rows, streamed: keys, run keys, one representative row per (task, run key).
+    inputs = _read_inputs(materialized_rows, results, masked_keys)
+
+    # 3. NeMo Gym's alignment checks (align_rows_and_results), in its order.
+    _check_alignment(inputs, duplicate_result_key, results, allow_partial_rollouts)
+    completion_summary = _completion_summary(inputs, results)
+    # Coverage (coverage_by_agent): only when something was masked.
+    coverage = _coverage(results, inputs.agent_name_of) if masked_keys else {}
+
+    profile = ProfileResult(completion_summary=completion_summary, masked_rollouts=len(masked_keys))
+
+    # 4. Labels and fan-out detection over the measured rows.
+    labels = label_runs(inputs.agent_by_run_key)
+
+    def label_of(run_key: Any) -> Any:
+        return labels.get(run_key)
+
+    tasks_measured_rows = {task for task, _ in inputs.expected_measured}
+    per_agent = len({(task, label_of(rk)) for task, rk in inputs.expected_measured}) > len(tasks_measured_rows)
+
+    aligned = sorted((results.keys() & inputs.row_keys) - masked_keys)
+    if aligned:
+        _profile_aligned(profile, aligned, results, inputs, label_of, per_agent)
+    else:
+        results.clear()
+    _merge_coverage(profile.agent_metrics, coverage)
+    return profile
+
+
+def _reduce_rollouts(
+    rollout_rows: Iterable[Mapping[str, Any] | ReducedRollout],
+) -> tuple[dict[tuple[Any, Any], _Result], tuple[Any, Any] | None]:
+    """Every rollout row (or ``ReducedRollout``) reduced to a ``_Result``, by key, and the first
+    duplicate key (None when there is none; later duplicates are skipped)."""
     layouts: dict[tuple, tuple] = {}
     results: dict[tuple[Any, Any], _Result] = {}
     duplicate_result_key = None
@@ -449,7 +436,7 @@ def profile_rows(
         if isinstance(result, ReducedRollout):
             key = (result.task_index, result.rollout_index)
         else:
-            key = _key_of(result, "rollout row", position)
+            key = row_key(result, "rollout row", position)
         if key in results:
             if duplicate_result_key is None:
                 duplicate_result_key = key
@@ -458,33 +445,56 @@ def profile_rows(
             results[key] = _reduce_numbers(result, key, layouts)
         else:
             results[key] = _reduce_result(result, key, layouts)
-    masked_keys = {k for k, r in results.items() if r.masked}
+    return results, duplicate_result_key
 
-    # 2. Materialised rows, streamed: keys, run keys, one representative row per (task, run key).
+
+@dataclass
+class _Inputs:
+    """What profiling keeps of the materialised rows: their keys, each key's run key (environment
+    server, else agent name) and agent name, the expected counts and one sample row per
+    (task, run key)."""
+
+    row_keys: set
+    duplicate_row_key: tuple[Any, Any] | None
+    run_key_of: dict[tuple[Any, Any], Any]
+    agent_name_of: dict[tuple[Any, Any], Any]
+    agent_by_run_key: dict[Any, str | None]  # measured rows only (rollout_run_labels)
+    expected_measured: Counter  # (task, run_key) -> measured input rows
+    expected_all: Counter  # (task, run_key) -> all input rows (completion summary)
+    samples: dict[tuple[Any, Any], tuple[Any, dict[str, Any]]]  # (task, run_key) -> (rollout, row)
+    completed_all: Counter  # (task, run_key) -> rollouts (completion summary)
+
+
+def _read_inputs(
+    materialized_rows: Iterable[Mapping[str, Any]],
+    results: Mapping[tuple[Any, Any], _Result],
+    masked_keys: set,
+) -> _Inputs:
+    """One pass over the materialised rows (see ``_Inputs``)."""
     row_keys: set = set()
     duplicate_row_key = None
     run_key_of: dict[tuple[Any, Any], Any] = {}
     agent_name_of: dict[tuple[Any, Any], Any] = {}
     interned: dict[Any, Any] = {}
-    agent_by_run_key: dict[Any, str | None] = {}  # measured rows only (rollout_run_labels)
-    expected_measured: Counter = Counter()  # (task, run_key) -> measured input rows
-    expected_all: Counter = Counter()  # (task, run_key) -> all input rows (completion summary)
-    samples: dict[tuple[Any, Any], tuple[Any, dict[str, Any]]] = {}  # (task, run_key) -> (rollout, row)
-    completed_all: Counter = Counter()  # (task, run_key) -> rollouts (completion summary)
+    agent_by_run_key: dict[Any, str | None] = {}
+    expected_measured: Counter = Counter()
+    expected_all: Counter = Counter()
+    samples: dict[tuple[Any, Any], tuple[Any, dict[str, Any]]] = {}
+    completed_all: Counter = Counter()
     for position, row in enumerate(materialized_rows, 1):
         try:
             key = (row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME])
         except (KeyError, TypeError):
-            key = _key_of(row, "materialized input row", position)  # raises
+            key = row_key(row, "materialized input row", position)  # raises
         if key in row_keys:
             if duplicate_row_key is None:
                 duplicate_row_key = key
             continue
         row_keys.add(key)
-        # _rollout_run_key and _agent_ref_name, inlined (this loop sees every key)
+        # _rollout_run_key and agent_ref_name, inlined (this loop sees every key)
         ref = row.get(AGENT_REF_KEY_NAME)
         agent_name = ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
-        run_key = row.get(ENVIRONMENT_SERVER_STAMP_KEY_NAME)
+        run_key = row.get(ENVIRONMENT_SERVER_KEY)
         if run_key is None:
             run_key = agent_name
         run_key = interned.setdefault(run_key, run_key)
@@ -503,25 +513,53 @@ def profile_rows(
         if run_key is not None and run_key not in agent_by_run_key:
             agent_by_run_key[run_key] = agent_name
         if completed:
-            best = samples.get(group)
-            if best is None or rollout_idx < best[0]:
-                sample = dict(row)
-                sample.pop(TASK_INDEX_KEY_NAME)
-                sample.pop(ROLLOUT_INDEX_KEY_NAME)
-                samples[group] = (rollout_idx, sample)
+            _keep_sample(samples, group, rollout_idx, row)
+    return _Inputs(
+        row_keys,
+        duplicate_row_key,
+        run_key_of,
+        agent_name_of,
+        agent_by_run_key,
+        expected_measured,
+        expected_all,
+        samples,
+        completed_all,
+    )
 
-    # 3. NeMo Gym's alignment checks (align_rows_and_results), in its order.
-    if duplicate_row_key is not None:
-        raise ValueError(f"Duplicate materialized input row for rollout key {duplicate_row_key}")
+
+def _keep_sample(
+    samples: dict[tuple[Any, Any], tuple[Any, dict[str, Any]]],
+    group: tuple[Any, Any],
+    rollout_idx: Any,
+    row: Mapping[str, Any],
+) -> None:
+    """Keep ``row`` (without its two indices) as the group's sample when its rollout index is the lowest yet."""
+    best = samples.get(group)
+    if best is None or rollout_idx < best[0]:
+        sample = dict(row)
+        sample.pop(TASK_INDEX_KEY_NAME)
+        sample.pop(ROLLOUT_INDEX_KEY_NAME)
+        samples[group] = (rollout_idx, sample)
+
+
+def _check_alignment(
+    inputs: _Inputs,
+    duplicate_result_key: tuple[Any, Any] | None,
+    results: Mapping[tuple[Any, Any], _Result],
+    allow_partial_rollouts: bool,
+) -> None:
+    """NeMo Gym's ``align_rows_and_results`` checks, in its order: ``ValueError`` for the first that fails."""
+    if inputs.duplicate_row_key is not None:
+        raise ValueError(f"Duplicate materialized input row for rollout key {inputs.duplicate_row_key}")
     if duplicate_result_key is not None:
         raise ValueError(f"Duplicate result row for rollout key {duplicate_result_key}")
-    extra = sorted(results.keys() - row_keys)
+    extra = sorted(results.keys() - inputs.row_keys)
     if extra:
         raise ValueError(
             "Rollout results contain rows with no matching materialized input rows. "
             f"Found {len(extra)} extra rollout rows. Extra rollout keys: {extra[:10]}"
         )
-    missing = sorted(row_keys - results.keys())
+    missing = sorted(inputs.row_keys - results.keys())
     if missing and not allow_partial_rollouts:
         raise ValueError(
             "Materialized input rows and rollout results do not have matching rollout keys. "
@@ -531,93 +569,119 @@ def profile_rows(
             "completed rollouts from a partial collection."
         )
 
-    # Completion summary (profile_completion_summary: all rows and results, masked ones included;
-    # completed_all was counted with the rows, every result having its row by now).
+
+def _completion_summary(inputs: _Inputs, results: Mapping[tuple[Any, Any], _Result]) -> dict[str, Any]:
+    """NeMo Gym's ``profile_completion_summary``: all rows and results, masked ones included
+    (``completed_all`` was counted with the rows, every result having its row by now)."""
     complete_inputs = partial_inputs = missing_inputs = 0
-    for group, expected_count in expected_all.items():
-        done = completed_all[group]
+    for group, expected_count in inputs.expected_all.items():
+        done = inputs.completed_all[group]
         if done == expected_count:
             complete_inputs += 1
         elif done > 0:
             partial_inputs += 1
         else:
             missing_inputs += 1
-    expected_rows = len(row_keys)
-    completion_summary = {
+    expected_rows = len(inputs.row_keys)
+    return {
         "expected_rollout_rows": expected_rows,
         "completed_rollout_rows": len(results),
         "missing_rollout_rows": expected_rows - len(results),
         "extra_rollout_rows": 0,
         "reward_profile_completion_pct": 100.0 if expected_rows == 0 else 100.0 * len(results) / expected_rows,
-        "total_input_rows": len(expected_all),
+        "total_input_rows": len(inputs.expected_all),
         "complete_input_rows": complete_inputs,
         "partial_input_rows": partial_inputs,
         "missing_input_rows": missing_inputs,
     }
 
-    # Coverage (coverage_by_agent): only when something was masked.
+
+def _coverage(
+    results: Mapping[tuple[Any, Any], _Result], agent_name_of: Mapping[tuple[Any, Any], Any]
+) -> dict[str, dict[str, Any]]:
+    """NeMo Gym's ``coverage_by_agent``: ``coverage/*`` counts per agent with masked rollouts."""
     coverage: dict[str, dict[str, Any]] = {}
-    if masked_keys:
-        per_agent_results: dict[str, list[_Result]] = defaultdict(list)
-        for key in sorted(results):
-            name = agent_name_of.get(key)
-            if name is not None:
-                per_agent_results[name].append(results[key])
-        for name, records in per_agent_results.items():
-            masked_records = [r for r in records if r.masked]
-            if not masked_records:
-                continue
-            scored = [r for r in records if not r.masked]
-            tasks_total = {r.task_for_coverage for r in records}
-            tasks_measured = {r.task_for_coverage for r in scored}
-            coverage[name] = {
-                "coverage/measured_rollouts": len(scored),
-                "coverage/masked_rollouts": len(masked_records),
-                "coverage/measured_tasks": len(tasks_measured),
-                "coverage/fully_masked_tasks": len(tasks_total - tasks_measured),
-            }
+    per_agent_results: dict[str, list[_Result]] = defaultdict(list)
+    for key in sorted(results):
+        name = agent_name_of.get(key)
+        if name is not None:
+            per_agent_results[name].append(results[key])
+    for name, records in per_agent_results.items():
+        masked_records = [r for r in records if r.masked]
+        if not masked_records:
+            continue
+        scored = [r for r in records if not r.masked]
+        tasks_total = {r.task_for_coverage for r in records}
+        tasks_measured = {r.task_for_coverage for r in scored}
+        coverage[name] = {
+            "coverage/measured_rollouts": len(scored),
+            "coverage/masked_rollouts": len(masked_records),
+            "coverage/measured_tasks": len(tasks_measured),
+            "coverage/fully_masked_tasks": len(tasks_total - tasks_measured),
+        }
+    return coverage
 
-    profile = ProfileResult(completion_summary=completion_summary, masked_rollouts=len(masked_keys))
 
-    # 4. Labels and fan-out detection over the measured rows.
-    labels = label_runs(agent_by_run_key)
-
-    def label_of(run_key: Any) -> Any:
-        return labels.get(run_key)
-
-    tasks_measured_rows = {task for task, _ in expected_measured}
-    per_agent = len({(task, label_of(rk)) for task, rk in expected_measured}) > len(tasks_measured_rows)
-
-    aligned = sorted((results.keys() & row_keys) - masked_keys)
-    if aligned:
-        _profile_aligned(profile, aligned, results, run_key_of, label_of, per_agent, expected_measured, samples)
-    else:
-        results.clear()
-
-    # Coverage entries (nemo_gym/cli/eval.py): merged into the agent's entry, else appended.
-    for entry in profile.agent_metrics:
+def _merge_coverage(agent_metrics: list[dict[str, Any]], coverage: dict[str, dict[str, Any]]) -> None:
+    """Coverage entries (nemo_gym/cli/eval.py): merged into the agent's entry, else appended."""
+    for entry in agent_metrics:
         name = (entry.get(AGENT_REF_KEY_NAME) or {}).get("name")
         if name in coverage:
             entry.update(coverage.pop(name))
     for name, entry_coverage in coverage.items():
-        profile.agent_metrics.append({AGENT_REF_KEY_NAME: {"name": name}, **entry_coverage})
-    return profile
+        agent_metrics.append({AGENT_REF_KEY_NAME: {"name": name}, **entry_coverage})
 
 
 _by_rollout_index = operator.itemgetter(ROLLOUT_INDEX_KEY_NAME)
+
+
+class _Frame(NamedTuple):
+    """The aligned, measured rollouts as pandas' frame of them: ``values`` (float64, rows × columns,
+    NaN where a row lacks the column) and, per row, its task, rollout index, agent label and info."""
+
+    values: np.ndarray
+    tasks: list[Any]
+    rollouts: list[Any]
+    agents: list[Any]
+    infos: list[dict[str, Any]]
+    all_int: bool  # every profiled column is an integer column (pandas' common dtype)
 
 
 def _profile_aligned(
     profile: ProfileResult,
     aligned: list[tuple[Any, Any]],
     results: dict[tuple[Any, Any], _Result],
-    run_key_of: dict[tuple[Any, Any], Any],
+    inputs: _Inputs,
     label_of,
     per_agent: bool,
-    expected_measured: Counter,
-    samples: dict[tuple[Any, Any], tuple[Any, dict[str, Any]]],
 ) -> None:
-    # Columns in order of first appearance (DataFrame.from_records), with their pandas dtype.
+    col_index, columns = _columns(aligned, results)
+    frame = _frame(aligned, results, col_index, columns, inputs.run_key_of, label_of)
+    describe_into = _describer(columns, frame.all_int)
+    _group_level(profile, frame, describe_into, inputs, label_of, per_agent)
+    by_agent, agent_entries = _agent_level(profile, frame, describe_into)
+    repeat_entries = _repeat_level(frame, columns, by_agent)
+    incomplete = [e for e in repeat_entries if e["missing_count"] > 0]
+    if incomplete:
+        warnings.warn(
+            f"{len(incomplete)} repeat(s) are missing rollouts for some tasks "
+            f"(e.g. agent={incomplete[0][AGENT_REF_KEY_NAME]['name']!r}, "
+            f"{ROLLOUT_INDEX_KEY_NAME}={incomplete[0][ROLLOUT_INDEX_KEY_NAME]}, "
+            f"missing_count={incomplete[0]['missing_count']}). "
+            "repeat_level_metrics statistics were computed from unequal sample sizes across "
+            "repeats and may not be directly comparable, and agent_level_metrics may be biased "
+            "toward whichever tasks happened to complete. Consider obtaining the missing rollouts "
+            "before drawing conclusions from these metrics.",
+            stacklevel=3,
+        )
+    profile.repeat_level_metrics = repeat_entries
+    _add_across_repeats(agent_entries, repeat_entries)
+
+
+def _columns(
+    aligned: list[tuple[Any, Any]], results: Mapping[tuple[Any, Any], _Result]
+) -> tuple[dict[str, int], list[str]]:
+    """The profiled columns in order of first appearance (DataFrame.from_records), and each one's position."""
     col_index: dict[str, int] = {}
     columns: list[str] = []
     previous = None
@@ -630,8 +694,19 @@ def _profile_aligned(
             if name not in col_index:
                 col_index[name] = len(columns)
                 columns.append(name)
+    return col_index, columns
+
+
+def _frame(
+    aligned: list[tuple[Any, Any]],
+    results: dict[tuple[Any, Any], _Result],
+    col_index: Mapping[str, int],
+    columns: list[str],
+    run_key_of: Mapping[tuple[Any, Any], Any],
+    label_of,
+) -> _Frame:
+    """The ``_Frame`` of the aligned rollouts, taking (popping) each one's ``_Result``."""
     ncols = len(columns)
-    col_is_int = [True] * ncols
     matrix: list[list[float | None]] = []
     tasks: list[Any] = []
     rollouts: list[Any] = []
@@ -663,16 +738,27 @@ def _profile_aligned(
         else:
             agents.append(label_by_run_key.setdefault(run_key, label_of(run_key)))
         infos.append(r.info)
+    all_int = _all_int_columns(matrix, ncols)
+    # float64, NaN where a row lacks the column (None -> NaN), like pandas' frame of the records.
+    values = np.array(matrix, dtype=np.float64).reshape(len(matrix), ncols)
+    return _Frame(values, tasks, rollouts, agents, infos, all_int)
+
+
+def _all_int_columns(matrix: list[list[float | None]], ncols: int) -> bool:
+    """Whether every column holds an int in every row (pandas' int64 dtype for all of them)."""
+    col_is_int = [True] * ncols
     for c in range(ncols):
         for vec in matrix:
             v = vec[c]
             if v is None or not isinstance(v, int):
                 col_is_int[c] = False
                 break
-    all_int = all(col_is_int)
-    # float64, NaN where a row lacks the column (None -> NaN), like pandas' frame of the records.
-    values = np.array(matrix, dtype=np.float64).reshape(len(matrix), ncols)
-    del matrix
+    return all(col_is_int)
+
+
+def _describer(columns: list[str], all_int: bool):
+    """``describe_into(entry, stats)``: a group's ``describe_dataframe`` statistics written into
+    ``entry`` as ``<stat>/<column>``, undefined ones left out."""
     stat_names = [[f"{s}/{col}" for col in columns] for s in _GROUP_STATS]
     # max/min keep pandas' common dtype: ints only when every profiled column is an integer column.
     convert = (lambda v: int(v)) if all_int else (lambda v: v)
@@ -683,7 +769,43 @@ def _profile_aligned(
                 if v == v:  # NaN: undefined, left out like NeMo Gym's notna filter
                     entry[name] = convert(v) if s in (1, 2) else v
 
-    # --- group level (one row per task, or per (task, agent) under fan-out) ---
+    return describe_into
+
+
+def _group_level(
+    profile: ProfileResult, frame: _Frame, describe_into, inputs: _Inputs, label_of, per_agent: bool
+) -> None:
+    """The ``*_reward_profiling.jsonl`` lines: one per task, or per (task, agent) under fan-out."""
+    groups = _group_members(frame, per_agent)
+    # group key -> (task, run_key) groups it is made of, for samples and expected counts
+    parts: dict[Any, list[tuple[Any, Any]]] = defaultdict(list)
+    for task, run_key in inputs.expected_measured:
+        gk = (task, label_of(run_key)) if per_agent else task
+        parts[gk].append((task, run_key))
+
+    ordered_groups = sorted(groups)
+    group_stats = _describe_groups(frame.values, [groups[gk] for gk in ordered_groups])
+    for g, gk in enumerate(ordered_groups):
+        members = groups[gk]
+        entry: dict[str, Any] = {TASK_INDEX_KEY_NAME: gk[0] if per_agent else gk}
+        describe_into(entry, [stat[g] for stat in group_stats])
+        if per_agent:
+            entry[AGENT_REF_KEY_NAME] = {"name": gk[1]}
+        best, expected = _sample_and_expected(parts[gk], inputs)
+        entry["sample"] = dict(best[1]) if best is not None else {}
+        num_rollouts = len(members)
+        entry["num_rollouts"] = num_rollouts
+        entry["expected_num_rollouts"] = expected
+        entry["missing_num_rollouts"] = expected - num_rollouts
+        entry["reward_profile_completion_pct"] = 100.0 if expected == 0 else 100.0 * num_rollouts / expected
+        entry["rollout_infos"] = sorted([frame.infos[i] for i in members], key=_by_rollout_index)
+        profile.reward_profiling.append(entry)
+
+
+def _group_members(frame: _Frame, per_agent: bool) -> dict[Any, list[int]]:
+    """The frame's rows by task, or by (task, agent) under fan-out (rows without an agent left out,
+    as pandas' groupby drops a NaN key)."""
+    tasks, agents = frame.tasks, frame.agents
     groups: dict[Any, list[int]] = defaultdict(list)
     for i in range(len(tasks)):
         if per_agent:
@@ -692,54 +814,51 @@ def _profile_aligned(
             groups[(tasks[i], agents[i])].append(i)
         else:
             groups[tasks[i]].append(i)
-    # group key -> (task, run_key) groups it is made of, for samples and expected counts
-    parts: dict[Any, list[tuple[Any, Any]]] = defaultdict(list)
-    for task, run_key in expected_measured:
-        gk = (task, label_of(run_key)) if per_agent else task
-        parts[gk].append((task, run_key))
+    return groups
 
-    ordered_groups = sorted(groups)
-    group_stats = _describe_groups(values, [groups[gk] for gk in ordered_groups])
-    for g, gk in enumerate(ordered_groups):
-        members = groups[gk]
-        entry: dict[str, Any] = {TASK_INDEX_KEY_NAME: gk[0] if per_agent else gk}
-        describe_into(entry, [stat[g] for stat in group_stats])
-        if per_agent:
-            entry[AGENT_REF_KEY_NAME] = {"name": gk[1]}
-        best = None
-        expected = 0
-        for part in parts[gk]:
-            expected += expected_measured[part]
-            candidate = samples.get(part)
-            if candidate is not None and (best is None or candidate[0] < best[0]):
-                best = candidate
-        entry["sample"] = dict(best[1]) if best is not None else {}
-        num_rollouts = len(members)
-        entry["num_rollouts"] = num_rollouts
-        entry["expected_num_rollouts"] = expected
-        entry["missing_num_rollouts"] = expected - num_rollouts
-        entry["reward_profile_completion_pct"] = 100.0 if expected == 0 else 100.0 * num_rollouts / expected
-        entry["rollout_infos"] = sorted([infos[i] for i in members], key=_by_rollout_index)
-        profile.reward_profiling.append(entry)
 
-    # --- agent level ---
+def _sample_and_expected(
+    parts: list[tuple[Any, Any]], inputs: _Inputs
+) -> tuple[tuple[Any, dict[str, Any]] | None, int]:
+    """A group's sample (the lowest rollout index's row over its (task, run key) parts) and its
+    expected rollouts."""
+    best = None
+    expected = 0
+    for part in parts:
+        expected += inputs.expected_measured[part]
+        candidate = inputs.samples.get(part)
+        if candidate is not None and (best is None or candidate[0] < best[0]):
+            best = candidate
+    return best, expected
+
+
+def _agent_level(
+    profile: ProfileResult, frame: _Frame, describe_into
+) -> tuple[dict[Any, list[int]], dict[Any, dict[str, Any]]]:
+    """The ``*_agent_metrics.json`` entries, sorted by agent label; returns the frame's rows by agent
+    and the entries by agent."""
     by_agent: dict[Any, list[int]] = defaultdict(list)
-    for i, agent in enumerate(agents):
+    for i, agent in enumerate(frame.agents):
         if agent is not None:
             by_agent[agent].append(i)
     agent_order = sorted(by_agent)
-    agent_stats = _describe_groups(values, [by_agent[agent] for agent in agent_order])
+    agent_stats = _describe_groups(frame.values, [by_agent[agent] for agent in agent_order])
     agent_entries: dict[Any, dict[str, Any]] = {}
     for a, agent in enumerate(agent_order):
-        entry = {}
+        entry: dict[str, Any] = {}
         describe_into(entry, [stat[a] for stat in agent_stats])
         entry[AGENT_REF_KEY_NAME] = {"name": agent}
         agent_entries[agent] = entry
         profile.agent_metrics.append(entry)
+    return by_agent, agent_entries
 
-    # --- repeat level (agents with at least two rollout indices) ---
-    repeat_cols = sorted(range(ncols), key=lambda c: columns[c])
-    multi = [a for a in agent_order if len({rollouts[i] for i in by_agent[a]}) > 1]
+
+def _repeat_level(frame: _Frame, columns: list[str], by_agent: Mapping[Any, list[int]]) -> list[dict[str, Any]]:
+    """The ``*_repeat_level_metrics.json`` entries: per (agent, rollout index), for the agents with
+    at least two rollout indices (agents sorted)."""
+    tasks, rollouts = frame.tasks, frame.rollouts
+    repeat_cols = sorted(range(len(columns)), key=lambda c: columns[c])
+    multi = [a for a in sorted(by_agent) if len({rollouts[i] for i in by_agent[a]}) > 1]
     repeat_entries: list[dict[str, Any]] = []
     for agent in multi:
         members = by_agent[agent]
@@ -756,44 +875,33 @@ def _profile_aligned(
                 "sample_count": present_tasks,
                 "missing_count": total_tasks - present_tasks,
             }
-            rows = values[np.array(group, dtype=np.intp)]
+            rows = frame.values[np.array(group, dtype=np.intp)]
             for c in repeat_cols:
-                column = rows[:, c]
-                present = column[~np.isnan(column)]  # Series.dropna(): a new contiguous array
-                n = present.shape[0]
-                if n == 0:
-                    continue
-                col = columns[c]
-                mean, median, std, low, high = _series_stats(present)
-                sem = std / n**0.5
-                p25, p75 = np.percentile(present, (25.0, 75.0)).tolist()  # Series.quantile, linear
-                entry[f"mean/{col}"] = mean
-                entry[f"median/{col}"] = median
-                entry[f"std/{col}"] = std
-                entry[f"sem/{col}"] = sem
-                entry[f"min/{col}"] = low
-                entry[f"max/{col}"] = high
-                entry[f"p25/{col}"] = p25
-                entry[f"p75/{col}"] = p75
-                ci = _confidence_interval(mean, sem, n)
-                if ci:
-                    entry[f"ci_low_95/{col}"], entry[f"ci_high_95/{col}"] = ci
+                _add_repeat_stats(entry, columns[c], rows[:, c])
             repeat_entries.append(entry)
-    incomplete = [e for e in repeat_entries if e["missing_count"] > 0]
-    if incomplete:
-        warnings.warn(
-            f"{len(incomplete)} repeat(s) are missing rollouts for some tasks "
-            f"(e.g. agent={incomplete[0][AGENT_REF_KEY_NAME]['name']!r}, "
-            f"{ROLLOUT_INDEX_KEY_NAME}={incomplete[0][ROLLOUT_INDEX_KEY_NAME]}, "
-            f"missing_count={incomplete[0]['missing_count']}). "
-            "repeat_level_metrics statistics were computed from unequal sample sizes across "
-            "repeats and may not be directly comparable, and agent_level_metrics may be biased "
-            "toward whichever tasks happened to complete. Consider obtaining the missing rollouts "
-            "before drawing conclusions from these metrics.",
-            stacklevel=3,
-        )
-    profile.repeat_level_metrics = repeat_entries
-    _add_across_repeats(agent_entries, repeat_entries)
+    return repeat_entries
+
+
+def _add_repeat_stats(entry: dict[str, Any], col: str, column: np.ndarray) -> None:
+    """One column's statistics of one repeat (``RewardProfiler``'s repeat level), over its present values."""
+    present = column[~np.isnan(column)]  # Series.dropna(): a new contiguous array
+    n = present.shape[0]
+    if n == 0:
+        return
+    mean, median, std, low, high = _series_stats(present)
+    sem = std / n**0.5
+    p25, p75 = np.percentile(present, (25.0, 75.0)).tolist()  # Series.quantile, linear
+    entry[f"mean/{col}"] = mean
+    entry[f"median/{col}"] = median
+    entry[f"std/{col}"] = std
+    entry[f"sem/{col}"] = sem
+    entry[f"min/{col}"] = low
+    entry[f"max/{col}"] = high
+    entry[f"p25/{col}"] = p25
+    entry[f"p75/{col}"] = p75
+    ci = _confidence_interval(mean, sem, n)
+    if ci:
+        entry[f"ci_low_95/{col}"], entry[f"ci_high_95/{col}"] = ci
 
 
 def _add_across_repeats(agent_entries: Mapping[Any, dict[str, Any]], repeat_entries: list[dict[str, Any]]) -> None:
@@ -811,7 +919,7 @@ def _add_across_repeats(agent_entries: Mapping[Any, dict[str, Any]], repeat_entr
             if k in seen:
                 continue
             seen.add(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and _is_repeat_aggregatable(k):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and is_primary_metric(k):
                 across_cols.append(k)
     per_agent_entries: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for e in repeat_entries:
@@ -853,7 +961,7 @@ def profile_files(
     )
 
 
-def _with_suffix_name(output_stem: str | Path, tail: str, suffix: str) -> Path:
+def stem_path(output_stem: str | Path, tail: str, suffix: str) -> Path:
     p = Path(output_stem)
     if p.suffix == ".jsonl":
         # NeMo Gym: base_output_fpath.with_stem(stem + tail).with_suffix(suffix), base = rollouts.jsonl
@@ -866,9 +974,9 @@ def profile_file_paths(output_stem: str | Path) -> tuple[Path, Path, Path]:
     Gym takes it) gives ``out/rollouts_reward_profiling.jsonl``, ``out/rollouts_agent_metrics.json``,
     ``out/rollouts_repeat_level_metrics.json``."""
     return (
-        _with_suffix_name(output_stem, "_reward_profiling", ".jsonl"),
-        _with_suffix_name(output_stem, "_agent_metrics", ".json"),
-        _with_suffix_name(output_stem, "_repeat_level_metrics", ".json"),
+        stem_path(output_stem, "_reward_profiling", ".jsonl"),
+        stem_path(output_stem, "_agent_metrics", ".json"),
+        stem_path(output_stem, "_repeat_level_metrics", ".json"),
     )
 
 
@@ -893,227 +1001,3 @@ def write_profile_files(
     write_bytes(agent_path, dumps(result.agent_metrics))
     write_bytes(repeat_path, dumps(result.repeat_level_metrics))
     return reward_path, agent_path, repeat_path
-
-
-# ---------------------------------------------------------------------------------------------
-# gymweb extras: pass@k (never inside NeMo Gym's files)
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_rewards(rewards: Sequence[Any], k: int, what: str) -> list[float]:
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise ValueError(f"{what}: k must be an integer, got {k!r}")
-    values: list[float] = []
-    for r in rewards:
-        if isinstance(r, bool):
-            values.append(float(r))
-        elif isinstance(r, (int, float)) and math.isfinite(r):
-            values.append(float(r))
-        else:
-            raise ValueError(f"{what}: rewards must be finite numbers, got {r!r}")
-    n = len(values)
-    if k < 1:
-        raise ValueError(f"{what}: k must be >= 1, got k={k}")
-    if n == 0:
-        raise ValueError(f"{what}: no rewards (n=0)")
-    if k > n:
-        raise ValueError(f"{what}: k={k} is larger than the number of rollouts n={n}; it needs k <= n")
-    return values
-
-
-def _is_binary(values: Sequence[float]) -> bool:
-    return all(v == 0.0 or v == 1.0 for v in values)
-
-
-def pass_at_k(rewards: Sequence[float], k: int, *, continuous: str = "expected_max") -> float:
-    """pass@k of one task from its n rollout rewards, as a fraction in [0, 1].
-
-    * Binary rewards (every value 0 or 1, bools allowed): the unbiased combinatorial estimator
-      ``1 - C(n-c, k) / C(n, k)`` with c = number of 1s (Chen et al. 2021; the same formula as NeMo Gym's
-      ``compute_pass_majority_metrics``, which reports it in percent).
-    * Continuous rewards, ``continuous="expected_max"`` (default, gymweb's choice): the expected maximum
-      of k rewards drawn without replacement, ``sum_i r_(i) * C(i-1, k-1) / C(n, k)`` over the rewards
-      sorted ascending. It does not depend on rollout order and equals the binary estimator on 0/1 data.
-    * ``continuous="first_k"``: max of the first k rewards, NeMo Gym's convention for non-binary scores
-      (order-dependent: pass the rewards in ``_ng_rollout_index`` order).
-
-    Raises:
-        ValueError: k < 1, k > n (``k=5 is larger than the number of rollouts n=4``), no rewards, a
-            non-numeric or non-finite reward, or an unknown ``continuous`` mode.
-    """
-    values = _check_rewards(rewards, k, "pass_at_k")
-    binary = _is_binary(values)
-    return _pass_at_k_of(values, k, continuous, binary, sum(1 for v in values if v == 1.0) if binary else 0)
-
-
-def _pass_at_k_of(values: Sequence[float], k: int, continuous: str, binary: bool, passed: int) -> float:
-    """``pass_at_k`` of checked rewards (floats, 1 <= k <= n), given ``_is_binary(values)`` and, when
-    binary, the number of 1s: computed once per task by ``gymweb_extras`` for every k."""
-    n = len(values)
-    if binary:
-        if n - passed < k:
-            return 1.0
-        return 1.0 - math.comb(n - passed, k) / math.comb(n, k)
-    if continuous == "first_k":
-        return max(values[:k])
-    if continuous != "expected_max":
-        raise ValueError(f"pass_at_k: continuous must be 'expected_max' or 'first_k', got {continuous!r}")
-    ordered = sorted(values)
-    total = math.comb(n, k)
-    return math.fsum(v * (math.comb(i, k - 1) / total) for i, v in enumerate(ordered) if i >= k - 1)
-
-
-def pass_at_1_avg_of_k(rewards: Sequence[float], k: int) -> float:
-    """pass@1[avg-of-k]: the mean reward of the first k rollouts (pass them in ``_ng_rollout_index``
-    order), as in NeMo Gym's ``compute_pass_majority_metrics`` (which reports percent; this is a
-    fraction). Raises ValueError for k < 1 or k > n, like ``pass_at_k``."""
-    values = _check_rewards(rewards, k, "pass_at_1_avg_of_k")
-    return math.fsum(values[:k]) / k
-
-
-def _extras_groups(
-    source: ProfileResult | Iterable[Mapping[str, Any]],
-) -> list[tuple[Any, str | None, list[Any]]]:
-    """(task, agent name, rewards in rollout-index order) per task."""
-    groups: list[tuple[Any, str | None, list[Any]]] = []
-    row: Mapping[str, Any]
-    if isinstance(source, ProfileResult):
-        for row in source.reward_profiling:
-            agent = (row.get(AGENT_REF_KEY_NAME) or {}).get("name")
-            if agent is None:
-                agent = _agent_ref_name(row.get("sample") or {})
-            infos = sorted(row.get("rollout_infos") or [], key=lambda r: r[ROLLOUT_INDEX_KEY_NAME])
-            groups.append((row[TASK_INDEX_KEY_NAME], agent, [info.get("reward") for info in infos]))
-        return groups
-    collected: dict[tuple[Any, str | None], list[tuple[Any, Any]]] = defaultdict(list)
-    for position, row in enumerate(source, 1):
-        try:
-            task_idx, rollout_idx = row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
-        except (KeyError, TypeError):
-            task_idx, rollout_idx = _key_of(row, "rollout row", position)  # raises
-        ref = row.get(AGENT_REF_KEY_NAME)  # _agent_ref_name, inlined
-        agent = ref.get("name") if isinstance(ref, (dict, _MappingABC)) else None
-        collected[(task_idx, agent)].append((rollout_idx, row.get("reward")))
-    first = operator.itemgetter(0)
-    for task_idx, agent in sorted(collected, key=lambda g: (g[0], "" if g[1] is None else g[1])):
-        pairs = sorted(collected[(task_idx, agent)], key=first)
-        groups.append((task_idx, agent, [r for _, r in pairs]))
-    return groups
-
-
-_PASS_AT_LABELS: list[tuple[str, str]] = []  # k - 1 -> ("pass@k", "pass@1[avg-of-k]")
-
-
-def _pass_at_labels(n: int) -> list[tuple[str, str]]:
-    while len(_PASS_AT_LABELS) < n:
-        k = len(_PASS_AT_LABELS) + 1
-        _PASS_AT_LABELS.append((f"pass@{k}", f"pass@1[avg-of-{k}]"))
-    return _PASS_AT_LABELS
-
-
-def gymweb_extras(
-    source: ProfileResult | Iterable[Mapping[str, Any]], *, continuous: str = "expected_max"
-) -> dict[str, Any]:
-    """gymweb's own per-task and overall pass@k, for k = 1..n (fractions in [0, 1]).
-
-    Args:
-        source: a ``ProfileResult`` (successful rollouts, from their ``rollout_infos``) or rollout rows
-            (dicts with ``_ng_task_index``, ``_ng_rollout_index``, ``reward`` and optionally ``agent_ref``).
-            Pass the failures sidecar rows too (reward 0.0) to count failures as 0.
-        continuous: how non-binary rewards are scored (see ``pass_at_k``).
-
-    Returns:
-        ``{"estimator": {...}, "per_task": [...], "overall": [...]}``. Each per-task entry has
-        ``_ng_task_index``, ``agent_ref`` (when known), ``num_rollouts``, ``binary``, ``num_passed``
-        (binary only), ``skipped_rewards`` (non-numeric rewards left out), ``pass@k`` and
-        ``pass@1[avg-of-k]`` for k = 1..num_rollouts. Each overall entry (one per agent) has ``num_tasks``
-        and, for each k, the mean over the tasks with at least k rollouts (``pass@k``,
-        ``pass@1[avg-of-k]``) and how many tasks that was (``num_tasks@k``).
-    """
-    per_task: list[dict[str, Any]] = []
-    sums: dict[str | None, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    avg_sums: dict[str | None, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    task_counts: Counter = Counter()
-    agent_order: list[str | None] = []
-    for task_idx, agent, raw in _extras_groups(source):
-        rewards = [float(r) for r in raw if isinstance(r, (int, float)) and (isinstance(r, bool) or math.isfinite(r))]
-        entry: dict[str, Any] = {TASK_INDEX_KEY_NAME: task_idx}
-        if agent is not None:
-            entry[AGENT_REF_KEY_NAME] = {"name": agent}
-        n = len(rewards)
-        binary = n > 0 and _is_binary(rewards)
-        entry["num_rollouts"] = n
-        entry["binary"] = binary
-        passed = sum(1 for r in rewards if r == 1.0) if binary else 0
-        if binary:
-            entry["num_passed"] = passed
-        entry["skipped_rewards"] = len(raw) - n
-        if agent not in task_counts:
-            agent_order.append(agent)
-        task_counts[agent] += 1
-        # rewards are finite floats and 1 <= k <= n: pass_at_k's and pass_at_1_avg_of_k's checks hold
-        labels = _pass_at_labels(n)
-        agent_sums = sums[agent]
-        for k in range(1, n + 1):
-            value = _pass_at_k_of(rewards, k, continuous, binary, passed)
-            entry[labels[k - 1][0]] = value
-            agent_sums[k].append(value)
-        agent_avg_sums = avg_sums[agent]
-        for k in range(1, n + 1):
-            value = math.fsum(rewards[:k]) / k
-            entry[labels[k - 1][1]] = value
-            agent_avg_sums[k].append(value)
-        per_task.append(entry)
-    overall: list[dict[str, Any]] = []
-    for agent in sorted(agent_order, key=lambda a: "" if a is None else a):
-        entry = {}
-        if agent is not None:
-            entry[AGENT_REF_KEY_NAME] = {"name": agent}
-        entry["num_tasks"] = task_counts[agent]
-        for k in sorted(sums[agent]):
-            values = sums[agent][k]
-            entry[f"pass@{k}"] = math.fsum(values) / len(values)
-        for k in sorted(avg_sums[agent]):
-            values = avg_sums[agent][k]
-            entry[f"pass@1[avg-of-{k}]"] = math.fsum(values) / len(values)
-        for k in sorted(sums[agent]):
-            entry[f"num_tasks@{k}"] = len(sums[agent][k])
-        overall.append(entry)
-    return {
-        "estimator": {
-            "binary": "unbiased 1 - C(n-c,k)/C(n,k)",
-            "continuous": (
-                "expected max of k rewards drawn without replacement"
-                if continuous == "expected_max"
-                else "max of the first k rewards (NeMo Gym's convention)"
-            ),
-            "pass@1[avg-of-k]": "mean reward of the first k rollouts",
-            "units": "fraction in [0, 1]",
-            "overall": "mean over the tasks with at least k rollouts",
-        },
-        "per_task": per_task,
-        "overall": overall,
-    }
-
-
-def write_gymweb_extras(
-    source: ProfileResult | Iterable[Mapping[str, Any]] | dict[str, Any],
-    output_stem: str | Path,
-    *,
-    continuous: str = "expected_max",
-    overwrite: bool = False,
-) -> Path:
-    """Write gymweb's pass@k extras to ``gymweb_extras_path(output_stem)`` (same stem rules and
-    compact layout as ``write_profile_files``; never over an existing file unless ``overwrite``).
-    ``source`` is whatever ``gymweb_extras`` takes, or its result."""
-    if isinstance(source, dict) and "per_task" in source and "overall" in source:
-        extras = source
-    else:
-        extras = gymweb_extras(source, continuous=continuous)  # type: ignore[arg-type]
-    (path,) = check_outputs([gymweb_extras_path(output_stem)], overwrite)
-    return write_bytes(path, dumps(extras))
-
-
-def gymweb_extras_path(output_stem: str | Path) -> Path:
-    """``<stem>_gymweb_pass_at_k.json`` (stem rules of ``profile_file_paths``)."""
-    return _with_suffix_name(output_stem, "_gymweb_pass_at_k", ".json")
