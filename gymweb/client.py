@@ -33,6 +33,8 @@ from typing import Any
 
 import httpx
 
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+
 __all__ = ["AsyncClient", "Client", "GymwebError", "RefusedSettings", "RunEnded", "Unauthorized"]
 
 API = "/api/v1"
@@ -95,20 +97,20 @@ def _keyed_rows(rows: Iterable[dict]) -> tuple[list[dict], list[dict], dict[tupl
     if not originals:
         raise ValueError("run_examples needs at least one row")
     explicit = {
-        r["_ng_task_index"] for r in originals if isinstance(r, dict) and isinstance(r.get("_ng_task_index"), int)
+        r[TASK_INDEX_KEY_NAME] for r in originals if isinstance(r, dict) and isinstance(r.get(TASK_INDEX_KEY_NAME), int)
     }
     sent, keys, seen = [], {}, {}
     fresh = 0
     for position, row in enumerate(originals):
         if not isinstance(row, dict):
             raise TypeError(f"rows[{position}] is a {type(row).__name__}, not a dict (a NeMo Gym task row)")
-        task = row.get("_ng_task_index")
+        task = row.get(TASK_INDEX_KEY_NAME)
         if not isinstance(task, int) or isinstance(task, bool):
             while fresh in explicit:
                 fresh += 1
             task = fresh
             fresh += 1
-            row = {**row, "_ng_task_index": task}
+            row = {**row, TASK_INDEX_KEY_NAME: task}
         index = seen.get(task, 0)
         seen[task] = index + 1
         keys[(task, index)] = position
@@ -166,7 +168,7 @@ class _Base:
 
     @staticmethod
     def _match(result: dict, keys: dict, originals: list, run_id: int) -> tuple[dict, dict]:
-        key = (result.get("_ng_task_index"), result.get("_ng_rollout_index"))
+        key = (result.get(TASK_INDEX_KEY_NAME), result.get(ROLLOUT_INDEX_KEY_NAME))
         if key not in keys:
             raise GymwebError(f"run {run_id} sent a result for task {key[0]} rollout {key[1]}, which no row asked for")
         return originals[keys.pop(key)], result

@@ -55,6 +55,7 @@ from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.search.text import fill_missing
 
 __all__ = [
@@ -292,7 +293,7 @@ def _read_lines(path: Path) -> Iterator[str]:
 
 
 _STAMPS = (ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY)
-_EXPORT_KEYS = ("_ng_task_index", "_ng_rollout_index", "agent_ref", *_STAMPS)
+_EXPORT_KEYS = (TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, "agent_ref", *_STAMPS)
 
 
 def _verify_from_line(line: str, how: str) -> str:

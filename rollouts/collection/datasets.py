@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO, Union
 
 from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "DatasetError",
@@ -120,7 +121,7 @@ def validate_row(row: Any, line: int, source: str) -> dict[str, Any]:
     problem = _check_params(params)
     if problem:
         raise DatasetError(problem, line, source)
-    for key in ("_ng_task_index", "_ng_rollout_index"):
+    for key in (TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME):
         if key in row and (isinstance(row[key], bool) or not isinstance(row[key], int)):
             raise DatasetError(f"'{key}' must be an integer", line, source)
         if key in row and not 0 <= row[key] <= MAX_INDEX:
@@ -289,7 +290,7 @@ class MaterializedTask:
     def rollout_row(self, rollout_index: int) -> dict[str, Any]:
         """The materialised row of one (task, rollout) key, as NeMo Gym writes it."""
         row = dict(self.row)
-        row["_ng_rollout_index"] = rollout_index
+        row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
         return row
 
 
@@ -315,13 +316,13 @@ def materialize(
     if num_repeats < 1:
         raise ValueError("num_repeats must be at least 1")
     count = len(parsed.rows) if limit is None else min(limit, len(parsed.rows))
-    explicit = {row["_ng_task_index"] for row in parsed.rows[:count] if "_ng_task_index" in row}
+    explicit = {row[TASK_INDEX_KEY_NAME] for row in parsed.rows[:count] if TASK_INDEX_KEY_NAME in row}
     by_text: dict[str, int] = {}
     tasks: dict[int, MaterializedTask] = {}
     next_index = 0
     for row, text in zip(parsed.rows[:count], parsed.texts[:count]):
-        if "_ng_task_index" in row:
-            task_index = row["_ng_task_index"]
+        if TASK_INDEX_KEY_NAME in row:
+            task_index = row[TASK_INDEX_KEY_NAME]
         elif text in by_text:
             task_index = by_text[text]
         else:
@@ -331,7 +332,7 @@ def materialize(
             next_index += 1
         task = tasks.get(task_index)
         if task is None:
-            materialized = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
+            materialized = {k: v for k, v in row.items() if k not in (TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME)}
             materialized["responses_create_params"] = merge_overrides(row["responses_create_params"], overrides)
             materialized["agent_ref"] = row.get("agent_ref") or {"name": agent_name}
             if "agent_ref" in row:  # keep the row's own key order where it had one
@@ -339,7 +340,7 @@ def materialize(
                     **{k: v for k, v in materialized.items() if k != "agent_ref"},
                     "agent_ref": materialized["agent_ref"],
                 }
-            materialized["_ng_task_index"] = task_index
+            materialized[TASK_INDEX_KEY_NAME] = task_index
             task = tasks[task_index] = MaterializedTask(task_index, materialized, [])
         for _ in range(num_repeats):
             task.rollout_indices.append(len(task.rollout_indices))

@@ -36,6 +36,7 @@ from django.db.models import QuerySet
 from rollouts.collection.stamps import stamp as _stamp
 from rollouts.engine.nemo_request import run_record
 from rollouts.models import Rollout, Run
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 CHUNK = 500
 FAILURE_CLASS = "remote_agent_error"
@@ -126,8 +127,8 @@ def success_row(
     """One ``rollouts.jsonl`` row from a stored ``/verify`` reply: the reply, the indices, ``agent_ref``
     and (``stamp``: a collected run) the stamps (``stamps.stamp``), in NeMo Gym's order."""
     row = json.loads(verify_json)
-    row["_ng_task_index"] = task_index
-    row["_ng_rollout_index"] = rollout_index
+    row[TASK_INDEX_KEY_NAME] = task_index
+    row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
     row["agent_ref"] = agent_ref
     return _stamp(row, agent_ref, stamp)
 
@@ -152,7 +153,7 @@ def failure_row(
     for key, default in _VERIFY_DEFAULTS:
         row[key] = record.pop(key, default)
     row.update(record)
-    row["_ng_rollout_index"] = rollout_index
+    row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
     row["_ng_failure_class"] = FAILURE_CLASS
     row["error"] = error
     if terminal:
@@ -169,7 +170,7 @@ def stamps_rows(run: Run) -> bool:
 def materialized_row(task_row: dict[str, Any], rollout_index: int) -> dict[str, Any]:
     """One ``<stem>_materialized_inputs.jsonl`` row: the task row with ``_ng_rollout_index`` last."""
     row = dict(task_row)
-    row["_ng_rollout_index"] = rollout_index
+    row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
     return row
 
 

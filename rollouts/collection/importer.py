@@ -70,6 +70,7 @@ from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.contract import Usage
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
     "ImportSummary",
@@ -265,8 +266,8 @@ class _Importer:
                 line,
                 source,
             )
-        task_index = row.get("_ng_task_index", ordinal)
-        rollout_index = row.get("_ng_rollout_index", 0)
+        task_index = row.get(TASK_INDEX_KEY_NAME, ordinal)
+        rollout_index = row.get(ROLLOUT_INDEX_KEY_NAME, 0)
         key = (task_index, rollout_index)
         if key in self.inputs or key in self.attempts:
             raise DatasetError(
@@ -274,8 +275,8 @@ class _Importer:
             )
         if task_index not in self.task_ids:
             task_row = dict(row)
-            task_row.pop("_ng_rollout_index", None)
-            task_row["_ng_task_index"] = task_index
+            task_row.pop(ROLLOUT_INDEX_KEY_NAME, None)
+            task_row[TASK_INDEX_KEY_NAME] = task_index
             self._add_task(task_index, task_row, line, source)
         self.rollouts_per_task.setdefault(task_index, set()).add(rollout_index)
         same = row_line(materialized_row(self.task_rows[task_index], rollout_index)) == text
@@ -307,8 +308,8 @@ class _Importer:
     # -- one row ---------------------------------------------------------------------------------
     def add(self, row: dict[str, Any], text: str, ordinal: int, line: int, source: str, sidecar: bool) -> None:
         where = f"{source}, line {line}"
-        task_index = row.get("_ng_task_index", ordinal)
-        rollout_index = row.get("_ng_rollout_index", 0)
+        task_index = row.get(TASK_INDEX_KEY_NAME, ordinal)
+        rollout_index = row.get(ROLLOUT_INDEX_KEY_NAME, 0)
         key = (task_index, rollout_index)
 
         self._check_slot(row, line, source, sidecar)
@@ -336,8 +337,8 @@ class _Importer:
         if task_index not in self.task_ids:
             task_row = dict(row)
             strip_result_fields(task_row)
-            task_row.pop("_ng_rollout_index", None)
-            task_row["_ng_task_index"] = task_index
+            task_row.pop(ROLLOUT_INDEX_KEY_NAME, None)
+            task_row[TASK_INDEX_KEY_NAME] = task_index
             self._add_task(task_index, task_row, line, source)
         self.rollouts_per_task.setdefault(task_index, set()).add(rollout_index)
 

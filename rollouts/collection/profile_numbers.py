@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from collections.abc import Mapping as _MappingABC
 from typing import Any
 
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+
 __all__ = [
     "MASK_SAMPLE_FIELD",
     "PROFILE_NUMBERS_PREFIX",
@@ -180,8 +182,8 @@ def profile_json_for_verify(verify: Mapping[str, Any], agent_ref: Any = None) ->
     result never fails because of them.
     """
     row = dict(verify)
-    row["_ng_task_index"] = 0
-    row["_ng_rollout_index"] = 0
+    row[TASK_INDEX_KEY_NAME] = 0
+    row[ROLLOUT_INDEX_KEY_NAME] = 0
     row["agent_ref"] = {} if agent_ref is None else agent_ref
     try:
         return dumps_profile_numbers(profile_numbers(row))

@@ -26,7 +26,7 @@ from django.conf import settings
 
 from rollouts import targets
 from rollouts.collection.export import CHUNK, agent_ref_of, iter_successes, stamps_rows, success_row
-from rollouts.collection.stamps import environment_server_name
+from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, environment_server_name
 from rollouts.evaluation.aggregate_metrics import (
     LOCAL_NOTE,
     REPLY_FIELDS,
@@ -122,7 +122,7 @@ def stored_entries(run: Run) -> list[dict[str, Any]] | None:
     elif isinstance(data, dict) and any(k in data for k in REPLY_FIELDS):
         entry: dict[str, Any] = {
             "agent_ref": {"name": run.agent_name},
-            "_ng_environment_server": environment_server_name(run.agent_name),
+            ENVIRONMENT_SERVER_KEY: environment_server_name(run.agent_name),
         }
         for k in ("agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics"):  # NeMo Gym's order
             entry[k] = data.get(k, REPLY_FIELDS[k]())

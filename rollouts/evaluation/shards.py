@@ -42,6 +42,7 @@ from typing import Any
 
 import orjson
 
+from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY
 from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy
 from rollouts.evaluation.aggregate_metrics import (
     AggregateOutcome,
@@ -370,15 +371,15 @@ def _missing_zero(row: Mapping[str, Any]) -> dict[str, Any]:
         "agent_ref": row.get("agent_ref"),
         "reward": 0.0,
     }
-    if "_ng_environment_server" in row:
-        zero["_ng_environment_server"] = row["_ng_environment_server"]
+    if ENVIRONMENT_SERVER_KEY in row:
+        zero[ENVIRONMENT_SERVER_KEY] = row[ENVIRONMENT_SERVER_KEY]
     return zero
 
 
 def _routable(row: Mapping[str, Any]) -> bool:
     """NeMo Gym's ``_routing_identity`` is not None: the row names an agent or an environment server."""
     ref = row.get("agent_ref")
-    return bool((ref.get("name") if isinstance(ref, Mapping) else None) or row.get("_ng_environment_server"))
+    return bool((ref.get("name") if isinstance(ref, Mapping) else None) or row.get(ENVIRONMENT_SERVER_KEY))
 
 
 def _fill_task_fields(

@@ -22,6 +22,7 @@ from django.http import StreamingHttpResponse
 
 from rollouts.collection import export
 from rollouts.models import Note, RewardCorrection, Rollout, RolloutLabel, Run
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.review import sft
 from rollouts.review.filters import CORRECTED, ORIGINAL  # noqa: F401 (ORIGINAL: re-exported)
 
@@ -193,15 +194,15 @@ def sft_lines(
             out = sft.conversation(row, reasoning=reasoning)
         except sft.NotConvertible as exc:
             if skipped is not None:
-                skipped.append(f"task {row['_ng_task_index']} rollout {row['_ng_rollout_index']}: {exc}")
+                skipped.append(f"task {row[TASK_INDEX_KEY_NAME]} rollout {row[ROLLOUT_INDEX_KEY_NAME]}: {exc}")
             if left_out is not None:
                 left_out[exc.reason] += 1
             continue
         if metadata:
             out["metadata"] = {
                 "run": run.pk,
-                "task_index": row["_ng_task_index"],
-                "rollout_index": row["_ng_rollout_index"],
+                "task_index": row[TASK_INDEX_KEY_NAME],
+                "rollout_index": row[ROLLOUT_INDEX_KEY_NAME],
                 "reward": row.get("reward"),
                 "reward_source": row.get("_gymweb_reward_source", "env"),
                 "labels": [entry["name"] for entry in info["labels"]],

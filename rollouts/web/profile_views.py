@@ -37,6 +37,7 @@ from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggre
 from rollouts.evaluation.profile_report import RUN_STEM, profile_run, write_profile
 from rollouts.evaluation.run_aggregate_metrics import run_aggregate_entries
 from rollouts.models import Rollout, Run
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.review.query import export_filename
 from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web import charts
@@ -106,10 +107,12 @@ def _field_stats(entry: dict, stats: Iterable[str] = ("mean", "max", "min", "med
 
 def _rollout_info(info: dict) -> dict[str, str]:
     """A compact record of one ``rollout_infos`` entry: a short label and a tooltip."""
-    index = info.get("_ng_rollout_index")
+    index = info.get(ROLLOUT_INDEX_KEY_NAME)
     parts = [f"rollout {index}"]
     parts += [
-        f"{k} {cell_text(v)}" for k, v in info.items() if k not in ("rollout_id", "_ng_task_index", "_ng_rollout_index")
+        f"{k} {cell_text(v)}"
+        for k, v in info.items()
+        if k not in ("rollout_id", TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME)
     ]
     reward = info.get("reward")
     return {
@@ -134,7 +137,7 @@ def _task_raw(prow: dict | None, extra: dict | None, expected: int | None) -> di
     expected = prow.get("expected_num_rollouts", expected) if prow is not None else expected
     keys = int(extra.get("num_rollouts") or 0) if extra is not None else 0
     return {
-        "task": source["_ng_task_index"],
+        "task": source[TASK_INDEX_KEY_NAME],
         "agent": _agent_name(source) or "",
         "n": n,
         "expected": expected,
@@ -144,7 +147,7 @@ def _task_raw(prow: dict | None, extra: dict | None, expected: int | None) -> di
         "mean_reward": reward[1] if reward else None,
         "fields": fields,
         "infos": [
-            {k: v for k, v in i.items() if k not in ("rollout_id", "_ng_task_index")}
+            {k: v for k, v in i.items() if k not in ("rollout_id", TASK_INDEX_KEY_NAME)}
             for i in prow.get("rollout_infos") or []
         ]
         if prow is not None
@@ -225,13 +228,13 @@ def _repeat_tables(entries: list[dict]) -> list[dict[str, Any]]:
                 if f["name"] != "reward" and f["name"] not in others:
                     others.append(f["name"])
         body = []
-        for e in sorted(rows, key=lambda e: e.get("_ng_rollout_index", 0)):
+        for e in sorted(rows, key=lambda e: e.get(ROLLOUT_INDEX_KEY_NAME, 0)):
             ci = "—"
             if "ci_low_95/reward" in e and "ci_high_95/reward" in e:
                 ci = f"[{cell_text(e['ci_low_95/reward'])}, {cell_text(e['ci_high_95/reward'])}]"
             body.append(
                 [
-                    cell_text(e.get("_ng_rollout_index")),
+                    cell_text(e.get(ROLLOUT_INDEX_KEY_NAME)),
                     cell_text(e.get("sample_count")),
                     cell_text(e.get("missing_count")),
                     cell_text(e.get("mean/reward")),
@@ -288,12 +291,12 @@ def _build_profile(run: Run) -> dict[str, Any]:
     by_key: dict[tuple[Any, str | None], dict] = {}
     by_task: dict[Any, list[dict]] = defaultdict(list)
     for e in extras.get("per_task", []):
-        by_key[(e["_ng_task_index"], _agent_name(e))] = e
-        by_task[e["_ng_task_index"]].append(e)
+        by_key[(e[TASK_INDEX_KEY_NAME], _agent_name(e))] = e
+        by_task[e[TASK_INDEX_KEY_NAME]].append(e)
     used: set[int] = set()
     pairs = []
     for prow in result.reward_profiling:
-        task, agent = prow["_ng_task_index"], _agent_name(prow)
+        task, agent = prow[TASK_INDEX_KEY_NAME], _agent_name(prow)
         extra = by_key.get((task, agent))
         if extra is None and agent is None and len(by_task.get(task, ())) == 1:
             extra = by_task[task][0]
@@ -303,7 +306,7 @@ def _build_profile(run: Run) -> dict[str, Any]:
     unprofiled = [e for e in extras.get("per_task", []) if id(e) not in used]
     expected = _keys_per_task(run) if unprofiled else {}
     pairs += [(None, e) for e in unprofiled]
-    rows = [_task_raw(prow, extra, expected.get((prow or extra)["_ng_task_index"])) for prow, extra in pairs]
+    rows = [_task_raw(prow, extra, expected.get((prow or extra)[TASK_INDEX_KEY_NAME])) for prow, extra in pairs]
     rows.sort(key=lambda r: (r["task"], r["agent"]))
 
     n = len(rows)

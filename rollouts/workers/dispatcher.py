@@ -30,6 +30,7 @@ from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
 from rollouts.models import Rollout, Run
 from rollouts.nemo import miswiring
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME
 from rollouts.operations import metrics
 from rollouts.workers import wakeup
 from rollouts.workers.claims import claim, heartbeat, retire, running_runs, runs_left
@@ -278,7 +279,7 @@ class Dispatcher:
             return
         for run_id, rollout_id, row_json, rollout_index in claimed:
             row = json.loads(row_json)
-            row["_ng_rollout_index"] = rollout_index
+            row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
             self.run_of[rollout_id] = run_id
             self.inflight[run_id] = self.inflight.get(run_id, 0) + 1
             task = self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
