@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO, Union
 
 from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.nemo.jsonl import JsonlError
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
@@ -51,17 +52,10 @@ RESULT_FIELDS = (
 )
 
 
-class DatasetError(ValueError):
+class DatasetError(JsonlError):
     """A dataset cannot be used. ``line`` is the 1-based line number (None for whole-file problems);
     ``str(exc)`` says what and where, e.g.
     ``"tasks.jsonl, line 3: not valid JSON (Expecting ',' delimiter at column 43)"``."""
-
-    def __init__(self, message: str, line: int | None = None, source: str = ""):
-        self.line = line
-        self.source = source
-        where = ", ".join(p for p in (source, f"line {line}" if line else "") if p)
-        super().__init__(f"{where}: {message}" if where else message)
-        self.reason = message
 
 
 @dataclass

@@ -34,8 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rollouts.evaluation.outputs import iter_json_objects
 from rollouts.models import Run
+from rollouts.nemo.jsonl import JsonlError, iter_objects
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.nemo.metrics_config import is_primary_metric
 
@@ -65,7 +65,7 @@ COMPARE_MD = "compare_report.md"
 COMPARE_JSON = "compare_report.json"
 
 
-class CompareError(ValueError):
+class CompareError(JsonlError):
     """The sides cannot be compared (missing metrics file, no common agent or metric...); the
     message says what and where."""
 
@@ -258,8 +258,11 @@ def _rows_of(path: Path) -> Iterator[dict]:
     ``CompareError`` naming the file and line for text that is not UTF-8, a line that is not JSON
     or not an object (a ``*_aggregate_metrics.json`` or a stray file given as a side). A UTF-8 byte
     order mark before the first line is skipped, as ``import_rollouts`` skips it."""
-    for _number, row in iter_json_objects(
-        path, CompareError, not_object="a rollout row must be a JSON object", hint="; give a rollouts.jsonl or a run id"
+    for _number, _line, row in iter_objects(
+        path,
+        error=CompareError,
+        not_object="a rollout row must be a JSON object",
+        hint="; give a rollouts.jsonl or a run id",
     ):
         yield row
 

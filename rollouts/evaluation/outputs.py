@@ -1,5 +1,4 @@
-"""Evaluation files: writing NeMo Gym's JSON bytes (orjson), never over an existing file unless asked,
-and reading JSONL files of rows (``iter_json_objects``).
+"""Evaluation files: writing NeMo Gym's JSON bytes (orjson), never over an existing file unless asked.
 
 NeMo Gym writes its evaluation files with ``orjson.dumps`` (compact; ``OPT_INDENT_2`` for
 ``*_aggregate_metrics.json``), so gymweb does too: same bytes for the same data. Its commands refuse
@@ -11,15 +10,14 @@ written, so a refusal leaves every file as it was.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ["OutputExists", "check_outputs", "dumps", "iter_json_objects", "write_bytes"]
+__all__ = ["OutputExists", "check_outputs", "dumps", "write_bytes"]
 
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -99,28 +97,3 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-def iter_json_objects(
-    path: str | Path, error: type[Exception], *, not_object: str = "expected a JSON object", hint: str = ""
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(1-based line number, row)`` for the JSON object on each non-blank line of ``path`` (a
-    UTF-8 byte order mark before the first line is skipped, as the import skips it).
-
-    Raises ``error`` naming the file and line for text that is not UTF-8, a line that is not JSON
-    (``hint``, if given, follows the reason) or not an object (``not_object``, then the type found);
-    ``FileNotFoundError``/``IsADirectoryError`` as ``open`` does. The one reader of the profile's
-    and compare's inputs."""
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
-            except UnicodeDecodeError as exc:
-                raise error(f"{path}, line {number}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-            except ValueError as exc:
-                raise error(f"{path}, line {number}: not valid JSON ({getattr(exc, 'msg', exc)}){hint}") from None
-            if not isinstance(row, dict):
-                raise error(f"{path}, line {number}: {not_object}, got {type(row).__name__}")
-            yield number, row

@@ -31,7 +31,7 @@ from typing import Any
 
 from rollouts.collection.export import CHUNK, iter_successes
 from rollouts.collection.profile_numbers import loads_profile_numbers
-from rollouts.evaluation.outputs import check_outputs, iter_json_objects
+from rollouts.evaluation.outputs import check_outputs
 from rollouts.evaluation.pass_at_k import gymweb_extras, gymweb_extras_path, write_gymweb_extras
 from rollouts.evaluation.reward_profile import (
     ProfileResult,
@@ -41,6 +41,7 @@ from rollouts.evaluation.reward_profile import (
     write_profile_files,
 )
 from rollouts.models import Rollout, Run, Task
+from rollouts.nemo.jsonl import JsonlError, iter_objects
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ EXTRAS_FAILURES_NOTE = (
 )
 
 
-class ProfileInputError(ValueError):
+class ProfileInputError(JsonlError):
     """A JSONL file cannot be profiled. ``str(exc)`` names the file and the 1-based line, e.g.
     ``"results/rollouts.jsonl, line 3: not valid JSON (Expecting value: line 1 column 1 (char 0))"``."""
 
@@ -341,7 +342,7 @@ def iter_jsonl_objects(path: str | Path, *, require_indices: bool = False) -> It
     UTF-8, not a JSON object, or (``require_indices``) without ``_ng_task_index`` and
     ``_ng_rollout_index``; ``FileNotFoundError``/``IsADirectoryError`` as ``open`` does.
     """
-    for line_no, value in iter_json_objects(path, ProfileInputError):
+    for line_no, _line, value in iter_objects(path, error=ProfileInputError):
         if require_indices and not (TASK_INDEX_KEY_NAME in value and ROLLOUT_INDEX_KEY_NAME in value):
             raise ProfileInputError(
                 f"{path}, line {line_no}: the row has no _ng_task_index/_ng_rollout_index "

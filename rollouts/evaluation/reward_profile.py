@@ -60,7 +60,6 @@ never parses a response.
 
 from __future__ import annotations
 
-import json
 import operator
 import warnings
 from collections import Counter, defaultdict
@@ -75,6 +74,7 @@ import numpy as np
 from rollouts.collection.profile_numbers import row_numbers
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY
 from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
+from rollouts.nemo.jsonl import iter_objects
 from rollouts.nemo.keys import AGENT_REF_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.nemo.metrics_config import is_primary_metric
 
@@ -211,16 +211,10 @@ def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.
 
 
 def iter_jsonl(path: str | Path) -> Iterator[dict]:
-    """Yield one parsed object per line of a JSONL file (blank lines skipped); a malformed line raises
-    ``ValueError`` naming the file and line number."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"Malformed JSON in '{path}' at line {line_no}: {e}") from e
+    """Yield the JSON object of each non-blank line of a JSONL file (``jsonl.iter_objects``); a line
+    that is not one raises ``JsonlError`` (a ``ValueError``) naming the file and line number."""
+    for _number, _line, row in iter_objects(path):
+        yield row
 
 
 # ---------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from rollouts.evaluation.aggregate_metrics import (
     strip_row,
 )
 from rollouts.evaluation.outputs import check_outputs, write_bytes
+from rollouts.nemo.jsonl import JsonlError, iter_objects
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = [
@@ -70,7 +71,7 @@ __all__ = [
 FAILURE_CLASS = "_ng_failure_class"
 
 
-class ShardError(ValueError):
+class ShardError(JsonlError):
     """A shard cannot be merged; ``str(exc)`` names the file and the 1-based line."""
 
 
@@ -103,20 +104,10 @@ def expand_input_glob(input_glob: str) -> list[Path]:
 
 
 def _read_rows(path: Path) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-    """``(line number, line bytes, row)`` for each non-blank line; ``ShardError`` for a line that is
-    not a JSON object (NeMo Gym's ``loads_jsonl_line``: "Malformed JSON in FILE at line N")."""
-    with path.open("rb") as fh:
-        for line_no, raw in enumerate(fh, 1):
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise ShardError(f"{path}, line {line_no}: not valid JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise ShardError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
-            yield line_no, line, row
+    """``(line number, line bytes, row)`` for each non-blank line, parsed by orjson; ``ShardError``
+    for a line that is not a JSON object (NeMo Gym's ``loads_jsonl_line``: "Malformed JSON in FILE at
+    line N")."""
+    return iter_objects(path, error=ShardError, parser="orjson")
 
 
 def _key(row: Mapping[str, Any]) -> tuple[Any, Any]:
