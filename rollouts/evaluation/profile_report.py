@@ -345,8 +345,10 @@ def iter_jsonl_objects(path: str | Path, *, require_indices: bool = False) -> It
     for line_no, _line, value in iter_objects(path, error=ProfileInputError):
         if require_indices and not (TASK_INDEX_KEY_NAME in value and ROLLOUT_INDEX_KEY_NAME in value):
             raise ProfileInputError(
-                f"{path}, line {line_no}: the row has no _ng_task_index/_ng_rollout_index "
-                "(profiling joins inputs and rollouts on these two indices)"
+                f"the row has no {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME} "
+                "(profiling joins inputs and rollouts on these two indices)",
+                line_no,
+                str(path),
             )
         yield value
 

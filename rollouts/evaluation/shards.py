@@ -272,9 +272,7 @@ def _read_successes(
         keys = shard_keys[index] = set()
         for line_no, _line, row in _read_rows(path):
             if TASK_INDEX_KEY_NAME not in row or ROLLOUT_INDEX_KEY_NAME not in row:
-                raise ShardError(
-                    f"{path}, line {line_no}: the row has no {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}"
-                )
+                raise ShardError(f"the row has no {TASK_INDEX_KEY_NAME}/{ROLLOUT_INDEX_KEY_NAME}", line_no, str(path))
             identity = (group(row), *_key(row))
             where = f"{path}, line {line_no}"
             if identity in seen:
