@@ -19,6 +19,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
+from rollouts.downloads import bytes_download
 from rollouts.evaluation import compare_report
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.models import Rollout, Run
@@ -213,10 +214,7 @@ def compare_report_file(request, fmt):
             compare_report.COMPARE_JSON,
             "application/json",
         )
-    response = HttpResponse(body, content_type=f"{ctype}; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return bytes_download(body, name, ctype)
 
 
 def _status_of(comparison) -> dict[int, str]:
