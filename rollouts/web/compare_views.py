@@ -19,6 +19,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
+from rollouts.display import signed_number
 from rollouts.downloads import bytes_download
 from rollouts.evaluation import compare_report
 from rollouts.evaluation.compare import compare_runs, pick_pair
@@ -242,7 +243,7 @@ def _compare_row(t, status: str, urls: dict[str, str]) -> dict[str, Any]:
         "mean_b": cell_text(t.mean_b),
         "keys_a": t.keys_a,
         "keys_b": t.keys_b,
-        "delta": "—" if delta is None else f"{delta:+.4f}".rstrip("0").rstrip(".") if delta else "0",
+        "delta": signed_number(delta),
         "delta_cls": "" if status not in ("regressions", "improvements") else ("bad" if delta < 0 else "ok"),
         "status": status,
         "status_text": STATUS_TEXT.get(status, status),
