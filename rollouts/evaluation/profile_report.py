@@ -466,6 +466,8 @@ def write_files_profile(
 
 
 def _fmt(value: Any) -> str:
+    """A number in the ``profile`` command's terminal lines: always four decimals (``0.5000``), ``n/a``
+    for None, so the lines stay aligned; the pages trim zeros instead (``rollouts.display.number``)."""
     if isinstance(value, float) and math.isfinite(value):
         return f"{value:.4f}"
     return "n/a" if value is None else str(value)

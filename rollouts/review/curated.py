@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import QuerySet
-from django.http import StreamingHttpResponse
+from django.http import FileResponse, StreamingHttpResponse
 
 from rollouts.collection import export
+from rollouts.downloads import JSONL, file_download, jsonl_download
 from rollouts.models import Note, RewardCorrection, Rollout, RolloutLabel, Run
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.review import sft
@@ -221,7 +222,7 @@ def sft_response(
     *,
     reasoning: str = "keep",
     metadata: bool = False,
-) -> StreamingHttpResponse:
+) -> FileResponse:
     """The SFT download (``sft_lines``), written whole first (in memory up to ``SFT_SPOOL_BYTES``,
     then a temporary file) so that its headers can say what was left out: ``X-Gymweb-Rows``
     (rows written), ``X-Gymweb-Left-Out`` (rows left out) and ``X-Gymweb-Left-Out-Reasons``
@@ -234,14 +235,7 @@ def sft_response(
         rows += 1
     spool.seek(0)
 
-    def chunks() -> Iterator[bytes]:
-        with spool:
-            while chunk := spool.read(1 << 16):
-                yield chunk
-
-    response = StreamingHttpResponse(chunks(), content_type="application/jsonl; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    response["X-Content-Type-Options"] = "nosniff"
+    response = file_download(spool, filename, f"{JSONL}; charset=utf-8")
     response["X-Gymweb-Reward-Source"] = options.reward_source
     response["X-Gymweb-Review"] = "included" if options.review else "omitted"
     response["X-Gymweb-Rows"] = str(rows)
@@ -262,11 +256,7 @@ def sft_check(
 def streaming_response(line_iter: Iterator[str], filename: str, options: ExportOptions) -> StreamingHttpResponse:
     """A JSONL download of ``line_iter`` that says which reward it uses and whether it carries the
     review (headers ``X-Gymweb-Reward-Source``, ``X-Gymweb-Review``)."""
-    response = StreamingHttpResponse(
-        (line + "\n" for line in line_iter), content_type="application/jsonl; charset=utf-8"
-    )
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    response["X-Content-Type-Options"] = "nosniff"
+    response = jsonl_download(line_iter, filename)
     response["X-Gymweb-Reward-Source"] = options.reward_source
     response["X-Gymweb-Review"] = "included" if options.review else "omitted"
     return response

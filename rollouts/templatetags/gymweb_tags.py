@@ -10,6 +10,8 @@ from typing import Any
 from django import template
 from django.utils.html import escape, format_html, format_html_join
 
+from rollouts.display import duration_ms, number
+
 register = template.Library()
 
 
@@ -46,34 +48,9 @@ def pretty_json(value: Any) -> str:
     return escape(text)
 
 
-@register.filter(name="ms")
-def ms(value: Any) -> str:
-    """Milliseconds for display: ``"12.3 ms"``, ``"1.24 s"``; empty for None."""
-    if value is None or value == "":
-        return ""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return ""
-    if number >= 1000:
-        return f"{number / 1000:.2f} s"
-    if number >= 100:
-        return f"{number:.0f} ms"
-    return f"{number:.1f} ms"
-
-
-@register.filter(name="num")
-def num(value: Any) -> str:
-    """A number for display: integers as they are, floats with up to 4 decimals."""
-    if isinstance(value, bool) or value is None:
-        return "" if value is None else str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value == int(value) and abs(value) < 1e15:
-            return f"{value:.1f}"
-        return f"{value:.4f}".rstrip("0").rstrip(".")
-    return str(value)
+# The numbers' formats are rollouts.display's, one place for the pages and these filters.
+register.filter("ms", duration_ms)
+register.filter("num", number)
 
 
 _BREAK_AFTER = re.compile(r"(?<=[/_.\-])")

@@ -16,8 +16,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Count
 
+from rollouts.display import number
 from rollouts.models import Rollout, Run
-from rollouts.templatetags.gymweb_tags import num
 
 S = Rollout.Status
 FINISHED = (S.SUCCEEDED, S.FAILED)
@@ -29,7 +29,7 @@ def cell_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     if isinstance(value, (bool, int, float)):
-        return num(value)
+        return number(value)
     if isinstance(value, str):
         return value
     try:

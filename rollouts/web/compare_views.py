@@ -19,6 +19,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
+from rollouts.display import signed_number
+from rollouts.downloads import bytes_download
 from rollouts.evaluation import compare_report
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.models import Rollout, Run
@@ -213,10 +215,7 @@ def compare_report_file(request, fmt):
             compare_report.COMPARE_JSON,
             "application/json",
         )
-    response = HttpResponse(body, content_type=f"{ctype}; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return bytes_download(body, name, ctype)
 
 
 def _status_of(comparison) -> dict[int, str]:
@@ -244,7 +243,7 @@ def _compare_row(t, status: str, urls: dict[str, str]) -> dict[str, Any]:
         "mean_b": cell_text(t.mean_b),
         "keys_a": t.keys_a,
         "keys_b": t.keys_b,
-        "delta": "—" if delta is None else f"{delta:+.4f}".rstrip("0").rstrip(".") if delta else "0",
+        "delta": signed_number(delta),
         "delta_cls": "" if status not in ("regressions", "improvements") else ("bad" if delta < 0 else "ok"),
         "status": status,
         "status_text": STATUS_TEXT.get(status, status),

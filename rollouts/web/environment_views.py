@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
 from django.shortcuts import redirect, render
-from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_http_methods, require_safe
 
 from rollouts.collection import environments
+from rollouts.downloads import bytes_download
 from rollouts.web.access import run_for
 
 
@@ -40,6 +39,4 @@ def run_nemo_config(request, run_id):
     """The run's settings as a NeMo Gym config (YAML) for ``gym env start`` + ``gym eval run``."""
     run = run_for(request, run_id)
     text = environments.run_config(run)
-    response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
-    response["Content-Disposition"] = content_disposition_header(True, f"run_{run.pk}_nemo_gym.yaml")
-    return response
+    return bytes_download(text, f"run_{run.pk}_nemo_gym.yaml", "application/yaml")

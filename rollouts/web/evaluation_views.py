@@ -19,12 +19,13 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from rollouts.collection import archive
+from rollouts.downloads import bytes_download, file_download
 from rollouts.evaluation import atif, health, reverify
 from rollouts.models import Rollout, RolloutHealth, Run
 from rollouts.web.access import run_for
@@ -172,10 +173,7 @@ def run_health_file(request, run_id, kind):
             )
             for h in rows
         )
-    response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return bytes_download(body, name, content_type)
 
 
 @login_required
@@ -241,9 +239,7 @@ def run_atif(request, run_id):
         spool.close()
         raise Http404("the run has no rollouts to export")
     spool.seek(0)
-    return FileResponse(
-        spool, as_attachment=True, filename=f"gymweb-run-{run.pk}-atif.zip", content_type="application/zip"
-    )
+    return file_download(spool, f"gymweb-run-{run.pk}-atif.zip", "application/zip")
 
 
 # -- the rollout page -------------------------------------------------------------------------------

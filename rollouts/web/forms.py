@@ -16,6 +16,7 @@ from rollouts.collection import environments
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
 from rollouts.collection.environments import Resolved
 from rollouts.collection.runs import RunTooLarge, check_size
+from rollouts.display import binary_size
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.engine.loop import (
     DEFAULT_CONCURRENCY,
@@ -26,7 +27,7 @@ from rollouts.engine.loop import (
 )
 from rollouts.models import Dataset
 from rollouts.nemo.config import NemoConfigError, load_texts
-from rollouts.web.uploads import human_bytes, upload_limit_message
+from rollouts.web.uploads import upload_limit_message
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -232,7 +233,7 @@ class RunForm(forms.Form):
         self.fields["run_timeout_s"].help_text += f" At most {self.max_run_timeout_s:g} s."
         self.fields["run_timeout_s"].widget.attrs["max"] = f"{self.max_run_timeout_s:g}"
         self.max_upload_bytes = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
-        self.fields["dataset_file"].help_text += f" Up to {human_bytes(self.max_upload_bytes)}."
+        self.fields["dataset_file"].help_text += f" Up to {binary_size(self.max_upload_bytes)}."
         self.fields["head_url"].initial = settings.GYMWEB_NEMO_GYM_HEAD_URL or None
         if not self.is_bound and not self.initial.get("dataset"):
             # The dataset uploaded last is the likeliest next run (the demo's, after `make demo`):

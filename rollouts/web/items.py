@@ -13,8 +13,9 @@ from typing import Any
 from django.conf import settings
 from django.urls import reverse
 
+from rollouts.display import duration_ms
 from rollouts.models import AgentCall, Rollout, TrajectoryItem
-from rollouts.templatetags.gymweb_tags import ms, pretty_json_text
+from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web import rendering
 from rollouts.web.outline import fold_summary as item_summary
 
@@ -147,7 +148,7 @@ def item_view(
                 if tool_status is not None:
                     view["badges"].append(_badge("bad" if tool_status >= 400 else "plain", f"HTTP {tool_status}"))
                 if latency_ms is not None:
-                    view["badges"].append(_badge("plain", ms(latency_ms), "tool call latency"))
+                    view["badges"].append(_badge("plain", duration_ms(latency_ms), "tool call latency"))
         elif origin == TrajectoryItem.Origin.AGENT:
             view["badges"].append(_badge("paired", "agent's own tool record", "the reply carried this output itself"))
         elif view["imported"] and not paired:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rollouts.templatetags.gymweb_tags import ms
+from rollouts.display import duration_ms, svg_number
 
 # The waterfall's SVG user space: bars are drawn in a viewBox this wide (the SVG scales to its box).
 AXIS_WIDTH = 1000.0
@@ -162,11 +162,6 @@ def _step_badges(step: dict[str, Any]) -> list[dict[str, str]]:
     return badges
 
 
-def _num(value: float) -> str:
-    """An SVG coordinate: at most two decimals, no trailing zeros (``"12.5"``, ``"0"``)."""
-    return f"{value:.2f}".rstrip("0").rstrip(".") or "0"
-
-
 def outline(steps: list[dict[str, Any]], *, imported: bool, started: Any | None = None) -> dict[str, Any]:
     """The outline of a timeline (``items.timeline``'s steps).
 
@@ -194,8 +189,8 @@ def outline(steps: list[dict[str, Any]], *, imported: bool, started: Any | None 
             "number": str(step["index"] + 1),
             "title": step.get("title") or f"Step {step['index'] + 1}",
             "tools": _tool_names(items),
-            "latency": "" if imported or call is None else ms(call.latency_ms),
-            "tools_time": ms(tools_ms) if tools_ms and not imported else "",
+            "latency": "" if imported or call is None else duration_ms(call.latency_ms),
+            "tools_time": duration_ms(tools_ms) if tools_ms and not imported else "",
             "tokens": _tokens(call.usage) if call is not None else "",
             "badges": _step_badges(step),
             "items": step.get("count", len(items)),
@@ -216,8 +211,8 @@ def outline(steps: list[dict[str, Any]], *, imported: bool, started: Any | None 
             start, agent, tools = span
             # at least half a unit wide, so a 1 ms call on a 10 minute axis is still a mark
             # strings: a float in a template goes through number localisation, slow on 500 rows
-            row["agent_x"] = _num(start * scale)
-            row["agent_w"] = _num(max(agent * scale, 0.5))
-            row["tools_x"] = _num((start + agent) * scale)
-            row["tools_w"] = _num(tools * scale) if tools else ""
-    return {"rows": rows, "timed": timed, "span": ms(end) if timed else "", "axis": _num(AXIS_WIDTH)}
+            row["agent_x"] = svg_number(start * scale)
+            row["agent_w"] = svg_number(max(agent * scale, 0.5))
+            row["tools_x"] = svg_number((start + agent) * scale)
+            row["tools_w"] = svg_number(tools * scale) if tools else ""
+    return {"rows": rows, "timed": timed, "span": duration_ms(end) if timed else "", "axis": svg_number(AXIS_WIDTH)}

@@ -28,11 +28,12 @@ from urllib.parse import urlencode
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count
-from django.http import Http404, HttpResponse
+from django.http import Http404
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
+from rollouts.downloads import bytes_download
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
 from rollouts.evaluation.profile_report import RUN_STEM, profile_run, write_profile
 from rollouts.evaluation.run_aggregate_metrics import run_aggregate_entries
@@ -437,10 +438,7 @@ def run_profile_file(request, run_id, kind):
     with tempfile.TemporaryDirectory(prefix="gymweb-profile-") as tmp:
         paths = write_profile(result, extras, Path(tmp) / RUN_STEM)
         body = next(p for p in paths if p.name == name).read_bytes()
-    response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return bytes_download(body, name, content_type)
 
 
 @login_required
@@ -456,9 +454,7 @@ def run_aggregate_metrics_file(request, run_id):
     if not entries:
         raise Http404(notes[0] if notes else "no aggregate metrics")
     name = aggregate_metrics_path(export_filename(run.pk, "rollouts")).name
-    response = HttpResponse(aggregate_metrics_bytes(entries), content_type="application/json; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    response["X-Content-Type-Options"] = "nosniff"
+    response = bytes_download(aggregate_metrics_bytes(entries), name, "application/json")
     if notes:
         # Header values must be one line of latin-1: the notes quote env replies and URLs.
         response["X-Gymweb-Note"] = " ".join("; ".join(notes).split()).encode("ascii", "replace").decode()[:1000]

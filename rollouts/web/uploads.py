@@ -15,20 +15,13 @@ from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 from django.shortcuts import render
 
-
-def human_bytes(n: float) -> str:
-    """``1536`` → ``"1.5 KB"``; ``200 * 1024**2`` → ``"200 MB"`` (binary units)."""
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}".replace(".0 ", " ")
-        n /= 1024
-    return f"{n} bytes"  # pragma: no cover
+from rollouts.display import binary_size
 
 
 def upload_limit_message(limit: int) -> str:
     """The error a form shows on a file field whose upload passed ``limit`` bytes."""
     return (
-        f"The file is larger than the upload limit of {human_bytes(limit)} "
+        f"The file is larger than the upload limit of {binary_size(limit)} "
         "(GYMWEB_MAX_UPLOAD_BYTES). Split it, or ask the administrator to raise the limit."
     )
 
@@ -73,6 +66,6 @@ class RequestSizeLimitMiddleware:
             length = 0
         limit = int(settings.GYMWEB_MAX_REQUEST_BYTES)
         if length > limit:
-            context = {"limit": human_bytes(limit), "upload_limit": human_bytes(int(settings.GYMWEB_MAX_UPLOAD_BYTES))}
+            context = {"limit": binary_size(limit), "upload_limit": binary_size(int(settings.GYMWEB_MAX_UPLOAD_BYTES))}
             return render(request, "413.html", context, status=413)
         return self.get_response(request)

@@ -18,12 +18,11 @@ from django.core.cache import cache
 from django.core.paginator import Paginator
 from django.db.models import Count
 from django.db.models.functions import Substr
-from django.http import Http404, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.http import content_disposition_header
 from django.utils.safestring import SafeString
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
@@ -31,6 +30,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from rollouts import targets
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
+from rollouts.downloads import jsonl_download
 from rollouts.evaluation import run_summary
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
@@ -465,11 +465,9 @@ def run_export(request, run_id, kind):
         lines = iter_failures(run, subset)
     else:
         lines = iter_materialized(run)
-    response = StreamingHttpResponse((line + "\n" for line in lines), content_type="application/jsonl; charset=utf-8")
     # Named after the run and the filter, so two downloads never overwrite each other; the
     # materialised inputs are every key's, whatever the filter.
     name = export_filename(run.pk, kind, filt if kind != "rollouts_materialized_inputs" else None)
-    response["Content-Disposition"] = content_disposition_header(True, name)
-    response["X-Content-Type-Options"] = "nosniff"
+    response = jsonl_download(lines, name)
     say_plain_export(response)  # X-Gymweb-Reward-Source: original, X-Gymweb-Review: omitted
     return response
