@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -22,7 +23,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.collection import environments, run_settings, runs
-from rollouts.collection.datasets import DatasetError, read_jsonl
+from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.collection.run_settings import SettingError
 from rollouts.evaluation import health
@@ -224,21 +225,7 @@ class Command(NemoGymFlags, BaseCommand):
         # Nothing is created on disk until the input and the options are known to be good: a
         # refused command leaves no empty output folder behind.
         self._check_output(output, input_path)
-        try:
-            with input_path.open("rb") as fh:
-                parsed = read_jsonl(fh, source=str(input_path), max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
-        except FileNotFoundError:
-            raise CommandError(f"--input {input_path}: no such file") from None
-        except IsADirectoryError:
-            raise CommandError(f"--input {input_path} is a directory") from None
-        except PermissionError:
-            raise CommandError(f"--input {input_path}: permission denied") from None
-        except DatasetError as exc:
-            raise CommandError(str(exc)) from None
-        if parsed.stripped_fields:
-            self.stderr.write(
-                f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}"
-            )
+        parsed = self._read_input(input_path)
 
         # the three files, and NeMo Gym's aggregate metrics file beside them (written once the run completes)
         ours_here = [*output_stems(output).values(), aggregate_metrics_path(output)]
@@ -256,47 +243,9 @@ class Command(NemoGymFlags, BaseCommand):
             )
 
         self._migrate()
-        run = None
-        if opts["resume"]:
-            run = (
-                Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
-            )
-            if run is None and existing:
-                ours = [p for p in existing if p in ours_here]
-                if not ours:  # only the health files of another output in this folder
-                    raise CommandError(
-                        f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run."
-                    )
-                raise CommandError(
-                    f"--resume: no run in this database wrote '{ours[0]}', so there is nothing to continue "
-                    "(gymweb resumes from its database, not from the file). Pass --overwrite instead of --resume "
-                    "to replace the file with a new run."
-                )
-            if run is None:
-                self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
+        run = self._run_to_resume(output, existing, ours_here) if opts["resume"] else None
         if run is not None:
-            if run.is_archived:
-                raise CommandError(
-                    f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}"
-                )
-            # An env found again through the same head server by the same name moves with each
-            # `gym env start` (a new port): that change is expected, and recorded like any other.
-            env_moved = (
-                bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
-            )
-            try:
-                changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
-            except runs.URLChangeRefused as exc:
-                raise CommandError(f"--resume: {exc}") from None
-            for name, (old, new) in changed.items():
-                why = (
-                    "found again through the head server"
-                    if env_moved and not opts["allow_url_change"]
-                    else "--allow-url-change"
-                )
-                self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
-            run.head_url, run.env_name = head_url, env_name
-            run.save(update_fields=["head_url", "env_name"])
+            self._change_urls(run, opts, agent_url, env_url, head_url, env_name)
             added = runs.resume(run, max_attempts=max_attempts)
             self.stdout.write(
                 f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})"
@@ -350,6 +299,68 @@ class Command(NemoGymFlags, BaseCommand):
             self._aggregate_metrics_file(run, output)
         if not opts["no_health_check"]:
             self.stdout.write(health.auto_check(run, output.parent))
+
+    def _run_to_resume(self, output: Path, existing: list[Path], ours_here: list[Path]) -> Run | None:
+        """``--resume``: the latest run of this database that wrote ``output`` (None: a new run is
+        started); refused when files exist there that no run of this database wrote."""
+        run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
+        if run is None and existing:
+            ours = [p for p in existing if p in ours_here]
+            if not ours:  # only the health files of another output in this folder
+                raise CommandError(
+                    f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run."
+                )
+            raise CommandError(
+                f"--resume: no run in this database wrote '{ours[0]}', so there is nothing to continue "
+                "(gymweb resumes from its database, not from the file). Pass --overwrite instead of --resume "
+                "to replace the file with a new run."
+            )
+        if run is None:
+            self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
+        return run
+
+    def _read_input(self, input_path: Path) -> ParsedDataset:
+        """The ``--input`` file, parsed and validated as a dataset; a refusal names the file."""
+        try:
+            with input_path.open("rb") as fh:
+                parsed = read_jsonl(fh, source=str(input_path), max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+        except FileNotFoundError:
+            raise CommandError(f"--input {input_path}: no such file") from None
+        except IsADirectoryError:
+            raise CommandError(f"--input {input_path} is a directory") from None
+        except PermissionError:
+            raise CommandError(f"--input {input_path}: permission denied") from None
+        except DatasetError as exc:
+            raise CommandError(str(exc)) from None
+        if parsed.stripped_fields:
+            self.stderr.write(
+                f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}"
+            )
+        return parsed
+
+    def _change_urls(self, run: Run, opts: dict, agent_url: str, env_url: str, head_url: str, env_name: str) -> None:
+        """``--resume``: the run's agent and env URLs (and head server, env name) become these ones,
+        when allowed (``--allow-url-change``, or an env found again through the same head server)."""
+        if run.is_archived:
+            raise CommandError(f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}")
+        # An env found again through the same head server by the same name moves with each
+        # `gym env start` (a new port): that change is expected, and recorded like any other.
+        env_moved = (
+            bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
+        )
+        try:
+            changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
+        except runs.URLChangeRefused as exc:
+            raise CommandError(f"--resume: {exc}") from None
+        for name, (old, new) in changed.items():
+            why = (
+                "found again through the head server"
+                if env_moved and not opts["allow_url_change"]
+                else "--allow-url-change"
+            )
+            self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
+        run.head_url, run.env_name = head_url, env_name
+        run.save(update_fields=["head_url", "env_name"])
 
     def _nemo_gym(self, opts: dict) -> environments.Resolved | None:
         """Fill the agent, the env and the knobs the command line leaves out from ``--config`` /
@@ -420,7 +431,7 @@ class Command(NemoGymFlags, BaseCommand):
             return f"{flag} ({source})" if source else flag
 
         try:
-            checked = {
+            checked: dict[str, Any] = {
                 "agent_url": run_settings.check_url("agent_url", opts["agent_url"], what("agent_url", "--agent-url")),
                 "env_url": run_settings.check_url("env_url", opts["env_url"], what("env_url", "--env-url")),
                 "agent_name": run_settings.check_agent_name(
