@@ -37,7 +37,7 @@ from rollouts.api.router import (
     rollout_for,
     run_out,
 )
-from rollouts.collection import archive, export
+from rollouts.collection import archive, export, run_settings
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.lossless import dumps
@@ -61,19 +61,21 @@ INLINE_NAME = "inline rows"  # the dataset name of rows sent inline (and what th
 
 # -- batches in ----------------------------------------------------------------------------------
 class RunSettings(Schema):
-    """A run's settings (the new-run form's fields)."""
+    """A run's settings (the new-run form's fields; limits and defaults: ``run_settings``)."""
 
     name: str = ""
     agent_url: str
     env_url: str
-    agent_name: str = "remote_agent"
-    concurrency: int = 32
+    agent_name: str = run_settings.DEFAULT_AGENT_NAME
+    concurrency: int = run_settings.default("concurrency")
     max_steps: int | None = None
-    num_repeats: int = 1
+    num_repeats: int = run_settings.default("num_repeats")
     limit: int | None = None
-    max_attempts: int = 3
-    remote_responses_timeout_s: float = 1800.0
-    run_timeout_s: float = 2100.0
+    max_attempts: int = run_settings.default("max_attempts")
+    remote_responses_timeout_s: float = run_settings.default("remote_responses_timeout_s")
+    run_timeout_s: float | None = Field(
+        None, description="default: 2100, or GYMWEB_MAX_RUN_TIMEOUT_S when that is lower"
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="merged into every row's responses_create_params"
     )
@@ -209,6 +211,8 @@ def _create_run(request, ctype: str, spool) -> Status:
                 raise _bad("send either `rows` or `dataset`, not both", "rows")
             files["dataset_file"] = _rows_upload(rows)
     data.pop("rows", None)
+    if data["run_timeout_s"] is None:
+        data["run_timeout_s"] = run_settings.default("run_timeout_s")
     data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
     data = {k: ("" if v is None else v) for k, v in data.items()}
     form = RunForm(data=data, files=files)

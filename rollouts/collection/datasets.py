@@ -26,7 +26,6 @@ __all__ = [
     "iter_rows",
     "iter_lines",
     "DEFAULT_MAX_LINE_BYTES",
-    "validate_overrides",
     "validate_row",
 ]
 
@@ -90,19 +89,6 @@ def _check_params(params: Any) -> str | None:
     if tools is not None and not isinstance(tools, list):
         return "'responses_create_params.tools' must be a list"
     return None
-
-
-def validate_overrides(overrides: Any) -> dict[str, Any]:
-    """Check overrides meant to be merged into every row's ``responses_create_params``: a JSON
-    object whose ``input`` (if any) is a string or list and whose ``tools`` (if any) is a list.
-    Returns it; raises ``ValueError`` saying what is wrong."""
-    if not isinstance(overrides, dict):
-        raise ValueError(f'overrides must be a JSON object like {{"temperature": 0.2}}, not {type(overrides).__name__}')
-    if "input" in overrides and not isinstance(overrides["input"], (str, list)):
-        raise ValueError("overrides: 'input' must be a string or a list of items")
-    if "tools" in overrides and not isinstance(overrides["tools"], list):
-        raise ValueError("overrides: 'tools' must be a list")
-    return overrides
 
 
 def validate_row(row: Any, line: int, source: str) -> dict[str, Any]:

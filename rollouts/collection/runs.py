@@ -375,9 +375,3 @@ def counts(run: Run) -> dict[str, int]:
     for row in Rollout.objects.filter(run=run).values("status").annotate(n=Count("id")):
         result[row["status"]] = row["n"]
     return result
-
-
-def max_run_timeout_s() -> float:
-    """The largest ``run_timeout_s`` a run may have: django-q2's cluster timeout is derived from it
-    so a long rollout is never killed mid-flight (DESIGN.md, known pitfalls)."""
-    return float(settings.GYMWEB_MAX_RUN_TIMEOUT_S)

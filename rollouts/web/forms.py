@@ -12,19 +12,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from rollouts import targets
-from rollouts.collection import environments
-from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
+from rollouts.collection import environments, run_settings
+from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
 from rollouts.collection.environments import Resolved
+from rollouts.collection.run_settings import LIMITS, SettingError
 from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.display import binary_size
-from rollouts.engine.contract import NotJSON, strict_loads
-from rollouts.engine.loop import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
-    DEFAULT_RUN_TIMEOUT_S,
-    InvalidBaseURL,
-    validate_base_url,
-)
+from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 from rollouts.models import Dataset
 from rollouts.nemo.config import NemoConfigError, load_texts
 from rollouts.web.uploads import upload_limit_message
@@ -96,22 +90,26 @@ def target_refused_message(what: str, url: str, exc: targets.TargetRefused) -> s
     return f"{what}: host {host!r} is not allowed here ({exc.reason})."
 
 
-RESPONSES_PATH = "/v1/responses"
-
-
 def clean_agent_url(form: forms.Form, name: str = "agent_url") -> str:
-    """``clean_target_url`` for an agent's base URL, which must not end in ``/v1/responses``:
-    gymweb POSTs to ``{agent_base_url}/v1/responses`` (DESIGN.md, the contract), so such a URL
-    would be called as ``…/v1/responses/v1/responses``. The error names the base URL to enter."""
+    """``clean_target_url`` for an agent's base URL, which must not end in ``/v1/responses``
+    (``run_settings.check_agent_path``: gymweb appends it itself)."""
     url = clean_target_url(form, name, "agent URL")
-    if url.rstrip("/").endswith(RESPONSES_PATH):
-        base = url.rstrip("/")[: -len(RESPONSES_PATH)]
-        raise forms.ValidationError(
-            f"Enter the agent's base URL without {RESPONSES_PATH}: gymweb appends {RESPONSES_PATH} "
-            f"itself (it would call {url}{RESPONSES_PATH}). Did you mean {base}?",
-            code="responses_path",
-        )
-    return url
+    try:
+        return run_settings.check_agent_path(url, name)
+    except SettingError as exc:
+        raise forms.ValidationError(exc.message, code=exc.code) from None
+
+
+def number_field(field: str, form_field: type[forms.Field], **kwargs: Any) -> forms.Field:
+    """A form field for numeric run setting ``field``: its range (``run_settings.LIMITS``) is the
+    browser's ``min``/``max`` and is checked by ``run_settings.check_number`` in ``clean_<field>``."""
+    limit = LIMITS[field]
+    attrs = {"min": f"{limit.minimum:g}"}
+    if limit.maximum is not None:
+        attrs["max"] = f"{limit.maximum:g}"
+    if form_field is forms.FloatField:
+        attrs["step"] = "any"
+    return form_field(widget=forms.NumberInput(attrs=attrs), **kwargs)
 
 
 def dataset_label(dataset: Dataset) -> str:
@@ -189,31 +187,41 @@ class RunForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "http://127.0.0.1:9101", "size": 48, "autocomplete": "off"}),
     )
     agent_name = forms.CharField(
-        max_length=200,
-        initial="remote_agent",
+        max_length=run_settings.NAME_MAX_CHARS,
+        initial=run_settings.DEFAULT_AGENT_NAME,
         help_text="agent_ref.name in the output rows; with a NeMo Gym config or head server, the agent to use.",
     )
-    concurrency = forms.IntegerField(
-        min_value=1, max_value=4096, initial=DEFAULT_CONCURRENCY, help_text="Rollouts in flight at once."
+    concurrency = number_field(
+        "concurrency",
+        forms.IntegerField,
+        initial=run_settings.default("concurrency"),
+        help_text="Rollouts in flight at once.",
     )
-    max_steps = forms.IntegerField(
-        min_value=0, required=False, help_text="Agent calls per rollout; empty or 0 = unbounded."
+    max_steps = number_field(
+        "max_steps", forms.IntegerField, required=False, help_text="Agent calls per rollout; empty or 0 = unbounded."
     )
-    num_repeats = forms.IntegerField(min_value=1, max_value=100000, initial=1, help_text="Rollouts per task.")
-    limit = forms.IntegerField(min_value=1, required=False, help_text="Only the first N rows of the dataset.")
-    remote_responses_timeout_s = forms.FloatField(
+    num_repeats = number_field(
+        "num_repeats", forms.IntegerField, initial=run_settings.default("num_repeats"), help_text="Rollouts per task."
+    )
+    limit = number_field("limit", forms.IntegerField, required=False, help_text="Only the first N rows of the dataset.")
+    remote_responses_timeout_s = number_field(
+        "remote_responses_timeout_s",
+        forms.FloatField,
         label="Per-call timeout (s)",
-        min_value=0.001,
-        initial=DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
+        initial=run_settings.default("remote_responses_timeout_s"),
         help_text="remote_responses_timeout_s: one agent call.",
     )
-    run_timeout_s = forms.FloatField(
+    run_timeout_s = number_field(
+        "run_timeout_s",
+        forms.FloatField,
         label="Whole-rollout timeout (s)",
-        min_value=0.001,
         help_text="run_timeout_s: one rollout, all calls included.",
     )
-    max_attempts = forms.IntegerField(
-        min_value=1, max_value=100, initial=3, help_text="Attempts per key in all, retries included."
+    max_attempts = number_field(
+        "max_attempts",
+        forms.IntegerField,
+        initial=run_settings.default("max_attempts"),
+        help_text="Attempts per key in all, retries included.",
     )
     overrides = forms.CharField(
         required=False,
@@ -228,8 +236,8 @@ class RunForm(forms.Form):
         # The services an instance offers by default (``make demo`` sets its example env and agent).
         self.fields["agent_url"].initial = settings.GYMWEB_DEFAULT_AGENT_URL or None
         self.fields["env_url"].initial = settings.GYMWEB_DEFAULT_ENV_URL or None
-        self.max_run_timeout_s = float(settings.GYMWEB_MAX_RUN_TIMEOUT_S)
-        self.fields["run_timeout_s"].initial = min(DEFAULT_RUN_TIMEOUT_S, self.max_run_timeout_s)
+        self.max_run_timeout_s = run_settings.max_run_timeout_s()
+        self.fields["run_timeout_s"].initial = run_settings.default("run_timeout_s")
         self.fields["run_timeout_s"].help_text += f" At most {self.max_run_timeout_s:g} s."
         self.fields["run_timeout_s"].widget.attrs["max"] = f"{self.max_run_timeout_s:g}"
         self.max_upload_bytes = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
@@ -351,30 +359,43 @@ class RunForm(forms.Form):
         return clean_target_url(self, "head_url", "head server URL")
 
     # -- knobs -----------------------------------------------------------------------------------
+    def clean_setting(self, name: str, check: Any) -> Any:
+        """``check(value)`` of field ``name``'s cleaned value (a ``run_settings`` check); its
+        ``SettingError`` as this field's error."""
+        try:
+            return check(self.cleaned_data.get(name))
+        except SettingError as exc:
+            raise forms.ValidationError(exc.message, code=exc.code) from None
+
+    def clean_number(self, name: str) -> Any:
+        return self.clean_setting(name, lambda value: run_settings.check_number(name, value))
+
+    def clean_concurrency(self) -> int:
+        return self.clean_number("concurrency")
+
+    def clean_max_steps(self) -> int | None:
+        return self.clean_number("max_steps")
+
+    def clean_num_repeats(self) -> int:
+        return self.clean_number("num_repeats")
+
+    def clean_limit(self) -> int | None:
+        return self.clean_number("limit")
+
+    def clean_max_attempts(self) -> int:
+        return self.clean_number("max_attempts")
+
+    def clean_remote_responses_timeout_s(self) -> float:
+        return self.clean_number("remote_responses_timeout_s")
+
     def clean_run_timeout_s(self) -> float:
-        value = self.cleaned_data["run_timeout_s"]
-        if value > self.max_run_timeout_s:
-            raise forms.ValidationError(
-                f"At most {self.max_run_timeout_s:g} s on this server (GYMWEB_MAX_RUN_TIMEOUT_S).", code="max_value"
-            )
-        return value
+        return self.clean_number("run_timeout_s")
+
+    def clean_agent_name(self) -> str:
+        return self.clean_setting("agent_name", run_settings.check_agent_name)
 
     def clean_overrides(self) -> dict[str, Any]:
-        text = (self.cleaned_data.get("overrides") or "").strip()
-        if not text:
-            return {}
-        try:
-            value = strict_loads(text)
-        except NotJSON as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc}.", code="invalid_json") from None
-        if not isinstance(value, dict):
-            raise forms.ValidationError(
-                f'Must be a JSON object like {{"temperature": 0.2}}, not a {type(value).__name__}.', code="not_object"
-            )
-        try:
-            return validate_overrides(value)
-        except ValueError as exc:
-            raise forms.ValidationError(f"{exc}.", code="invalid_overrides") from None
+        return self.clean_setting("overrides", run_settings.check_overrides)
 
     # -- dataset ---------------------------------------------------------------------------------
     def clean_dataset_file(self):
@@ -443,18 +464,22 @@ class RunForm(forms.Form):
         if not value:
             self.add_error(name, f"The NeMo Gym config gives no {name.replace('_', ' ')}: enter it.")
             return
+        what = name.replace("_", " ")
         try:
+            url = run_settings.check_url(name, value, what)
             if name == "agent_url":
-                problem = environments.miswiring_problem(validate_base_url(value, "agent URL"), resolved.head_url)
+                problem = environments.miswiring_problem(url, resolved.head_url)
                 if problem:
                     self.add_error(name, problem)
                     return
-            data[name] = validate_base_url(value, name.replace("_", " "))
-            targets.check_url(data[name])
-        except InvalidBaseURL as exc:
-            self.add_error(name, str(exc))
+            targets.check_url(url)
+        except SettingError as exc:
+            self.add_error(name, exc.message)
+            return
         except targets.TargetRefused as exc:
-            self.add_error(name, target_refused_message(name.replace("_", " "), value, exc))
+            self.add_error(name, target_refused_message(what, value, exc))
+            return
+        data[name] = url
 
     def dataset_name(self) -> str:
         upload = self.cleaned_data.get("dataset_file")

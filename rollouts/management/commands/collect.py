@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -21,17 +22,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from rollouts.collection import environments, runs
-from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
+from rollouts.collection import environments, run_settings, runs
+from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
 from rollouts.collection.export import output_stems, write_run_files
-from rollouts.engine.contract import NotJSON, strict_loads
-from rollouts.engine.loop import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_REMOTE_RESPONSES_TIMEOUT_S,
-    DEFAULT_RUN_TIMEOUT_S,
-    InvalidBaseURL,
-    validate_base_url,
-)
+from rollouts.collection.run_settings import SettingError
 from rollouts.evaluation import health
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.evaluation.run_aggregate_metrics import fetch_aggregate_metrics, write_run_aggregate_metrics
@@ -42,38 +36,36 @@ from rollouts.nemo.config import NemoConfigError, load_files
 from rollouts.workers.process import run_in_process
 
 
-def _positive_int(value: str) -> int:
+def _whole_number(value: str) -> int:
+    """A flag's whole number as typed; its range is ``run_settings``'."""
     try:
-        number = int(value)
+        return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {number}")
-    return number
 
 
-def _positive_float(value: str) -> float:
+def _seconds(value: str) -> float:
+    """A flag's number of seconds as typed; its range is ``run_settings``'."""
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not 0 < number < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {value}")
-    return number
 
 
 def default_max_attempts() -> int:
-    """``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`` when set (NeMo Gym's knob), else 3."""
+    """``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`` when set (NeMo Gym's knob, the command line's only), else
+    the run default (3); checked as ``--max-attempts`` is."""
     raw = os.environ.get("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "").strip()
     if not raw:
-        return 3
+        return run_settings.default("max_attempts")
     try:
         value = int(raw)
     except ValueError:
-        raise CommandError(f"NEMO_GYM_MAX_ROLLOUT_ATTEMPTS must be a whole number >= 1, got {raw!r}") from None
-    if value < 1:
-        raise CommandError(f"NEMO_GYM_MAX_ROLLOUT_ATTEMPTS must be >= 1, got {value}")
-    return value
+        raise CommandError(f"NEMO_GYM_MAX_ROLLOUT_ATTEMPTS must be a whole number, got {raw!r}") from None
+    try:
+        return run_settings.check_number("max_attempts", value, "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS")
+    except SettingError as exc:
+        raise CommandError(exc.message) from None
 
 
 def miswired_rollouts(run: Run) -> int:
@@ -141,30 +133,30 @@ class Command(NemoGymFlags, BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive_int,
+            type=_whole_number,
             default=None,
             help="rollouts in flight at once (default: the config's, else 32)",
         )
         parser.add_argument(
-            "--max-steps", type=_positive_int, default=None, help="agent calls per rollout (default: unbounded)"
+            "--max-steps", type=_whole_number, default=None, help="agent calls per rollout (default: unbounded)"
         )
-        parser.add_argument("--num-repeats", type=_positive_int, default=1, help="rollouts per task (default 1)")
-        parser.add_argument("--limit", type=_positive_int, default=None, help="only the first N rows of the input")
+        parser.add_argument("--num-repeats", type=_whole_number, default=1, help="rollouts per task (default 1)")
+        parser.add_argument("--limit", type=_whole_number, default=None, help="only the first N rows of the input")
         parser.add_argument(
             "--max-attempts",
-            type=_positive_int,
+            type=_whole_number,
             default=None,
             help="attempts per key incl. retries (default 3, or $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS)",
         )
         parser.add_argument(
             "--remote-responses-timeout-s",
-            type=_positive_float,
+            type=_seconds,
             default=None,
             help="per agent call timeout, seconds (default: the config's, else 1800)",
         )
         parser.add_argument(
             "--run-timeout-s",
-            type=_positive_float,
+            type=_seconds,
             default=None,
             help="whole-rollout timeout, seconds (default: the config's, else 2100)",
         )
@@ -218,11 +210,8 @@ class Command(NemoGymFlags, BaseCommand):
             raise CommandError(
                 f"pass {missing}, or a NeMo Gym config (--config FILE) and/or head server (--head-url URL)"
             )
-        try:
-            agent_url = validate_base_url(opts["agent_url"], "--agent-url")
-            env_url = validate_base_url(opts["env_url"], "--env-url")
-        except InvalidBaseURL as exc:
-            raise CommandError(str(exc)) from None
+        checked = self._check_settings(opts)
+        agent_url, env_url = checked["agent_url"], checked["env_url"]
         if opts["allow_url_change"] and not opts["resume"]:
             raise CommandError("--allow-url-change applies only with --resume (a new run takes any URLs)")
         problem = environments.miswiring_problem(agent_url, nemo.head_url if nemo else opts["head_url"])
@@ -230,45 +219,13 @@ class Command(NemoGymFlags, BaseCommand):
             raise CommandError(f"{problem}\nNothing was run.")
         head_url = nemo.head_url if nemo and env_url == nemo.env_url and nemo.head_url else ""
         env_name = nemo.env_name if head_url else ""
-        if opts["concurrency"] < 1:
-            raise CommandError("--concurrency must be at least 1")
-        if opts["num_repeats"] < 1:
-            raise CommandError("--num-repeats must be at least 1")
-        if opts["limit"] == 0:
-            raise CommandError("--limit must be at least 1 (leave it out for every row)")
-        max_attempts = opts["max_attempts"] if opts["max_attempts"] is not None else default_max_attempts()
-        if max_attempts < 1:
-            raise CommandError("--max-attempts must be at least 1")
-        if opts["run_timeout_s"] > runs.max_run_timeout_s():
-            raise CommandError(
-                f"--run-timeout-s may be at most {runs.max_run_timeout_s():g} s (GYMWEB_MAX_RUN_TIMEOUT_S)"
-            )
-        overrides = {}
-        if opts["overrides"]:
-            try:
-                overrides = validate_overrides(strict_loads(opts["overrides"]))
-            except (NotJSON, ValueError) as exc:
-                raise CommandError(f"--overrides: {exc}") from None
+        max_attempts, overrides = checked["max_attempts"], checked["overrides"]
         output = Path(opts["output"]).expanduser().resolve()
         input_path = Path(opts["input"]).expanduser()
         # Nothing is created on disk until the input and the options are known to be good: a
         # refused command leaves no empty output folder behind.
         self._check_output(output, input_path)
-        try:
-            with input_path.open("rb") as fh:
-                parsed = read_jsonl(fh, source=str(input_path), max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
-        except FileNotFoundError:
-            raise CommandError(f"--input {input_path}: no such file") from None
-        except IsADirectoryError:
-            raise CommandError(f"--input {input_path} is a directory") from None
-        except PermissionError:
-            raise CommandError(f"--input {input_path}: permission denied") from None
-        except DatasetError as exc:
-            raise CommandError(str(exc)) from None
-        if parsed.stripped_fields:
-            self.stderr.write(
-                f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}"
-            )
+        parsed = self._read_input(input_path)
 
         # the three files, and NeMo Gym's aggregate metrics file beside them (written once the run completes)
         ours_here = [*output_stems(output).values(), aggregate_metrics_path(output)]
@@ -286,54 +243,16 @@ class Command(NemoGymFlags, BaseCommand):
             )
 
         self._migrate()
-        run = None
-        if opts["resume"]:
-            run = (
-                Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
-            )
-            if run is None and existing:
-                ours = [p for p in existing if p in ours_here]
-                if not ours:  # only the health files of another output in this folder
-                    raise CommandError(
-                        f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run."
-                    )
-                raise CommandError(
-                    f"--resume: no run in this database wrote '{ours[0]}', so there is nothing to continue "
-                    "(gymweb resumes from its database, not from the file). Pass --overwrite instead of --resume "
-                    "to replace the file with a new run."
-                )
-            if run is None:
-                self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
+        run = self._run_to_resume(output, existing, ours_here) if opts["resume"] else None
         if run is not None:
-            if run.is_archived:
-                raise CommandError(
-                    f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}"
-                )
-            # An env found again through the same head server by the same name moves with each
-            # `gym env start` (a new port): that change is expected, and recorded like any other.
-            env_moved = (
-                bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
-            )
-            try:
-                changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
-            except runs.URLChangeRefused as exc:
-                raise CommandError(f"--resume: {exc}") from None
-            for name, (old, new) in changed.items():
-                why = (
-                    "found again through the head server"
-                    if env_moved and not opts["allow_url_change"]
-                    else "--allow-url-change"
-                )
-                self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
-            run.head_url, run.env_name = head_url, env_name
-            run.save(update_fields=["head_url", "env_name"])
+            self._change_urls(run, opts, agent_url, env_url, head_url, env_name)
             added = runs.resume(run, max_attempts=max_attempts)
             self.stdout.write(
                 f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})"
             )
         else:
             try:
-                runs.check_size(len(parsed.rows), opts["num_repeats"], opts["limit"])
+                runs.check_size(len(parsed.rows), checked["num_repeats"], checked["limit"])
             except runs.RunTooLarge as exc:
                 raise CommandError(str(exc)) from None
             for path in existing:  # --overwrite (NeMo Gym's flag): the old files go before the new run
@@ -346,15 +265,15 @@ class Command(NemoGymFlags, BaseCommand):
                 env_url=env_url,
                 head_url=head_url,
                 env_name=env_name,
-                agent_name=opts["agent_name"] or "remote_agent",
-                concurrency=opts["concurrency"],
-                max_steps=opts["max_steps"] or None,
-                num_repeats=opts["num_repeats"],
-                limit=opts["limit"],
+                agent_name=checked["agent_name"],
+                concurrency=checked["concurrency"],
+                max_steps=checked["max_steps"] or None,
+                num_repeats=checked["num_repeats"],
+                limit=checked["limit"],
                 max_attempts=max_attempts,
                 auto_retry=opts["auto_retry"],
-                remote_responses_timeout_s=opts["remote_responses_timeout_s"],
-                run_timeout_s=opts["run_timeout_s"],
+                remote_responses_timeout_s=checked["remote_responses_timeout_s"],
+                run_timeout_s=checked["run_timeout_s"],
                 overrides=overrides,
                 source_file=str(output),
             )
@@ -381,17 +300,76 @@ class Command(NemoGymFlags, BaseCommand):
         if not opts["no_health_check"]:
             self.stdout.write(health.auto_check(run, output.parent))
 
+    def _run_to_resume(self, output: Path, existing: list[Path], ours_here: list[Path]) -> Run | None:
+        """``--resume``: the latest run of this database that wrote ``output`` (None: a new run is
+        started); refused when files exist there that no run of this database wrote."""
+        run = Run.objects.filter(source_file=str(output)).exclude(status=Run.Status.IMPORTED).order_by("-id").first()
+        if run is None and existing:
+            ours = [p for p in existing if p in ours_here]
+            if not ours:  # only the health files of another output in this folder
+                raise CommandError(
+                    f"Output file already exists: '{existing[0]}'. Pass --overwrite to replace it with a new run."
+                )
+            raise CommandError(
+                f"--resume: no run in this database wrote '{ours[0]}', so there is nothing to continue "
+                "(gymweb resumes from its database, not from the file). Pass --overwrite instead of --resume "
+                "to replace the file with a new run."
+            )
+        if run is None:
+            self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
+        return run
+
+    def _read_input(self, input_path: Path) -> ParsedDataset:
+        """The ``--input`` file, parsed and validated as a dataset; a refusal names the file."""
+        try:
+            with input_path.open("rb") as fh:
+                parsed = read_jsonl(fh, source=str(input_path), max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+        except FileNotFoundError:
+            raise CommandError(f"--input {input_path}: no such file") from None
+        except IsADirectoryError:
+            raise CommandError(f"--input {input_path} is a directory") from None
+        except PermissionError:
+            raise CommandError(f"--input {input_path}: permission denied") from None
+        except DatasetError as exc:
+            raise CommandError(str(exc)) from None
+        if parsed.stripped_fields:
+            self.stderr.write(
+                f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}"
+            )
+        return parsed
+
+    def _change_urls(self, run: Run, opts: dict, agent_url: str, env_url: str, head_url: str, env_name: str) -> None:
+        """``--resume``: the run's agent and env URLs (and head server, env name) become these ones,
+        when allowed (``--allow-url-change``, or an env found again through the same head server)."""
+        if run.is_archived:
+            raise CommandError(f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}")
+        # An env found again through the same head server by the same name moves with each
+        # `gym env start` (a new port): that change is expected, and recorded like any other.
+        env_moved = (
+            bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
+        )
+        try:
+            changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
+        except runs.URLChangeRefused as exc:
+            raise CommandError(f"--resume: {exc}") from None
+        for name, (old, new) in changed.items():
+            why = (
+                "found again through the head server"
+                if env_moved and not opts["allow_url_change"]
+                else "--allow-url-change"
+            )
+            self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
+        run.head_url, run.env_name = head_url, env_name
+        run.save(update_fields=["head_url", "env_name"])
+
     def _nemo_gym(self, opts: dict) -> environments.Resolved | None:
         """Fill the agent, the env and the knobs the command line leaves out from ``--config`` /
         ``--head-url`` (flags win), and say where each came from. None without either."""
+        self.sources: dict[str, str] = {}
         if not opts["config"] and not opts["head_url"]:
-            for name, default in (
-                ("concurrency", DEFAULT_CONCURRENCY),
-                ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S),
-                ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S),
-            ):
+            for name in ("concurrency", "remote_responses_timeout_s", "run_timeout_s"):
                 if opts[name] is None:
-                    opts[name] = default
+                    opts[name] = run_settings.default(name)
             return None
         try:
             config = load_files(opts["config"]) if opts["config"] else None
@@ -423,21 +401,18 @@ class Command(NemoGymFlags, BaseCommand):
                 lines.append(f"{flag} {opts[key]} (command line)")
             elif value:
                 opts[key] = value
+                self.sources[key] = resolved.sources.get(key, "config")
                 lines.append(f"{flag} {value} ({resolved.sources.get(key, 'config')})")
-        for key, default in (
-            ("concurrency", DEFAULT_CONCURRENCY),
-            ("max_steps", None),
-            ("remote_responses_timeout_s", DEFAULT_REMOTE_RESPONSES_TIMEOUT_S),
-            ("run_timeout_s", DEFAULT_RUN_TIMEOUT_S),
-        ):
+        for key in ("concurrency", "max_steps", "remote_responses_timeout_s", "run_timeout_s"):
             flag = "--" + key.replace("_", "-")
             if opts[key] is not None:
                 lines.append(f"{flag} {opts[key]} (command line)")
             elif key in resolved.options:
                 opts[key] = resolved.options[key]
+                self.sources[key] = resolved.sources.get(key, "config")
                 lines.append(f"{flag} {opts[key]} ({resolved.sources.get(key, 'config')})")
             else:
-                opts[key] = default
+                opts[key] = run_settings.default(key)
         if not opts["agent_name"]:
             opts["agent_name"] = resolved.agent_name
         self.stdout.write(
@@ -445,6 +420,38 @@ class Command(NemoGymFlags, BaseCommand):
             + "\n  ".join(lines)
         )
         return resolved
+
+    def _check_settings(self, opts: dict) -> dict:
+        """The run's settings from ``opts`` (flags, else the NeMo Gym config's, else the defaults),
+        checked by ``run_settings``; a refusal names the flag and, for a config's value, where it
+        came from."""
+
+        def what(key: str, flag: str) -> str:
+            source = self.sources.get(key)
+            return f"{flag} ({source})" if source else flag
+
+        try:
+            checked: dict[str, Any] = {
+                "agent_url": run_settings.check_url("agent_url", opts["agent_url"], what("agent_url", "--agent-url")),
+                "env_url": run_settings.check_url("env_url", opts["env_url"], what("env_url", "--env-url")),
+                "agent_name": run_settings.check_agent_name(
+                    opts["agent_name"] or run_settings.DEFAULT_AGENT_NAME, "--agent-name"
+                ),
+                "overrides": run_settings.check_overrides(opts["overrides"], "--overrides:"),
+            }
+            numbers = {key: opts[key] for key in run_settings.LIMITS if key != "max_attempts"}
+            checked.update(
+                run_settings.check_numbers(numbers, {key: what(key, "--" + key.replace("_", "-")) for key in numbers})
+            )
+            if opts["max_attempts"] is not None:
+                checked["max_attempts"] = run_settings.check_number(
+                    "max_attempts", opts["max_attempts"], "--max-attempts"
+                )
+            else:
+                checked["max_attempts"] = default_max_attempts()
+        except SettingError as exc:
+            raise CommandError(exc.message) from None
+        return checked
 
     def _aggregate_metrics_file(self, run: Run, output: Path) -> None:
         """NeMo Gym's ``<stem>_aggregate_metrics.json`` beside the rollouts (``gym eval compare``
