@@ -40,7 +40,7 @@ from rollouts.lossless import LosslessTextField
 from rollouts.models import Dataset, Label, RefusedReply, Rollout, Run
 from rollouts.review import actions, curated, selection, sft
 from rollouts.review.actions import ReviewError
-from rollouts.review.aggregates import reward_aggregates
+from rollouts.review.corrected_summary import reward_aggregates
 from rollouts.review.filters import corrected_reward
 from rollouts.review.query import export_filename, filtered_rollouts
 from rollouts.tokens import user_for_token
