@@ -32,7 +32,7 @@ from rollouts.engine.loop import (
     InvalidBaseURL,
     validate_base_url,
 )
-from rollouts.evaluation import health
+from rollouts.evaluation import health, health_report
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.evaluation.run_aggregate_metrics import fetch_aggregate_metrics, write_run_aggregate_metrics
 from rollouts.management.nemo_gym_flags import NemoGymFlags
@@ -275,8 +275,8 @@ class Command(NemoGymFlags, BaseCommand):
         written_here = list(ours_here)
         if not opts["no_health_check"]:  # the check writes its two files beside the output
             written_here += [
-                output.parent / health.QUALITY_SUMMARY_FILENAME,
-                output.parent / health.ROLLOUT_VERDICTS_FILENAME,
+                output.parent / health_report.QUALITY_SUMMARY_FILENAME,
+                output.parent / health_report.ROLLOUT_VERDICTS_FILENAME,
             ]
         existing = [p for p in written_here if p.exists()]
         if existing and not (opts["resume"] or opts["overwrite"]):
