@@ -65,33 +65,17 @@ ROLLOUT_CHECK_IDS = (
     "rollout_token_count_mismatch",
     "model_call_runaway_generation",
 )
-
-
 TASK_CHECK_IDS = ("task_consistently_unhealthy", "task_no_successful_model_calls")
-
-
 CHECK_IDS = ROLLOUT_CHECK_IDS + TASK_CHECK_IDS
-
-
 # gymweb's own checks, on runs gymweb collected only (a file has no record of which tool results the
 # env executed); they appear in a summary only when some rollout could be checked, so NeMo Gym's
 # files come out byte for byte.
 TOOL_RESULTS_NOT_EXECUTED = "tool_results_not_executed"
-
-
 GYMWEB_CHECK_IDS = (TOOL_RESULTS_NOT_EXECUTED,)
-
-
 # Checks that need the record only; every other rollout check reads the trajectory.
 RECORD_ONLY = {"check_execution_error", "record_unreadable", "rollout_duplicate_identity"}
-
-
 TURN_CHECKS = {"rollout_missing_agent_turns", "agent_turn_hollow"}
-
-
 LENGTH_LIMIT_REASONS = frozenset({"length", "max_output_tokens", "max_tokens"})
-
-
 TOOL_CALL_TYPES = frozenset(
     {
         "function_call",
@@ -109,8 +93,6 @@ TOOL_CALL_TYPES = frozenset(
         "custom_tool_call",
     }
 )
-
-
 CONTENT_KEYS = (
     "text",
     "content",
@@ -122,8 +104,6 @@ CONTENT_KEYS = (
     "reasoning_content",
     "summary",
 )
-
-
 CHECK_TEXT = {
     "check_execution_error": "a check raised an exception",
     "record_unreadable": "the row cannot be read",

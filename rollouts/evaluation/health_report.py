@@ -39,8 +39,6 @@ __all__ = [
 
 
 QUALITY_SUMMARY_FILENAME = "quality_summary.json"
-
-
 ROLLOUT_VERDICTS_FILENAME = "rollout_verdicts.jsonl"
 
 
