@@ -22,7 +22,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from rollouts.collection import environments, runs
-from rollouts.collection.datasets import DatasetError, read_jsonl, validate_overrides
+from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl, validate_overrides
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.engine.loop import (
@@ -87,6 +87,22 @@ def miswired_rollouts(run: Run) -> int:
     return sum(1 for ws in rows.iterator() if any(str(w).startswith(miswiring.ROLLOUT_WARNING) for w in ws or []))
 
 
+def _read_input(input_path: Path) -> ParsedDataset:
+    """The ``--input`` dataset, read and checked. Raises ``CommandError``."""
+    try:
+        with input_path.open("rb") as fh:
+            parsed = read_jsonl(fh, source=str(input_path), max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+    except FileNotFoundError:
+        raise CommandError(f"--input {input_path}: no such file") from None
+    except IsADirectoryError:
+        raise CommandError(f"--input {input_path} is a directory") from None
+    except PermissionError:
+        raise CommandError(f"--input {input_path}: permission denied") from None
+    except DatasetError as exc:
+        raise CommandError(str(exc)) from None
+    return parsed
+
+
 class Command(NemoGymFlags, BaseCommand):
     help = (
         "Collect rollouts: drive the agent service at --agent-url through the tasks of --input against "
@@ -119,7 +135,8 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--env-url",
             default=None,
-            help="resources server base URL (/seed_session, tools, /verify); default: found through --config/--head-url",
+            help="resources server base URL (/seed_session, tools, /verify); "
+            "default: found through --config/--head-url",
         )
         parser.add_argument(
             "--config",
@@ -131,7 +148,8 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--head-url",
             default=None,
-            help="a NeMo Gym head server (gym env start; NeMo Gym's default http://127.0.0.1:11000): finds the environment by name",
+            help="a NeMo Gym head server (gym env start; NeMo Gym's default http://127.0.0.1:11000): "
+            "finds the environment by name",
         )
         parser.add_argument(
             "--input", required=True, help="input JSONL (one task per line, with responses_create_params)"
@@ -213,58 +231,13 @@ class Command(NemoGymFlags, BaseCommand):
 
     def handle(self, *args, **opts) -> None:
         nemo = self._nemo_gym(opts)
-        if not opts["agent_url"] or not opts["env_url"]:
-            missing = " and ".join(f for f in ("--agent-url", "--env-url") if not opts[f[2:].replace("-", "_")])
-            raise CommandError(
-                f"pass {missing}, or a NeMo Gym config (--config FILE) and/or head server (--head-url URL)"
-            )
-        try:
-            agent_url = validate_base_url(opts["agent_url"], "--agent-url")
-            env_url = validate_base_url(opts["env_url"], "--env-url")
-        except InvalidBaseURL as exc:
-            raise CommandError(str(exc)) from None
-        if opts["allow_url_change"] and not opts["resume"]:
-            raise CommandError("--allow-url-change applies only with --resume (a new run takes any URLs)")
-        problem = environments.miswiring_problem(agent_url, nemo.head_url if nemo else opts["head_url"])
-        if problem:
-            raise CommandError(f"{problem}\nNothing was run.")
-        head_url = nemo.head_url if nemo and env_url == nemo.env_url and nemo.head_url else ""
-        env_name = nemo.env_name if head_url else ""
-        if opts["concurrency"] < 1:
-            raise CommandError("--concurrency must be at least 1")
-        if opts["num_repeats"] < 1:
-            raise CommandError("--num-repeats must be at least 1")
-        if opts["limit"] == 0:
-            raise CommandError("--limit must be at least 1 (leave it out for every row)")
-        max_attempts = opts["max_attempts"] if opts["max_attempts"] is not None else default_max_attempts()
-        if max_attempts < 1:
-            raise CommandError("--max-attempts must be at least 1")
-        if opts["run_timeout_s"] > runs.max_run_timeout_s():
-            raise CommandError(
-                f"--run-timeout-s may be at most {runs.max_run_timeout_s():g} s (GYMWEB_MAX_RUN_TIMEOUT_S)"
-            )
-        overrides = {}
-        if opts["overrides"]:
-            try:
-                overrides = validate_overrides(strict_loads(opts["overrides"]))
-            except (NotJSON, ValueError) as exc:
-                raise CommandError(f"--overrides: {exc}") from None
+        agent_url, env_url, head_url, env_name, max_attempts, overrides = self._options(opts, nemo)
         output = Path(opts["output"]).expanduser().resolve()
         input_path = Path(opts["input"]).expanduser()
         # Nothing is created on disk until the input and the options are known to be good: a
         # refused command leaves no empty output folder behind.
         self._check_output(output, input_path)
-        try:
-            with input_path.open("rb") as fh:
-                parsed = read_jsonl(fh, source=str(input_path), max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
-        except FileNotFoundError:
-            raise CommandError(f"--input {input_path}: no such file") from None
-        except IsADirectoryError:
-            raise CommandError(f"--input {input_path} is a directory") from None
-        except PermissionError:
-            raise CommandError(f"--input {input_path}: permission denied") from None
-        except DatasetError as exc:
-            raise CommandError(str(exc)) from None
+        parsed = _read_input(input_path)
         if parsed.stripped_fields:
             self.stderr.write(
                 f"note: stripped stale result fields from the input: {', '.join(sorted(parsed.stripped_fields))}"
@@ -305,32 +278,7 @@ class Command(NemoGymFlags, BaseCommand):
             if run is None:
                 self.stderr.write(f"note: no earlier run wrote {output}; starting a new run")
         if run is not None:
-            if run.is_archived:
-                raise CommandError(
-                    f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}"
-                )
-            # An env found again through the same head server by the same name moves with each
-            # `gym env start` (a new port): that change is expected, and recorded like any other.
-            env_moved = (
-                bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
-            )
-            try:
-                changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
-            except runs.URLChangeRefused as exc:
-                raise CommandError(f"--resume: {exc}") from None
-            for name, (old, new) in changed.items():
-                why = (
-                    "found again through the head server"
-                    if env_moved and not opts["allow_url_change"]
-                    else "--allow-url-change"
-                )
-                self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
-            run.head_url, run.env_name = head_url, env_name
-            run.save(update_fields=["head_url", "env_name"])
-            added = runs.resume(run, max_attempts=max_attempts)
-            self.stdout.write(
-                f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})"
-            )
+            self._resume(run, opts, agent_url, env_url, head_url, env_name, max_attempts)
         else:
             try:
                 runs.check_size(len(parsed.rows), opts["num_repeats"], opts["limit"])
@@ -380,6 +328,74 @@ class Command(NemoGymFlags, BaseCommand):
             self._aggregate_metrics_file(run, output)
         if not opts["no_health_check"]:
             self.stdout.write(health.auto_check(run, output.parent))
+
+    def _resume(
+        self, run: Run, opts: dict, agent_url: str, env_url: str, head_url: str, env_name: str, max_attempts: int
+    ) -> None:
+        """``--resume``: the run's URLs changed where allowed, then a new attempt for each key left."""
+        if run.is_archived:
+            raise CommandError(f"--resume: run #{run.pk} is archived; restore it first: gymweb restore_run {run.pk}")
+        # An env found again through the same head server by the same name moves with each
+        # `gym env start` (a new port): that change is expected, and recorded like any other.
+        env_moved = (
+            bool(head_url) and run.head_url == head_url and run.env_name == env_name and run.agent_url == agent_url
+        )
+        try:
+            changed = runs.change_urls(run, agent_url, env_url, allow=opts["allow_url_change"] or env_moved)
+        except runs.URLChangeRefused as exc:
+            raise CommandError(f"--resume: {exc}") from None
+        for name, (old, new) in changed.items():
+            why = (
+                "found again through the head server"
+                if env_moved and not opts["allow_url_change"]
+                else "--allow-url-change"
+            )
+            self.stderr.write(f"note: {why}: the run's {name} changes from {old} to {new}")
+        run.head_url, run.env_name = head_url, env_name
+        run.save(update_fields=["head_url", "env_name"])
+        added = runs.resume(run, max_attempts=max_attempts)
+        self.stdout.write(f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})")
+
+    def _options(self, opts: dict, nemo: environments.Resolved | None) -> tuple[str, str, str, str, int, dict]:
+        """The run's checked options: ``(agent_url, env_url, head_url, env_name, max_attempts,
+        overrides)``. Raises ``CommandError`` naming the first bad one."""
+        if not opts["agent_url"] or not opts["env_url"]:
+            missing = " and ".join(f for f in ("--agent-url", "--env-url") if not opts[f[2:].replace("-", "_")])
+            raise CommandError(
+                f"pass {missing}, or a NeMo Gym config (--config FILE) and/or head server (--head-url URL)"
+            )
+        try:
+            agent_url = validate_base_url(opts["agent_url"], "--agent-url")
+            env_url = validate_base_url(opts["env_url"], "--env-url")
+        except InvalidBaseURL as exc:
+            raise CommandError(str(exc)) from None
+        if opts["allow_url_change"] and not opts["resume"]:
+            raise CommandError("--allow-url-change applies only with --resume (a new run takes any URLs)")
+        problem = environments.miswiring_problem(agent_url, nemo.head_url if nemo else opts["head_url"])
+        if problem:
+            raise CommandError(f"{problem}\nNothing was run.")
+        head_url = nemo.head_url if nemo and env_url == nemo.env_url and nemo.head_url else ""
+        env_name = nemo.env_name if head_url else ""
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if opts["num_repeats"] < 1:
+            raise CommandError("--num-repeats must be at least 1")
+        if opts["limit"] == 0:
+            raise CommandError("--limit must be at least 1 (leave it out for every row)")
+        max_attempts = opts["max_attempts"] if opts["max_attempts"] is not None else default_max_attempts()
+        if max_attempts < 1:
+            raise CommandError("--max-attempts must be at least 1")
+        if opts["run_timeout_s"] > runs.max_run_timeout_s():
+            raise CommandError(
+                f"--run-timeout-s may be at most {runs.max_run_timeout_s():g} s (GYMWEB_MAX_RUN_TIMEOUT_S)"
+            )
+        overrides = {}
+        if opts["overrides"]:
+            try:
+                overrides = validate_overrides(strict_loads(opts["overrides"]))
+            except (NotJSON, ValueError) as exc:
+                raise CommandError(f"--overrides: {exc}") from None
+        return agent_url, env_url, head_url, env_name, max_attempts, overrides
 
     def _nemo_gym(self, opts: dict) -> environments.Resolved | None:
         """Fill the agent, the env and the knobs the command line leaves out from ``--config`` /
@@ -519,7 +535,8 @@ class Command(NemoGymFlags, BaseCommand):
         names = output_stems(output)
         mean = sum(rewards) / len(rewards) if rewards else None
         lines = [
-            f"run #{run.pk} {run.status}: {run.num_keys} rollout key(s), {len(rewards)} succeeded, {sum(kinds.values())} failed attempt(s)",
+            f"run #{run.pk} {run.status}: {run.num_keys} rollout key(s), {len(rewards)} succeeded, "
+            f"{sum(kinds.values())} failed attempt(s)",
             f"mean/reward (successes): {mean:.4f}" if mean is not None else "mean/reward: n/a (no successes)",
             f"mean/reward (failures as 0): {sum(rewards) / run.num_keys:.4f}" if run.num_keys else "",
         ]
@@ -528,7 +545,8 @@ class Command(NemoGymFlags, BaseCommand):
         miswired = miswired_rollouts(run)
         if miswired:
             lines.append(
-                f"WARNING: {miswired} rollout(s) got {miswiring.ROLLOUT_WARNING}: the agent ran the environment's tools "
+                f"WARNING: {miswired} rollout(s) got {miswiring.ROLLOUT_WARNING}: "
+                "the agent ran the environment's tools "
                 "itself (is --agent-url NeMo Gym's own remote_agent server instead of your agent service?); "
                 "their rewards are not real"
             )
@@ -552,7 +570,8 @@ class Command(NemoGymFlags, BaseCommand):
             )
         if left["terminal"]:
             parts.append(
-                f"{left['terminal']} key(s) failed terminally (an invalid Responses object): never retried, fix the agent"
+                f"{left['terminal']} key(s) failed terminally (an invalid Responses object): "
+                "never retried, fix the agent"
             )
         if left["exhausted"]:
             parts.append(
