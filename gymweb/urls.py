@@ -7,8 +7,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from rollouts.api.router import api
-from rollouts.operations.metrics import metrics_view
 from rollouts.operations.probes import healthz, readyz
+from rollouts.operations.prometheus import metrics_view
 
 
 class FaviconView(RedirectView):

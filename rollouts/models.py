@@ -445,7 +445,7 @@ class Worker(models.Model):
 
 
 class MetricTotal(models.Model):
-    """A fleet-wide running total that every worker adds to (rollouts.operations.metrics): a
+    """A fleet-wide running total that every worker adds to (rollouts.operations.prometheus): a
     counter, or one histogram bucket, sum or count, named by ``name`` and canonical ``labels``
     (``k=v,k=v``, sorted). ``/metrics`` on any web server reads them, so one scrape covers every
     worker on every machine."""

@@ -17,12 +17,8 @@ from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured
 
 from rollouts.engine.http import LoopClient, make_client
-from rollouts.engine.targets import (
-    InvalidAllowEntry,
-    TargetPolicy,
-    TargetRefused,
-    make_sync_client,
-)
+from rollouts.engine.policy_transports import make_sync_client
+from rollouts.engine.targets import InvalidAllowEntry, TargetPolicy, TargetRefused
 
 __all__ = ["TargetRefused", "async_client", "check_url", "max_reply_bytes", "policy", "refused_services", "sync_client"]
 
@@ -88,7 +84,7 @@ def async_client(concurrency: int = 32) -> LoopClient:
 
 
 def sync_client(timeout_s: float | None = 30.0) -> httpx.Client:
-    """A sync client with this instance's policy and reply cap (``targets.make_sync_client``)."""
+    """A sync client with this instance's policy and reply cap (``engine.policy_transports.make_sync_client``)."""
     return make_sync_client(policy(), max_reply_bytes(), timeout_s=timeout_s)
 
 

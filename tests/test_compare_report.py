@@ -9,7 +9,7 @@ import math
 import pytest
 from django.core.management import CommandError, call_command
 
-from rollouts.evaluation import compare_report
+from rollouts.evaluation import compare_report, compare_sides
 from rollouts.models import Run
 
 pytestmark = pytest.mark.django_db
@@ -64,8 +64,8 @@ def test_imported_reference_runs_reproduce_nemo_gyms_compare_report(shared_data,
 
 def test_nemo_gym_files_compare_exactly_too(shared_data, tmp_path):
     ref_dir = shared_data / "eval_0.7.0"
-    baseline = compare_report.resolve_side(str(ref_dir / "runA" / "rollouts.jsonl"), "baseline")
-    candidate = compare_report.resolve_side(str(ref_dir / "runB" / "rollouts.jsonl"), "candidate")
+    baseline = compare_sides.resolve_side(str(ref_dir / "runA" / "rollouts.jsonl"), "baseline")
+    candidate = compare_sides.resolve_side(str(ref_dir / "runB" / "rollouts.jsonl"), "candidate")
     ours = compare_report.compare_sides(baseline, [candidate])
     nemo = json.loads((ref_dir / "compare_A_vs_B" / "compare_report.json").read_text())
     assert ours["comparisons"] == nemo["comparisons"]
@@ -75,7 +75,7 @@ def test_nemo_gym_files_compare_exactly_too(shared_data, tmp_path):
 def test_the_paired_interval_is_seeded_and_says_which_interval_is_tighter(shared_data):
     ref_dir = shared_data / "eval_0.7.0"
     sides = [
-        compare_report.resolve_side(str(ref_dir / r / "rollouts.jsonl"), role)
+        compare_sides.resolve_side(str(ref_dir / r / "rollouts.jsonl"), role)
         for r, role in (("runA", "baseline"), ("runB", "candidate"))
     ]
     first = compare_report.compare_sides(sides[0], [sides[1]])["gymweb"]["paired_intervals"][0]["candidates"][0]
@@ -91,7 +91,7 @@ def _entry(task_rewards: dict[int, list[float]]) -> dict:
         for t, rs in task_rewards.items()
         for i, r in enumerate(rs)
     ]
-    return compare_report.aggregate_entry_from_rows(rows, "agent")
+    return compare_sides.aggregate_entry_from_rows(rows, "agent")
 
 
 def test_flips_go_both_ways_with_per_repeat_rewards():

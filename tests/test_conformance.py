@@ -11,7 +11,8 @@ import json
 import pytest
 
 from rollouts.engine.loop import InvalidBaseURL
-from rollouts.evaluation.conformance import CHECKS, ERROR, WARNING, Report, check_agent, check_agent_sync, check_reply
+from rollouts.evaluation.conformance import Report, check_agent, check_agent_sync
+from rollouts.evaluation.conformance_checks import CHECKS, ERROR, WARNING, check_reply
 from tests.bad_agents import REQUESTS, SLOW_DELAY_S, serve
 from tests.servers import LOCAL, AgentService, RawServer, Reply, async_test, call, free_url, message, reply
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from rollouts.evaluation import health
+from rollouts.evaluation import health, health_checks, health_report
 from rollouts.models import AgentCall, Rollout, RolloutHealth, Run, TrajectoryItem
 from tests.run_factories import finish, key, make_run, new_attempt
 
@@ -81,7 +81,7 @@ def test_it_never_overwrites_reports_without_overwrite(shared_data, tmp_path):
 def test_an_unreadable_line_is_a_finding_not_an_error(tmp_path):
     path = tmp_path / "rollouts.jsonl"
     path.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}\n{not json\n')
-    result = health.check_files([path])
+    result = health_report.check_files([path])
     bad = [d for d in result.digests if d.verdict == "unhealthy"]
     assert len(bad) == 1 and bad[0].findings[0]["check"] == "record_unreadable"
     assert bad[0].findings[0]["locator"] == {"source_file": str(path), "line": 2}
@@ -97,7 +97,7 @@ def test_a_healthy_collected_rollout_is_evaluated_by_every_check():
     assert [d.verdict for d in result.digests] == ["healthy"]
     assert result.digests[0].unobserved == []
     cov = result.summary["run"]["artifacts"]["coverage"]
-    assert all(cov[c]["unobserved"] == 0 for c in health.ROLLOUT_CHECK_IDS)
+    assert all(cov[c]["unobserved"] == 0 for c in health_checks.ROLLOUT_CHECK_IDS)
 
 
 def test_agent_call_evidence_finds_hollow_turns_zero_and_missing_tokens_and_runaway_generation():
@@ -235,7 +235,7 @@ def test_ignored_checks_are_counted_as_ignored():
     r = key(run, 0)
     _success_with_usage(r, {"input_tokens": 10, "output_tokens": 5})
     _calls(r, (U, [], "", 200, None))
-    result, _ = health.run_health_check(run, ignored=health.normalize_ignored("agent_turn_hollow"))
+    result, _ = health.run_health_check(run, ignored=health_checks.normalize_ignored("agent_turn_hollow"))
     assert result.digests[0].verdict == "healthy"
     assert result.summary["run"]["artifacts"]["coverage"]["agent_turn_hollow"] == {
         "evaluated": 0,

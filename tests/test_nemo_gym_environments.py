@@ -17,7 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from rollouts.collection import environments
-from rollouts.evaluation import health
+from rollouts.evaluation import health_report
 from rollouts.models import HeadServer, Rollout, Run
 from rollouts.nemo import miswiring
 from rollouts.nemo.config import NemoConfigError, load_files, load_texts
@@ -315,7 +315,9 @@ def test_an_agent_that_runs_the_env_tools_itself_is_flagged_at_run_time(
         rollouts = list(Rollout.objects.filter(status=Rollout.Status.SUCCEEDED))
         assert len(rollouts) == 5 and all(r.reward == 0.0 for r in rollouts)
         assert all(any(w.startswith(miswiring.ROLLOUT_WARNING) for w in r.warnings) for r in rollouts)
-        verdicts = [json.loads(line) for line in (tmp_path / health.ROLLOUT_VERDICTS_FILENAME).read_text().splitlines()]
+        verdicts = [
+            json.loads(line) for line in (tmp_path / health_report.ROLLOUT_VERDICTS_FILENAME).read_text().splitlines()
+        ]
         assert verdicts and all(v["verdict"] == "unhealthy" for v in verdicts)
         assert all("tool_results_not_executed" in {f["check"] for f in v["findings"]} for v in verdicts)
     finally:

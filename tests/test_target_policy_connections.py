@@ -12,7 +12,8 @@ import pytest
 from rollouts.engine import targets
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.http import make_client
-from rollouts.engine.targets import TargetPolicy, TargetRefused, make_sync_client
+from rollouts.engine.policy_transports import make_sync_client
+from rollouts.engine.targets import TargetPolicy, TargetRefused
 from tests.servers import AgentService, EnvService, async_test, drive, message, reply
 
 STRICT = TargetPolicy()

@@ -153,7 +153,7 @@ def test_the_env_reply_is_stored_with_its_key_order_and_written_beside_the_rollo
 
 @pytest.mark.django_db
 def test_compare_reads_the_stored_entry_with_its_metric_order():
-    from rollouts.evaluation.compare_report import run_entries
+    from rollouts.evaluation.compare_sides import run_entries
 
     run = make_run(2, num_repeats=2)
     for t in range(2):

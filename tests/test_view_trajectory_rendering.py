@@ -13,7 +13,8 @@ from django.utils.html import escape
 
 from rollouts.collection.importer import import_rollouts
 from rollouts.models import Rollout, TrajectoryItem
-from rollouts.web import rendering
+from rollouts.thinking import split_thinking
+from rollouts.web.diffs import looks_like_diff
 from tests.test_view_rollout_detail import call, make_rollout, make_run, make_task, msg, out, page
 
 HX = {"HX-Request": "true"}
@@ -99,9 +100,9 @@ def test_thinking_spans_in_message_text_are_folded_with_their_length(signed_in, 
 
 
 def test_a_closing_tag_alone_folds_what_came_before_and_an_unclosed_one_what_comes_after():
-    assert rendering.split_thinking("plan it</think>Done.") == [(True, "plan it"), (False, "Done.")]
-    assert rendering.split_thinking("Hi <think>still going") == [(False, "Hi "), (True, "still going")]
-    assert rendering.split_thinking("no tags") == [(False, "no tags")]
+    assert split_thinking("plan it</think>Done.") == [(True, "plan it"), (False, "Done.")]
+    assert split_thinking("Hi <think>still going") == [(False, "Hi "), (True, "still going")]
+    assert split_thinking("no tags") == [(False, "no tags")]
 
 
 @pytest.mark.django_db
@@ -219,10 +220,10 @@ def test_a_verify_field_holding_a_patch_is_shown_as_a_diff(signed_in, shared_dat
 
 
 def test_text_that_only_mentions_diffs_is_not_a_diff():
-    assert rendering.looks_like_diff(PATCH)
-    assert rendering.looks_like_diff("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b")
-    assert not rendering.looks_like_diff("use --- and +++ in a diff\n@@ is a hunk")
-    assert not rendering.looks_like_diff("- a list\n- of things")
+    assert looks_like_diff(PATCH)
+    assert looks_like_diff("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b")
+    assert not looks_like_diff("use --- and +++ in a diff\n@@ is a hunk")
+    assert not looks_like_diff("- a list\n- of things")
 
 
 # -- JSON ----------------------------------------------------------------------------------------

@@ -26,17 +26,11 @@ from ninja.errors import HttpError
 from ninja.responses import Status
 from pydantic import Field, ValidationError
 
-from rollouts.api.router import (
-    Error,
-    FieldsError,
-    RolloutDetailOut,
-    RunOut,
-    api,
-    form_error,
-    rollout_detail,
-    rollout_for,
-    run_out,
-)
+from rollouts.api.errors import FieldsError, form_error
+from rollouts.api.lookups import rollout_for
+from rollouts.api.payloads import rollout_detail, run_out
+from rollouts.api.router import api
+from rollouts.api.schemas import Error, RolloutDetailOut, RunOut
 from rollouts.collection import archive, export, run_settings
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads

@@ -193,7 +193,8 @@ def download_refusal(run: Run, kind: str, filtered: bool, plain: bool) -> str | 
 def _check_idle(run: Run, doing: str) -> None:
     if not run.is_final:
         raise RunBusy(
-            f"run {run.pk} is {run.status}: it cannot be {doing} while it is collected. Cancel it first, then {doing.rstrip('d')} it."
+            f"run {run.pk} is {run.status}: it cannot be {doing} while it is collected. "
+            f"Cancel it first, then {doing.rstrip('d')} it."
         )
     active = Rollout.objects.filter(run=run, status__in=Rollout.ACTIVE).count()
     if active:
@@ -510,7 +511,8 @@ def _manifest(run: Run) -> dict[str, Any]:
         raise ArchiveError(f"run {run.pk}: cannot read {path}: {exc}") from exc
     if manifest.get("format") != FORMAT or manifest.get("run") != run.pk:
         raise ArchiveError(
-            f"{path} is not the archive of run {run.pk} (format {manifest.get('format')!r}, run {manifest.get('run')!r})"
+            f"{path} is not the archive of run {run.pk} "
+            f"(format {manifest.get('format')!r}, run {manifest.get('run')!r})"
         )
     return manifest
 
@@ -540,7 +542,8 @@ def verify_files(run: Run) -> dict[str, Any]:
             raise ArchiveError(f"run {run.pk}: cannot read {folder / name}: {exc}") from exc
         if sha.hexdigest() != expected["sha256"] or lines != expected["lines"]:
             raise ArchiveError(
-                f"run {run.pk}: {folder / name} does not match its manifest ({lines} lines read, {expected['lines']} expected)"
+                f"run {run.pk}: {folder / name} does not match its manifest "
+                f"({lines} lines read, {expected['lines']} expected)"
             )
     return manifest
 

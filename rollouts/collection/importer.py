@@ -1,5 +1,6 @@
 """Import a NeMo Gym ``rollouts.jsonl`` (and optionally its failures sidecar and its
-``rollouts_materialized_inputs.jsonl``) into a new run with status ``imported``, to inspect it without running anything (DESIGN.md, "Import").
+``rollouts_materialized_inputs.jsonl``) into a new run with status ``imported``, to inspect it
+without running anything (DESIGN.md, "Import").
 
 No views here: the import page and ``manage.py import_rollouts`` both call ``import_rollouts`` (one
 file and its sidecar) or ``import_shards`` (several shards of one run, as ``gym eval aggregate``
@@ -20,7 +21,8 @@ Rules:
   the row as it came (``export.success_row`` sets ``_ng_task_index``, ``_ng_rollout_index`` and
   ``agent_ref`` in place, so exporting gives the line back byte for byte) and ``profile_json``
   the numbers NeMo Gym's profiler reads from that exported row
-  (``profile_numbers.profile_json_for_verify``). Rows of the failures sidecar are failed attempts: ``error``, ``terminal`` from ``_ng_failure_terminal``,
+  (``profile_numbers.profile_json_for_verify``). Rows of the failures sidecar are failed attempts:
+  ``error``, ``terminal`` from ``_ng_failure_terminal``,
   ``failure_kind`` from ``_gymweb_failure_kind`` (else ``"imported_failure"``). A row with no
   result at all among result rows is kept as a ``cancelled`` attempt (kill-shaped: shown, written
   to no file) explained as never run.
@@ -232,6 +234,51 @@ def _first_row(stream: Any) -> dict[str, Any] | None:
     return None
 
 
+def _result_fields(
+    row: dict[str, Any], line: int, source: str, failed: bool
+) -> tuple[bool, Any, dict[str, Any] | None, list[Any]]:
+    """``(has_reward, reward, response, output items)`` of a row, checked: a numeric reward, a
+    response object with a list of item objects, no response without a reward on a result row.
+    Raises ``DatasetError``."""
+    has_reward = "reward" in row
+    reward = row.get("reward")
+    if has_reward and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward):
+        raise DatasetError(f"'reward' must be a number (got {json.dumps(reward)[:60]})", line, source)
+    response = row.get("response")
+    if response is not None and not isinstance(response, dict):
+        raise DatasetError("'response' must be a JSON object (a Responses API object)", line, source)
+    output = (response or {}).get("output")
+    if output is None:
+        output = []
+    if not isinstance(output, list):
+        raise DatasetError("'response.output' must be a list of items", line, source)
+    for position, item in enumerate(output):
+        if not isinstance(item, dict):
+            raise DatasetError(f"'response.output[{position}]' must be a JSON object", line, source)
+    if not failed and not has_reward and response is not None:
+        raise DatasetError("the row has a 'response' but no 'reward': a rollouts.jsonl row needs both", line, source)
+    return has_reward, reward, response, output
+
+
+def _fill_failed(
+    rollout: Rollout, row: dict[str, Any], response: dict[str, Any] | None, output: list[Any]
+) -> list[Any]:
+    """A failures-sidecar row as a failed attempt; returns the output items to store (none for
+    NeMo Gym's placeholder response)."""
+    error = row.get("error")
+    rollout.status = Rollout.Status.FAILED
+    rollout.reward = 0.0
+    rollout.error = error if isinstance(error, str) else ("" if error is None else _dumps(error))
+    rollout.terminal = bool(row.get("_ng_failure_terminal"))
+    kind = row.get("_gymweb_failure_kind")
+    rollout.failure_kind = kind[:40] if isinstance(kind, str) and kind else IMPORTED_FAILURE_KIND
+    if response is not None and response.get("id") == PLACEHOLDER_RESPONSE_ID:
+        return []  # NeMo Gym's placeholder (one empty message) is not a trajectory
+    if response is not None and output:
+        rollout.partial_response_json = _dumps(response)
+    return output
+
+
 class _Importer:
     def __init__(self, run: Run):
         self.run = run
@@ -314,25 +361,7 @@ class _Importer:
 
         self._check_slot(row, line, source, sidecar)
         failed = sidecar
-        has_reward = "reward" in row
-        reward = row.get("reward")
-        if has_reward and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward):
-            raise DatasetError(f"'reward' must be a number (got {json.dumps(reward)[:60]})", line, source)
-        response = row.get("response")
-        if response is not None and not isinstance(response, dict):
-            raise DatasetError("'response' must be a JSON object (a Responses API object)", line, source)
-        output = (response or {}).get("output")
-        if output is None:
-            output = []
-        if not isinstance(output, list):
-            raise DatasetError("'response.output' must be a list of items", line, source)
-        for position, item in enumerate(output):
-            if not isinstance(item, dict):
-                raise DatasetError(f"'response.output[{position}]' must be a JSON object", line, source)
-        if not failed and not has_reward and response is not None:
-            raise DatasetError(
-                "the row has a 'response' but no 'reward': a rollouts.jsonl row needs both", line, source
-            )
+        has_reward, reward, response, output = _result_fields(row, line, source, failed)
 
         if task_index not in self.task_ids:
             task_row = dict(row)
@@ -355,17 +384,7 @@ class _Importer:
         if key in self.inputs:  # the key's first attempt carries its materialised input line
             rollout.input_ordinal, rollout.input_text = self.inputs.pop(key)
         if failed:
-            error = row.get("error")
-            rollout.status = Rollout.Status.FAILED
-            rollout.reward = 0.0
-            rollout.error = error if isinstance(error, str) else ("" if error is None else _dumps(error))
-            rollout.terminal = bool(row.get("_ng_failure_terminal"))
-            kind = row.get("_gymweb_failure_kind")
-            rollout.failure_kind = kind[:40] if isinstance(kind, str) and kind else IMPORTED_FAILURE_KIND
-            if response is not None and response.get("id") == PLACEHOLDER_RESPONSE_ID:
-                output = []  # NeMo Gym's placeholder (one empty message) is not a trajectory
-            elif response is not None and output:
-                rollout.partial_response_json = _dumps(response)
+            output = _fill_failed(rollout, row, response, output)
             self.summary.failed += 1
         elif has_reward:
             if key in self.success_lines:

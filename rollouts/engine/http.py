@@ -20,15 +20,8 @@ from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from rollouts.engine.budget import ReplyBudget, ReplyOverBudget
 from rollouts.engine.failures import NOT_HTTP, TIMEOUT, UNREACHABLE, Failure, FailureKind
-from rollouts.engine.targets import (
-    DEFAULT_MAX_REPLY_BYTES,
-    PolicyAsyncTransport,
-    PolicyResolver,
-    ReplyTooLarge,
-    TargetPolicy,
-    find_refusal,
-    find_too_large,
-)
+from rollouts.engine.policy_transports import PolicyAsyncTransport, PolicyResolver
+from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, ReplyTooLarge, TargetPolicy, find_refusal, find_too_large
 
 __all__ = ["OUT_OF_FILES_WAITS", "LoopClient", "RawReply", "SessionJar", "make_client", "out_of_files"]
 

@@ -1,19 +1,9 @@
 """Which hosts a run may reach: the target policy, enforced at connection time (the settings and
 what a user sees: docs/production.md, "Which hosts a run may reach").
 
-The policy as plain data (no Django: ``rollouts.targets`` builds it from the settings) and the hooks
-that enforce it on every connection:
-
-- ``TargetPolicy``: the rules. ``check(host, port, address)`` decides one resolved address.
-- ``PolicyResolver``: an aiohttp resolver that resolves a name itself and drops every address the
-  policy refuses, so a name that resolves to 127.0.0.1 is judged by 127.0.0.1 (DNS tricks do not
-  pass); nothing left raises ``TargetRefused``.
-- ``PolicyAsyncTransport`` / ``PolicySyncTransport``: httpx transports that judge IP-literal hosts
-  in every spelling the C library accepts (``0x7f000001``, ``2130706433``, ``127.1``, ``0177.0.0.1``,
-  ``[::ffff:127.0.0.1]``) before anything connects, and cap every reply (``max_reply_bytes``: the
-  body is counted as it streams and never buffered past the cap; over it ``ReplyTooLarge``).
-  The sync transport connects through ``PolicyNetworkBackend`` (httpcore), which resolves, judges
-  and then connects to the judged address itself.
+The policy as plain data (no Django: ``rollouts.targets`` builds it from the settings):
+``TargetPolicy``, the rules; ``check(host, port, address)`` decides one resolved address. The hooks
+that enforce it on every connection are ``rollouts.engine.policy_transports``.
 
 The rules (``TargetPolicy``), in order:
 
@@ -35,50 +25,43 @@ IPv4-mapped IPv6 addresses (``::ffff:127.0.0.1``) are judged as the IPv4 address
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import re
 import socket
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Union
 from urllib.parse import urlsplit
 
 import httpx
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 __all__ = [
-    "ALLOW_LOCAL_SETTING",
     "ALLOWED_HOSTS_SETTING",
+    "ALLOW_LOCAL_SETTING",
+    "AllowEntry",
     "DEFAULT_MAX_REPLY_BYTES",
+    "InvalidAllowEntry",
     "MAX_REPLY_SETTING",
     "METADATA_ADDRESSES",
     "METADATA_NAMES",
-    "AllowEntry",
-    "InvalidAllowEntry",
-    "PolicyAsyncTransport",
-    "PolicyNetworkBackend",
-    "PolicyResolver",
-    "PolicySyncTransport",
+    "RefusedOSError",
     "ReplyTooLarge",
     "TargetPolicy",
     "TargetRefused",
     "classify",
     "find_refusal",
     "find_too_large",
-    "make_sync_client",
+    "host_name",
     "parse_ip",
     "resolve",
 ]
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
-
 ALLOW_LOCAL_SETTING = "GYMWEB_ALLOW_LOCAL_TARGETS"
 ALLOWED_HOSTS_SETTING = "GYMWEB_ALLOWED_TARGET_HOSTS"
 MAX_REPLY_SETTING = "GYMWEB_MAX_REPLY_BYTES"
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024  # 64 MB
-
 # Cloud instance-metadata endpoints (AWS, GCP, Azure, OpenStack, Oracle, DigitalOcean: 169.254.169.254;
 # AWS ECS task metadata 169.254.170.2, AWS DNS/NTP 169.254.169.253/.123; AWS IPv6 IMDS fd00:ec2::254;
 # Alibaba Cloud 100.100.100.200; Oracle Cloud's legacy 192.0.0.192).
@@ -108,7 +91,6 @@ METADATA_NAMES = frozenset(
         "metadata.packet.net",
     }
 )
-
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
 _UNSPECIFIED = (ipaddress.ip_network("0.0.0.0/8"), ipaddress.ip_network("::/128"))
 _LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
@@ -126,13 +108,11 @@ _PRIVATE = tuple(
 )
 _BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
-
 # Classes of an address (``classify``).
 PUBLIC = "public"
 LOCAL_CLASSES = {"loopback", "unspecified", "private"}
 SELF_CLASSES = {"loopback", "unspecified"}  # gymweb's own machine
 ALWAYS_REFUSED = {"metadata", "link-local", "not unicast"}
-
 _HINT_LOCAL = (
     f"loopback, unspecified and private addresses are allowed only when the instance sets {ALLOW_LOCAL_SETTING}=1 "
     f"(a local single-user set-up) or lists the target in {ALLOWED_HOSTS_SETTING}"
@@ -169,7 +149,7 @@ class ReplyTooLarge(httpx.TransportError):
         self.limit = limit
 
 
-class _RefusedOSError(OSError):
+class RefusedOSError(OSError):
     """What ``PolicyResolver`` raises inside aiohttp (which wraps resolver errors that are
     ``OSError``); ``PolicyAsyncTransport`` turns it back into ``TargetRefused``."""
 
@@ -184,10 +164,10 @@ def find_refusal(exc: BaseException) -> TargetRefused | None:
     while exc is not None and seen < 10:
         if isinstance(exc, TargetRefused):
             return exc
-        if isinstance(exc, _RefusedOSError):
+        if isinstance(exc, RefusedOSError):
             return exc.refused
         os_error = getattr(exc, "os_error", None)  # aiohttp's ClientConnectorError keeps it here
-        if isinstance(os_error, _RefusedOSError):
+        if isinstance(os_error, RefusedOSError):
             return os_error.refused
         exc = exc.__cause__ or exc.__context__
         seen += 1
@@ -205,7 +185,6 @@ def find_too_large(exc: BaseException) -> ReplyTooLarge | None:
     return None
 
 
-# -- addresses -----------------------------------------------------------------------------------
 def parse_ip(host: str) -> IPAddress | None:
     """The address a URL host denotes when it is an IP literal in any spelling the C library's
     resolver accepts, else None (a name). Handles ``[v6]``, a zone (``fe80::1%eth0``), and the legacy
@@ -275,7 +254,6 @@ def classify(addr: IPAddress) -> str:
     return PUBLIC
 
 
-# -- the allowlist -------------------------------------------------------------------------------
 class InvalidAllowEntry(ValueError):
     """An entry of ``GYMWEB_ALLOWED_TARGET_HOSTS`` that is not ``host``, ``host:port``, an IP,
     a CIDR range or one of those with a port; the message names the entry."""
@@ -345,14 +323,13 @@ def _port(text: str, bad: str) -> int:
     return int(text)
 
 
-def _name(host: str) -> str:
+def host_name(host: str) -> str:
     host = (host or "").strip().lower()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host.rstrip(".")
 
 
-# -- the policy ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TargetPolicy:
     """Which hosts gymweb may connect to (the module docstring has the rules).
@@ -430,7 +407,7 @@ class TargetPolicy:
     def check_name(self, host: str, port: int | None) -> str | None:
         """The reason to refuse the host *name* before resolving it, or None. Only metadata names
         are refused by name (an explicitly listed one is allowed)."""
-        name = _name(host)
+        name = host_name(host)
         if name in METADATA_NAMES and not self._listed_name(name, port):
             return f"{name} is a cloud-metadata host; {_HINT_ALWAYS}"
         return None
@@ -438,7 +415,7 @@ class TargetPolicy:
     def check(self, host: str, port: int | None, addr: IPAddress) -> str | None:
         """The reason to refuse connecting to ``addr`` (resolved from ``host``, or ``host`` itself
         when it is a literal) on ``port``, or None when allowed."""
-        name = _name(host)
+        name = host_name(host)
         kind = classify(addr)
         target = f"{name}:{port}" if port else name
         by_address = self._address_entries(addr, port)
@@ -491,7 +468,7 @@ class TargetPolicy:
             else:
                 why = self.check_name(host, port)
         if why:
-            raise TargetRefused(_name(host) if addr is None else host, port, why)
+            raise TargetRefused(host_name(host) if addr is None else host, port, why)
 
     def check_url(self, url: str, *, resolve_names: bool = True, timeout_s: float = 3.0) -> None:
         """Judge a base URL now, as a form does before storing it: the literal or name check, then,
@@ -509,7 +486,7 @@ class TargetPolicy:
         except (OSError, TimeoutError):
             addresses = []
         if not addresses:
-            name = _name(host)
+            name = host_name(host)
             if self.allowed and not self._listed_name(name, port):
                 listed = ", ".join(e.text for e in self.allowed)
                 raise TargetRefused(
@@ -520,7 +497,7 @@ class TargetPolicy:
             return
         allowed, reason = self.refusal(host, port, addresses)
         if not allowed:
-            raise TargetRefused(_name(host), port, reason or "no address allowed")
+            raise TargetRefused(host_name(host), port, reason or "no address allowed")
 
 
 def resolve(host: str, port: int) -> list[IPAddress]:
@@ -529,9 +506,9 @@ def resolve(host: str, port: int) -> list[IPAddress]:
     this function to make a name resolve where they want (``PolicyResolver`` and
     ``PolicyNetworkBackend`` call it through the module)."""
     try:
-        infos = socket.getaddrinfo(_name(host), port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
+        infos = socket.getaddrinfo(host_name(host), port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
     except socket.gaierror:
-        infos = socket.getaddrinfo(_name(host), port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host_name(host), port, type=socket.SOCK_STREAM)
     out: list[IPAddress] = []
     for family, _, _, _, sockaddr in infos:
         if family not in (socket.AF_INET, socket.AF_INET6):
@@ -552,221 +529,3 @@ def _resolve_with_timeout(host: str, port: int, timeout_s: float) -> list[IPAddr
         raise TimeoutError(f"{host} did not resolve within {timeout_s:g} s") from None
     finally:
         pool.shutdown(wait=False)
-
-
-# -- aiohttp: the resolver -----------------------------------------------------------------------
-class PolicyResolver(AbstractResolver):
-    """An aiohttp resolver (``TCPConnector(resolver=PolicyResolver(policy))``) that resolves with
-    ``resolve`` in a thread and returns only the addresses ``policy`` allows, so aiohttp connects
-    to a judged address. Raises ``_RefusedOSError`` (an ``OSError``, which aiohttp wraps in
-    ``ClientConnectorDNSError``) when none is allowed or the name is refused as such."""
-
-    def __init__(self, policy: TargetPolicy):
-        self.policy = policy
-
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
-        why = self.policy.check_name(host, port)
-        if why:
-            raise _RefusedOSError(TargetRefused(_name(host), port, why))
-        loop = asyncio.get_running_loop()
-        addresses = await loop.run_in_executor(None, resolve, host, port)
-        if family in (socket.AF_INET, socket.AF_INET6):
-            addresses = [a for a in addresses if (a.version == 4) == (family == socket.AF_INET)] or addresses
-        allowed, reason = self.policy.refusal(host, port, addresses)
-        if not allowed:
-            raise _RefusedOSError(TargetRefused(_name(host), port, reason or "the name resolved to no address"))
-        return [
-            {
-                "hostname": host,
-                "host": str(a),
-                "port": port,
-                "family": socket.AF_INET if a.version == 4 else socket.AF_INET6,
-                "proto": 0,
-                "flags": socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
-            }
-            for a in allowed
-        ]
-
-    async def close(self) -> None:
-        return None
-
-
-# -- httpx: the transports -----------------------------------------------------------------------
-def _port_of(url: httpx.URL) -> int:
-    return url.port or (443 if url.scheme == "https" else 80)
-
-
-class _CappedAsyncStream(httpx.AsyncByteStream):
-    def __init__(self, inner: httpx.AsyncByteStream, limit: int, request: httpx.Request):
-        self.inner, self.limit, self.request = inner, limit, request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        seen = 0
-        async for chunk in self.inner:
-            seen += len(chunk)
-            if seen > self.limit:
-                await self.inner.aclose()
-                raise ReplyTooLarge(str(self.request.url), self.limit, request=self.request)
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class _CappedSyncStream(httpx.SyncByteStream):
-    def __init__(self, inner: httpx.SyncByteStream, limit: int, request: httpx.Request):
-        self.inner, self.limit, self.request = inner, limit, request
-
-    def __iter__(self) -> Iterator[bytes]:
-        seen = 0
-        for chunk in self.inner:
-            seen += len(chunk)
-            if seen > self.limit:
-                self.inner.close()
-                raise ReplyTooLarge(str(self.request.url), self.limit, request=self.request)
-            yield chunk
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def _declared_too_large(response: httpx.Response, limit: int) -> bool:
-    length = response.headers.get("content-length", "")
-    return length.isdigit() and int(length) > limit
-
-
-class PolicyAsyncTransport(httpx.AsyncBaseTransport):
-    """Wraps an async httpx transport: judges IP-literal hosts before ``inner`` connects (names
-    are judged by the connector's ``PolicyResolver``), turns a resolver refusal into
-    ``TargetRefused`` and caps every reply at ``max_reply_bytes`` (``ReplyTooLarge``)."""
-
-    def __init__(
-        self, inner: httpx.AsyncBaseTransport, policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
-    ):
-        self.inner, self.policy, self.max_reply_bytes = inner, policy, int(max_reply_bytes)
-        # (host, port) pairs whose literal check passed: the policy is immutable and the check
-        # needs no DNS, so a run's thousands of calls to one address judge it once.
-        self._passed: set[tuple[str, int]] = set()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        key = (request.url.host, _port_of(request.url))
-        if key not in self._passed:
-            try:
-                self.policy.check_literal(*key)
-            except TargetRefused as exc:
-                exc.request = request
-                raise
-            if len(self._passed) > 4096:
-                self._passed.clear()
-            self._passed.add(key)
-        try:
-            response = await self.inner.handle_async_request(request)
-        except Exception as exc:
-            refused = find_refusal(exc)
-            if refused is not None:
-                raise TargetRefused(refused.host, refused.port, refused.reason, request=request) from None
-            raise
-        if _declared_too_large(response, self.max_reply_bytes):
-            await response.aclose()
-            raise ReplyTooLarge(str(request.url), self.max_reply_bytes, request=request)
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = _CappedAsyncStream(response.stream, self.max_reply_bytes, request)
-        return response
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class PolicyNetworkBackend:
-    """An httpcore network backend (sync) that resolves a name with ``resolve``, drops the
-    addresses ``policy`` refuses and connects to the first allowed one that answers; an IP-literal
-    host is judged as such. TLS still verifies against the URL's host name (httpcore passes it as
-    ``server_hostname``). Raises ``TargetRefused``."""
-
-    def __init__(self, policy: TargetPolicy):
-        import httpcore
-
-        self.policy = policy
-        self.inner = httpcore.SyncBackend()
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> Any:
-        self.policy.check_literal(host, port)
-        if parse_ip(host) is not None:
-            return self.inner.connect_tcp(
-                str(parse_ip(host)), port, timeout=timeout, local_address=local_address, socket_options=socket_options
-            )
-        import httpcore
-
-        try:
-            addresses = resolve(host, port)
-        except OSError as exc:
-            raise httpcore.ConnectError(f"could not resolve {host}: {exc}") from exc
-        allowed, reason = self.policy.refusal(host, port, addresses)
-        if not allowed:
-            raise TargetRefused(_name(host), port, reason or "the name resolved to no address")
-        last: Exception | None = None
-        for addr in allowed:
-            try:
-                return self.inner.connect_tcp(
-                    str(addr), port, timeout=timeout, local_address=local_address, socket_options=socket_options
-                )
-            except Exception as exc:  # try the next allowed address, as a resolver-driven connect would
-                last = exc
-        assert last is not None
-        raise last
-
-    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> Any:
-        raise TargetRefused("unix socket", None, "gymweb connects only to http(s) hosts")
-
-    def sleep(self, seconds: float) -> None:
-        self.inner.sleep(seconds)
-
-
-class PolicySyncTransport(httpx.BaseTransport):
-    """A sync httpx transport enforcing ``policy`` at connection time (``PolicyNetworkBackend``)
-    and capping every reply at ``max_reply_bytes`` (``ReplyTooLarge``). Proxies are never used."""
-
-    def __init__(self, policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, **kwargs: Any):
-        self.policy, self.max_reply_bytes = policy, int(max_reply_bytes)
-        self.inner = httpx.HTTPTransport(**kwargs)
-        pool = getattr(self.inner, "_pool", None)
-        if pool is None or not hasattr(pool, "_network_backend"):
-            raise RuntimeError("httpx/httpcore changed: cannot install gymweb's target policy on the sync transport")
-        pool._network_backend = PolicyNetworkBackend(policy)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            response = self.inner.handle_request(request)
-        except TargetRefused as exc:
-            exc.request = request
-            raise
-        if _declared_too_large(response, self.max_reply_bytes):
-            response.close()
-            raise ReplyTooLarge(str(request.url), self.max_reply_bytes, request=request)
-        assert isinstance(response.stream, httpx.SyncByteStream)
-        response.stream = _CappedSyncStream(response.stream, self.max_reply_bytes, request)
-        return response
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def make_sync_client(
-    policy: TargetPolicy, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, *, timeout_s: float | None = 30.0
-) -> httpx.Client:
-    """A sync httpx client for requests to a user's service (the env's ``/aggregate_metrics``,
-    ``/reverify_mode``...): the target policy at connection time, replies capped, no proxies
-    (contract rule 14), no redirects followed (rule 1). Close it after use."""
-    return httpx.Client(
-        transport=PolicySyncTransport(policy, max_reply_bytes),
-        trust_env=False,
-        follow_redirects=False,
-        timeout=timeout_s,
-    )

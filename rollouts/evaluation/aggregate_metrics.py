@@ -43,7 +43,8 @@ import httpx
 import numpy as np
 
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, environment_server_name
-from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy, make_sync_client
+from rollouts.engine.policy_transports import make_sync_client
+from rollouts.engine.targets import DEFAULT_MAX_REPLY_BYTES, TargetPolicy
 from rollouts.evaluation.outputs import check_outputs, dumps, write_bytes
 from rollouts.evaluation.reward_profile import label_runs, profile_rows
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
@@ -335,7 +336,7 @@ def post_aggregate_metrics(
     ignored (contract rules 1, 14). Raises ``EnvAggregateNotServed`` for 404/405 and
     ``EnvAggregateError`` for anything else that is not a valid reply (also a host the target
     ``policy`` refuses, None: the strict default, and a reply over ``max_reply_bytes``); never
-    hangs past ``timeout_s`` seconds. ``client``: a client from ``targets.make_sync_client``."""
+    hangs past ``timeout_s`` seconds. ``client``: a client from ``policy_transports.make_sync_client``."""
     url = f"{env_url.rstrip('/')}/aggregate_metrics"
     body = dumps({"verify_responses": list(stripped)})
     own = client is None

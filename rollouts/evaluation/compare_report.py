@@ -20,38 +20,27 @@ resampled with replacement (tasks, not repeats) ``PAIRED_BOOTSTRAP_RESAMPLES`` t
 the resampled means (numpy's linear interpolation). Pairing removes the between-task variance the
 Welch interval carries; the report says which interval is narrower. It lives under the report's
 ``gymweb`` key (NeMo Gym's own keys are unchanged).
+
+The sides are read by ``compare_sides``; the two files are written by ``compare_files``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from rollouts.models import Run
-from rollouts.nemo.jsonl import JsonlError, iter_objects
+from rollouts.evaluation.compare_sides import CompareError, Side, is_number, numeric
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.nemo.metrics_config import is_primary_metric
 
 __all__ = [
-    "CompareError",
-    "Side",
-    "aggregate_entry_from_rows",
     "compare_sides",
     "flip_summary",
     "paired_bootstrap",
-    "render_markdown",
-    "resolve_side",
-    "run_entries",
-    "side_from_run",
     "welch_delta_interval",
-    "write_compare_report",
 ]
 
 NEMO_GYM_SCHEMA_VERSION = "0.7.0"
@@ -60,255 +49,31 @@ MAX_FLIPS_SHOWN = 10
 PASS_THRESHOLD = 0.5
 PAIRED_BOOTSTRAP_RESAMPLES = 10_000
 PAIRED_BOOTSTRAP_SEED = 0
-MISSING = "—"
 COMPARE_MD = "compare_report.md"
 COMPARE_JSON = "compare_report.json"
 
 
-class CompareError(JsonlError):
-    """The sides cannot be compared (missing metrics file, no common agent or metric...); the
-    message says what and where."""
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _numeric(v: Any) -> float | None:
-    return float(v) if _is_number(v) else None
-
-
-@dataclass
-class Side:
-    """One run of a comparison. ``entries``: its aggregate-metrics entries by agent name;
-    ``run``: the stored run, when it is one; paths as the report shows them."""
-
-    role: str
-    index: int
-    rollouts_jsonl_fpath: str
-    aggregate_metrics_fpath: str
-    label: str
-    entries: dict[str, dict[str, Any]]
-    run: Run | None = None
-
-    def run_file(self) -> dict[str, Any]:
-        """NeMo Gym's ``RunFile`` as the report writes it."""
-        return {
-            "role": self.role,
-            "index": self.index,
-            "rollouts_jsonl_fpath": self.rollouts_jsonl_fpath,
-            "aggregate_metrics_fpath": self.aggregate_metrics_fpath,
-            "label": self.label,
-            "agent_names": sorted(self.entries),
-        }
-
-
-def aggregate_entry_from_rows(rows: Iterable[Any], agent_name: str) -> dict[str, Any]:
-    """An aggregate-metrics entry computed from success rows (dicts with the indices, ``reward`` and
-    ``response``, or ``reward_profile.ReducedRollout``), as NeMo Gym's ``compute_aggregate_metrics`` does it
-    for an env without its own metrics: every row grouped under one synthetic agent, key metrics =
-    the ``mean/`` metrics. Raises ``CompareError`` when there are no rows."""
-    from rollouts.evaluation.reward_profile import ReducedRollout, profile_rows
-
-    rows = list(rows)
-    if not rows:
-        raise CompareError(f"agent {agent_name!r} has no successful rollouts: nothing to compare")
-    synthetic: list[dict[str, Any]] = []
-    filled: list[Any] = []  # ReducedRollout or row mappings, as profile_rows takes them
-    for r in rows:
-        if isinstance(r, ReducedRollout):
-            synthetic.append(
-                {
-                    TASK_INDEX_KEY_NAME: r.task_index,
-                    ROLLOUT_INDEX_KEY_NAME: r.rollout_index,
-                    "agent_ref": {"name": "agent"},
-                }
-            )
-            filled.append(r)
-        else:
-            synthetic.append(
-                {
-                    TASK_INDEX_KEY_NAME: r.get(TASK_INDEX_KEY_NAME, 0),
-                    ROLLOUT_INDEX_KEY_NAME: r.get(ROLLOUT_INDEX_KEY_NAME, 0),
-                    "agent_ref": {"name": "agent"},
-                }
-            )
-            filled.append(r if "response" in r else {**r, "response": {}})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # NeMo Gym's collapsed-interval notes are not news here
-        result = profile_rows(synthetic, filled)
-    agent = {k: v for e in result.agent_metrics for k, v in e.items() if k != "agent_ref"}
-    agent["num_repeats"] = len({s[ROLLOUT_INDEX_KEY_NAME] for s in synthetic})
-    return {
-        "agent_ref": {"name": agent_name},
-        "agent_metrics": agent,
-        "key_metrics": {k: v for k, v in agent.items() if k.startswith("mean/")},
-        "group_level_metrics": result.reward_profiling,
-        "repeat_level_metrics": [{k: v for k, v in e.items() if k != "agent_ref"} for e in result.repeat_level_metrics],
-    }
-
-
-def _env_entry(run: Run) -> dict[str, Any] | None:
-    data = run.aggregate_metrics
-    if isinstance(data, list) and len(data) == 1:
-        data = data[0]
-    if isinstance(data, dict) and all(
-        isinstance(data.get(k), (dict, list)) for k in ("agent_metrics", "group_level_metrics", "repeat_level_metrics")
-    ):
-        return data
-    return None
-
-
-def run_entries(run: Run) -> dict[str, dict[str, Any]]:
-    """A stored run's aggregate-metrics entries by agent name (one: the run's agent), from its env's
-    reply or computed (see the section comment). Raises ``CompareError`` when it has no successes."""
-    from rollouts.evaluation.profile_report import run_success_rows
-
-    entry = _env_entry(run)
-    if entry is None:
-        entry = {**aggregate_entry_from_rows(run_success_rows(run), run.agent_name), "_gymweb_source": "computed"}
-    else:
-        entry = {"agent_ref": {"name": run.agent_name}, **{k: v for k, v in entry.items() if k != "agent_ref"}}
-    return {run.agent_name: entry}
-
-
-def side_from_run(run: Run, role: str, index: int = 0, entries: dict[str, dict[str, Any]] | None = None) -> Side:
-    """A stored run as one side (``entries``: ``run_entries(run)`` when already at hand)."""
-    entries = entries if entries is not None else run_entries(run)
-    computed = any(e.get("_gymweb_source") == "computed" for e in entries.values())
-    how = "computed by gymweb from the success rows" if computed else "the env's /aggregate_metrics reply"
-    return Side(
-        role=role,
-        index=index,
-        rollouts_jsonl_fpath=run.source_file or f"gymweb run #{run.pk}",
-        aggregate_metrics_fpath=f"gymweb run #{run.pk} ({how})",
-        label=f"run #{run.pk} {run.name}"[:200],
-        entries={name: {k: v for k, v in e.items() if k != "_gymweb_source"} for name, e in entries.items()},
-        run=run,
-    )
-
-
-def aggregate_metrics_path_for(rollouts_path: Path) -> Path:
-    """``results/rollouts.jsonl`` -> ``results/rollouts_aggregate_metrics.json`` (NeMo Gym's rule)."""
-    return rollouts_path.with_stem(rollouts_path.stem + "_aggregate_metrics").with_suffix(".json")
-
-
-def side_from_file(path: str | Path, role: str, index: int = 0, metrics: str | Path | None = None) -> Side:
-    """A NeMo Gym run as one side, from its ``rollouts.jsonl`` path: its aggregate-metrics file
-    (``metrics``, NeMo Gym's ``--baseline-agg-metrics``/``--candidates-agg-metrics``, else the
-    ``*_aggregate_metrics.json`` sibling), or, when there is none, the entry computed from the
-    rollouts file (NeMo Gym stops there; gymweb computes what ``gym eval aggregate`` would). Raises
-    ``CompareError``."""
-    p = Path(path).expanduser()
-    metrics_path = Path(metrics).expanduser() if metrics else aggregate_metrics_path_for(p)
-    if metrics and not metrics_path.is_file():
-        raise CompareError(f"{metrics_path}: no such aggregate-metrics file")
-    if metrics_path.is_file():
-        try:
-            payload = json.loads(metrics_path.read_bytes())
-        except ValueError as exc:
-            raise CompareError(f"'{metrics_path}' is not valid JSON: {exc}") from None
-        if not isinstance(payload, list) or not payload:
-            raise CompareError(
-                f"'{metrics_path}' is not an aggregate-metrics file "
-                "(expected a non-empty JSON list of per-agent entries)"
-            )
-        entries: dict[str, dict[str, Any]] = {}
-        for position, entry in enumerate(payload):
-            name = (entry.get("agent_ref") or {}).get("name") if isinstance(entry, dict) else None
-            if not name:
-                raise CompareError(f"'{metrics_path}' entry {position} has no `agent_ref.name`")
-            if name in entries:
-                raise CompareError(f"'{metrics_path}' contains two entries for agent '{name}'")
-            if "repeat_level_metrics" not in entry:
-                rows = [i for g in entry.get("group_level_metrics", []) for i in g.get("rollout_infos", [])]
-                computed = aggregate_entry_from_rows(rows, name)
-                entry = {
-                    **entry,
-                    "agent_metrics": {**computed["agent_metrics"], **(entry.get("agent_metrics") or {})},
-                    "repeat_level_metrics": computed["repeat_level_metrics"],
-                }
-            entries[name] = entry
-        shown = str(metrics_path)
-    elif p.is_file():
-        by_agent: dict[str, list[dict]] = defaultdict(list)
-        for row in _rows_of(p):
-            ref = row.get("agent_ref")
-            by_agent[ref.get("name") if isinstance(ref, dict) and isinstance(ref.get("name"), str) else "agent"].append(
-                row
-            )
-        entries = {name: aggregate_entry_from_rows(rows, name) for name, rows in by_agent.items()}
-        if not entries:
-            raise CompareError(f"{p}: no rows")
-        shown = f"{metrics_path} (absent: computed by gymweb from {p.name})"
-    else:
-        raise CompareError(f"{p}: no such file (and no {metrics_path.name} beside it)")
-    return Side(
-        role=role,
-        index=index,
-        rollouts_jsonl_fpath=str(p),
-        aggregate_metrics_fpath=shown,
-        label=p.parent.name or p.stem,
-        entries=entries,
-    )
-
-
-def _rows_of(path: Path) -> Iterator[dict]:
-    """The JSON objects of a ``rollouts.jsonl`` side, one per non-blank line. Raises
-    ``CompareError`` naming the file and line for text that is not UTF-8, a line that is not JSON
-    or not an object (a ``*_aggregate_metrics.json`` or a stray file given as a side). A UTF-8 byte
-    order mark before the first line is skipped, as ``import_rollouts`` skips it."""
-    for _number, _line, row in iter_objects(
-        path,
-        error=CompareError,
-        not_object="a rollout row must be a JSON object",
-        hint="; give a rollouts.jsonl or a run id",
-    ):
-        yield row
-
-
-def resolve_side(spec: str | int | Run, role: str, index: int = 0, metrics: str | Path | None = None) -> Side:
-    """A side from a run id (digits), a ``Run``, or a path to a ``rollouts.jsonl`` (with
-    ``metrics``: its aggregate-metrics file when it is not the sibling; not for a run)."""
-    if isinstance(spec, Run):
-        run: Run | None = spec
-    else:
-        text = str(spec).strip()
-        run = None
-        if text.isdigit() and not Path(text).exists():
-            run = Run.objects.filter(pk=int(text)).first()
-            if run is None:
-                raise CompareError(f"no run #{text}")
-    if run is not None:
-        if metrics:
-            raise CompareError(
-                f"an aggregate-metrics file goes with a rollouts.jsonl, not with run #{run.pk} (it has its own)"
-            )
-        return side_from_run(run, role, index)
-    return side_from_file(text, role, index, metrics)
-
-
 # -- metric rows -----------------------------------------------------------------------------------
 def _metric_value(metrics: dict[str, Any], name: str) -> dict[str, Any] | None:
-    value = _numeric(metrics.get(name))
+    value = numeric(metrics.get(name))
     if value is None:
         return None
     return {
         "value": value,
-        "ci_low": _numeric(metrics.get(f"ci_low_95_across_repeats/{name}")),
-        "ci_high": _numeric(metrics.get(f"ci_high_95_across_repeats/{name}")),
-        "se_across_repeats": _numeric(metrics.get(f"se_across_repeats/{name}")),
-        "mean_across_repeats": _numeric(metrics.get(f"mean_across_repeats/{name}")),
-        "std_err_across_runs": _numeric(metrics.get(f"{name}/std_err_across_runs")),
+        "ci_low": numeric(metrics.get(f"ci_low_95_across_repeats/{name}")),
+        "ci_high": numeric(metrics.get(f"ci_high_95_across_repeats/{name}")),
+        "se_across_repeats": numeric(metrics.get(f"se_across_repeats/{name}")),
+        "mean_across_repeats": numeric(metrics.get(f"mean_across_repeats/{name}")),
+        "std_err_across_runs": numeric(metrics.get(f"{name}/std_err_across_runs")),
     }
 
 
-def _point(value: dict[str, Any]) -> float:
+def metric_point(value: dict[str, Any]) -> float:
     return value["mean_across_repeats"] if value["mean_across_repeats"] is not None else value["value"]
 
 
 def _repeat_values(entry: dict[str, Any], name: str) -> list[float]:
-    values = [_numeric(e.get(name)) for e in entry.get("repeat_level_metrics") or [] if isinstance(e, dict)]
+    values = [numeric(e.get(name)) for e in entry.get("repeat_level_metrics") or [] if isinstance(e, dict)]
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
@@ -330,7 +95,7 @@ def welch_delta_interval(baseline: Sequence[float], candidate: Sequence[float]) 
 
 
 def _welch(base: dict[str, Any], cand: dict[str, Any], name: str) -> tuple[float | None, float | None]:
-    if any(_numeric((e.get("agent_metrics") or {}).get(f"mean_across_repeats/{name}")) is None for e in (base, cand)):
+    if any(numeric((e.get("agent_metrics") or {}).get(f"mean_across_repeats/{name}")) is None for e in (base, cand)):
         return None, None
     return welch_delta_interval(_repeat_values(base, name), _repeat_values(cand, name))
 
@@ -339,11 +104,11 @@ def _metric_rows(base: dict[str, Any], cands: list[dict[str, Any]]) -> list[dict
     base_metrics = {**(base.get("key_metrics") or {}), **(base.get("agent_metrics") or {})}
     cand_metrics = [{**(c.get("key_metrics") or {}), **(c.get("agent_metrics") or {})} for c in cands]
     key_names = set(base.get("key_metrics") or {}) | {n for c in cands for n in (c.get("key_metrics") or {})}
-    names = [n for n in base_metrics if _is_number(base_metrics[n])]
+    names = [n for n in base_metrics if is_number(base_metrics[n])]
     seen = set(names)
     for m in cand_metrics:
         for n in m:
-            if n not in seen and _is_number(m[n]):
+            if n not in seen and is_number(m[n]):
                 names.append(n)
                 seen.add(n)
     rows = []
@@ -351,7 +116,7 @@ def _metric_rows(base: dict[str, Any], cands: list[dict[str, Any]]) -> list[dict
         if not is_primary_metric(name):
             continue
         b = _metric_value(base_metrics, name)
-        b_point = _point(b) if b else None
+        b_point = metric_point(b) if b else None
         candidates: list[dict[str, Any] | None] = []
         for c_entry, metrics in zip(cands, cand_metrics):
             c = _metric_value(metrics, name)
@@ -359,7 +124,7 @@ def _metric_rows(base: dict[str, Any], cands: list[dict[str, Any]]) -> list[dict
                 candidates.append(None)
                 continue
             low, high = _welch(base, c_entry, name) if b else (None, None)
-            value = _point(c)
+            value = metric_point(c)
             delta = None if b_point is None else value - b_point
             candidates.append(
                 {
@@ -396,7 +161,7 @@ def _per_repeat_rewards(group: dict[str, Any]) -> list[float] | None:
     infos = group.get("rollout_infos")
     if not isinstance(infos, list) or not infos:
         return None
-    rewards = [_numeric(i.get("reward")) for i in sorted(infos, key=lambda i: i.get(ROLLOUT_INDEX_KEY_NAME, 0))]
+    rewards = [numeric(i.get("reward")) for i in sorted(infos, key=lambda i: i.get(ROLLOUT_INDEX_KEY_NAME, 0))]
     return None if any(r is None for r in rewards) else rewards
 
 
@@ -408,7 +173,7 @@ def _looks_binary(common: list, bg: dict, cg: dict) -> bool:
                 g.get("mean/reward")
             ]
             for v in observed:
-                n = _numeric(v)
+                n = numeric(v)
                 if n is None or n not in (0.0, 1.0):
                     return False
     return True
@@ -459,7 +224,7 @@ def flip_summary(base: dict[str, Any], cand: dict[str, Any], index: int = 0) -> 
     if not common:
         out["reason"] = f"no overlapping task indices (baseline has {len(bg)}, candidate has {len(cg)})."
         return out
-    scored = [(t, _numeric(bg[t].get("mean/reward")), _numeric(cg[t].get("mean/reward"))) for t in common]
+    scored = [(t, numeric(bg[t].get("mean/reward")), numeric(cg[t].get("mean/reward"))) for t in common]
     scored = [s for s in scored if s[1] is not None and s[2] is not None]
     if not scored:
         out["reason"] = "no `mean/reward` recorded for the overlapping tasks."
@@ -521,7 +286,7 @@ def paired_bootstrap(
     bg, cg = _groups(base), _groups(cand)
     diffs = []
     for t in sorted(set(bg) & set(cg)):
-        b, c = _numeric(bg[t].get("mean/reward")), _numeric(cg[t].get("mean/reward"))
+        b, c = numeric(bg[t].get("mean/reward")), numeric(cg[t].get("mean/reward"))
         if b is not None and c is not None:
             diffs.append(c - b)
     out: dict[str, Any] = {
@@ -719,303 +484,3 @@ def compare_sides(
             },
         },
     }
-
-
-# -- markdown (NeMo Gym's layout) ---------------------------------------------------------------------
-CI_FOOTNOTE = (
-    "Displayed baseline/candidate values and each delta use `mean_across_repeats/<metric>` when recorded, "
-    "otherwise the metric value. Delta CI = two-sided independent-sample 95% Welch t-interval for candidate minus "
-    "baseline, computed from the named metric's values in each run's `repeat_level_metrics`. "
-    f"`{MISSING}` means the required interval data was unavailable: delta intervals require at least 2 finite "
-    "repeat-level values on each side. Baseline/candidate CI = 95% t-interval of the per-repeat mean across repeats, "
-    "read verbatim from `ci_{low,high}_95_across_repeats/<metric>` in `*_aggregate_metrics.json`."
-)
-
-
-def _f(v: float | None) -> str:
-    return MISSING if v is None else f"{v:.4f}" if abs(v) < 10 else f"{v:.2f}"
-
-
-def _fs(v: float | None) -> str:
-    return MISSING if v is None else f"{v:+.4f}" if abs(v) < 10 else f"{v:+.2f}"
-
-
-def _fpoint(v: dict | None) -> str:
-    return _f(_point(v)) if v is not None else MISSING
-
-
-def _fci(v: dict | None) -> str:
-    return (
-        MISSING
-        if v is None or v["ci_low"] is None or v["ci_high"] is None
-        else f"[{_f(v['ci_low'])}, {_f(v['ci_high'])}]"
-    )
-
-
-def _fdelta(c: dict | None) -> str:
-    if c is None or c["delta"] is None:
-        return MISSING
-    return f"{_fs(c['delta'])} (n/a)" if c["delta_pct"] is None else f"{_fs(c['delta'])} ({c['delta_pct']:+.1f}%)"
-
-
-def _fdelta_ci(c: dict | None) -> str:
-    return (
-        MISSING
-        if c is None or c["delta_ci_low"] is None or c["delta_ci_high"] is None
-        else f"[{_fs(c['delta_ci_low'])}, {_fs(c['delta_ci_high'])}]"
-    )
-
-
-def _table(header: list[str], align: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
-
-
-def _metric_table(rows: list[dict[str, Any]], labels: list[str]) -> list[str]:
-    header, align = (
-        ["Metric", "Δ (cand − base)", "95% CI for Δ (cand − base)", "Baseline", "Baseline 95% CI"],
-        ["---", "---:", "---", "---:", "---"],
-    )
-    for label in labels:
-        header += [label, f"{label} 95% CI"]
-        align += ["---:", "---"]
-    body = []
-    for r in rows:
-        cells = [
-            f"`{r['metric']}`",
-            " / ".join(_fdelta(c) for c in r["candidates"]),
-            " / ".join(_fdelta_ci(c) for c in r["candidates"]),
-            _fpoint(r["baseline"]),
-            _fci(r["baseline"]),
-        ]
-        for c in r["candidates"]:
-            cells += [_fpoint(c), _fci(c)]
-        body.append(cells)
-    return _table(header, align, body)
-
-
-def _runs_section(report: dict[str, Any], comp: dict[str, Any], labels: list[str]) -> list[str]:
-    """The run table, the generator line and the command."""
-    b, cands = report["baseline"], report["candidates"]
-    rows = [
-        ["Run", f"`{b['label']}`", *[f"`{c['label']}`" for c in cands]],
-        ["Rollouts", f"`{b['rollouts_jsonl_fpath']}`", *[f"`{c['rollouts_jsonl_fpath']}`" for c in cands]],
-        [
-            "Aggregate metrics",
-            f"`{b['aggregate_metrics_fpath']}`",
-            *[f"`{c['aggregate_metrics_fpath']}`" for c in cands],
-        ],
-        ["Agent", f"`{comp['baseline_agent']}`", *[f"`{a}`" for a in comp["candidate_agents"]]],
-        ["Tasks", str(comp["baseline_task_count"]), *[str(n) for n in comp["candidate_task_counts"]]],
-        [
-            "Repeats",
-            str(comp["baseline_repeat_count"] if comp["baseline_repeat_count"] is not None else "unknown"),
-            *[str(n if n is not None else "unknown") for n in comp["candidate_repeat_counts"]],
-        ],
-    ]
-    return [
-        *_table(["", "Baseline", *labels], ["---"] * (2 + len(labels)), rows),
-        "",
-        f"Generated {report['generated_at']} by gymweb (NeMo Gym {report['nemo_gym_version']}'s compare).",
-        "",
-        f"Command: `{report['command']}`",
-        "",
-    ]
-
-
-def _metrics_section(comp: dict[str, Any], labels: list[str]) -> list[str]:
-    """Key metrics, then the other metrics folded."""
-    key_rows = [r for r in comp["metrics"] if r["is_key_metric"]]
-    other_rows = [r for r in comp["metrics"] if not r["is_key_metric"]]
-    lines = ["### Key metrics", ""]
-    lines += _metric_table(key_rows, labels) if key_rows else ["No key metrics were recorded for this agent."]
-    lines += ["", CI_FOOTNOTE, ""]
-    if other_rows:
-        lines += [
-            "<details>",
-            f"<summary>All other metrics ({len(other_rows)} rows)</summary>",
-            "",
-            *_metric_table(other_rows, labels),
-            "",
-            "</details>",
-            "",
-        ]
-    return lines
-
-
-def _flip_counts(s: dict[str, Any]) -> list[str]:
-    """The lines above a flip table: the field and the counts, per mode."""
-    if s["mode"] == "binary":
-        return [
-            f"Field: `{s['field']}` (task mean over its repeats). A task passes when its mean is above 0.5.",
-            "",
-            f"**{s['common_task_count']} common tasks · {s['pass_to_fail_count']} pass→fail · "
-            f"{s['fail_to_pass_count']} fail→pass · net {s['net']:+d} · {s['unchanged_count']} unchanged · "
-            f"{s['tied_count']} tied**",
-            "",
-        ]
-    return [
-        "Rewards are not binary, so this lists the largest per-task changes in "
-        f"`{s['field']}` rather than pass/fail flips.",
-        "",
-        f"**{s['common_task_count']} common tasks · {len(s['flips'])} changed · {s['unchanged_count']} unchanged**",
-        "",
-    ]
-
-
-def _flip_rewards(rewards: list[float] | None) -> str:
-    return ", ".join(f"{x:g}" for x in rewards) if rewards else MISSING
-
-
-def _flip_table(s: dict[str, Any]) -> list[str]:
-    """At most ``MAX_FLIPS_SHOWN`` flips per direction, and how many more the JSON holds."""
-    shown: list[dict[str, Any]] = []
-    per: dict[str, int] = {}
-    for f in s["flips"]:
-        if per.get(f["direction"], 0) < MAX_FLIPS_SHOWN:
-            per[f["direction"]] = per.get(f["direction"], 0) + 1
-            shown.append(f)
-    if not shown:
-        return []
-    lines = _table(
-        ["Task", "Direction", "Baseline", "Candidate", "Δ", "Baseline per-repeat", "Candidate per-repeat"],
-        ["---:", "---", "---:", "---:", "---:", "---", "---"],
-        [
-            [
-                str(f["task_index"]),
-                f["direction"].replace("_to_", "→"),
-                _f(f["baseline_score"]),
-                _f(f["candidate_score"]),
-                _fs(f["delta"]),
-                _flip_rewards(f["baseline_rewards"]),
-                _flip_rewards(f["candidate_rewards"]),
-            ]
-            for f in shown
-        ],
-    )
-    if len(s["flips"]) > len(shown):
-        lines += ["", f"… and {len(s['flips']) - len(shown)} more (full list in `compare_report.json`)."]
-    lines.append("")
-    return lines
-
-
-def _flips_section(s: dict[str, Any], label: str) -> list[str]:
-    """One candidate's sample flips (``label``: which candidate, or empty for one)."""
-    lines = [f"### Sample flips{label}", ""]
-    if s["mode"] == "unavailable":
-        return [*lines, f"Not available: {s['reason']}", ""]
-    return [
-        *lines,
-        *_flip_counts(s),
-        *_flip_table(s),
-        "Tasks are joined on `_ng_task_index`. `*_aggregate_metrics.json` carries no task identity, so flips are "
-        "reported by index only — this assumes both runs used the same dataset, split, `--limit` and ordering.",
-        "",
-    ]
-
-
-def _paired_section(paired: list[dict[str, Any]], labels: list[str]) -> list[str]:
-    """gymweb's paired interval, one row per candidate."""
-    lines = [
-        "### Paired interval (gymweb)",
-        "",
-        f"`mean/reward`: 95% bootstrap interval of the mean per-task difference over the common tasks "
-        f"({PAIRED_BOOTSTRAP_RESAMPLES} resamples of tasks, seed {PAIRED_BOOTSTRAP_SEED}). It removes the "
-        "between-task variance the Welch interval carries.",
-        "",
-    ]
-    lines += _table(
-        ["Candidate", "Tasks", "Δ (paired)", "Paired 95% CI", "Width", "Welch width", "Tighter"],
-        ["---", "---:", "---:", "---", "---:", "---:", "---"],
-        [
-            [
-                labels[i],
-                str(p["tasks"]),
-                _fs(p["delta"]),
-                MISSING if p["ci_low"] is None else f"[{_fs(p['ci_low'])}, {_fs(p['ci_high'])}]",
-                _f(p["width"]),
-                _f(p["welch_width"]),
-                p["tighter"] or MISSING,
-            ]
-            for i, p in enumerate(paired)
-        ],
-    )
-    lines.append("")
-    return lines
-
-
-def _one_sided_section(comp: dict[str, Any], candidates: int) -> list[str]:
-    """The metrics only some runs reported, and the agent's notes."""
-    lines: list[str] = []
-    one_sided = [r for r in comp["metrics"] if len(r["present_in"]) < 1 + candidates]
-    if one_sided:
-        lines += [
-            "### Metrics present in only one run",
-            "",
-            "Metric names embed the repeat count (`pass@1[avg-of-3]` vs `pass@1[avg-of-5]`), so runs collected "
-            "with different `--num-repeats` will not line these up.",
-            "",
-            *(
-                f"- `{r['metric']}` — {', '.join(r['present_in']) or 'no numeric value on either side'}"
-                for r in one_sided
-            ),
-            "",
-        ]
-    if comp["notes"]:
-        lines += ["### Notes", "", *(f"- {n}" for n in comp["notes"]), ""]
-    return lines
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    """``compare_report.md``: NeMo Gym's layout (run table, key metrics, other metrics, flips,
-    notes), a column pair per candidate, then gymweb's paired-interval section."""
-    cands = report["candidates"]
-    labels = ["Candidate"] if len(cands) == 1 else [f"Candidate {i + 1}" for i in range(len(cands))]
-    lines = ["# gym eval compare", ""]
-    for ci, comp in enumerate(report["comparisons"]):
-        if len(report["comparisons"]) > 1:
-            lines += [f"## Agent: `{comp['baseline_agent']}`", ""]
-        lines += _runs_section(report, comp, labels)
-        lines += _metrics_section(comp, labels)
-        for index, s in enumerate(comp["flips"]):
-            lines += _flips_section(s, f" — {labels[index]}" if len(comp["flips"]) > 1 else "")
-        lines += _paired_section(report["gymweb"]["paired_intervals"][ci]["candidates"], labels)
-        lines += _one_sided_section(comp, len(cands))
-    if report["warnings"]:
-        lines += ["## Warnings", "", *(f"- {w}" for w in report["warnings"]), ""]
-    lines += [
-        "---",
-        f"Generated by gymweb in the layout of `gym eval compare` (nemo-gym {report['nemo_gym_version']}). "
-        f"Machine-readable output: `{COMPARE_JSON}` (schema_version {report['schema_version']}).",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-REPORT_FORMATS = ("md", "json", "both")
-
-
-def write_compare_report(
-    report: dict[str, Any], output_dir: str | Path, *, overwrite: bool = False, report_format: str = "both"
-) -> list[Path]:
-    """Write ``compare_report.md`` and/or ``compare_report.json`` (orjson, 2-space indent, as NeMo
-    Gym) into ``output_dir``; ``report_format`` is NeMo Gym's ``--report-format`` (``md``, ``json``,
-    ``both``). Raises ``FileExistsError`` when one to write exists and ``overwrite`` is false
-    (nothing written then), ``CompareError`` for an unknown format."""
-    import orjson
-
-    if report_format not in REPORT_FORMATS:
-        raise CompareError(f"--report-format must be one of {', '.join(REPORT_FORMATS)} (got {report_format!r})")
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise CompareError(f"--output-dir '{out}' exists and is not a directory")
-    paths = [p for p, fmt in ((out / COMPARE_MD, "md"), (out / COMPARE_JSON, "json")) if report_format in (fmt, "both")]
-    existing = [str(p) for p in paths if p.exists()]
-    if existing and not overwrite:
-        raise FileExistsError(f"{', '.join(existing)} already exist(s); pass --overwrite to replace")
-    out.mkdir(parents=True, exist_ok=True)
-    for p in paths:
-        if p.name == COMPARE_MD:
-            p.write_text(render_markdown(report), encoding="utf-8")
-        else:
-            p.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
-    return paths

@@ -15,7 +15,7 @@ from django import forms
 from django.db.models import F, QuerySet
 
 from rollouts.collection import runs
-from rollouts.evaluation.health import CHECK_IDS, GYMWEB_CHECK_IDS
+from rollouts.evaluation.health_checks import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Rollout, RolloutHealth
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
 from rollouts.search import queries as search

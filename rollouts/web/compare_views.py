@@ -21,7 +21,7 @@ from django.views.decorators.http import require_safe
 
 from rollouts.display import signed_number
 from rollouts.downloads import bytes_download
-from rollouts.evaluation import compare_report
+from rollouts.evaluation import compare_files, compare_report, compare_sides
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.models import Rollout, Run
 from rollouts.web.analysis import cell_text, run_cached
@@ -175,8 +175,8 @@ def _ci(value: dict | None) -> str:
 def _nemo_side(run: Run, role: str, index: int = 0):
     """A run as one side of NeMo Gym's compare; its metrics (a profile of its successes) are
     cached under its finished counts like the profile page's."""
-    side = compare_report.side_from_run(
-        run, role, index, entries=run_cached("compare-entries", run, lambda: compare_report.run_entries(run))
+    side = compare_sides.side_from_run(
+        run, role, index, entries=run_cached("compare-entries", run, lambda: compare_sides.run_entries(run))
     )
     return side
 
@@ -203,10 +203,10 @@ def compare_report_file(request, fmt):
         report = _nemo_report(
             form.cleaned_data["a"], form.candidates(), command=f"gymweb compare page ?{request.GET.urlencode()}"
         )
-    except compare_report.CompareError as exc:
+    except compare_sides.CompareError as exc:
         return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
     if fmt == "md":
-        body, name, ctype = compare_report.render_markdown(report).encode(), compare_report.COMPARE_MD, "text/markdown"
+        body, name, ctype = compare_files.render_markdown(report).encode(), compare_report.COMPARE_MD, "text/markdown"
     else:
         import orjson
 
@@ -308,7 +308,7 @@ def compare(request):
         try:
             report = _nemo_report(run_a, candidates)
             context["report"] = _compare_report_view(report, run_a, candidates, f"{here}?{all_qs}")
-        except compare_report.CompareError as exc:
+        except compare_sides.CompareError as exc:
             context["report_error"] = str(exc)
         context["report_qs"] = all_qs
         # ``&vs=c`` (a flip's side-by-side link) puts candidate C in B's place for the task table

@@ -26,15 +26,15 @@ from django.views.decorators.http import require_POST, require_safe
 
 from rollouts.collection import archive
 from rollouts.downloads import bytes_download, file_download
-from rollouts.evaluation import atif, health, reverify
+from rollouts.evaluation import atif, health, health_checks, health_report, reverify
 from rollouts.models import Rollout, RolloutHealth, Run
 from rollouts.web.access import run_for
 from rollouts.web.forms import clean_target_url
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 
 HEALTH_FILES = {
-    "quality_summary": (health.QUALITY_SUMMARY_FILENAME, "application/json"),
-    "rollout_verdicts": (health.ROLLOUT_VERDICTS_FILENAME, "application/jsonl"),
+    "quality_summary": (health_report.QUALITY_SUMMARY_FILENAME, "application/json"),
+    "rollout_verdicts": (health_report.ROLLOUT_VERDICTS_FILENAME, "application/jsonl"),
 }
 FLIPS_SHOWN = 100
 
@@ -63,8 +63,10 @@ def _health_context(run: Run, url_base: str) -> dict[str, Any]:
         {
             "check": c,
             "count": n,
-            "text": health.CHECK_TEXT.get(c, c),
-            "url": f"{url_base}?check={c}#rollouts" if c in health.ROLLOUT_CHECK_IDS + health.GYMWEB_CHECK_IDS else "",
+            "text": health_checks.CHECK_TEXT.get(c, c),
+            "url": f"{url_base}?check={c}#rollouts"
+            if c in health_checks.ROLLOUT_CHECK_IDS + health_checks.GYMWEB_CHECK_IDS
+            else "",
         }
         for c, n in summary["run"]["issues"].items()
         if n
@@ -158,8 +160,8 @@ def run_health_file(request, run_id, kind):
         rows = RolloutHealth.objects.filter(run=run).order_by("task_index", "rollout_index")
         body = b"".join(
             orjson.dumps(
-                health.verdict_row(
-                    health.Digest(
+                health_report.verdict_row(
+                    health_checks.Digest(
                         h.task_index,
                         h.rollout_index,
                         f"{h.task_index}-{h.rollout_index}",
@@ -255,7 +257,7 @@ def rollout_findings(rollout: Rollout, steps: list[dict[str, Any]]) -> dict[str,
     for finding, step in zip(h.findings, h.finding_steps or [None] * len(h.findings)):
         view = {
             "check": finding.get("check"),
-            "text": health.CHECK_TEXT.get(finding.get("check"), ""),
+            "text": health_checks.CHECK_TEXT.get(finding.get("check"), ""),
             "detail": json.dumps(finding.get("detail") or {}, ensure_ascii=False, sort_keys=True),
             "locator": json.dumps(finding.get("locator"), ensure_ascii=False) if finding.get("locator") else "",
         }

@@ -17,6 +17,7 @@ from rollouts.display import duration_ms
 from rollouts.models import AgentCall, Rollout, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web import rendering
+from rollouts.web.markup import Budget
 from rollouts.web.outline import fold_summary as item_summary
 
 # -- display limits -------------------------------------------------------------------------------
@@ -312,7 +313,7 @@ def verify_view(
     try:
         data = json.loads(verify_json)
     except ValueError:
-        text, cut = rendering.Budget(max_chars).clip(verify_json)
+        text, cut = Budget(max_chars).clip(verify_json)
         return {
             "reward": None,
             "numbers": [],

@@ -26,7 +26,7 @@ from rollouts import tokens
 from rollouts.models import ApiToken, Dataset, Label, Note, Rollout, Run
 from rollouts.review import actions, curated, progress, selection, sft
 from rollouts.review.actions import ReviewError
-from rollouts.review.aggregates import review_counts, reward_aggregates
+from rollouts.review.corrected_summary import review_counts, reward_aggregates
 from rollouts.review.query import export_filename, filter_problem, filtered_rollouts
 from rollouts.web.access import run_for
 from rollouts.web.forms import RunForm

@@ -23,10 +23,10 @@ from django.views.decorators.http import require_safe
 from rollouts.collection import export
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
-from rollouts.web import rendering
 from rollouts.web.archive_views import archived_rollout_response
 from rollouts.web.evaluation_views import rollout_findings
 from rollouts.web.items import display_max_chars, item_url_base, item_view, task_input, timeline, verify_view
+from rollouts.web.markup import Budget
 from rollouts.web.navigation import filter_querystring, neighbours
 from rollouts.web.outline import outline
 from rollouts.web.refused import refused_data, refused_view
@@ -108,7 +108,7 @@ def _trajectory_context(request, rollout: Rollout) -> dict[str, Any]:
         "kill_shaped": rollout.status in Rollout.KILL_SHAPED,
     }
     context["live_seen"] = live_signature(rollout.status, num_items, sum(1 for s in steps if s["call"] is not None))
-    context["error_text"], context["error_cut"] = rendering.Budget(display_max_chars()).clip(rollout.error or "")
+    context["error_text"], context["error_cut"] = Budget(display_max_chars()).clip(rollout.error or "")
     refused = RefusedReply.objects.filter(rollout=rollout).first() if rollout.status == Rollout.Status.FAILED else None
     context["refused"] = refused_view(refused, display_max_chars())
     context.update(rollout_findings(rollout, steps))  # health findings, each on its step
@@ -213,7 +213,7 @@ def rollout_item(request, run_id, rollout_id, key):
 
     ``key``: the item's seq (``#N``), ``input-K`` (the K-th task input item), ``instructions``,
     or ``verify`` (the verify panel). ``?full=1``: the whole text, without the display limit
-    (texts over ``rendering.RICH_MAX_CHARS`` as plain text); ``?view=plain``: texts and JSON as
+    (texts over ``markup.RICH_MAX_CHARS`` as plain text); ``?view=plain``: texts and JSON as
     they came. 404 for a rollout not of this run, an item it does not have, an unknown key, and
     ``verify`` of an attempt that did not succeed."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)

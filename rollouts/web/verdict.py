@@ -23,8 +23,8 @@ the latter:
   ``response.output``, which is the item's ``#N``), or a text (a value, or a quotation inside a
   judge's text) found verbatim in an item, link to that item's anchor (``#item-N``).
 
-Pure functions: no database, no request. All markup comes from ``rendering`` (the one sanitiser);
-everything else is plain text the template escapes.
+Pure functions: no database, no request. All markup comes from ``rendering`` (sanitised by
+``sanitiser.sanitise``, the one place); everything else is plain text the template escapes.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rollouts.web import rendering
+from rollouts.web.json_tree import parse_json_text
 
 SKIP_KEYS = frozenset({"reward", "responses_create_params", "response", "agent_ref"})
 OPEN_DEPTH = 6
@@ -93,7 +94,7 @@ _ITEM_SKIP_KEYS = frozenset({"type", "id", "call_id", "role", "status", "name"})
 
 def _is_scalar(value: Any) -> bool:
     if isinstance(value, str):
-        return len(value) <= SCALAR_MAX_CHARS and "\n" not in value and rendering.parse_json_text(value) is None
+        return len(value) <= SCALAR_MAX_CHARS and "\n" not in value and parse_json_text(value) is None
     return value is None or isinstance(value, (bool, int, float))
 
 
@@ -217,7 +218,7 @@ def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
     """``(key, string)`` of every string leaf of ``value`` (JSON strings of arguments decoded)."""
     if isinstance(value, str):
         yield key, value
-        nested = rendering.parse_json_text(value) if key == "arguments" else None
+        nested = parse_json_text(value) if key == "arguments" else None
         if nested is not None:
             yield from _strings(nested)
     elif isinstance(value, dict):

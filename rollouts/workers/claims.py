@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from rollouts.collection import runs
 from rollouts.models import Rollout, Run, Task, Worker
-from rollouts.operations import metrics
+from rollouts.operations import prometheus
 
 log = logging.getLogger("gymweb.dispatch")
 
@@ -158,7 +158,7 @@ def heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float
         },
     )
     Worker.objects.filter(last_seen__lt=now - timedelta(seconds=max(60.0, 10 * lease_s))).delete()
-    metrics.add("gymweb_worker_heartbeats")
+    prometheus.add("gymweb_worker_heartbeats")
     _flush_metrics()
     live = Worker.objects.filter(last_seen__gte=now - timedelta(seconds=lease_s)).count()
     statuses = dict(Run.objects.filter(pk__in=run_ids).values_list("id", "status"))
@@ -168,7 +168,7 @@ def heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float
 def _flush_metrics() -> None:
     """Add this process's metric counts to the fleet's totals; a failure keeps them for next time."""
     try:
-        metrics.flush()
+        prometheus.flush()
     except (OperationalError, InterfaceError):
         raise
     except Exception:

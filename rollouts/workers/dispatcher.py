@@ -31,7 +31,7 @@ from rollouts.engine.loop import ItemRecord, LoopSettings, RolloutOutcome, StepR
 from rollouts.models import Rollout, Run
 from rollouts.nemo import miswiring
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME
-from rollouts.operations import metrics
+from rollouts.operations import prometheus
 from rollouts.workers import wakeup
 from rollouts.workers.claims import claim, heartbeat, retire, running_runs, runs_left
 from rollouts.workers.dbthread import DbThread, db_call
@@ -116,7 +116,7 @@ def _flush_and_claim(
     claimed: list[tuple[int, int, str, int]] = []
     for run_id, want in wants:
         claimed.extend((run_id, *row) for row in claim(run_id, worker, want, lease_s, reap=reap))
-    metrics.record_claimed(len(claimed))
+    prometheus.record_claimed(len(claimed))
     return claimed
 
 

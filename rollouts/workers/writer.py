@@ -21,7 +21,7 @@ from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, RolloutOutcome, StepRecord
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
-from rollouts.operations import metrics
+from rollouts.operations import prometheus
 from rollouts.search import fill_missing
 from rollouts.workers.sql import finish_rollout
 
@@ -137,7 +137,7 @@ def write_batch(batch: Batch, worker: str) -> None:
     except Exception as exc:
         log.warning("a batch could not be stored whole (%s: %s); storing it part by part", exc.__class__.__name__, exc)
         _write_piecewise(batch, worker)
-    metrics.record_batch(batch)
+    prometheus.record_batch(batch)
     _log_failures(batch)
 
 

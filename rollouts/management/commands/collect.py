@@ -26,7 +26,7 @@ from rollouts.collection import environments, run_settings, runs
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.collection.run_settings import SettingError
-from rollouts.evaluation import health
+from rollouts.evaluation import health, health_report
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.evaluation.run_aggregate_metrics import fetch_aggregate_metrics, write_run_aggregate_metrics
 from rollouts.management.nemo_gym_flags import NemoGymFlags
@@ -111,7 +111,8 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--env-url",
             default=None,
-            help="resources server base URL (/seed_session, tools, /verify); default: found through --config/--head-url",
+            help="resources server base URL (/seed_session, tools, /verify); "
+            "default: found through --config/--head-url",
         )
         parser.add_argument(
             "--config",
@@ -123,7 +124,8 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--head-url",
             default=None,
-            help="a NeMo Gym head server (gym env start; NeMo Gym's default http://127.0.0.1:11000): finds the environment by name",
+            help="a NeMo Gym head server (gym env start; NeMo Gym's default http://127.0.0.1:11000): "
+            "finds the environment by name",
         )
         parser.add_argument(
             "--input", required=True, help="input JSONL (one task per line, with responses_create_params)"
@@ -232,8 +234,8 @@ class Command(NemoGymFlags, BaseCommand):
         written_here = list(ours_here)
         if not opts["no_health_check"]:  # the check writes its two files beside the output
             written_here += [
-                output.parent / health.QUALITY_SUMMARY_FILENAME,
-                output.parent / health.ROLLOUT_VERDICTS_FILENAME,
+                output.parent / health_report.QUALITY_SUMMARY_FILENAME,
+                output.parent / health_report.ROLLOUT_VERDICTS_FILENAME,
             ]
         existing = [p for p in written_here if p.exists()]
         if existing and not (opts["resume"] or opts["overwrite"]):
@@ -526,7 +528,8 @@ class Command(NemoGymFlags, BaseCommand):
         names = output_stems(output)
         mean = sum(rewards) / len(rewards) if rewards else None
         lines = [
-            f"run #{run.pk} {run.status}: {run.num_keys} rollout key(s), {len(rewards)} succeeded, {sum(kinds.values())} failed attempt(s)",
+            f"run #{run.pk} {run.status}: {run.num_keys} rollout key(s), {len(rewards)} succeeded, "
+            f"{sum(kinds.values())} failed attempt(s)",
             f"mean/reward (successes): {mean:.4f}" if mean is not None else "mean/reward: n/a (no successes)",
             f"mean/reward (failures as 0): {sum(rewards) / run.num_keys:.4f}" if run.num_keys else "",
         ]
@@ -535,7 +538,8 @@ class Command(NemoGymFlags, BaseCommand):
         miswired = miswired_rollouts(run)
         if miswired:
             lines.append(
-                f"WARNING: {miswired} rollout(s) got {miswiring.ROLLOUT_WARNING}: the agent ran the environment's tools "
+                f"WARNING: {miswired} rollout(s) got {miswiring.ROLLOUT_WARNING}: "
+                "the agent ran the environment's tools "
                 "itself (is --agent-url NeMo Gym's own remote_agent server instead of your agent service?); "
                 "their rewards are not real"
             )
@@ -559,7 +563,8 @@ class Command(NemoGymFlags, BaseCommand):
             )
         if left["terminal"]:
             parts.append(
-                f"{left['terminal']} key(s) failed terminally (an invalid Responses object): never retried, fix the agent"
+                f"{left['terminal']} key(s) failed terminally (an invalid Responses object): "
+                "never retried, fix the agent"
             )
         if left["exhausted"]:
             parts.append(

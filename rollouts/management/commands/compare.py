@@ -14,7 +14,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from rollouts.evaluation import compare_report
+from rollouts.evaluation import compare_files, compare_report, compare_sides
 from rollouts.management.nemo_gym_flags import NemoGymFlags
 
 
@@ -72,7 +72,7 @@ class Command(NemoGymFlags, BaseCommand):
         )
         parser.add_argument(
             "--report-format",
-            choices=compare_report.REPORT_FORMATS,
+            choices=compare_files.REPORT_FORMATS,
             default="both",
             help="report files to write: md, json or both (default)",
         )
@@ -88,9 +88,9 @@ class Command(NemoGymFlags, BaseCommand):
         if metrics is not None and len(metrics) != len(specs):
             raise CommandError(f"--candidates-agg-metrics names {len(metrics)} file(s) for {len(specs)} candidate(s)")
         try:
-            baseline = compare_report.resolve_side(opts["baseline"], "baseline", metrics=opts["baseline_agg_metrics"])
+            baseline = compare_sides.resolve_side(opts["baseline"], "baseline", metrics=opts["baseline_agg_metrics"])
             candidates = [
-                compare_report.resolve_side(s, "candidate", i, metrics[i] if metrics else None)
+                compare_sides.resolve_side(s, "candidate", i, metrics[i] if metrics else None)
                 for i, s in enumerate(specs)
             ]
             command = shlex.join(["manage.py", "compare", *sys.argv[2:]]) if len(sys.argv) > 2 else "manage.py compare"
@@ -108,10 +108,10 @@ class Command(NemoGymFlags, BaseCommand):
                 out = Path(candidates[-1].rollouts_jsonl_fpath).parent
             else:
                 out = Path.cwd()
-            paths = compare_report.write_compare_report(
+            paths = compare_files.write_compare_report(
                 report, out, overwrite=opts["overwrite"], report_format=opts["report_format"]
             )
-        except (compare_report.CompareError, FileExistsError) as exc:
+        except (compare_sides.CompareError, FileExistsError) as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"cannot write the report: {exc}") from None

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from rollouts.evaluation import health
+from rollouts.evaluation import health, health_checks, health_report
 from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Run
 
@@ -72,7 +72,7 @@ class Command(NemoGymFlags, BaseCommand):
         elif opts["rollouts_file"]:
             raise CommandError("--rollouts-file goes with a RUN_DIR")
         try:
-            ignored = health.normalize_ignored(opts["ignore_checks"])
+            ignored = health_checks.normalize_ignored(opts["ignore_checks"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         output_dir = Path(opts["output_dir"]).expanduser() if opts["output_dir"] else None
@@ -88,17 +88,17 @@ class Command(NemoGymFlags, BaseCommand):
                 )
             else:
                 files = [Path(p).expanduser() for p in opts["rollouts"]]
-                result = health.check_files(files, ignored)
-                paths = health.write_reports(
+                result = health_report.check_files(files, ignored)
+                paths = health_report.write_reports(
                     result, output_dir or run_dir or files[0].parent, overwrite=opts["overwrite"]
                 )
         except FileNotFoundError as exc:
             raise CommandError(str(exc)) from None
-        except health.OutputExists as exc:
+        except health_report.OutputExists as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"cannot write the reports: {exc}") from None
         if opts["json"]:
             self.stdout.write(orjson.dumps(result.summary).decode())
         else:
-            self.stdout.write(health.format_report(result, paths[0] if paths else None))
+            self.stdout.write(health_report.format_report(result, paths[0] if paths else None))

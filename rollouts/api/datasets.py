@@ -1,0 +1,61 @@
+"""The API's dataset routes (registered on ``rollouts.api.router.api``): list, upload, one dataset."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.shortcuts import get_object_or_404
+from ninja import File, Form
+from ninja.errors import HttpError
+from ninja.files import UploadedFile
+from ninja.responses import Status
+
+from rollouts.api.errors import FieldsError
+from rollouts.api.lookups import MAX_PAGE, OFFSET
+from rollouts.api.payloads import dataset_out
+from rollouts.api.router import api
+from rollouts.api.schemas import DatasetOut, Error
+from rollouts.collection import runs
+from rollouts.collection.datasets import DatasetError, read_jsonl
+from rollouts.models import Dataset
+from rollouts.web.uploads import too_large_uploads, upload_limit_message
+
+
+@api.get("/datasets", response=list[DatasetOut], summary="List datasets (newest first)")
+def list_datasets(request, limit: int = 100, offset: int = OFFSET):
+    limit = max(1, min(limit, MAX_PAGE))
+    return [
+        dataset_out(d) for d in Dataset.objects.order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
+    ]
+
+
+@api.post("/datasets", response={201: DatasetOut, 400: Error, 413: Error}, summary="Upload a JSONL dataset")
+def create_dataset(
+    request,
+    file: UploadedFile | None = File(None, description="NeMo Gym JSONL: one task per line"),
+    name: str = Form("", description="defaults to the file name"),
+):
+    """Validated like the new-run form's upload: a bad line is reported with its line number and
+    nothing is stored. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` (the upload handler stops a larger file
+    before it is stored: 413)."""
+    limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
+    if "file" in too_large_uploads(request) or (file is not None and file.size > limit):
+        raise HttpError(413, upload_limit_message(limit))
+    if file is None:
+        raise FieldsError(
+            "no file: send the dataset as the multipart field 'file'", {"file": ["this field is required"]}
+        )
+    source = (file.name or "dataset.jsonl").rsplit("/", 1)[-1]
+    try:
+        parsed = read_jsonl(file, source=source)
+    except DatasetError as exc:
+        raise FieldsError(str(exc), {"file": [str(exc)]}) from None
+    if len(name) > 200:  # the column's size: a cut name would be stored otherwise than sent
+        message = f"the name has {len(name):,} characters; at most 200"
+        raise FieldsError(message, {"name": [message]})
+    dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user)
+    return Status(201, dataset_out(dataset))
+
+
+@api.get("/datasets/{dataset_id}", response=DatasetOut, summary="One dataset")
+def get_dataset(request, dataset_id: int):
+    return dataset_out(get_object_or_404(Dataset, pk=dataset_id))

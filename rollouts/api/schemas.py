@@ -1,0 +1,203 @@
+"""The API's request and response bodies (django-ninja ``Schema``s); their class names are the
+OpenAPI document's component names."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+from pydantic import Field
+
+
+class Error(Schema):
+    detail: str
+    errors: dict[str, list[str]] = Field(default_factory=dict, description="per field, when a form rejected the input")
+
+
+class DatasetOut(Schema):
+    id: int
+    name: str
+    num_rows: int
+    sha256: str
+    created: datetime
+    source_run: int | None = Field(None, description="the run whose filtered list these tasks came from")
+    source_filters: str = Field("", description="that list's filter querystring")
+
+
+class ProgressOut(Schema):
+    total: int
+    done: int
+    succeeded: int
+    failed: int
+    pending: int
+    running: int
+    not_run: int = Field(..., description="cancelled or interrupted keys that a retry runs again")
+    failed_attempts: int
+    percent: float
+
+
+class TasksFrom(Schema):
+    dataset: int | None
+    dataset_name: str = ""
+    source_run: int | None = None
+    source_filters: str = ""
+
+
+class RunOut(Schema):
+    id: int
+    name: str
+    status: str = Field(..., description="queued, running, completed, cancelled or imported")
+    final: bool
+    created: datetime
+    started: datetime | None
+    finished: datetime | None
+    agent_url: str
+    env_url: str
+    url_changes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="each resume that switched URLs: {at, agent_url: [old, new], env_url: [old, new]}",
+    )
+    agent_name: str
+    num_tasks: int
+    num_keys: int
+    tasks_from: TasksFrom
+    progress: ProgressOut
+    url: str
+    archived: datetime | None = Field(
+        None, description="when the run was archived (its items are in files); null when they are here"
+    )
+
+
+class RewardStatsOut(Schema):
+    n: int
+    mean: float | None
+    minimum: float | None
+    maximum: float | None
+    median: float | None
+    std: float | None
+    mean_with_failures: float | None = Field(None, description="failures (latest attempt failed) count as 0")
+    n_with_failures: int
+
+
+class AggregatesOut(Schema):
+    reward: RewardStatsOut = Field(..., description="the env's rewards, over successes (NeMo Gym's convention)")
+    reward_corrected: RewardStatsOut = Field(
+        ..., description="the corrected reward where one is in force, the env's elsewhere"
+    )
+    corrections: int
+    failure_kinds: dict[str, int]
+    terminal_failures: int
+    tokens: dict[str, int | None]
+    usage_reported: int
+    finished_attempts: int
+
+
+class RunDetailOut(RunOut):
+    aggregates: AggregatesOut
+
+
+class RetryOut(Schema):
+    retried: int
+    run: RunOut
+
+
+class LabelUse(Schema):
+    name: str
+    by: str | None
+    at: datetime
+
+
+class NoteOut(Schema):
+    id: int
+    text: str
+    item: int | None = Field(None, description="the trajectory item (#N) it is on; null = the whole rollout")
+    by: str | None
+    at: datetime
+
+
+class CorrectionOut(Schema):
+    reward: float
+    reason: str
+    by: str | None
+    at: datetime
+
+
+class RolloutOut(Schema):
+    id: int
+    run: int
+    task_index: int
+    rollout_index: int
+    attempt: int
+    status: str
+    reward: float | None = Field(None, description="the env's reward")
+    corrected_reward: float | None = Field(None, description="the corrected reward in force, if any")
+    failure_kind: str
+    error: str = Field("", description="the first 500 characters")
+    terminal: bool
+    duration_ms: float | None
+    num_agent_calls: int
+    num_tool_calls: int
+    total_tokens: int | None
+    labels: list[str]
+    notes: int
+    url: str
+
+
+class RolloutPage(Schema):
+    count: int
+    offset: int
+    limit: int
+    items: list[RolloutOut]
+
+
+class ReplyErrorOut(Schema):
+    path: list[str | int] = Field(..., description="JSON path into the body: object keys and list indices")
+    message: str
+
+
+class RefusedReplyOut(Schema):
+    http_status: int
+    content_type: str
+    size: int = Field(..., description="the whole body's length in bytes")
+    truncated: bool = Field(..., description="only the first GYMWEB_FAILED_REPLY_MAX_BYTES bytes are kept")
+    errors: list[ReplyErrorOut] = Field(..., description="validation errors of an invalid Responses object")
+    body: str = Field(
+        ..., description="the kept body as UTF-8 text (undecodable bytes as U+FFFD); model output: escape it"
+    )
+
+
+class RolloutDetailOut(RolloutOut):
+    agent_url: str = Field("", description="the agent base URL this attempt ran against")
+    env_url: str = Field("", description="the env base URL this attempt ran against")
+    refused_reply: RefusedReplyOut | None = Field(
+        None, description="the agent reply gymweb refused, ending this attempt"
+    )
+    label_uses: list[LabelUse]
+    note_list: list[NoteOut]
+    correction: CorrectionOut | None
+
+
+class LabelIn(Schema):
+    label: str
+
+
+class NoteIn(Schema):
+    text: str
+    item: int | None = None
+
+
+class CorrectionIn(Schema):
+    reward: float = Field(..., strict=True, description="a finite number (true/false or a string are refused)")
+    reason: str
+
+
+class LabelOut(Schema):
+    name: str
+    description: str
+    position: int
+
+
+class NewLabelIn(Schema):
+    name: str
+    description: str = ""
