@@ -1,4 +1,4 @@
-"""Files written by ``manage.py collect`` (issue 9): an existing output is never overwritten unless
+"""Files written by ``manage.py collect``: an existing output is never overwritten unless
 ``--overwrite`` (NeMo Gym's flag) or ``--resume`` says so; a refused command leaves no empty output
 folder behind; the summary says what is left and whether ``--resume`` would retry it."""
 

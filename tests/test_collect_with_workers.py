@@ -1,4 +1,4 @@
-"""``manage.py collect`` while ``qcluster`` workers share its database (issue 10, "Workers and the CLI").
+"""``manage.py collect`` while ``qcluster`` workers share its database.
 
 Workers claim part of the command's run. The command must not stop when nothing is pending in its
 own process: it exits only once every attempt of its run has ended, wherever it ran, and writes its

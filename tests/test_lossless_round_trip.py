@@ -1,5 +1,5 @@
 """What the loop saw is what gets stored, shown and exported, byte for byte, on SQLite and on
-PostgreSQL (issue 9): through a worker process, through ``manage.py collect`` and through an import.
+PostgreSQL: through a worker process, through ``manage.py collect`` and through an import.
 
 The corpus (``tests/corpus.py``) puts U+0000 in values and keys, every control character,
 U+2028/U+2029, astral characters, gymweb's own escape character, a 1 MB string, nesting 500 deep,

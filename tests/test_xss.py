@@ -195,7 +195,7 @@ def test_texts_cut_for_display_stay_escaped_wherever_the_cut_falls(signed_in, se
     assert "<scr" not in html.replace('<script src="/static/', "")
 
 
-# -- Markdown (issue 11): message text is rendered as Markdown, then sanitised by nh3 ----------
+# -- Markdown: message text is rendered as Markdown, then sanitised by nh3 -------------------------
 MD_PAYLOADS = [
     "[a](javascript:alert(1))",
     "[b](JaVaScRiPt:alert(1))",

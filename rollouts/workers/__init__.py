@@ -9,5 +9,4 @@ cluster-wide ``timeout`` and ``retry`` never cut a long rollout short or deliver
 A claim carries a lease that the dispatcher renews. If its process dies, the lease expires and any
 dispatcher (or ``supervise``) marks the attempt ``interrupted`` and queues its key again. A stop
 (SIGTERM, Ctrl-C, a cluster stop) releases in-flight rollouts at once the same way.
-
 """
