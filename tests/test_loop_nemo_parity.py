@@ -1,4 +1,4 @@
-"""Three edge cases where gymweb now does exactly what NeMo Gym's remote_agent does
+"""Three edge cases where gymweb does exactly what NeMo Gym's remote_agent does
 (DESIGN.md rules 6, 8 and 10), each driven over real HTTP against the example counter env (a
 NeMo Gym-compatible resources server) and a scripted agent on 127.0.0.1."""
 
