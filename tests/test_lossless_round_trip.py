@@ -150,7 +150,9 @@ def _check_pages(client, run: Run, oracle) -> None:
         **{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["rollouts"]},
         **{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["failures"]},
     }
-    for rollout in Rollout.objects.filter(run=run):
+    rollouts = list(Rollout.objects.filter(run=run))
+    assert len(rollouts) == len(oracle["keys"])
+    for rollout in rollouts:
         page = client.get(reverse("rollout", args=[run.pk, rollout.pk]))
         assert page.status_code == 200
         raw = client.get(reverse("rollout_raw", args=[run.pk, rollout.pk]))

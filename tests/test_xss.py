@@ -237,7 +237,9 @@ _BAD_URL = re.compile(r"^\s*(javascript|vbscript|data|file):", re.I)
 def assert_markdown_inert(html: str) -> None:
     """No element, attribute or URL a payload asked for survives: only the page's own tags."""
     assert_inert(html)
-    for tag in re.findall(r"<[a-zA-Z][^>]*>", html):
+    tags = re.findall(r"<[a-zA-Z][^>]*>", html)
+    assert tags
+    for tag in tags:
         name = tag[1:].split(None, 1)[0].rstrip(">").lower()
         if tag.startswith('<svg class="wf" '):  # the outline's own waterfall bars
             continue
