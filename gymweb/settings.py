@@ -111,7 +111,7 @@ if _database_url:
     DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         # A sqlite:// URL gets the embedded default's options too (without them every commit
-        # was a rollback-journal fsync: issue 14's profile showed 11% of `collect` in commit).
+        # is a rollback-journal fsync).
         DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)

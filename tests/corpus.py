@@ -1,4 +1,4 @@
-"""Awkward JSON for the lossless-storage tests (issue 9), and an agent and an env that send it.
+"""Awkward JSON for the lossless-storage tests, and an agent and an env that send it.
 
 ``corpus()`` is valid JSON that databases mangle: U+0000 in values and keys, every control
 character, U+2028/U+2029, astral characters, gymweb's own escape character, a 1 MB string,

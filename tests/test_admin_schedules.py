@@ -1,4 +1,4 @@
-"""The django-q2 Schedule admin cannot schedule a Python callable (issue 10): a schedule names any
+"""The django-q2 Schedule admin cannot schedule a Python callable: a schedule names any
 importable function to run on the workers, so the admin lists schedules read-only."""
 
 from __future__ import annotations

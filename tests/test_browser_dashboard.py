@@ -81,7 +81,7 @@ def test_a_run_started_in_the_browser_completes_live_and_downloads(
     with page.expect_download() as info:
         page.click(f"a:has-text('run-{run.pk}_rollouts.jsonl') >> nth=0")
     download = info.value
-    assert download.suggested_filename == f"run-{run.pk}_rollouts.jsonl"  # named after its run (issue 9)
+    assert download.suggested_filename == f"run-{run.pk}_rollouts.jsonl"  # named after its run
     target = tmp_path / "rollouts.jsonl"
     download.save_as(str(target))
     rows = [json.loads(line) for line in target.read_text().splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""The dashboard under gunicorn with DEBUG off, in a real browser (issue 10): styles and htmx are
+"""The dashboard under gunicorn with DEBUG off, in a real browser: styles and htmx are
 live, no page reports a Content-Security-Policy violation, Cancel asks first, and a session that
 ends while the run page polls sends the window to sign in and back to the run page."""
 

@@ -1,4 +1,4 @@
-"""The trajectory page in a real browser (issue 11), on NeMo Gym's real mini_swe_agent_2 trace
+"""The trajectory page in a real browser, on NeMo Gym's real mini_swe_agent_2 trace
 (task 0: 10 steps, 55 items): the outline jumps to a step and follows the step being read, n/p
 move between steps, collapse all / expand all fold every item, the search box finds text in
 folded items (they open) and moves between hits; a running rollout's page grows live against the

@@ -1,4 +1,4 @@
-"""Content rendering on the trajectory page in a real browser (issue 11), on NeMo Gym's real tau2
+"""Content rendering on the trajectory page in a real browser, on NeMo Gym's real tau2
 and mini_swe_agent_2 traces: "show all N characters" loads the rest of a long text into the page
 without a reload, the plain-text toggle swaps in place and back, thinking is folded until opened,
 and nothing breaks the Content-Security-Policy (violations are console errors)."""

@@ -190,5 +190,7 @@ def test_svg_coordinates_are_plain_numbers():
     assert 'role="img"' in html and 'aria-labelledby="chart-a-title chart-a-desc"' in html
     import re
 
-    for value in re.findall(r' (?:x|y|width|height|x1|x2|y1|y2)="([^"]*)"', html):
+    values = re.findall(r' (?:x|y|width|height|x1|x2|y1|y2)="([^"]*)"', html)
+    assert values
+    for value in values:
         float(value)

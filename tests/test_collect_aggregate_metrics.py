@@ -50,6 +50,7 @@ def assert_compare_can_read(path: Path) -> None:
         agent, key = entry["agent_metrics"], entry["key_metrics"]
         assert isinstance(agent, dict) and isinstance(key, dict)
         assert "repeat_level_metrics" in entry, "else compare recomputes it with a warning"
+        assert key, "at least one key metric"
         for name in key:  # each key metric: a point value, its repeat spread and Student-t interval
             assert isinstance(agent[name], (int, float))
             for prefix in (
@@ -65,6 +66,7 @@ def assert_compare_can_read(path: Path) -> None:
             assert isinstance(repeat["sample_count"], int) and isinstance(repeat["missing_count"], int)
             for name in key:
                 assert math.isfinite(repeat[name])
+        assert entry["group_level_metrics"], "a group per task"
         for group in entry["group_level_metrics"]:
             assert isinstance(group["_ng_task_index"], int) and isinstance(group["expected_num_rollouts"], int)
             for stat in ("mean/reward", "min/reward", "max/reward"):

@@ -1,4 +1,4 @@
-"""Files written by ``manage.py collect`` (issue 9): an existing output is never overwritten unless
+"""Files written by ``manage.py collect``: an existing output is never overwritten unless
 ``--overwrite`` (NeMo Gym's flag) or ``--resume`` says so; a refused command leaves no empty output
 folder behind; the summary says what is left and whether ``--resume`` would retry it."""
 
@@ -158,8 +158,8 @@ def test_a_refused_command_leaves_no_output_folder(tmp_path, settings, counter_t
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no folder can be made")
 def test_an_output_folder_that_cannot_be_made_is_refused_before_any_rollout_runs(tmp_path, counter_tasks_path):
-    # os.access says yes to root for /proc and read-only mounts: the run used to be collected and
-    # stored, then the command died with a FileNotFoundError traceback writing the files.
+    # os.access says yes to root for /proc and read-only mounts, so asking it is not enough: the
+    # folder must be made before the run, not found missing when the files are written after it.
     out = "/proc/gymweb-no-such-folder/results/rollouts.jsonl"
     with pytest.raises(CommandError, match="cannot create folders in /proc"):
         call_command("collect", *_args("http://127.0.0.1:1", "http://127.0.0.1:2", counter_tasks_path, out))

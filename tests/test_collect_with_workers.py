@@ -1,4 +1,4 @@
-"""``manage.py collect`` while ``qcluster`` workers share its database (issue 10, "Workers and the CLI").
+"""``manage.py collect`` while ``qcluster`` workers share its database.
 
 Workers claim part of the command's run. The command must not stop when nothing is pending in its
 own process: it exits only once every attempt of its run has ended, wherever it ran, and writes its
@@ -105,7 +105,7 @@ def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(
         )
         since = timezone.now()
         # The command's dispatcher has beaten since, holding nothing: it has looked at the run with
-        # nothing pending and nothing of its own in flight (where it used to stop and write).
+        # nothing pending and nothing of its own in flight (where it must not stop and write yet).
         wait_for(
             lambda: (
                 not collect.thread.is_alive()

@@ -1,4 +1,4 @@
-"""Content-Security-Policy (django-csp, issue 10): every page carries a policy that allows only
+"""Content-Security-Policy (django-csp): every page carries a policy that allows only
 this origin's scripts and styles, and no page needs more (no inline script, style or handler).
 The browser test (test_browser_production) checks that no violation is reported with htmx live."""
 
@@ -50,12 +50,12 @@ def pages(signed_in, db):
         reverse("compare") + f"?a={run.pk}&b={done.pk}",
         reverse("run_profile", args=[done.pk]),
         reverse("run_evaluation", args=[done.pk]),
-        # review (issue 13): review mode on a trajectory, its summary, labels, account, a prefilled new run
+        # review: review mode on a trajectory, its summary, labels, account, a prefilled new run
         reverse("rollout", args=[run.pk, rollout.pk]) + "?review=1",
         reverse("review_start", args=[run.pk]) + "?summary=1",
         reverse("labels"),
         reverse("account"),
-        # an item's whole body, as the "show all" link's page (issue 11)
+        # an item's whole body, as the "show all" link's page
         reverse("rollout_item", args=[run.pk, rollout.pk, "input-0"]) + "?full=1",
     ]
 

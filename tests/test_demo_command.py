@@ -1,4 +1,4 @@
-"""``make demo`` (issue 10, "Demo and first use"): it takes a port (``make demo PORT=8001``); the
+"""``make demo``: it takes a port (``make demo PORT=8001``); the
 example env and agent keep fixed ports; the demo user keeps its password and the web server its
 secret key across restarts, so a signed-in browser stays signed in and earlier demo runs can be
 retried; the new-run form is pre-filled with the example URLs; DEBUG stays off."""

@@ -1,6 +1,6 @@
 """The claim takes the first pending keys of a run in key order, and finds them through an index
-rather than by walking the run's finished rows (issue 14: late in a 50,000-rollout run that walk
-cost 26 ms a claim, with the run row locked)."""
+rather than by walking the run's finished rows (late in a long run that walk is slow, with the run
+row locked)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The dispatcher's garbage-collector settings (issue 14: at 10,000 in flight Python's default
-thresholds spent 45 % of the process's CPU walking the heap) hold while it runs and are put back
+"""The dispatcher's garbage-collector settings (with thousands in flight Python's default
+thresholds spend much of the process's CPU walking the heap) hold while it runs and are put back
 when it stops, nested or not."""
 
 from __future__ import annotations

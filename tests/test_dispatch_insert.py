@@ -1,5 +1,5 @@
-"""The dispatcher's raw insert passes some values through without Django's per-value conversion
-(issue 14): what it sends must be exactly what ``get_db_prep_save`` gives, for every field of
+"""The dispatcher's raw insert passes some values through without Django's per-value conversion:
+what it sends must be exactly what ``get_db_prep_save`` gives, for every field of
 the models it writes, on the backend the suite runs on."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Durable, scalable collection (issue 4): several qcluster workers, SIGKILL, SIGTERM, faults, cancel.
+"""Durable, scalable collection: several qcluster workers, SIGKILL, SIGTERM, faults, cancel.
 
 Workers are real ``manage.py qcluster`` processes on this test's file-backed database; agent and env
 are real HTTP servers on 127.0.0.1.

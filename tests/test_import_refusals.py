@@ -1,4 +1,4 @@
-"""Imports that should not be accepted as they are (issue 9): a dataset given as rollouts, the
+"""Imports that should not be accepted as they are: a dataset given as rollouts, the
 rollouts and failures files swapped, a failures file in the rollouts slot, a rollouts file in the
 failures slot; and an imported run's header, which must count tasks × repeats from the file's keys.
 Command and web page alike; nothing is stored when a file is refused."""

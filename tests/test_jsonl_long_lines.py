@@ -1,4 +1,4 @@
-"""Reading JSONL (issue 10): lines are read in linear time with memory bounded by one line, and a
+"""Reading JSONL: lines are read in linear time with memory bounded by one line, and a
 line over GYMWEB_MAX_LINE_BYTES is a clear error naming it, from every path that reads files (the
 new-run upload, the import page, ``collect --input``). Timings are in benchmarks/bench_jsonl_line."""
 

@@ -1,5 +1,5 @@
-"""Three edge cases where gymweb now does exactly what NeMo Gym's remote_agent does (issue 15;
-DESIGN.md rules 6, 8 and 10), each driven over real HTTP against the example counter env (a
+"""Three edge cases where gymweb does exactly what NeMo Gym's remote_agent does
+(DESIGN.md rules 6, 8 and 10), each driven over real HTTP against the example counter env (a
 NeMo Gym-compatible resources server) and a scripted agent on 127.0.0.1."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A rollout that fails because gymweb's own process ran out of file descriptors says so, instead
-of asking whether the agent service is running (issue 14: at 10,000 in flight the open-file limit
-is the first wall a user meets)."""
+of asking whether the agent service is running (with many rollouts in flight the open-file limit is
+the first wall a user meets)."""
 
 from __future__ import annotations
 

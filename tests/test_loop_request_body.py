@@ -1,4 +1,4 @@
-"""The agent request body is built from pieces serialised once per item (issue 14); it must stay
+"""The agent request body is built from pieces serialised once per item; it must stay
 byte for byte the JSON of the row's params with the conversation so far as ``input``."""
 
 import json

@@ -1,5 +1,5 @@
 """What the loop saw is what gets stored, shown and exported, byte for byte, on SQLite and on
-PostgreSQL (issue 9): through a worker process, through ``manage.py collect`` and through an import.
+PostgreSQL: through a worker process, through ``manage.py collect`` and through an import.
 
 The corpus (``tests/corpus.py``) puts U+0000 in values and keys, every control character,
 U+2028/U+2029, astral characters, gymweb's own escape character, a 1 MB string, nesting 500 deep,
@@ -150,7 +150,9 @@ def _check_pages(client, run: Run, oracle) -> None:
         **{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["rollouts"]},
         **{json.loads(line)["_ng_task_index"]: line for line in oracle["files"]["failures"]},
     }
-    for rollout in Rollout.objects.filter(run=run):
+    rollouts = list(Rollout.objects.filter(run=run))
+    assert len(rollouts) == len(oracle["keys"])
+    for rollout in rollouts:
         page = client.get(reverse("rollout", args=[run.pk, rollout.pk]))
         assert page.status_code == 200
         raw = client.get(reverse("rollout_raw", args=[run.pk, rollout.pk]))

@@ -1,4 +1,4 @@
-"""Migration 0013 (issue 11): items stored before it are found by the run page's content search
+"""Migration 0013: items stored before it are found by the run page's content search
 after it (their ``search_text`` filled, the backend's index built), and items stored after it too;
 undoing it drops the index."""
 

@@ -1,4 +1,4 @@
-"""Migration 0006 (issue 9): rows stored before it read back unchanged after it: JSON columns move
+"""Migration 0006: rows stored before it read back unchanged after it: JSON columns move
 from ``jsonb`` (PostgreSQL) / checked text (SQLite) to JSON text, and plain text that holds gymweb's
 escape character U+FDD0 (or, on SQLite, a raw U+0000) is encoded so the new fields decode it back."""
 

@@ -1,4 +1,4 @@
-"""Replies are capped (``GYMWEB_MAX_REPLY_BYTES``; issue 10): a reply of the agent or the env is
+"""Replies are capped (``GYMWEB_MAX_REPLY_BYTES``): a reply of the agent or the env is
 counted as it streams and never read past the cap; over it the rollout fails with its own failure
 kind ``reply_too_large`` naming the cap and the setting. Servers on 127.0.0.1 stream without end, so
 a client that kept reading would never finish; the cap is set small here."""

@@ -43,7 +43,11 @@ def run(db, user):
 
 
 def test_by_default_the_files_are_exactly_nemo_gym_s(signed_in, run):
-    for kind, lines in (("rollouts", export.iter_successes(run)), ("rollouts_failures", export.iter_failures(run))):
+    for kind, lines in (
+        ("rollouts", list(export.iter_successes(run))),
+        ("rollouts_failures", list(export.iter_failures(run))),
+    ):
+        assert lines, kind
         response = signed_in.get(url(run, kind))
         body = b"".join(response.streaming_content).decode()
         assert body == "".join(line + "\n" for line in lines)

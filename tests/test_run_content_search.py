@@ -1,4 +1,4 @@
-"""Search across a run (issue 11): the run page filters rollouts by trajectory content (text in any
+"""Search across a run: the run page filters rollouts by trajectory content (text in any
 item, a tool called, a tool output's text, a failure message's text) through the backend's index
 (FTS5 trigram on SQLite, pg_trgm on PostgreSQL: the suite runs on both), links each row to the
 rollout with ``?q=`` so its hits are highlighted, and exports, file names and the API honour it."""

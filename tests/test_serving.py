@@ -1,4 +1,4 @@
-"""Serving in production (issue 10, "Serving"): WhiteNoise serves the static files under gunicorn
+"""Serving in production: WhiteNoise serves the static files under gunicorn
 and runserver without --insecure; ``check --deploy`` passes with the settings docs/production.md documents; DEBUG off
 refuses the development key; sign-in works behind a TLS proxy; a 500 logs its traceback."""
 

@@ -1,4 +1,4 @@
-"""Sessions and forms (issue 10): a signed-out HTMX request is sent to sign in and back to the page
+"""Sessions and forms: a signed-out HTMX request is sent to sign in and back to the page
 in the address bar (never a sign-in page pasted into the page); a signed-out POST action comes back
 to its page, not to ``GET /runs/N/retry/``; a stale CSRF token gets a friendly page with a link
 back."""

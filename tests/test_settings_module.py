@@ -31,6 +31,7 @@ def test_the_docs_table_is_the_one_the_module_makes():
     assert replace_table(text) == text, (
         "docs/settings.md is out of date: run `gymweb settings --write-docs docs/settings.md`"
     )
+    assert conf.OTHER_VARIABLES
     for name in conf.OTHER_VARIABLES:
         assert f"`{name}`" in text
 

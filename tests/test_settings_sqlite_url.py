@@ -1,5 +1,5 @@
 """A ``sqlite://`` DATABASE_URL gets the embedded default's SQLite options (WAL, synchronous=NORMAL,
-IMMEDIATE transactions, busy timeout): without them every dispatcher commit was an fsync (issue 14)."""
+IMMEDIATE transactions, busy timeout): without them every dispatcher commit is an fsync."""
 
 import json
 import os

@@ -94,6 +94,7 @@ def test_reasoning_drop_leaves_no_thinking_the_page_folds_and_keep_moves_it(shar
         ]
         assert any(thinking for t in texts for thinking, _ in split_thinking(t)), where  # the page folds some
         dropped = conversation(row, reasoning="drop")
+        assert dropped["messages"][2:], where
         for m in dropped["messages"][2:]:
             content = m.get("content") or ""
             assert "<think>" not in content and "</think>" not in content, where

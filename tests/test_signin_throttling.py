@@ -1,4 +1,4 @@
-"""Sign-in throttling (django-axes, issue 10): 40 wrong passwords in a row are not all answered;
+"""Sign-in throttling (django-axes): 40 wrong passwords in a row are not all answered;
 after ``AXES_FAILURE_LIMIT`` failures that user name from that address is locked out, even with
 the right password, on the dashboard's sign-in and the admin's; others are not."""
 

@@ -1,4 +1,4 @@
-"""No quiet fallback (issue 9): when part of a rollout cannot be stored, the rollout is not "succeeded
+"""No quiet fallback: when part of a rollout cannot be stored, the rollout is not "succeeded
 with holes". It ends as a ``storage_failed`` failure (retried like any failure), its page says what
 is missing, and the worker log names the rollout. An import whose row the database refuses reports
 the line and stores nothing, never an HTTP 500.

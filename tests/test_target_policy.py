@@ -1,6 +1,7 @@
 """The target policy's rules (``rollouts.engine.targets.TargetPolicy``; docs/production.md, "Which hosts a run
-may reach"): every example of issue 10 judged as the address it denotes, the allowlist's entry
-forms, and the settings that build it. Connections themselves: ``test_target_policy_connections``."""
+may reach"): loopback, metadata, link-local and private addresses in their spellings and behind names,
+each judged as the address it denotes, the allowlist's entry forms, and the settings that build it.
+Connections themselves: ``test_target_policy_connections``."""
 
 from __future__ import annotations
 

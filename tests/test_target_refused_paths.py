@@ -1,4 +1,4 @@
-"""A refused target in every path that sends a request (issue 10, "Which hosts a run may reach"):
+"""A refused target in every path that sends a request (docs/production.md, "Which hosts a run may reach"):
 the new-run form, the agent check page, Retry (page and API), the API's new run, a qcluster
 worker, ``collect`` and ``check_agent``. Forms say so on the URL field, a queued run gets failure
 rows of kind ``target_refused`` naming the rule and the setting, the CLI exits 2; nothing is

@@ -1,4 +1,4 @@
-"""Limits on uploads (issue 10): one upload handler for /import/ and /runs/new/ stops storing a file
+"""Limits on uploads: one upload handler for /import/ and /runs/new/ stops storing a file
 at GYMWEB_MAX_UPLOAD_BYTES (before it is written whole to disk) and the form says so on that
 field; a request declaring more than GYMWEB_MAX_REQUEST_BYTES gets 413 before its body is read."""
 

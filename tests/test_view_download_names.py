@@ -1,4 +1,4 @@
-"""Download names (issue 9): every download is named after its run, a filtered one after its filter
+"""Download names: every download is named after its run, a filtered one after its filter
 too, so downloads never overwrite each other in a downloads folder; the run page shows the active
 filter next to the filtered download links."""
 

@@ -309,7 +309,7 @@ def test_a_submitted_run_completes_against_the_example_services(
     assert Rollout.objects.filter(run=run).count() == 5
 
 
-# -- first use (issue 10) --------------------------------------------------------------------------
+# -- first use -------------------------------------------------------------------------------------
 def test_the_form_is_pre_filled_with_the_instances_default_services(signed_in, settings):
     settings.GYMWEB_DEFAULT_AGENT_URL = "http://127.0.0.1:9102"
     settings.GYMWEB_DEFAULT_ENV_URL = "http://127.0.0.1:9101"

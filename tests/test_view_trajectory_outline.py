@@ -1,4 +1,4 @@
-"""The trajectory page's outline, folding, live tail and the run page's live fixes (issue 11)."""
+"""The trajectory page's outline, folding, live tail and the run page's live fixes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trajectory page renders item content by what it is (issue 11): Markdown messages, folded
+"""The trajectory page renders item content by what it is: Markdown messages, folded
 thinking, tool-call arguments as fields, diffs, JSON trees (also JSON inside JSON strings), and
 long texts shown in full in place through the item endpoint. Uses NeMo Gym's real traces."""
 

@@ -259,7 +259,9 @@ def test_fields_naming_a_call_id_an_item_index_or_quoting_an_item_link_to_it(sig
     notes = panel[panel.index("<dt>judge_notes</dt>") :]
     notes = notes[: notes.index("</dd>")]
     assert re.findall(r'href="#item-(\d+)"', notes) == ["2"]  # the quotation: the first item holding it
-    for seq in re.findall(r'href="#item-(\d+)"', panel):
+    links = re.findall(r'href="#item-(\d+)"', panel)
+    assert links
+    for seq in links:
         assert f'id="item-{seq}"' in html  # every link lands on an anchor of the page
 
 

@@ -1,4 +1,4 @@
-"""Stopping ``qcluster`` (issue 10, "Workers and the CLI"): SIGTERM or Ctrl-C releases in-flight rollouts at
+"""Stopping ``qcluster``: SIGTERM or Ctrl-C releases in-flight rollouts at
 once (interrupted, keys queued again with the same attempt number), logs no traceback, and a new worker
 finishes the run.
 

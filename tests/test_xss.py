@@ -195,7 +195,7 @@ def test_texts_cut_for_display_stay_escaped_wherever_the_cut_falls(signed_in, se
     assert "<scr" not in html.replace('<script src="/static/', "")
 
 
-# -- Markdown (issue 11): message text is rendered as Markdown, then sanitised by nh3 ----------
+# -- Markdown: message text is rendered as Markdown, then sanitised by nh3 -------------------------
 MD_PAYLOADS = [
     "[a](javascript:alert(1))",
     "[b](JaVaScRiPt:alert(1))",
@@ -237,7 +237,9 @@ _BAD_URL = re.compile(r"^\s*(javascript|vbscript|data|file):", re.I)
 def assert_markdown_inert(html: str) -> None:
     """No element, attribute or URL a payload asked for survives: only the page's own tags."""
     assert_inert(html)
-    for tag in re.findall(r"<[a-zA-Z][^>]*>", html):
+    tags = re.findall(r"<[a-zA-Z][^>]*>", html)
+    assert tags
+    for tag in tags:
         name = tag[1:].split(None, 1)[0].rstrip(">").lower()
         if tag.startswith('<svg class="wf" '):  # the outline's own waterfall bars
             continue

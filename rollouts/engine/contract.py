@@ -37,8 +37,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """``AgentReply`` (a valid reply) and ``Usage`` (a complete usage): the models of
-    ``reply_schema``, imported on first use, because importing the openai package costs about a
-    second of CPU that commands which never read an agent reply should not pay."""
+    ``reply_schema``, imported on first use, because importing the openai package is slow, a cost
+    that commands which never read an agent reply should not pay."""
     if name in ("AgentReply", "Usage"):
         from rollouts.engine import reply_schema
 
@@ -187,7 +187,7 @@ def _describe(errors: list[ReplyError], total: int, limit: int = 8) -> str:
 
 
 def prepare_reply_validation() -> None:
-    """Import and build the reply models now (about a second of CPU, once per process), so that a
+    """Import and build the reply models now (a slow import, once per process), so that a
     long-lived event loop is not paused by it at its first reply."""
     from rollouts.engine.reply_schema import ReplyModel
 

@@ -2,25 +2,8 @@
 what a user sees: docs/production.md, "Which hosts a run may reach").
 
 The policy as plain data (no Django: ``rollouts.targets`` builds it from the settings):
-``TargetPolicy``, the rules; ``check(host, port, address)`` decides one resolved address. The hooks
-that enforce it on every connection are ``rollouts.engine.policy_transports``.
-
-The rules (``TargetPolicy``), in order:
-
-1. An address in ``GYMWEB_ALLOWED_TARGET_HOSTS`` (an IP or CIDR entry, with its port if it names
-   one) is allowed, whatever its class, except that an entry without a port does not open every
-   port of gymweb's own machine (loopback, unspecified) unless ``allow_local``: ``localhost:9102``
-   allows that port, a bare ``localhost`` does not reach Redis on 6379 (this holds for rule 3 too).
-2. Link-local (169.254.0.0/16, fe80::/10) and cloud-metadata addresses (``METADATA_ADDRESSES``),
-   and addresses that are not unicast (multicast, reserved, broadcast), are refused unless rule 1
-   allowed them; a metadata host name (``METADATA_NAMES``) is refused unless listed as a name.
-3. When the allowlist is not empty, a host name listed there (as ``host`` or ``host:port``) is
-   allowed on any other address; everything else is refused ("only listed targets").
-4. With an empty allowlist, loopback (127.0.0.0/8, ::1), unspecified (0.0.0.0/8, ::) and private
-   addresses (RFC 1918, 100.64.0.0/10 CGNAT, fc00::/7, fec0::/10, 198.18.0.0/15) are allowed only
-   with ``allow_local`` (``GYMWEB_ALLOW_LOCAL_TARGETS=1``); every other (public) address is allowed.
-
-IPv4-mapped IPv6 addresses (``::ffff:127.0.0.1``) are judged as the IPv4 address they carry.
+``TargetPolicy``, the rules (its docstring states them); ``check(host, port, address)`` decides one
+resolved address. The hooks that enforce it on every connection are ``rollouts.engine.policy_transports``.
 """
 
 from __future__ import annotations
@@ -235,7 +218,7 @@ def _plain(addr: IPAddress) -> IPAddress:
 
 def classify(addr: IPAddress) -> str:
     """One of ``metadata``, ``link-local``, ``not unicast``, ``loopback``, ``unspecified``,
-    ``private`` or ``public`` (see the module docstring)."""
+    ``private`` or ``public`` (see ``TargetPolicy``)."""
     addr = _plain(addr)
     if addr in METADATA_ADDRESSES:
         return "metadata"
@@ -332,11 +315,28 @@ def host_name(host: str) -> str:
 
 @dataclass(frozen=True)
 class TargetPolicy:
-    """Which hosts gymweb may connect to (the module docstring has the rules).
+    """Which hosts gymweb may connect to.
 
     ``allow_local``: loopback, unspecified and private addresses are allowed (``GYMWEB_ALLOW_LOCAL_TARGETS``).
     ``allowed``: the parsed ``GYMWEB_ALLOWED_TARGET_HOSTS``; when not empty only listed targets
     are allowed. The default policy (``TargetPolicy()``) is the strict one: public addresses only.
+
+    The rules, in order:
+
+    1. An address in ``GYMWEB_ALLOWED_TARGET_HOSTS`` (an IP or CIDR entry, with its port if it names
+       one) is allowed, whatever its class, except that an entry without a port does not open every
+       port of gymweb's own machine (loopback, unspecified) unless ``allow_local``: ``localhost:9102``
+       allows that port, a bare ``localhost`` does not reach Redis on 6379 (this holds for rule 3 too).
+    2. Link-local (169.254.0.0/16, fe80::/10) and cloud-metadata addresses (``METADATA_ADDRESSES``),
+       and addresses that are not unicast (multicast, reserved, broadcast), are refused unless rule 1
+       allowed them; a metadata host name (``METADATA_NAMES``) is refused unless listed as a name.
+    3. When the allowlist is not empty, a host name listed there (as ``host`` or ``host:port``) is
+       allowed on any other address; everything else is refused ("only listed targets").
+    4. With an empty allowlist, loopback (127.0.0.0/8, ::1), unspecified (0.0.0.0/8, ::) and private
+       addresses (RFC 1918, 100.64.0.0/10 CGNAT, fc00::/7, fec0::/10, 198.18.0.0/15) are allowed only
+       with ``allow_local`` (``GYMWEB_ALLOW_LOCAL_TARGETS=1``); every other (public) address is allowed.
+
+    IPv4-mapped IPv6 addresses (``::ffff:127.0.0.1``) are judged as the IPv4 address they carry.
     """
 
     allow_local: bool = False

@@ -9,13 +9,4 @@ cluster-wide ``timeout`` and ``retry`` never cut a long rollout short or deliver
 A claim carries a lease that the dispatcher renews. If its process dies, the lease expires and any
 dispatcher (or ``supervise``) marks the attempt ``interrupted`` and queues its key again. A stop
 (SIGTERM, Ctrl-C, a cluster stop) releases in-flight rollouts at once the same way.
-
-- ``claims``: claiming, leases, the heartbeat, ``supervise``
-- ``writer``: batched writes of a dispatcher (``Batch``, ``write_batch``)
-- ``sql``: the update that ends an attempt, built once and kept (the insert is ``rollouts.bulk``)
-- ``dbthread``: the dispatcher's one database thread
-- ``dispatcher``: the dispatcher loop (``Dispatcher``)
-- ``tuning``: the garbage collector and the open-file limit
-- ``process``: entry points (a worker process's dispatcher thread and its signals; the CLI's run)
-- ``wakeup``: idle dispatchers woken when a run is launched (the sender is ``rollouts.collection.notify``)
 """

@@ -60,7 +60,7 @@ def claim(run_id: int, worker: str, want: int, lease_s: float, reap: bool = True
     not running or has no room. The run row is locked for the check-and-update
     (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise writers).
     Plain SQL with the values the ORM would send: a claim follows nearly every completion, and
-    compiling its five queries was a quarter of the dispatcher's CPU (issue 14).
+    compiling its five queries each time was a large part of the dispatcher's CPU.
     """
     from django.db import connection
 
@@ -143,7 +143,7 @@ def heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float
         # By run, status and worker, not by the ids in flight: the same rows (a running attempt
         # whose worker is this dispatcher is one it holds, or one whose result it has yet to
         # write), read through the (run, status) index, without an IN list of every id in flight
-        # that Django compiles parameter by parameter (8 % of the CPU at 5,000 in flight, issue 14).
+        # that Django would compile parameter by parameter on every heartbeat.
         Rollout.objects.filter(run_id__in=run_ids, status=Rollout.Status.RUNNING, worker=name).update(
             lease_until=now + timedelta(seconds=lease_s)
         )

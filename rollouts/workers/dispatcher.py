@@ -171,7 +171,7 @@ class Dispatcher:
         self.run_of: dict[int, int] = {}  # rollout id -> run id
         self.inflight: dict[int, int] = {}  # run id -> rollouts of it in flight here
         # Ended tasks, pushed by their done callbacks: a turn costs O(what ended), not O(in flight)
-        # (asyncio.wait over 10,000 tasks adds and removes 10,000 callbacks per call; issue 14).
+        # (asyncio.wait over every task adds and removes a callback per task on every call).
         self._ended: list[int] = []
         self._next_sync = 0.0
         self._freed = 0  # slots freed by ended rollouts since the last trip to the DB thread

@@ -25,9 +25,9 @@ def collector_tuned(threshold0: int) -> Iterator[None]:
 
     With thousands of rollouts in flight the heap holds millions of live objects (every
     conversation, parsed), and the collector's default first threshold (700 allocations) makes it
-    walk them again and again: at 10,000 in flight it took 45 % of the process's CPU (71 of 158 s,
-    issue 14, benchmarks/README.md). Inside the block the objects that exist at its start (Django,
-    the libraries) are frozen out of every collection (``gc.freeze``) and the first threshold is
+    walk them again and again, a large part of the process's CPU (benchmarks/README.md). Inside the
+    block the objects that exist at its start (Django, the libraries) are frozen out of every
+    collection (``gc.freeze``) and the first threshold is
     ``threshold0`` allocations (``GYMWEB_GC_THRESHOLD``; 0 leaves the collector as it is).
     Reference counting still frees everything that is not in a cycle at once; cycles are still
     collected, less often. The settings are the process's: nested or concurrent blocks share them

@@ -114,8 +114,8 @@ def _usage_fields(usage: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # Parts of a running rollout that could not be stored, by rollout id (DB thread only): the
-# rollout's result is turned into a `storage_failed` failure when it is written (issue 9: never a
-# success with holes). Also kept in `Rollout.storage_error`, which the rollout's page shows.
+# rollout's result is turned into a `storage_failed` failure when it is written (never a success
+# with holes). Also kept in `Rollout.storage_error`, which the rollout's page shows.
 _missing: dict[int, list[str]] = {}
 
 

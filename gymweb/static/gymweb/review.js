@@ -1,4 +1,4 @@
-// Review mode on the trajectory page (issue 13): 1–9 toggle labels, j = reviewed + next,
+// Review mode on the trajectory page: 1–9 toggle labels, j = reviewed + next,
 // k = previous, r = note box; Ctrl-Enter saves the note, Esc leaves it. No build step.
 // Listens on window in the capture phase, so in review mode it answers j/k before the trajectory
 // page's own keys (trajectory.js: n/p, j/k, /, e/c), which never see the keys handled here.

@@ -1,4 +1,4 @@
-// Trajectory page (issue 11). No build step; the CSP allows no inline script or style, so
+// Trajectory page. No build step; the CSP allows no inline script or style, so
 // everything here works through classes, attributes and the CSS Custom Highlight API.
 //   j / k      next / previous rollout (through the run's filtered list; review.js answers first in review mode)
 //   n / p      next / previous step; the outline highlights the step being read
