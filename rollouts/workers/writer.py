@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from rollouts.bulk import insert_ignoring_conflicts
 from rollouts.collection.profile_numbers import profile_json_for_verify
-from rollouts.engine.nemo_request import agent_result
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, RolloutOutcome, StepRecord
+from rollouts.engine.nemo_request import agent_result
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.operations import prometheus
