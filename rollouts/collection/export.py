@@ -174,8 +174,9 @@ def failure_row(
 
 def stamps_rows(run: Run) -> bool:
     """Whether the run's exported rows get NeMo Gym's stamps added: yes for runs gymweb collected,
-    no for imported ones (they keep exactly the stamps they came with)."""
-    return run.status != Run.Status.IMPORTED
+    no for imported ones (they keep exactly the stamps they came with) and reverified ones (NeMo
+    Gym's reverify writes the env's reply with the indices and ``agent_ref``, no stamps of its own)."""
+    return run.status != Run.Status.IMPORTED and run.reverified_from_id is None
 
 
 def agent_ordered(run: Run) -> bool:
