@@ -28,8 +28,8 @@ from rollouts.collection.datasets import materialize, read_jsonl
 from rollouts.collection.importer import import_rollouts
 from rollouts.collection.stamps import stamp
 from rollouts.engine.http import make_client
-from rollouts.engine.nemo_request import agent_result
 from rollouts.engine.loop import run_rollout
+from rollouts.engine.nemo_request import agent_result
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from tests.servers import LOCAL
 
