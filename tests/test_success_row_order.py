@@ -103,3 +103,40 @@ def test_a_counter_env_run_writes_nemo_gyms_order_and_its_profile_is_that_of_its
     first = result.reward_profiling[0]
     names = [k for k in first if k in ("mean/reward", "mean/expected_count")]
     assert names == ["mean/reward", "mean/expected_count"]
+
+
+@pytest.mark.django_db
+def test_the_data_migration_stores_the_numbers_of_collected_runs_again_and_leaves_imported_ones():
+    """Numbers stored from a reply in the env's order (before rows were written in NeMo Gym's order)
+    are stored again from the row as the export writes it; an imported run's are left as they are."""
+    import importlib
+    from types import SimpleNamespace
+
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from rollouts.collection.profile_numbers import loads_profile_numbers, profile_json_for_verify
+
+    from .run_factories import finish, key, make_run
+
+    migration = importlib.import_module("rollouts.migrations.0022_success_rows_in_agent_order")
+    echo = next(c for c in _cases() if c["case"].startswith("runA row"))
+    reply = {"score": 0.5, **echo["reply"]}  # a number before reward: the column order shows it
+    collected = make_run(1)
+    imported = make_run(1, status="imported")
+    old = profile_json_for_verify(reply)
+    for run in (collected, imported):
+        r = finish(key(run, 0), Rollout.Status.SUCCEEDED, reply["reward"])
+        Rollout.objects.filter(pk=r.pk).update(verify_json=json.dumps(reply), profile_json=old)
+    assert list(loads_profile_numbers(old)["numbers"])[:2] == ["score", "expected_count"]
+    loader = MigrationExecutor(connection).loader
+    migration.refill_profile_json(
+        loader.project_state(("rollouts", "0021_run_archive")).apps, SimpleNamespace(connection=connection)
+    )
+    new = Rollout.objects.get(run=collected).profile_json
+    assert new == profile_json_for_verify(agent_result(reply)) != old
+    assert list(loads_profile_numbers(new)["numbers"])[:2] == ["reward", "score"]
+    assert Rollout.objects.get(run=imported).profile_json == old
+    # and the profile the page reads is the profile of the downloaded file
+    result, _ = profile_run(collected)
+    same_profile(profile_from_full_rows(collected), result)
