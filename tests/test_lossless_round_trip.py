@@ -29,6 +29,7 @@ from rollouts.collection.importer import import_rollouts
 from rollouts.collection.stamps import stamp
 from rollouts.engine.http import make_client
 from rollouts.engine.loop import run_rollout
+from rollouts.engine.nemo_request import agent_result
 from rollouts.models import AgentCall, Rollout, Run, TrajectoryItem
 from tests.servers import LOCAL
 
@@ -84,7 +85,7 @@ def oracle(services, tmp_path_factory):
     for (task_index, rollout_index), (row, outcome, _) in sorted(keys.items()):
         files["materialized"].append(export.row_line(row))  # the files' writer: NeMo Gym's bytes
         if outcome.ok:
-            line = dict(outcome.verify_response)
+            line = agent_result(dict(outcome.verify_response))  # as NeMo Gym's agent returns it
             line["_ng_task_index"], line["_ng_rollout_index"], line["agent_ref"] = (
                 task_index,
                 rollout_index,

@@ -34,6 +34,7 @@ from rollouts.collection.profile_numbers import (
     profile_json_for_verify,
     profile_numbers,
 )
+from rollouts.engine.nemo_request import agent_result
 from rollouts.evaluation.outputs import dumps
 from rollouts.evaluation.pass_at_k import gymweb_extras
 from rollouts.evaluation.profile_report import (
@@ -318,7 +319,8 @@ def test_a_run_collected_in_process_stores_the_numbers_and_profiles_from_them(
     successes = list(Rollout.objects.filter(run=run, status=S.SUCCEEDED))
     assert len(successes) == 15
     for r in successes:
-        assert r.profile_json == profile_json_for_verify(json.loads(r.verify_json))
+        # the numbers of the row rollouts.jsonl carries: the reply as NeMo Gym's agent returns it
+        assert r.profile_json == profile_json_for_verify(agent_result(json.loads(r.verify_json)))
         numbers = loads_profile_numbers(r.profile_json)
         assert numbers["numbers"]["reward"] == r.reward == 1.0
         assert {"input_tokens", "output_tokens", "total_tokens"} <= set(numbers["numbers"])
@@ -369,7 +371,7 @@ def test_rows_without_numbers_are_read_from_verify_json_with_the_same_result():
 
     successes = list(Rollout.objects.filter(run=run, status=S.SUCCEEDED).order_by("task_index", "rollout_index"))
     for r in successes:
-        r.profile_json = profile_json_for_verify(json.loads(r.verify_json))
+        r.profile_json = profile_json_for_verify(agent_result(json.loads(r.verify_json)))
     successes[1].profile_json = ""  # unknown
     successes[2].profile_json = '{"v":0,"masked":false,"numbers":{"reward":9.0}}'  # another version
     successes[3].profile_json = PROFILE_NUMBERS_PREFIX + '"masked":fals'  # unreadable, yet with the prefix
@@ -440,6 +442,11 @@ def test_the_data_migration_fills_the_numbers_of_successes_stored_before_it(monk
         else:
             assert r.profile_json == "", r
     assert filled == 3
+    # the later migration stores them again from the rows in NeMo Gym's order, as the export writes them
+    later = importlib.import_module("rollouts.migrations.0022_success_rows_in_agent_order")
+    later.refill_profile_json(
+        loader.project_state(("rollouts", "0021_run_archive")).apps, SimpleNamespace(connection=connection)
+    )
     Rollout.objects.filter(run=run, task_index=2).delete()
     assert all(isinstance(row, ReducedRollout) for row in run_success_rows(run))
     assert_profile_run_is_the_long_way_round(run)

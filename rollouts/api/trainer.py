@@ -323,7 +323,9 @@ class _Rows:
     def _line(self, status, ti, ri, verify_json, error, terminal, kind, task_json) -> str:
         task_row = json.loads(task_json)
         if status == Rollout.Status.SUCCEEDED:
-            row = export.success_row(verify_json, ti, ri, export.agent_ref_of(task_row, self.run), self.stamp)
+            row = export.success_row(
+                verify_json, ti, ri, export.agent_ref_of(task_row, self.run), self.stamp, export.agent_ordered(self.run)
+            )
         else:
             row = export.failure_row(task_row, ri, error, terminal, self.stamp)
         return export.row_line(row)
@@ -457,6 +459,7 @@ def nemo_gym_row(rollout: Rollout) -> dict[str, Any] | None:
             rollout.rollout_index,
             export.agent_ref_of(task_row, rollout.run),
             stamp,
+            export.agent_ordered(rollout.run),
         )
     return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
 

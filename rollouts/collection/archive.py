@@ -53,6 +53,7 @@ from rollouts.bulk import insert_ignoring_conflicts
 from rollouts.collection import export
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
+from rollouts.engine.nemo_request import agent_result
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
@@ -441,6 +442,7 @@ def _write_files(run: Run, tmp: Path, size: int) -> dict[str, dict[str, Any]]:
 def _drop(run: Run, size: int, out: Outcome) -> None:
     """Drop the archived run's items, agent calls and stored responses, ``size`` rollouts per
     transaction. A success without profile numbers gets them first (the profile page reads them)."""
+    ordered = export.agent_ordered(run)
     for ids in _id_batches(Rollout.objects.filter(run=run), size, "num_items"):
 
         def one(ids=ids):
@@ -451,7 +453,8 @@ def _drop(run: Run, size: int, out: Outcome) -> None:
                     verify_json=""
                 )
                 for rid, verify_json in missing.values_list("id", "verify_json"):
-                    numbers = profile_json_for_verify(json.loads(verify_json))
+                    verify = json.loads(verify_json)
+                    numbers = profile_json_for_verify(agent_result(verify) if ordered else verify)
                     if numbers:
                         Rollout.objects.filter(id=rid).update(profile_json=numbers)
                 Rollout.objects.filter(id__in=ids).update(verify_json="", partial_response_json="")

@@ -1,7 +1,10 @@
 """NeMo Gym's output files, streamed from the database with constant memory (DESIGN.md, "Output").
 
-- ``rollouts.jsonl``: successes only; each row is the env's ``/verify`` reply as it came plus
-  ``_ng_task_index``, ``_ng_rollout_index``, ``agent_ref`` and NeMo Gym's two routing stamps.
+- ``rollouts.jsonl``: successes only; each row is the env's ``/verify`` reply as NeMo Gym's agent
+  returns it from ``/run`` (``nemo_request.agent_result``: its verify-response model's fields first,
+  then the reply's other fields) for a run gymweb collected, as it came for an imported or
+  reverified one (NeMo Gym's reverify writes the env's reply as it came), plus ``_ng_task_index``,
+  ``_ng_rollout_index``, ``agent_ref`` and NeMo Gym's two routing stamps.
 - ``<stem>_failures.jsonl`` (the failures sidecar): one row per failed attempt, exactly as NeMo
   Gym 0.7.0's remote_agent builds it (``failure_row``). gymweb's finer failure kind stays in the
   database, the pages and the API; it is not written here.
@@ -34,7 +37,7 @@ import orjson
 from django.db.models import QuerySet
 
 from rollouts.collection.stamps import stamp as _stamp
-from rollouts.engine.nemo_request import run_record
+from rollouts.engine.nemo_request import agent_result, run_record
 from rollouts.models import Rollout, Run
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
@@ -122,11 +125,19 @@ def agent_ref_of(task_row: dict[str, Any], run: Run) -> dict[str, Any]:
 
 
 def success_row(
-    verify_json: str, task_index: int, rollout_index: int, agent_ref: dict[str, Any], stamp: bool = True
+    verify_json: str,
+    task_index: int,
+    rollout_index: int,
+    agent_ref: dict[str, Any],
+    stamp: bool = True,
+    agent_order: bool | None = None,
 ) -> dict[str, Any]:
-    """One ``rollouts.jsonl`` row from a stored ``/verify`` reply: the reply, the indices, ``agent_ref``
-    and (``stamp``: a collected run) the stamps (``stamps.stamp``), in NeMo Gym's order."""
+    """One ``rollouts.jsonl`` row from a stored ``/verify`` reply: the reply (``agent_order``, by
+    default ``stamp``: as NeMo Gym's agent returns it, ``nemo_request.agent_result``), the indices,
+    ``agent_ref`` and (``stamp``: a collected run) the stamps (``stamps.stamp``), in NeMo Gym's order."""
     row = json.loads(verify_json)
+    if stamp if agent_order is None else agent_order:
+        row = agent_result(row)
     row[TASK_INDEX_KEY_NAME] = task_index
     row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
     row["agent_ref"] = agent_ref
@@ -163,8 +174,16 @@ def failure_row(
 
 def stamps_rows(run: Run) -> bool:
     """Whether the run's exported rows get NeMo Gym's stamps added: yes for runs gymweb collected,
-    no for imported ones (they keep exactly the stamps they came with)."""
-    return run.status != Run.Status.IMPORTED
+    no for imported ones (they keep exactly the stamps they came with) and reverified ones (NeMo
+    Gym's reverify writes the env's reply with the indices and ``agent_ref``, no stamps of its own)."""
+    return run.status != Run.Status.IMPORTED and run.reverified_from_id is None
+
+
+def agent_ordered(run: Run) -> bool:
+    """Whether the run's success rows are the env's replies as NeMo Gym's agent returns them
+    (``nemo_request.agent_result``): yes for runs gymweb collected; no for imported runs (their rows
+    as they came) and reverified runs (NeMo Gym's reverify writes the env's reply as it came)."""
+    return run.status != Run.Status.IMPORTED and run.reverified_from_id is None
 
 
 def materialized_row(task_row: dict[str, Any], rollout_index: int) -> dict[str, Any]:
@@ -190,7 +209,7 @@ def iter_successes(run: Run, rollouts: QuerySet | None = None) -> Iterator[str]:
     # Rows of a collected run come ordered by task, so remembering the last task's agent_ref keeps
     # memory constant.
     last_task, ref = None, None
-    stamp = stamps_rows(run)
+    stamp, ordered = stamps_rows(run), agent_ordered(run)
     order = ("source_ordinal", "id") if run.status == Run.Status.IMPORTED else ("task_index", "rollout_index", "id")
     fetch = qs.order_by(*order).values_list(
         "task_index", "rollout_index", "verify_json", "source_text", "task__row_json"
@@ -201,7 +220,7 @@ def iter_successes(run: Run, rollouts: QuerySet | None = None) -> Iterator[str]:
             continue
         if task_index != last_task:
             last_task, ref = task_index, agent_ref_of(json.loads(task_json), run)
-        yield row_line(success_row(verify_json, task_index, rollout_index, ref, stamp))
+        yield row_line(success_row(verify_json, task_index, rollout_index, ref, stamp, ordered))
 
 
 def iter_failures(run: Run, rollouts: QuerySet | None = None) -> Iterator[str]:

@@ -10,6 +10,10 @@ NeMo Gym validates a row's ``responses_create_params`` into its request model
   ``model_dump()``).
 - ``materialize_response(response)``: the merged response as NeMo Gym's ``NeMoGymResponse`` dumps
   it (openai's ``Response``, every field in order), the ``response`` of ``/verify``.
+- ``agent_result(reply)``: the env's ``/verify`` reply as NeMo Gym's agent returns it from ``/run``
+  (its verify-response model re-validates the reply and dumps it): the model's fields first, in its
+  order, with their defaults, then the reply's other fields in the reply's order. A success row of
+  ``rollouts.jsonl`` is this plus the collector's keys.
 - ``as_sent(params)``: only the fields the row set, in the model's field order, and each input item
   with only the fields it set, in its model's field order. This is the body the agent service
   receives from NeMo Gym's remote_agent (``model_dump(exclude_unset=True)``).
@@ -49,6 +53,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from pydantic import BaseModel
 
 __all__ = [
+    "agent_result",
     "as_sent",
     "function_call_output",
     "materialize",
@@ -320,6 +325,48 @@ def materialize_response(response: Any) -> Any:
         return response
     if isinstance(response.get("output"), list):
         out["output"] = [materialize_item(i) for i in response["output"]]
+    return out
+
+
+class _VerifyFields(BaseModel):
+    """The scalar fields of NeMo Gym's ``BaseVerifyResponse`` after ``response``, in its order."""
+
+    reward: float
+    mask_sample: bool = False
+    failure_kind: Optional[str] = None
+    failure_reason: Optional[str] = None
+
+
+_VERIFY_FIELDS = tuple(_VerifyFields.model_fields)
+# ``BaseRunRequest.capture_rollout_id`` (alias ``_ng_rollout_id``): read from the reply, never dumped.
+_EXCLUDED_FIELDS = ("capture_rollout_id", "_ng_rollout_id")
+
+
+def agent_result(reply: Any) -> Any:
+    """The env's ``/verify`` reply as NeMo Gym 0.7.0's remote_agent returns it from ``/run``: its
+    ``RemoteAgentVerifyResponse`` (``BaseVerifyResponse`` with extra fields allowed) validated from
+    the reply and dumped. ``responses_create_params`` (``materialize``), ``response``
+    (``materialize_response``), ``reward`` (a float), ``mask_sample``, ``failure_kind`` and
+    ``failure_reason`` (defaults ``false``/``null``/``null``), then the reply's other fields in its
+    order; ``capture_rollout_id``/``_ng_rollout_id`` are not dumped. A reply that model would refuse
+    (not an object, a field missing or of a wrong type) comes back unchanged."""
+    if not isinstance(reply, dict) or "responses_create_params" not in reply or "response" not in reply:
+        return reply
+    try:
+        fields = _VerifyFields.model_validate({k: reply[k] for k in _VERIFY_FIELDS if k in reply})
+    except ValueError:
+        return reply
+    if any(reply.get(k) is not None and not isinstance(reply.get(k), str) for k in _EXCLUDED_FIELDS):
+        return reply
+    params = materialize(reply["responses_create_params"])
+    response = materialize_response(reply["response"])
+    if not isinstance(params, dict) or not isinstance(response, dict):
+        return reply
+    out: dict[str, Any] = {"responses_create_params": params, "response": response}
+    out.update(fields.model_dump(mode="json"))
+    for key, value in reply.items():
+        if key not in out and key not in _EXCLUDED_FIELDS:
+            out[key] = value
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings
 
 from rollouts import targets
-from rollouts.collection.export import CHUNK, agent_ref_of, iter_successes, stamps_rows, success_row
+from rollouts.collection.export import CHUNK, agent_ordered, agent_ref_of, iter_successes, stamps_rows, success_row
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, environment_server_name
 from rollouts.evaluation.aggregate_metrics import (
     LOCAL_NOTE,
@@ -57,7 +57,7 @@ def run_aggregate_rows(run: Run) -> Iterator[dict[str, Any]]:
         for line in iter_successes(run):
             yield strip_row(json.loads(line))
         return
-    stamp = stamps_rows(run)
+    stamp, ordered = stamps_rows(run), agent_ordered(run)
     last_task, ref = None, None
     fetch = (
         Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED)
@@ -67,7 +67,7 @@ def run_aggregate_rows(run: Run) -> Iterator[dict[str, Any]]:
     for task_index, rollout_index, verify_json, task_json in fetch.iterator(chunk_size=CHUNK):
         if task_index != last_task:
             last_task, ref = task_index, agent_ref_of(json.loads(task_json), run)
-        yield strip_row(success_row(verify_json, task_index, rollout_index, ref, stamp))
+        yield strip_row(success_row(verify_json, task_index, rollout_index, ref, stamp, ordered))
 
 
 def fetch_aggregate_metrics(run_id: int) -> str:

@@ -127,7 +127,7 @@ def iter_success_rows(
         for rollout_id, task_index, rollout_index, env_reward, verify_json, task_json in chunk:
             if task_index != last_task:
                 last_task, ref = task_index, json.loads(task_json).get("agent_ref") or {"name": run.agent_name}
-            row = export.success_row(verify_json, task_index, rollout_index, ref)
+            row = export.success_row(verify_json, task_index, rollout_index, ref, agent_order=export.agent_ordered(run))
             mine = info[rollout_id]
             source = "env"
             if options.reward_source == CORRECTED:

@@ -290,7 +290,14 @@ def raw_row(rollout: Rollout) -> dict[str, Any] | None:
     stamp = export.stamps_rows(rollout.run)
     if rollout.status == Rollout.Status.SUCCEEDED:
         agent_ref = task_row.get("agent_ref") or {"name": rollout.run.agent_name}
-        return export.success_row(rollout.verify_json, rollout.task_index, rollout.rollout_index, agent_ref, stamp)
+        return export.success_row(
+            rollout.verify_json,
+            rollout.task_index,
+            rollout.rollout_index,
+            agent_ref,
+            stamp,
+            export.agent_ordered(rollout.run),
+        )
     if rollout.status == Rollout.Status.FAILED:
         return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
     return None

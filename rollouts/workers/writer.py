@@ -19,6 +19,7 @@ from rollouts.bulk import insert_ignoring_conflicts
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, RolloutOutcome, StepRecord
+from rollouts.engine.nemo_request import agent_result
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.operations import prometheus
@@ -358,7 +359,8 @@ def _result_fields(out: RolloutOutcome, now: datetime) -> dict[str, Any]:
         terminal=out.terminal,
         verify_json=dumps(out.verify_response) if out.ok else "",
         # The numbers the run's profile reads, so it never parses verify_json (run_profile).
-        profile_json=profile_json_for_verify(out.verify_response) if out.ok else "",
+        # (of the row as rollouts.jsonl carries it: the reply as NeMo Gym's agent returns it).
+        profile_json=profile_json_for_verify(agent_result(out.verify_response)) if out.ok else "",
         partial_response_json="" if out.ok or out.response is None else dumps(out.response),
         warnings=warnings,
         num_agent_calls=out.num_agent_calls,
