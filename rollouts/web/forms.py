@@ -406,7 +406,12 @@ class RunForm(forms.Form):
             return None
         try:
             upload.seek(0)
-            self.parsed = read_jsonl(upload, source=upload.name, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+            self.parsed = read_jsonl(
+                upload,
+                source=upload.name,
+                max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES),
+                refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN),  # refused while read: it could never run
+            )
         except DatasetError as exc:
             raise forms.ValidationError(str(exc), code="bad_dataset") from None
         return upload

@@ -92,7 +92,12 @@ def _dataset_offer(upload, source: str, user) -> dict[str, Any]:
 
     try:
         upload.seek(0)
-        parsed = read_jsonl(upload, source=source, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+        parsed = read_jsonl(
+            upload,
+            source=source,
+            max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES),
+            refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN),
+        )
     except DatasetError as exc:
         return {"error": str(exc)}
     dataset, reused = runs.store_or_reuse_dataset(parsed, PurePath(source or "dataset.jsonl").name, user)
