@@ -105,8 +105,14 @@ class GymwebSettings(BaseSettings):
         None, "one request: larger ones get 413 before their body is read", shown="2 × upload + 10 MiB"
     )
     max_line_bytes: int = S(64 * MIB, "one line of a JSONL file (upload, import, `collect --input`)")
-    max_tasks_per_user: int = S(2, "background tasks (imports, agent checks, reverify, health checks) one user may have queued or running at once")
-    tasks_inline: bool = S(False, "run background tasks inside the web request instead of on a worker (tests; a single process without `qcluster`)")
+    max_tasks_per_user: int = S(
+        2,
+        "background tasks (imports, agent checks, reverify, health checks) one user may have queued or running at once",
+    )
+    tasks_inline: bool = S(
+        False,
+        "run background tasks inside the web request instead of on a worker (tests; a single process without `qcluster`)",
+    )
     cache_url: str = S(
         "",
         "a Redis database for Django's cache shared by every web process (empty: each process keeps its own, in memory)",

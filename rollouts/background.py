@@ -36,10 +36,10 @@ __all__ = ["Done", "Progress", "TaskFailed", "TooManyTasks", "content_hash", "ru
 
 # kind -> "module.function" of its job (a string: the pages' modules are imported only when run)
 JOBS: dict[str, str] = {
-    BackgroundTask.Kind.IMPORT: "rollouts.web.import_views.import_job",
-    BackgroundTask.Kind.CHECK_AGENT: "rollouts.web.check_views.check_agent_job",
-    BackgroundTask.Kind.REVERIFY: "rollouts.web.evaluation_views.reverify_job",
-    BackgroundTask.Kind.HEALTH_CHECK: "rollouts.web.evaluation_views.health_check_job",
+    "import": "rollouts.web.import_views.import_job",
+    "check_agent": "rollouts.web.check_views.check_agent_job",
+    "reverify": "rollouts.web.evaluation_views.reverify_job",
+    "health_check": "rollouts.web.evaluation_views.health_check_job",
 }
 
 # A running task whose worker has not finished it in this long was lost with its worker.

@@ -7,33 +7,67 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('rollouts', '0021_run_archive'),
+        ("rollouts", "0021_run_archive"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='BackgroundTask',
+            name="BackgroundTask",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('upload', 'dataset upload'), ('import', 'import'), ('check_agent', 'agent check'), ('reverify', 'reverify'), ('health_check', 'health check')], max_length=32)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed')], db_index=True, default='queued', max_length=16)),
-                ('progress', models.FloatField(blank=True, help_text='0 to 1, when known', null=True)),
-                ('message', rollouts.lossless.LosslessTextField(blank=True)),
-                ('params', models.JSONField(blank=True, default=dict)),
-                ('result', models.JSONField(blank=True, default=dict)),
-                ('result_url', models.CharField(blank=True, max_length=2000)),
-                ('dedupe_key', models.CharField(blank=True, max_length=64)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('started', models.DateTimeField(blank=True, null=True)),
-                ('finished', models.DateTimeField(blank=True, null=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='background_tasks', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("upload", "dataset upload"),
+                            ("import", "import"),
+                            ("check_agent", "agent check"),
+                            ("reverify", "reverify"),
+                            ("health_check", "health check"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("queued", "Queued"), ("running", "Running"), ("done", "Done"), ("failed", "Failed")],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("progress", models.FloatField(blank=True, help_text="0 to 1, when known", null=True)),
+                ("message", rollouts.lossless.LosslessTextField(blank=True)),
+                ("params", models.JSONField(blank=True, default=dict)),
+                ("result", models.JSONField(blank=True, default=dict)),
+                ("result_url", models.CharField(blank=True, max_length=2000)),
+                ("dedupe_key", models.CharField(blank=True, max_length=64)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                ("started", models.DateTimeField(blank=True, null=True)),
+                ("finished", models.DateTimeField(blank=True, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="background_tasks",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created', '-id'],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('status__in', ['queued', 'running']), models.Q(('dedupe_key', ''), _negated=True)), fields=('user', 'kind', 'dedupe_key'), name='background_task_one_active_per_content')],
+                "ordering": ["-created", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(
+                            ("status__in", ["queued", "running"]), models.Q(("dedupe_key", ""), _negated=True)
+                        ),
+                        fields=("user", "kind", "dedupe_key"),
+                        name="background_task_one_active_per_content",
+                    )
+                ],
             },
         ),
     ]
