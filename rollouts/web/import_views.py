@@ -5,6 +5,7 @@ as one for a new run.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django import forms
@@ -115,9 +116,24 @@ def import_job(task, progress) -> background.Done:
         for kept, source in zip(task.params["files"], task.params["sources"], strict=True):
             by_slot[kept["slot"]].append((stack.enter_context(open(kept["path"], "rb")), source))
         shards, sidecars, inputs = by_slot["rollouts"], by_slot["failures"], by_slot["materialized"]
-        progress(0.05, f"Reading {len(shards) + len(sidecars) + len(inputs)} file(s)…", force=True)
+        handles = [fh for fh, _ in shards + sidecars + inputs]
+        total = sum(os.fstat(fh.fileno()).st_size for fh in handles) or 1
+        progress(0.0, f"Reading {len(handles)} file(s)…", force=True)
+
+        def read_so_far() -> None:  # after each batch written: the share of the bytes read
+            done = sum(fh.tell() for fh in handles if not fh.closed)
+            progress(0.9 * done / total, f"Imported {done / total:.0%} of the bytes…")
+
         try:
-            summary = import_shards(shards, sidecars, inputs, name=task.params.get("name") or "", user=task.user)
+            summary = import_shards(
+                shards,
+                sidecars,
+                inputs,
+                name=task.params.get("name") or "",
+                user=task.user,
+                batched=True,  # short transactions: the workers' writes never wait long for the import
+                on_batch=read_so_far,
+            )
         except LooksLikeDatasetError as exc:
             offer = _dataset_offer(*shards[0], task.user) if len(shards) == 1 else None
             raise background.TaskFailed(str(exc), {"field": "rollouts", "offer": offer}) from exc
