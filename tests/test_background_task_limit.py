@@ -51,3 +51,19 @@ def test_a_task_is_claimed_once(user):
     assert created
     assert background.run(task.pk) in ("done", "failed")
     assert background.run(task.pk) == "not claimed"
+
+
+def test_a_task_lost_with_its_worker_is_failed_and_frees_its_place(user):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    params = {"agent_url": "http://127.0.0.1:1", "timeout_s": 0.5}
+    lost, _ = background.start(BackgroundTask.Kind.CHECK_AGENT, user, params)
+    background.start(BackgroundTask.Kind.CHECK_AGENT, user, params)
+    long_ago = timezone.now() - timedelta(seconds=background.STALE_AFTER_S + 60)
+    BackgroundTask.objects.filter(pk=lost.pk).update(status=BackgroundTask.Status.RUNNING, started=long_ago)
+    third, created = background.start(BackgroundTask.Kind.CHECK_AGENT, user, params)
+    assert created
+    lost.refresh_from_db()
+    assert lost.status == BackgroundTask.Status.FAILED and "worker running this task stopped" in lost.message
