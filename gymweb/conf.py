@@ -126,7 +126,7 @@ class GymwebSettings(BaseSettings):
     display_max_chars: int = S(20_000, "characters of one item the trajectory page shows at first")
     display_max_items_per_step: int = S(500, "items of one step the trajectory page shows at first")
     reverify_web_max_rows: int = S(
-        2000, "largest run the run page reverifies in the request (larger: `gymweb reverify`)"
+        2000, "largest run the run page reverifies (as a background task; larger: `gymweb reverify`)"
     )
     default_agent_url: str = S("", "pre-filled agent URL on the new-run form and the agent check")
     default_env_url: str = S("", "pre-filled env URL on the new-run form")
