@@ -42,8 +42,11 @@ JOBS: dict[str, str] = {
     "health_check": "rollouts.web.evaluation_views.health_check_job",
 }
 
+# django-q2 stops a task after this long (a large import takes minutes; the cluster's own timeout
+# is for its short tasks); one redelivered meanwhile is not run twice (``run`` claims it).
+TASK_TIMEOUT_S = 3600
 # A running task whose worker has not finished it in this long was lost with its worker.
-STALE_AFTER_S = 900.0
+STALE_AFTER_S = TASK_TIMEOUT_S + 300.0
 
 
 class TooManyTasks(Exception):
@@ -188,7 +191,9 @@ def _enqueue(task: BackgroundTask) -> None:
         run(task.pk)
         return
     transaction.on_commit(
-        lambda: async_task("rollouts.background.run", task.pk, task_name=f"task-{task.pk}-{task.kind}")
+        lambda: async_task(
+            "rollouts.background.run", task.pk, task_name=f"task-{task.pk}-{task.kind}", timeout=TASK_TIMEOUT_S
+        )
     )
 
 
