@@ -107,7 +107,7 @@ class GymwebSettings(BaseSettings):
     max_line_bytes: int = S(64 * MIB, "one line of a JSONL file (upload, import, `collect --input`)")
     max_tasks_per_user: int = S(
         2,
-        "background tasks (imports, agent checks, reverify, health checks) one user may have queued or running at once",
+        "background tasks (dataset uploads, imports, agent checks, reverify, health checks) one user may have queued or running at once",
     )
     tasks_inline: bool = S(
         False,

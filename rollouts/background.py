@@ -1,5 +1,5 @@
-"""Background tasks: long work a page starts (an import, an agent check, a reverify, a health
-check) runs on a django-q2 worker while the page polls its progress, so the web request returns at
+"""Background tasks: long work a page starts (a new run from an uploaded dataset, an import, an
+agent check, a reverify, a health check) runs on a django-q2 worker while the page polls its progress, so the web request returns at
 once.
 
 ``start`` makes a ``BackgroundTask`` row (refusing a user's task past
@@ -36,6 +36,7 @@ __all__ = ["Done", "Progress", "TaskFailed", "TooManyTasks", "content_hash", "ru
 
 # kind -> "module.function" of its job (a string: the pages' modules are imported only when run)
 JOBS: dict[str, str] = {
+    "upload": "rollouts.web.views.upload_job",
     "import": "rollouts.web.import_views.import_job",
     "check_agent": "rollouts.web.check_views.check_agent_job",
     "reverify": "rollouts.web.evaluation_views.reverify_job",
