@@ -1,6 +1,6 @@
 """Background tasks: long work a page starts (a new run from an uploaded dataset, an import, an
-agent check, a reverify, a health check) runs on a django-q2 worker while the page polls its progress, so the web request returns at
-once.
+agent check, a reverify, a health check) runs on a django-q2 worker while the page polls its
+progress, so the web request returns at once.
 
 ``start`` makes a ``BackgroundTask`` row (refusing a user's task past
 ``GYMWEB_MAX_TASKS_PER_USER``, and handing back the queued or running task with the same content
