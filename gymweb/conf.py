@@ -105,6 +105,14 @@ class GymwebSettings(BaseSettings):
         None, "one request: larger ones get 413 before their body is read", shown="2 × upload + 10 MiB"
     )
     max_line_bytes: int = S(64 * MIB, "one line of a JSONL file (upload, import, `collect --input`)")
+    max_tasks_per_user: int = S(
+        2,
+        "background tasks (dataset uploads, imports, agent checks, reverify, health checks) one user may have queued or running at once",
+    )
+    tasks_inline: bool = S(
+        False,
+        "run background tasks inside the web request instead of on a worker (tests; a single process without `qcluster`)",
+    )
     cache_url: str = S(
         "",
         "a Redis database for Django's cache shared by every web process (empty: each process keeps its own, in memory)",
@@ -118,7 +126,7 @@ class GymwebSettings(BaseSettings):
     display_max_chars: int = S(20_000, "characters of one item the trajectory page shows at first")
     display_max_items_per_step: int = S(500, "items of one step the trajectory page shows at first")
     reverify_web_max_rows: int = S(
-        2000, "largest run the run page reverifies in the request (larger: `gymweb reverify`)"
+        2000, "largest run the run page reverifies (as a background task; larger: `gymweb reverify`)"
     )
     default_agent_url: str = S("", "pre-filled agent URL on the new-run form and the agent check")
     default_env_url: str = S("", "pre-filled env URL on the new-run form")

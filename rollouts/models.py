@@ -591,3 +591,56 @@ class HeadServer(models.Model):
 
     def __str__(self) -> str:
         return self.url
+
+
+class BackgroundTask(models.Model):
+    """Long work a page started (an upload, an import, an agent check, a reverify, a health check),
+    run by a django-q2 worker (``rollouts.background``) while the page polls its progress.
+    ``params``: what the work needs (files are under ``background.task_dir``); ``result``: what the
+    page shows when it ends (``url``: where the result is). At most one queued or running task per
+    user, kind and ``dedupe_key`` (the content hash of an import)."""
+
+    class Kind(models.TextChoices):
+        UPLOAD = "upload", "dataset upload"
+        IMPORT = "import", "import"
+        CHECK_AGENT = "check_agent", "agent check"
+        REVERIFY = "reverify", "reverify"
+        HEALTH_CHECK = "health_check", "health check"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="background_tasks")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    progress = models.FloatField(null=True, blank=True, help_text="0 to 1, when known")
+    message = LosslessTextField(blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    result_url = models.CharField(max_length=2000, blank=True)
+    dedupe_key = models.CharField(max_length=64, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "kind", "dedupe_key"],
+                condition=models.Q(status__in=["queued", "running"]) & ~models.Q(dedupe_key=""),
+                name="background_task_one_active_per_content",
+            )
+        ]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (self.Status.DONE, self.Status.FAILED)
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} #{self.pk} ({self.status})"

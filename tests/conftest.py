@@ -177,6 +177,14 @@ def _fast_workers(settings):
 
 
 @pytest.fixture(autouse=True)
+def _inline_tasks(settings):
+    """Background tasks (imports, agent checks, reverify, health checks started from pages) run
+    inside the request that starts them, as with no worker; tests/test_background_*.py queue them
+    and run them as a worker does."""
+    settings.GYMWEB_TASKS_INLINE = True
+
+
+@pytest.fixture(autouse=True)
 def _local_targets(settings):
     """The tests' services run on 127.0.0.1: local targets are allowed, as in a local single-user
     set-up (docs/production.md, "Which hosts a run may reach"). Tests of the target policy turn it off."""

@@ -46,7 +46,7 @@ def create_dataset(
         )
     source = (file.name or "dataset.jsonl").rsplit("/", 1)[-1]
     try:
-        parsed = read_jsonl(file, source=source)
+        parsed = read_jsonl(file, source=source, refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN))
     except DatasetError as exc:
         raise FieldsError(str(exc), {"file": [str(exc)]}) from None
     if len(name) > 200:  # the column's size: a cut name would be stored otherwise than sent

@@ -218,15 +218,30 @@ def iter_rows(
         yield number, text, validate_row(row, number, source)
 
 
+def too_many_rows(limit: int, line: int | None, source: str) -> DatasetError:
+    """The refusal of a dataset with more rows than a run may have keys (``limit``)."""
+    return DatasetError(
+        f"the dataset has more than {limit:,} rows, and a run holds at most {limit:,} keys "
+        "(GYMWEB_MAX_KEYS_PER_RUN): split it into several datasets",
+        line,
+        source,
+    )
+
+
 def read_jsonl(
-    stream: Lines, source: str = "", max_rows: int | None = None, max_line_bytes: int | None = None
+    stream: Lines,
+    source: str = "",
+    max_rows: int | None = None,
+    max_line_bytes: int | None = None,
+    refuse_over: int | None = None,
 ) -> ParsedDataset:
     """Read and validate a whole JSONL dataset; nothing is returned unless every line is good.
 
     ``stream`` is a file object or yields lines (bytes or text). Blank lines are skipped. Each row
     must be a JSON object with ``responses_create_params`` (an object with ``input``). Stale result
     fields are stripped (``RESULT_FIELDS``). ``max_rows`` stops reading after that many rows (for
-    ``limit``); ``max_line_bytes`` bounds one line (``iter_lines``).
+    ``limit``); ``max_line_bytes`` bounds one line (``iter_lines``); ``refuse_over`` refuses the
+    file at its row ``refuse_over + 1``, while reading (``too_many_rows``).
     Raises ``DatasetError`` with the line number for the first bad line, or for an empty file.
     """
     parsed = ParsedDataset()
@@ -238,6 +253,8 @@ def read_jsonl(
         parsed.texts.append(text)
         if max_rows is not None and len(parsed.rows) >= max_rows:
             break
+        if refuse_over is not None and len(parsed.rows) > refuse_over:
+            raise too_many_rows(refuse_over, number, source)
     if not parsed.rows:
         raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source)
     parsed.sha256 = digest.hexdigest()

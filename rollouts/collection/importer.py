@@ -55,7 +55,8 @@ small per-key maps (task ids, attempt counters) and each task's row.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePath
@@ -280,6 +281,8 @@ def _fill_failed(
 
 
 class _Importer:
+    on_flush: Callable[[], None] | None = None  # called after each batch is written
+
     def __init__(self, run: Run):
         self.run = run
         self.now = timezone.now()
@@ -540,6 +543,8 @@ class _Importer:
         self.new_tasks = []
         self.pending = []
         self.pending_items = 0
+        if self.on_flush is not None:
+            self.on_flush()
 
     def _find_refused(self, tasks, pending) -> None:
         for one in tasks:
@@ -633,6 +638,8 @@ def import_shards(
     *,
     name: str = "",
     user=None,
+    batched: bool = False,
+    on_batch: Callable[[], None] | None = None,
 ) -> ImportSummary:
     """Import ``rollouts.jsonl`` shards (``(lines, file name)`` each) and their failures sidecars
     into ONE new run with status ``imported``, as NeMo Gym's ``gym eval aggregate`` treats shards as
@@ -650,7 +657,30 @@ def import_shards(
     such as two environment servers, cannot share one run). Raises ``DatasetError`` (file and line)
     for a bad row or when the files hold no rows, ``WrongFileError``/``LooksLikeDatasetError`` as
     ``import_rollouts`` does; nothing is stored then (one transaction).
+
+    ``batched``: each batch is its own short transaction instead (SQLite's write lock is never held
+    for the whole import; the run shows as it fills) and a refused import deletes what it stored.
+    ``on_batch()`` is called after each batch is written (progress).
     """
+    started: list[Run] = []
+    try:
+        return _import_shards(shards, failures, materialized, name, user, batched, on_batch, started)
+    except BaseException:
+        if batched and started:  # what the committed batches stored goes
+            Run.objects.filter(pk=started[0].pk).delete()
+        raise
+
+
+def _import_shards(
+    shards: Sequence[tuple[Lines, str]],
+    failures: Sequence[tuple[Lines, str]],
+    materialized: Sequence[tuple[Lines, str]],
+    name: str,
+    user,
+    batched: bool,
+    on_batch: Callable[[], None] | None,
+    started: list[Run],
+) -> ImportSummary:
     if not shards and not failures:
         raise ValueError("import_shards needs at least one file")
     names = [src for _, src in shards] + [src for _, src in failures]
@@ -666,9 +696,11 @@ def import_shards(
         created_by=user,
         source_file=" + ".join(names)[:500],
     )
-    with transaction.atomic():
+    with nullcontext() if batched else transaction.atomic():
         run.save()
+        started.append(run)
         importer = _Importer(run)
+        importer.on_flush = on_batch
         agent_name = None
         inputs = [(lines, src, True) for lines, src in failures] + [(lines, src, False) for lines, src in shards]
         if (

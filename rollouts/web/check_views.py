@@ -9,13 +9,15 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from rollouts import targets
+from rollouts import background, targets
 from rollouts.collection import environments
 from rollouts.engine.loop import InvalidBaseURL
-from rollouts.evaluation.conformance import DEFAULT_SLOW_S, check_agent_sync
+from rollouts.evaluation.conformance import DEFAULT_SLOW_S, Finding, ProbeResult, Report, check_agent_sync
+from rollouts.models import BackgroundTask
 from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web.forms import clean_agent_url
 
@@ -73,34 +75,78 @@ def _report_view(report) -> dict[str, Any]:
     }
 
 
+def check_agent_job(task, progress) -> background.Done:
+    """The background task of an agent check: ``conformance.check_agent_sync`` on the task's
+    ``agent_url`` and ``timeout_s``; the report is kept in the task's result for the check page
+    (``?task=ID``). A refused URL is a ``TaskFailed`` on the ``agent_url`` field."""
+    url = task.params["agent_url"]
+    progress(None, f"Probing {url}…", force=True)
+    try:
+        report = check_agent_sync(
+            url, timeout_s=task.params["timeout_s"], policy=targets.policy(), max_reply_bytes=targets.max_reply_bytes()
+        )
+    except InvalidBaseURL as exc:  # validated by the form; kept for safety (never echoes credentials)
+        raise background.TaskFailed(str(exc), {"field": "agent_url"}) from exc
+    environments.name_the_meant_url(report, url)
+    refused = [f for f in report.findings if f.code == "target_refused"]
+    if refused:  # judged again when connecting (the name's addresses may have changed)
+        raise background.TaskFailed(f"agent URL: {refused[0].title}.", {"field": "agent_url"})
+    body = report.to_dict()
+    return background.Done(
+        f"Checked the agent: {body['errors']} error(s), {body['warnings']} warning(s).",
+        url=reverse("check_agent") + f"?task={task.pk}",
+        result={"report": body},
+    )
+
+
+def _report_from(body: dict[str, Any]) -> Report:
+    return Report(
+        base_url=body["base_url"],
+        url=body["url"],
+        findings=[Finding(**f) for f in body["findings"]],
+        probes=[ProbeResult(request={}, **p) for p in body["probes"]],
+    )
+
+
+def _finished_check(request, form: CheckAgentForm, task: BackgroundTask) -> dict[str, Any] | None:
+    """The result of a finished check task for the page, or None (its error put on ``form``)."""
+    if task.status == BackgroundTask.Status.DONE and "report" in task.result:
+        return _report_view(_report_from(task.result["report"]))
+    form.add_error(task.result.get("field", None), task.message)
+    return None
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def check_agent(request):
-    """The agent conformance check: a form (GET; ``?agent_url=`` pre-fills it) and, on POST, the
-    report of ``conformance.check_agent_sync`` with every finding and probe."""
+    """The agent conformance check: a form (GET; ``?agent_url=`` pre-fills it) and, on POST, a
+    background task (``check_agent_job``) whose page leads back here with ``?task=ID``: the report
+    of ``conformance.check_agent_sync`` with every finding and probe."""
     result = None
     if request.method == "POST":
         form = CheckAgentForm(request.POST)
         if form.is_valid():
+            params = {"agent_url": form.cleaned_data["agent_url"], "timeout_s": form.cleaned_data["timeout_s"]}
             try:
-                report = check_agent_sync(
-                    form.cleaned_data["agent_url"],
-                    timeout_s=form.cleaned_data["timeout_s"],
-                    policy=targets.policy(),
-                    max_reply_bytes=targets.max_reply_bytes(),
-                )
-            except InvalidBaseURL as exc:  # validated above; kept for safety (the message never echoes credentials)
-                form.add_error("agent_url", str(exc))
+                task, _ = background.start(BackgroundTask.Kind.CHECK_AGENT, request.user, params)
+            except background.TooManyTasks as exc:
+                form.add_error(None, str(exc))
             else:
-                environments.name_the_meant_url(report, form.cleaned_data["agent_url"])
-                refused = [f for f in report.findings if f.code == "target_refused"]
-                if refused:  # judged again when connecting (the name's addresses may have changed)
-                    form.add_error("agent_url", f"agent URL: {refused[0].title}.")
-                else:
-                    result = _report_view(report)
+                if not task.is_finished:
+                    return redirect(reverse("task", args=[task.pk]))
+                result = _finished_check(request, form, task)  # ran inline (GYMWEB_TASKS_INLINE)
     else:
-        prefill = request.GET.get("agent_url", "") or settings.GYMWEB_DEFAULT_AGENT_URL
-        form = CheckAgentForm(initial={"agent_url": prefill[:2000] if "@" not in prefill else ""})
+        task = None
+        if request.GET.get("task", "").isdigit():
+            task = BackgroundTask.objects.filter(
+                pk=int(request.GET["task"]), user=request.user, kind=BackgroundTask.Kind.CHECK_AGENT
+            ).first()
+        if task is not None and task.status == BackgroundTask.Status.DONE:
+            form = CheckAgentForm(initial=task.params)
+            result = _finished_check(request, form, task)
+        else:
+            prefill = request.GET.get("agent_url", "") or settings.GYMWEB_DEFAULT_AGENT_URL
+            form = CheckAgentForm(initial={"agent_url": prefill[:2000] if "@" not in prefill else ""})
     response = render(
         request,
         "rollouts/check_agent.html",

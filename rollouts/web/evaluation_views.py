@@ -24,10 +24,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
+from rollouts import background
 from rollouts.collection import archive
 from rollouts.downloads import bytes_download, file_download
 from rollouts.evaluation import atif, health, health_checks, health_report, reverify
-from rollouts.models import Rollout, RolloutHealth, Run
+from rollouts.models import BackgroundTask, Rollout, RolloutHealth, Run
 from rollouts.web.access import run_for
 from rollouts.web.forms import clean_target_url
 from rollouts.web.htmx import vary_on_htmx, wants_partial
@@ -125,23 +126,59 @@ def run_evaluation(request, run_id):
     return vary_on_htmx(render(request, template, context))
 
 
+def _not_now(run: Run, what: str) -> str | None:
+    """Why ``what`` cannot run on ``run`` now, or None."""
+    if not run.is_final:
+        return f"The run is still going: {what} when it is finished."
+    if run.is_archived:
+        return str(archive.RunArchived(run, "the health check" if what.startswith("check") else "reverify"))
+    return None
+
+
+def health_check_job(task, progress) -> background.Done:
+    """The background task of a health check: ``health.run_health_check`` on the task's run."""
+    run = Run.objects.get(pk=task.params["run_id"])
+    refused = _not_now(run, "check its health")
+    if refused:
+        raise background.TaskFailed(refused)
+    progress(None, f"Checking the health of {run.rollouts.count()} rollout(s)…", force=True)
+    result, _ = health.run_health_check(run)
+    v = result.summary["run"]["verdicts"]
+    return background.Done(
+        f"Health checked: {v['healthy']} healthy, {v['unhealthy']} unhealthy, {v['unobserved']} unobserved.",
+        url=reverse("run", args=[run.pk]) + "#evaluation",
+    )
+
+
+def _follow_task(request, task, back: str):
+    """Where a page goes after starting ``task``: its task page, or (ran inline) ``back`` with the
+    task's message, or the task's result."""
+    if not task.is_finished:
+        return HttpResponseRedirect(reverse("task", args=[task.pk]))
+    if task.status == BackgroundTask.Status.DONE:
+        messages.success(request, task.message)
+        return HttpResponseRedirect(task.result_url or back)
+    messages.error(request, task.message)
+    return HttpResponseRedirect(back)
+
+
 @login_required
 @require_POST
 def run_health_check(request, run_id):
-    """Run the health check of a stored run now (it also runs after every collect and import)."""
+    """Check the health of a stored run (it also runs after every collect and import) as a
+    background task (``health_check_job``)."""
     run = run_for(request, run_id)
-    if not run.is_final:
-        messages.error(request, "The run is still going: check its health when it is finished.")
-    elif run.is_archived:
-        messages.error(request, str(archive.RunArchived(run, "the health check")))
-    else:
-        result, _ = health.run_health_check(run)
-        v = result.summary["run"]["verdicts"]
-        messages.success(
-            request,
-            f"Health checked: {v['healthy']} healthy, {v['unhealthy']} unhealthy, {v['unobserved']} unobserved.",
-        )
-    return HttpResponseRedirect(reverse("run", args=[run.pk]) + "#evaluation")
+    back = reverse("run", args=[run.pk]) + "#evaluation"
+    refused = _not_now(run, "check its health")
+    if refused:
+        messages.error(request, refused)
+        return HttpResponseRedirect(back)
+    try:
+        task, _ = background.start(BackgroundTask.Kind.HEALTH_CHECK, request.user, {"run_id": run.pk})
+    except background.TooManyTasks as exc:
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(back)
+    return _follow_task(request, task, back)
 
 
 @login_required
@@ -178,21 +215,42 @@ def run_health_file(request, run_id, kind):
     return bytes_download(body, name, content_type)
 
 
+def reverify_job(task, progress) -> background.Done:
+    """The background task of a reverify: ``reverify.reverify_run`` of the task's run against its
+    ``env_url`` (``force``); the new run is the result. A refusal names its form field."""
+    run = Run.objects.get(pk=task.params["run_id"])
+    refused = _not_now(run, "reverify it")
+    if refused:
+        raise background.TaskFailed(refused)
+    progress(None, "Calling the env's /verify for each success…", force=True)
+    try:
+        result = reverify.reverify_run(run, task.params["env_url"], force=task.params["force"], user=task.user)
+    except reverify.ReverifyError as exc:
+        field = "env_url" if isinstance(exc, reverify.ReverifyRefused) else None
+        raise background.TaskFailed(str(exc), {"field": field}) from exc
+    note = f" Warning: {result.warning}." if result.warning else ""
+    return background.Done(
+        f"Reverified {result.reverified} rollout(s) ({result.failed} /verify failure(s)); "
+        f"{len(result.flips)} reward(s) changed.{note}",
+        url=reverse("run", args=[result.run.pk]) + "#evaluation",
+        result={"run": result.run.pk},
+    )
+
+
 @login_required
 @require_POST
 def run_reverify(request, run_id):
-    """Reverify the run against the posted env URL; on success, go to the new run. Runs in the
-    request (only ``/verify`` calls, at most ``GYMWEB_REVERIFY_WEB_MAX_ROWS`` successes; larger runs
-    use ``manage.py reverify``)."""
+    """Reverify the run against the posted env URL as a background task (``reverify_job``; only
+    ``/verify`` calls, at most ``GYMWEB_REVERIFY_WEB_MAX_ROWS`` successes; larger runs use
+    ``manage.py reverify``); its result is the new run."""
     run = run_for(request, run_id)
     form = ReverifyForm(request.POST)
     limit = int(settings.GYMWEB_REVERIFY_WEB_MAX_ROWS)
     if form.is_valid():
         n = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count()
-        if not run.is_final:
-            form.add_error(None, "The run is still going: reverify it when it is finished.")
-        elif run.is_archived:
-            form.add_error(None, str(archive.RunArchived(run, "reverify")))
+        refused = _not_now(run, "reverify it")
+        if refused:
+            form.add_error(None, refused)
         elif n > limit:
             form.add_error(
                 None,
@@ -200,20 +258,15 @@ def run_reverify(request, run_id):
                 f"(GYMWEB_REVERIFY_WEB_MAX_ROWS). Use: manage.py reverify {run.pk} --env-url URL",
             )
         else:
+            params = {"run_id": run.pk, "env_url": form.cleaned_data["env_url"], "force": form.cleaned_data["force"]}
             try:
-                result = reverify.reverify_run(
-                    run, form.cleaned_data["env_url"], force=form.cleaned_data["force"], user=request.user
-                )
-            except reverify.ReverifyError as exc:
-                form.add_error("env_url" if isinstance(exc, reverify.ReverifyRefused) else None, str(exc))
+                task, _ = background.start(BackgroundTask.Kind.REVERIFY, request.user, params)
+            except background.TooManyTasks as exc:
+                form.add_error(None, str(exc))
             else:
-                note = f" Warning: {result.warning}." if result.warning else ""
-                messages.success(
-                    request,
-                    f"Reverified {result.reverified} rollout(s) ({result.failed} /verify failure(s)); "
-                    f"{len(result.flips)} reward(s) changed.{note}",
-                )
-                return HttpResponseRedirect(reverse("run", args=[result.run.pk]) + "#evaluation")
+                if not task.is_finished or task.status == BackgroundTask.Status.DONE:
+                    return _follow_task(request, task, reverse("run", args=[run.pk]) + "#evaluation")
+                form.add_error(task.result.get("field"), task.message)  # ran inline and was refused
     context = _evaluation_context(request, run, form)
     return render(request, "rollouts/run_evaluation.html", context, status=400)
 

@@ -230,9 +230,10 @@ class RunForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
     )
 
-    def __init__(self, *args: Any, too_large_uploads: set | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, too_large_uploads: set | None = None, defer_dataset: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.too_large_uploads = too_large_uploads or set()
+        self.defer_dataset = defer_dataset  # an upload is read later, by a background task
         # The services an instance offers by default (``make demo`` sets its example env and agent).
         self.fields["agent_url"].initial = settings.GYMWEB_DEFAULT_AGENT_URL or None
         self.fields["env_url"].initial = settings.GYMWEB_DEFAULT_ENV_URL or None
@@ -402,11 +403,16 @@ class RunForm(forms.Form):
         upload = self.cleaned_data.get("dataset_file")
         if "dataset_file" in self.too_large_uploads or (upload is not None and upload.size > self.max_upload_bytes):
             raise forms.ValidationError(upload_limit_message(self.max_upload_bytes), code="too_large")
-        if upload is None:
-            return None
+        if upload is None or self.defer_dataset:
+            return upload
         try:
             upload.seek(0)
-            self.parsed = read_jsonl(upload, source=upload.name, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+            self.parsed = read_jsonl(
+                upload,
+                source=upload.name,
+                max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES),
+                refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN),  # refused while read: it could never run
+            )
         except DatasetError as exc:
             raise forms.ValidationError(str(exc), code="bad_dataset") from None
         return upload

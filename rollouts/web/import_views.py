@@ -5,6 +5,7 @@ as one for a new run.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django import forms
@@ -14,9 +15,11 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
+from rollouts import background
 from rollouts.collection.datasets import DatasetError
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
 from rollouts.evaluation import health
+from rollouts.models import BackgroundTask
 from rollouts.web.forms import MultipleFileField
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
@@ -79,10 +82,10 @@ def _upload_sources(uploads, fallback: str, taken: set) -> list[tuple[Any, str]]
     return named
 
 
-def _dataset_offer(upload, user) -> dict[str, Any]:
-    """A rollouts upload that is a dataset: keep it as a dataset (an identical earlier upload is
-    reused) and offer the new-run form with it chosen. ``{"dataset": Dataset, "url": ...}``, or
-    ``{"error": why}`` when it is not a usable dataset either."""
+def _dataset_offer(upload, source: str, user) -> dict[str, Any]:
+    """A rollouts file that is a dataset: keep it as a dataset (an identical earlier upload is
+    reused) and offer the new-run form with it chosen. ``{"dataset": its id, "reused": bool, "url":
+    ...}``, or ``{"error": why}`` when it is not a usable dataset either."""
     from pathlib import PurePath
 
     from rollouts.collection import runs
@@ -90,59 +93,127 @@ def _dataset_offer(upload, user) -> dict[str, Any]:
 
     try:
         upload.seek(0)
-        parsed = read_jsonl(upload, source=upload.name, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+        parsed = read_jsonl(
+            upload,
+            source=source,
+            max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES),
+            refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN),
+        )
     except DatasetError as exc:
         return {"error": str(exc)}
-    dataset, reused = runs.store_or_reuse_dataset(parsed, PurePath(upload.name or "dataset.jsonl").name, user)
-    return {"dataset": dataset, "reused": reused, "url": reverse("run_new") + f"?dataset={dataset.pk}"}
+    dataset, reused = runs.store_or_reuse_dataset(parsed, PurePath(source or "dataset.jsonl").name, user)
+    return {"dataset": dataset.pk, "reused": reused, "url": reverse("run_new") + f"?dataset={dataset.pk}"}
+
+
+def import_job(task, progress) -> background.Done:
+    """The background task of an import: the files kept with ``task`` into one new imported run
+    (``importer.import_shards``), then its health check. A refusal is a ``TaskFailed`` whose
+    result names the form field it belongs to (and a dataset offer)."""
+    from contextlib import ExitStack
+
+    by_slot: dict[str, list[tuple[Any, str]]] = {"rollouts": [], "failures": [], "materialized": []}
+    with ExitStack() as stack:
+        for kept, source in zip(task.params["files"], task.params["sources"], strict=True):
+            by_slot[kept["slot"]].append((stack.enter_context(open(kept["path"], "rb")), source))
+        shards, sidecars, inputs = by_slot["rollouts"], by_slot["failures"], by_slot["materialized"]
+        handles = [fh for fh, _ in shards + sidecars + inputs]
+        total = sum(os.fstat(fh.fileno()).st_size for fh in handles) or 1
+        progress(0.0, f"Reading {len(handles)} file(s)…", force=True)
+
+        def read_so_far() -> None:  # after each batch written: the share of the bytes read
+            done = sum(fh.tell() for fh in handles if not fh.closed)
+            progress(0.9 * done / total, f"Imported {done / total:.0%} of the bytes…")
+
+        try:
+            summary = import_shards(
+                shards,
+                sidecars,
+                inputs,
+                name=task.params.get("name") or "",
+                user=task.user,
+                batched=True,  # short transactions: the workers' writes never wait long for the import
+                on_batch=read_so_far,
+            )
+        except LooksLikeDatasetError as exc:
+            offer = _dataset_offer(*shards[0], task.user) if len(shards) == 1 else None
+            raise background.TaskFailed(str(exc), {"field": "rollouts", "offer": offer}) from exc
+        except WrongFileError as exc:
+            sidecar = exc.source in {src for _, src in sidecars}
+            field = None if exc.swapped else ("failures" if sidecar else "rollouts")
+            raise background.TaskFailed(str(exc), {"field": field}) from exc
+        except DatasetError as exc:
+            field = (
+                "failures"
+                if exc.source in {src for _, src in sidecars}
+                else "materialized"
+                if exc.source in {src for _, src in inputs}
+                else "rollouts"
+            )
+            raise background.TaskFailed(str(exc), {"field": field}) from exc
+    progress(0.9, "Checking the run's health…", force=True)
+    health.auto_check(summary.run)  # the verdicts show on the run page
+    parts = [f"{summary.succeeded} succeeded", f"{summary.failed} failed"]
+    if summary.not_run:
+        parts.append(f"{summary.not_run} never run (rows without a result)")
+    files = f" from {len(shards)} shards" if len(shards) > 1 else ""
+    return background.Done(
+        f"Imported {summary.rows} rollout(s){files} into “{summary.run.name}”: {', '.join(parts)}.",
+        url=reverse("run", args=[summary.run.pk]),
+        result={"run": summary.run.pk},
+    )
+
+
+def _offer_view(offer: dict[str, Any] | None) -> dict[str, Any] | None:
+    from rollouts.models import Dataset
+
+    if not offer or "dataset" not in offer:
+        return offer
+    dataset = Dataset.objects.filter(pk=offer["dataset"]).first()
+    return {**offer, "dataset": dataset} if dataset else None
 
 
 @login_required
 def import_rollouts(request):
     """The import page: one ``rollouts.jsonl`` (and its sidecar, or the sidecar alone, and optionally
     its materialised inputs), or several shards of one run with their sidecars, into one new
-    imported run (``importer.import_shards``)."""
+    imported run, as a background task (``import_job``); the page follows the task. The same files
+    while an import of them is queued or running follow that import."""
     offer = None
     if request.method == "POST":
         form = ImportForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
             taken: set = set()
-            shards = _upload_sources(form.cleaned_data.get("rollouts") or [], "rollouts.jsonl", taken)
-            sidecars = _upload_sources(form.cleaned_data.get("failures") or [], "failures sidecar", taken)
-            inputs = _upload_sources(form.cleaned_data.get("materialized") or [], "materialised inputs", taken)
-            sidecar_sources = {src for _, src in sidecars}
-            input_sources = {src for _, src in inputs}
+            named = [
+                (slot, upload, source)
+                for slot, fallback in (
+                    ("rollouts", "rollouts.jsonl"),
+                    ("failures", "failures sidecar"),
+                    ("materialized", "materialised inputs"),
+                )
+                for upload, source in _upload_sources(form.cleaned_data.get(slot) or [], fallback, taken)
+            ]
+            name = form.cleaned_data.get("name") or ""
+            key = background.content_hash(
+                [name, *(f"{slot}:{source}" for slot, _, source in named)] + [u for _, u, _ in named]
+            )
             try:
-                summary = import_shards(
-                    shards, sidecars, inputs, name=form.cleaned_data.get("name") or "", user=request.user
+                task, _ = background.start(
+                    BackgroundTask.Kind.IMPORT,
+                    request.user,
+                    {"name": name, "sources": [source for _, _, source in named]},
+                    files=[(slot, upload) for slot, upload, _ in named],
+                    dedupe_key=key,
                 )
-            except LooksLikeDatasetError as exc:
-                form.add_error("rollouts", str(exc))
-                if len(shards) == 1:
-                    offer = _dataset_offer(shards[0][0], request.user)
-            except WrongFileError as exc:
-                form.add_error(
-                    None if exc.swapped else ("failures" if exc.source in sidecar_sources else "rollouts"), str(exc)
-                )
-            except DatasetError as exc:
-                field = (
-                    "failures"
-                    if exc.source in sidecar_sources
-                    else "materialized"
-                    if exc.source in input_sources
-                    else "rollouts"
-                )
-                form.add_error(field, str(exc))
+            except background.TooManyTasks as exc:
+                form.add_error(None, str(exc))
             else:
-                parts = [f"{summary.succeeded} succeeded", f"{summary.failed} failed"]
-                if summary.not_run:
-                    parts.append(f"{summary.not_run} never run (rows without a result)")
-                files = f" from {len(shards)} shards" if len(shards) > 1 else ""
-                messages.success(
-                    request, f"Imported {summary.rows} rollout(s){files} into “{summary.run.name}”: {', '.join(parts)}."
-                )
-                health.auto_check(summary.run)  # the verdicts show on the run page
-                return redirect(reverse("run", args=[summary.run.pk]))
+                if not task.is_finished:
+                    return redirect(reverse("task", args=[task.pk]))
+                if task.status == BackgroundTask.Status.DONE:  # ran inline (GYMWEB_TASKS_INLINE)
+                    messages.success(request, task.message)
+                    return redirect(task.result_url)
+                form.add_error(task.result.get("field") if "field" in task.result else "rollouts", task.message)
+                offer = _offer_view(task.result.get("offer"))
     else:
         form = ImportForm()
     return render(request, "rollouts/import.html", {"form": form, "offer": offer}, status=400 if form.errors else 200)

@@ -15,6 +15,7 @@ from rollouts.web import (
     import_views,
     profile_views,
     review_views,
+    task_views,
     trajectory_views,
     views,
 )
@@ -81,6 +82,7 @@ urlpatterns = [
     path("compare/", compare_views.compare, name="compare"),
     path("compare/compare_report.<str:fmt>", compare_views.compare_report_file, name="compare_report_file"),
     path("check/", check_views.check_agent, name="check_agent"),
+    path("tasks/<int:task_id>/", task_views.task_page, name="task"),
     path("environments/", environment_views.environments_page, name="environments"),
     path("runs/<int:run_id>/nemo_gym_config.yaml", environment_views.run_nemo_config, name="run_nemo_config"),
 ]

@@ -27,14 +27,14 @@ from django.utils.safestring import SafeString
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from rollouts import targets
+from rollouts import background, targets
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
 from rollouts.downloads import jsonl_download
 from rollouts.evaluation import run_summary
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_path
 from rollouts.lossless import LosslessTextField
-from rollouts.models import AgentCall, Rollout, Run, Worker
+from rollouts.models import AgentCall, BackgroundTask, Rollout, Run, Worker
 from rollouts.review import actions as review_actions
 from rollouts.review.curated import ExportOptions
 from rollouts.review.query import RolloutFilterForm, export_filename, filter_problem, filtered_rollouts
@@ -88,6 +88,32 @@ def runs_list(request):
 
 
 # -- new run -----------------------------------------------------------------------------------------
+def upload_job(task, progress) -> background.Done:
+    """The background task of a new run from an uploaded dataset: the new-run form checked again
+    with the kept file (the dataset read there, refused past the key limit while read), then
+    ``launch_from_form``; a refusal lists the form's errors."""
+    from django.core.files import File
+    from django.utils.datastructures import MultiValueDict
+
+    kept = task.params["files"][0]
+    progress(None, f"Reading {kept['name']}…", force=True)
+    with open(kept["path"], "rb") as fh:
+        form = RunForm(MultiValueDict(task.params["post"]), MultiValueDict({"dataset_file": [File(fh, kept["name"])]}))
+        if not form.is_valid():
+            errors = [
+                f"{form.fields[field].label}: {e}" if field in form.fields else e
+                for field, es in form.errors.items()
+                for e in es
+            ]
+            raise background.TaskFailed(" ".join(errors))
+        progress(0.5, "Storing the dataset and launching the run…", force=True)
+        run, reused = launch_from_form(form, task.user)
+    note = f" The file was uploaded before: dataset #{run.dataset_id} reused." if reused else ""
+    return background.Done(
+        f"Run “{run.name}” started: {run.num_keys} rollouts.{note}", url=reverse("run", args=[run.pk])
+    )
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def run_new(request):
@@ -115,8 +141,24 @@ def run_new(request):
             status=200 if filled is not None else 400,
         )
     if request.method == "POST":
-        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
-        if form.is_valid():
+        # An upload is read, stored and launched by a background task (``upload_job``), unless
+        # tasks run inline: the request then does it all, as the task would.
+        defer = bool(request.FILES.get("dataset_file")) and not settings.GYMWEB_TASKS_INLINE
+        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request), defer_dataset=defer)
+        if form.is_valid() and defer:
+            params = {"post": {k: v for k, v in request.POST.lists() if k != "csrfmiddlewaretoken"}}
+            try:
+                task, _ = background.start(
+                    BackgroundTask.Kind.UPLOAD,
+                    request.user,
+                    params,
+                    files=[("dataset_file", form.cleaned_data["dataset_file"])],
+                )
+            except background.TooManyTasks as exc:
+                form.add_error(None, str(exc))
+            else:
+                return redirect("task", task.pk)
+        elif form.is_valid():
             run, reused = launch_from_form(form, request.user)
             note = f" The file was uploaded before: dataset #{run.dataset_id} reused." if reused else ""
             messages.success(request, f"Run “{run.name}” started: {run.num_keys} rollouts.{note}")
