@@ -14,8 +14,10 @@ run's rows: a few hundred thousand short strings at most).
 
 from __future__ import annotations
 
+import json
+
 from django.db import connection as default_connection
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from rollouts.lossless import encode_text
@@ -77,25 +79,44 @@ def _is_common(sql: str, params: list) -> bool:
         return cursor.fetchone()[0] >= COMMON_ITEMS
 
 
-def _filter_items(qs: QuerySet, text: str, kind: str | None) -> QuerySet:
-    needle = normalise_query(text)
-    if not needle:
-        return qs
+def _items_condition(needle: str, kind: str | None) -> Q:
+    """Rollouts with an item (of ``kind``) whose search text holds ``needle`` (normalised)."""
     indexed = _index_sql(needle, kind)
     if indexed is not None and not _is_common(*indexed):
-        return qs.filter(pk__in=RawSQL(*indexed))
+        return Q(pk__in=RawSQL(*indexed))
     # A common text (or one the index cannot serve): each rollout of the run is probed through the
     # (rollout, seq) index until its first hit.
     items = TrajectoryItem.objects.filter(rollout=OuterRef("pk"), search_text__contains=needle)
     if kind:
         items = items.filter(kind=kind)
-    return qs.filter(Exists(items))
+    return Q(Exists(items))
+
+
+def _filter_items(qs: QuerySet, text: str, kind: str | None) -> QuerySet:
+    needle = normalise_query(text)
+    if not needle:
+        return qs
+    return qs.filter(_items_condition(needle, kind))
+
+
+def json_needle(text: str) -> str:
+    """``text`` as it reads inside stored JSON text (``lossless.dumps``: non-ASCII kept, quotes,
+    backslashes and control characters escaped), for a substring match on a JSON text column."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def filter_text(qs: QuerySet, text: str) -> QuerySet:
-    """``qs`` (rollouts) restricted to those with an item whose text contains ``text``
-    (case-insensitive substring; any characters literal)."""
-    return _filter_items(qs, text, None)
+    """``qs`` (rollouts) restricted to those with an item whose text contains ``text``, or whose
+    env verify reply (``verify_json``) or task row (``Task.row_json``) holds it in a string
+    (case-insensitive substring; any characters literal). The verify reply and the task row are
+    matched on their JSON text (a scan of the run's rows; the items go through the index)."""
+    needle = normalise_query(text)
+    if not needle:
+        return qs
+    in_json = json_needle(text)
+    return qs.filter(
+        _items_condition(needle, None) | Q(verify_json__icontains=in_json) | Q(task__row_json__icontains=in_json)
+    )
 
 
 def filter_output(qs: QuerySet, text: str) -> QuerySet:
