@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 MAX_COLUMNS = 20  # chosen columns read per request
+PREVIEWS = {"prompt": "prompt", "answer": "final answer"}  # preview columns, chosen like fields
 SAMPLE_ROWS = 200  # rows read to discover a run's fields
 MAX_DEPTH = 4  # nested objects opened for field names
 MAX_FIELDS = 200  # fields listed per source
@@ -57,12 +58,12 @@ def parse_field(name: str) -> tuple[str, list[str]] | None:
 
 def parse_columns(values: list[str]) -> list[str]:
     """The chosen columns from ``?cols=`` values (comma-separated, repeated or both): valid field
-    names, first occurrence kept, at most ``MAX_COLUMNS``."""
+    names and the previews (``prompt``, ``answer``), first occurrence kept, at most ``MAX_COLUMNS``."""
     out: list[str] = []
     for value in values:
         for name in str(value).split(","):
             name = name.strip()
-            if parse_field(name) and name not in out:
+            if (parse_field(name) or name in PREVIEWS) and name not in out:
                 out.append(name)
     return out[:MAX_COLUMNS]
 
@@ -225,11 +226,12 @@ def scalar_leaves(value: Any, prefix: str = "", depth: int = 0, skip: frozenset 
             yield path, item
 
 
-def discover(qs: QuerySet, sample: int = SAMPLE_ROWS) -> list[FieldInfo]:
+def discover(qs: QuerySet, sample: int = SAMPLE_ROWS, imported: bool = False) -> list[FieldInfo]:
     """The task and verify fields of ``qs`` (a run's rollouts), read from its first ``sample``
     succeeded rows (any rows when none succeeded) and their tasks: task fields first, each source
-    in the order first seen, at most ``MAX_FIELDS`` per source. Verify fields that echo the task
-    row (same key, same value on every sampled row) are left out."""
+    in the order first seen, at most ``MAX_FIELDS`` per source. A field both rows hold with the
+    same value on every sampled row is listed once: as a task field (the env echoed the task row),
+    or for an ``imported`` run (whose task row is the imported result row) as a verify field."""
     rows = list(qs.filter(status="succeeded").order_by("id").values_list("verify_json", "task__row_json")[:sample])
     if not rows:
         rows = list(qs.order_by("id").values_list("verify_json", "task__row_json")[:sample])
@@ -250,7 +252,11 @@ def discover(qs: QuerySet, sample: int = SAMPLE_ROWS) -> list[FieldInfo]:
     counts = {"task": 0, "verify": 0}
     for name, info in found.items():
         source = name.partition(".")[0]
-        if echoed.get(name) or counts[source] >= MAX_FIELDS or not FIELD_RE.match(name):
+        twin = "verify." + name[5:] if source == "task" else "task." + name[7:]
+        both = echoed.get(name if source == "verify" else twin, False) and twin in found
+        if both and (source == "verify") != imported:
+            continue
+        if counts[source] >= MAX_FIELDS or not FIELD_RE.match(name):
             continue
         counts[source] += 1
         kinds = info["kinds"]
