@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
+from django.db import connection
 from django.db.models import F, QuerySet
 
 from rollouts.collection import runs
@@ -185,11 +186,12 @@ class RolloutFilterForm(ReviewFilterFields):
             terms = tuple(F(t).desc() for t in TASK_ORDER) if key.startswith("-") else TASK_ORDER
         elif column not in SORTS:  # a task or verify field: numbers first, then texts, then missing
             text, number = columns.field_expressions(column)  # type: ignore[misc]
-            qs = qs.alias(_sort_number=number, _sort_text=text)
-            if key.startswith("-"):
-                terms = (F("_sort_number").desc(nulls_last=True), F("_sort_text").desc(nulls_last=True))
-            else:
-                terms = (F("_sort_number").asc(nulls_last=True), F("_sort_text").asc(nulls_last=True))
+            # SQLite's json_extract keeps JSON types, which order numbers before texts: one
+            # expression (one read of the JSON per row); PostgreSQL's reads as text: numbers first.
+            names = ("_sort_text",) if connection.vendor == "sqlite" else ("_sort_number", "_sort_text")
+            qs = qs.alias(**{n: number if n == "_sort_number" else text for n in names})
+            desc = key.startswith("-")
+            terms = tuple(F(n).desc(nulls_last=True) if desc else F(n).asc(nulls_last=True) for n in names)
             terms += TASK_ORDER
         else:
             terms = tuple(_descending(t) for t in SORTS[column]) if key.startswith("-") else SORTS[column]
