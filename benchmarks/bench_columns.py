@@ -13,7 +13,6 @@ for a word only some verify replies hold. Target: under 500 ms.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 
