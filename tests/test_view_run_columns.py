@@ -137,3 +137,46 @@ def test_a_filtered_export_has_the_rows_of_the_filtered_table(signed_in, shared_
     assert sorted(r["_ng_task_index"] for r in exported) == table_keys
     assert len(table_keys) == 3
     assert "verify.config.domain-telecom" in response["Content-Disposition"]
+
+
+@pytest.mark.django_db
+def test_the_api_list_reads_the_same_field_filter_and_sort(client, user, shared_data):
+    from rollouts.tokens import create_token
+
+    run = _import(shared_data, "tau2")
+    rows = _rows(shared_data, "tau2")
+    _row, token = create_token(user, "t")
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/rollouts?f.verify.config.domain=telecom&sort=verify.result.duration",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
+    assert response.status_code == 200, response.content
+    telecom = [r for r in rows if r["config"]["domain"] == "telecom"]
+    expected = [r["_ng_task_index"] for r in sorted(telecom, key=lambda r: r["result"]["duration"])]
+    assert [r["task_index"] for r in response.json()["items"]] == expected
+
+
+@pytest.mark.django_db
+def test_previous_next_walk_the_list_sorted_by_a_field(signed_in, shared_data):
+    run = _import(shared_data, "tau2")
+    rows = _rows(shared_data, "tau2")
+    order = [r["_ng_task_index"] for r in sorted(rows, key=lambda r: r["result"]["duration"])]
+    middle = Rollout.objects.get(run=run, task_index=order[2])
+    response = signed_in.get(reverse("rollout", args=[run.pk, middle.pk]) + "?sort=verify.result.duration")
+    assert response.status_code == 200
+    nav = response.context["nav"]
+    ids = {r.task_index: r.pk for r in Rollout.objects.filter(run=run)}
+    assert (nav["prev_id"], nav["next_id"], nav["position"]) == (ids[order[1]], ids[order[3]], 3)
+
+
+def test_number_ranges_read_as_written():
+    assert columns.parse_range("0.5..1") == (0.5, 1.0)
+    assert columns.parse_range("..1") == (None, 1.0)
+    assert columns.parse_range("2..") == (2.0, None)
+    assert columns.parse_range("true") == (1.0, 1.0)
+    assert columns.parse_range("math") is None and columns.parse_range("..") is None
+    assert columns.parse_columns(["verify.a,task.b", "verify.a", "bad name!", "prompt"]) == [
+        "verify.a",
+        "task.b",
+        "prompt",
+    ]
