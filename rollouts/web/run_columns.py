@@ -22,19 +22,19 @@ from rollouts.search.text import find_snippet, normalise_query
 PREVIEW_CHARS = 100
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)  # reasoning inside a message: not the answer
 FIELDS_CACHE_S = 300
+FIELDS_LIVE_CACHE_S = 30
 
 
 def run_fields(run: Run) -> list[columns.FieldInfo]:
-    """The task and verify fields of ``run`` (``columns.discover``); cached ``FIELDS_CACHE_S``
-    for a final run."""
+    """The task and verify fields of ``run`` (``columns.discover``), cached ``FIELDS_CACHE_S``
+    (``FIELDS_LIVE_CACHE_S`` while the run is not final, so a live table's refreshes do not
+    re-read the sample)."""
     key = f"gymweb:run-fields:v1:{run.pk}:{run.status}:{run.created.timestamp() if run.created else 0}"
-    if run.is_final:
-        hit = cache.get(key)
-        if isinstance(hit, list):
-            return [columns.FieldInfo(**f) for f in hit]
+    hit = cache.get(key)
+    if isinstance(hit, list):
+        return [columns.FieldInfo(**f) for f in hit]
     found = columns.discover(Rollout.objects.filter(run=run), imported=run.status == Run.Status.IMPORTED)
-    if run.is_final:
-        cache.set(key, [f.__dict__ for f in found], FIELDS_CACHE_S)
+    cache.set(key, [f.__dict__ for f in found], FIELDS_CACHE_S if run.is_final else FIELDS_LIVE_CACHE_S)
     return found
 
 
