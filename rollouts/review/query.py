@@ -12,11 +12,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
+from django.db import connection
 from django.db.models import F, QuerySet
 
 from rollouts.collection import runs
 from rollouts.evaluation.health_checks import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Rollout, RolloutHealth
+from rollouts.review import columns
 from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
 from rollouts.search import queries as search
 
@@ -111,6 +113,20 @@ class RolloutFilterForm(ReviewFilterFields):
         if wanted and wanted not in dict(choices):  # a permalink to a kind this run lacks: empty result, not an error
             choices.append((wanted, wanted))
         self.fields["kind"].choices = choices
+        # Task and verify fields (rollouts.review.columns): the chosen columns (``cols``), a sort on
+        # any field (``sort=-verify.score``) and one filter per field (``f.verify.score=0.5..1``).
+        getlist = getattr(data, "getlist", None)
+        raw_cols = getlist("cols") if getlist else ([(data or {}).get("cols")] if (data or {}).get("cols") else [])
+        self.columns = columns.parse_columns([str(v) for v in raw_cols])
+        self.field_filters: dict[str, str] = {}
+        for key in list((data or {}).keys()):
+            name = key[2:] if isinstance(key, str) and key.startswith("f.") else ""
+            value = str((data or {}).get(key) or "").strip()[:SEARCH_MAX]
+            if columns.parse_field(name) and value and len(self.field_filters) < columns.MAX_COLUMNS:
+                self.field_filters[name] = value
+        sort = str((data or {}).get("sort") or "")
+        if columns.parse_field(sort.lstrip("-")):
+            self.fields["sort"].choices = [*SORT_CHOICES, (sort, sort)]
         self.is_valid()  # fills cleaned_data with the valid fields
 
     def value(self, name: str) -> Any:
@@ -145,6 +161,8 @@ class RolloutFilterForm(ReviewFilterFields):
             qs = search.filter_output(qs, self.value("output"))
         if self.value("error"):
             qs = search.filter_error(qs, self.value("error"))
+        for name, value in self.field_filters.items():
+            qs = columns.filter_field(qs, name, value)
         return self.review_filter(qs)
 
     @property
@@ -166,6 +184,15 @@ class RolloutFilterForm(ReviewFilterFields):
         column = key.lstrip("-")
         if column == "task":
             terms = tuple(F(t).desc() for t in TASK_ORDER) if key.startswith("-") else TASK_ORDER
+        elif column not in SORTS:  # a task or verify field: numbers first, then texts, then missing
+            text, number = columns.field_expressions(column)  # type: ignore[misc]
+            # SQLite's json_extract keeps JSON types, which order numbers before texts: one
+            # expression (one read of the JSON per row); PostgreSQL's reads as text: numbers first.
+            names = ("_sort_text",) if connection.vendor == "sqlite" else ("_sort_number", "_sort_text")
+            qs = qs.alias(**{n: number if n == "_sort_number" else text for n in names})
+            desc = key.startswith("-")
+            terms = tuple(F(n).desc(nulls_last=True) if desc else F(n).asc(nulls_last=True) for n in names)
+            terms += TASK_ORDER
         else:
             terms = tuple(_descending(t) for t in SORTS[column]) if key.startswith("-") else SORTS[column]
             terms += TASK_ORDER
@@ -177,7 +204,9 @@ class RolloutFilterForm(ReviewFilterFields):
     @property
     def active(self) -> bool:
         """True when any filter (not the sort) restricts the list."""
-        return any(self.value(n) not in (None, "") for n in FILTER_FIELDS if n not in NOT_RESTRICTING)
+        return bool(self.field_filters) or any(
+            self.value(n) not in (None, "") for n in FILTER_FIELDS if n not in NOT_RESTRICTING
+        )
 
     def params(self, **changes: Any) -> dict[str, str]:
         """The valid filter values as querystring parameters, with ``changes`` applied."""
@@ -188,6 +217,11 @@ class RolloutFilterForm(ReviewFilterFields):
                 continue
             if value not in (None, ""):
                 out[name] = str(value)
+        cols = changes.get("cols", self.columns)
+        if cols:
+            out["cols"] = ",".join(cols)
+        for name, value in changes.get("field_filters", self.field_filters).items():
+            out[f"f.{name}"] = value
         return out
 
     def querystring(self, **changes: Any) -> str:
@@ -214,6 +248,9 @@ class RolloutFilterForm(ReviewFilterFields):
         ):
             if self.value(name):
                 terms.append((label, name, f"“{self.value(name)}”" if name != "tool" else self.value(name)))
+        for name, value in self.field_filters.items():
+            shown = value if columns.parse_range(value) is not None else f"“{value}”"
+            terms.append((name, name, shown))
         terms.extend(self.review_terms())  # label, notes, corrected reward (rollouts.review.filters)
         return terms
 

@@ -14,8 +14,10 @@ run's rows: a few hundred thousand short strings at most).
 
 from __future__ import annotations
 
+import json
+
 from django.db import connection as default_connection
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from rollouts.lossless import encode_text
@@ -77,25 +79,81 @@ def _is_common(sql: str, params: list) -> bool:
         return cursor.fetchone()[0] >= COMMON_ITEMS
 
 
-def _filter_items(qs: QuerySet, text: str, kind: str | None) -> QuerySet:
-    needle = normalise_query(text)
-    if not needle:
-        return qs
+def _items_condition(needle: str, kind: str | None) -> Q:
+    """Rollouts with an item (of ``kind``) whose search text holds ``needle`` (normalised)."""
     indexed = _index_sql(needle, kind)
     if indexed is not None and not _is_common(*indexed):
-        return qs.filter(pk__in=RawSQL(*indexed))
+        return Q(pk__in=RawSQL(*indexed))
     # A common text (or one the index cannot serve): each rollout of the run is probed through the
     # (rollout, seq) index until its first hit.
     items = TrajectoryItem.objects.filter(rollout=OuterRef("pk"), search_text__contains=needle)
     if kind:
         items = items.filter(kind=kind)
-    return qs.filter(Exists(items))
+    return Q(Exists(items))
+
+
+def _filter_items(qs: QuerySet, text: str, kind: str | None) -> QuerySet:
+    needle = normalise_query(text)
+    if not needle:
+        return qs
+    return qs.filter(_items_condition(needle, kind))
+
+
+def _like_escaped(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+class JsonStringHolds(Func):
+    """True when a string value of the JSON text column holds ``needle`` (case-insensitive; any
+    characters literal); keys never match, nor gymweb's ``agent_ref`` stamp, nor (on SQLite) the
+    values of the structural keys the item index leaves out (``type``, ``id``, ``status``,
+    ``role``). A blank column is false.
+
+    SQLite: a ``LIKE`` on the raw text picks the candidates (one read of the text), then
+    ``json_tree`` walks only those. PostgreSQL: ``jsonb_path_exists`` with a literal ``like_regex``
+    (the text cast through ``jsonb`` with its ``\\u0000`` escapes made U+FFFD, which jsonb refuses)."""
+
+    output_field = BooleanField()
+    arity = 1
+
+    def __init__(self, column: str, needle: str):
+        self.needle = needle
+        super().__init__(F(column))
+
+    def as_sqlite(self, compiler, connection, **extra):
+        col, params = compiler.compile(self.source_expressions[0])
+        raw = "%" + _like_escaped(json.dumps(self.needle, ensure_ascii=False)[1:-1]) + "%"
+        value = "%" + _like_escaped(self.needle) + "%"
+        sql = (
+            f"({col} LIKE %s ESCAPE '\\' AND EXISTS (SELECT 1 FROM json_tree(NULLIF({col}, '')) j "
+            f"WHERE j.type = 'text' AND (j.key IS NULL OR j.key NOT IN ('type', 'id', 'status', 'role')) "
+            f"AND substr(j.fullkey, 1, 11) <> '$.agent_ref' AND substr(j.fullkey, 1, 13) <> '$.\"agent_ref\"' "
+            f"AND j.value LIKE %s ESCAPE '\\'))"
+        )
+        return sql, [*params, raw, *params, value]
+
+    def as_postgresql(self, compiler, connection, **extra):
+        col, params = compiler.compile(self.source_expressions[0])
+        literal = json.dumps(self.needle, ensure_ascii=True)
+        path = f'strict $.** ? (@.type() == "string" && @ like_regex {literal} flag "iq")'
+        as_jsonb = f"(replace({col}, '\\u0000', '\\ufffd')::jsonb - 'agent_ref')"
+        sql = f"(NULLIF({col}, '') IS NOT NULL AND jsonb_path_exists({as_jsonb}, %s::jsonpath))"
+        return sql, [*params, *params, path]
 
 
 def filter_text(qs: QuerySet, text: str) -> QuerySet:
-    """``qs`` (rollouts) restricted to those with an item whose text contains ``text``
-    (case-insensitive substring; any characters literal)."""
-    return _filter_items(qs, text, None)
+    """``qs`` (rollouts) restricted to those with an item whose text contains ``text``, or with a
+    string value of the env's verify reply (``verify_json``) or of the task row (``Task.row_json``)
+    that does (case-insensitive substring; any characters literal). The items go through the
+    index; the verify reply and the task row are read row by row (``JsonStringHolds``)."""
+    needle = normalise_query(text)
+    if not needle:
+        return qs
+    return qs.filter(
+        _items_condition(needle, None)
+        | Q(JsonStringHolds("verify_json", text))
+        | Q(JsonStringHolds("task__row_json", text))
+    )
 
 
 def filter_output(qs: QuerySet, text: str) -> QuerySet:

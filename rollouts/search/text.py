@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["MAX_TEXT", "fill_missing", "item_search_text", "normalise_query"]
+__all__ = ["MAX_TEXT", "fill_missing", "find_snippet", "item_search_text", "normalise_query"]
 
 # Longest search text kept per item (characters): a multi-megabyte tool output is indexed by its
 # first 2,000,000 characters.
@@ -85,3 +85,38 @@ def fill_missing(items: Iterable[Any]) -> None:
     for item in items:
         if not item.search_text and item.payload is not None:
             item.search_text = item_search_text(item.payload)
+
+
+def find_snippet(
+    value: Any, query: str, context: int = 60, skip: frozenset = frozenset()
+) -> tuple[str, str, str] | None:
+    """The first string value of ``value`` (a decoded JSON value; top-level keys in ``skip`` left
+    out) that contains ``query`` case-insensitively, as ``(before, match, after)``: the match as
+    written, with up to ``context`` characters either side (``"…"`` where cut), newlines as
+    spaces. None when no string holds it. Plain text: the caller escapes it."""
+    needle = normalise_query(query)
+    if not needle:
+        return None
+    if isinstance(value, dict) and skip:
+        value = {k: v for k, v in value.items() if k not in skip}
+    out: list[str] = []
+    try:
+        _strings(value, out)
+    except RecursionError:
+        pass
+    for text in out:
+        lowered = normalise_query(text)
+        at = lowered.find(needle)
+        if at < 0:
+            continue
+        if len(lowered) != len(text):  # lowercasing changed lengths (rare letters): show the lowered text
+            text = lowered
+        end = at + len(needle)
+        before = text[max(0, at - context) : at]
+        after = text[end : end + context]
+        return (
+            ("…" if at > context else "") + before.replace("\n", " "),
+            text[at:end].replace("\n", " "),
+            after.replace("\n", " ") + ("…" if end + context < len(text) else ""),
+        )
+    return None

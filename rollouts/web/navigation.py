@@ -30,6 +30,10 @@ def filter_querystring(params: Mapping[str, Any]) -> str:
     for name in FILTER_PARAMS:
         values = getlist(name) if getlist else ([params[name]] if name in params else [])
         pairs.extend((name, v) for v in values[:1] if str(v).strip())
+    # the chosen columns and the task/verify field filters (``cols``, ``f.<field>``)
+    for name in params:
+        if (name == "cols" or str(name).startswith("f.")) and str(params[name]).strip():
+            pairs.append((name, params[name]))
     return urlencode(pairs)
 
 
@@ -73,6 +77,8 @@ def neighbours(rollout: Rollout, params: Mapping[str, Any]) -> dict[str, Any]:
     order = [_order_key(o) for o in (qs.query.order_by or ["task_index", "rollout_index", "attempt", "id"])]
     if not any(o.lstrip("-") == "id" for o in order):
         order.append("id")
+    if any(o.lstrip("-").startswith("_sort_") for o in order):  # a task or verify field's sort
+        return _neighbours_by_window(qs, list(qs.query.order_by), rollout.pk)
     values = {o.lstrip("-"): getattr(rollout, o.lstrip("-")) for o in order}
     if any(v is None for v in values.values()):
         return _neighbours_by_window(qs, list(qs.query.order_by) or order, rollout.pk)

@@ -42,6 +42,7 @@ from rollouts.web.access import launch_from_form, run_for
 from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.review_views import curated_export_response, run_review_context, say_plain_export
+from rollouts.web.run_columns import attach_columns, column_heads, run_fields
 from rollouts.web.uploads import too_large_uploads
 
 RUNS_PER_PAGE = 25
@@ -188,7 +189,11 @@ def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) 
     """The rollouts section's context: the filter, and (``with_rows``) the page of rows the table
     shows; without rows, only what the section shows around the table."""
     qs, filt = filtered_rollouts(run, request.GET, kinds=kinds)
+    fields = run_fields(run)  # the task and verify fields the column chooser offers
+    base = reverse("run", args=[run.pk])
     around = {
+        "run_fields": fields,
+        "column_heads": column_heads(filt.columns, fields, filt, base),
         "filter": filt,
         "filter_description": filt.describe(),
         # What the "download these" links get: each file named after the run and the filter.
@@ -227,12 +232,13 @@ def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) 
         .in_bulk()
     )
     review_actions.attach_to_rows(loaded.values())  # labels and note counts (rollouts.review)
+    # the chosen columns' cells, and a content search's snippet per row
+    attach_columns(run, list(loaded.values()), filt.columns, fields, filt.value("text") or "")
     _attach_live_calls(loaded.values())
     qs_text = filt.querystring()
     # A content search's rows open the rollout with its hits highlighted (the page's ``?q=``).
     link_qs = "&".join(p for p in (qs_text, urlencode({"q": filt.highlight}) if filt.highlight else "") if p)
     rollout_suffix = f"?{link_qs}" if link_qs else ""
-    base = reverse("run", args=[run.pk])
     rows = [(loaded[i], reverse("rollout", args=[run.pk, i]) + rollout_suffix) for i in ids if i in loaded]
     here = base + "?" + "&".join(p for p in (qs_text, f"page={page.number}" if page.number > 1 else "") if p)
     return {

@@ -1,0 +1,213 @@
+"""Benchmark: the run table with 10 chosen task/verify columns over a run of 100,000 rollouts
+(``rollouts.review.columns``: values read from the stored JSON text in SQL). Seeds one run whose
+tasks carry 4 scalar fields beside a ~600-character prompt and whose verify replies carry 8 scalar
+fields (two nested) beside a response of ``--verify-kb`` KB (the echoed trajectory NeMo Gym's verify
+replies hold), one assistant message item per rollout (the final-answer preview); then times the
+table's server time (the HTMX partial the filter form fetches) for: the default order, a sort on a
+verify number, a sort on a task string, a number range plus a string filter, and a content search
+for a word only some verify replies hold. Target: under 500 ms.
+
+    python -m benchmarks.bench_columns [--db sqlite|postgres] [--rollouts 100000] [--verify-kb 4] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from benchmarks import _harness as h
+from benchmarks.bench_search import timed
+
+CATEGORIES = ["math", "code", "search", "retail", "telecom", "airline", "swe", "rubric"]
+RARE = "quuxfrobnicate"  # in the verify reply of 0.1% of rollouts
+COLUMNS = [
+    "task.instance_id",
+    "task.category",
+    "task.difficulty",
+    "verify.resolved",
+    "verify.score",
+    "verify.judge.verdict",
+    "verify.judge.confidence",
+    "verify.num_tests_passed",
+    "prompt",
+    "answer",
+]
+
+
+def verify_reply(k: int, rng: random.Random, filler: str) -> dict:
+    note = f"tests pass; {RARE} noted" if k % 1000 == 5 else "tests pass"
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": f"task {k}"}]},
+        "response": {
+            "id": f"resp_{k}",
+            "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": filler}]}],
+        },
+        "reward": float(k % 3 == 0),
+        "resolved": k % 3 == 0,
+        "score": round(rng.random(), 4),
+        "num_tests_passed": rng.randint(0, 40),
+        "failure_label": ["none", "timeout", "wrong_answer", "format"][k % 4],
+        "judge": {"verdict": ["A", "B", "tie"][k % 3], "confidence": round(rng.random(), 3), "note": note},
+        "latency_s": round(rng.uniform(1, 90), 2),
+        "instance_id": f"repo__proj-{k}",
+    }
+
+
+def seed(total: int, verify_kb: float):
+    from django.contrib.auth import get_user_model
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from rollouts.lossless import dumps
+    from rollouts.models import Rollout, Run, Task
+    from rollouts.search import index, text
+
+    rng = random.Random(21)
+    words = "the patch fixes the failing test by checking the boundary before the loop ends".split()
+    filler = " ".join(rng.choice(words) for _ in range(int(verify_kb * 1024 / 6)))
+    prompt = "You are a software engineer. " + " ".join(rng.choice(words) for _ in range(100))
+    user = get_user_model().objects.create_user("bench", password="bench-password")
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.create(
+            name="bench columns",
+            status="completed",
+            agent_url="http://127.0.0.1:1",
+            env_url="http://127.0.0.1:2",
+            created_by=user,
+            num_repeats=1,
+            num_tasks=total,
+            num_keys=total,
+            started=now,
+            finished=now,
+        )
+        tasks = []
+        for i in range(total):
+            row = {
+                "responses_create_params": {"input": [{"role": "user", "content": f"{prompt} (task {i})"}]},
+                "instance_id": f"repo__proj-{i}",
+                "category": CATEGORIES[i % len(CATEGORIES)],
+                "difficulty": ["easy", "medium", "hard"][i % 3],
+                "max_steps": 50 + i % 7,
+            }
+            tasks.append(Task(run=run, task_index=i, row_json=dumps(row)))
+        Task.objects.bulk_create(tasks, batch_size=5000)
+        task_ids = list(Task.objects.filter(run=run).order_by("task_index").values_list("id", flat=True))
+        for start in range(0, total, 5000):
+            chunk = []
+            for k in range(start, min(total, start + 5000)):
+                verify = verify_reply(k, rng, filler)
+                chunk.append(
+                    Rollout(
+                        run=run,
+                        task_id=task_ids[k],
+                        task_index=k,
+                        rollout_index=0,
+                        attempt=1,
+                        status="succeeded",
+                        reward=verify["reward"],
+                        verify_json=dumps(verify),
+                        finished=now,
+                        started=now,
+                        duration_ms=800.0 + k % 50,
+                        num_agent_calls=1,
+                        num_items=1,
+                    )
+                )
+            Rollout.objects.bulk_create(chunk, batch_size=5000)
+    ids = list(Rollout.objects.filter(run=run).order_by("task_index").values_list("id", flat=True))
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            for suffix in ("ai", "ad", "au"):
+                cursor.execute(f"DROP TRIGGER IF EXISTS {index.FTS_TABLE}_{suffix}")
+        cols = "rollout_id, seq, step, kind, role, call_id, name, origin, asked, paired, refused, payload, search_text"
+        insert = f"INSERT INTO {index.ITEM_TABLE} ({cols}) VALUES ({', '.join(['%s'] * 13)})"
+        with transaction.atomic():
+            batch = []
+            for k, rid in enumerate(ids):
+                item = {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": f"Done: the fix for task {k} is in place."}],
+                }
+                batch.append(
+                    (
+                        rid,
+                        0,
+                        0,
+                        "message",
+                        "assistant",
+                        "",
+                        "",
+                        "agent",
+                        False,
+                        False,
+                        False,
+                        dumps(item),
+                        text.item_search_text(item),
+                    )
+                )
+                if len(batch) == 20_000:
+                    cursor.executemany(insert, batch)
+                    batch = []
+            if batch:
+                cursor.executemany(insert, batch)
+        index.ensure_index(connection)
+        cursor.execute("ANALYZE")
+    return user, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--rollouts", type=int, default=100_000)
+    parser.add_argument("--verify-kb", type=float, default=4.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    where = h.setup_django(args.db)
+    from django.conf import settings
+    from django.test import Client
+    from django.urls import reverse
+
+    t0 = time.perf_counter()
+    user, run = seed(args.rollouts, args.verify_kb)
+    seeded = time.perf_counter() - t0
+    with open("/proc/loadavg") as fh:
+        load = fh.read().split()[0]
+    print(f"run table columns benchmark — {h.machine()}; load average {load}; {where}")
+    print(f"  seeded {args.rollouts:,} rollouts (verify reply ~{args.verify_kb:g} KB each) in {seeded:.0f} s")
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    client = Client()
+    client.force_login(user)
+    base = reverse("run", args=[run.pk])
+    cols = ",".join(COLUMNS)
+    cases = [
+        ("10 columns, task order", {"cols": cols}),
+        ("10 columns, sort -verify.score", {"cols": cols, "sort": "-verify.score"}),
+        ("10 columns, sort task.category", {"cols": cols, "sort": "task.category"}),
+        ("10 columns, page 1000 of sort -verify.score", {"cols": cols, "sort": "-verify.score", "page": "1000"}),
+        (
+            "10 columns, score 0.5..0.6 and category math",
+            {"cols": cols, "f.verify.score": "0.5..0.6", "f.task.category": "math"},
+        ),
+        ("10 columns, text only 0.1% of verify replies hold", {"cols": cols, "text": RARE}),
+    ]
+    print(f"  {'case':52s} {'rows':>8s} {'server':>10s} {'CPU':>8s}")
+    for label, params in cases:
+
+        def page(params=params):
+            response = client.get(base, params, HTTP_HX_REQUEST="true")
+            assert response.status_code == 200, response.status_code
+            return response
+
+        ms, cpu, response = timed(page, args.repeat)
+        rows = response.content.decode().count('class="rollout-link mono"')
+        print(f"  {label:52s} {rows:>8,d} {ms:7,.0f} ms {cpu:5,.0f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
