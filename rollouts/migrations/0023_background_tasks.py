@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("rollouts", "0021_run_archive"),
+        ("rollouts", "0022_success_rows_in_agent_order"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
