@@ -23,12 +23,12 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
 from rollouts import tokens
-from rollouts.models import ApiToken, Dataset, Label, Note, Rollout, Run
+from rollouts.models import ApiToken, Label, Note, Rollout, Run
 from rollouts.review import actions, curated, progress, selection, sft
 from rollouts.review.actions import ReviewError
 from rollouts.review.corrected_summary import review_counts, reward_aggregates
 from rollouts.review.query import export_filename, filter_problem, filtered_rollouts
-from rollouts.web.access import run_for
+from rollouts.web.access import datasets_for, run_for
 from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.navigation import neighbours
@@ -318,8 +318,8 @@ def selection_dataset(request, run_id):
 def dataset_new_run(request, dataset_id):
     """The new-run form, filled in for a dataset (for one made from a selection: with its source
     run's env and knobs). It posts to the ordinary new-run view, which validates it."""
-    dataset = get_object_or_404(Dataset.objects.select_related("source_run"), pk=dataset_id)
-    form = RunForm(initial=selection.new_run_initial(dataset))
+    dataset = get_object_or_404(datasets_for(request.user).select_related("source_run"), pk=dataset_id)
+    form = RunForm(initial=selection.new_run_initial(dataset), user=request.user)
     return render(request, "rollouts/run_new.html", {"form": form, "file_dropped": False, "from_dataset": dataset})
 
 

@@ -38,7 +38,7 @@ from rollouts.models import AgentCall, Rollout, Run, Worker
 from rollouts.review import actions as review_actions
 from rollouts.review.curated import ExportOptions
 from rollouts.review.query import RolloutFilterForm, export_filename, filter_problem, filtered_rollouts
-from rollouts.web.access import launch_from_form, run_for
+from rollouts.web.access import launch_from_form, run_for, runs_for
 from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.review_views import curated_export_response, run_review_context, say_plain_export
@@ -77,9 +77,9 @@ class CappedPaginator(Paginator):
 @login_required
 @require_safe
 def runs_list(request):
-    page = Paginator(Run.objects.select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE).get_page(
-        request.GET.get("page")
-    )
+    page = Paginator(
+        runs_for(request.user).select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE
+    ).get_page(request.GET.get("page"))
     progress = run_summary.progress_for_runs(page.object_list)
     rows = [(run, progress[run.pk]) for run in page.object_list]
     context = {"page": page, "rows": rows, "any_active": any(not run.is_final for run, _ in rows)}
@@ -96,17 +96,19 @@ def run_new(request):
     head = None
     if request.method == "POST" and "fill" in request.POST:
         # "Fill from NeMo Gym": the fields the config / head server gives, each saying where from
-        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
+        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request), user=request.user)
         filled = form.fill_from_nemo()
         if filled is not None:
             resolved = form.nemo
-            form = RunForm(initial={k: v for k, v in filled.items() if k != "csrfmiddlewaretoken"})
+            form = RunForm(initial={k: v for k, v in filled.items() if k != "csrfmiddlewaretoken"}, user=request.user)
             form.annotate_sources(resolved)
             if resolved.head_url:
                 head = environments.head_listing(resolved.head_url, with_tools=False)
         else:
             error = form.fill_error
-            form = RunForm(initial={k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"})
+            form = RunForm(
+                initial={k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}, user=request.user
+            )
             form.fill_problem = error[1]
         return render(
             request,
@@ -115,7 +117,7 @@ def run_new(request):
             status=200 if filled is not None else 400,
         )
     if request.method == "POST":
-        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
+        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request), user=request.user)
         if form.is_valid():
             run, reused = launch_from_form(form, request.user)
             note = f" The file was uploaded before: dataset #{run.dataset_id} reused." if reused else ""
@@ -128,7 +130,7 @@ def run_new(request):
         for name in ("agent_url", "env_url", "head_url", "env_name", "agent_name"):
             if request.GET.get(name):
                 initial[name] = request.GET[name][:2000]
-        form = RunForm(initial=initial or None)
+        form = RunForm(initial=initial or None, user=request.user)
         # what the head server of the Environments page's link (or GYMWEB_NEMO_GYM_HEAD_URL) runs now
         head_url = initial.get("head_url") or settings.GYMWEB_NEMO_GYM_HEAD_URL
         if head_url:
