@@ -5,8 +5,8 @@ Plain function views, thin: the rules live in ``rollouts.review`` (``actions``, 
 ``selection``, ``curated``) and ``rollouts.tokens``. Every write is a POST with Django's CSRF
 check. The rollout actions answer an HTMX request with the review panel alone
 (``rollouts/review/panel.html``) and a plain form post with a redirect back to the page it came
-from. Access goes through the run pages' own rule (``rollouts.web.access.run_for``): every
-signed-in user sees every run.
+from. Access goes through the run pages' own rule (``rollouts.web.access.run_for``): a user sees
+their teams' runs only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from django.db.models import Count
 from django.http import HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
@@ -408,12 +409,21 @@ def run_review_context(request, run: Run) -> dict[str, Any]:
 # -- account page: API tokens ----------------------------------------------------------------------
 @login_required
 def account(request):
-    """The user's page: their API tokens (name, prefix, created, last used), a form to make one
+    """The user's page: their API tokens (name, prefix, scope, expiry, created, last used), a form to make one
     (shown once, in the answer to the POST that made it) and revoke buttons."""
     new_token = None
     if request.method == "POST":
-        # Rendered into this answer only: the token is kept nowhere in plain text (not in the session).
-        _row, new_token = tokens.create_token(request.user, request.POST.get("name", ""))
+        scope = request.POST.get("scope") or "write"
+        try:
+            expires_in = request.POST.get("expires_in") or ""
+            expires = timezone.now() + tokens.parse_duration(expires_in) if expires_in else None
+            if scope not in tokens.SCOPES:
+                raise ValueError(f"scope {scope[:20]!r}: read or write")
+        except ValueError as exc:
+            messages.error(request, f"No token made: {exc}")
+        else:
+            # Rendered into this answer only: the token is kept nowhere in plain text (not in the session).
+            _row, new_token = tokens.create_token(request.user, request.POST.get("name", ""), scope, expires)
     context = {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token}
     response = render(request, "rollouts/review/account.html", context)
     response["Cache-Control"] = "no-store"

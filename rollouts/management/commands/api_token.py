@@ -1,7 +1,9 @@
 """``manage.py api_token create|list|revoke --user NAME``: API tokens without the web page.
 
-- ``create --user NAME [--name LABEL]`` prints the new token (shown once; only its SHA-256 is kept);
-- ``list --user NAME`` shows the user's tokens: id, prefix, name, created, last used;
+- ``create --user NAME [--name LABEL] [--scope read|write] [--expires-in 30d]`` prints the new
+  token (shown once; only its SHA-256 is kept); ``read`` tokens may only GET; ``--expires-in``
+  takes minutes, hours, days or weeks (``90m``, ``12h``, ``30d``, ``2w``);
+- ``list --user NAME`` shows the user's tokens: id, prefix, name, scope, expiry, created, last used;
 - ``revoke --user NAME (--id ID | --prefix gw_… | --all)`` deletes tokens, which refuses them at once.
 
 The tokens are the account page's (``rollouts.tokens``).
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from rollouts.models import ApiToken
-from rollouts.tokens import create_token
+from rollouts.tokens import create_token, parse_duration
 
 
 class Command(BaseCommand):
@@ -24,6 +27,10 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="make a token and print it (shown once)")
         create.add_argument("--user", required=True, help="the username the token acts as")
         create.add_argument("--name", default="", help="what the token is for (shown on the account page)")
+        create.add_argument(
+            "--scope", choices=["read", "write"], default="write", help="read: GET routes only (default: write)"
+        )
+        create.add_argument("--expires-in", default="", help="e.g. 30d, 12h, 90m, 2w (default: never expires)")
         listing = sub.add_parser("list", help="the user's tokens (never the token text)")
         listing.add_argument("--user", required=True)
         revoke = sub.add_parser("revoke", help="delete tokens: they are refused at once")
@@ -45,7 +52,13 @@ class Command(BaseCommand):
         if action == "create":
             if not user.is_active:
                 raise CommandError(f"user {options['user']!r} is inactive: its tokens would be refused")
-            row, token = create_token(user, options["name"])
+            expires = None
+            if options["expires_in"]:
+                try:
+                    expires = timezone.now() + parse_duration(options["expires_in"])
+                except ValueError as exc:
+                    raise CommandError(f"--expires-in {exc}") from None
+            row, token = create_token(user, options["name"], scope=options["scope"], expires=expires)
             self.stderr.write(f"token {row.pk} ({row.name}) for {options['user']}; it is shown once, keep it now:")
             self.stdout.write(token)
         elif action == "list":
@@ -54,8 +67,10 @@ class Command(BaseCommand):
                 self.stdout.write(f"{options['user']} has no API tokens")
             for row in rows:
                 used = row.last_used.isoformat(timespec="seconds") if row.last_used else "never"
+                expires = row.expires.isoformat(timespec="seconds") if row.expires else "never"
                 self.stdout.write(
-                    f"{row.pk}\t{row.prefix}…\t{row.name}\tcreated {row.created.isoformat(timespec='seconds')}\tlast used {used}"
+                    f"{row.pk}\t{row.prefix}…\t{row.name}\t{row.scope}\texpires {expires}"
+                    f"\tcreated {row.created.isoformat(timespec='seconds')}\tlast used {used}"
                 )
         else:
             qs = ApiToken.objects.filter(user=user)
