@@ -13,14 +13,14 @@ from django.db import transaction
 from rollouts.models import DEFAULT_TEAM, Dataset, Run, Team, default_team_pk
 
 
-def team_ids(user) -> list[int] | None:
-    """The ids of the teams whose runs ``user`` may see, or None for every team (a superuser).
-    An anonymous or inactive user: none."""
+def team_ids(user):
+    """The ids of the teams whose runs ``user`` may see, as a subquery (no query of its own), or
+    None for every team (a superuser). An anonymous or inactive user: none."""
     if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
-        return []
+        return Team.objects.none().values("pk")
     if user.is_superuser:
         return None
-    return list(Team.objects.filter(members=user).order_by("id").values_list("pk", flat=True))
+    return Team.objects.filter(members=user).values("pk")
 
 
 def visible_runs(user):
@@ -47,7 +47,7 @@ def choosable_teams(user):
 def may_see(user, team_id: int) -> bool:
     """Whether ``user`` may see (and act on) a row of the team ``team_id``."""
     ids = team_ids(user)
-    return ids is None or team_id in ids
+    return ids is None or ids.filter(pk=team_id).exists()
 
 
 def teams_of(user) -> list[Team]:

@@ -4,14 +4,12 @@ a run's rollouts under the run table's filter."""
 
 from __future__ import annotations
 
-from django.http import Http404
 from django.shortcuts import get_object_or_404
 from ninja import Query
 
 from rollouts.api.errors import form_error
 from rollouts.models import Dataset, Rollout, Run
 from rollouts.review.query import filtered_rollouts
-from rollouts.teams import may_see
 from rollouts.web import access
 
 MAX_PAGE = 1000
@@ -21,10 +19,9 @@ OFFSET = Query(0, ge=0, le=MAX_OFFSET, description="rows to skip (0 to 10^12)")
 
 def rollout_for(request, rollout_id: int) -> Rollout:
     """The rollout, if the token's user may see its run (the pages' rule); 404 otherwise."""
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id)
-    if not may_see(request.user, rollout.run.team_id):
-        raise Http404("No Rollout matches the given query.")
-    return rollout
+    return get_object_or_404(
+        Rollout.objects.select_related("run", "task").filter(run__in=access.runs_for(request.user)), pk=rollout_id
+    )
 
 
 def dataset_for(request, dataset_id: int) -> Dataset:

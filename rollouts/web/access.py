@@ -10,7 +10,6 @@ lists). One place for that rule. ``launch_from_form``: the new-run form's (and
 from __future__ import annotations
 
 from django.db import transaction
-from django.http import Http404
 from django.shortcuts import get_object_or_404
 
 from rollouts import teams
@@ -41,10 +40,11 @@ def run_for(request, run_id: int) -> Run:
 def rollout_for(request, run_id: int, rollout_id: int) -> Rollout:
     """The rollout of that run, if ``request.user`` may see the run (``run_for``'s rule); 404
     otherwise. Its run and task come with it."""
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
-    if not teams.may_see(request.user, rollout.run.team_id):
-        raise Http404("No Rollout matches the given query.")
-    return rollout
+    return get_object_or_404(
+        Rollout.objects.select_related("run", "task").filter(run__in=runs_for(request.user)),
+        pk=rollout_id,
+        run_id=run_id,
+    )
 
 
 def dataset_for(request, dataset_id: int) -> Dataset:
