@@ -25,7 +25,7 @@ from rollouts.models import ApiToken
 PREFIX = "gw_"
 LAST_USED_GRANULARITY = timedelta(minutes=1)  # don't write a row on every request
 WINDOW_S = 60  # the rate limit's window for wrong tokens
-SCOPES = (ApiToken.Scope.READ, ApiToken.Scope.WRITE)
+SCOPES = ("read", "write")  # ApiToken.Scope's values
 
 
 def digest(token: str) -> str:
@@ -42,9 +42,7 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(**{unit: int(m.group(1))})
 
 
-def create_token(
-    user, name: str, scope: str = ApiToken.Scope.WRITE, expires: datetime | None = None
-) -> tuple[ApiToken, str]:
+def create_token(user, name: str, scope: str = "write", expires: datetime | None = None) -> tuple[ApiToken, str]:
     """A new token for ``user``: ``(row, token)``; the token text exists only in this return value.
     ``scope``: ``read`` or ``write`` (ValueError otherwise); ``expires``: when it stops working
     (None: never)."""

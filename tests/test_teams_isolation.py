@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from rollouts.models import Dataset, Run, Team
-from rollouts.tokens import create_token
-
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
+from rollouts.models import Dataset, Run, Team
+from rollouts.tokens import create_token
 
 from .run_factories import dataset_lines, finish, key, make_run
 
