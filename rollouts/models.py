@@ -613,6 +613,8 @@ class ApiToken(models.Model):
     # read: the API's GET routes only (403 on every POST, PATCH, PUT and DELETE); write: all of them.
     scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.WRITE)
     expires = models.DateTimeField(null=True, blank=True, help_text="refused (401) from then on; empty: never")
+    # A token of one team sees that team's runs only (while its user is in it); empty: all theirs.
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens")
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -12,12 +12,17 @@ from django.db import transaction
 
 from rollouts.models import DEFAULT_TEAM, Dataset, Run, Team, default_team_pk
 
+TOKEN_TEAM_ATTR = "gymweb_token_team_id"  # set on the user by the API's auth for a token of one team
+
 
 def team_ids(user):
     """The ids of the teams whose runs ``user`` may see, as a subquery (no query of its own), or
     None for every team (a superuser). An anonymous or inactive user: none."""
     if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
         return Team.objects.none().values("pk")
+    token_team = getattr(user, TOKEN_TEAM_ATTR, None)
+    if token_team is not None:  # an API token of one team: that team only, while the user is in it
+        return Team.objects.filter(members=user, pk=token_team).values("pk")
     if user.is_superuser:
         return None
     return Team.objects.filter(members=user).values("pk")
@@ -51,10 +56,14 @@ def may_see(user, team_id: int) -> bool:
 
 
 def teams_of(user) -> list[Team]:
-    """The teams ``user`` is a member of, oldest first (the first is their default team)."""
+    """The teams ``user`` is a member of, oldest first (the first is their default team); for an
+    API token of one team, that team."""
     if user is None or not getattr(user, "is_authenticated", False):
         return []
-    return list(Team.objects.filter(members=user).order_by("id"))
+    mine = Team.objects.filter(members=user)
+    if getattr(user, TOKEN_TEAM_ATTR, None) is not None:
+        mine = mine.filter(pk=getattr(user, TOKEN_TEAM_ATTR))
+    return list(mine.order_by("id"))
 
 
 def team_for_new(user, team: Team | None = None) -> int:
@@ -63,7 +72,10 @@ def team_for_new(user, team: Team | None = None) -> int:
     if team is not None:
         return team.pk
     if user is not None and getattr(user, "is_authenticated", False):
-        first = Team.objects.filter(members=user).order_by("id").values_list("pk", flat=True).first()
+        mine = Team.objects.filter(members=user)
+        if getattr(user, TOKEN_TEAM_ATTR, None) is not None:
+            mine = mine.filter(pk=getattr(user, TOKEN_TEAM_ATTR))
+        first = mine.order_by("id").values_list("pk", flat=True).first()
         if first is not None:
             return first
     return default_team_pk()

@@ -42,10 +42,12 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(**{unit: int(m.group(1))})
 
 
-def create_token(user, name: str, scope: str = "write", expires: datetime | None = None) -> tuple[ApiToken, str]:
+def create_token(
+    user, name: str, scope: str = "write", expires: datetime | None = None, team=None
+) -> tuple[ApiToken, str]:
     """A new token for ``user``: ``(row, token)``; the token text exists only in this return value.
     ``scope``: ``read`` or ``write`` (ValueError otherwise); ``expires``: when it stops working
-    (None: never)."""
+    (None: never); ``team``: the one team it sees (None: all the user's)."""
     if scope not in SCOPES:
         raise ValueError(f"scope {scope!r}: read or write")
     token = PREFIX + secrets.token_urlsafe(32)
@@ -56,6 +58,7 @@ def create_token(user, name: str, scope: str = "write", expires: datetime | None
         digest=digest(token),
         scope=scope,
         expires=expires,
+        team=team,
     )
     return row, token
 

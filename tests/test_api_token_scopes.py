@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from rollouts.models import ApiToken
+from rollouts.models import ApiToken, Team
 from rollouts.tokens import create_token, parse_duration
 
 from .run_factories import finish, key, make_run
@@ -114,3 +114,24 @@ def test_the_account_page_makes_a_read_only_token_that_expires(signed_in, user):
     assert "read-only" in text
     refused = signed_in.post(reverse("account"), {"name": "x", "scope": "admin"})
     assert refused.status_code == 200 and ApiToken.objects.filter(user=user).count() == 1
+
+
+def test_a_token_of_one_team_sees_that_teams_runs_only(client, db, django_user_model):
+    red, blue = Team.objects.create(name="red"), Team.objects.create(name="blue")
+    alice = django_user_model.objects.create_user(username="alice", password="x")
+    red.members.add(alice)
+    blue.members.add(alice)
+    red_run, blue_run = make_run(1, name="r", team=red), make_run(1, name="b", team=blue)
+    call_command(
+        "api_token", "create", "--user", "alice", "--team", "red", stdout=(out := io.StringIO()), stderr=io.StringIO()
+    )
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {out.getvalue().strip()}"}
+    assert [r["id"] for r in client.get(f"{API}/runs", **auth).json()] == [red_run.pk]
+    assert client.get(f"{API}/runs/{blue_run.pk}", **auth).status_code == 404
+    assert client.get(f"{API}/runs/{red_run.pk}", **auth).status_code == 200
+    # a token of all her teams sees both
+    _row, everything = create_token(alice, "all")
+    ids = {r["id"] for r in client.get(f"{API}/runs", HTTP_AUTHORIZATION=f"Bearer {everything}").json()}
+    assert ids == {red_run.pk, blue_run.pk}
+    with pytest.raises(CommandError, match="not a team"):
+        call_command("api_token", "create", "--user", "alice", "--team", "nope")

@@ -31,6 +31,7 @@ from rollouts.api.errors import FieldsError
 from rollouts.api.openapi import complete
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.models import ApiToken
+from rollouts.teams import TOKEN_TEAM_ATTR
 from rollouts.tokens import bad_token_wait, check_token, count_bad_token
 from rollouts.web.sessions import client_address
 
@@ -64,8 +65,11 @@ class TokenAuth(HttpBearer):
             return None
         if checked.row.scope != ApiToken.Scope.WRITE and request.method not in SAFE_METHODS:
             raise HttpError(403, "this API token is read-only: use a read-write token to change anything")
-        request.user = checked.user
-        return checked.user
+        user = checked.user
+        if checked.row.team_id is not None:
+            setattr(user, TOKEN_TEAM_ATTR, checked.row.team_id)  # rollouts.teams: that team only
+        request.user = user
+        return user
 
 
 class StrictJSONParser(Parser):

@@ -56,6 +56,11 @@ class Migration(migrations.Migration):
             name='team',
             field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='rollouts.team'),
         ),
+        migrations.AddField(
+            model_name='apitoken',
+            name='team',
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to='rollouts.team'),
+        ),
         migrations.RunPython(into_default_team, migrations.RunPython.noop),
         migrations.AlterField(
             model_name='dataset',

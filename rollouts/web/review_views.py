@@ -419,12 +419,20 @@ def account(request):
             expires = timezone.now() + tokens.parse_duration(expires_in) if expires_in else None
             if scope not in tokens.SCOPES:
                 raise ValueError(f"scope {scope[:20]!r}: read or write")
+            team_id = request.POST.get("team") or ""
+            team = request.user.teams.filter(pk=int(team_id)).first() if team_id.isdigit() else None
+            if team_id and team is None:
+                raise ValueError("that team is not one of yours")
         except ValueError as exc:
             messages.error(request, f"No token made: {exc}")
         else:
             # Rendered into this answer only: the token is kept nowhere in plain text (not in the session).
-            _row, new_token = tokens.create_token(request.user, request.POST.get("name", ""), scope, expires)
-    context = {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token}
+            _row, new_token = tokens.create_token(request.user, request.POST.get("name", ""), scope, expires, team)
+    context = {
+        "tokens": ApiToken.objects.filter(user=request.user).select_related("team"),
+        "new_token": new_token,
+        "teams": list(request.user.teams.order_by("id")),
+    }
     response = render(request, "rollouts/review/account.html", context)
     response["Cache-Control"] = "no-store"
     return response
