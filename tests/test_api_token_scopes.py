@@ -135,3 +135,14 @@ def test_a_token_of_one_team_sees_that_teams_runs_only(client, db, django_user_m
     assert ids == {red_run.pk, blue_run.pk}
     with pytest.raises(CommandError, match="not a team"):
         call_command("api_token", "create", "--user", "alice", "--team", "nope")
+
+
+def test_the_account_page_offers_a_team_to_a_member_of_two_and_refuses_another(signed_in, user):
+    red, blue, green = (Team.objects.create(name=n) for n in ("red", "blue", "green"))
+    red.members.add(user)
+    blue.members.add(user)
+    assert 'name="team"' in signed_in.get(reverse("account")).content.decode()
+    signed_in.post(reverse("account"), {"name": "ci", "team": blue.pk})
+    assert ApiToken.objects.get(user=user).team == blue
+    signed_in.post(reverse("account"), {"name": "no", "team": green.pk})
+    assert ApiToken.objects.filter(user=user).count() == 1
