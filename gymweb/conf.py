@@ -99,6 +99,9 @@ class GymwebSettings(BaseSettings):
         0,
         "how many proxies (nginx, a load balancer) stand in front of gymweb and append to X-Forwarded-For: the sign-in lockout then keys on the client's address they report (0: the connection's own address; never more than there are, or clients can pick their address)",
     )
+    api_bad_tokens_per_minute: int = S(
+        30, "wrong API tokens one client address may send in a minute; past it the API answers 429 with Retry-After"
+    )
     signin_lockout_minutes: float = S(15, "how long a locked sign-in stays locked; `gymweb axes_reset` unlocks at once")
     max_upload_bytes: int = S(200 * MIB, "one uploaded file (new-run dataset, import)")
     max_request_bytes: int | None = S(

@@ -57,13 +57,17 @@ class RolloutsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.conf import settings
+        from django.db.models.signals import post_save
         from django_q.signals import post_spawn
 
         import gymweb.checks  # noqa: F401  (registers the deploy checks)
         import rollouts.targets  # noqa: F401  (registers the target-policy check)
         from rollouts.review.actions import ensure_default_labels
+        from rollouts.teams import on_user_saved
 
         post_migrate.connect(_ensure_supervisor, sender=self)
         post_migrate.connect(ensure_default_labels, sender=self, dispatch_uid="gymweb-default-labels")
         post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="gymweb-search-index")
         post_spawn.connect(_on_worker_spawn, dispatch_uid="gymweb-worker-spawn")
+        post_save.connect(on_user_saved, sender=settings.AUTH_USER_MODEL, dispatch_uid="gymweb-user-team")

@@ -21,14 +21,51 @@ from django.urls import reverse
 from rollouts.lossless import JSONTextField, LosslessCharField, LosslessTextField
 from rollouts.search.text import fill_missing, item_search_text
 
+DEFAULT_TEAM = "default"
 
-class Dataset(models.Model):
+
+class Team(models.Model):
+    """A group of users that owns runs, datasets and API tokens (``rollouts.web.access``: a user
+    sees their teams' runs only; a superuser sees all). An instance starts with one team,
+    ``default``, that every user and row is in (migration 0022), so one team behaves as no teams."""
+
+    name = models.CharField(max_length=100, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="teams")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def default_team_pk() -> int:
+    """The primary key of the ``default`` team (made if missing): the team of a run or dataset
+    saved without one (``collect``, ``demo``, rows made directly)."""
+    return Team.objects.get_or_create(name=DEFAULT_TEAM)[0].pk
+
+
+class TeamOwned(models.Model):
+    """A row that belongs to a team: saved without one, it goes to the ``default`` team."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        if getattr(self, "team_id", None) is None:
+            self.team_id = default_team_pk()
+        super().save(*args, **kwargs)
+
+
+class Dataset(TeamOwned):
     """An uploaded JSONL dataset, kept so later runs can reuse it. ``rows`` are the validated rows
     (stale result fields already stripped), in file order."""
 
     name = LosslessCharField(max_length=200)
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="datasets")
     num_rows = models.PositiveIntegerField(default=0)
     sha256 = models.CharField(max_length=64, blank=True)
     # A dataset made from a selection of a run's rollouts (rollouts.review.selection): the run and
@@ -58,7 +95,7 @@ class DatasetRow(models.Model):
         constraints = [models.UniqueConstraint(fields=["dataset", "line"], name="dataset_row_line_unique")]
 
 
-class Run(models.Model):
+class Run(TeamOwned):
     """One collection run: a dataset materialised into rollouts, driven against one agent and env."""
 
     class Status(models.TextChoices):
@@ -77,6 +114,7 @@ class Run(models.Model):
     finished = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="runs")
 
     agent_url = models.CharField(max_length=2000, blank=True)
     env_url = models.CharField(max_length=2000, blank=True)
@@ -562,12 +600,21 @@ class ApiToken(models.Model):
     """A user's token for the HTTP API. Only its SHA-256 ``digest`` is stored; the token itself is
     shown once, when it is created. ``prefix`` (its first characters) tells tokens apart."""
 
+    class Scope(models.TextChoices):
+        READ = "read", "read-only"
+        WRITE = "write", "read-write"
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = LosslessCharField(max_length=100)
     prefix = models.CharField(max_length=16)
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)
     last_used = models.DateTimeField(null=True, blank=True)
+    # read: the API's GET routes only (403 on every POST, PATCH, PUT and DELETE); write: all of them.
+    scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.WRITE)
+    expires = models.DateTimeField(null=True, blank=True, help_text="refused (401) from then on; empty: never")
+    # A token of one team sees that team's runs only (while its user is in it); empty: all theirs.
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens")
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -185,6 +185,15 @@ def _inline_tasks(settings):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with an empty cache: counters kept there (wrong API tokens per address)
+    do not carry from one test to the next."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
 def _local_targets(settings):
     """The tests' services run on 127.0.0.1: local targets are allowed, as in a local single-user
     set-up (docs/production.md, "Which hosts a run may reach"). Tests of the target policy turn it off."""

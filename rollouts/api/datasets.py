@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.shortcuts import get_object_or_404
 from ninja import File, Form
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 from ninja.responses import Status
 
 from rollouts.api.errors import FieldsError
-from rollouts.api.lookups import MAX_PAGE, OFFSET
+from rollouts.api.lookups import MAX_PAGE, OFFSET, dataset_for, datasets_for
 from rollouts.api.payloads import dataset_out
 from rollouts.api.router import api
 from rollouts.api.schemas import DatasetOut, Error
 from rollouts.collection import runs
 from rollouts.collection.datasets import DatasetError, read_jsonl
-from rollouts.models import Dataset
+from rollouts.teams import choosable_teams
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 
@@ -24,7 +23,8 @@ from rollouts.web.uploads import too_large_uploads, upload_limit_message
 def list_datasets(request, limit: int = 100, offset: int = OFFSET):
     limit = max(1, min(limit, MAX_PAGE))
     return [
-        dataset_out(d) for d in Dataset.objects.order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
+        dataset_out(d)
+        for d in datasets_for(request).order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
     ]
 
 
@@ -33,6 +33,7 @@ def create_dataset(
     request,
     file: UploadedFile | None = File(None, description="NeMo Gym JSONL: one task per line"),
     name: str = Form("", description="defaults to the file name"),
+    team: int | None = Form(None, description="the team the dataset goes to, one of yours; default: your first"),
 ):
     """Validated like the new-run form's upload: a bad line is reported with its line number and
     nothing is stored. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` (the upload handler stops a larger file
@@ -52,10 +53,16 @@ def create_dataset(
     if len(name) > 200:  # the column's size: a cut name would be stored otherwise than sent
         message = f"the name has {len(name):,} characters; at most 200"
         raise FieldsError(message, {"name": [message]})
-    dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user)
+    chosen = None
+    if team is not None:
+        chosen = choosable_teams(request.user).filter(pk=team).first()
+        if chosen is None:
+            message = f"team {team}: not one of your teams"
+            raise FieldsError(message, {"team": [message]})
+    dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user, team=chosen)
     return Status(201, dataset_out(dataset))
 
 
 @api.get("/datasets/{dataset_id}", response=DatasetOut, summary="One dataset")
 def get_dataset(request, dataset_id: int):
-    return dataset_out(get_object_or_404(Dataset, pk=dataset_id))
+    return dataset_out(dataset_for(request, dataset_id))

@@ -1,5 +1,6 @@
-"""What the API's routes look up: page bounds, a rollout the token's user may see (the pages'
-access rule), a run's rollouts under the run table's filter."""
+"""What the API's routes look up: page bounds, the runs, datasets and rollouts the token's user may
+see (the pages' access rule, ``rollouts.web.access``: their teams' rows, 404 for another team's),
+a run's rollouts under the run table's filter."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from django.shortcuts import get_object_or_404
 from ninja import Query
 
 from rollouts.api.errors import form_error
-from rollouts.models import Rollout, Run
+from rollouts.models import Dataset, Rollout, Run
 from rollouts.review.query import filtered_rollouts
-from rollouts.web.access import run_for
+from rollouts.web import access
 
 MAX_PAGE = 1000
 MAX_OFFSET = 10**12  # past any table; larger ones would overflow the database's bigint (a 500)
@@ -17,9 +18,25 @@ OFFSET = Query(0, ge=0, le=MAX_OFFSET, description="rows to skip (0 to 10^12)")
 
 
 def rollout_for(request, rollout_id: int) -> Rollout:
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id)
-    run_for(request, rollout.run_id)  # the same access rule as the pages
-    return rollout
+    """The rollout, if the token's user may see its run (the pages' rule); 404 otherwise."""
+    return get_object_or_404(
+        Rollout.objects.select_related("run", "task").filter(run__in=access.runs_for(request.user)), pk=rollout_id
+    )
+
+
+def dataset_for(request, dataset_id: int) -> Dataset:
+    """The dataset, if the token's user may see it (a dataset of their teams); 404 otherwise."""
+    return access.dataset_for(request, dataset_id)
+
+
+def runs_for(request):
+    """The runs the token's user sees (the runs list's rule), a queryset."""
+    return access.runs_for(request.user)
+
+
+def datasets_for(request):
+    """The datasets the token's user sees, a queryset."""
+    return access.datasets_for(request.user)
 
 
 def filtered(request, run: Run):

@@ -30,16 +30,45 @@ from ninja.security import HttpBearer
 from rollouts.api.errors import FieldsError
 from rollouts.api.openapi import complete
 from rollouts.engine.contract import NotJSON, strict_loads
-from rollouts.tokens import user_for_token
+from rollouts.models import ApiToken
+from rollouts.teams import TOKEN_TEAM_ATTR
+from rollouts.tokens import bad_token_wait, check_token, count_bad_token
+from rollouts.web.sessions import client_address
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+class TooManyBadTokens(HttpError):
+    """429: this client address sent too many wrong tokens this minute; ``wait``: seconds."""
+
+    def __init__(self, wait: int):
+        self.wait = wait
+        super().__init__(429, f"too many wrong API tokens from this address: try again in {wait} s")
 
 
 class TokenAuth(HttpBearer):
-    """``Authorization: Bearer gw_…`` → the token's active user (also set as ``request.user``)."""
+    """``Authorization: Bearer gw_…`` → the token's active user (also set as ``request.user``).
+    A wrong token: 401 and counted against the client address (``rollouts.tokens``; past the
+    limit, 429 with ``Retry-After``); an expired one: 401 saying so; a read-only token on a
+    POST, PATCH, PUT or DELETE: 403."""
 
     def authenticate(self, request: HttpRequest, token: str):
-        user = user_for_token(token)
-        if user is not None:
-            request.user = user
+        address = client_address(request)
+        wait = bad_token_wait(address)
+        if wait:
+            raise TooManyBadTokens(wait)
+        checked = check_token(token)
+        if checked.row is None:
+            count_bad_token(address)
+            if checked.refused == "expired":
+                raise HttpError(401, "this API token has expired: make a new one on your account page")
+            return None
+        if checked.row.scope != ApiToken.Scope.WRITE and request.method not in SAFE_METHODS:
+            raise HttpError(403, "this API token is read-only: use a read-write token to change anything")
+        user = checked.user
+        if checked.row.team_id is not None:
+            setattr(user, TOKEN_TEAM_ATTR, checked.row.team_id)  # rollouts.teams: that team only
+        request.user = user
         return user
 
 
@@ -102,7 +131,10 @@ def _http_error(request, exc: HttpError):
     body = {"detail": getattr(request, "_gymweb_body_error", None) or exc.message}
     if isinstance(exc, FieldsError) and exc.errors:
         body["errors"] = exc.errors
-    return api.create_response(request, body, status=exc.status_code)
+    response = api.create_response(request, body, status=exc.status_code)
+    if isinstance(exc, TooManyBadTokens):
+        response["Retry-After"] = str(exc.wait)
+    return response
 
 
 # The routes register on `api` as their modules load, in this order (the OpenAPI document lists

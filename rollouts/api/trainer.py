@@ -76,6 +76,9 @@ class RunSettings(Schema):
 
 
 class RunIn(RunSettings):
+    team: int | None = Field(
+        None, description="the team the run (and inline rows) go to, one of yours; default: your first team"
+    )
     dataset: int | None = Field(None, description="a stored dataset's id (POST /datasets); or send `rows`")
     rows: list[Any] | None = Field(
         None, description="the task rows inline (NeMo Gym dataset rows), instead of `dataset`"
@@ -209,7 +212,7 @@ def _create_run(request, ctype: str, spool) -> Status:
         data["run_timeout_s"] = run_settings.default("run_timeout_s")
     data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
     data = {k: ("" if v is None else v) for k, v in data.items()}
-    form = RunForm(data=data, files=files)
+    form = RunForm(data=data, files=files, user=request.user)
     if not form.is_valid():
         err = form_error(form)
         if "dataset_file" in err.errors:  # the rows: say so under the name they were sent as

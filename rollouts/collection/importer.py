@@ -74,6 +74,7 @@ from rollouts.engine.contract import Usage
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+from rollouts.teams import team_for_new
 
 __all__ = [
     "ImportSummary",
@@ -614,6 +615,7 @@ def import_rollouts(
     materialized: Lines | None = None,
     materialized_source: str = "rollouts_materialized_inputs.jsonl",
     user=None,
+    team=None,
 ) -> ImportSummary:
     """Import a ``rollouts.jsonl`` (``stream``: lines, bytes or text; None for none) and optionally
     its failures sidecar (``failures``) and materialised inputs (``materialized``) into a new run
@@ -628,7 +630,7 @@ def import_rollouts(
     shards = [(stream, source)] if stream is not None else []
     sidecars = [(failures, failures_source)] if failures is not None else []
     inputs = [(materialized, materialized_source)] if materialized is not None else []
-    return import_shards(shards, sidecars, inputs, name=name, user=user)
+    return import_shards(shards, sidecars, inputs, name=name, user=user, team=team)
 
 
 def import_shards(
@@ -640,6 +642,7 @@ def import_shards(
     user=None,
     batched: bool = False,
     on_batch: Callable[[], None] | None = None,
+    team=None,
 ) -> ImportSummary:
     """Import ``rollouts.jsonl`` shards (``(lines, file name)`` each) and their failures sidecars
     into ONE new run with status ``imported``, as NeMo Gym's ``gym eval aggregate`` treats shards as
@@ -694,6 +697,7 @@ def _import_shards(
         )[:200],
         status=Run.Status.IMPORTED,
         created_by=user,
+        team_id=team_for_new(user, team),  # ``team``, else the user's first team
         source_file=" + ".join(names)[:500],
     )
     with nullcontext() if batched else transaction.atomic():

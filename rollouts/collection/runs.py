@@ -19,6 +19,7 @@ from rollouts.collection.datasets import ParsedDataset, materialize
 from rollouts.collection.notify import notify_launch
 from rollouts.lossless import dumps
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
+from rollouts.teams import team_for_new
 
 log = logging.getLogger("gymweb.runs")
 
@@ -29,11 +30,16 @@ def _dumps(obj: Any) -> str:
     return dumps(obj)  # rollouts.lossless: the one JSON text writer for storage and files
 
 
-def store_dataset(parsed: ParsedDataset, name: str, user=None) -> Dataset:
-    """Keep a validated dataset for reuse by later runs. Returns the new ``Dataset``."""
+def store_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> Dataset:
+    """Keep a validated dataset for reuse by later runs, in ``team`` (default: the user's first
+    team, ``rollouts.teams.team_for_new``). Returns the new ``Dataset``."""
     with transaction.atomic():
         dataset = Dataset.objects.create(
-            name=name[:200], created_by=user, num_rows=len(parsed.rows), sha256=parsed.sha256
+            name=name[:200],
+            created_by=user,
+            num_rows=len(parsed.rows),
+            sha256=parsed.sha256,
+            team_id=team_for_new(user, team),
         )
         DatasetRow.objects.bulk_create(
             (
@@ -45,18 +51,24 @@ def store_dataset(parsed: ParsedDataset, name: str, user=None) -> Dataset:
     return dataset
 
 
-def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None) -> tuple[Dataset, bool]:
-    """An earlier upload of the same file (same bytes, name and user) if there is one, else a new
-    stored dataset. Returns ``(dataset, reused)``."""
+def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> tuple[Dataset, bool]:
+    """An earlier upload of the same file (same bytes, name, user and team) if there is one, else a
+    new stored dataset. Returns ``(dataset, reused)``."""
     if parsed.sha256 and user is not None and getattr(user, "pk", None):
         same = (
-            Dataset.objects.filter(created_by=user, sha256=parsed.sha256, name=name[:200], num_rows=len(parsed.rows))
+            Dataset.objects.filter(
+                created_by=user,
+                sha256=parsed.sha256,
+                name=name[:200],
+                num_rows=len(parsed.rows),
+                team_id=team_for_new(user, team),
+            )
             .order_by("-id")
             .first()
         )
         if same is not None:
             return same, True
-    return store_dataset(parsed, name, user=user), False
+    return store_dataset(parsed, name, user=user, team=team), False
 
 
 def load_dataset(dataset: Dataset) -> ParsedDataset:
@@ -86,15 +98,19 @@ def check_size(num_rows: int, num_repeats: int, limit: int | None) -> int:
     return keys
 
 
-def create_run(parsed: ParsedDataset, *, name: str, user=None, dataset: Dataset | None = None, **options: Any) -> Run:
+def create_run(
+    parsed: ParsedDataset, *, name: str, user=None, dataset: Dataset | None = None, team=None, **options: Any
+) -> Run:
     """Materialise ``parsed`` into a new run with one pending rollout per (task, rollout) key.
 
     ``options`` are ``Run`` fields: agent_url, env_url, agent_name, concurrency, max_steps,
     num_repeats, limit, max_attempts, remote_responses_timeout_s, run_timeout_s, overrides,
     source_file. The run is stored whole or not at all. It is not started: call ``launch``.
-    Raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN`` keys.
+    Raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN`` keys. The run's team: ``team``, else
+    the dataset's, else the user's first (``rollouts.teams.team_for_new``).
     """
-    run = Run(name=name[:200], created_by=user, dataset=dataset, **options)
+    team_id = team.pk if team is not None else dataset.team_id if dataset is not None else team_for_new(user)
+    run = Run(name=name[:200], created_by=user, dataset=dataset, team_id=team_id, **options)
     check_size(len(parsed.rows), run.num_repeats, run.limit)
     tasks = materialize(
         parsed,

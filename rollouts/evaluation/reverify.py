@@ -195,6 +195,7 @@ def reverify_run(
             finished=now,
             created_by=user,
             dataset=source.dataset,
+            team_id=source.team_id,  # the run it re-scores: the same team sees both
             agent_url="",
             env_url=env_url,
             agent_name=source.agent_name,

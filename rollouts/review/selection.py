@@ -59,7 +59,7 @@ def dataset_from_selection(
         f" · {filters}" if filters else ""
     )
     with transaction.atomic():
-        dataset = runs.store_dataset(parsed, label[:200], user=user)
+        dataset = runs.store_dataset(parsed, label[:200], user=user, team=run.team)  # the run's team
         dataset.source_run = run
         dataset.source_filters = filters[:2000]
         dataset.save(update_fields=["source_run", "source_filters"])

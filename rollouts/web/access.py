@@ -1,8 +1,10 @@
 """Who may see what, and the one way a run is launched from the new-run form.
 
-``run_for``: the run of a page or an API route, if the user may see it (every signed-in user sees
-every run: one team per instance); one place to change that rule. ``launch_from_form``: the new-run
-form's (and ``POST /api/v1/runs``'s) dataset and run stored and launched, all or nothing.
+``run_for``: the run of a page or an API route, if the user may see it: a run of one of their teams
+(``rollouts.teams``; a superuser sees every run), else 404, never 403, so a run of another team is
+not revealed. ``runs_for``/``datasets_for``: the lists a user sees (runs list, pickers, the API's
+lists). One place for that rule. ``launch_from_form``: the new-run form's (and
+``POST /api/v1/runs``'s) dataset and run stored and launched, all or nothing.
 """
 
 from __future__ import annotations
@@ -10,15 +12,44 @@ from __future__ import annotations
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 
+from rollouts import teams
 from rollouts.collection import runs
-from rollouts.models import Run
+from rollouts.models import Dataset, Rollout, Run
 from rollouts.web.forms import RunForm
 
 
+def runs_for(user):
+    """The runs ``user`` may see and act on (a queryset; ``rollouts.teams.visible_runs``)."""
+    return teams.visible_runs(user)
+
+
+def datasets_for(user):
+    """The datasets ``user`` may see and reuse (a queryset; ``rollouts.teams.visible_datasets``)."""
+    return teams.visible_datasets(user)
+
+
 def run_for(request, run_id: int) -> Run:
-    """The run, if this user may see it (every signed-in user may; one place to change that); 404
-    otherwise. Its dataset, creator and the run it re-scores come with it (one query)."""
-    return get_object_or_404(Run.objects.select_related("dataset", "created_by", "reverified_from"), pk=run_id)
+    """The run, if ``request.user`` may see it (a run of one of their teams; any run for a
+    superuser); 404 otherwise, as for a run that does not exist. Its dataset, creator and the run
+    it re-scores come with it (one query)."""
+    return get_object_or_404(
+        runs_for(request.user).select_related("dataset", "created_by", "reverified_from"), pk=run_id
+    )
+
+
+def rollout_for(request, run_id: int, rollout_id: int) -> Rollout:
+    """The rollout of that run, if ``request.user`` may see the run (``run_for``'s rule); 404
+    otherwise. Its run and task come with it."""
+    return get_object_or_404(
+        Rollout.objects.select_related("run", "task").filter(run__in=runs_for(request.user)),
+        pk=rollout_id,
+        run_id=run_id,
+    )
+
+
+def dataset_for(request, dataset_id: int) -> Dataset:
+    """The dataset, if ``request.user`` may see it (the runs' rule); 404 otherwise."""
+    return get_object_or_404(datasets_for(request.user), pk=dataset_id)
 
 
 def launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
@@ -26,9 +57,10 @@ def launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
     instead) and the run, and launch it: all or nothing. Returns the run and whether an earlier
     upload was reused."""
     reused = False
+    team = form.cleaned_data.get("team")  # None: the dataset's team, else the user's first
     with transaction.atomic():
         if form.parsed is not None:
-            dataset, reused = runs.store_or_reuse_dataset(form.parsed, form.dataset_name(), user)
+            dataset, reused = runs.store_or_reuse_dataset(form.parsed, form.dataset_name(), user, team=team)
             parsed = form.parsed
         else:
             dataset = form.cleaned_data["dataset"]
@@ -38,6 +70,7 @@ def launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
             name=form.cleaned_data["name"] or form.dataset_name(),
             user=user,
             dataset=dataset,
+            team=team,
             **form.run_options(),
         )
         runs.launch(run)  # marked running: the workers pick it up

@@ -24,6 +24,7 @@ from rollouts.downloads import bytes_download
 from rollouts.evaluation import compare_files, compare_report, compare_sides
 from rollouts.evaluation.compare import compare_runs, pick_pair
 from rollouts.models import Rollout, Run
+from rollouts.web.access import runs_for
 from rollouts.web.analysis import cell_text, run_cached
 from rollouts.web.items import item_url_base, task_input, timeline
 
@@ -56,6 +57,12 @@ class CompareForm(forms.Form):
     e = RunChoiceField(
         queryset=Run.objects.order_by("-created", "-id"), label="Candidate 4", empty_label="(none)", required=False
     )
+
+    def __init__(self, *args, user=None, **kwargs):
+        """``user``: the runs offered (and accepted) are the ones they may see (``runs_for``)."""
+        super().__init__(*args, **kwargs)
+        for field in ("a", *CANDIDATE_FIELDS):
+            self.fields[field].queryset = runs_for(user).order_by("-created", "-id")  # type: ignore[attr-defined]
 
     def candidates(self) -> list[tuple[str, Run]]:
         """``[(field name, run)]`` of the chosen candidates, B first."""
@@ -194,7 +201,7 @@ def compare_report_file(request, fmt):
     ``manage.py compare`` writes."""
     if fmt not in ("md", "json"):
         raise Http404("unknown format")
-    form = CompareForm(request.GET)
+    form = CompareForm(request.GET, user=request.user)
     if not form.is_valid():
         return HttpResponse(
             "choose a baseline (a) and a candidate (b)", status=400, content_type="text/plain; charset=utf-8"
@@ -297,6 +304,7 @@ def compare(request):
     form = CompareForm(
         request.GET if bound else None,
         initial={k: request.GET[k] for k in ("a", *CANDIDATE_FIELDS) if k in request.GET},
+        user=request.user,
     )
     context: dict[str, Any] = {"form": form}
     if bound and form.is_valid():

@@ -11,7 +11,7 @@ from django import forms
 from django.conf import settings
 from django.utils import timezone
 
-from rollouts import targets
+from rollouts import targets, teams
 from rollouts.collection import environments, run_settings
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
 from rollouts.collection.environments import Resolved
@@ -19,7 +19,7 @@ from rollouts.collection.run_settings import LIMITS, SettingError
 from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.display import binary_size
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
-from rollouts.models import Dataset
+from rollouts.models import Dataset, Team
 from rollouts.nemo.config import NemoConfigError, load_texts
 from rollouts.web.uploads import upload_limit_message
 
@@ -230,10 +230,36 @@ class RunForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
     )
 
-    def __init__(self, *args: Any, too_large_uploads: set | None = None, defer_dataset: bool = False, **kwargs: Any):
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.none(),
+        required=False,
+        label="Team",
+        empty_label=None,
+        help_text="Who sees the run (and an uploaded dataset): members of this team.",
+    )
+
+    def __init__(
+        self,
+        *args: Any,
+        too_large_uploads: set | None = None,
+        defer_dataset: bool = False,
+        user=None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.too_large_uploads = too_large_uploads or set()
         self.defer_dataset = defer_dataset  # an upload is read later, by a background task
+        # ``user``: the datasets offered are their teams' (rollouts.teams); the team field is shown
+        # only to a user who may choose among several teams (the default is their first).
+        self.user = user
+        if user is not None:
+            self.fields["dataset"].queryset = teams.visible_datasets(user).order_by("-created", "-id")
+            choosable = teams.choosable_teams(user)
+            self.fields["team"].queryset = choosable
+            first = teams.teams_of(user)
+            self.fields["team"].initial = first[0].pk if first else choosable.values_list("pk", flat=True).first()
+        if user is None or self.fields["team"].queryset.count() < 2:
+            del self.fields["team"]
         # The services an instance offers by default (``make demo`` sets its example env and agent).
         self.fields["agent_url"].initial = settings.GYMWEB_DEFAULT_AGENT_URL or None
         self.fields["env_url"].initial = settings.GYMWEB_DEFAULT_ENV_URL or None
@@ -248,7 +274,7 @@ class RunForm(forms.Form):
             # The dataset uploaded last is the likeliest next run (the demo's, after `make demo`):
             # "Start run" works straight away.
             self.fields["dataset"].initial = (
-                Dataset.objects.order_by("-created", "-id").values_list("pk", flat=True).first()
+                self.fields["dataset"].queryset.values_list("pk", flat=True).first()  # type: ignore[attr-defined]
             )
         self.parsed: ParsedDataset | None = None
         self.nemo: Resolved | None = None  # what a NeMo Gym config / head server gave

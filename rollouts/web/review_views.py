@@ -5,8 +5,8 @@ Plain function views, thin: the rules live in ``rollouts.review`` (``actions``, 
 ``selection``, ``curated``) and ``rollouts.tokens``. Every write is a POST with Django's CSRF
 check. The rollout actions answer an HTMX request with the review panel alone
 (``rollouts/review/panel.html``) and a plain form post with a redirect back to the page it came
-from. Access goes through the run pages' own rule (``rollouts.web.access.run_for``): every
-signed-in user sees every run.
+from. Access goes through the run pages' own rule (``rollouts.web.access.run_for``): a user sees
+their teams' runs only.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from django.db.models import Count
 from django.http import HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
 from rollouts import tokens
-from rollouts.models import ApiToken, Dataset, Label, Note, Rollout, Run
+from rollouts.models import ApiToken, Label, Note, Rollout, Run
 from rollouts.review import actions, curated, progress, selection, sft
 from rollouts.review.actions import ReviewError
 from rollouts.review.corrected_summary import review_counts, reward_aggregates
 from rollouts.review.query import export_filename, filter_problem, filtered_rollouts
-from rollouts.web.access import run_for
+from rollouts.web.access import datasets_for, run_for
 from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.navigation import neighbours
@@ -318,8 +319,8 @@ def selection_dataset(request, run_id):
 def dataset_new_run(request, dataset_id):
     """The new-run form, filled in for a dataset (for one made from a selection: with its source
     run's env and knobs). It posts to the ordinary new-run view, which validates it."""
-    dataset = get_object_or_404(Dataset.objects.select_related("source_run"), pk=dataset_id)
-    form = RunForm(initial=selection.new_run_initial(dataset))
+    dataset = get_object_or_404(datasets_for(request.user).select_related("source_run"), pk=dataset_id)
+    form = RunForm(initial=selection.new_run_initial(dataset), user=request.user)
     return render(request, "rollouts/run_new.html", {"form": form, "file_dropped": False, "from_dataset": dataset})
 
 
@@ -408,13 +409,30 @@ def run_review_context(request, run: Run) -> dict[str, Any]:
 # -- account page: API tokens ----------------------------------------------------------------------
 @login_required
 def account(request):
-    """The user's page: their API tokens (name, prefix, created, last used), a form to make one
+    """The user's page: their API tokens (name, prefix, scope, expiry, created, last used), a form to make one
     (shown once, in the answer to the POST that made it) and revoke buttons."""
     new_token = None
     if request.method == "POST":
-        # Rendered into this answer only: the token is kept nowhere in plain text (not in the session).
-        _row, new_token = tokens.create_token(request.user, request.POST.get("name", ""))
-    context = {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token}
+        scope = request.POST.get("scope") or "write"
+        try:
+            expires_in = request.POST.get("expires_in") or ""
+            expires = timezone.now() + tokens.parse_duration(expires_in) if expires_in else None
+            if scope not in tokens.SCOPES:
+                raise ValueError(f"scope {scope[:20]!r}: read or write")
+            team_id = request.POST.get("team") or ""
+            team = request.user.teams.filter(pk=int(team_id)).first() if team_id.isdigit() else None
+            if team_id and team is None:
+                raise ValueError("that team is not one of yours")
+        except ValueError as exc:
+            messages.error(request, f"No token made: {exc}")
+        else:
+            # Rendered into this answer only: the token is kept nowhere in plain text (not in the session).
+            _row, new_token = tokens.create_token(request.user, request.POST.get("name", ""), scope, expires, team)
+    context = {
+        "tokens": ApiToken.objects.filter(user=request.user).select_related("team"),
+        "new_token": new_token,
+        "teams": list(request.user.teams.order_by("id")),
+    }
     response = render(request, "rollouts/review/account.html", context)
     response["Cache-Control"] = "no-store"
     return response

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -23,6 +23,7 @@ from django.views.decorators.http import require_safe
 from rollouts.collection import export
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
+from rollouts.web.access import rollout_for
 from rollouts.web.archive_views import archived_rollout_response
 from rollouts.web.evaluation_views import rollout_findings
 from rollouts.web.items import display_max_chars, item_url_base, item_view, task_input, timeline, verify_view
@@ -124,7 +125,7 @@ def live_signature(status: str, items: int, calls: int) -> str:
 def rollout_detail(request, run_id, rollout_id):
     """One rollout's trajectory: outline, foldable steps and items, search (``?q=``, client side),
     and while the attempt runs, a tail that polls ``rollout_live`` for new steps."""
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    rollout = rollout_for(request, run_id, rollout_id)
     run = rollout.run
     if run.is_archived:
         return archived_rollout_response(request, rollout)
@@ -175,7 +176,7 @@ def rollout_live(request, run_id, rollout_id):
     have arrived), a new tail element that polls from the newest step, and out-of-band the header
     counts, the outline and, once the attempt is final, its failure and verify panels. The tail of
     a final attempt carries no trigger, so polling stops."""
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    rollout = rollout_for(request, run_id, rollout_id)
     if rollout.run.is_archived:
         return archived_rollout_response(request, rollout, page=False)
     try:
@@ -216,7 +217,7 @@ def rollout_item(request, run_id, rollout_id, key):
     (texts over ``markup.RICH_MAX_CHARS`` as plain text); ``?view=plain``: texts and JSON as
     they came. 404 for a rollout not of this run, an item it does not have, an unknown key, and
     ``verify`` of an attempt that did not succeed."""
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    rollout = rollout_for(request, run_id, rollout_id)
     if rollout.run.is_archived:
         return archived_rollout_response(request, rollout, page=False)
     if not _ITEM_KEY_RE.match(key):
@@ -309,7 +310,7 @@ def rollout_raw(request, run_id, rollout_id):
     whole instead, ``?item=input`` the task's materialised row (what the trajectory page links
     to when it cuts a long text), for attempts of any status, and ``?item=refused`` the agent reply
     gymweb refused (``refused.refused_data``; 404 when there is none)."""
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    rollout = rollout_for(request, run_id, rollout_id)
     if rollout.run.is_archived:
         return archived_rollout_response(request, rollout, page=False)
     which = request.GET.get("item")

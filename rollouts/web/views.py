@@ -38,7 +38,7 @@ from rollouts.models import AgentCall, BackgroundTask, Rollout, Run, Worker
 from rollouts.review import actions as review_actions
 from rollouts.review.curated import ExportOptions
 from rollouts.review.query import RolloutFilterForm, export_filename, filter_problem, filtered_rollouts
-from rollouts.web.access import launch_from_form, run_for
+from rollouts.web.access import launch_from_form, run_for, runs_for
 from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.review_views import curated_export_response, run_review_context, say_plain_export
@@ -78,9 +78,9 @@ class CappedPaginator(Paginator):
 @login_required
 @require_safe
 def runs_list(request):
-    page = Paginator(Run.objects.select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE).get_page(
-        request.GET.get("page")
-    )
+    page = Paginator(
+        runs_for(request.user).select_related("dataset").order_by("-created", "-id"), RUNS_PER_PAGE
+    ).get_page(request.GET.get("page"))
     progress = run_summary.progress_for_runs(page.object_list)
     rows = [(run, progress[run.pk]) for run in page.object_list]
     context = {"page": page, "rows": rows, "any_active": any(not run.is_final for run, _ in rows)}
@@ -99,7 +99,11 @@ def upload_job(task, progress) -> background.Done:
     kept = task.params["files"][0]
     progress(None, f"Reading {kept['name']}…", force=True)
     with open(kept["path"], "rb") as fh:
-        form = RunForm(MultiValueDict(task.params["post"]), MultiValueDict({"dataset_file": [File(fh, kept["name"])]}))
+        form = RunForm(
+            MultiValueDict(task.params["post"]),
+            MultiValueDict({"dataset_file": [File(fh, kept["name"])]}),
+            user=task.user,
+        )
         if not form.is_valid():
             errors = [
                 f"{form.fields[field].label}: {e}" if field in form.fields else e
@@ -123,17 +127,19 @@ def run_new(request):
     head = None
     if request.method == "POST" and "fill" in request.POST:
         # "Fill from NeMo Gym": the fields the config / head server gives, each saying where from
-        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
+        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request), user=request.user)
         filled = form.fill_from_nemo()
         if filled is not None:
             resolved = form.nemo
-            form = RunForm(initial={k: v for k, v in filled.items() if k != "csrfmiddlewaretoken"})
+            form = RunForm(initial={k: v for k, v in filled.items() if k != "csrfmiddlewaretoken"}, user=request.user)
             form.annotate_sources(resolved)
             if resolved.head_url:
                 head = environments.head_listing(resolved.head_url, with_tools=False)
         else:
             error = form.fill_error
-            form = RunForm(initial={k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"})
+            form = RunForm(
+                initial={k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}, user=request.user
+            )
             form.fill_problem = error[1]
         return render(
             request,
@@ -145,7 +151,13 @@ def run_new(request):
         # An upload is read, stored and launched by a background task (``upload_job``), unless
         # tasks run inline: the request then does it all, as the task would.
         defer = bool(request.FILES.get("dataset_file")) and not settings.GYMWEB_TASKS_INLINE
-        form = RunForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request), defer_dataset=defer)
+        form = RunForm(
+            request.POST,
+            request.FILES,
+            too_large_uploads=too_large_uploads(request),
+            defer_dataset=defer,
+            user=request.user,
+        )
         if form.is_valid() and defer:
             params = {"post": {k: v for k, v in request.POST.lists() if k != "csrfmiddlewaretoken"}}
             try:
@@ -171,7 +183,7 @@ def run_new(request):
         for name in ("agent_url", "env_url", "head_url", "env_name", "agent_name"):
             if request.GET.get(name):
                 initial[name] = request.GET[name][:2000]
-        form = RunForm(initial=initial or None)
+        form = RunForm(initial=initial or None, user=request.user)
         # what the head server of the Environments page's link (or GYMWEB_NEMO_GYM_HEAD_URL) runs now
         head_url = initial.get("head_url") or settings.GYMWEB_NEMO_GYM_HEAD_URL
         if head_url:

@@ -1,7 +1,10 @@
 """``manage.py api_token create|list|revoke --user NAME``: API tokens without the web page.
 
-- ``create --user NAME [--name LABEL]`` prints the new token (shown once; only its SHA-256 is kept);
-- ``list --user NAME`` shows the user's tokens: id, prefix, name, created, last used;
+- ``create --user NAME [--name LABEL] [--scope read|write] [--expires-in 30d]`` prints the new
+  token (shown once; only its SHA-256 is kept); ``read`` tokens may only GET; ``--expires-in``
+  takes minutes, hours, days or weeks (``90m``, ``12h``, ``30d``, ``2w``); ``--team NAME`` limits
+  it to one of the user's teams;
+- ``list --user NAME`` shows the user's tokens: id, prefix, name, scope, expiry, created, last used;
 - ``revoke --user NAME (--id ID | --prefix gw_… | --all)`` deletes tokens, which refuses them at once.
 
 The tokens are the account page's (``rollouts.tokens``).
@@ -11,9 +14,10 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
-from rollouts.models import ApiToken
-from rollouts.tokens import create_token
+from rollouts.models import ApiToken, Team
+from rollouts.tokens import create_token, parse_duration
 
 
 class Command(BaseCommand):
@@ -24,6 +28,11 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="make a token and print it (shown once)")
         create.add_argument("--user", required=True, help="the username the token acts as")
         create.add_argument("--name", default="", help="what the token is for (shown on the account page)")
+        create.add_argument(
+            "--scope", choices=["read", "write"], default="write", help="read: GET routes only (default: write)"
+        )
+        create.add_argument("--expires-in", default="", help="e.g. 30d, 12h, 90m, 2w (default: never expires)")
+        create.add_argument("--team", default="", help="the one team (of the user's) it sees (default: all theirs)")
         listing = sub.add_parser("list", help="the user's tokens (never the token text)")
         listing.add_argument("--user", required=True)
         revoke = sub.add_parser("revoke", help="delete tokens: they are refused at once")
@@ -45,7 +54,8 @@ class Command(BaseCommand):
         if action == "create":
             if not user.is_active:
                 raise CommandError(f"user {options['user']!r} is inactive: its tokens would be refused")
-            row, token = create_token(user, options["name"])
+            expires, team = _expiry_and_team(user, options)
+            row, token = create_token(user, options["name"], scope=options["scope"], expires=expires, team=team)
             self.stderr.write(f"token {row.pk} ({row.name}) for {options['user']}; it is shown once, keep it now:")
             self.stdout.write(token)
         elif action == "list":
@@ -54,8 +64,11 @@ class Command(BaseCommand):
                 self.stdout.write(f"{options['user']} has no API tokens")
             for row in rows:
                 used = row.last_used.isoformat(timespec="seconds") if row.last_used else "never"
+                expires = row.expires.isoformat(timespec="seconds") if row.expires else "never"
                 self.stdout.write(
-                    f"{row.pk}\t{row.prefix}…\t{row.name}\tcreated {row.created.isoformat(timespec='seconds')}\tlast used {used}"
+                    f"{row.pk}\t{row.prefix}…\t{row.name}\t{row.scope}\texpires {expires}"
+                    f"\tteam {row.team.name if row.team else '(all)'}"
+                    f"\tcreated {row.created.isoformat(timespec='seconds')}\tlast used {used}"
                 )
         else:
             qs = ApiToken.objects.filter(user=user)
@@ -75,3 +88,19 @@ class Command(BaseCommand):
                 raise CommandError(f"--prefix {options['prefix']} matches {n} tokens: use --id")
             qs.delete()
             self.stdout.write(f"revoked {n} token{'s' if n != 1 else ''} of {options['user']}")
+
+
+def _expiry_and_team(user, options):
+    """``create``'s ``--expires-in`` as a time and ``--team`` as one of the user's teams."""
+    expires = None
+    if options["expires_in"]:
+        try:
+            expires = timezone.now() + parse_duration(options["expires_in"])
+        except ValueError as exc:
+            raise CommandError(f"--expires-in {exc}") from None
+    team = None
+    if options["team"]:
+        team = Team.objects.filter(name=options["team"], members=user).first()
+        if team is None:
+            raise CommandError(f"--team {options['team']!r}: not a team of {options['user']!r}")
+    return expires, team
