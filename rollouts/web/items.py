@@ -18,6 +18,7 @@ from rollouts.models import AgentCall, Rollout, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web import rendering
 from rollouts.web.markup import Budget
+from rollouts.web.outline import GROUP_FOLD_ITEMS, GROUP_MIN_ITEMS, message_gist, output_failure, step_gist, sub_groups
 from rollouts.web.outline import fold_summary as item_summary
 
 # -- display limits -------------------------------------------------------------------------------
@@ -422,6 +423,12 @@ def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -
             prefix=prefix,
         )
         view["summary"] = item_summary(payload)  # the line a folded item shows
+        if kind == "message":
+            view["gist"] = message_gist(payload)
+        elif kind == "function_call_output":
+            view["failed"] = output_failure(payload, tool_status)
+            if view["failed"] and not view["failed"].startswith("HTTP"):  # the HTTP badge says it already
+                view["badges"].append(_badge("bad", view["failed"], "the tool call failed"))
         if origin == TrajectoryItem.Origin.GYM:  # the outline's tool time and failed outputs
             view["tool_status"], view["tool_latency_ms"] = tool_status, latency_ms
         if kind == "function_call":
@@ -443,7 +450,15 @@ def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -
     for step in steps.values():
         step["count"] = len(step["items"])
         step["count_text"] = f"{step['count']:,} item{'' if step['count'] == 1 else 's'}"
+        step["gist"] = step_gist(step["items"])
         step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
+        if (
+            step["count"] > GROUP_MIN_ITEMS
+            and sum(1 for v in step["items"] if v["template"].endswith("_call.html")) > 1
+        ):
+            step["groups"] = sub_groups(step["items"])
+            step["tail_groups"] = sub_groups(step["tail"]) if step["tail"] else []
+            step["groups_open"] = step["count"] <= GROUP_FOLD_ITEMS
         details = step["call"].incomplete_details if step["call"] is not None else None
         step["incomplete"] = _short(_json_text(details)[0], 500) if details else ""
     return [steps[k] for k in sorted(steps)], count

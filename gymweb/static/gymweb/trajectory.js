@@ -108,7 +108,10 @@
 
   // -- folding --------------------------------------------------------------------------------
   function expandAll() {
-    var all = document.querySelectorAll("#timeline details.step, #timeline details.fold");
+    // steps, sub-groups, folded items and the reasoning / thinking inside them
+    var all = document.querySelectorAll(
+      "#timeline details.step, #timeline details.substep, #timeline details.fold, " +
+      "#timeline details.reasoning, #timeline details.think");
     for (var i = 0; i < all.length; i++) all[i].open = true;
   }
   function collapseAll() {
@@ -116,7 +119,7 @@
     var anyOpen = false;
     for (var i = 0; i < folds.length; i++) if (folds[i].open) { anyOpen = true; folds[i].open = false; }
     if (!anyOpen) {  // every item was folded already: fold the steps too
-      var all = steps().concat(Array.prototype.slice.call(document.querySelectorAll("#step-input")));
+      var all = steps().concat(Array.prototype.slice.call(document.querySelectorAll("#timeline details.substep"))).concat(Array.prototype.slice.call(document.querySelectorAll("#step-input")));
       for (var j = 0; j < all.length; j++) all[j].open = false;
     }
   }
