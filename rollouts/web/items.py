@@ -369,6 +369,28 @@ def item_url_base(rollout: Rollout) -> str:
     return reverse("rollout_item", args=[rollout.run_id, rollout.pk, "input"])[: -len("input/")]
 
 
+def _mark_gist_and_failure(view: dict[str, Any], kind: str, payload: Any, tool_status: int | None) -> None:
+    """A message's first line (``gist``); an output's failure (``failed``, and its badge)."""
+    if kind == "message":
+        view["gist"] = message_gist(payload)
+    elif kind == "function_call_output":
+        view["failed"] = output_failure(payload, tool_status)
+        if view["failed"] and not view["failed"].startswith("HTTP"):  # the HTTP badge says it already
+            view["badges"].append(_badge("bad", view["failed"], "the tool call failed"))
+
+
+def _shape_step(step: dict[str, Any], max_items: int) -> None:
+    """A step's summary (``gist``), its items capped (``items``, ``tail``, ``hidden``) and, for a
+    long reply of several calls, its sub-groups (``groups``, ``tail_groups``, ``groups_open``)."""
+    step["gist"] = step_gist(step["items"])
+    step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
+    calls = sum(1 for v in step["items"] if v["template"].endswith("_call.html"))
+    if step["count"] > GROUP_MIN_ITEMS and calls > 1:
+        step["groups"] = sub_groups(step["items"])
+        step["tail_groups"] = sub_groups(step["tail"]) if step["tail"] else []
+        step["groups_open"] = step["count"] <= GROUP_FOLD_ITEMS
+
+
 def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -> tuple[list[dict[str, Any]], int]:
     """Steps in order: ``{"call": AgentCall|None, "index": n, "items": [view, ...], "tail": [view, ...],
     "hidden": note}``: at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step are shown (its
@@ -423,12 +445,7 @@ def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -
             prefix=prefix,
         )
         view["summary"] = item_summary(payload)  # the line a folded item shows
-        if kind == "message":
-            view["gist"] = message_gist(payload)
-        elif kind == "function_call_output":
-            view["failed"] = output_failure(payload, tool_status)
-            if view["failed"] and not view["failed"].startswith("HTTP"):  # the HTTP badge says it already
-                view["badges"].append(_badge("bad", view["failed"], "the tool call failed"))
+        _mark_gist_and_failure(view, kind, payload, tool_status)
         if origin == TrajectoryItem.Origin.GYM:  # the outline's tool time and failed outputs
             view["tool_status"], view["tool_latency_ms"] = tool_status, latency_ms
         if kind == "function_call":
@@ -450,15 +467,7 @@ def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -
     for step in steps.values():
         step["count"] = len(step["items"])
         step["count_text"] = f"{step['count']:,} item{'' if step['count'] == 1 else 's'}"
-        step["gist"] = step_gist(step["items"])
-        step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
-        if (
-            step["count"] > GROUP_MIN_ITEMS
-            and sum(1 for v in step["items"] if v["template"].endswith("_call.html")) > 1
-        ):
-            step["groups"] = sub_groups(step["items"])
-            step["tail_groups"] = sub_groups(step["tail"]) if step["tail"] else []
-            step["groups_open"] = step["count"] <= GROUP_FOLD_ITEMS
+        _shape_step(step, max_items)
         details = step["call"].incomplete_details if step["call"] is not None else None
         step["incomplete"] = _short(_json_text(details)[0], 500) if details else ""
     return [steps[k] for k in sorted(steps)], count

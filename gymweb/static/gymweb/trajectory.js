@@ -152,12 +152,56 @@
   function searchRoots() {
     return [timeline, document.getElementById("traj-end")].filter(Boolean);
   }
-  function search(text, keepPosition) {
+  // -- find past the display cut: the server searches every item's whole stored text; an item
+  // whose cut hides hits gets its full body (the item endpoint's ?full=1) and the search runs again
+  var findUrl = q && q.form && q.form.getAttribute("data-find");
+  var findToken = 0;
+  function hitsIn(el) {
+    var n = 0;
+    for (var i = 0; i < hits.length; i++) if (el.contains(hits[i].node)) n++;
+    return n;
+  }
+  function loadFull(body, href) {
+    return fetch(href, { credentials: "same-origin", headers: { "HX-Request": "true" } })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (html === null || !body.parentNode) return;
+        var holder = document.createElement("div");
+        holder.innerHTML = html;
+        var fresh = holder.firstElementChild;
+        if (!fresh) return;
+        body.parentNode.replaceChild(fresh, body);
+        if (window.htmx) window.htmx.process(fresh);
+      });
+  }
+  function findPastCut(text, keepPosition) {
+    if (!findUrl || !window.fetch) return;
+    var token = ++findToken;
+    fetch(findUrl + "?q=" + encodeURIComponent(text), { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (data) {
+        if (token !== findToken) return;
+        var loads = [];
+        (data && data.items || []).forEach(function (found) {
+          var body = document.getElementById("body-" + found.key);
+          var more = body && body.querySelector(".item-tools a.show-all");
+          if (!more || hitsIn(body) >= found.hits) return;
+          loads.push(loadFull(body, more.getAttribute("href")));
+        });
+        return Promise.all(loads).then(function () {
+          if (token !== findToken) return;
+          if (loads.length) search(text, keepPosition && hits.length > 0, true);
+          else if (!hits.length) hitsLabel.textContent = "no match";
+        });
+      })
+      .catch(function () { if (!hits.length) hitsLabel.textContent = "no match"; });
+  }
+  function search(text, keepPosition, skipFind) {
     var previous = at;
     clearMarks();
     hits = []; at = -1;
     var needle = (text || "").toLowerCase();
-    if (!needle) { hitsLabel.textContent = ""; return; }
+    if (!needle) { findToken++; hitsLabel.textContent = ""; return; }
     searchRoots().forEach(function (root) {
       var walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
         acceptNode: function (node) {
@@ -199,8 +243,21 @@
     }
     // every folded step or item holding a hit opens
     hits.forEach(function (hit) { openAncestors(hit.node.parentElement); });
-    if (!hits.length) { hitsLabel.textContent = "no match"; return; }
+    if (!skipFind && findUrl) findPastCut(text, keepPosition);
+    if (!hits.length) { hitsLabel.textContent = !skipFind && findUrl ? "searching the full text…" : "no match"; return; }
     move(keepPosition && previous >= 0 ? Math.min(previous, hits.length - 1) : 0, true, !keepPosition);
+  }
+  // a hit deep in a long text: its element's centre is not the hit; bring the range itself into
+  // the middle of every scrolling box around it and of the window
+  function reveal(range, el) {
+    for (var node = el; node && node !== document.body; node = node.parentElement) {
+      if (node.scrollHeight > node.clientHeight + 1 && /(auto|scroll)/.test(getComputedStyle(node).overflowY)) {
+        var r = range.getBoundingClientRect(), b = node.getBoundingClientRect();
+        node.scrollTop += r.top - b.top - b.height / 2;
+      }
+    }
+    var rect = range.getBoundingClientRect();
+    window.scrollBy(0, rect.top - window.innerHeight / 2);
   }
   function move(index, absolute, scroll) {
     if (!hits.length) return;
@@ -217,6 +274,7 @@
       var el = hit.mark || hit.node.parentElement;
       openAncestors(el);
       el.scrollIntoView({ block: "center" });
+      if (hit.range) reveal(hit.range, el);
     }
   }
   var timer = null;
