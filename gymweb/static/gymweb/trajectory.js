@@ -106,6 +106,107 @@
     if (img) img.classList.toggle("enlarged");
   });
 
+  // -- copy: an item's whole text (from its raw JSON, past the display cut) or one argument's or
+  // code block's text, never the HTML --------------------------------------------------------
+  function itemText(item) {
+    function texts(content) {
+      if (typeof content === "string") return content;
+      if (!Array.isArray(content)) return content == null ? "" : JSON.stringify(content, null, 2);
+      return content.map(function (part) {
+        if (typeof part === "string") return part;
+        if (part && typeof part.text === "string") return part.text;
+        if (part && typeof part.refusal === "string") return part.refusal;
+        return JSON.stringify(part, null, 2);
+      }).join("\n");
+    }
+    if (!item || typeof item !== "object") return JSON.stringify(item, null, 2);
+    if (item.type === "function_call") return typeof item.arguments === "string" ? item.arguments : JSON.stringify(item.arguments, null, 2);
+    if (item.type === "function_call_output") return texts(item.output);
+    if (item.type === "reasoning") return [texts(item.summary || []), texts(item.content || [])].filter(Boolean).join("\n");
+    if ("content" in item && (item.type === "message" || item.type === undefined)) return texts(item.content);
+    return JSON.stringify(item, null, 2);
+  }
+  function writeClipboard(text) {
+    if (navigator.clipboard && navigator.clipboard.writeText) return navigator.clipboard.writeText(text);
+    return new Promise(function (resolve, reject) {
+      var area = document.createElement("textarea");
+      area.value = text;
+      area.setAttribute("readonly", "");
+      area.className = "copy-area";
+      document.body.appendChild(area);
+      area.select();
+      var ok = document.execCommand && document.execCommand("copy");
+      document.body.removeChild(area);
+      if (ok) resolve(); else reject(new Error("copy refused"));
+    });
+  }
+  function copied(button, ok) {
+    var label = button.getAttribute("data-label") || button.textContent;
+    button.setAttribute("data-label", label);
+    button.textContent = ok ? "copied" : "copy failed";
+    button.classList.toggle("copy-done", !!ok);
+    window.setTimeout(function () { button.textContent = label; button.classList.remove("copy-done"); }, 1500);
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button.copy-btn");
+    if (!button) return;
+    event.preventDefault();
+    event.stopPropagation();
+    // an item's button copies the item's stored text: its raw JSON link says where it is
+    var raw = button.hasAttribute("data-copy-item") && button.parentElement.querySelector("a.item-raw");
+    var url = raw ? raw.getAttribute("href") : "";
+    var done = function () { copied(button, true); }, failed = function () { copied(button, false); };
+    if (url) {
+      fetch(url, { credentials: "same-origin" })
+        .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+        .then(function (item) { return writeClipboard(itemText(item)); })
+        .then(done, failed);
+      return;
+    }
+    var target = button.parentElement && button.parentElement.querySelector(":scope > pre, :scope > .j-s");
+    var holder = target || button.parentElement;
+    var text = "";
+    if (holder) {
+      var clone = holder.cloneNode(true);
+      clone.querySelectorAll("button, .elided").forEach(function (b) { b.remove(); });
+      text = clone.textContent;
+    }
+    writeClipboard(text).then(done, failed);
+  });
+  // a copy button on each argument and each code block or text block of an item body
+  // (written here, not by the server: a 500-item page would carry 500 more buttons of markup)
+  function addCopyButtons(root) {
+    var scope = root || document;
+    var raws = scope.querySelectorAll("#timeline .item-tools > a.item-raw, #traj-end .item-tools > a.item-raw");
+    for (var j = 0; j < raws.length; j++) {
+      var tools = raws[j].parentElement;
+      if (tools.querySelector("button.copy-btn")) continue;
+      var copy = document.createElement("button");
+      copy.type = "button";
+      copy.className = "copy-btn copy-item";
+      copy.setAttribute("data-copy-item", "");
+      copy.textContent = "copy";
+      copy.title = "copy this item's whole text";
+      tools.appendChild(document.createTextNode(" · "));
+      tools.appendChild(copy);
+    }
+    var spots = scope.querySelectorAll(
+      "#timeline .item-body dd.f-v, #timeline .item-body pre, #traj-end .item-body dd.f-v, #traj-end .item-body pre");
+    for (var i = 0; i < spots.length; i++) {
+      var spot = spots[i];
+      var box = spot.tagName === "PRE" ? spot.parentElement : spot;
+      if (spot.tagName === "PRE" && box.matches("dd.f-v")) continue;  // the argument's own button
+      if (box.querySelector(":scope > button.copy-btn")) continue;
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "copy-btn copy-part";
+      button.textContent = "copy";
+      button.title = spot.tagName === "PRE" ? "copy this text" : "copy this argument's value";
+      box.classList.add("copy-box");
+      box.insertBefore(button, box.firstChild);
+    }
+  }
+
   // -- folding --------------------------------------------------------------------------------
   function expandAll() {
     // steps, sub-groups, folded items and the reasoning / thinking inside them
@@ -172,6 +273,7 @@
         if (!fresh) return;
         body.parentNode.replaceChild(fresh, body);
         if (window.htmx) window.htmx.process(fresh);
+        addCopyButtons();
       });
   }
   function findPastCut(text, keepPosition) {
@@ -205,25 +307,49 @@
     searchRoots().forEach(function (root) {
       var walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
         acceptNode: function (node) {
-          // a folded item's one-line summary repeats its text: count each hit once, in the item
+          // a folded item's one-line summary (and a step's or group's) repeats its text: count each hit once, in the item
           var p = node.parentElement;
-          return p && !p.closest("summary.fold-sum") ? NodeFilter.FILTER_ACCEPT : NodeFilter.FILTER_REJECT;
+          return p && !p.closest("summary.fold-sum, summary.substep-sum, .step-gist, button") ?
+            NodeFilter.FILTER_ACCEPT : NodeFilter.FILTER_REJECT;
         }
       });
-      var node;
-      while ((node = walker.nextNode())) {
-        var hay = node.data.toLowerCase(), from = 0, i;
+      // highlighted code splits a line into token spans: the text nodes of one code block are
+      // searched as one text, so a hit may span tokens ("ls -la")
+      var run = [], runBlock = null, node;
+      function flush() {
+        if (!run.length) return;
+        var hay = "", starts = [];
+        run.forEach(function (n) { starts.push(hay.length); hay += n.data; });
+        hay = hay.toLowerCase();
+        var from = 0, i, k = 0;
+        function at(offset, end) {  // (node, offset) of a character offset into the run
+          while (k < run.length - 1 && (end ? starts[k + 1] < offset : starts[k + 1] <= offset)) k++;
+          return { node: run[k], offset: offset - starts[k] };
+        }
         while ((i = hay.indexOf(needle, from)) !== -1) {
-          hits.push({ node: node, start: i, end: i + needle.length });
+          k = 0;
+          var a = at(i, false), b = at(i + needle.length, true);
+          hits.push({ node: a.node, start: a.offset, endNode: b.node, end: b.offset });
           from = i + needle.length;
         }
+        run = [];
       }
+      while ((node = walker.nextNode())) {
+        var block = node.parentElement.closest("pre.hl");
+        if (!block || block !== runBlock) flush();
+        runBlock = block;
+        run.push(node);
+        if (!block) flush();
+      }
+      flush();
     });
     if (!useHighlights) {
       // wrap from the end of each node backwards so earlier offsets stay valid
       for (var h = hits.length - 1; h >= 0; h--) {
         var hit = hits[h], r = document.createRange();
-        r.setStart(hit.node, hit.start); r.setEnd(hit.node, hit.end);
+        // without the Highlight API a hit across token spans is marked in its first one
+        r.setStart(hit.node, hit.start);
+        r.setEnd(hit.node, hit.endNode === hit.node ? hit.end : hit.node.data.length);
         var mark = document.createElement("mark");
         mark.className = "traj-hit";
         r.surroundContents(mark);
@@ -233,7 +359,7 @@
     } else {
       var ranges = hits.map(function (hit) {
         var r = document.createRange();
-        r.setStart(hit.node, hit.start); r.setEnd(hit.node, hit.end);
+        r.setStart(hit.node, hit.start); r.setEnd(hit.endNode, hit.end);
         hit.range = r;
         return r;
       });
@@ -341,6 +467,7 @@
       if (!document.getElementById("timeline")) return;
     }
     observe();
+    addCopyButtons();
     if (q && q.value) search(q.value, true);
   });
 
@@ -349,6 +476,7 @@
   if (box && window.matchMedia && window.matchMedia("(max-width: 900px)").matches) box.open = false;
 
   observe();
+  addCopyButtons();
   window.addEventListener("scroll", schedule, { passive: true });
   if (location.hash) openHash();
   if (q && q.value) search(q.value);
