@@ -75,6 +75,7 @@ def stylesheet() -> str:
     keep_dark = ["  " + line for line in dark.splitlines() if line.startswith(".hl .")]
     return (
         "/* Pygments token colours for highlighted code (generated: rollouts.web.highlight.stylesheet). */\n"
+        + "pre.hl { background:var(--code-bg); color:var(--fg); }\n"
         + "\n".join(keep)
         + "\n@media (prefers-color-scheme: dark) {\n"
         + "\n".join(keep_dark)

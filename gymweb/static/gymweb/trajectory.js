@@ -193,9 +193,17 @@
     var spots = scope.querySelectorAll(
       "#timeline .item-body dd.f-v, #timeline .item-body pre, #traj-end .item-body dd.f-v, #traj-end .item-body pre");
     for (var i = 0; i < spots.length; i++) {
-      var spot = spots[i];
-      var box = spot.tagName === "PRE" ? spot.parentElement : spot;
-      if (spot.tagName === "PRE" && box.matches("dd.f-v")) continue;  // the argument's own button
+      var spot = spots[i], box = spot;
+      if (spot.tagName === "PRE") {
+        if (spot.parentElement.matches("dd.f-v")) continue;  // the argument's own button copies it
+        box = spot.parentElement;
+        if (!box.classList.contains("copy-wrap")) {  // each block its own box, so its own button
+          box = document.createElement("div");
+          box.className = "copy-box copy-wrap";
+          spot.parentElement.insertBefore(box, spot);
+          box.appendChild(spot);
+        }
+      }
       if (box.querySelector(":scope > button.copy-btn")) continue;
       var button = document.createElement("button");
       button.type = "button";
