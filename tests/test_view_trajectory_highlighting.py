@@ -32,8 +32,8 @@ def test_a_command_argument_is_highlighted_as_shell_and_escaped():
         ).html
     )
     assert (
-        '<dd class="f-v"><pre class="code hl"><span class="hl-nb">echo</span><span class="hl-w"> </span><span class="hl-s1">'
-        in html
+        '<dd class="f-v"><pre class="code hl"><span class="hl-nb">echo</span>'
+        '<span class="hl-w"> </span><span class="hl-s1">' in html
     )
     assert html.endswith("wc</pre></dd></dl>")  # no newline the command did not have
     assert "<script" not in html and "<img" not in html and 'onclick="' not in html

@@ -58,7 +58,10 @@ def test_assistant_and_user_text_is_markdown_headings_lists_code_fences_and_tabl
         and "<strong>c</strong>" in body
     )
     # a fence keeps its whitespace, escaped, highlighted as its language
-    assert '<pre class="code hl"><span class="hl-k">if</span> <span class="hl-n">x</span> <span class="hl-o">&lt;</span>' in body
+    assert (
+        '<pre class="code hl"><span class="hl-k">if</span> <span class="hl-n">x</span> <span class="hl-o">&lt;</span>'
+        in body
+    )
     assert '<span class="hl-p">:</span>\n    <span class="hl-k">pass</span>\n</pre>' in body
     assert "<table>" in body and "<th>k</th>" in body and "<td>1</td>" in body and "style=" not in body
     assert "<code>x&lt;y</code>" in body

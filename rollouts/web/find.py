@@ -48,7 +48,7 @@ def find_in(value: Any, needle: str) -> tuple[int, list[int]]:
     needle = needle.lower()
     if not needle:
         return 0, []
-    hits, offsets = 0, []
+    hits, offsets = 0, list[int]()
     for text in texts(value):
         hay = text.lower()
         start = hay.find(needle)
