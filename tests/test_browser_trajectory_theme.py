@@ -106,3 +106,33 @@ def test_copy_buttons_copy_the_raw_text_of_an_argument_and_of_an_item(
     assert page.evaluate("navigator.clipboard.readText()") == "import os\nprint(os.getcwd())\n"
     assert page.locator("button.copy-item").count() == 4  # every item: the task input and the three
     assert page.errors == [], page.errors
+
+
+def test_boxes_in_a_calls_arguments_are_drawn_over_the_image_before_it(
+    browser, live_server, transactional_db, django_user_model
+):
+    from playwright.sync_api import expect
+
+    from tests.test_view_images import png, user_with_images
+
+    run = make_run()
+    rollout = make_rollout(
+        run,
+        make_task(run),
+        calls=[{}],
+        items=[
+            (0, user_with_images(png(400, 300)), {}),
+            (0, call("c1", "crop", json.dumps({"bbox": [0.5, 0.5, 1.0, 1.0]})), {}),
+        ],
+    )
+    page = _login(browser, live_server, django_user_model)
+    page.goto(f"{live_server.url}/runs/{run.pk}/rollouts/{rollout.pk}/")
+    rect = page.locator(".bbox-wrap svg.bbox-svg rect.bbox-rect")
+    expect(rect).to_have_count(1)
+    assert rect.get_attribute("x") == "200" and rect.get_attribute("width") == "200"  # normalised: half of 400
+    img = page.locator("img.part-img").bounding_box()
+    box = rect.bounding_box()
+    assert img is not None and box is not None
+    assert abs(box["x"] - (img["x"] + img["width"] / 2)) < 4  # on the image's right half, as drawn
+    assert abs(box["y"] + box["height"] - (img["y"] + img["height"])) < 4
+    assert page.errors == [], page.errors

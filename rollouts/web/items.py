@@ -17,6 +17,7 @@ from rollouts.display import duration_ms
 from rollouts.models import AgentCall, Rollout, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web import rendering
+from rollouts.web.boxes import boxes_in
 from rollouts.web.markup import Budget
 from rollouts.web.outline import GROUP_FOLD_ITEMS, GROUP_MIN_ITEMS, message_gist, output_failure, step_gist, sub_groups
 from rollouts.web.outline import fold_summary as item_summary
@@ -134,6 +135,9 @@ def item_view(
         view["role"] = _short(role)
         view["role_cls"] = role if role in ("assistant", "user", "system", "developer", "instructions") else "other"
     elif kind == "function_call":
+        args = item.get("arguments")
+        boxes = boxes_in(args) if isinstance(args, (str, dict)) and _may_hold_boxes(args) else []
+        view["boxes"] = json.dumps(boxes) if boxes else ""  # drawn over the last image before the call
         view["answered_by"] = None
         view["answer_refused"] = False
         view["unanswered"] = False
@@ -156,6 +160,12 @@ def item_view(
         elif view["imported"] and not paired:
             view["badges"].append(_badge("unpaired", "orphan output", "no earlier function_call with this call_id"))
     return view
+
+
+def _may_hold_boxes(arguments: str | dict) -> bool:
+    """A cheap test before parsing: do the arguments name a key a box may sit under?"""
+    text = arguments if isinstance(arguments, str) else " ".join(map(str, arguments))
+    return any(word in text[:100_000].lower() for word in ("box", "region", "coordinates", "xywh"))
 
 
 def _body_links(

@@ -215,6 +215,59 @@
     }
   }
 
+  // -- bounding boxes: a call whose arguments carry boxes (data-boxes, read by the server) has
+  // them drawn over the last image the page shows before it -----------------------------------
+  var SVG = "http://www.w3.org/2000/svg";
+  function drawBoxes(img, boxes, from) {
+    var w = img.naturalWidth, h = img.naturalHeight;
+    if (!w || !h) return;
+    var wrap = img.parentElement;
+    if (!wrap.classList.contains("bbox-wrap")) {
+      wrap = document.createElement("span");
+      wrap.className = "bbox-wrap";
+      img.parentElement.insertBefore(wrap, img);
+      wrap.appendChild(img);
+    }
+    var svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "bbox-svg");
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("data-from", from);
+    boxes.forEach(function (b) {
+      var sx = b.norm ? w : 1, sy = b.norm ? h : 1;
+      var rect = document.createElementNS(SVG, "rect");
+      rect.setAttribute("class", "bbox-rect");
+      rect.setAttribute("x", b.x1 * sx); rect.setAttribute("y", b.y1 * sy);
+      rect.setAttribute("width", (b.x2 - b.x1) * sx); rect.setAttribute("height", (b.y2 - b.y1) * sy);
+      rect.setAttribute("vector-effect", "non-scaling-stroke");
+      var title = document.createElementNS(SVG, "title");
+      title.textContent = (b.label ? b.label + " " : "") + "from " + from;
+      rect.appendChild(title);
+      svg.appendChild(rect);
+    });
+    wrap.appendChild(svg);
+  }
+  function addBoxes() {
+    var calls = document.querySelectorAll("#timeline [data-boxes]");
+    if (!calls.length) return;
+    var imgs = Array.prototype.slice.call(document.querySelectorAll("#timeline img.part-img"));
+    for (var i = 0; i < calls.length; i++) {
+      var call = calls[i];
+      if (call.getAttribute("data-boxes-drawn")) continue;
+      var img = null;
+      for (var j = 0; j < imgs.length; j++) {
+        if (imgs[j].compareDocumentPosition(call) & Node.DOCUMENT_POSITION_FOLLOWING) img = imgs[j];
+      }
+      if (!img) continue;
+      var boxes;
+      try { boxes = JSON.parse(call.getAttribute("data-boxes")); } catch (e) { continue; }
+      call.setAttribute("data-boxes-drawn", "1");
+      var from = call.id ? "#" + call.id.replace(/^.*item-/, "") : "a call";
+      if (img.complete && img.naturalWidth) drawBoxes(img, boxes, from);
+      else img.addEventListener("load", drawBoxes.bind(null, img, boxes, from), { once: true });
+    }
+  }
+
   // -- folding --------------------------------------------------------------------------------
   function expandAll() {
     // steps, sub-groups, folded items and the reasoning / thinking inside them
@@ -476,6 +529,7 @@
     }
     observe();
     addCopyButtons();
+    addBoxes();
     if (q && q.value) search(q.value, true);
   });
 
@@ -485,6 +539,7 @@
 
   observe();
   addCopyButtons();
+  addBoxes();
   window.addEventListener("scroll", schedule, { passive: true });
   if (location.hash) openHash();
   if (q && q.value) search(q.value);
