@@ -4,6 +4,7 @@ to an item lands below the sticky search bar."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,21 @@ def test_a_permalink_to_an_item_lands_below_the_sticky_search_bar(
     assert bar is not None and item is not None
     assert item["y"] >= bar["y"] + bar["height"] - 1  # not hidden under the bar
     assert item["y"] < 500
+
+
+def test_a_hit_at_the_end_of_a_long_verify_patch_opens_the_verify_panel(
+    browser, live_server, transactional_db, django_user_model, settings
+):
+    from playwright.sync_api import expect
+
+    from tests.test_view_rollout_detail import make_rollout, make_run, make_task
+
+    settings.GYMWEB_DISPLAY_MAX_CHARS = 1_000
+    run = make_run()
+    patch = "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1,2001 @@\n" + "+line\n" * 2_000 + "+PatchTailWord\n"
+    rollout = make_rollout(run, make_task(run), verify={"reward": 0.0, "metadata": {"model_patch": patch}})
+    page = _page(browser, live_server, django_user_model)
+    page.goto(f"{live_server.url}/runs/{run.pk}/rollouts/{rollout.pk}/?q=PatchTailWord")
+    expect(page.locator("#traj-hits")).to_have_text(re.compile(r"^1 of \d+$"))
+    assert _current_hit(page) == "PatchTailWord"
+    assert page.errors == [], page.errors

@@ -59,6 +59,16 @@ def test_find_searches_decoded_arguments_and_the_task_input(signed_in):
     assert [i["key"] for i in _find(signed_in, rollout, "then GET the count")["items"]] == ["input-0"]
 
 
+def test_find_searches_the_verify_replys_own_fields(signed_in, settings):
+    settings.GYMWEB_DISPLAY_MAX_CHARS = 1_000
+    run = make_run()
+    patch = "diff --git a/x b/x\n" + "+line\n" * 2_000 + "+PatchTailWord\n"
+    rollout = make_rollout(run, make_task(run), verify={"reward": 0.0, "metadata": {"model_patch": patch}})
+    page = signed_in.get(reverse("rollout", args=[run.pk, rollout.pk])).content.decode()
+    assert "PatchTailWord" not in page
+    assert _find(signed_in, rollout, "patchtailword")["items"] == [{"key": "verify", "hits": 1, "offsets": [12_020]}]
+
+
 def test_find_needs_a_signed_in_user_and_the_rollouts_run(client, signed_in):
     run, rollout = long_rollout()
     other = make_run()

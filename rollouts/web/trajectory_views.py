@@ -284,12 +284,27 @@ def rollout_item(request, run_id, rollout_id, key):
 FIND_MAX_CHARS = 500
 
 
+def _verify_fields(rollout: Rollout) -> list[tuple[str, Any]]:
+    """``[("verify", fields)]``: the verify reply's own fields (not the echoed task and response,
+    searched as items already) of a succeeded attempt; ``[]`` otherwise."""
+    if rollout.status != Rollout.Status.SUCCEEDED or not rollout.verify_json:
+        return []
+    try:
+        data = json.loads(rollout.verify_json)
+    except ValueError:
+        return [("verify", rollout.verify_json)]
+    if not isinstance(data, dict):
+        return []
+    return [("verify", {k: v for k, v in data.items() if k not in ("response", "responses_create_params")})]
+
+
 @login_required
 @require_safe
 @never_cache
 def rollout_find(request, run_id, rollout_id):
     """Find ``?q=`` (case-insensitive) in the rollout's whole stored text, past the display cut:
-    JSON ``{"q", "hits": total, "items": [{"key": item key ("12", "input-0", "instructions"),
+    JSON ``{"q", "hits": total, "items": [{"key": item key ("12", "input-0", "instructions",
+    "verify" for the verify reply's own fields),
     "hits": n, "offsets": [...]}]}`` in page order; the trajectory page loads the full body of an
     item whose hit its cut hides. ``q`` over 500 characters is cut; an empty ``q`` finds nothing."""
     rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
@@ -311,7 +326,11 @@ def rollout_find(request, run_id, rollout_id):
             first = [first]
         inputs += [(f"input-{k}", item) for k, item in enumerate(first if isinstance(first, list) else [])]
         rows = TrajectoryItem.objects.filter(rollout=rollout).order_by("seq").values_list("seq", "payload")
-        for key, payload in [*inputs, *((str(seq), payload) for seq, payload in rows.iterator())]:
+        for key, payload in [
+            *inputs,
+            *((str(seq), payload) for seq, payload in rows.iterator()),
+            *_verify_fields(rollout),
+        ]:
             hits, offsets = find_in(payload, needle)
             if hits:
                 found.append({"key": key, "hits": hits, "offsets": offsets})

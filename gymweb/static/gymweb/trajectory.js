@@ -346,7 +346,7 @@
         if (token !== findToken) return;
         var loads = [];
         (data && data.items || []).forEach(function (found) {
-          var body = document.getElementById("body-" + found.key);
+          var body = document.getElementById(found.key === "verify" ? "verify" : "body-" + found.key);
           var more = body && body.querySelector(".item-tools a.show-all");
           if (!more || hitsIn(body) >= found.hits) return;
           loads.push(loadFull(body, more.getAttribute("href")));
