@@ -57,7 +57,12 @@ def test_assistant_and_user_text_is_markdown_headings_lists_code_fences_and_tabl
         and "<em>b</em>" in body
         and "<strong>c</strong>" in body
     )
-    assert "<pre><code>if x &lt; 1:\n    pass\n</code></pre>" in body  # a fence keeps its whitespace, escaped
+    # a fence keeps its whitespace, escaped, highlighted as its language
+    assert (
+        '<pre class="code hl"><span class="hl-k">if</span> <span class="hl-n">x</span> <span class="hl-o">&lt;</span>'
+        in body
+    )
+    assert '<span class="hl-p">:</span>\n    <span class="hl-k">pass</span>\n</pre>' in body
     assert "<table>" in body and "<th>k</th>" in body and "<td>1</td>" in body and "style=" not in body
     assert "<code>x&lt;y</code>" in body
     assert "<h2>Q</h2>" in _body(html, "1") and "<li>one</li>" in _body(html, "1")
@@ -145,10 +150,11 @@ def test_arguments_are_a_field_list_with_commands_as_code_blocks_whitespace_kept
     html = page(signed_in, item.rollout)
     body = _body(html, str(item.seq))
     assert body.count('<dt class="f-k">command</dt>') == 1
-    assert f'<pre class="code">{escape(command)}</pre>' in body  # real newlines, not \n escapes
+    # real newlines, not \n escapes; highlighted as shell (the text reads the same without the spans)
+    assert '<pre class="code hl">' in body and escape(command) in _text(body)
     assert "\\n" not in _text(body) or "\\n" in command
     one_line = TrajectoryItem.objects.filter(rollout=item.rollout, kind="function_call").order_by("seq").first()
-    assert '<pre class="code">' in _body(html, str(one_line.seq))  # a command is code even on one line
+    assert '<pre class="code hl">' in _body(html, str(one_line.seq))  # a command is code even on one line
 
 
 @pytest.mark.django_db
@@ -322,7 +328,7 @@ def test_show_all_expands_messages_tool_outputs_and_verify_fields(signed_in, set
     assert html.count('class="show-all"') == 4 and " END" not in html
     for key in ("0", "1", "2"):
         fragment = signed_in.get(_item_url(rollout, key, "full=1"), headers=HX).content.decode()
-        assert " END" in fragment and "more character" not in fragment
+        assert " END" in _text(fragment) and "more character" not in fragment
     verify = signed_in.get(_item_url(rollout, "verify", "full=1"), headers=HX).content.decode()
     assert verify.lstrip().startswith('<section class="card traj-verify" id="verify"') and "p" * 150 in verify
 

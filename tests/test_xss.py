@@ -323,3 +323,27 @@ def test_only_the_rendering_module_marks_content_safe_and_only_in_its_sanitiser(
     assert not any("mark_safe(" in builder for builder in builders)
     for bad in ("|safe", "autoescape off", "safeseq", "SafeString("):
         assert all(bad not in t for t in [text, *builders])
+
+
+def test_payloads_in_highlighted_code_fences_and_commands_are_inert(signed_in):
+    run = make_run()
+    fences = [
+        f"```{lang}\n{p}\n```" for lang in ("python", "bash", "html", "js", "diff", "nosuchlang") for p in MD_PAYLOADS
+    ]
+    items = [(0, msg(f), {}) for f in fences]
+    items += [
+        (0, call("c1", "run", json.dumps({"command": p, "code": p, "sql": p, "script": p})), {"asked": True})
+        for p in MD_PAYLOADS
+    ]
+    rollout = make_rollout(run, make_task(run), calls=[{}], items=items)
+    html = signed_in.get(reverse("rollout", args=[run.pk, rollout.pk])).content.decode()
+    assert 'class="code hl"' in html and 'class="hl-' in html  # highlighting did run
+    assert_markdown_inert(html)
+    base = reverse("rollout_item", args=[run.pk, rollout.pk, "input"])[: -len("input/")]
+    for key in ("0", str(len(MD_PAYLOADS)), str(len(fences))):
+        assert_markdown_inert(signed_in.get(f"{base}{key}/?full=1", HTTP_HX_REQUEST="true").content.decode())
+
+
+def test_the_highlighter_is_a_builder_that_never_marks_anything_safe():
+    text = (REPO / "rollouts" / "web" / "highlight.py").read_text()
+    assert "mark_safe" not in text and "SafeString" not in text

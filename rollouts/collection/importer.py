@@ -667,7 +667,7 @@ def import_shards(
     """
     started: list[Run] = []
     try:
-        return _import_shards(shards, failures, materialized, name, user, batched, on_batch, started)
+        return _import_shards(shards, failures, materialized, name, user, team, batched, on_batch, started)
     except BaseException:
         if batched and started:  # what the committed batches stored goes
             Run.objects.filter(pk=started[0].pk).delete()
@@ -680,6 +680,7 @@ def _import_shards(
     materialized: Sequence[tuple[Lines, str]],
     name: str,
     user,
+    team,
     batched: bool,
     on_batch: Callable[[], None] | None,
     started: list[Run],

@@ -17,7 +17,9 @@ from rollouts.display import duration_ms
 from rollouts.models import AgentCall, Rollout, TrajectoryItem
 from rollouts.templatetags.gymweb_tags import pretty_json_text
 from rollouts.web import rendering
+from rollouts.web.boxes import boxes_in
 from rollouts.web.markup import Budget
+from rollouts.web.outline import GROUP_FOLD_ITEMS, GROUP_MIN_ITEMS, message_gist, output_failure, step_gist, sub_groups
 from rollouts.web.outline import fold_summary as item_summary
 
 # -- display limits -------------------------------------------------------------------------------
@@ -133,6 +135,9 @@ def item_view(
         view["role"] = _short(role)
         view["role_cls"] = role if role in ("assistant", "user", "system", "developer", "instructions") else "other"
     elif kind == "function_call":
+        args = item.get("arguments")
+        boxes = boxes_in(args) if isinstance(args, (str, dict)) and _may_hold_boxes(args) else []
+        view["boxes"] = json.dumps(boxes) if boxes else ""  # drawn over the last image before the call
         view["answered_by"] = None
         view["answer_refused"] = False
         view["unanswered"] = False
@@ -155,6 +160,12 @@ def item_view(
         elif view["imported"] and not paired:
             view["badges"].append(_badge("unpaired", "orphan output", "no earlier function_call with this call_id"))
     return view
+
+
+def _may_hold_boxes(arguments: str | dict) -> bool:
+    """A cheap test before parsing: do the arguments name a key a box may sit under?"""
+    text = arguments if isinstance(arguments, str) else " ".join(map(str, arguments))
+    return any(word in text[:100_000].lower() for word in ("box", "region", "coordinates", "xywh"))
 
 
 def _body_links(
@@ -368,6 +379,28 @@ def item_url_base(rollout: Rollout) -> str:
     return reverse("rollout_item", args=[rollout.run_id, rollout.pk, "input"])[: -len("input/")]
 
 
+def _mark_gist_and_failure(view: dict[str, Any], kind: str, payload: Any, tool_status: int | None) -> None:
+    """A message's first line (``gist``); an output's failure (``failed``, and its badge)."""
+    if kind == "message":
+        view["gist"] = message_gist(payload)
+    elif kind == "function_call_output":
+        view["failed"] = output_failure(payload, tool_status)
+        if view["failed"] and not view["failed"].startswith("HTTP"):  # the HTTP badge says it already
+            view["badges"].append(_badge("bad", view["failed"], "the tool call failed"))
+
+
+def _shape_step(step: dict[str, Any], max_items: int) -> None:
+    """A step's summary (``gist``), its items capped (``items``, ``tail``, ``hidden``) and, for a
+    long reply of several calls, its sub-groups (``groups``, ``tail_groups``, ``groups_open``)."""
+    step["gist"] = step_gist(step["items"])
+    step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
+    calls = sum(1 for v in step["items"] if v["template"].endswith("_call.html"))
+    if step["count"] > GROUP_MIN_ITEMS and calls > 1:
+        step["groups"] = sub_groups(step["items"])
+        step["tail_groups"] = sub_groups(step["tail"]) if step["tail"] else []
+        step["groups_open"] = step["count"] <= GROUP_FOLD_ITEMS
+
+
 def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -> tuple[list[dict[str, Any]], int]:
     """Steps in order: ``{"call": AgentCall|None, "index": n, "items": [view, ...], "tail": [view, ...],
     "hidden": note}``: at most ``GYMWEB_DISPLAY_MAX_ITEMS_PER_STEP`` items of a step are shown (its
@@ -422,6 +455,7 @@ def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -
             prefix=prefix,
         )
         view["summary"] = item_summary(payload)  # the line a folded item shows
+        _mark_gist_and_failure(view, kind, payload, tool_status)
         if origin == TrajectoryItem.Origin.GYM:  # the outline's tool time and failed outputs
             view["tool_status"], view["tool_latency_ms"] = tool_status, latency_ms
         if kind == "function_call":
@@ -443,7 +477,7 @@ def timeline(rollout: Rollout, prefix: str = "", payloads: list | None = None) -
     for step in steps.values():
         step["count"] = len(step["items"])
         step["count_text"] = f"{step['count']:,} item{'' if step['count'] == 1 else 's'}"
-        step["items"], step["tail"], step["hidden"] = _cap_items(step["items"], max_items)
+        _shape_step(step, max_items)
         details = step["call"].incomplete_details if step["call"] is not None else None
         step["incomplete"] = _short(_json_text(details)[0], 500) if details else ""
     return [steps[k] for k in sorted(steps)], count

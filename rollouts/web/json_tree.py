@@ -12,6 +12,7 @@ from typing import Any
 from django.utils.html import escape
 
 from rollouts.web.diffs import diff_html, looks_like_diff
+from rollouts.web.highlight import code_block, key_language
 from rollouts.web.markup import RICH_MAX_CHARS, Budget, elided_note, plural, pre_block
 
 # JSON inside JSON strings is decoded this many levels deep; JSON values nest this deep at most
@@ -83,6 +84,8 @@ def string_value_html(key: str, text: str, budget: Budget, levels: int, in_json:
         return diff_html(shown, note)
     if "\n" in text or (not in_json and key.lower() in CODE_KEYS):
         shown, note = budget.clip(text)
+        if not in_json and key_language(key):
+            return code_block(shown, key_language(key)) + elided_note(note)
         return pre_block(shown, "code" if not in_json else "j-m") + elided_note(note)
     shown, note = budget.clip(text)
     if in_json:

@@ -8,6 +8,7 @@ from django.utils.html import escape
 from markdown_it import MarkdownIt
 
 from rollouts.thinking import split_thinking
+from rollouts.web.highlight import code_block, lexer_for
 from rollouts.web.markup import RICH_MAX_CHARS, Budget, elided_note, plural, pre_block
 
 
@@ -19,7 +20,16 @@ def _render_image(self, tokens, idx, options, env) -> str:
     return f'<span class="md-img">[image: {escape(alt)}] {escape(src)}</span>'
 
 
-_MD = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False, "breaks": True})
+def _highlight(content: str, language: str, attrs: str) -> str:
+    """A fenced code block of a known language, highlighted (``highlight.code_block``); ``""``
+    lets markdown-it write it as usual (escaped)."""
+    return code_block(content, language) if lexer_for(language) is not None else ""
+
+
+_MD = MarkdownIt(
+    "commonmark",
+    {"html": False, "linkify": False, "typographer": False, "breaks": True, "highlight": _highlight},
+)
 _MD.enable(["table", "strikethrough"])
 _MD.add_render_rule("image", _render_image)
 

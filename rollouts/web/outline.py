@@ -9,9 +9,11 @@ database. Texts stay plain strings: templates autoescape them.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rollouts.display import duration_ms, svg_number
+from rollouts.thinking import split_thinking
 
 # The waterfall's SVG user space: bars are drawn in a viewBox this wide (the SVG scales to its box).
 AXIS_WIDTH = 1000.0
@@ -108,6 +110,135 @@ def fold_summary(payload: Any) -> dict[str, str]:
     return item_summary(payload)
 
 
+# a shell tool's exit status as tools print it: mini-swe-agent's ``<returncode>1</returncode>``,
+# "Exit code: 1", or a JSON output's ``returncode`` / ``exit_code`` field
+_RETURNCODE_RE = re.compile(
+    r"<returncode>\s*(-?\d+)\s*</returncode>|\bexit(?:\s|_)?(?:code|status)\W{0,3}(-?\d+)", re.I
+)
+_EXIT_KEYS = ("returncode", "return_code", "exit_code", "exitcode", "exit_status")
+
+
+def output_failure(payload: Any, tool_status: int | None = None) -> str:
+    """Why a ``function_call_output`` failed, as a short badge text (``"HTTP 500"``, ``"exit 1"``,
+    ``"error"``), or ``""`` when nothing says it did: an HTTP status >= 400 of the tool call, a
+    non-zero exit code the output reports (in its first 2,000 characters), or a JSON output whose
+    ``error`` field is set or whose ``status`` is ``"error"``/``"failed"``."""
+    if tool_status is not None and tool_status >= 400:
+        return f"HTTP {tool_status}"
+    item = payload if isinstance(payload, dict) else {}
+    output = item.get("output")
+    if isinstance(output, list):
+        output = "\n".join(_texts(output))
+    if isinstance(output, dict):
+        value: Any = output
+    elif isinstance(output, str):
+        head = output[:2000]
+        stripped = head.lstrip()
+        value = None
+        if stripped.startswith("{") and len(output) <= 100_000:
+            try:
+                value = json.loads(output)
+            except ValueError:
+                value = None
+        if not isinstance(value, dict):
+            m = _RETURNCODE_RE.search(head)
+            code = (m.group(1) or m.group(2)) if m else None
+            return f"exit {code}" if code is not None and int(code) != 0 else ""
+    else:
+        return ""
+    for key in _EXIT_KEYS:
+        code = value.get(key)
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            return f"exit {code}"
+    if value.get("error") not in (None, "", False, [], {}):
+        return "error"
+    if str(value.get("status") or "").lower() in ("error", "failed", "failure"):
+        return "error"
+    return ""
+
+
+def message_gist(payload: Any) -> str:
+    """The first line an assistant message says outside its thinking spans (thinking's first
+    line when it says nothing else), at most 120 characters; ``""`` for other items."""
+    item = payload if isinstance(payload, dict) else {}
+    if item.get("type", "message") != "message" or "content" not in item:
+        return ""
+    thought = ""
+    for text in _texts(item.get("content")):
+        for thinking, segment in split_thinking(text):
+            line = _first_line(segment)
+            if line and not thinking:
+                return line
+            thought = thought or line
+    return thought
+
+
+def _is_call(view: dict[str, Any]) -> bool:
+    return str(view.get("template", "")).endswith("item_function_call.html")
+
+
+def _call_line(view: dict[str, Any]) -> str:
+    """``bash: ls -la`` for a function call view (its summary's telling argument)."""
+    summary = view.get("summary") or {}
+    name = view.get("name") or "?"
+    line = summary.get("line") or ""
+    return f"{name}: {line}" if line else str(name)
+
+
+def step_gist(items: list[dict[str, Any]]) -> dict[str, str]:
+    """What a step did, for its outline row and folded header: ``{"what": first call as
+    "bash: ls -la" (and "+N more calls"), "text": the first line of the agent's first message}``;
+    either may be ``""``."""
+    calls = [v for v in items if _is_call(v)]
+    what = _call_line(calls[0]) if calls else ""
+    if len(calls) > 1:
+        what += f" (+{len(calls) - 1} more call{'' if len(calls) == 2 else 's'})"
+    text = next((v["gist"] for v in items if v.get("gist")), "")
+    return {"what": what, "text": text}
+
+
+# a step with more items than this shows them in sub-groups (each call with its reasoning)
+GROUP_MIN_ITEMS = 8
+# a step with more items than this starts with its sub-groups folded
+GROUP_FOLD_ITEMS = 24
+
+
+def sub_groups(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A long step's items in sub-groups: each group is the reasoning and messages before a call,
+    the call(s) and their outputs (a new group starts at a non-call item after a call). Each
+    ``{"items": [...], "line": what the group did, "label": "bash" or "message", "count": "5 items",
+    "failed": badge text or ""}``."""
+    groups: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    seen_call = False
+    for view in views:
+        io = _is_call(view) or str(view.get("template", "")).endswith("item_function_call_output.html")
+        if current and seen_call and not io:
+            groups.append(current)
+            current, seen_call = [], False
+        current.append(view)
+        seen_call = seen_call or _is_call(view)
+    if current:
+        groups.append(current)
+    out = []
+    for group in groups:
+        calls = [v for v in group if _is_call(v)]
+        gist = step_gist(group)
+        failed = next((v["failed"] for v in group if v.get("failed")), "")
+        first_seq = next((v["seq"] for v in group if v.get("seq")), "")
+        out.append(
+            {
+                "items": group,
+                "label": ", ".join(dict.fromkeys(str(v.get("name") or "?") for v in calls)) if calls else "text",
+                "line": gist["what"] or gist["text"] or (group[0].get("summary") or {}).get("line", ""),
+                "count": f"{len(group)} item{'' if len(group) == 1 else 's'}",
+                "failed": failed,
+                "seq": first_seq,
+            }
+        )
+    return out
+
+
 def _tokens(usage: Any) -> str:
     if not isinstance(usage, dict):
         return ""
@@ -154,10 +285,19 @@ def _step_badges(step: dict[str, Any]) -> list[dict[str, str]]:
         badges.append(
             {"cls": "failed", "text": f"{refused} refused", "title": "calls gymweb refused to send to the env"}
         )
-    failed = sum(1 for v in items if (v.get("tool_status") or 0) >= 400)
+    failed = [
+        v.get("failed") or f"HTTP {v['tool_status']}"
+        for v in items
+        if v.get("failed") or (v.get("tool_status") or 0) >= 400
+    ]
     if failed:
+        kinds = ", ".join(dict.fromkeys(failed))
         badges.append(
-            {"cls": "bad", "text": f"{failed} tool failed", "title": "tool outputs with an HTTP error status"}
+            {
+                "cls": "bad",
+                "text": f"{len(failed)} tool failed",
+                "title": f"tool outputs that failed (an HTTP error status or a non-zero exit code): {kinds}"[:300],
+            }
         )
     return badges
 
@@ -189,6 +329,7 @@ def outline(steps: list[dict[str, Any]], *, imported: bool, started: Any | None 
             "number": str(step["index"] + 1),
             "title": step.get("title") or f"Step {step['index'] + 1}",
             "tools": _tool_names(items),
+            "gist": step.get("gist") or step_gist(items),
             "latency": "" if imported or call is None else duration_ms(call.latency_ms),
             "tools_time": duration_ms(tools_ms) if tools_ms and not imported else "",
             "tokens": _tokens(call.usage) if call is not None else "",

@@ -11,6 +11,8 @@ import re
 import nh3
 from django.utils.safestring import SafeString, mark_safe
 
+from rollouts.web.highlight import HL_CLASSES
+
 _TAGS = {
     "p",
     "br",
@@ -89,8 +91,9 @@ _CLASSES = {
         "md-img",
         "think-len",
         "code-lang",
+        *HL_CLASSES,  # Pygments' token classes (``hl-k``, ``hl-s2``…), in highlighted code
     },
-    "pre": {"code", "diff", "out-text", "part-json", "args", "args-raw", "j-m", "think-text", "plain"},
+    "pre": {"hl", "code", "diff", "out-text", "part-json", "args", "args-raw", "j-m", "think-text", "plain"},
     "details": {"think", "j", "json-block", "reasoning"},
     "summary": {"think-sum", "j-sum"},
     "dl": {"fields"},

@@ -26,6 +26,7 @@ from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryIte
 from rollouts.web.access import rollout_for
 from rollouts.web.archive_views import archived_rollout_response
 from rollouts.web.evaluation_views import rollout_findings
+from rollouts.web.find import find_in
 from rollouts.web.items import display_max_chars, item_url_base, item_view, task_input, timeline, verify_view
 from rollouts.web.markup import Budget
 from rollouts.web.navigation import filter_querystring, neighbours
@@ -279,6 +280,63 @@ def rollout_item(request, run_id, rollout_id, key):
     if request.htmx:
         return render(request, "rollouts/partials/item_body.html", context)
     return render(request, "rollouts/rollout_item.html", context)
+
+
+FIND_MAX_CHARS = 500
+
+
+def _verify_fields(rollout: Rollout) -> list[tuple[str, Any]]:
+    """``[("verify", fields)]``: the verify reply's own fields (not the echoed task and response,
+    searched as items already) of a succeeded attempt; ``[]`` otherwise."""
+    if rollout.status != Rollout.Status.SUCCEEDED or not rollout.verify_json:
+        return []
+    try:
+        data = json.loads(rollout.verify_json)
+    except ValueError:
+        return [("verify", rollout.verify_json)]
+    if not isinstance(data, dict):
+        return []
+    return [("verify", {k: v for k, v in data.items() if k not in ("response", "responses_create_params")})]
+
+
+@login_required
+@require_safe
+@never_cache
+def rollout_find(request, run_id, rollout_id):
+    """Find ``?q=`` (case-insensitive) in the rollout's whole stored text, past the display cut:
+    JSON ``{"q", "hits": total, "items": [{"key": item key ("12", "input-0", "instructions",
+    "verify" for the verify reply's own fields),
+    "hits": n, "offsets": [...]}]}`` in page order; the trajectory page loads the full body of an
+    item whose hit its cut hides. ``q`` over 500 characters is cut; an empty ``q`` finds nothing."""
+    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    if rollout.run.is_archived:
+        return archived_rollout_response(request, rollout, page=False)
+    needle = request.GET.get("q", "")[:FIND_MAX_CHARS]
+    found: list[dict[str, Any]] = []
+    if needle.strip():
+        try:
+            task_row = json.loads(rollout.task.row_json)
+        except ValueError:
+            task_row = {}
+        params = (task_row.get("responses_create_params") if isinstance(task_row, dict) else None) or {}
+        inputs: list[tuple[str, Any]] = []
+        if isinstance(params.get("instructions"), str):
+            inputs.append(("instructions", params["instructions"]))
+        first = params.get("input")
+        if isinstance(first, str):
+            first = [first]
+        inputs += [(f"input-{k}", item) for k, item in enumerate(first if isinstance(first, list) else [])]
+        rows = TrajectoryItem.objects.filter(rollout=rollout).order_by("seq").values_list("seq", "payload")
+        for key, payload in [
+            *inputs,
+            *((str(seq), payload) for seq, payload in rows.iterator()),
+            *_verify_fields(rollout),
+        ]:
+            hits, offsets = find_in(payload, needle)
+            if hits:
+                found.append({"key": key, "hits": hits, "offsets": offsets})
+    body = {"q": needle, "hits": sum(f["hits"] for f in found), "items": found}
+    return HttpResponse(json.dumps(body), content_type="application/json")
 
 
 def raw_row(rollout: Rollout) -> dict[str, Any] | None:

@@ -64,6 +64,7 @@ urlpatterns = [
     ),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/", trajectory_views.rollout_detail, name="rollout"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/live/", trajectory_views.rollout_live, name="rollout_live"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/find/", trajectory_views.rollout_find, name="rollout_find"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/raw.json", trajectory_views.rollout_raw, name="rollout_raw"),
     path(
         "runs/<int:run_id>/rollouts/<int:rollout_id>/items/<str:key>/",
