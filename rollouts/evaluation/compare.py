@@ -297,9 +297,7 @@ def compare_runs(run_a: Run, run_b: Run) -> Comparison:
     prompt_only = rows_from_results(run_a) or rows_from_results(run_b)
     common, only_a, only_b, mismatched = _walk_tasks(run_a, run_b, prompt_only)
     means_a, means_b = task_means(run_a), task_means(run_b)
-    out = Comparison(
-        run_a_id=run_a.pk, run_b_id=run_b.pk, only_in_a=only_a, only_in_b=only_b, prompt_only=prompt_only
-    )
+    out = Comparison(run_a_id=run_a.pk, run_b_id=run_b.pk, only_in_a=only_a, only_in_b=only_b, prompt_only=prompt_only)
     for task_index in common:
         a, b = means_a.get(task_index), means_b.get(task_index)
         t = TaskDelta(

@@ -144,6 +144,12 @@ def _compare_report_view(
                 "s": summary,
                 "rows": rows,
                 "more": max(len(summary["flips"]) - COMPARE_FLIPS_SHOWN, 0),
+                "matched_flips": paired.get("matched_flips"),
+                "differ_by_index": (
+                    paired["paired_by_index"] - paired["matched_flips"]["common_task_count"]
+                    if paired.get("matched_flips")
+                    else 0
+                ),
                 "paired": {
                     **paired,
                     "ci": "—" if paired["ci_low"] is None else f"[{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}]",
@@ -231,7 +237,7 @@ STATUS_TEXT = {
     "improvements": "improvement",
     "unchanged": "unchanged",
     "unfinished": "unfinished",
-    "mismatched": "inputs differ",
+    "mismatched": "task differs",
 }
 
 
@@ -247,6 +253,7 @@ def _compare_row(t, status: str, urls: dict[str, str]) -> dict[str, Any]:
         "delta_cls": "" if status not in ("regressions", "improvements") else ("bad" if delta < 0 else "ok"),
         "status": status,
         "status_text": STATUS_TEXT.get(status, status),
+        "difference": t.difference,
         "side_url": f"{urls['self']}&{urlencode({'task': t.task_index})}#side-by-side",
         "run_a_url": f"{urls['a']}?{urlencode({'task': t.task_index})}#rollouts",
         "run_b_url": f"{urls['b']}?{urlencode({'task': t.task_index})}#rollouts",
@@ -357,5 +364,6 @@ def compare(request):
                     "a": _side(run_a, a),
                     "b": _side(run_b, b),
                     "mismatched": task_index in {t.task_index for t in comparison.mismatched},
+                    "difference": next((t.difference for t in comparison.mismatched if t.task_index == task_index), ""),
                 }
     return render(request, "rollouts/compare.html", context, status=400 if form.is_bound and form.errors else 200)
