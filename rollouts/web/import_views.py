@@ -16,6 +16,7 @@ from django.urls import reverse
 
 from rollouts.collection.datasets import DatasetError
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
+from rollouts.collection.run_names import import_name
 from rollouts.evaluation import health
 from rollouts.web.forms import MultipleFileField
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
@@ -41,7 +42,12 @@ class ImportForm(forms.Form):
         help_text="optional: the rollouts_materialized_inputs.jsonl beside them (the task rows, with the task fields "
         "NeMo Gym's envs leave out of their results; needed to re-verify the run)",
     )
-    name = forms.CharField(max_length=200, required=False, help_text="default: the file names")
+    name = forms.CharField(
+        max_length=200,
+        required=False,
+        help_text="default: the file's folder and name (filled in when the browser gives the folder), else the "
+        "file name, numbered when a run already has it",
+    )
 
     def __init__(self, *args, too_large_uploads: set | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -113,9 +119,8 @@ def import_rollouts(request):
             sidecar_sources = {src for _, src in sidecars}
             input_sources = {src for _, src in inputs}
             try:
-                summary = import_shards(
-                    shards, sidecars, inputs, name=form.cleaned_data.get("name") or "", user=request.user
-                )
+                name = import_name(form.cleaned_data.get("name") or "", [u.name or "" for u, _ in shards + sidecars])
+                summary = import_shards(shards, sidecars, inputs, name=name, user=request.user)
             except LooksLikeDatasetError as exc:
                 form.add_error("rollouts", str(exc))
                 if len(shards) == 1:
