@@ -232,16 +232,6 @@ def rows_from_results(run: Run) -> bool:
     return not Rollout.objects.filter(run=run, input_ordinal__isnull=False).exists()
 
 
-def _inputs(run: Run) -> Iterator[tuple[int, str]]:
-    """``(task_index, row_json)`` of the run's tasks, in task order, streamed."""
-    return (
-        Task.objects.filter(run=run)
-        .order_by("task_index")
-        .values_list("task_index", "row_json")
-        .iterator(chunk_size=500)
-    )
-
-
 def _row(row_json: str) -> dict[str, Any]:
     try:
         row = json.loads(row_json)

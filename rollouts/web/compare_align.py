@@ -118,7 +118,7 @@ def _row(kind: str, title: str, a: dict | None, b: dict | None, pa: list[Any], p
     )
     if not pa and not pb:
         same = a is not None and b is not None
-    diffs = []
+    diffs: list[dict[str, Any]] = []
     unpaired = 0
     if not same:
         for i, j in pairs:

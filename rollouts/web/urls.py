@@ -14,8 +14,8 @@ from rollouts.web import (
     evaluation_views,
     import_views,
     profile_views,
-    run_name_views,
     review_views,
+    run_name_views,
     trajectory_views,
     views,
 )
