@@ -192,10 +192,29 @@ def _first_difference(a: Any, b: Any, path: str) -> str | None:
     return None if a == b and type(a) is type(b) else path
 
 
+def _strings(value: Any) -> list[str]:
+    """The string leaves of a JSON value, in order (what materialising never changes in an input)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k in sorted(value) for s in _strings(value[k])]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _texts(params: Any) -> list[str]:
+    items = params.get("input") if isinstance(params, dict) else None
+    items = [items] if isinstance(items, str) else items if isinstance(items, list) else []
+    return [s for item in items for s in _strings(item.get("content") if isinstance(item, dict) else item)]
+
+
 def _prompt_difference(a: Any, b: Any) -> str | None:
     ca, cb = _canonical(a), _canonical(b)
     if ca == cb:
         return None
+    if _texts(a) != _texts(b):  # the input's texts differ: no need to materialise to know it
+        return _first_difference(ca, cb, PROMPT_KEY) or PROMPT_KEY
     ma, mb = _canonical(materialize(a)), _canonical(materialize(b))
     if ma == mb:
         return None
