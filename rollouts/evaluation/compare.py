@@ -6,8 +6,8 @@ Definitions (DESIGN.md, "Aggregates": reward with failures counted as 0):
 - Tasks are paired by ``_ng_task_index`` (``Task.task_index``) and are **matched** (the same task)
   only when their task rows match (``task_difference``): ``responses_create_params`` (the prompt,
   tools and model parameters, as NeMo Gym's request model materialises them, so a dataset row and
-  the echoed row of a result match) and every other task field both rows hold, compared as
-  canonical JSON (keys sorted, a null field the same as an absent one). Never compared:
+  the echoed row of a result match; an input message's ``"type": "message"`` is its default) and
+  every other task field both rows hold, compared as canonical JSON (keys sorted, a null field the same as an absent one). Never compared:
   bookkeeping keys (``_ng_*``, ``_gymweb_*``, ``agent_ref``), result fields (``reward``,
   ``response``, …), a field only one row holds (a result row may lack a field its env dropped),
   and, when a run's task rows were taken from its result rows (an import without the materialised
@@ -209,13 +209,26 @@ def _texts(params: Any) -> list[str]:
     return [s for item in items for s in _strings(item.get("content") if isinstance(item, dict) else item)]
 
 
+def _canonical_prompt(params: Any) -> Any:
+    """``_canonical(params)`` with each input message's default ``"type": "message"`` left out."""
+    out = _canonical(params)
+    if isinstance(out, dict) and isinstance(out.get("input"), list):
+        out["input"] = [
+            {k: v for k, v in i.items() if k != "type"}
+            if isinstance(i, dict) and "role" in i and i.get("type") == "message"
+            else i
+            for i in out["input"]
+        ]
+    return out
+
+
 def _prompt_difference(a: Any, b: Any) -> str | None:
-    ca, cb = _canonical(a), _canonical(b)
+    ca, cb = _canonical_prompt(a), _canonical_prompt(b)
     if ca == cb:
         return None
     if _texts(a) != _texts(b):  # the input's texts differ: no need to materialise to know it
         return _first_difference(ca, cb, PROMPT_KEY) or PROMPT_KEY
-    ma, mb = _canonical(materialize(a)), _canonical(materialize(b))
+    ma, mb = _canonical_prompt(materialize(a)), _canonical_prompt(materialize(b))
     if ma == mb:
         return None
     return _first_difference(ma, mb, PROMPT_KEY) or PROMPT_KEY
