@@ -7,7 +7,8 @@ Definitions (DESIGN.md, "Aggregates": reward with failures counted as 0):
   only when their task rows match (``task_difference``): ``responses_create_params`` (the prompt,
   tools and model parameters, as NeMo Gym's request model materialises them, so a dataset row and
   the echoed row of a result match; an input message's ``"type": "message"`` is its default) and
-  every other task field both rows hold, compared as canonical JSON (keys sorted, a null field the same as an absent one). Never compared:
+  every other task field both rows hold, compared as canonical JSON (keys sorted, a null field the
+  same as an absent one). Never compared:
   bookkeeping keys (``_ng_*``, ``_gymweb_*``, ``agent_ref``), result fields (``reward``,
   ``response``, …), a field only one row holds (a result row may lack a field its env dropped),
   and, when a run's task rows were taken from its result rows (an import without the materialised
