@@ -294,7 +294,10 @@ def _walk_tasks(
         else:
             common.append(a[0])
             if a[1] != b[1]:
-                found = task_difference(_row(a[1]), _row(b[1]), prompt_only)
+                try:
+                    found = task_difference(_row(a[1]), _row(b[1]), prompt_only)
+                except RecursionError:  # nested past Python's limit: the rows' texts differ
+                    found = "(a row nested too deep to compare)"
                 if found:
                     mismatched[a[0]] = found
             a, b = next(it_a, None), next(it_b, None)

@@ -40,8 +40,12 @@ def _strip(value: Any) -> Any:
 
 
 def canonical_item(payload: Any) -> str:
-    """The canonical JSON of an item: keys sorted, ``id``/``call_id`` left out, at any depth."""
-    return json.dumps(_strip(payload), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """The canonical JSON of an item: keys sorted, ``id``/``call_id`` left out, at any depth. An
+    item nested past Python's recursion limit gets a text of its own (it is never identical)."""
+    try:
+        return json.dumps(_strip(payload), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        return f"\0too deep {id(payload)}"
 
 
 def item_key(payload: Any) -> tuple[str, str]:
@@ -101,7 +105,10 @@ def _text(payload: Any) -> str:
 
 def diff_of(a: Any, b: Any, label: str = "") -> SafeString:
     """A line diff of two items (``---`` A, ``+++`` B) as sanitised markup."""
-    ta, tb = _text(a)[:DIFF_TEXT_MAX_CHARS], _text(b)[:DIFF_TEXT_MAX_CHARS]
+    try:
+        ta, tb = _text(a)[:DIFF_TEXT_MAX_CHARS], _text(b)[:DIFF_TEXT_MAX_CHARS]
+    except RecursionError:
+        ta, tb = "(nested too deep to diff)", "(nested too deep to diff)"
     lines = list(difflib.unified_diff(ta.split("\n"), tb.split("\n"), "A", "B", lineterm="", n=2))
     note = ""
     if len(lines) > DIFF_MAX_LINES:
