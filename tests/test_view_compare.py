@@ -203,19 +203,21 @@ def test_a_long_task_table_is_paged(signed_in, db):
 def test_side_by_side_renders_both_trajectories_with_the_trajectory_partials(signed_in, pair):
     a, b = pair
     html = signed_in.get(_url(a=a.pk, b=b.pk, task=1)).content.decode()
-    side = re.search(
-        r'<section id="side-by-side".*?</section>\s*(?=<div class="grid two compare-lists">)', html, re.S
-    ).group(0)
+    side = re.search(r'<section id="side-by-side".*?(?=<div class="grid two compare-lists">)', html, re.S).group(0)
     assert "Task 1 side by side" in side and "improvement" in side
-    sides = re.findall(r'<div class="side" aria-label="run (A|B)">', side)
-    assert sides == ["A", "B"]
-    first, second = side.split('<div class="side" aria-label="run B">')
+    assert re.findall(r'<div class="side" aria-label="run (A|B)">', side) == ["A", "B"]
+    # step 2 differs: each side's step, with the trajectory page's partials
+    step = side[side.index('aria-label="Step 2 differs"') :]
+    first, second = step.split('<div class="side" aria-label="Step 2 of run B">')
     assert "the count is 2 (from A)" in first and "the count is 1 (from B)" not in first
     assert "the count is 1 (from B)" in second
-    # the trajectory page's own partials: steps, the asked call and gymweb's output
-    assert first.count('class="step') >= 3 and "item item-function_call" in first and "run by gymweb" in first
-    assert f'href="{reverse("rollout", args=[a.pk, key(a, 1).pk])}"' in first
-    assert f'href="{reverse("rollout", args=[b.pk, key(b, 1).pk])}"' in second
+    # step 1 (the same call and output on both sides) is shown once, folded
+    assert re.search(r'aligned-same" data-row="0">\s*<summary><span class="step-title">Task input</span>', side)
+    same = side[side.index('<details class="aligned-row aligned-same" data-row="1"') :]
+    assert "Step 1" in same[:400] and "identical on both sides" in same[:400]
+    assert "item item-function_call" in same and "run by gymweb" in same
+    assert f'href="{reverse("rollout", args=[a.pk, key(a, 1).pk])}"' in side
+    assert f'href="{reverse("rollout", args=[b.pk, key(b, 1).pk])}"' in side
 
 
 def test_side_by_side_gives_every_element_id_once_and_each_side_links_its_own_items(signed_in, pair):
@@ -223,10 +225,8 @@ def test_side_by_side_gives_every_element_id_once_and_each_side_links_its_own_it
     html = signed_in.get(_url(a=a.pk, b=b.pk, task=1)).content.decode()
     ids = re.findall(r'\sid="([^"]+)"', html)
     assert ids and len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
-    first, second = html.split('<div class="side" aria-label="run B">')
-    assert 'id="a-item-0"' in first and 'href="#a-item-0"' in first and 'id="a-step-0"' in first
-    assert 'id="b-item-0"' in second and 'href="#b-item-0"' in second and 'id="b-step-0"' in second
-    assert 'answers <a href="#b-item-0">' in second
+    assert 'id="a-item-0"' in html and 'href="#a-item-0"' in html and 'id="a-step-0"' in html
+    assert 'id="a-item-2"' in html and 'id="b-item-2"' in html and 'id="b-step-1"' in html
 
 
 def test_side_by_side_shows_a_failed_attempt_and_says_when_a_run_has_none(signed_in, pair):

@@ -51,6 +51,7 @@ def import_run(
     all or nothing; a bad line is reported with its file and line (``errors`` names the field).
     Every imported file downloads again byte for byte. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` per file."""
     from rollouts.collection.importer import import_shards
+    from rollouts.collection.run_names import import_name
     from rollouts.evaluation import health
 
     limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
@@ -67,7 +68,11 @@ def import_run(
     pick = lambda field: [(uploads[field], sources[field])] if uploads[field] is not None else []  # noqa: E731
     try:
         summary = import_shards(
-            pick("rollouts"), pick("failures"), pick("materialized"), name=name[:200], user=request.user
+            pick("rollouts"),
+            pick("failures"),
+            pick("materialized"),
+            name=import_name(name, [sources[f] for f in ("rollouts", "failures") if f in sources]),
+            user=request.user,
         )
     except DatasetError as exc:
         field = next((f for f, src in sources.items() if src == exc.source), "rollouts")

@@ -227,6 +227,12 @@ def _paired_section(paired: list[dict[str, Any]], labels: list[str]) -> list[str
         "between-task variance the Welch interval carries.",
         "",
     ]
+    if any(p.get("matched_only") for p in paired):
+        lines += [
+            "Between stored runs only the matched tasks count (same task index and matching task rows); "
+            "NeMo Gym's flips above pair tasks by `_ng_task_index` alone.",
+            "",
+        ]
     lines += _table(
         ["Candidate", "Tasks", "Δ (paired)", "Paired 95% CI", "Width", "Welch width", "Tighter"],
         ["---", "---:", "---:", "---", "---:", "---:", "---"],

@@ -277,15 +277,19 @@ def paired_bootstrap(
     *,
     resamples: int = PAIRED_BOOTSTRAP_RESAMPLES,
     seed: int = PAIRED_BOOTSTRAP_SEED,
+    tasks: set[int] | None = None,
 ) -> dict[str, Any]:
     """The paired 95% bootstrap interval of the candidate-minus-baseline ``mean/reward`` over the
-    common tasks (see the section comment). Returns ``{"metric", "tasks", "delta", "ci_low",
-    "ci_high", "resamples", "seed"}``; the interval is None with fewer than 2 common tasks."""
+    common tasks (see the section comment), or over those of ``tasks`` only (the task indices that
+    are the same task on both sides). Returns ``{"metric", "tasks", "delta", "ci_low", "ci_high",
+    "resamples", "seed"}``; the interval is None with fewer than 2 common tasks."""
     import numpy as np
 
     bg, cg = _groups(base), _groups(cand)
     diffs = []
     for t in sorted(set(bg) & set(cg)):
+        if tasks is not None and t not in tasks:
+            continue
         b, c = numeric(bg[t].get("mean/reward")), numeric(cg[t].get("mean/reward"))
         if b is not None and c is not None:
             diffs.append(c - b)
@@ -317,6 +321,35 @@ def _tighter(paired: dict[str, Any], row: dict[str, Any] | None, index: int) -> 
     else:
         tighter = "paired" if paired_width < welch_width else "welch" if welch_width < paired_width else "equal"
     return {**paired, "width": paired_width, "welch_width": welch_width, "tighter": tighter}
+
+
+def _matched(baseline: Side, candidate: Side) -> set[int] | None:
+    """The task indices that are the same task on both sides (``compare.matched_tasks``) when both
+    are stored runs; None (every common index) for a file side."""
+    if baseline.run is None or candidate.run is None:
+        return None
+    from rollouts.evaluation.compare import matched_tasks
+
+    return matched_tasks(baseline.run, candidate.run)
+
+
+def _only(entry: dict[str, Any], tasks: set[int]) -> dict[str, Any]:
+    groups = [g for g in entry.get("group_level_metrics") or [] if g.get(TASK_INDEX_KEY_NAME) in tasks]
+    return {**entry, "group_level_metrics": groups}
+
+
+def _matched_fields(base: dict[str, Any], cand: dict[str, Any], index: int, tasks: set[int] | None) -> dict[str, Any]:
+    """gymweb's additions beside the paired interval: ``matched_only`` (whether only matched tasks
+    were used), ``paired_by_index`` (tasks NeMo Gym's flips pair by ``_ng_task_index``) and
+    ``matched_flips`` (NeMo Gym's flip summary over the matched tasks alone; None for file sides)."""
+    common = set(_groups(base)) & set(_groups(cand))
+    if tasks is None:
+        return {"matched_only": False, "paired_by_index": len(common), "matched_flips": None}
+    return {
+        "matched_only": True,
+        "paired_by_index": len(common),
+        "matched_flips": flip_summary(_only(base, tasks), _only(cand, tasks), index),
+    }
 
 
 # -- the report --------------------------------------------------------------------------------------
@@ -452,6 +485,7 @@ def compare_sides(
             raise CompareError("give --agent-name, or --baseline-agent/--candidate-agents, not both")
         _pick_agents(baseline, candidates, baseline_agent, candidate_agents)
     agents, warns, skipped = _agent_selection(baseline, candidates, agent)
+    matched = [_matched(baseline, s) for s in candidates]
     comparisons, paired = [], []
     for name in agents:
         base = baseline.entries[name]
@@ -462,7 +496,13 @@ def compare_sides(
         paired.append(
             {
                 "agent": comparison["baseline_agent"],
-                "candidates": [_tighter(paired_bootstrap(base, c), reward_row, i) for i, c in enumerate(cands)],
+                "candidates": [
+                    {
+                        **_tighter(paired_bootstrap(base, c, tasks=matched[i]), reward_row, i),
+                        **_matched_fields(base, c, i, matched[i]),
+                    }
+                    for i, c in enumerate(cands)
+                ],
             }
         )
     return {

@@ -23,7 +23,8 @@ from rollouts.display import signed_number
 from rollouts.downloads import bytes_download
 from rollouts.evaluation import compare_files, compare_report, compare_sides
 from rollouts.evaluation.compare import compare_runs, pick_pair
-from rollouts.models import Rollout, Run
+from rollouts.models import Rollout, Run, TrajectoryItem
+from rollouts.web import compare_align
 from rollouts.web.access import runs_for
 from rollouts.web.analysis import cell_text, run_cached
 from rollouts.web.items import item_url_base, task_input, timeline
@@ -151,6 +152,12 @@ def _compare_report_view(
                 "s": summary,
                 "rows": rows,
                 "more": max(len(summary["flips"]) - COMPARE_FLIPS_SHOWN, 0),
+                "matched_flips": paired.get("matched_flips"),
+                "differ_by_index": (
+                    paired["paired_by_index"] - paired["matched_flips"]["common_task_count"]
+                    if paired.get("matched_flips")
+                    else 0
+                ),
                 "paired": {
                     **paired,
                     "ci": "—" if paired["ci_low"] is None else f"[{paired['ci_low']:+.4f}, {paired['ci_high']:+.4f}]",
@@ -238,7 +245,7 @@ STATUS_TEXT = {
     "improvements": "improvement",
     "unchanged": "unchanged",
     "unfinished": "unfinished",
-    "mismatched": "inputs differ",
+    "mismatched": "task differs",
 }
 
 
@@ -254,14 +261,30 @@ def _compare_row(t, status: str, urls: dict[str, str]) -> dict[str, Any]:
         "delta_cls": "" if status not in ("regressions", "improvements") else ("bad" if delta < 0 else "ok"),
         "status": status,
         "status_text": STATUS_TEXT.get(status, status),
+        "difference": t.difference,
         "side_url": f"{urls['self']}&{urlencode({'task': t.task_index})}#side-by-side",
         "run_a_url": f"{urls['a']}?{urlencode({'task': t.task_index})}#rollouts",
         "run_b_url": f"{urls['b']}?{urlencode({'task': t.task_index})}#rollouts",
     }
 
 
+def _input_items(task_row: dict[str, Any]) -> list[Any]:
+    """What the agent was given, as items to align: the instructions, the input items, the tools."""
+    params = task_row.get("responses_create_params") if isinstance(task_row, dict) else None
+    params = params if isinstance(params, dict) else {}
+    items: list[Any] = []
+    if params.get("instructions"):
+        items.append({"type": "message", "role": "instructions", "content": params["instructions"]})
+    first = params.get("input")
+    items.extend([{"type": "message", "role": "user", "content": first}] if isinstance(first, str) else first or [])
+    if params.get("tools"):
+        items.append({"type": "tools", "tools": params["tools"]})
+    return items
+
+
 def _side(run: Run, rollout: Rollout | None) -> dict[str, Any]:
-    """One column of the side-by-side view: the trajectory page's view models of a rollout."""
+    """One column of the side-by-side view: the trajectory page's view models of a rollout, and
+    the raw items to align (``input_items``, ``step_payloads``: step index -> payloads)."""
     side: dict[str, Any] = {"run": run, "rollout": rollout, "imported": run.status == Run.Status.IMPORTED}
     if rollout is None:
         return side
@@ -269,12 +292,19 @@ def _side(run: Run, rollout: Rollout | None) -> dict[str, Any]:
         task_row = json.loads(rollout.task.row_json)
     except ValueError:
         task_row = {}
-    steps, num_items = timeline(rollout)
+    payloads: list = []
+    steps, num_items = timeline(rollout, payloads=payloads)
+    step_of = dict(TrajectoryItem.objects.filter(rollout=rollout).values_list("seq", "step"))
+    step_payloads: dict[int, list[Any]] = {}
+    for seq, payload in payloads:
+        step_payloads.setdefault(step_of.get(seq, 0), []).append(payload)
     side.update(
         {
             "steps": steps,
             "num_items": num_items,
             "task_input": task_input(task_row, item_url_base(rollout)),
+            "input_items": _input_items(task_row),
+            "step_payloads": step_payloads,
             "tools": [
                 t.get("name")
                 for t in (task_row.get("responses_create_params") or {}).get("tools") or []
@@ -285,6 +315,17 @@ def _side(run: Run, rollout: Rollout | None) -> dict[str, Any]:
         }
     )
     return side
+
+
+def _aligned(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    return compare_align.align(
+        a.get("input_items"),
+        b.get("input_items"),
+        a.get("steps", []),
+        b.get("steps", []),
+        a.get("step_payloads", {}),
+        b.get("step_payloads", {}),
+    )
 
 
 def _index_list(indices: list[int]) -> dict[str, Any]:
@@ -359,11 +400,17 @@ def compare(request):
                 context["task_error"] = "task must be a whole number"
             else:
                 a, b = pick_pair(run_a, run_b, task_index)
+                side_a, side_b = _side(run_a, a), _side(run_b, b)
+                rows = _aligned(side_a, side_b)
                 context["side"] = {
                     "task": task_index,
                     "status": STATUS_TEXT.get(status.get(task_index, ""), ""),
-                    "a": _side(run_a, a),
-                    "b": _side(run_b, b),
+                    "a": side_a,
+                    "b": side_b,
+                    "rows": rows,
+                    "diverges": any(r["anchor"] for r in rows),
+                    "identical_rows": sum(1 for r in rows if r["same"]),
                     "mismatched": task_index in {t.task_index for t in comparison.mismatched},
+                    "difference": next((t.difference for t in comparison.mismatched if t.task_index == task_index), ""),
                 }
     return render(request, "rollouts/compare.html", context, status=400 if form.is_bound and form.errors else 200)

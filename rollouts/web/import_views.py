@@ -18,6 +18,7 @@ from django.urls import reverse
 from rollouts import background
 from rollouts.collection.datasets import DatasetError
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
+from rollouts.collection.run_names import import_name
 from rollouts.evaluation import health
 from rollouts.models import BackgroundTask
 from rollouts.web.forms import MultipleFileField
@@ -44,7 +45,12 @@ class ImportForm(forms.Form):
         help_text="optional: the rollouts_materialized_inputs.jsonl beside them (the task rows, with the task fields "
         "NeMo Gym's envs leave out of their results; needed to re-verify the run)",
     )
-    name = forms.CharField(max_length=200, required=False, help_text="default: the file names")
+    name = forms.CharField(
+        max_length=200,
+        required=False,
+        help_text="default: the file's folder and name (filled in when the browser gives the folder), else the "
+        "file name, numbered when a run already has it",
+    )
 
     def __init__(self, *args, too_large_uploads: set | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -129,7 +135,7 @@ def import_job(task, progress) -> background.Done:
                 shards,
                 sidecars,
                 inputs,
-                name=task.params.get("name") or "",
+                name=import_name(task.params.get("name") or "", [src for _, src in shards + sidecars]),
                 user=task.user,
                 batched=True,  # short transactions: the workers' writes never wait long for the import
                 on_batch=read_so_far,

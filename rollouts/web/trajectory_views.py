@@ -308,7 +308,7 @@ def rollout_find(request, run_id, rollout_id):
     "verify" for the verify reply's own fields),
     "hits": n, "offsets": [...]}]}`` in page order; the trajectory page loads the full body of an
     item whose hit its cut hides. ``q`` over 500 characters is cut; an empty ``q`` finds nothing."""
-    rollout = get_object_or_404(Rollout.objects.select_related("run", "task"), pk=rollout_id, run_id=run_id)
+    rollout = rollout_for(request, run_id, rollout_id)
     if rollout.run.is_archived:
         return archived_rollout_response(request, rollout, page=False)
     needle = request.GET.get("q", "")[:FIND_MAX_CHARS]
