@@ -33,7 +33,11 @@ def store_dataset(parsed: ParsedDataset, name: str, user=None) -> Dataset:
     """Keep a validated dataset for reuse by later runs. Returns the new ``Dataset``."""
     with transaction.atomic():
         dataset = Dataset.objects.create(
-            name=name[:200], created_by=user, num_rows=len(parsed.rows), sha256=parsed.sha256
+            name=name[:200],
+            source_name=name[:200],
+            created_by=user,
+            num_rows=len(parsed.rows),
+            sha256=parsed.sha256,
         )
         DatasetRow.objects.bulk_create(
             (
@@ -50,7 +54,9 @@ def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None) -> tuple
     stored dataset. Returns ``(dataset, reused)``."""
     if parsed.sha256 and user is not None and getattr(user, "pk", None):
         same = (
-            Dataset.objects.filter(created_by=user, sha256=parsed.sha256, name=name[:200], num_rows=len(parsed.rows))
+            Dataset.objects.filter(
+                created_by=user, sha256=parsed.sha256, source_name=name[:200], num_rows=len(parsed.rows)
+            )
             .order_by("-id")
             .first()
         )
