@@ -59,8 +59,8 @@ def test_a_dataset_renamed_keeps_its_origin_and_is_chosen_on_the_form(signed_in,
     assert dataset.name == "<b>counter</b> v2" and dataset.source_name == "example.jsonl"
     body = signed_in.get(response["Location"]).content.decode()
     assert (
-        f'<option value="{dataset.pk}" selected>#{dataset.pk} &lt;b&gt;counter&lt;/b&gt; v2 · 2 rows · file example.jsonl'
-        in body
+        f'<option value="{dataset.pk}" selected>#{dataset.pk} &lt;b&gt;counter&lt;/b&gt; v2 · 2 rows · '
+        "file example.jsonl" in body
     )
     assert "<b>counter</b>" not in body
     # The same file uploaded again is still recognised by the name it came with.
