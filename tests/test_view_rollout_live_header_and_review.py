@@ -66,3 +66,5 @@ def test_a_live_update_from_another_page_gets_a_panel_that_returns_to_the_rollou
     body = signed_in.get(live, {"from": 0}, headers={"HX-Current-URL": "http://evil.example/x?review=1"})
     text = body.content.decode()
     assert "evil.example" not in text and 'data-review-mode="1"' not in text
+    page = reverse("rollout", args=[rollout.run_id, rollout.pk])
+    assert f'name="next" value="{page}"' in text and live not in text

@@ -235,7 +235,8 @@ def rollout_live(request, run_id, rollout_id):
         # page would show it now, with the page's own query (review mode, filters) from htmx.
         page = _same_site_page(request, rollout)
         params = QueryDict(page.partition("?")[2]) if page else QueryDict()
-        context.update(review_context(request, rollout, params=params, back=page or None))
+        back = page or reverse("rollout", args=[rollout.run_id, rollout.pk])
+        context.update(review_context(request, rollout, params=params, back=back))
     return render(request, "rollouts/partials/rollout_live.html", context)
 
 
