@@ -136,13 +136,16 @@ def test_the_demo_on_a_chosen_port_keeps_its_ports_password_and_sessions_across_
         assert f"example env {env_url}   example agent {agent_url}" in second.output
         # The browser of the first demo is still signed in (same key, same password hash).
         run_page = browser.get("/runs/1/")
-        assert run_page.status_code == 200 and "demo: counter tasks, two fail on purpose" in run_page.text
+        assert run_page.status_code == 200 and "demo: counter tasks, three fail on purpose" in run_page.text
         assert second.proc.wait(timeout=180) == 0, second.output[-3000:]
     finally:
         second.stop()
         browser.close()
-    # Five tasks succeed, two fail on purpose (a tool answering an error, a wrong answer): reward 0.
-    assert "demo run completed: 7 succeeded, 0 failed (5 with reward 1.0, mean reward 0.71)" in second.output
+    # Five tasks succeed, three fail on purpose (a tool answering an error, a wrong answer): reward 0.
+    assert (
+        "demo run completed: 7 succeeded, 1 failed (5 with reward 1.0, mean reward of the succeeded 0.71)"
+        in second.output
+    )
     assert "not the first demo's" not in second.output
     assert (tmp_path / "secret_key").read_text() == key
 
@@ -154,7 +157,7 @@ def test_the_demo_on_a_chosen_port_keeps_its_ports_password_and_sessions_across_
     finally:
         third.stop()
     assert f"the example env moved from 127.0.0.1:{env_port} to 127.0.0.1:{moved_env}" in third.output
-    assert "1 earlier run(s) point at the old address: #1 demo: counter tasks, two fail on purpose" in third.output
+    assert "1 earlier run(s) point at the old address: #1 demo: counter tasks, three fail on purpose" in third.output
     assert f"gymweb demo --env-port {env_port} --agent-port {agent_port}" in third.output
     assert "example agent moved" not in third.output
 
@@ -187,4 +190,7 @@ def test_the_demo_runs_on_a_nemo_gym_head_servers_environment(tmp_path, counter_
     finally:
         demo.stop()
         head.stop()
-    assert "demo run completed: 7 succeeded, 0 failed (5 with reward 1.0, mean reward 0.71)" in demo.output
+    assert (
+        "demo run completed: 7 succeeded, 1 failed (5 with reward 1.0, mean reward of the succeeded 0.71)"
+        in demo.output
+    )

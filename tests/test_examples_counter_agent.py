@@ -288,3 +288,10 @@ def test_a_reset_task_asks_for_reset_counter_and_reports_its_error_without_a_cou
 def test_a_word_it_does_not_know_is_left_out_of_the_plan():
     task = [{"type": "message", "role": "user", "content": "add 4 then subtract 1 then get the count"}]
     assert [json.loads(c["arguments"]) for c in counter_agent.decide(task)] == [{"count": 4}]
+
+
+def test_a_task_that_asks_for_partial_usage_gets_an_invalid_usage_object(agent_url):
+    params = {"input": "add 3 then get the count and report partial usage"}
+    reply = call(agent_url, params).json()
+    assert reply["usage"] == {"input_tokens": reply["usage"]["input_tokens"]}
+    assert call(agent_url, {"input": "add 3 then get the count"}).json()["usage"]["total_tokens"] > 0

@@ -24,6 +24,9 @@ its output is not `{"success": true}` the reply is a final message naming the er
 Any other word ("subtract 1", "double it") is not understood and left out of the plan, so the
 answer is wrong and the env's reward 0 (the demo's lesson in a wrong answer).
 
+A task that says "report partial usage" gets replies whose `usage` holds only `input_tokens`: an
+invalid Responses object (the demo's lesson in a terminal failure, which no retry can fix).
+
 A task it cannot parse, an `input` with no user message, or a tool output it cannot read gets a
 final assistant message saying so (never an error status). `input` given as a string is read as
 one user message. A body that is not a JSON object is HTTP 400 `{"error": {...}}`.
@@ -65,6 +68,7 @@ MAX_TRACKED_SESSIONS = 100_000  # call counters kept; the oldest are forgotten p
 _ADD = re.compile(r"\badd\s+(-?\d+)", re.IGNORECASE)
 _GET = re.compile(r"\bget\s+the\s+count\b", re.IGNORECASE)
 _RESET = re.compile(r"\breset\s+the\s+counter\b", re.IGNORECASE)
+_PARTIAL_USAGE = re.compile(r"\breport\s+partial\s+usage\b", re.IGNORECASE)
 _COUNT = re.compile(r'"count"\s*:\s*(-?\d+)')
 
 CALLS_KEY = web.AppKey("agent_calls", dict)
@@ -131,14 +135,19 @@ def output_text(output: Any) -> str:
     return "" if output is None else json.dumps(output)
 
 
-def decide(items: list[Any]) -> list[dict[str, Any]]:
-    """The next output items for a conversation (see the module docstring for the plan)."""
-    user_texts = [
+def user_texts(items: list[Any]) -> list[str]:
+    """The texts of the user messages among `items`, in order."""
+    return [
         message_text(item)
         for item in items
         if isinstance(item, dict) and item.get("type", "message") == "message" and item.get("role") == "user"
     ]
-    task = user_texts[0] if user_texts else ""
+
+
+def decide(items: list[Any]) -> list[dict[str, Any]]:
+    """The next output items for a conversation (see the module docstring for the plan)."""
+    texts = user_texts(items)
+    task = texts[0] if texts else ""
     numbers = [int(n) for n in _ADD.findall(task)]
     if not numbers or not _GET.search(task):
         shown = task[:200] if task else "(no user message)"
@@ -271,6 +280,8 @@ async def responses(request: web.Request) -> web.Response:
     items = as_items(params.get("input"))
     output = decide(items)
     usage = estimate_usage(len(await request.read()), items, output)  # read() is cached
+    if any(_PARTIAL_USAGE.search(text) for text in user_texts(items)):
+        usage = {"input_tokens": usage["input_tokens"]}  # on purpose: a partial usage object
     reply = json_response(response_object(params, output, usage, DEFAULT_MODEL))
     track_call(request, reply)
     return reply

@@ -231,7 +231,7 @@ class Command(BaseCommand):
             dataset = runs.store_dataset(parsed, DEMO_TASKS.name, user)
             run = runs.create_run(
                 parsed,
-                name="demo: counter tasks, two fail on purpose",
+                name="demo: counter tasks, three fail on purpose",
                 user=user,
                 dataset=dataset,
                 agent_url=agent_url,
@@ -253,8 +253,8 @@ class Command(BaseCommand):
                 f"  NeMo Gym    {nemo.env_name} at {nemo.env_url} (head server {nemo.head_url}): the demo run's environment"
             )
         self.stdout.write(
-            "  the demo run: 5 counter tasks that succeed (reward 1.0) and 2 that fail on purpose, labelled"
-            " in each task's demo_note (a tool that answers an error, a wrong answer: reward 0.0)"
+            "  the demo run: 5 counter tasks succeed (reward 1.0) and 3 fail on purpose, each labelled in its"
+            " demo_note: a tool that answers an error and a wrong answer (reward 0.0), a broken reply (a failed rollout)"
         )
         if self.moved:
             self.stdout.write(self.style.WARNING("  the example ports are not the first demo's:\n" + self.moved))
@@ -268,8 +268,10 @@ class Command(BaseCommand):
                 run.refresh_from_db()
                 if run.is_final:
                     counts = runs.counts(run)
-                    rewards = list(run.rollouts.filter(reward__isnull=False).values_list("reward", flat=True))
-                    mean = f", mean reward {sum(rewards) / len(rewards):.2f}" if rewards else ""
+                    rewards = list(
+                        run.rollouts.filter(status="succeeded", reward__isnull=False).values_list("reward", flat=True)
+                    )
+                    mean = f", mean reward of the succeeded {sum(rewards) / len(rewards):.2f}" if rewards else ""
                     full = sum(1 for r in rewards if r == 1.0)
                     self.stdout.write(
                         f"demo run {run.status}: {counts['succeeded']} succeeded, {counts['failed']} failed"
