@@ -14,12 +14,11 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-# make demo PORT=8001 (web server); the example env and agent keep ENV_PORT and AGENT_PORT.
+# make demo PORT=8001 (web server); ENV_PORT= and AGENT_PORT= move the example env and agent
+# (unset: the ports the first demo used, kept in the data directory; 9101 and 9102 at first).
 PORT ?= 8000
-ENV_PORT ?= 9101
-AGENT_PORT ?= 9102
 demo: $(BIN)/.installed
-	$(BIN)/gymweb demo --port $(PORT) --env-port $(ENV_PORT) --agent-port $(AGENT_PORT) $(DEMO_ARGS)
+	$(BIN)/gymweb demo --port $(PORT)$(if $(ENV_PORT), --env-port $(ENV_PORT))$(if $(AGENT_PORT), --agent-port $(AGENT_PORT)) $(DEMO_ARGS)
 
 # PYTEST_ARGS: more pytest options (e.g. PYTEST_ARGS="-x tests/test_charts.py").
 test: $(BIN)/.installed

@@ -63,6 +63,8 @@ class Dataset(TeamOwned):
     (stale result fields already stripped), in file order."""
 
     name = LosslessCharField(max_length=200)
+    # The name it came with (the uploaded file's, the selection's), kept when it is renamed.
+    source_name = LosslessCharField(max_length=200, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="datasets")

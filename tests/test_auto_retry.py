@@ -121,7 +121,7 @@ def _first_call_fails_agent():
 
     app = web.Application()
     app[counter_agent.CALLS_KEY] = {}
-    app[counter_agent.LATENCY_KEY] = 0.0
+    app[counter_agent.LATENCY_KEY] = (0.0, 0.0)
     app.router.add_post("/v1/responses", responses)
     add_fallback_routes(app)
     return BackgroundServer(app).start()

@@ -28,7 +28,8 @@ def test_make_demo_passes_the_port_and_the_example_ports():
     out = subprocess.run(
         ["make", "-n", "demo", "PORT=8001"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    assert "gymweb demo --port 8001 --env-port 9101 --agent-port 9102" in out
+    # No example ports unless given: the demo reuses the first demo's (9101 and 9102 at first).
+    assert "gymweb demo --port 8001" in out and "--env-port" not in out and "--agent-port" not in out
     out = subprocess.run(
         ["make", "-n", "demo", "PORT=8001", "ENV_PORT=9301", "AGENT_PORT=9302"],
         cwd=REPO,
@@ -127,20 +128,38 @@ def test_the_demo_on_a_chosen_port_keeps_its_ports_password_and_sessions_across_
     assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0  # owner-only
     key = (tmp_path / "secret_key").read_text()
 
-    second = Demo(tmp_path, *ports, "--num-repeats", "1", "--exit-when-done")
+    # Without the example ports the restart reuses the first demo's (remembered in the data dir).
+    second = Demo(tmp_path, "--port", str(web), "--num-repeats", "1", "--exit-when-done", "--agent-latency-ms", "0")
     try:
         second.wait_for("gymweb is running")
         assert second.wait_for(r"sign in as  demo / (\S+)").group(1) == password
         assert f"example env {env_url}   example agent {agent_url}" in second.output
         # The browser of the first demo is still signed in (same key, same password hash).
         run_page = browser.get("/runs/1/")
-        assert run_page.status_code == 200 and "demo: counter tasks" in run_page.text
+        assert run_page.status_code == 200 and "demo: counter tasks, three fail on purpose" in run_page.text
         assert second.proc.wait(timeout=180) == 0, second.output[-3000:]
     finally:
         second.stop()
         browser.close()
-    assert "demo run completed: 5 succeeded, 0 failed" in second.output
+    # Five tasks succeed, three fail on purpose (a tool answering an error, a wrong answer): reward 0.
+    assert (
+        "demo run completed: 7 succeeded, 1 failed (5 with reward 1.0, mean reward of the succeeded 0.71)"
+        in second.output
+    )
+    assert "not the first demo's" not in second.output
     assert (tmp_path / "secret_key").read_text() == key
+
+    # Other example ports: the demo says what moved, which runs point at the old address and how to retry them.
+    moved_env = free_port()
+    third = Demo(tmp_path, "--port", str(web), "--env-port", str(moved_env), "--no-run")
+    try:
+        third.wait_for("Ctrl-C stops everything")
+    finally:
+        third.stop()
+    assert f"the example env moved from 127.0.0.1:{env_port} to 127.0.0.1:{moved_env}" in third.output
+    assert "1 earlier run(s) point at the old address: #1 demo: counter tasks, three fail on purpose" in third.output
+    assert f"gymweb demo --env-port {env_port} --agent-port {agent_port}" in third.output
+    assert "example agent moved" not in third.output
 
 
 def test_a_taken_example_port_is_a_clear_error_naming_the_flag(tmp_path):
@@ -161,7 +180,9 @@ def test_the_demo_runs_on_a_nemo_gym_head_servers_environment(tmp_path, counter_
 
     head = FakeHeadServer(env_url=counter_env_url)
     ports = ["--port", str(free_port()), "--env-port", str(free_port()), "--agent-port", str(free_port())]
-    demo = Demo(tmp_path, *ports, "--head-url", head.url, "--num-repeats", "1", "--exit-when-done")
+    demo = Demo(
+        tmp_path, *ports, "--head-url", head.url, "--num-repeats", "1", "--exit-when-done", "--agent-latency-ms", "0"
+    )
     try:
         demo.wait_for("gymweb is running")
         assert f"NeMo Gym    {ENV_NAME} at {counter_env_url} (head server {head.url})" in demo.output
@@ -169,4 +190,7 @@ def test_the_demo_runs_on_a_nemo_gym_head_servers_environment(tmp_path, counter_
     finally:
         demo.stop()
         head.stop()
-    assert "demo run completed: 5 succeeded, 0 failed" in demo.output
+    assert (
+        "demo run completed: 7 succeeded, 1 failed (5 with reward 1.0, mean reward of the succeeded 0.71)"
+        in demo.output
+    )

@@ -253,3 +253,45 @@ def test_it_starts_with_one_command_and_prints_its_address():
         assert proc.wait(timeout=10) == 0
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_a_latency_range_draws_each_calls_delay_between_its_bounds():
+    assert counter_agent.parse_latency_ms("500-1500") == (500.0, 1500.0)
+    assert counter_agent.parse_latency_ms("50") == (50.0, 50.0)
+    with pytest.raises(ValueError):
+        counter_agent.parse_latency_ms("900-100")
+    with BackgroundServer(counter_agent.make_app(latency_ms=(100.0, 200.0))) as server:
+        started = time.perf_counter()
+        call(server.url, TASKS[0]["responses_create_params"]).raise_for_status()
+        assert 0.1 <= time.perf_counter() - started < 1.5
+
+
+def test_a_reset_task_asks_for_reset_counter_and_reports_its_error_without_a_count():
+    task = [{"type": "message", "role": "user", "content": "add 5 then reset the counter then get the count"}]
+    first = counter_agent.decide(task)
+    assert [c["name"] for c in first] == ["increment_counter"]
+    done = (
+        task + first + [{"type": "function_call_output", "call_id": first[0]["call_id"], "output": '{"success":true}'}]
+    )
+    second = counter_agent.decide(done)
+    assert [c["name"] for c in second] == ["reset_counter"]
+    failed = (
+        done
+        + second
+        + [{"type": "function_call_output", "call_id": second[0]["call_id"], "output": '{"detail":"Not Found"}'}]
+    )
+    final = counter_agent.decide(failed)
+    text = final[0]["content"][0]["text"]
+    assert final[0]["type"] == "message" and "reset_counter tool answered an error" in text and "Not Found" in text
+
+
+def test_a_word_it_does_not_know_is_left_out_of_the_plan():
+    task = [{"type": "message", "role": "user", "content": "add 4 then subtract 1 then get the count"}]
+    assert [json.loads(c["arguments"]) for c in counter_agent.decide(task)] == [{"count": 4}]
+
+
+def test_a_task_that_asks_for_partial_usage_gets_an_invalid_usage_object(agent_url):
+    params = {"input": "add 3 then get the count and report partial usage"}
+    reply = call(agent_url, params).json()
+    assert reply["usage"] == {"input_tokens": reply["usage"]["input_tokens"]}
+    assert call(agent_url, {"input": "add 3 then get the count"}).json()["usage"]["total_tokens"] > 0

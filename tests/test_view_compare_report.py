@@ -39,7 +39,7 @@ def test_the_reference_runs_show_nemo_gyms_numbers(signed_in, shared_data):
     page = signed_in.get(reverse("compare"), {"a": a.pk, "b": b.pk}).content.decode()
     table = page[page.index('id="compare-key-metrics"') :]
     assert "-0.2156 (-24.3%)" in table and "[-0.3674, -0.0638]" in table and "[0.7924, 0.9826]" in table
-    assert "paired is tighter" in page
+    assert "The paired interval is narrower (width " in page and "is tighter" not in page
     report = json.loads(b"".join(signed_in.get(reverse("compare_report_file", args=["json"]), {"a": a.pk, "b": b.pk})))
     assert report["comparisons"][0]["metrics"][0]["candidates"][0]["delta_ci_low"] == pytest.approx(
         -0.3674129943671307, abs=1e-12

@@ -118,7 +118,10 @@ def test_earlier_datasets_read_apart_with_id_count_and_date(signed_in):
     for dataset, count in ((one, "1 row"), (five, "5 rows"), (other, "1,200 rows")):
         when = timezone.localtime(dataset.created).strftime("%Y-%m-%d %H:%M")
         selected = " selected" if dataset == other else ""  # the one uploaded last is pre-selected
-        assert f'<option value="{dataset.pk}"{selected}>#{dataset.pk} good.jsonl · {count} · {when}</option>' in body
+        assert (
+            f'<option value="{dataset.pk}"{selected}>#{dataset.pk} good.jsonl · {count} · file good.jsonl · {when}'
+            " · “task 0”</option>" in body
+        )
     assert "1 rows" not in body
 
 

@@ -18,6 +18,15 @@ and the service counts calls per id; the reply header `X-Agent-Call` carries tha
 when the caller echoes the cookie; always 1 when it does not) and `X-Agent-Cookies` the names of
 the cookies the request carried (so a test can see that no env cookie reached the agent).
 
+A task that also says "reset the counter" gets, after the increments, one ask `reset_counter {}`
+(a tool the example env does not serve: the demo's lesson in a tool that answers an error); when
+its output is not `{"success": true}` the reply is a final message naming the error, and no count.
+Any other word ("subtract 1", "double it") is not understood and left out of the plan, so the
+answer is wrong and the env's reward 0 (the demo's lesson in a wrong answer).
+
+A task that says "report partial usage" gets replies whose `usage` holds only `input_tokens`: an
+invalid Responses object (the demo's lesson in a terminal failure, which no retry can fix).
+
 A task it cannot parse, an `input` with no user message, or a tool output it cannot read gets a
 final assistant message saying so (never an error status). `input` given as a string is read as
 one user message. A body that is not a JSON object is HTTP 400 `{"error": {...}}`.
@@ -27,8 +36,9 @@ parallel_tool_calls, tool_choice, tools, usage` with full usage (`input_tokens, 
 total_tokens, input_tokens_details.cached_tokens, output_tokens_details.reasoning_tokens`),
 estimated at ~4 characters per token.
 
-Run:  python -m gymweb.examples.counter_agent --host 127.0.0.1 --port 9102 [--latency-ms 50]
+Run:  python -m gymweb.examples.counter_agent --host 127.0.0.1 --port 9102 [--latency-ms 50 | 500-1500]
       (prints "counter agent listening on http://127.0.0.1:9102" when ready)
+      (a range MIN-MAX sleeps a uniformly drawn time per call, like a model's varying latency)
 In-process: `make_app(latency_ms=0)` returns the aiohttp Application.
 """
 
@@ -37,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import secrets
 import time
@@ -56,10 +67,12 @@ MAX_TRACKED_SESSIONS = 100_000  # call counters kept; the oldest are forgotten p
 
 _ADD = re.compile(r"\badd\s+(-?\d+)", re.IGNORECASE)
 _GET = re.compile(r"\bget\s+the\s+count\b", re.IGNORECASE)
+_RESET = re.compile(r"\breset\s+the\s+counter\b", re.IGNORECASE)
+_PARTIAL_USAGE = re.compile(r"\breport\s+partial\s+usage\b", re.IGNORECASE)
 _COUNT = re.compile(r'"count"\s*:\s*(-?\d+)')
 
 CALLS_KEY = web.AppKey("agent_calls", dict)
-LATENCY_KEY = web.AppKey("agent_latency_s", float)
+LATENCY_KEY = web.AppKey("agent_latency_s", tuple)
 
 _compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
 
@@ -122,14 +135,19 @@ def output_text(output: Any) -> str:
     return "" if output is None else json.dumps(output)
 
 
-def decide(items: list[Any]) -> list[dict[str, Any]]:
-    """The next output items for a conversation (see the module docstring for the plan)."""
-    user_texts = [
+def user_texts(items: list[Any]) -> list[str]:
+    """The texts of the user messages among `items`, in order."""
+    return [
         message_text(item)
         for item in items
         if isinstance(item, dict) and item.get("type", "message") == "message" and item.get("role") == "user"
     ]
-    task = user_texts[0] if user_texts else ""
+
+
+def decide(items: list[Any]) -> list[dict[str, Any]]:
+    """The next output items for a conversation (see the module docstring for the plan)."""
+    texts = user_texts(items)
+    task = texts[0] if texts else ""
     numbers = [int(n) for n in _ADD.findall(task)]
     if not numbers or not _GET.search(task):
         shown = task[:200] if task else "(no user message)"
@@ -153,6 +171,17 @@ def decide(items: list[Any]) -> list[dict[str, Any]]:
     get_calls = [cid for cid, name in calls.items() if name == "get_counter_value"]
     if "increment_counter" not in calls.values():
         return [function_call("increment_counter", {"count": n}) for n in numbers]
+    if _RESET.search(task):
+        resets = [cid for cid, name in calls.items() if name == "reset_counter"]
+        if not resets:
+            return [function_call("reset_counter", {})]
+        reset_output = outputs.get(resets[-1], "")
+        if '"success":true' not in reset_output.replace(" ", ""):
+            return [
+                assistant_message(
+                    f"The reset_counter tool answered an error ({reset_output[:200]!r}), so I cannot finish the task."
+                )
+            ]
     if not get_calls:
         return [function_call("get_counter_value", {})]
     answered = [cid for cid in get_calls if cid in outputs]
@@ -239,7 +268,8 @@ def track_call(request: web.Request, response: web.Response) -> None:
 
 async def responses(request: web.Request) -> web.Response:
     """POST /v1/responses: one step of the counter plan (see module docstring)."""
-    latency = request.app[LATENCY_KEY]
+    low, high = request.app[LATENCY_KEY]
+    latency = random.uniform(low, high) if high > low else low
     if latency > 0:
         await asyncio.sleep(latency)
     params, error = await read_json(request)
@@ -250,16 +280,31 @@ async def responses(request: web.Request) -> web.Response:
     items = as_items(params.get("input"))
     output = decide(items)
     usage = estimate_usage(len(await request.read()), items, output)  # read() is cached
+    if any(_PARTIAL_USAGE.search(text) for text in user_texts(items)):
+        usage = {"input_tokens": usage["input_tokens"]}  # on purpose: a partial usage object
     reply = json_response(response_object(params, output, usage, DEFAULT_MODEL))
     track_call(request, reply)
     return reply
 
 
-def make_app(latency_ms: float = 0) -> web.Application:
-    """The counter agent as an aiohttp Application; `latency_ms` is slept on every call."""
+def parse_latency_ms(text: str) -> tuple[float, float]:
+    """`"50"` -> (50.0, 50.0); `"500-1500"` -> (500.0, 1500.0) milliseconds. Raises ValueError on
+    anything else (a negative number, or MIN above MAX)."""
+    low_text, _, high_text = text.strip().partition("-")
+    low = float(low_text)
+    high = float(high_text) if high_text else low
+    if low < 0 or high < low:
+        raise ValueError(f"latency {text!r}: give milliseconds, e.g. 50 or 500-1500 (MIN-MAX)")
+    return low, high
+
+
+def make_app(latency_ms: float | tuple[float, float] = 0) -> web.Application:
+    """The counter agent as an aiohttp Application; `latency_ms` (milliseconds, or a (MIN, MAX)
+    range drawn from uniformly per call) is slept on every call."""
     app = web.Application()
     app[CALLS_KEY] = {}
-    app[LATENCY_KEY] = max(0.0, latency_ms / 1000.0)
+    low, high = latency_ms if isinstance(latency_ms, tuple) else (latency_ms, latency_ms)
+    app[LATENCY_KEY] = (max(0.0, low / 1000.0), max(0.0, high / 1000.0))
     app.router.add_post("/v1/responses", responses)
     add_fallback_routes(app)
     return app
@@ -269,7 +314,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Scripted counter agent (POST /v1/responses)")
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
-    parser.add_argument("--latency-ms", type=float, default=0, help="sleep this long on every call")
+    parser.add_argument(
+        "--latency-ms",
+        type=parse_latency_ms,
+        default=(0.0, 0.0),
+        help="sleep this long on every call: milliseconds, or MIN-MAX drawn per call (e.g. 500-1500)",
+    )
     args = parser.parse_args(argv)
     serve_forever(make_app(args.latency_ms), args.host, args.port, "counter agent")
 

@@ -36,6 +36,7 @@ def store_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> Dat
     with transaction.atomic():
         dataset = Dataset.objects.create(
             name=name[:200],
+            source_name=name[:200],
             created_by=user,
             num_rows=len(parsed.rows),
             sha256=parsed.sha256,
@@ -59,7 +60,7 @@ def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None, team=Non
             Dataset.objects.filter(
                 created_by=user,
                 sha256=parsed.sha256,
-                name=name[:200],
+                source_name=name[:200],
                 num_rows=len(parsed.rows),
                 team_id=team_for_new(user, team),
             )

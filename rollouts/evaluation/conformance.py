@@ -18,7 +18,7 @@ The probes (in order):
    turns it into a user message first, contract rule 7).
 4. ``no_tools``: a plain question with ``tools: []``: any ask is for an undeclared tool.
 
-Findings (code → severity; rules cite DESIGN.md, "Contract rules", and the seed's "Expectations"):
+Findings (code → severity; each cites the contract rule of docs/DESIGN.md it checks):
 ``target_refused`` (gymweb's target policy refused the host: nothing was sent), ``reply_too_large``
 (over ``GYMWEB_MAX_REPLY_BYTES``), ``unreachable``, ``connection_dropped``, ``not_http``,
 ``timeout`` (rules 11, 12), ``redirect`` (rule 1), ``http_error``, ``not_json``, ``not_object`` (rule 2),
@@ -176,7 +176,7 @@ class Report:
         for f in self.findings:
             where = ", ".join(f.probes)
             lines.append(f"{f.severity.upper():<7} {f.code}: {_printable(f.title)}  [{where}]")
-            lines.append(f"        rule: {f.rule}")
+            lines.append(f"        see: {f.rule}")
             lines.append(f"        sent: {_printable(_cut(f.sent, excerpt_chars))}")
             lines.append(f"        received: {_printable(_cut(f.received, excerpt_chars))}")
             lines.append(f"        how to fix: {f.how_to_fix}")

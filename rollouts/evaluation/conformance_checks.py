@@ -62,31 +62,31 @@ CHECKS: dict[str, Check] = {
     ),
     "unreachable": Check(
         ERROR,
-        "contract rule 11, DESIGN.md",
+        "docs/DESIGN.md, contract rule 11",
         "Start the service and check the URL: gymweb POSTs to {base_url}/v1/responses. It tries 3 times, then "
         'fails the rollout with "is your service running at ...?". Mind that HTTP_PROXY/HTTPS_PROXY are ignored.',
     ),
     "connection_dropped": Check(
         ERROR,
-        "contract rule 11, DESIGN.md",
+        "docs/DESIGN.md, contract rule 11",
         "The service accepted the connection but closed it without an HTTP reply. Look for a crash in its logs "
         "(an exception in the handler, a worker killed for memory). gymweb retries 3 times, then fails the rollout.",
     ),
     "not_http": Check(
         ERROR,
-        "contract rule 11, DESIGN.md",
+        "docs/DESIGN.md, contract rule 11",
         "Something answered that does not speak HTTP/1.1 at this address: check the port, and use https:// when "
         "the service expects TLS. The rollout fails at once.",
     ),
     "timeout": Check(
         ERROR,
-        "contract rule 12, DESIGN.md",
+        "docs/DESIGN.md, contract rule 12",
         "Answer sooner, or raise the per-call timeout: remote_responses_timeout_s (NeMo Gym's "
         "remote_responses_timeout_secs, default 1800 s) for runs, --timeout for this check.",
     ),
     "redirect": Check(
         ERROR,
-        'contract rule 1, DESIGN.md; the seed\'s "Gotchas"',
+        "docs/DESIGN.md, contract rule 1",
         "Point the agent URL (NeMo Gym's agent_base_url) at the final address (the Location shown). "
         "Redirects are never followed: a "
         "301/302/303 would turn the POST into a body-less GET, a 307/308 would send the task somewhere you never "
@@ -94,29 +94,29 @@ CHECKS: dict[str, Check] = {
     ),
     "http_error": Check(
         ERROR,
-        "contract rule 2, DESIGN.md",
+        "docs/DESIGN.md, contract rule 2",
         "Answer every POST /v1/responses with HTTP 200 and a Responses object. The start of the body is shown; "
         "the service's logs say more. An error status fails the rollout (it is retried on resume).",
     ),
     "not_json": Check(
         ERROR,
-        "contract rule 2, DESIGN.md",
+        "docs/DESIGN.md, contract rule 2",
         "Return the Responses object as JSON (Content-Type: application/json), not HTML or plain text.",
     ),
     "not_object": Check(
         ERROR,
-        "contract rule 2, DESIGN.md",
+        "docs/DESIGN.md, contract rule 2",
         "Return one JSON object (the Responses object), not a list, a string or a number.",
     ),
     "invalid_response": Check(
         ERROR,
-        "contract rule 3, DESIGN.md (NeMo Gym's NeMoGymResponse)",
+        "docs/DESIGN.md, contract rule 3 (the reply's shape)",
         f"Return every required top-level field with its type: {_TOP_LEVEL}. Extra fields are fine. An invalid "
         "object is a terminal failure: the rollout is never retried.",
     ),
     "invalid_output_item": Check(
         ERROR,
-        "contract rule 3, DESIGN.md (NeMo Gym's NeMoGymResponse)",
+        "docs/DESIGN.md, contract rule 3 (the reply's shape)",
         'Give every output item a known type and its fields: message {id, role: "assistant", content: '
         '[{type: "output_text", text, annotations: []}]}; function_call {call_id, name, arguments: a JSON '
         "*string*}; function_call_output {call_id, output: a string}; reasoning {id, summary: []}. An invalid "
@@ -124,45 +124,45 @@ CHECKS: dict[str, Check] = {
     ),
     "partial_usage": Check(
         ERROR,
-        'contract rule 3, DESIGN.md; the seed\'s "Gotchas"',
+        "docs/DESIGN.md, contract rule 3",
         "Report the full usage object (input_tokens, output_tokens, total_tokens, input_tokens_details: "
         "{cached_tokens}, output_tokens_details: {reasoning_tokens}) or leave usage out entirely. A partial "
         "usage is an invalid object: a terminal failure.",
     ),
     "no_usage": Check(
         WARNING,
-        'contract rule 3, DESIGN.md; the seed\'s "Your service is responsible for" 4',
+        "docs/DESIGN.md, contract rule 3",
         "Report usage (input_tokens, output_tokens, total_tokens, input_tokens_details.cached_tokens, "
         "output_tokens_details.reasoning_tokens) to get token metrics. Leaving it out is allowed; the run's "
         "token metrics are then empty.",
     ),
     "undeclared_tool": Check(
         ERROR,
-        'contract rule 5, DESIGN.md; the seed\'s "Expectations" 1',
+        "docs/DESIGN.md, contract rule 5",
         "Ask only for tools the request's `tools` declared, by their exact name. gymweb still sends such a call to "
         "the environment and returns whatever it answers (usually a 404 text) as the output: a wasted step.",
     ),
     "unsafe_tool_name": Check(
         ERROR,
-        "contract rule 5, DESIGN.md",
+        "docs/DESIGN.md, contract rule 5",
         "Use tool names that are one URL path segment (letters, digits, _ - . ~; no /, .., ?, #, %, spaces). "
         "gymweb never sends such a call; its output is an error text.",
     ),
     "reserved_tool_name": Check(
         ERROR,
-        "contract rule 5, DESIGN.md",
+        "docs/DESIGN.md, contract rule 5",
         f"{', '.join(sorted(RESERVED_ENV_ROUTES))} are the environment's own routes: an agent may not call them "
         "(it could re-seed its session or verify itself). gymweb never sends such a call; its output is an error text.",
     ),
     "duplicate_call_id": Check(
         ERROR,
-        "contract rule 4, DESIGN.md",
+        "docs/DESIGN.md, contract rule 4",
         "Give each function_call its own call_id (e.g. call_<random hex>). When asks share one, gymweb runs only "
         "the last of them, once.",
     ),
     "orphan_call_output": Check(
         ERROR,
-        'contract rule 4, DESIGN.md; the seed\'s "Expectations" 3',
+        "docs/DESIGN.md, contract rule 4",
         "Only return a function_call_output together with the function_call of the same call_id (your own tool's "
         "record, paired in the same reply). Never answer a call nobody made; gymweb adds the outputs of the calls "
         "it runs itself.",
@@ -177,7 +177,7 @@ CHECKS: dict[str, Check] = {
     ),
     "agent_ran_env_tools": Check(
         WARNING,
-        'contract rule 4, DESIGN.md; docs/nemo-gym-environments.md, "The mis-wiring"',
+        'docs/DESIGN.md, contract rule 4; docs/nemo-gym-environments.md, "The mis-wiring"',
         "The reply already carries the results of the environment's own tools (function_call + function_call_output "
         "for a declared tool): gymweb runs only unanswered calls, so the environment never sees these and /verify "
         "scores a session the tools never touched. Return the function_call alone and let gymweb run it, or point "
@@ -185,27 +185,27 @@ CHECKS: dict[str, Check] = {
     ),
     "repeated_call_id": Check(
         WARNING,
-        "contract rule 4, DESIGN.md",
+        "docs/DESIGN.md, contract rule 4",
         "Use a fresh call_id for every new ask. Pairing is judged within one reply, so an ask that reuses a "
         "call_id from earlier in the conversation is run again, and the conversation then holds two outputs "
         "for one call_id.",
     ),
     "arguments_not_json": Check(
         WARNING,
-        'contract rule 6, DESIGN.md; the seed\'s "Expectations" 2',
+        "docs/DESIGN.md, contract rule 6",
         'Send arguments as a JSON-encoded string, e.g. json.dumps({"count": 1}). gymweb does not call the tool; '
         "the call's output is an error text naming the parse error, and the rollout goes on.",
     ),
     "no_progress": Check(
         WARNING,
-        "contract rule 10, DESIGN.md",
+        "docs/DESIGN.md, contract rule 10",
         'End every reply with unpaired function_call asks ("run these tools") or an assistant message '
         '("finished"). With neither, gymweb calls again at once; a service that never ends loops until '
         "max_steps or run_timeout_s.",
     ),
     "slow": Check(
         WARNING,
-        "contract rule 12, DESIGN.md",
+        "docs/DESIGN.md, contract rule 12",
         "Every call counts against remote_responses_timeout_s (per call) and run_timeout_s (whole rollout, "
         "default 2100 s). Slow replies also bound how many rollouts a run finishes per hour; raise the run's "
         "concurrency, or the timeouts, when this is expected.",

@@ -210,6 +210,21 @@ def _confidence_interval(mean: float, sem: float, n: int, confidence: float = 0.
     return float(low), float(high)
 
 
+COLLAPSED_INTERVAL_NOTE = (
+    "Some groups' rewards are all the same value, so their confidence interval is just that value "
+    "(there is no spread to measure)."
+)
+
+
+def plain_notes(messages: Iterable[str]) -> list[str]:
+    """The profiler's warnings for people, each once in first-seen order: the collapsed-interval
+    warning (one per group, with its count) becomes one ``COLLAPSED_INTERVAL_NOTE``; others stay."""
+    notes: dict[str, None] = {}
+    for text in messages:
+        notes[COLLAPSED_INTERVAL_NOTE if text.startswith("Standard error is 0") else text] = None
+    return list(notes)
+
+
 def iter_jsonl(path: str | Path) -> Iterator[dict]:
     """Yield the JSON object of each non-blank line of a JSONL file (``jsonl.iter_objects``); a line
     that is not one raises ``JsonlError`` (a ``ValueError``) naming the file and line number."""

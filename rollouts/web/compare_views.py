@@ -164,6 +164,7 @@ def _compare_report_view(
                     "delta_text": cell_text(paired["delta"]),
                     "width_text": cell_text(paired["width"]),
                     "welch_text": cell_text(paired["welch_width"]),
+                    "verdict": interval_verdict(paired),
                 },
             }
         )
@@ -178,6 +179,30 @@ def _compare_report_view(
         "cand_tasks": comp["candidate_task_counts"],
         "cand_repeats": comp["candidate_repeat_counts"],
     }
+
+
+def interval_verdict(paired: dict) -> str:
+    """The paired interval against Welch's unpaired one, in words (``""`` when either is missing):
+    which is narrower, by their widths, and what an interval of width 0 means."""
+    tighter, width, welch = paired.get("tighter"), paired.get("width"), paired.get("welch_width")
+    if tighter is None or width is None or welch is None:
+        return ""
+    if tighter == "equal":
+        if width == 0:
+            return (
+                "Both intervals are a single point (width 0): every common task changed its reward by the same "
+                "amount, so there is no spread to measure."
+            )
+        return f"Both intervals have the same width ({cell_text(width)}): pairing the tasks changes nothing here."
+    if tighter == "paired":
+        return (
+            f"The paired interval is narrower (width {cell_text(width)}) than the unpaired Welch interval "
+            f"(width {cell_text(welch)}): comparing task by task makes the difference more certain."
+        )
+    return (
+        f"The unpaired Welch interval is narrower (width {cell_text(welch)}) than the paired one "
+        f"(width {cell_text(width)}): the tasks' rewards do not move together here."
+    )
 
 
 def _ci(value: dict | None) -> str:

@@ -3,12 +3,16 @@ and the helpers of its fields. The rollout-table filter is ``rollouts.review.que
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
 from django.conf import settings
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Substr
 from django.utils import timezone
 
 from rollouts import targets, teams
@@ -19,7 +23,7 @@ from rollouts.collection.run_settings import LIMITS, SettingError
 from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.display import binary_size
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
-from rollouts.models import Dataset, Team
+from rollouts.models import Dataset, DatasetRow, Team
 from rollouts.nemo.config import NemoConfigError, load_texts
 from rollouts.web.uploads import upload_limit_message
 
@@ -112,18 +116,120 @@ def number_field(field: str, form_field: type[forms.Field], **kwargs: Any) -> fo
     return form_field(widget=forms.NumberInput(attrs=attrs), **kwargs)
 
 
+PREVIEW_CHARS = 80
+_FIRST_CONTENT = re.compile(r'"content"\s*:\s*"((?:[^"\\]|\\.)*)')  # the closing quote may be cut off
+
+
+def _message_text(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, dict):
+        return ""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def first_prompt(row_json: str | None, limit: int = PREVIEW_CHARS) -> str:
+    """The first user message of a dataset row's ``responses_create_params.input``, on one line
+    and cut to ``limit`` characters (``…``); ``""`` when it has none. ``row_json`` may be cut
+    short (a row's first few thousand characters): then the first ``"content"`` string is used."""
+    if not row_json:
+        return ""
+    text = ""
+    try:
+        row = json.loads(row_json)
+    except ValueError:
+        match = _FIRST_CONTENT.search(row_json)
+        if match:
+            try:
+                text = json.loads(f'"{match.group(1)}"')
+            except ValueError:  # cut inside an escape
+                text = match.group(1).replace("\\n", " ")
+    else:
+        params = row.get("responses_create_params") if isinstance(row, dict) else None
+        items = params.get("input") if isinstance(params, dict) else None
+        if isinstance(items, str):
+            text = items
+        elif isinstance(items, list):
+            users = [i for i in items if isinstance(i, dict) and i.get("role", "user") == "user"]
+            text = _message_text(users[0]) if users else ""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def with_first_rows(datasets):
+    """``datasets`` (a queryset) annotated with ``first_row``: the first few thousand characters
+    of each one's first row, for ``dataset_label``'s preview, in the same query."""
+    first = DatasetRow.objects.filter(dataset=OuterRef("pk")).order_by("line").values("data_json")[:1]
+    return datasets.annotate(first_row=Substr(Subquery(first), 1, 4000))
+
+
+def dataset_origin(dataset: Dataset) -> str:
+    """Where a stored dataset came from, in words: ``selection of run #3`` or ``file good.jsonl``."""
+    if dataset.source_run_id:
+        return f"selection of run #{dataset.source_run_id}"
+    return f"file {dataset.source_name}" if dataset.source_name else ""
+
+
 def dataset_label(dataset: Dataset) -> str:
-    """How a stored dataset reads in a list: ``#12 good.jsonl · 5 rows · 2026-11-29 09:12``."""
+    """How a stored dataset reads in a list: ``#12 good.jsonl · 5 rows · file good.jsonl ·
+    2026-11-29 09:12 · “add 1 then add 2 …”`` (the preview when annotated by ``with_first_rows``)."""
     rows = dataset.num_rows
     created = timezone.localtime(dataset.created).strftime("%Y-%m-%d %H:%M") if dataset.created else ""
-    return " · ".join(
-        p for p in (f"#{dataset.pk} {dataset.name}", f"{rows:,} row{'' if rows == 1 else 's'}", created) if p
+    preview = first_prompt(getattr(dataset, "first_row", None))
+    parts = (
+        f"#{dataset.pk} {dataset.name}",
+        f"{rows:,} row{'' if rows == 1 else 's'}",
+        dataset_origin(dataset),
+        created,
+        f"“{preview}”" if preview else "",
     )
+    return " · ".join(p for p in parts if p)
 
 
 class DatasetChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, obj: Dataset) -> str:
         return dataset_label(obj)
+
+
+class DatasetRenameForm(forms.Form):
+    """Rename a stored dataset: which one and its new name (the name it came with is kept). Its
+    fields carry ``form="dataset-rename"`` and the prefix ``rename``, so they can sit inside the
+    new-run form's dataset section while belonging to their own (empty) form element."""
+
+    FORM_ID = "dataset-rename"
+    dataset = DatasetChoiceField(
+        queryset=Dataset.objects.none(),
+        label="Rename",
+        empty_label=None,
+        widget=forms.Select(attrs={"form": FORM_ID}),
+    )
+    name = forms.CharField(
+        max_length=200,
+        label="to",
+        strip=True,
+        widget=forms.TextInput(attrs={"form": FORM_ID, "size": 32, "placeholder": "a name you will recognise"}),
+    )
+
+    def __init__(self, *args, queryset=None, **kwargs):
+        kwargs.setdefault("prefix", "rename")
+        super().__init__(*args, **kwargs)
+        self.fields["dataset"].queryset = queryset if queryset is not None else with_first_rows(all_datasets())
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if not name:
+            raise forms.ValidationError("Give the dataset a name.")
+        return name
+
+
+def all_datasets():
+    """Every stored dataset, newest first."""
+    return Dataset.objects.order_by("-created", "-id")
 
 
 class RunForm(forms.Form):
@@ -141,7 +247,7 @@ class RunForm(forms.Form):
         ),
     )
     dataset = DatasetChoiceField(
-        queryset=Dataset.objects.order_by("-created", "-id"),
+        queryset=with_first_rows(all_datasets()),
         required=False,
         label="…or reuse an earlier dataset",
         empty_label="(none)",
@@ -253,7 +359,7 @@ class RunForm(forms.Form):
         # only to a user who may choose among several teams (the default is their first).
         self.user = user
         if user is not None:
-            self.fields["dataset"].queryset = teams.visible_datasets(user).order_by("-created", "-id")
+            self.fields["dataset"].queryset = with_first_rows(teams.visible_datasets(user).order_by("-created", "-id"))
             choosable = teams.choosable_teams(user)
             self.fields["team"].queryset = choosable
             first = teams.teams_of(user)

@@ -36,6 +36,7 @@ from django.views.decorators.http import require_safe
 from rollouts.downloads import bytes_download
 from rollouts.evaluation.aggregate_metrics import aggregate_metrics_bytes, aggregate_metrics_path
 from rollouts.evaluation.profile_report import RUN_STEM, profile_run, write_profile
+from rollouts.evaluation.reward_profile import COLLAPSED_INTERVAL_NOTE, plain_notes
 from rollouts.evaluation.run_aggregate_metrics import run_aggregate_entries
 from rollouts.models import Rollout, Run
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
@@ -286,8 +287,8 @@ def _build_profile(run: Run) -> dict[str, Any]:
     # NeMo Gym's profiler notes: a collapsed interval (identical values) is routine, missing
     # rollouts are worth a warning.
     notes = [
-        {"text": text, "cls": "muted" if text.startswith("Standard error is 0") else "warn"}
-        for text in dict.fromkeys(str(w.message) for w in caught)
+        {"text": text, "cls": "muted" if text == COLLAPSED_INTERVAL_NOTE else "warn"}
+        for text in plain_notes(str(w.message) for w in caught)
     ]
     by_key: dict[tuple[Any, str | None], dict] = {}
     by_task: dict[Any, list[dict]] = defaultdict(list)

@@ -69,14 +69,18 @@ def _mark_if_reviewing(request, rollout: Rollout) -> None:
         progress.mark(_review_list_for(request, rollout.run, form), rollout)
 
 
-def review_context(request, rollout: Rollout, nav: dict | None = None, params=None) -> dict[str, Any]:
+def review_context(
+    request, rollout: Rollout, nav: dict | None = None, params=None, back: str | None = None
+) -> dict[str, Any]:
     """What the trajectory page needs for its review panel (``rollouts/review/panel.html``): the
     rollout's labels, notes and correction, and in review mode (``review=1`` in ``params``, default
     the querystring) the list's progress and the previous/next targets. ``nav`` is the page's own
-    neighbours in the list (``navigation.neighbours``), if it has them."""
+    neighbours in the list (``navigation.neighbours``), if it has them. ``back``: the page the
+    panel's forms return to (default: this request's page, or ``next`` of a POST)."""
     params = request.GET if params is None else params
     state = actions.review_state(rollout)
-    back = params.get("next") if request.method == "POST" else request.get_full_path()
+    if back is None:
+        back = params.get("next") if request.method == "POST" else request.get_full_path()
     context: dict[str, Any] = {
         "review": state,
         "review_mode": False,

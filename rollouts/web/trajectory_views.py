@@ -11,10 +11,10 @@ import json
 import re
 import sys
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -68,12 +68,43 @@ def _attempt_views(rollout: Rollout) -> list[dict[str, Any]]:
     return rows
 
 
-def _live_counts(rollout: Rollout, steps: list[dict[str, Any]], num_items: int) -> dict[str, int]:
-    """The header's counts: a running attempt's stored rows (its row's counters are written when
-    it ends), a finished one's own counters."""
+_TOKEN_PATHS = {
+    "input": ("input_tokens",),
+    "output": ("output_tokens",),
+    "total": ("total_tokens",),
+    "cached": ("input_tokens_details", "cached_tokens"),
+    "reasoning": ("output_tokens_details", "reasoning_tokens"),
+}
+
+
+def running_tokens(calls: list[Any]) -> dict[str, int | None] | None:
+    """The token counts of a running attempt's stored agent calls, summed from each call's
+    ``usage``: ``{"input", "output", "total", "cached", "reasoning"}`` (a count no call reported
+    is ``None``), or ``None`` when no call reported usage."""
+    sums: dict[str, int | None] = dict.fromkeys(_TOKEN_PATHS, 0)
+    reported = False
+    for call in calls:
+        usage = call.usage if isinstance(getattr(call, "usage", None), dict) else None
+        if usage is None:
+            continue
+        reported = True
+        for name, path in _TOKEN_PATHS.items():
+            value: Any = usage
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            current = sums[name]
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            sums[name] = current + value if ok and current is not None else None
+    return sums if reported else None
+
+
+def _live_counts(rollout: Rollout, steps: list[dict[str, Any]], num_items: int) -> dict[str, Any]:
+    """The header's counts: a running attempt's stored rows (its row's counters, tokens included,
+    are written when it ends), a finished one's own counters."""
     if rollout.status in ACTIVE_STATUSES:
         views = [v for s in steps for v in s["items"] + s["tail"]]
         return {
+            "tokens": running_tokens([s["call"] for s in steps if s["call"] is not None]),
             "calls": sum(1 for s in steps if s["call"] is not None),
             "items": num_items,
             "tools": sum(
@@ -201,7 +232,24 @@ def rollout_live(request, run_id, rollout_id):
             "oob": True,
         }
     )
+    if not context["live"]:
+        # The attempt ended: its review panel (reward, "correct the reward…") is re-rendered as the
+        # page would show it now, with the page's own query (review mode, filters) from htmx.
+        page = _same_site_page(request, rollout)
+        params = QueryDict(page.partition("?")[2]) if page else QueryDict()
+        back = page or reverse("rollout", args=[rollout.run_id, rollout.pk])
+        context.update(review_context(request, rollout, params=params, back=back))
     return render(request, "rollouts/partials/rollout_live.html", context)
+
+
+def _same_site_page(request, rollout: Rollout) -> str:
+    """The rollout page the live poll came from (htmx's ``HX-Current-URL``) as a local path with
+    its query, or ``""`` when the header is missing or names another page."""
+    url = urlsplit(request.headers.get("HX-Current-URL", ""))
+    page = reverse("rollout", args=[rollout.run_id, rollout.pk])
+    if url.path != page:
+        return ""
+    return page + (f"?{url.query}" if url.query else "")
 
 
 _ITEM_KEY_RE = re.compile(r"^(?:\d{1,9}|input-\d{1,9}|instructions|verify)$")

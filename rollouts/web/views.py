@@ -27,7 +27,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from rollouts import background, targets
+from rollouts import background, targets, teams
 from rollouts.collection import archive, environments, runs
 from rollouts.collection.export import iter_failures, iter_materialized, iter_successes
 from rollouts.downloads import jsonl_download
@@ -39,7 +39,7 @@ from rollouts.review import actions as review_actions
 from rollouts.review.curated import ExportOptions
 from rollouts.review.query import RolloutFilterForm, export_filename, filter_problem, filtered_rollouts
 from rollouts.web.access import launch_from_form, run_for, runs_for
-from rollouts.web.forms import RunForm
+from rollouts.web.forms import DatasetRenameForm, RunForm, with_first_rows
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.review_views import curated_export_response, run_review_context, say_plain_export
 from rollouts.web.run_columns import attach_columns, column_heads, run_fields
@@ -192,8 +192,19 @@ def run_new(request):
         "form": form,
         "head": head,
         "file_dropped": bool(form.is_bound and (request.FILES or form.too_large_uploads)),
+        "rename_form": rename_form_for(request.user, form["dataset"].value()),
     }
     return render(request, "rollouts/run_new.html", context, status=400 if form.is_bound else 200)
+
+
+def rename_form_for(user, chosen) -> DatasetRenameForm | None:
+    """The new-run page's rename form over the datasets ``user`` may rename (staff: all; others:
+    their own), among their teams' datasets, ``chosen`` first selected; ``None`` when there is none."""
+    visible = teams.visible_datasets(user).order_by("-created", "-id")
+    datasets = visible if user.is_staff else visible.filter(created_by=user)
+    if not datasets.exists():
+        return None
+    return DatasetRenameForm(queryset=with_first_rows(datasets), initial={"dataset": chosen})
 
 
 # -- run page ----------------------------------------------------------------------------------------

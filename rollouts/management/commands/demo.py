@@ -7,6 +7,7 @@ the data directory is used unless ``GYMWEB_SECRET_KEY`` is set; the new-run form
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -20,15 +21,68 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
 
 from gymweb import examples
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
 
-COUNTER_TASKS = Path(examples.__file__).resolve().parent / "data" / "counter_tasks.jsonl"
+DEMO_TASKS = Path(examples.__file__).resolve().parent / "data" / "demo_tasks.jsonl"
 _LISTENING = re.compile(r"listening on (http://\S+)")
 DEFAULT_ENV_PORT = 9101
 DEFAULT_AGENT_PORT = 9102
+DEFAULT_AGENT_LATENCY_MS = "500-1500"
+PORTS_FILE = "demo_ports.json"
+
+
+def remembered_ports(data_dir: Path) -> dict[str, int]:
+    """The example ports the first demo in ``data_dir`` used: ``{"env_port": n, "agent_port": n}``
+    from ``demo_ports.json``, or ``{}`` when there is none (or it cannot be read)."""
+    try:
+        kept = json.loads((data_dir / PORTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(kept, dict):
+        return {}
+    return {k: v for k, v in kept.items() if k in ("env_port", "agent_port") and isinstance(v, int)}
+
+
+def moved_ports_notice(old: dict[str, int], new: dict[str, int]) -> str:
+    """What a demo started on other example ports than the first one changes, in words: which
+    earlier runs point at the old URLs and how to retry them; ``""`` when nothing moved."""
+    from rollouts.models import Run
+
+    lines = []
+    flags = []
+    for key, label, flag in (
+        ("env_port", "example env", "--env-port"),
+        ("agent_port", "example agent", "--agent-port"),
+    ):
+        if key in old and old[key] != new[key]:
+            lines.append(f"  the {label} moved from 127.0.0.1:{old[key]} to 127.0.0.1:{new[key]}")
+        flags.append(f"{flag} {old.get(key, new[key])}")
+    if not lines:
+        return ""
+    old_urls = [f"http://127.0.0.1:{old[k]}" for k in ("env_port", "agent_port") if k in old and old[k] != new[k]]
+    stale = Run.objects.filter(Q(env_url__in=old_urls) | Q(agent_url__in=old_urls)).order_by("pk")
+    names = [f"#{run.pk} {run.name}" for run in stale[:10]]
+    more = stale.count() - len(names)
+    lines.append(
+        (
+            f"  {len(names) + more} earlier run(s) point at the old address: "
+            + ", ".join(names)
+            + (f" and {more} more" if more > 0 else "")
+        )
+        if names
+        else "  no earlier run points at the old address"
+    )
+    if names:
+        lines.append(
+            "  to retry them, start the demo on the first ports again: gymweb demo "
+            + " ".join(flags)
+            + " (or make demo without ENV_PORT/AGENT_PORT)"
+        )
+    return "\n".join(lines)
 
 
 def _kept_secret(path: Path, make) -> str:
@@ -61,14 +115,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--env-port",
             type=int,
-            default=DEFAULT_ENV_PORT,
-            help=f"example env port on 127.0.0.1 (default {DEFAULT_ENV_PORT})",
+            default=None,
+            help=f"example env port on 127.0.0.1 (default: the first demo's, else {DEFAULT_ENV_PORT})",
         )
         parser.add_argument(
             "--agent-port",
             type=int,
-            default=DEFAULT_AGENT_PORT,
-            help=f"example agent port on 127.0.0.1 (default {DEFAULT_AGENT_PORT})",
+            default=None,
+            help=f"example agent port on 127.0.0.1 (default: the first demo's, else {DEFAULT_AGENT_PORT})",
+        )
+        parser.add_argument(
+            "--agent-latency-ms",
+            default=DEFAULT_AGENT_LATENCY_MS,
+            help="the example agent's time per call, milliseconds or MIN-MAX drawn per call "
+            f"(default {DEFAULT_AGENT_LATENCY_MS}: a run takes long enough to watch; 0 for none)",
         )
         parser.add_argument("--user", default="demo", help="sign-in user to create (default demo)")
         parser.add_argument(
@@ -77,7 +137,7 @@ class Command(BaseCommand):
             help="its password (default: the one it had in the last demo, else a new random one; printed)",
         )
         parser.add_argument(
-            "--num-repeats", type=int, default=4, help="rollouts per counter task in the demo run (default 4)"
+            "--num-repeats", type=int, default=4, help="rollouts per demo task in the demo run (default 4)"
         )
         parser.add_argument(
             "--head-url",
@@ -102,11 +162,33 @@ class Command(BaseCommand):
             self._stop_children()
             self.stdout.write("stopped.")
 
+    def _remember_ports(self, opts, kept: dict[str, int]) -> str:
+        """Keep the first demo's example ports in the data directory (so earlier runs stay
+        retryable); return what moved since, in words (``""`` when nothing did)."""
+        ports = {"env_port": opts["env_port"], "agent_port": opts["agent_port"]}
+        if kept:
+            return moved_ports_notice(kept, ports)
+        data_dir = Path(settings.DATA_DIR)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / PORTS_FILE).write_text(json.dumps(ports) + "\n")
+        return ""
+
     def _main(self, opts):
+        from gymweb.examples.counter_agent import parse_latency_ms
+
+        try:
+            parse_latency_ms(opts["agent_latency_ms"])
+        except ValueError as exc:
+            raise CommandError(f"--agent-latency-ms: {exc}") from None
+        # The flag, else the first demo's port, else the default.
+        kept = remembered_ports(Path(settings.DATA_DIR))
+        opts["env_port"] = opts["env_port"] or kept.get("env_port") or DEFAULT_ENV_PORT
+        opts["agent_port"] = opts["agent_port"] or kept.get("agent_port") or DEFAULT_AGENT_PORT
         self._check_port_free(opts["host"], opts["port"], "--port")
         self._check_port_free("127.0.0.1", opts["env_port"], "--env-port")
         self._check_port_free("127.0.0.1", opts["agent_port"], "--agent-port")
         call_command("migrate", verbosity=0, interactive=False)
+        self.moved = self._remember_ports(opts, kept)
         # WhiteNoise serves the collected files (compressed, hashed names), as in production.
         call_command("collectstatic", verbosity=0, interactive=False)
         user, password = self._demo_user(opts["user"], opts["password"])
@@ -116,7 +198,16 @@ class Command(BaseCommand):
             "counter env", [sys.executable, "-m", "gymweb.examples.counter_env", "--port", str(opts["env_port"])]
         )
         agent_url = self._spawn(
-            "counter agent", [sys.executable, "-m", "gymweb.examples.counter_agent", "--port", str(opts["agent_port"])]
+            "counter agent",
+            [
+                sys.executable,
+                "-m",
+                "gymweb.examples.counter_agent",
+                "--port",
+                str(opts["agent_port"]),
+                "--latency-ms",
+                opts["agent_latency_ms"],
+            ],
         )
         served = {
             "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
@@ -135,12 +226,12 @@ class Command(BaseCommand):
 
         run = None
         if not opts["no_run"]:
-            with COUNTER_TASKS.open("rb") as fh:
-                parsed = read_jsonl(fh, source=str(COUNTER_TASKS))
-            dataset = runs.store_dataset(parsed, "counter_tasks.jsonl", user)
+            with DEMO_TASKS.open("rb") as fh:
+                parsed = read_jsonl(fh, source=str(DEMO_TASKS))
+            dataset = runs.store_dataset(parsed, DEMO_TASKS.name, user)
             run = runs.create_run(
                 parsed,
-                name="demo: counter tasks",
+                name="demo: counter tasks, three fail on purpose",
                 user=user,
                 dataset=dataset,
                 agent_url=agent_url,
@@ -161,6 +252,12 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  NeMo Gym    {nemo.env_name} at {nemo.env_url} (head server {nemo.head_url}): the demo run's environment"
             )
+        self.stdout.write(
+            "  the demo run: 5 counter tasks succeed (reward 1.0) and 3 fail on purpose, each labelled in its"
+            " demo_note: a tool that answers an error and a wrong answer (reward 0.0), a broken reply (a failed rollout)"
+        )
+        if self.moved:
+            self.stdout.write(self.style.WARNING("  the example ports are not the first demo's:\n" + self.moved))
         self.stdout.write("  Ctrl-C stops everything.\n")
 
         while True:
@@ -171,8 +268,14 @@ class Command(BaseCommand):
                 run.refresh_from_db()
                 if run.is_final:
                     counts = runs.counts(run)
+                    rewards = list(
+                        run.rollouts.filter(status="succeeded", reward__isnull=False).values_list("reward", flat=True)
+                    )
+                    mean = f", mean reward of the succeeded {sum(rewards) / len(rewards):.2f}" if rewards else ""
+                    full = sum(1 for r in rewards if r == 1.0)
                     self.stdout.write(
                         f"demo run {run.status}: {counts['succeeded']} succeeded, {counts['failed']} failed"
+                        f" ({full} with reward 1.0{mean})"
                     )
                     return
             time.sleep(0.5)

@@ -29,6 +29,7 @@ from rollouts.evaluation.profile_report import (
     write_files_profile,
     write_profile,
 )
+from rollouts.evaluation.reward_profile import COLLAPSED_INTERVAL_NOTE, plain_notes
 from rollouts.management.nemo_gym_flags import NemoGymFlags
 from rollouts.models import Run
 
@@ -90,8 +91,8 @@ class Command(NemoGymFlags, BaseCommand):
             self.stdout.write(f"wrote {path}")
 
     def _warn(self, caught: list) -> None:
-        for w in caught:
-            self.stderr.write(f"warning: {w.message}")
+        for text in plain_notes(str(w.message) for w in caught):
+            self.stderr.write(f"note: {text}" if text == COLLAPSED_INTERVAL_NOTE else f"warning: {text}")
 
     def _check_outputs(self, stem: Path, overwrite: bool) -> None:
         try:
