@@ -66,3 +66,20 @@ def test_the_snippet_keeps_the_match_as_written_and_cuts_the_context():
     assert match == "Needle"
     assert before.startswith("…") and after.endswith("…") and "\n" not in after
     assert find_snippet({"a": "nothing"}, "needle") is None
+
+
+@pytest.mark.django_db
+def test_a_verify_reply_holding_a_lone_surrogate_or_nul_escape_is_searched_not_refused(signed_in, shared_data):
+    # lossless JSON text keeps "\ud800" and "\u0000" escapes that PostgreSQL's jsonb refuses
+    run = _import(shared_data)
+    rollout = Rollout.objects.get(run=run, task_index=1)
+    verify = json.loads(rollout.verify_json)
+    verify["judge_note"] = "Zorblequant answer"
+    text = json.dumps(verify, ensure_ascii=False)
+    rollout.verify_json = text[:-1] + ', "odd": "x\\ud800y\\u0000z"}'
+    rollout.save(update_fields=["verify_json"])
+    response = signed_in.get(reverse("run", args=[run.pk]) + "?text=zorblequant")
+    assert response.status_code == 200
+    table = response.content.decode()
+    table = table[table.index('id="rollout-table"') :]
+    assert table.count('class="rollout-link mono"') == 1 and ">1:0</a>" in table

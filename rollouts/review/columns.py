@@ -144,7 +144,7 @@ class FieldNumber(_Field):
             f"(CASE json_typeof({node}) WHEN 'number' THEN ({node} #>> '{{}}')::double precision "
             f"WHEN 'boolean' THEN (CASE WHEN ({node} #>> '{{}}') = 'true' THEN 1.0 ELSE 0.0 END) END)"
         )
-        return sql, [*params, self.keys, *params, self.keys, *params, self.keys, *params, self.keys]
+        return sql, [*params, self.keys, *params, self.keys, *params, self.keys]  # ``node`` three times
 
     def as_sql(self, compiler, connection, **extra):
         raise NotImplementedError(f"task/verify fields need SQLite or PostgreSQL, not {connection.vendor}")

@@ -111,7 +111,8 @@ class JsonStringHolds(Func):
 
     SQLite: a ``LIKE`` on the raw text picks the candidates (one read of the text), then
     ``json_tree`` walks only those. PostgreSQL: ``jsonb_path_exists`` with a literal ``like_regex``
-    (the text cast through ``jsonb`` with its ``\\u0000`` escapes made U+FFFD, which jsonb refuses)."""
+    (the text cast through ``jsonb`` with its ``\\u0000`` and lone surrogate escapes made U+FFFD, which
+    jsonb refuses)."""
 
     output_field = BooleanField()
     arity = 1
@@ -136,9 +137,12 @@ class JsonStringHolds(Func):
         col, params = compiler.compile(self.source_expressions[0])
         literal = json.dumps(self.needle, ensure_ascii=True)
         path = f'strict $.** ? (@.type() == "string" && @ like_regex {literal} flag "iq")'
-        as_jsonb = f"(replace({col}, '\\u0000', '\\ufffd')::jsonb - 'agent_ref')"
+        # jsonb refuses ``\\u0000`` and a lone surrogate escape (``\\ud800``), which lossless JSON
+        # text may hold: both are read as U+FFFD for the search.
+        unpaired = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+        as_jsonb = f"(regexp_replace(replace({col}, '\\u0000', '\\ufffd'), %s, %s, 'g')::jsonb - 'agent_ref')"
         sql = f"(NULLIF({col}, '') IS NOT NULL AND jsonb_path_exists({as_jsonb}, %s::jsonpath))"
-        return sql, [*params, *params, path]
+        return sql, [*params, *params, unpaired, r"\\ufffd", path]
 
 
 def filter_text(qs: QuerySet, text: str) -> QuerySet:
