@@ -105,7 +105,7 @@ def _summary(times: list[float]) -> str:
     return f"median {statistics.median(times):.3f} s ({min(times):.3f}–{max(times):.3f})"
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="32,512", help="batch sizes, comma-separated")
     parser.add_argument("--batches", type=int, default=20)
@@ -124,39 +124,11 @@ def main() -> None:
         help="web, agent, env and NeMo Gym head server ports: base, base+1, base+2, base+10",
     )
     parser.add_argument("--skip-nemo", action="store_true")
-    args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    ngpeer = Path(args.ngpeer)
-    ng_python = ngpeer / "venv" / "bin" / "python"
-    if not (ngpeer / "venv" / "bin" / "gym").exists():
-        raise SystemExit(
-            f"NeMo Gym's venv is not at {ngpeer}/venv (see {PEER}/README.md); its agent and counter are needed"
-        )
-    nemo = not args.skip_nemo
-    web_port, agent_port, env_port, head_port = (
-        args.port_base,
-        args.port_base + 1,
-        args.port_base + 2,
-        args.port_base + 10,
-    )
-    for port in (web_port, agent_port, env_port, head_port):
-        if not _port_free(port):
-            raise SystemExit(f"port {port} is in use: pick another --port-base")
+    return parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="gymweb-bench-trainer-"))
-    if args.db == "postgres":
-        os.environ["GYMWEB_REDIS_URL"] = args.redis_url
-        os.environ["GYMWEB_Q_NAME"] = f"gymweb-bench-trainer-{os.getpid()}"
-    where = h.setup_django(args.db)
-    from django.contrib.auth import get_user_model
-    from django.db.models import Max, Min
 
-    from gymweb.client import Client
-    from rollouts.models import Run, Worker
-    from rollouts.tokens import create_token
-
-    user = get_user_model().objects.create_user(username="trainer", password=secrets.token_urlsafe(16))
-    token = create_token(user, "bench")[1]
+def _server_env() -> dict:
+    """The environment of gunicorn and the qcluster worker."""
     env = dict(os.environ)
     env.update(
         {
@@ -170,159 +142,151 @@ def main() -> None:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    procs: list = []
-    stack = loop = None
-    load_before = os.getloadavg()
-    try:
-        agent = _start(
-            [ng_python, PEER / "scripted_agent.py", "--port", agent_port, "--sleep-ms", args.latency_ms],
-            work / "agent.log",
-        )
-        counter = _start(
-            [ng_python, PEER / "serve_counter.py", "--app-dir", ngpeer / "counter", "--port", env_port],
-            work / "env.log",
-        )
-        web = _start(
-            [
-                Path(sys.executable).parent / "gunicorn",
-                "gymweb.wsgi",
-                "--bind",
-                f"127.0.0.1:{web_port}",
-                "--workers",
-                "1",
-                "--worker-class",
-                "gthread",
-                "--threads",
-                "16",
-                "--timeout",
-                "300",
-            ],
-            work / "gunicorn.log",
-            env,
-        )
-        worker = _start([sys.executable, "manage.py", "qcluster"], work / "qcluster.log", env)
-        procs = [agent, counter, web, worker]
-        logs = [(p, work / n) for p, n in zip(procs, ("agent.log", "env.log", "gunicorn.log", "qcluster.log"))]
-        _wait(lambda: _http_ok(f"http://127.0.0.1:{agent_port}/health"), "the scripted agent", logs)
-        _wait(lambda: _http_ok(f"http://127.0.0.1:{env_port}/get_counter_value", "POST"), "the counter", logs)
-        _wait(lambda: _http_ok(f"http://127.0.0.1:{web_port}/api/v1/openapi.json"), "gunicorn", logs)
-        _wait(lambda: Worker.objects.exists(), "the qcluster worker", logs)
-        agent_url, env_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{env_port}"
-        client = Client(f"http://127.0.0.1:{web_port}", token)
+    return env
 
-        def gymweb_batch(rows):
-            t0, w0 = time.monotonic(), time.time()
-            first, rewards = None, []
-            for _row, result in client.run_examples(rows, agent_url=agent_url, env_url=env_url, max_steps=10):
-                if first is None:
-                    first = time.monotonic() - t0
-                rewards.append(result.get("reward"))
-            out = {"batch_s": time.monotonic() - t0, "first_s": first, "n": len(rewards), "rewards": rewards}
-            # Where the time went: submit to the first rollout started, and the last stored to the last read.
-            run = Run.objects.order_by("-id").first()
-            spans = run.rollouts.aggregate(start=Min("started"), end=Max("finished"))
-            out["start_s"] = spans["start"].timestamp() - w0
-            out["tail_s"] = w0 + out["batch_s"] - spans["end"].timestamp()
-            return out
 
-        def nemo_start(concurrency: int):
-            nonlocal stack, loop
-            _stop(loop)
-            _stop(stack, signal.SIGINT)  # as stack.sh stops it
-            run_dir = work / f"gymrun-{concurrency}"
-            run_dir.mkdir()
-            cfg = (ngpeer / "gymrun" / "remote_counter.yaml").read_text()
-            cfg = "\n".join(
-                f"      agent_base_url: {agent_url}"
-                if line.strip().startswith("agent_base_url:")
-                else f"      concurrency: {concurrency}"
-                if line.strip().startswith("concurrency:")
-                else line
-                for line in cfg.splitlines()
-            )
-            cfg += f"\nhead_server:\n  host: 127.0.0.1\n  port: {head_port}\n"
-            (run_dir / "remote_counter.yaml").write_text(cfg)
-            os.symlink(ngpeer / "gymrun" / "data", run_dir / "data")
-            ng_env = {
-                **os.environ,
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                "RAY_AUTH_MODE": "disabled",
-            }
-            stack = _start(
-                [ngpeer / "venv" / "bin" / "gym", "env", "start", "--config", "remote_counter.yaml"],
-                work / f"gym_env-{concurrency}.log",
-                ng_env,
-                cwd=run_dir,
-            )
-            _wait(
-                lambda: _http_ok(f"http://127.0.0.1:{head_port}/readyz"),
-                "NeMo Gym's stack",
-                [(stack, work / f"gym_env-{concurrency}.log")],
-                600,
-            )
-            loop = subprocess.Popen(
-                [str(ng_python), str(h.REPO / "benchmarks" / "_nemo_trainer_loop.py"), "--head-port", str(head_port)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=open(work / "nemo_loop.log", "ab"),
-                text=True,
-                cwd=run_dir,
-                env=ng_env,
-                start_new_session=True,
-            )
+def _start_services(
+    ngpeer: Path, ng_python: Path, ports: tuple[int, int, int, int], latency_ms: float, work: Path, env: dict
+) -> list:
+    """Start the scripted agent, the counter env, gunicorn and a qcluster worker; the processes."""
+    web_port, agent_port, env_port, _head_port = ports
+    agent = _start(
+        [ng_python, PEER / "scripted_agent.py", "--port", agent_port, "--sleep-ms", latency_ms],
+        work / "agent.log",
+    )
+    counter = _start(
+        [ng_python, PEER / "serve_counter.py", "--app-dir", ngpeer / "counter", "--port", env_port],
+        work / "env.log",
+    )
+    web = _start(
+        [
+            Path(sys.executable).parent / "gunicorn",
+            "gymweb.wsgi",
+            "--bind",
+            f"127.0.0.1:{web_port}",
+            "--workers",
+            "1",
+            "--worker-class",
+            "gthread",
+            "--threads",
+            "16",
+            "--timeout",
+            "300",
+        ],
+        work / "gunicorn.log",
+        env,
+    )
+    worker = _start([sys.executable, "manage.py", "qcluster"], work / "qcluster.log", env)
+    return [agent, counter, web, worker]
 
-        def nemo_batch(rows):
-            loop.stdin.write(json.dumps({"rows": rows}) + "\n")
-            loop.stdin.flush()
-            line = loop.stdout.readline()
-            if not line:
-                raise SystemExit(f"NeMo Gym's loop ended; see {work / 'nemo_loop.log'}")
-            return json.loads(line)
 
-        ideal = args.latency_ms / 1000 * CALLS
-        print(
-            f"training-loop benchmark — {h.machine()}; {where}; agent latency {args.latency_ms:g} ms × {CALLS} calls "
-            f"(ideal batch {ideal:.2f} s); load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}",
-            flush=True,
+def _wait_services(procs: list, ports: tuple[int, int, int, int], work: Path) -> None:
+    from rollouts.models import Worker
+
+    web_port, agent_port, env_port, _head_port = ports
+    logs = [(p, work / n) for p, n in zip(procs, ("agent.log", "env.log", "gunicorn.log", "qcluster.log"))]
+    _wait(lambda: _http_ok(f"http://127.0.0.1:{agent_port}/health"), "the scripted agent", logs)
+    _wait(lambda: _http_ok(f"http://127.0.0.1:{env_port}/get_counter_value", "POST"), "the counter", logs)
+    _wait(lambda: _http_ok(f"http://127.0.0.1:{web_port}/api/v1/openapi.json"), "gunicorn", logs)
+    _wait(lambda: Worker.objects.exists(), "the qcluster worker", logs)
+
+
+def _gymweb_batcher(client, agent_url: str, env_url: str):
+    """One batch through gymweb's client: its timings and rewards."""
+    from django.db.models import Max, Min
+
+    from rollouts.models import Run
+
+    def gymweb_batch(rows):
+        t0, w0 = time.monotonic(), time.time()
+        first, rewards = None, []
+        for _row, result in client.run_examples(rows, agent_url=agent_url, env_url=env_url, max_steps=10):
+            if first is None:
+                first = time.monotonic() - t0
+            rewards.append(result.get("reward"))
+        out = {"batch_s": time.monotonic() - t0, "first_s": first, "n": len(rewards), "rewards": rewards}
+        # Where the time went: submit to the first rollout started, and the last stored to the last read.
+        run = Run.objects.order_by("-id").first()
+        spans = run.rollouts.aggregate(start=Min("started"), end=Max("finished"))
+        out["start_s"] = spans["start"].timestamp() - w0
+        out["tail_s"] = w0 + out["batch_s"] - spans["end"].timestamp()
+        return out
+
+    return gymweb_batch
+
+
+class _NemoLoop:
+    """NeMo Gym's stack (``gym env start``) and its trainer loop (``_nemo_trainer_loop.py``), restarted
+    for each concurrency."""
+
+    def __init__(self, ngpeer: Path, ng_python: Path, agent_url: str, head_port: int, work: Path) -> None:
+        self.ngpeer, self.ng_python, self.agent_url, self.head_port, self.work = (
+            ngpeer,
+            ng_python,
+            agent_url,
+            head_port,
+            work,
         )
-        results = {}
-        for size in sizes:
-            if nemo:
-                nemo_start(size)
-            systems = {"gymweb": gymweb_batch, **({"nemo_gym": nemo_batch} if nemo else {})}
-            times = {name: [] for name in systems}
-            for i in range(args.batches + 1):
-                order = list(systems) if i % 2 == 0 else list(reversed(systems))
-                for name in order:
-                    out = systems[name](_rows(ngpeer, size))
-                    if out["n"] != size:
-                        raise SystemExit(f"{name}: {out['n']} of {size} results in batch {i}")
-                    if i:  # batch 0 warms up
-                        times[name].append(out)
-            results[size] = times
-            for name, outs in times.items():
-                batch = [o["batch_s"] for o in outs]
-                first = [o["first_s"] for o in outs]
-                ok = sum(1 for o in outs for r in o["rewards"] if r == 1.0)
-                print(
-                    f"  {size:>4} × {args.batches} {name:>8}: batch {_summary(batch)}, {statistics.median(batch) / ideal:.2f} × ideal; "
-                    f"first result {_summary(first)}; reward 1.0 in {ok}/{size * args.batches}",
-                    flush=True,
-                )
-                if name == "gymweb":
-                    print(
-                        f"  {'':>4}   {'':>8}  submit → first rollout started {_summary([o['start_s'] for o in outs])}; "
-                        f"last stored → last read {_summary([o['tail_s'] for o in outs])}",
-                        flush=True,
-                    )
-            if nemo:
-                g = statistics.median(o["batch_s"] for o in times["gymweb"])
-                n = statistics.median(o["batch_s"] for o in times["nemo_gym"])
-                print(f"  {size:>4}: gymweb / NeMo Gym median batch time = {g / n:.2f}", flush=True)
-        load_after = os.getloadavg()
-        print(f"load average after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
-    finally:
+        self.stack = self.loop = None
+
+    def start(self, concurrency: int) -> None:
+        ngpeer, work, head_port = self.ngpeer, self.work, self.head_port
+        _stop(self.loop)
+        _stop(self.stack, signal.SIGINT)  # as stack.sh stops it
+        run_dir = work / f"gymrun-{concurrency}"
+        run_dir.mkdir()
+        cfg = (ngpeer / "gymrun" / "remote_counter.yaml").read_text()
+        cfg = "\n".join(
+            f"      agent_base_url: {self.agent_url}"
+            if line.strip().startswith("agent_base_url:")
+            else f"      concurrency: {concurrency}"
+            if line.strip().startswith("concurrency:")
+            else line
+            for line in cfg.splitlines()
+        )
+        cfg += f"\nhead_server:\n  host: 127.0.0.1\n  port: {head_port}\n"
+        (run_dir / "remote_counter.yaml").write_text(cfg)
+        os.symlink(ngpeer / "gymrun" / "data", run_dir / "data")
+        ng_env = {
+            **os.environ,
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "disabled",
+        }
+        self.stack = stack = _start(
+            [ngpeer / "venv" / "bin" / "gym", "env", "start", "--config", "remote_counter.yaml"],
+            work / f"gym_env-{concurrency}.log",
+            ng_env,
+            cwd=run_dir,
+        )
+        _wait(
+            lambda: _http_ok(f"http://127.0.0.1:{head_port}/readyz"),
+            "NeMo Gym's stack",
+            [(stack, work / f"gym_env-{concurrency}.log")],
+            600,
+        )
+        self.loop = subprocess.Popen(
+            [str(self.ng_python), str(h.REPO / "benchmarks" / "_nemo_trainer_loop.py"), "--head-port", str(head_port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(work / "nemo_loop.log", "ab"),
+            text=True,
+            cwd=run_dir,
+            env=ng_env,
+            start_new_session=True,
+        )
+
+    def batch(self, rows):
+        loop = self.loop
+        loop.stdin.write(json.dumps({"rows": rows}) + "\n")
+        loop.stdin.flush()
+        line = loop.stdout.readline()
+        if not line:
+            raise SystemExit(f"NeMo Gym's loop ended; see {self.work / 'nemo_loop.log'}")
+        return json.loads(line)
+
+    def stop(self) -> None:
+        loop = self.loop
         if loop is not None and loop.poll() is None:
             try:
                 loop.stdin.write("\n")
@@ -330,7 +294,100 @@ def main() -> None:
             except OSError:
                 pass
         _stop(loop)
-        _stop(stack, signal.SIGINT)
+        _stop(self.stack, signal.SIGINT)
+
+
+def _measure(systems: dict, size: int, batches: int, ngpeer: Path) -> dict:
+    """``batches`` timed batches of ``size`` rows per system (after one warm-up), alternating
+    which system goes first."""
+    times = {name: [] for name in systems}
+    for i in range(batches + 1):
+        order = list(systems) if i % 2 == 0 else list(reversed(systems))
+        for name in order:
+            out = systems[name](_rows(ngpeer, size))
+            if out["n"] != size:
+                raise SystemExit(f"{name}: {out['n']} of {size} results in batch {i}")
+            if i:  # batch 0 warms up
+                times[name].append(out)
+    return times
+
+
+def _report(size: int, batches: int, times: dict, ideal: float, nemo: bool) -> None:
+    for name, outs in times.items():
+        batch = [o["batch_s"] for o in outs]
+        first = [o["first_s"] for o in outs]
+        ok = sum(1 for o in outs for r in o["rewards"] if r == 1.0)
+        print(
+            f"  {size:>4} × {batches} {name:>8}: batch {_summary(batch)}, {statistics.median(batch) / ideal:.2f} × ideal; "
+            f"first result {_summary(first)}; reward 1.0 in {ok}/{size * batches}",
+            flush=True,
+        )
+        if name == "gymweb":
+            print(
+                f"  {'':>4}   {'':>8}  submit → first rollout started {_summary([o['start_s'] for o in outs])}; "
+                f"last stored → last read {_summary([o['tail_s'] for o in outs])}",
+                flush=True,
+            )
+    if nemo:
+        g = statistics.median(o["batch_s"] for o in times["gymweb"])
+        n = statistics.median(o["batch_s"] for o in times["nemo_gym"])
+        print(f"  {size:>4}: gymweb / NeMo Gym median batch time = {g / n:.2f}", flush=True)
+
+
+def main() -> None:
+    args = _parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ngpeer = Path(args.ngpeer)
+    ng_python = ngpeer / "venv" / "bin" / "python"
+    if not (ngpeer / "venv" / "bin" / "gym").exists():
+        raise SystemExit(
+            f"NeMo Gym's venv is not at {ngpeer}/venv (see {PEER}/README.md); its agent and counter are needed"
+        )
+    nemo = not args.skip_nemo
+    ports = (args.port_base, args.port_base + 1, args.port_base + 2, args.port_base + 10)
+    web_port, agent_port, env_port, head_port = ports
+    for port in ports:
+        if not _port_free(port):
+            raise SystemExit(f"port {port} is in use: pick another --port-base")
+
+    work = Path(tempfile.mkdtemp(prefix="gymweb-bench-trainer-"))
+    if args.db == "postgres":
+        os.environ["GYMWEB_REDIS_URL"] = args.redis_url
+        os.environ["GYMWEB_Q_NAME"] = f"gymweb-bench-trainer-{os.getpid()}"
+    where = h.setup_django(args.db)
+    from django.contrib.auth import get_user_model
+
+    from gymweb.client import Client
+    from rollouts.tokens import create_token
+
+    user = get_user_model().objects.create_user(username="trainer", password=secrets.token_urlsafe(16))
+    token = create_token(user, "bench")[1]
+    env = _server_env()
+    procs: list = []
+    agent_url, env_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{env_port}"
+    nemo_loop = _NemoLoop(ngpeer, ng_python, agent_url, head_port, work)
+    load_before = os.getloadavg()
+    try:
+        procs = _start_services(ngpeer, ng_python, ports, args.latency_ms, work, env)
+        _wait_services(procs, ports, work)
+        client = Client(f"http://127.0.0.1:{web_port}", token)
+        gymweb_batch = _gymweb_batcher(client, agent_url, env_url)
+        ideal = args.latency_ms / 1000 * CALLS
+        print(
+            f"training-loop benchmark — {h.machine()}; {where}; agent latency {args.latency_ms:g} ms × {CALLS} calls "
+            f"(ideal batch {ideal:.2f} s); load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}",
+            flush=True,
+        )
+        for size in sizes:
+            if nemo:
+                nemo_loop.start(size)
+            systems = {"gymweb": gymweb_batch, **({"nemo_gym": nemo_loop.batch} if nemo else {})}
+            times = _measure(systems, size, args.batches, ngpeer)
+            _report(size, args.batches, times, ideal, nemo)
+        load_after = os.getloadavg()
+        print(f"load average after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    finally:
+        nemo_loop.stop()
         for proc in reversed(procs):
             _stop(proc)
         print(f"logs: {work}")

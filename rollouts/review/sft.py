@@ -205,6 +205,99 @@ def _items(row: dict[str, Any]) -> list[Any]:
     return list(first if isinstance(first, list) else []) + list(output if isinstance(output, list) else [])
 
 
+class _Chat:
+    """The chat messages gathered from a row's items, in order (``add`` one item at a time, then
+    ``flush``)."""
+
+    def __init__(self, reasoning: str) -> None:
+        self.reasoning = reasoning
+        self.messages: list[dict[str, Any]] = []
+        self.pending = _Assistant()
+        self.made: set[str] = set()  # call_ids of the function calls seen so far
+
+    def flush(self) -> None:
+        msg = self.pending.message(self.reasoning)
+        if msg is not None:
+            self.messages.append(msg)
+        self.pending = _Assistant()
+
+    def add(self, n: int, item: Any) -> None:
+        where = f"item {n}"
+        if not isinstance(item, dict):
+            raise NotConvertible(f"{where}: not a JSON object")
+        kind = item.get("type") or ("message" if "role" in item else None)
+        where = f"item {n} ({kind})"
+        if kind == "message":
+            self._message(item, where)
+        elif kind == "reasoning":
+            self.pending.any = True
+            text = _reasoning_text(item)
+            if text:
+                self.pending.reasoning.append(text)
+        elif kind == "function_call":
+            self._function_call(item, where)
+        elif kind == "function_call_output":
+            self._function_call_output(item, where)
+        else:
+            raise NotConvertible(f"{where}: no chat representation")
+
+    def _message(self, item: dict[str, Any], where: str) -> None:
+        role = item.get("role")
+        if role == "assistant":
+            self._assistant_content(item.get("content"), where)
+        elif role in ("user", "system", "developer"):
+            self.flush()
+            self.messages.append(
+                {"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)}
+            )
+        else:
+            raise NotConvertible(f"{where}: message role {role!r} has no chat representation")
+
+    def _assistant_content(self, content: Any, where: str) -> None:
+        pending = self.pending
+        pending.any = True
+        if isinstance(content, str):
+            pending.content.append(content)
+        for part in content if isinstance(content, list) else []:
+            if (
+                isinstance(part, dict)
+                and isinstance(part.get("refusal"), str)
+                and part.get("type") in ("refusal", None)
+            ):
+                pending.refusal.append(part["refusal"])
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                pending.content.append(part["text"])
+            else:
+                raise NotConvertible(f"{where}: assistant content part {part!r:.80} has no chat representation")
+
+    def _function_call(self, item: dict[str, Any], where: str) -> None:
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise NotConvertible(f"{where}: no call_id")
+        arguments = item.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        self.pending.any = True
+        self.pending.calls.pop(call_id, None)  # a repeated call_id: the last one ran (rule 4)
+        self.pending.calls[call_id] = {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": str(item.get("name") or ""), "arguments": arguments},
+        }
+        self.made.add(call_id)
+
+    def _function_call_output(self, item: dict[str, Any], where: str) -> None:
+        call_id = item.get("call_id")
+        self.flush()
+        if call_id not in self.made:
+            raise NotConvertible(
+                f"{where}: answers call_id {call_id!r}, which no earlier function_call made",
+                "a tool output without its call",
+            )
+        output = item.get("output")
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": _content(output, where)})
+
+
 def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, Any]:
     """One ``rollouts.jsonl`` row as ``{"messages": [...], "tools": [...]}`` (the module doc has
     the mapping). ``reasoning``: ``"keep"`` (``reasoning_content``), ``"think"`` (``<think>`` tags
@@ -214,83 +307,11 @@ def conversation(row: dict[str, Any], *, reasoning: str = "keep") -> dict[str, A
         raise ValueError(f"reasoning must be one of {', '.join(REASONING_MODES)}, not {reasoning!r}")
     params = row.get("responses_create_params")
     params = params if isinstance(params, dict) else {}
-    items = _items(row)
-    messages: list[dict[str, Any]] = []
-    pending = _Assistant()
-    made: set[str] = set()
-
-    def flush() -> None:
-        nonlocal pending
-        msg = pending.message(reasoning)
-        if msg is not None:
-            messages.append(msg)
-        pending = _Assistant()
-
-    for n, item in enumerate(items):
-        where = f"item {n}"
-        if not isinstance(item, dict):
-            raise NotConvertible(f"{where}: not a JSON object")
-        kind = item.get("type") or ("message" if "role" in item else None)
-        where = f"item {n} ({kind})"
-        if kind == "message":
-            role = item.get("role")
-            if role == "assistant":
-                pending.any = True
-                content = item.get("content")
-                if isinstance(content, str):
-                    pending.content.append(content)
-                for part in content if isinstance(content, list) else []:
-                    if (
-                        isinstance(part, dict)
-                        and isinstance(part.get("refusal"), str)
-                        and part.get("type") in ("refusal", None)
-                    ):
-                        pending.refusal.append(part["refusal"])
-                    elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                        pending.content.append(part["text"])
-                    else:
-                        raise NotConvertible(f"{where}: assistant content part {part!r:.80} has no chat representation")
-            elif role in ("user", "system", "developer"):
-                flush()
-                messages.append(
-                    {"role": "system" if role == "developer" else role, "content": _content(item.get("content"), where)}
-                )
-            else:
-                raise NotConvertible(f"{where}: message role {role!r} has no chat representation")
-        elif kind == "reasoning":
-            pending.any = True
-            text = _reasoning_text(item)
-            if text:
-                pending.reasoning.append(text)
-        elif kind == "function_call":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise NotConvertible(f"{where}: no call_id")
-            arguments = item.get("arguments")
-            if not isinstance(arguments, str):
-                arguments = json.dumps(arguments, ensure_ascii=False)
-            pending.any = True
-            pending.calls.pop(call_id, None)  # a repeated call_id: the last one ran (rule 4)
-            pending.calls[call_id] = {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": str(item.get("name") or ""), "arguments": arguments},
-            }
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            flush()
-            if call_id not in made:
-                raise NotConvertible(
-                    f"{where}: answers call_id {call_id!r}, which no earlier function_call made",
-                    "a tool output without its call",
-                )
-            output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": _content(output, where)})
-        else:
-            raise NotConvertible(f"{where}: no chat representation")
-        if kind == "function_call":
-            made.add(item["call_id"])
-    flush()
+    chat = _Chat(reasoning)
+    for n, item in enumerate(_items(row)):
+        chat.add(n, item)
+    chat.flush()
+    messages = chat.messages
     _drop_unanswered(messages)
     _merge_turns(messages)
     while messages and messages[-1]["role"] == "user":

@@ -257,59 +257,74 @@ class ItemIndex:
         return None
 
 
-def references(entries: list[dict[str, Any]], index: ItemIndex) -> list[dict[str, Any]]:
-    """Links from the panel's fields to trajectory items: ``{"field", "how", "seq", "label",
-    "text"}``, at most ``MAX_REFERENCES``, one per (field, item)."""
-    found: list[dict[str, Any]] = []
-    seen: set[tuple[str, int]] = set()
-    quotes = 0
-    max_quotes = max(20, min(MAX_QUOTE_CANDIDATES, MAX_SCAN_CHARS // max(1, index.chars)))
+class _References:
+    """The links ``references`` collects: one per (field, item), at most ``MAX_REFERENCES``, and
+    at most ``max_quotes`` texts searched for."""
 
-    def add(field_name: str, how: str, seq: int | None, text: str) -> None:
-        if seq is None or seq not in index.labels or (field_name, seq) in seen or len(found) >= MAX_REFERENCES:
+    def __init__(self, index: ItemIndex) -> None:
+        self.index = index
+        self.found: list[dict[str, Any]] = []
+        self.seen: set[tuple[str, int]] = set()
+        self.quotes = 0
+        self.max_quotes = max(20, min(MAX_QUOTE_CANDIDATES, MAX_SCAN_CHARS // max(1, index.chars)))
+
+    def add(self, field_name: str, how: str, seq: int | None, text: str) -> None:
+        if (
+            seq is None
+            or seq not in self.index.labels
+            or (field_name, seq) in self.seen
+            or len(self.found) >= MAX_REFERENCES
+        ):
             return
-        seen.add((field_name, seq))
-        found.append(
+        self.seen.add((field_name, seq))
+        self.found.append(
             {
                 "field": field_name,
                 "how": how,
                 "seq": seq,
-                "label": index.labels[seq],
+                "label": self.index.labels[seq],
                 "text": text if len(text) <= 80 else text[:79] + "…",
             }
         )
 
-    def visit(field_name: str, key: str, value: Any) -> None:
-        nonlocal quotes
+    def visit(self, field_name: str, key: str, value: Any) -> None:
         if isinstance(value, bool):
             return
         if isinstance(value, int) and _INDEX_KEY_RE.search(key):
-            add(field_name, f"{key} {value}", value, "")
+            self.add(field_name, f"{key} {value}", value, "")
         elif isinstance(value, str):
-            if value in index.calls:
-                add(field_name, "call_id", index.calls[value], value)
-                return
-            candidates = [value.strip()] if MIN_QUOTE_CHARS <= len(value.strip()) <= SCALAR_MAX_CHARS * 5 else []
-            candidates += [m.group(1).strip() for m in _QUOTE_RE.finditer(value[:50_000])]
-            for text in candidates:
-                if quotes >= max_quotes or len(text) < MIN_QUOTE_CHARS:
-                    break
-                quotes += 1
-                add(field_name, "quotes", index.find_text(text), text)
+            self.visit_text(field_name, value)
         elif isinstance(value, dict):
             for k, v in value.items():
-                visit(field_name, str(k), v)
+                self.visit(field_name, str(k), v)
         elif isinstance(value, list):
             for v in value:
-                visit(field_name, key, v)
+                self.visit(field_name, key, v)
 
+    def visit_text(self, field_name: str, value: str) -> None:
+        if value in self.index.calls:
+            self.add(field_name, "call_id", self.index.calls[value], value)
+            return
+        candidates = [value.strip()] if MIN_QUOTE_CHARS <= len(value.strip()) <= SCALAR_MAX_CHARS * 5 else []
+        candidates += [m.group(1).strip() for m in _QUOTE_RE.finditer(value[:50_000])]
+        for text in candidates:
+            if self.quotes >= self.max_quotes or len(text) < MIN_QUOTE_CHARS:
+                break
+            self.quotes += 1
+            self.add(field_name, "quotes", self.index.find_text(text), text)
+
+
+def references(entries: list[dict[str, Any]], index: ItemIndex) -> list[dict[str, Any]]:
+    """Links from the panel's fields to trajectory items: ``{"field", "how", "seq", "label",
+    "text"}``, at most ``MAX_REFERENCES``, one per (field, item)."""
+    refs = _References(index)
     for entry in entries:
         if entry["kind"] == "table":
             for row in entry["rows"]:
-                visit(entry["name"], "reason", row["reason_text"])
+                refs.visit(entry["name"], "reason", row["reason_text"])
         elif entry["kind"] != "tree" or not entry["folded"]:
-            visit(entry["name"], entry["name"].rsplit(".", 1)[-1], entry["value"])
-    return found
+            refs.visit(entry["name"], entry["name"].rsplit(".", 1)[-1], entry["value"])
+    return refs.found
 
 
 # -- the panel ----------------------------------------------------------------------------------
