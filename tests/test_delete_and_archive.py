@@ -221,7 +221,7 @@ def test_round_trip_keeps_what_the_export_cannot_give_back(collected):
         assert not Rollout.objects.filter(run=run).exclude(verify_json="", partial_response_json="").exists()
         if run == good:  # the odd ones were written whole; the others by reference to rollouts.jsonl
             details = [
-                json.loads(line) for line in archive._read_lines(archive.archive_dir(run) / archive.FILES["details"])
+                json.loads(line) for line in archive.read_lines(archive.archive_dir(run) / archive.FILES["details"])
             ]
             assert len(details) == 10
             # A reply the export reorders (the counter env echoes the task's fields before NeMo

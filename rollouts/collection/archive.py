@@ -32,7 +32,6 @@ curated ``rollouts.jsonl``, SFT, health check, reverify) raises ``RunArchived``.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -51,6 +50,17 @@ from django.utils import timezone
 
 from rollouts.bulk import insert_ignoring_conflicts
 from rollouts.collection import export
+from rollouts.collection.archive_files import (
+    FILES,
+    FORMAT,
+    MANIFEST,
+    ZSTD_LEVEL,
+    ArchiveError,
+    RunArchived,
+    RunBusy,
+    archived_lines,
+    read_lines,
+)
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
 from rollouts.engine.nemo_request import agent_result
@@ -78,16 +88,6 @@ __all__ = [
     "FILES",
 ]
 
-FORMAT = "gymweb-archive/1"
-# file kind -> archive file name (the export's names, plus gymweb's details)
-FILES = {
-    "rollouts": "rollouts.jsonl.zst",
-    "rollouts_failures": "rollouts_failures.jsonl.zst",
-    "rollouts_materialized_inputs": "rollouts_materialized_inputs.jsonl.zst",
-    "details": "gymweb_details.jsonl.zst",
-}
-MANIFEST = "manifest.json"
-ZSTD_LEVEL = 3
 _ITEM_FIELDS = (
     "seq",
     "step",
@@ -113,26 +113,6 @@ _CALL_FIELDS = (
     "num_asks",
     "error",
 )
-
-
-class ArchiveError(Exception):
-    """An archive cannot be written or read (missing folder, a file that does not match its
-    manifest); the message names the file."""
-
-
-class RunBusy(ArchiveError):
-    """The run is still being collected (queued, running, or rollouts in flight): cancel it first."""
-
-
-class RunArchived(ArchiveError):
-    """The run's items are archived; what was asked needs them. Restore the run first."""
-
-    def __init__(self, run: Run, what: str = "this"):
-        self.run = run
-        super().__init__(
-            f"run {run.pk} is archived: {what} needs its items. Restore it first "
-            f"(the run page's Restore button, POST /api/v1/runs/{run.pk}/restore, or manage.py restore_run {run.pk})."
-        )
 
 
 @dataclass
@@ -284,14 +264,6 @@ class _Writer:
         os.fsync(self.fh.fileno())
         self.fh.close()
         return {"lines": self.lines, "sha256": self.sha.hexdigest(), "bytes": self.path.stat().st_size}
-
-
-def _read_lines(path: Path) -> Iterator[str]:
-    """The lines (without newline) of one archive file, decompressed as they are read."""
-    with path.open("rb") as fh:
-        reader = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(fh), encoding="utf-8", newline="\n")
-        for line in reader:
-            yield line[:-1] if line.endswith("\n") else line
 
 
 _STAMPS = (ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY)
@@ -520,16 +492,6 @@ def _manifest(run: Run) -> dict[str, Any]:
     return manifest
 
 
-def archived_lines(run: Run, kind: str) -> Iterator[str]:
-    """Lines (without newline) of the archived run's file ``kind`` (``"rollouts"``,
-    ``"rollouts_failures"``, ``"rollouts_materialized_inputs"``): exactly the export's lines at
-    archiving time. Raises ``ArchiveError`` if the file is missing."""
-    path = Path(run.archive_path) / FILES[kind]
-    if not path.is_file():
-        raise ArchiveError(f"run {run.pk}: archive file {path} is missing")
-    return _read_lines(path)
-
-
 def verify_files(run: Run) -> dict[str, Any]:
     """Check every archive file against the manifest (line count and SHA-256 of the decompressed
     bytes). Returns the manifest; raises ``ArchiveError`` naming the first file that differs."""
@@ -538,7 +500,7 @@ def verify_files(run: Run) -> dict[str, Any]:
     for name, expected in manifest["files"].items():
         sha, lines = hashlib.sha256(), 0
         try:
-            for line in _read_lines(folder / name):
+            for line in read_lines(folder / name):
                 sha.update(line.encode("utf-8") + b"\n")
                 lines += 1
         except (OSError, zstandard.ZstdError, UnicodeDecodeError) as exc:
@@ -639,7 +601,7 @@ def _restore_files(run: Run, folder: Path, size: int, out: Outcome) -> None:
     successes = archived_lines(run, "rollouts")
     chunk: list[tuple[dict[str, Any], str | None]] = []
     cap, load = _items_cap(), 0
-    for text in _read_lines(folder / FILES["details"]):
+    for text in read_lines(folder / FILES["details"]):
         d = json.loads(text)
         line = next(successes) if d["status"] == Rollout.Status.SUCCEEDED else None
         if chunk and (len(chunk) >= size or load + len(d["items"]) > cap):

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 from django.db.models import QuerySet
 
+from rollouts.collection import archive_files
 from rollouts.collection.stamps import stamp as _stamp
 from rollouts.engine.nemo_request import agent_result, run_record
 from rollouts.models import Rollout, Run
@@ -197,13 +198,11 @@ def iter_successes(run: Run, rollouts: QuerySet | None = None) -> Iterator[str]:
     """Lines (without newline) of ``rollouts.jsonl`` for the run's succeeded attempts, optionally
     restricted to a filtered queryset of its rollouts: by (task, rollout) for a collected run, in
     the imported order for an imported one. An archived run's whole file is read from its archive
-    (the same lines); a selection of it raises ``archive.RunArchived``."""
+    (the same lines); a selection of it raises ``archive_files.RunArchived``."""
     if run.is_archived:
-        from rollouts.collection import archive  # archive builds on this module
-
         if rollouts is not None:
-            raise archive.RunArchived(run, "a selection of its rollouts.jsonl")
-        yield from archive.archived_lines(run, "rollouts")
+            raise archive_files.RunArchived(run, "a selection of its rollouts.jsonl")
+        yield from archive_files.archived_lines(run, "rollouts")
         return
     qs = (rollouts if rollouts is not None else Rollout.objects.filter(run=run)).filter(status=Rollout.Status.SUCCEEDED)
     # Rows of a collected run come ordered by task, so remembering the last task's agent_ref keeps
