@@ -19,7 +19,13 @@ from rollouts.collection import runs
 from rollouts.evaluation.health_checks import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Rollout, RolloutHealth
 from rollouts.review import columns
-from rollouts.review.filters import CORRECTED, EFFECTIVE, REVIEW_FILTER_FIELDS, ReviewFilterFields, with_effective_reward
+from rollouts.review.filters import (
+    CORRECTED,
+    EFFECTIVE,
+    REVIEW_FILTER_FIELDS,
+    ReviewFilterFields,
+    with_effective_reward,
+)
 from rollouts.search import queries as search
 
 SEARCH_MAX = 500  # characters of a content-search query
