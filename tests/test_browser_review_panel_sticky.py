@@ -59,3 +59,16 @@ def test_on_a_narrow_screen_the_panel_sits_above_the_trajectory(
     page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight * 0.8)")
     page.wait_for_function("window.scrollY > 3000")
     assert _box(page, "#review-panel")[1] < 0  # scrolled away with the page: it never covers the items
+
+
+def test_a_note_added_from_an_item_shows_on_that_item(browser, live_server, transactional_db, django_user_model):  # noqa: F811
+    rollout = _long_rollout()
+    page = _page(browser, live_server, django_user_model, width=1600, height=900)
+    page.goto(f"{live_server.url}/runs/{rollout.run_id}/rollouts/{rollout.pk}/")
+    page.click(".item-note-add[data-item='40']")
+    page.fill(".item-note-form textarea", "the agent <b>repeats</b> itself here")
+    page.click(".item-note-form button[type=submit]")
+    page.wait_for_selector(".item-notes[data-item='40']")
+    assert "the agent <b>repeats</b> itself here" in page.inner_text(".item-notes[data-item='40']")
+    assert page.locator(".item-notes").count() == 1
+    assert not page.errors, page.errors
