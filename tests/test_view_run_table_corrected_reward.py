@@ -62,6 +62,8 @@ def test_corrected_rewards_sort_the_table(signed_in, run):
     assert table_tasks(signed_in, run, "sort=reward") == [1, 3, 2, 0]
     assert table_tasks(signed_in, run, "sort=reward&reward_source=corrected") == [1, 0, 2, 3]
     assert table_tasks(signed_in, run, "sort=-reward&reward_source=corrected") == [3, 2, 0, 1]
+    html = signed_in.get(reverse("run", args=[run.pk]) + "?sort=reward&reward_source=corrected").content.decode()
+    assert "reward (corrected)" in html  # the column head says which reward sorts it
 
 
 def test_corrected_rewards_filter_the_table_the_downloads_and_the_api_alike(signed_in, user, run):
