@@ -45,7 +45,7 @@ class ReviewFilterFields(forms.Form):
     not_label = forms.ChoiceField(label="without label", choices=[("", "—")], required=False)
     notes = forms.ChoiceField(label="has notes", choices=YES_NO, required=False)
     corrected = forms.ChoiceField(label="corrected reward", choices=YES_NO, required=False)
-    reward_source = forms.ChoiceField(label="reward bounds read", choices=REWARD_SOURCES, required=False)
+    reward_source = forms.ChoiceField(label="reward bounds and sort read", choices=REWARD_SOURCES, required=False)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -90,7 +90,7 @@ class ReviewFilterFields(forms.Form):
             if value(name):
                 terms.append((label, name, value(name)))
         if value("reward_source") == CORRECTED:
-            terms.append(("reward bounds read", "rewards", "corrected"))
+            terms.append(("reward bounds and sort read", "rewards", "corrected"))
         return terms
 
     def review_filter(self, qs: QuerySet) -> QuerySet:

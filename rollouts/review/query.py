@@ -19,7 +19,13 @@ from rollouts.collection import runs
 from rollouts.evaluation.health_checks import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Rollout, RolloutHealth
 from rollouts.review import columns
-from rollouts.review.filters import REVIEW_FILTER_FIELDS, ReviewFilterFields
+from rollouts.review.filters import (
+    CORRECTED,
+    EFFECTIVE,
+    REVIEW_FILTER_FIELDS,
+    ReviewFilterFields,
+    with_effective_reward,
+)
 from rollouts.search import queries as search
 
 SEARCH_MAX = 500  # characters of a content-search query
@@ -193,6 +199,12 @@ class RolloutFilterForm(ReviewFilterFields):
             desc = key.startswith("-")
             terms = tuple(F(n).desc(nulls_last=True) if desc else F(n).asc(nulls_last=True) for n in names)
             terms += TASK_ORDER
+        elif column == "reward" and self.value("reward_source") == CORRECTED:
+            # the corrected reward where one is in force, else the env's (as the bounds read it)
+            if EFFECTIVE not in qs.query.annotations:
+                qs = with_effective_reward(qs)
+            term = F(EFFECTIVE)
+            terms = (term.desc(nulls_last=True) if key.startswith("-") else term.asc(nulls_last=True),) + TASK_ORDER
         else:
             terms = tuple(_descending(t) for t in SORTS[column]) if key.startswith("-") else SORTS[column]
             terms += TASK_ORDER

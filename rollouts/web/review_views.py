@@ -81,8 +81,13 @@ def review_context(
     state = actions.review_state(rollout)
     if back is None:
         back = params.get("next") if request.method == "POST" else request.get_full_path()
+    item_notes: dict[int, list] = {}  # the notes on items, shown on each item (no further query)
+    for note in state.notes:
+        if note.item_seq is not None:
+            item_notes.setdefault(note.item_seq, []).append(note)
     context: dict[str, Any] = {
         "review": state,
+        "item_notes": item_notes,
         "review_mode": False,
         "review_rollout": rollout,
         "review_back": back or "",

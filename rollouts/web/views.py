@@ -37,6 +37,7 @@ from rollouts.lossless import LosslessTextField
 from rollouts.models import AgentCall, BackgroundTask, Rollout, Run, Worker
 from rollouts.review import actions as review_actions
 from rollouts.review.curated import ExportOptions
+from rollouts.review.filters import corrected_reward
 from rollouts.review.query import RolloutFilterForm, export_filename, filter_problem, filtered_rollouts
 from rollouts.web.access import launch_from_form, run_for, runs_for
 from rollouts.web.forms import DatasetRenameForm, RunForm, with_first_rows
@@ -251,7 +252,10 @@ def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) 
             "total_tokens",
             "usage_reported",
         )
-        .annotate(error_head=Substr("error", 1, 160, output_field=LosslessTextField()))
+        .annotate(
+            error_head=Substr("error", 1, 160, output_field=LosslessTextField()),
+            corrected=corrected_reward(),  # the corrected reward in force, shown beside the env's
+        )
         .in_bulk()
     )
     review_actions.attach_to_rows(loaded.values())  # labels and note counts (rollouts.review)

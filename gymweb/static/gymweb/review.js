@@ -22,6 +22,54 @@
     var text = p.querySelector('[data-review="note"]');
     if (text) text.focus();
   }
+  // "note on this item": a button under each item of the trajectory (added here, so a long page
+  // carries no markup per item), opening a copy of the page's one note form (template#item-note-form).
+  function addNoteButtons(root) {
+    if (!document.getElementById("item-note-form")) return;
+    var items = (root || document).querySelectorAll('#timeline .item[id^="item-"]');
+    items.forEach(function (item) {
+      var seq = item.id.slice(5);
+      var after = item.parentElement && item.parentElement.matches("details.fold") ? item.parentElement : item;
+      var notes = after.nextElementSibling;
+      if (notes && notes.classList.contains("item-notes")) after = notes;
+      var next = after.nextElementSibling;
+      if (next && next.classList.contains("item-note-add")) return;
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "link-button item-note-add";
+      button.dataset.item = seq;
+      button.textContent = "note on this item";
+      after.after(button);
+    });
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { addNoteButtons(); });
+  } else {
+    addNoteButtons();
+  }
+  document.addEventListener("htmx:afterSettle", function () { addNoteButtons(); });
+  document.addEventListener("click", function (event) {
+    var add = event.target.closest && event.target.closest(".item-note-add");
+    var cancel = event.target.closest && event.target.closest("[data-note-cancel]");
+    if (cancel) {
+      var open = cancel.closest(".item-note-form");
+      if (open) open.remove();
+      return;
+    }
+    if (!add) return;
+    var next = add.nextElementSibling;
+    if (next && next.classList.contains("item-note-form")) {
+      next.querySelector("textarea").focus();
+      return;
+    }
+    var tpl = document.getElementById("item-note-form");
+    if (!tpl) return;
+    var form = tpl.content.firstElementChild.cloneNode(true);
+    form.querySelector('input[name="item"]').value = add.dataset.item;
+    form.querySelector("textarea").placeholder = "what you saw at #" + add.dataset.item;
+    add.after(form);
+    form.querySelector("textarea").focus();
+  });
   window.addEventListener("keydown", function (event) {
     var p = panel();
     if (!p) return;
