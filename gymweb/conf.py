@@ -95,6 +95,10 @@ class GymwebSettings(BaseSettings):
     signin_failure_limit: int = S(
         10, "wrong passwords for one user name from one address before sign-in is locked (429)"
     )
+    signin_address_failure_limit: int = S(
+        30,
+        "failed sign-ins from one client address, over any user names, within the lockout minutes before that address is refused (429) whatever the user name (0: no per-address limit)",
+    )
     trusted_proxies: int = S(
         0,
         "how many proxies (nginx, a load balancer) stand in front of gymweb and append to X-Forwarded-For: the sign-in lockout then keys on the client's address they report (0: the connection's own address; never more than there are, or clients can pick their address)",

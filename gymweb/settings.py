@@ -152,6 +152,8 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "rollouts.web.sessions.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "rollouts.web.sessions.locked_out"
+# Also refuses one address after GYMWEB_SIGNIN_ADDRESS_FAILURE_LIMIT failures over any user names.
+AXES_HANDLER = "rollouts.web.signin_limits.AddressLimitedHandler"
 
 # -- production switches (README, "Production") ------------------------------------------------
 # Behind a TLS-terminating proxy: the header it sets to "https" (e.g. X-Forwarded-Proto), so

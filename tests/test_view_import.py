@@ -188,8 +188,10 @@ def test_the_api_imports_the_three_files_and_says_which_one_is_bad(client, user,
     names = ("rollouts.jsonl", "rollouts_failures.jsonl", "rollouts_materialized_inputs.jsonl")
     data = dict(zip(("rollouts", "failures", "materialized"), (upload(n, (folder / n).read_bytes()) for n in names)))
     response = client.post("/api/v1/runs/import", data, **auth)
-    assert response.status_code == 201, response.content
-    run = Run.objects.get(pk=response.json()["id"])
+    assert response.status_code == 202, response.content  # a background task (run inline in tests)
+    task = client.get(response.json()["url"], **auth).json()
+    assert task["status"] == "done", task
+    run = Run.objects.get(pk=task["run"])
     assert run.status == Run.Status.IMPORTED
     got = b"".join(client.get(f"/api/v1/runs/{run.pk}/rollouts_materialized_inputs.jsonl", **auth).streaming_content)
     assert got == (folder / "rollouts_materialized_inputs.jsonl").read_bytes()
@@ -198,5 +200,6 @@ def test_the_api_imports_the_three_files_and_says_which_one_is_bad(client, user,
         {"rollouts": upload("r.jsonl", json.dumps(ROW)), "materialized": upload("m.jsonl", "not json\n")},
         **auth,
     )
-    assert bad.status_code == 400 and "m.jsonl, line 1" in bad.json()["detail"]
+    assert bad.status_code == 202 and bad.json()["status"] == "failed"
+    assert "m.jsonl, line 1" in bad.json()["message"] and bad.json()["errors"].keys() == {"materialized"}
     assert Run.objects.count() == 1

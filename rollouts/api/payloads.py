@@ -120,3 +120,24 @@ def rollout_detail(request, rollout: Rollout) -> dict[str, Any]:
         }
     )
     return out
+
+
+def task_out(task) -> dict[str, Any]:
+    """A ``BackgroundTask`` as the API's ``TaskOut``: its status URL, the run it made (done) and the
+    form field its refusal is about (failed)."""
+    from django.urls import reverse
+
+    field = task.result.get("field") if task.status == task.Status.FAILED else None
+    return {
+        "id": task.pk,
+        "kind": task.kind,
+        "status": task.status,
+        "progress": task.progress,
+        "message": task.message,
+        "created": task.created,
+        "started": task.started,
+        "finished": task.finished,
+        "url": reverse("api:get_task", args=[task.pk]),
+        "run": task.result.get("run") if task.status == task.Status.DONE else None,
+        "errors": {field: [task.message]} if field else {},
+    }

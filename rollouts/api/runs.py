@@ -1,9 +1,11 @@
-"""The API's run routes (registered on ``rollouts.api.router.api``): list, import, one run, cancel,
+"""The API's run routes (registered on ``rollouts.api.router.api``): list, import (and its task's
+status), one run, cancel,
 retry, the NeMo Gym files and the SFT export (streamed), a dataset from a filtered list."""
 
 from __future__ import annotations
 
 from django.conf import settings
+from django.http import HttpResponse
 from ninja import File, Form
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
@@ -12,11 +14,10 @@ from ninja.responses import Status
 from rollouts import targets
 from rollouts.api.errors import FieldsError, review_error
 from rollouts.api.lookups import MAX_PAGE, OFFSET, filtered, runs_for
-from rollouts.api.payloads import dataset_out, run_out
+from rollouts.api.payloads import dataset_out, run_out, task_out
 from rollouts.api.router import api
-from rollouts.api.schemas import DatasetOut, Error, RetryOut, RunDetailOut, RunOut
+from rollouts.api.schemas import DatasetOut, Error, RetryOut, RunDetailOut, RunOut, TaskOut
 from rollouts.collection import archive, environments, runs
-from rollouts.collection.datasets import DatasetError
 from rollouts.evaluation import run_summary
 from rollouts.models import Run
 from rollouts.review import curated, selection, sft
@@ -38,7 +39,9 @@ def list_runs(request, limit: int = 50, offset: int = OFFSET):
 
 
 @api.post(
-    "/runs/import", response={201: RunOut, 400: Error, 413: Error}, summary="Import NeMo Gym output files as a run"
+    "/runs/import",
+    response={202: TaskOut, 400: Error, 413: Error, 429: Error},
+    summary="Import NeMo Gym output files as a run (a background task)",
 )
 def import_run(
     request,
@@ -47,12 +50,16 @@ def import_run(
     materialized: UploadedFile | None = File(None, description="rollouts_materialized_inputs.jsonl (the task rows)"),
     name: str = Form("", description="defaults to the file names"),
 ):
-    """The import page's three slots (``collection.importer``): a new run with status ``imported``,
-    all or nothing; a bad line is reported with its file and line (``errors`` names the field).
-    Every imported file downloads again byte for byte. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` per file."""
-    from rollouts.collection.importer import import_shards
-    from rollouts.collection.run_names import import_name
-    from rollouts.evaluation import health
+    """The import page's three slots, as the page's background task (``import_views.import_job``):
+    202 with the task (``url``: ``GET /tasks/{id}`` until its status is ``done``, then ``run`` is
+    the new run, status ``imported``; or ``failed``, its ``message`` naming the file and line of a
+    bad row). All or nothing; every imported file downloads again byte for byte. The same name and
+    files while an import of them is queued or running answer that task again (nothing new is
+    queued). Up to ``GYMWEB_MAX_UPLOAD_BYTES`` per file (413); 429 past
+    ``GYMWEB_MAX_TASKS_PER_USER`` queued or running tasks."""
+    from rollouts import background
+    from rollouts.teams import team_for_new
+    from rollouts.web.import_views import start_import
 
     limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
     uploads = {"rollouts": rollouts, "failures": failures, "materialized": materialized}
@@ -64,21 +71,28 @@ def import_run(
             "no file: send 'rollouts', 'failures' or both (and optionally 'materialized') as multipart fields",
             {"rollouts": ["this field is required"]},
         )
-    sources = {field: (u.name or f"{field}.jsonl").rsplit("/", 1)[-1] for field, u in uploads.items() if u is not None}
-    pick = lambda field: [(uploads[field], sources[field])] if uploads[field] is not None else []  # noqa: E731
     try:
-        summary = import_shards(
-            pick("rollouts"),
-            pick("failures"),
-            pick("materialized"),
-            name=import_name(name, [sources[f] for f in ("rollouts", "failures") if f in sources]),
-            user=request.user,
+        task, _ = start_import(
+            request.user,
+            name,
+            {f: [u] for f, u in uploads.items() if u is not None},
+            team_id=team_for_new(request.user),  # a token of one team imports into that team
         )
-    except DatasetError as exc:
-        field = next((f for f, src in sources.items() if src == exc.source), "rollouts")
-        raise FieldsError(str(exc), {field: [str(exc)]}) from None
-    health.auto_check(summary.run)
-    return Status(201, run_out(request, summary.run))
+    except background.TooManyTasks as exc:
+        raise HttpError(429, str(exc)) from None
+    return Status(202, task_out(task))
+
+
+@api.get("/tasks/{task_id}", response=TaskOut, summary="A background task's status (an import)")
+def get_task(request, task_id: int, response: HttpResponse):
+    """One of the token's user's background tasks (404 for anyone else's): poll it until its
+    ``status`` is ``done`` (``run``: what it made) or ``failed`` (``message``, ``errors``)."""
+    from django.shortcuts import get_object_or_404
+
+    from rollouts.models import BackgroundTask
+
+    response["Cache-Control"] = "no-store"  # a poll must see the task's progress, never a copy
+    return task_out(get_object_or_404(BackgroundTask, pk=task_id, user=request.user))
 
 
 @api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")

@@ -201,3 +201,19 @@ class LabelOut(Schema):
 class NewLabelIn(Schema):
     name: str
     description: str = ""
+
+
+class TaskOut(Schema):
+    id: int
+    kind: str = Field(..., description="import (the background tasks the API starts)")
+    status: str = Field(..., description="queued, running, done or failed")
+    progress: float | None = Field(None, description="0 to 1, when known")
+    message: str = Field("", description="what it is doing, what it made, or why it failed")
+    created: datetime
+    started: datetime | None = None
+    finished: datetime | None = None
+    url: str = Field(..., description="this task's status: GET it until status is done or failed")
+    run: int | None = Field(None, description="done: the run it made (GET /runs/{id})")
+    errors: dict[str, list[str]] = Field(
+        default_factory=dict, description="failed: the form field the refusal is about"
+    )

@@ -20,7 +20,7 @@ from rollouts.collection.datasets import DatasetError
 from rollouts.collection.importer import LooksLikeDatasetError, WrongFileError, import_shards
 from rollouts.collection.run_names import import_name
 from rollouts.evaluation import health
-from rollouts.models import BackgroundTask
+from rollouts.models import BackgroundTask, Team
 from rollouts.web.forms import MultipleFileField
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
@@ -137,6 +137,7 @@ def import_job(task, progress) -> background.Done:
                 inputs,
                 name=import_name(task.params.get("name") or "", [src for _, src in shards + sidecars]),
                 user=task.user,
+                team=Team.objects.filter(pk=task.params["team"]).first() if "team" in task.params else None,
                 batched=True,  # short transactions: the workers' writes never wait long for the import
                 on_batch=read_so_far,
             )
@@ -178,6 +179,38 @@ def _offer_view(offer: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**offer, "dataset": dataset} if dataset else None
 
 
+def start_import(
+    user, name: str, uploads: dict[str, list[Any]], team_id: int | None = None
+) -> tuple[BackgroundTask, bool]:
+    """Queue an import of ``uploads`` (``{"rollouts"|"failures"|"materialized": [upload, ...]}``)
+    for ``user`` as a background task (``import_job``): ``(task, created)``; the run goes to team
+    ``team_id`` if given (an API token's team), else the user's first. The same name and files
+    (names and bytes) while such an import of the user's is queued or running hand back that task
+    (``created`` False), from the page or the API alike. Raises ``background.TooManyTasks``."""
+    taken: set = set()
+    named = [
+        (slot, upload, source)
+        for slot, fallback in (
+            ("rollouts", "rollouts.jsonl"),
+            ("failures", "failures sidecar"),
+            ("materialized", "materialised inputs"),
+        )
+        for upload, source in _upload_sources(uploads.get(slot) or [], fallback, taken)
+    ]
+    key = background.content_hash([name, *(f"{slot}:{source}" for slot, _, source in named)] + [u for _, u, _ in named])
+    params: dict[str, Any] = {"name": name, "sources": [source for _, _, source in named]}
+    if team_id is not None:
+        params["team"] = team_id
+        key = background.content_hash([key, f"team:{team_id}"])
+    return background.start(
+        str(BackgroundTask.Kind.IMPORT),
+        user,
+        params,
+        files=[(slot, upload) for slot, upload, _ in named],
+        dedupe_key=key,
+    )
+
+
 @login_required
 def import_rollouts(request):
     """The import page: one ``rollouts.jsonl`` (and its sidecar, or the sidecar alone, and optionally
@@ -188,27 +221,11 @@ def import_rollouts(request):
     if request.method == "POST":
         form = ImportForm(request.POST, request.FILES, too_large_uploads=too_large_uploads(request))
         if form.is_valid():
-            taken: set = set()
-            named = [
-                (slot, upload, source)
-                for slot, fallback in (
-                    ("rollouts", "rollouts.jsonl"),
-                    ("failures", "failures sidecar"),
-                    ("materialized", "materialised inputs"),
-                )
-                for upload, source in _upload_sources(form.cleaned_data.get(slot) or [], fallback, taken)
-            ]
-            name = form.cleaned_data.get("name") or ""
-            key = background.content_hash(
-                [name, *(f"{slot}:{source}" for slot, _, source in named)] + [u for _, u, _ in named]
-            )
             try:
-                task, _ = background.start(
-                    BackgroundTask.Kind.IMPORT,
+                task, _ = start_import(
                     request.user,
-                    {"name": name, "sources": [source for _, _, source in named]},
-                    files=[(slot, upload) for slot, upload, _ in named],
-                    dedupe_key=key,
+                    form.cleaned_data.get("name") or "",
+                    {slot: form.cleaned_data.get(slot) or [] for slot in ("rollouts", "failures", "materialized")},
                 )
             except background.TooManyTasks as exc:
                 form.add_error(None, str(exc))

@@ -106,12 +106,30 @@ def csrf_failure(request, reason: str = ""):
 
 
 def locked_out(request, original_response=None, credentials=None):
-    """``AXES_LOCKOUT_CALLABLE``: a throttled sign-in (django-axes) gets 429 and a page saying for
-    how long (``AXES_COOLOFF_TIME``, from ``GYMWEB_SIGNIN_LOCKOUT_MINUTES``) and how to unlock."""
+    """``AXES_LOCKOUT_CALLABLE``: a throttled sign-in (django-axes) gets 429, a ``Retry-After``
+    header (seconds) and a page saying why (this user name from this address, or this address over
+    many user names), when to try again (``GYMWEB_SIGNIN_LOCKOUT_MINUTES`` after the latest
+    failure) and how to unlock."""
+    from django.utils import timezone
+
+    from rollouts.web.signin_limits import address_locked_until, pair_locked_until
+
     cooloff = settings.AXES_COOLOFF_TIME
     minutes = round(cooloff.total_seconds() / 60) if cooloff else None
-    context = {"failure_limit": settings.AXES_FAILURE_LIMIT, "minutes": minutes}
-    return render(request, "registration/locked_out.html", context, status=429)
+    address_until = address_locked_until(request)
+    by_address = bool(getattr(request, "gymweb_address_locked", False)) and address_until is not None
+    until = address_until if by_address else pair_locked_until(request, credentials)
+    context = {
+        "failure_limit": settings.AXES_FAILURE_LIMIT,
+        "address_limit": settings.GYMWEB_SIGNIN_ADDRESS_FAILURE_LIMIT,
+        "by_address": by_address,
+        "minutes": minutes,
+        "until": until,
+    }
+    response = render(request, "registration/locked_out.html", context, status=429)
+    if until is not None:
+        response["Retry-After"] = str(max(1, int((until - timezone.now()).total_seconds()) + 1))
+    return response
 
 
 def client_address(request) -> str | None:
