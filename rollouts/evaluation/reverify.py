@@ -24,7 +24,7 @@ from rollouts import targets
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.loop import validate_base_url
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = ["ReverifyError", "ReverifyRefused", "ReverifyResult", "reverify_run", "reward_flips", "reverify_mode"]
 
@@ -82,6 +82,27 @@ def _payload(task_row: dict[str, Any], rollout_index: int, verify: dict[str, Any
         if key in verify:
             payload[key] = verify[key]
     return payload
+
+
+# What NeMo Gym's reverify copies from the materialised input row into the env's reply, after the
+# indices and ``agent_ref``, in this order (``RolloutReverificationHelper.run_from_config``).
+_COPIED_KEYS = ("_ng_environment_server", "task_source", "skills_ref", "_ng_atif_provenance")
+
+
+def _result_row(
+    reply: dict[str, Any], task_row: dict[str, Any], task_index: int, rollout_index: int, agent_name: str
+) -> dict[str, Any]:
+    """The reverified row as NeMo Gym's reverify writes it: the env's reply, ``_ng_task_index``,
+    ``_ng_rollout_index``, ``agent_ref`` (the task row's, else the run's agent, as the export writes
+    it), then ``_COPIED_KEYS`` the task row carries, overriding the reply's."""
+    row = dict(reply)
+    row[TASK_INDEX_KEY_NAME] = task_index
+    row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
+    row["agent_ref"] = task_row.get("agent_ref") or {"name": agent_name}
+    for key in _COPIED_KEYS:
+        if key in task_row:
+            row[key] = task_row[key]
+    return row
 
 
 async def _verify_all(
@@ -236,6 +257,7 @@ def reverify_run(
                 **{f: getattr(source_row, f) for f in copied},
             )
             if reply is not None:
+                reply = _result_row(reply, task_rows[task_id], task_index, rollout_index, source.agent_name)
                 r.status, r.reward, r.verify_json = (
                     Rollout.Status.SUCCEEDED,
                     float(reply["reward"]),
