@@ -51,10 +51,13 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningC
 from openai.types.responses.response_reasoning_item import Summary
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel
+
 from rollouts.engine.reply_schema import ReplyModel
 
 __all__ = [
     "agent_result",
+    "verify_refusal",
+    "verify_reward",
     "as_sent",
     "function_call_output",
     "materialize",
