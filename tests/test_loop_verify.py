@@ -295,3 +295,19 @@ async def test_a_terminal_failure_midway_keeps_the_partial_trajectory_too():
         outcome = await drive(agent, env)
     assert outcome.terminal and outcome.failure_kind == FailureKind.AGENT_INVALID_RESPONSE
     assert [i["type"] for i in outcome.response["output"]] == ["reasoning", "function_call", "function_call_output"]
+
+
+@async_test
+async def test_an_echo_of_task_params_nemo_gyms_model_refuses_is_not_held_against_the_env():
+    """A function tool without ``strict`` is refused by NeMo Gym's request model (it would not run
+    the task at all); the env echoing those params back is not a verify failure, but params of the
+    wrong shape that the env made up are."""
+    row = task_row()
+    row["responses_create_params"]["tools"] = [{"type": "function", "name": "t", "parameters": {"type": "object"}}]
+    async with EnvService(verify=echo_verify(reward=1.0)) as env, AgentService(reply(message())) as agent:
+        outcome = await drive(agent, env, row)
+    assert outcome.ok, outcome.error
+    bad = echo_verify(reward=1.0, responses_create_params={"input": 3})
+    async with EnvService(verify=bad) as env, AgentService(reply(message())) as agent:
+        outcome = await drive(agent, env)
+    assert outcome.failure_kind == FailureKind.VERIFY_FAILED and "responses_create_params.input" in outcome.error

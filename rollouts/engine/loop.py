@@ -430,7 +430,9 @@ class _Rollout:
             )
         # NeMo Gym's remote_agent validates the reply with its verify-response model (lax: ``true``
         # and ``"0.5"`` are rewards) and turns a refusal into a failure row (rule 15).
-        refusal = nemo_request.verify_refusal(data)
+        # (a task whose own params that model refuses is not held against the env's echo of them)
+        own_params = self.record.get("responses_create_params")
+        refusal = nemo_request.verify_refusal(data, check_params=nemo_request.params_refusal(own_params) is None)
         if refusal is not None:
             raise Failure(
                 FailureKind.VERIFY_FAILED,

@@ -56,6 +56,7 @@ from rollouts.engine.reply_schema import ReplyModel
 
 __all__ = [
     "agent_result",
+    "params_refusal",
     "verify_refusal",
     "verify_reward",
     "as_sent",
@@ -346,13 +347,28 @@ _VERIFY_FIELDS = tuple(_VerifyFields.model_fields)
 _EXCLUDED_FIELDS = ("capture_rollout_id", "_ng_rollout_id")
 
 
-def verify_refusal(reply: Any) -> str | None:
+def params_refusal(params: Any) -> str | None:
+    """Why NeMo Gym 0.7.0's request model refuses ``responses_create_params`` (not an object, a
+    field of a wrong shape such as a function tool without ``strict``, ``input`` neither a string
+    nor a list), or ``None`` when it accepts them."""
+    try:
+        _Params.model_validate(params)
+    except (ValueError, RecursionError) as exc:
+        return "; ".join(f"responses_create_params.{line}" for line in _errors(exc)[:5])
+    if not isinstance(params.get("input"), (str, list)):
+        return "responses_create_params.input: a string or a list is required"
+    return None
+
+
+def verify_refusal(reply: Any, check_params: bool = True) -> str | None:
     """Why NeMo Gym 0.7.0's remote_agent refuses an env's ``/verify`` reply (its
     ``RemoteAgentVerifyResponse.model_validate`` raises, and the rollout becomes a failure row), or
     ``None`` when it accepts it. Lax mode like NeMo Gym's: ``reward`` may be ``true`` or ``"0.5"``,
     ``mask_sample`` ``"yes"``. Refused: not an object, ``response`` or ``responses_create_params``
     missing or not of NeMo Gym's shape, ``reward`` missing or not a number, ``mask_sample`` not a
-    bool, ``failure_kind``/``failure_reason`` not a string or null."""
+    bool, ``failure_kind``/``failure_reason`` not a string or null. ``check_params=False`` leaves
+    the shape of ``responses_create_params`` unchecked (for a task whose own params NeMo Gym's model
+    refuses: NeMo Gym would not have run it, and the env only echoes them)."""
     if not isinstance(reply, dict):
         return "the reply is not a JSON object"
     problems = [f"{key}: field required" for key in ("responses_create_params", "response") if key not in reply]
@@ -365,15 +381,10 @@ def verify_refusal(reply: Any) -> str | None:
             ReplyModel.model_validate(reply["response"])
         except (ValueError, RecursionError) as exc:
             problems.extend(f"response.{line}" for line in _errors(exc))
-    params = reply.get("responses_create_params")
-    if "responses_create_params" in reply:
-        try:
-            _Params.model_validate(params)
-        except (ValueError, RecursionError) as exc:
-            problems.extend(f"responses_create_params.{line}" for line in _errors(exc))
-        else:
-            if not isinstance(params.get("input"), (str, list)):
-                problems.append("responses_create_params.input: a string or a list is required")
+    if "responses_create_params" in reply and check_params:
+        refusal = params_refusal(reply["responses_create_params"])
+        if refusal:
+            problems.append(refusal)
     for key in _EXCLUDED_FIELDS:
         if reply.get(key) is not None and not isinstance(reply[key], str):
             problems.append(f"{key}: must be a string")
