@@ -11,8 +11,10 @@ FastAPI writes that model as the ``/run`` reply; the collector parses it and add
 case's ``reply`` (an env's ``/verify`` reply: runA's rows given in the order gymweb's example counter
 env echoes them, with the reward last, and made-up edge cases) goes through that model and a real
 FastAPI route declared like the agent's, and the JSON the route answers is stored as ``result``
-(``null`` with ``refused`` when the model refuses the reply: NeMo Gym then writes a failure row).
-``tests/test_success_row_order.py`` asserts ``nemo_request.agent_result`` gives the same bytes.
+(``null`` with ``refused`` when the model refuses the reply: NeMo Gym's ``run()`` then catches the
+error and writes a failure row whose ``error`` is recorded as ``error``).
+``tests/test_success_row_order.py`` asserts ``nemo_request.agent_result`` gives the same bytes, and
+``tests/test_verify_reply_like_nemo_gym.py`` that ``nemo_request.verify_refusal`` gives the same verdicts.
 """
 
 import argparse
