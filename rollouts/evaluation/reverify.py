@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 from django.db import transaction
 from django.utils import timezone
+from pydantic import TypeAdapter, ValidationError
 
 from rollouts import targets
 from rollouts.collection.profile_numbers import profile_json_for_verify
@@ -105,6 +107,22 @@ def _result_row(
     return row
 
 
+_FLOAT = TypeAdapter(float)
+
+
+def reward_of(reply: Any) -> float | None:
+    """The reward of an env's ``/verify`` reply read as NeMo Gym's models read one (pydantic's lax
+    float: ``true`` → 1.0, ``"0.5"`` → 0.5), or None when it is missing, not a number or not finite.
+    The reply itself is written as it came, as NeMo Gym's reverify writes it."""
+    if not isinstance(reply, dict) or "reward" not in reply:
+        return None
+    try:
+        reward = _FLOAT.validate_python(reply["reward"])
+    except ValidationError:
+        return None
+    return reward if math.isfinite(reward) else None
+
+
 async def _verify_all(
     env_url: str, payloads: list[dict[str, Any]], concurrency: int, timeout_s: float
 ) -> list[tuple[dict | None, str, float]]:
@@ -133,8 +151,7 @@ async def _verify_all(
                     reply = response.json()
                 except ValueError:
                     return None, f"/verify answered with a body that is not JSON: {response.text[:500]}", ms
-                reward = reply.get("reward") if isinstance(reply, dict) else None
-                if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
+                if reward_of(reply) is None:
                     return None, "/verify's reply is not a JSON object with a numeric reward", ms
                 return reply, "", ms
 
@@ -257,10 +274,12 @@ def reverify_run(
                 **{f: getattr(source_row, f) for f in copied},
             )
             if reply is not None:
+                reward = reward_of(reply)
+                assert reward is not None  # _verify_all passes only replies with one
                 reply = _result_row(reply, task_rows[task_id], task_index, rollout_index, source.agent_name)
                 r.status, r.reward, r.verify_json = (
                     Rollout.Status.SUCCEEDED,
-                    float(reply["reward"]),
+                    reward,
                     json.dumps(reply, ensure_ascii=False),
                 )
                 r.profile_json = profile_json_for_verify(reply)
