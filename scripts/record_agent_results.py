@@ -11,8 +11,10 @@ FastAPI writes that model as the ``/run`` reply; the collector parses it and add
 case's ``reply`` (an env's ``/verify`` reply: runA's rows given in the order gymweb's example counter
 env echoes them, with the reward last, and made-up edge cases) goes through that model and a real
 FastAPI route declared like the agent's, and the JSON the route answers is stored as ``result``
-(``null`` with ``refused`` when the model refuses the reply: NeMo Gym then writes a failure row).
-``tests/test_success_row_order.py`` asserts ``nemo_request.agent_result`` gives the same bytes.
+(``null`` with ``refused`` when the model refuses the reply: NeMo Gym's ``run()`` then catches the
+error and writes a failure row whose ``error`` is recorded as ``error``).
+``tests/test_success_row_order.py`` asserts ``nemo_request.agent_result`` gives the same bytes, and
+``tests/test_verify_reply_like_nemo_gym.py`` that ``nemo_request.verify_refusal`` gives the same verdicts.
 """
 
 import argparse
@@ -72,6 +74,28 @@ def cases(data: Path) -> list[dict[str, Any]]:
         ("no responses_create_params", {"response": sparse["response"], "reward": 0.0}),
         ("mask_sample as a string", {**sparse, "reward": 0.0, "mask_sample": "yes"}),
         ("failure_kind as a number", {**sparse, "reward": 0.0, "failure_kind": 3}),
+        ("a false reward", {**sparse, "reward": False}),
+        ("a padded string reward", {**sparse, "reward": " 1 "}),
+        ("an exponent string reward", {**sparse, "reward": "2.5e-1"}),
+        ("an underscored string reward", {**sparse, "reward": "1_0"}),
+        ("a word reward", {**sparse, "reward": "abc"}),
+        ("an empty string reward", {**sparse, "reward": ""}),
+        ("a null reward", {**sparse, "reward": None}),
+        ("a list reward", {**sparse, "reward": [1]}),
+        ("an object reward", {**sparse, "reward": {"v": 1}}),
+        ("mask_sample as a word", {**sparse, "reward": 0.0, "mask_sample": "maybe"}),
+        ("mask_sample null", {**sparse, "reward": 0.0, "mask_sample": None}),
+        ("failure_reason as a list", {**sparse, "reward": 0.0, "failure_reason": ["x"]}),
+        ("response not an object", {**sparse, "response": "done", "reward": 1.0}),
+        ("response an empty object", {**sparse, "response": {}, "reward": 1.0}),
+        (
+            "response without output",
+            {**sparse, "response": {k: v for k, v in sparse["response"].items() if k != "output"}, "reward": 1.0},
+        ),
+        ("responses_create_params null", {**sparse, "responses_create_params": None, "reward": 1.0}),
+        ("responses_create_params input a number", {**sparse, "responses_create_params": {"input": 3}, "reward": 1.0}),
+        ("responses_create_params without input", {**sparse, "responses_create_params": {"model": "m"}, "reward": 1.0}),
+        ("capture_rollout_id as a number", {**sparse, "reward": 0.0, "capture_rollout_id": 5}),
     ]
     out.extend({"case": name, "reply": reply} for name, reply in made_up)
     return out
@@ -103,7 +127,15 @@ def main() -> None:
         try:
             RemoteAgentVerifyResponse.model_validate(case["reply"])
         except ValidationError as exc:
-            recorded.append({**case, "result": None, "refused": str(exc).splitlines()[0]})
+            # run() catches it: _failure_response(record, f"unexpected error: {type(e).__name__}: {e}")
+            recorded.append(
+                {
+                    **case,
+                    "result": None,
+                    "refused": str(exc).splitlines()[0],
+                    "error": f"unexpected error: {type(exc).__name__}: {exc}",
+                }
+            )
             continue
         holder["reply"] = case["reply"]
         answer = client.post("/run", json={"responses_create_params": {"input": []}})

@@ -191,6 +191,17 @@ def default_verify(rec: Recorded) -> dict:
     return {**(rec.json or {}), "reward": 1.0}
 
 
+def echo_verify(drop: tuple[str, ...] = (), **fields: Any) -> Callable[[Recorded], dict]:
+    """A ``/verify`` handler answering as NeMo Gym's envs do: the request body echoed (without the
+    keys in ``drop``) with ``fields`` set (``reward`` among them, any JSON value)."""
+
+    def handler(rec: Recorded) -> dict:
+        body = {k: v for k, v in (rec.json or {}).items() if k not in drop}
+        return {**body, **fields}
+
+    return handler
+
+
 class EnvService(_Service):
     """A recording resources server.
 

@@ -162,7 +162,7 @@ async def test_two_concurrent_rollouts_through_one_shared_client_never_see_each_
         return Reply(json=body, headers=set_cookie(f"agent_sid=AGENT-{name}-{turns}"))
 
     async def verify(rec):
-        return {"reward": 1.0, "task": rec.json["task"]}
+        return {**rec.json, "reward": 1.0}
 
     env = EnvService({"probe": tool}, seed=seed, verify=verify)
     agent = AgentService(agent_turn)

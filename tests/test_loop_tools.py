@@ -265,7 +265,7 @@ async def test_an_env_that_recovers_after_dropped_tool_connections_keeps_the_rol
                 return None
             return 200, {"count": 1}
         if path == "/verify":
-            return 200, {"reward": 1.0}
+            return 200, {**json.loads(body), "reward": 1.0}
         return 200, {}
 
     script = [reply(call("increment_counter", {"count": 1}, call_id="c1")), reply(message())]

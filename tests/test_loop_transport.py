@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -116,7 +117,7 @@ async def test_a_service_that_does_not_speak_http_fails_at_once_as_the_agents_er
 @async_test
 async def test_an_env_that_does_not_speak_http_is_that_env_calls_failure(route, kind):
     def env_answer(path, body):
-        return None if path == route else (200, {"reward": 1.0})
+        return None if path == route else (200, {**json.loads(body), "reward": 1.0} if path == "/verify" else {})
 
     script = [reply(call("increment_counter", {"count": 1})), GOOD]
     async with RawServer("garbage", fail_first=0, respond=env_answer) as env, AgentService(*script) as agent:
@@ -131,7 +132,7 @@ async def test_seed_and_verify_retry_dropped_connections_too():
 
     def env_answer(path, body):
         seen.append(path)
-        return (200, {"reward": 0.5}) if path == "/verify" else (200, {})
+        return (200, {**json.loads(body), "reward": 0.5}) if path == "/verify" else (200, {})
 
     async with RawServer("reset", fail_first=2, respond=env_answer) as env, AgentService(GOOD) as agent:
         outcome = await drive(agent, env)

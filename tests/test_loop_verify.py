@@ -19,6 +19,7 @@ from tests.servers import (
     call,
     call_output,
     drive,
+    echo_verify,
     message,
     reasoning,
     reply,
@@ -136,19 +137,40 @@ async def test_the_merged_response_is_a_valid_responses_object():
 
 @async_test
 async def test_the_verify_reply_is_kept_as_it_came_and_its_reward_is_the_outcomes():
-    verify = {"reward": 0.25, "responses_create_params": {}, "extra_metric": 7, "reward_components": {"a": 1}}
+    verify = echo_verify(reward=0.25, extra_metric=7, reward_components={"a": 1})
     async with EnvService(TOOLS, verify=verify) as env, AgentService(reply(message())) as agent:
         outcome = await drive(agent, env)
     assert outcome.ok and outcome.reward == 0.25
-    assert outcome.verify_response == verify
+    assert outcome.verify_response == {
+        **env.verify_body,
+        "reward": 0.25,
+        "extra_metric": 7,
+        "reward_components": {"a": 1},
+    }
 
 
-@pytest.mark.parametrize("reward, expected", [(0, 0.0), (1, 1.0), (0.5, 0.5), (-1.5, -1.5)])
+# NeMo Gym's verify-response model reads ``reward`` in pydantic's lax mode (tests/data/agent_results.json)
+@pytest.mark.parametrize(
+    "reward, expected",
+    [
+        (0, 0.0),
+        (1, 1.0),
+        (0.5, 0.5),
+        (-1.5, -1.5),
+        (True, 1.0),
+        (False, 0.0),
+        ("0.5", 0.5),
+        (" 1 ", 1.0),
+        ("1_0", 10.0),
+    ],
+)
 @async_test
-async def test_an_int_or_float_reward_is_accepted(reward, expected):
-    async with EnvService(verify={"reward": reward}) as env, AgentService(reply(message())) as agent:
+async def test_a_reward_nemo_gyms_model_reads_as_a_number_is_accepted_as_that_float(reward, expected):
+    async with EnvService(verify=echo_verify(reward=reward)) as env, AgentService(reply(message())) as agent:
         outcome = await drive(agent, env)
-    assert outcome.ok and outcome.reward == expected and isinstance(outcome.reward, float)
+    assert outcome.ok, outcome.error
+    assert outcome.reward == expected and isinstance(outcome.reward, float)
+    assert outcome.verify_response["reward"] == reward, "the reply is stored as it came"
 
 
 # -- rule 15: seed and verify failures --------------------------------------------------------------
@@ -170,11 +192,18 @@ BAD_VERIFY = {
     "422": Reply(422, json={"reward": 1.0}),
     "not json": Reply(200, text="reward=1"),
     "json array": Reply(200, json=[{"reward": 1.0}]),
-    "no reward": Reply(200, json={"score": 1.0}),
-    "null reward": Reply(200, json={"reward": None}),
-    "string reward": Reply(200, json={"reward": "1.0"}),
-    "bool reward": Reply(200, json={"reward": True}),
-    "false reward": Reply(200, json={"reward": False}),
+    "no reward": echo_verify(score=1.0),
+    "null reward": echo_verify(reward=None),
+    "word reward": echo_verify(reward="abc"),
+    "list reward": echo_verify(reward=[1]),
+    "nan reward": echo_verify(reward="nan"),
+    "inf reward": echo_verify(reward="inf"),
+    "only a reward": Reply(200, json={"reward": 1.0}),
+    "no response": echo_verify(drop=("response",), reward=1.0),
+    "no responses_create_params": echo_verify(drop=("responses_create_params",), reward=1.0),
+    "response not a Responses object": echo_verify(reward=1.0, response={"id": "r"}),
+    "mask_sample not a bool": echo_verify(reward=1.0, mask_sample="maybe"),
+    "failure_kind a number": echo_verify(reward=1.0, failure_kind=3),
 }
 
 
@@ -266,3 +295,19 @@ async def test_a_terminal_failure_midway_keeps_the_partial_trajectory_too():
         outcome = await drive(agent, env)
     assert outcome.terminal and outcome.failure_kind == FailureKind.AGENT_INVALID_RESPONSE
     assert [i["type"] for i in outcome.response["output"]] == ["reasoning", "function_call", "function_call_output"]
+
+
+@async_test
+async def test_an_echo_of_task_params_nemo_gyms_model_refuses_is_not_held_against_the_env():
+    """A function tool without ``strict`` is refused by NeMo Gym's request model (it would not run
+    the task at all); the env echoing those params back is not a verify failure, but params of the
+    wrong shape that the env made up are."""
+    row = task_row()
+    row["responses_create_params"]["tools"] = [{"type": "function", "name": "t", "parameters": {"type": "object"}}]
+    async with EnvService(verify=echo_verify(reward=1.0)) as env, AgentService(reply(message())) as agent:
+        outcome = await drive(agent, env, row)
+    assert outcome.ok, outcome.error
+    bad = echo_verify(reward=1.0, responses_create_params={"input": 3})
+    async with EnvService(verify=bad) as env, AgentService(reply(message())) as agent:
+        outcome = await drive(agent, env)
+    assert outcome.failure_kind == FailureKind.VERIFY_FAILED and "responses_create_params.input" in outcome.error

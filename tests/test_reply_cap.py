@@ -107,7 +107,11 @@ async def test_a_seed_or_verify_reply_past_the_cap_fails_the_rollout_as_reply_to
 async def test_a_reply_at_the_cap_is_read_whole():
     text = "y" * CAP  # exactly the cap
     async with (
-        EnvService({"t": Reply(text=text)}, verify={"reward": 1.0}) as env,
+        # a small verify reply of NeMo Gym's shape: an echo would carry the text and pass the cap
+        EnvService(
+            {"t": Reply(text=text)},
+            verify={"responses_create_params": {"input": []}, "response": reply(message()), "reward": 1.0},
+        ) as env,
         AgentService(reply(call("t", {}, call_id="c1")), reply(message())) as agent,
     ):
         outcome = await drive(agent, env, max_reply_bytes=CAP)

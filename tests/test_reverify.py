@@ -116,3 +116,25 @@ def test_bad_input_is_a_clear_error():
     app, _ = _fixed_verifier()
     with BackgroundServer(app) as env, pytest.raises(CommandError, match="no successful rollouts"):
         call_command("reverify", str(empty.pk), "--env-url", env.url)
+
+
+def test_a_reward_nemo_gyms_models_read_as_a_number_is_that_float_and_the_reply_is_written_as_it_came():
+    source = _run_with_answers(["answer 0", "answer 1", "answer 2", "answer 3"])
+    answers = {0: "0.5", 1: True, 2: "abc", 3: None}
+
+    async def get_mode(request):
+        return web.json_response("stateless")
+
+    async def verify(request):
+        body = await request.json()
+        return web.json_response({**body, "reward": answers[body["expected"]]})
+
+    app = web.Application()
+    app.router.add_get("/reverify_mode", get_mode)
+    app.router.add_post("/verify", verify)
+    with BackgroundServer(app) as env:
+        result = reverify.reverify_run(source, env.url)
+    got = {r.task_index: r for r in Rollout.objects.filter(run=result.run)}
+    assert (got[0].reward, got[1].reward) == (0.5, 1.0)
+    assert json.loads(got[0].verify_json)["reward"] == "0.5", "written as NeMo Gym's reverify writes it"
+    assert {got[2].status, got[3].status} == {Rollout.Status.FAILED} and result.failed == 2

@@ -158,3 +158,62 @@ def test_the_example_counter_env_gives_the_same_rewards_as_nemo_gyms_counter(sha
     _reverify(folder, tmp_path / "out.jsonl", counter_env_url, "--force")
     rows = [json.loads(line) for line in _lines(tmp_path / "unsafe_out.jsonl")]
     assert len(rows) == 80 and {r["reward"] for r in rows} == {0.0}
+
+
+def test_keys_of_the_input_row_nemo_gyms_reverify_copies_are_in_the_reverified_row(shared_data, tmp_path):
+    """NeMo Gym's reverify copies ``_ng_environment_server``, ``task_source``, ``skills_ref`` and
+    ``_ng_atif_provenance`` from the materialised input row into the env's reply, after the indices
+    and ``agent_ref``; a value the env echoed is replaced by the row's and keeps its place."""
+    folder = shared_data / RUN_A
+    inputs = tmp_path / "rollouts_materialized_inputs.jsonl"
+    rows = [orjson.loads(line) for line in _lines(folder / "rollouts_materialized_inputs.jsonl")]
+    for row in rows:
+        row["_ng_environment_server"] = "counter_environment_server"
+        row["task_source"] = "counter"
+    inputs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / "rollouts.jsonl").write_bytes((folder / "rollouts.jsonl").read_bytes())
+    app, seen = _nemo_gym_counter()
+    with BackgroundServer(app) as server:
+        _reverify(tmp_path, tmp_path / "out.jsonl", server.url, "--force")
+    by_key = {(r["_ng_task_index"], r["_ng_rollout_index"]): r for r in rows}
+    lines = _lines(tmp_path / "unsafe_out.jsonl")
+    assert len(lines) == 80
+    for line in lines:
+        row = orjson.loads(line)
+        key = (row["_ng_task_index"], row["_ng_rollout_index"])
+        assert list(row)[-5:] == [
+            "_ng_task_index",
+            "_ng_rollout_index",
+            "agent_ref",
+            "_ng_environment_server",
+            "task_source",
+        ]
+        assert row["agent_ref"] == by_key[key]["agent_ref"]
+        assert (row["_ng_environment_server"], row["task_source"]) == ("counter_environment_server", "counter")
+
+
+def test_an_echoed_environment_server_is_replaced_by_the_input_rows_in_its_place(shared_data, tmp_path):
+    folder = shared_data / RUN_A
+    rows = [orjson.loads(line) for line in _lines(folder / "rollouts_materialized_inputs.jsonl")]
+    for row in rows:
+        row["_ng_environment_server"] = "from_the_row"
+    (tmp_path / "rollouts_materialized_inputs.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / "rollouts.jsonl").write_bytes((folder / "rollouts.jsonl").read_bytes())
+
+    async def reverify_mode(request):
+        return web.json_response("stateless")
+
+    async def verify(request):
+        body = await request.json()
+        rest = {k: v for k, v in body.items() if k != "_ng_environment_server"}
+        return web.json_response({"_ng_environment_server": "echoed", **rest, "reward": 0.5})
+
+    app = web.Application()
+    app.router.add_get("/reverify_mode", reverify_mode)
+    app.router.add_post("/verify", verify)
+    with BackgroundServer(app) as server:
+        _reverify(tmp_path, tmp_path / "out.jsonl", server.url)
+    rows_out = [orjson.loads(line) for line in _lines(tmp_path / "out.jsonl")]
+    assert len(rows_out) == 80
+    for row in rows_out:
+        assert list(row)[0] == "_ng_environment_server" and row["_ng_environment_server"] == "from_the_row"

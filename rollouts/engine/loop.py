@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import math
 import re
 import time
 import uuid
@@ -427,13 +428,23 @@ class _Rollout:
                 FailureKind.VERIFY_FAILED,
                 f"verify failed: the reply is JSON but not an object: {_excerpt(response.text)}",
             )
-        reward = data.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
+        # NeMo Gym's remote_agent validates the reply with its verify-response model (lax: ``true``
+        # and ``"0.5"`` are rewards) and turns a refusal into a failure row (rule 15).
+        # (a task whose own params that model refuses is not held against the env's echo of them)
+        own_params = self.record.get("responses_create_params")
+        refusal = nemo_request.verify_refusal(data, check_params=nemo_request.params_refusal(own_params) is None)
+        if refusal is not None:
             raise Failure(
                 FailureKind.VERIFY_FAILED,
-                f"verify failed: the reply has no numeric 'reward' (got {json.dumps(reward)[:100]})",
+                f"verify failed: the reply is not NeMo Gym's verify response ({refusal}): {_excerpt(response.text)}",
             )
-        self.outcome.reward = float(reward)
+        reward = nemo_request.verify_reward(data)
+        if not math.isfinite(reward):
+            raise Failure(
+                FailureKind.VERIFY_FAILED,
+                f"verify failed: the reward is not a finite number (got {json.dumps(data.get('reward'))[:100]})",
+            )
+        self.outcome.reward = reward
         self.outcome.verify_response = data
 
     # -- agent -------------------------------------------------------------------------------

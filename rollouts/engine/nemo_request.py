@@ -52,8 +52,13 @@ from openai.types.responses.response_reasoning_item import Summary
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
 from pydantic import BaseModel
 
+from rollouts.engine.reply_schema import ReplyModel
+
 __all__ = [
     "agent_result",
+    "params_refusal",
+    "verify_refusal",
+    "verify_reward",
     "as_sent",
     "function_call_output",
     "materialize",
@@ -342,15 +347,74 @@ _VERIFY_FIELDS = tuple(_VerifyFields.model_fields)
 _EXCLUDED_FIELDS = ("capture_rollout_id", "_ng_rollout_id")
 
 
+def params_refusal(params: Any) -> str | None:
+    """Why NeMo Gym 0.7.0's request model refuses ``responses_create_params`` (not an object, a
+    field of a wrong shape such as a function tool without ``strict``, ``input`` neither a string
+    nor a list), or ``None`` when it accepts them."""
+    try:
+        _Params.model_validate(params)
+    except (ValueError, RecursionError) as exc:
+        return "; ".join(f"responses_create_params.{line}" for line in _errors(exc)[:5])
+    if not isinstance(params.get("input"), (str, list)):
+        return "responses_create_params.input: a string or a list is required"
+    return None
+
+
+def verify_refusal(reply: Any, check_params: bool = True) -> str | None:
+    """Why NeMo Gym 0.7.0's remote_agent refuses an env's ``/verify`` reply (its
+    ``RemoteAgentVerifyResponse.model_validate`` raises, and the rollout becomes a failure row), or
+    ``None`` when it accepts it. Lax mode like NeMo Gym's: ``reward`` may be ``true`` or ``"0.5"``,
+    ``mask_sample`` ``"yes"``. Refused: not an object, ``response`` or ``responses_create_params``
+    missing or not of NeMo Gym's shape, ``reward`` missing or not a number, ``mask_sample`` not a
+    bool, ``failure_kind``/``failure_reason`` not a string or null. ``check_params=False`` leaves
+    the shape of ``responses_create_params`` unchecked (for a task whose own params NeMo Gym's model
+    refuses: NeMo Gym would not have run it, and the env only echoes them)."""
+    if not isinstance(reply, dict):
+        return "the reply is not a JSON object"
+    problems = [f"{key}: field required" for key in ("responses_create_params", "response") if key not in reply]
+    try:
+        _VerifyFields.model_validate({k: reply[k] for k in _VERIFY_FIELDS if k in reply})
+    except ValueError as exc:
+        problems.extend(_errors(exc))
+    if "response" in reply:
+        try:
+            ReplyModel.model_validate(reply["response"])
+        except (ValueError, RecursionError) as exc:
+            problems.extend(f"response.{line}" for line in _errors(exc))
+    if "responses_create_params" in reply and check_params:
+        refusal = params_refusal(reply["responses_create_params"])
+        if refusal:
+            problems.append(refusal)
+    for key in _EXCLUDED_FIELDS:
+        if reply.get(key) is not None and not isinstance(reply[key], str):
+            problems.append(f"{key}: must be a string")
+    return "; ".join(problems[:5]) or None
+
+
+def verify_reward(reply: dict[str, Any]) -> float:
+    """The reward of a reply ``verify_refusal`` accepts, coerced as NeMo Gym's model coerces it
+    (``true`` → 1.0, ``"0.5"`` → 0.5; ``"nan"``/``"inf"`` give non-finite floats). Raises
+    ``ValueError`` for a reward that model refuses."""
+    return _VerifyFields.model_validate({k: reply[k] for k in _VERIFY_FIELDS if k in reply}).reward
+
+
+def _errors(exc: BaseException) -> list[str]:
+    """``loc: message`` lines of a pydantic ``ValidationError`` (the exception's text otherwise)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return [str(exc)[:300]]
+    return [".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in errors()]
+
+
 def agent_result(reply: Any) -> Any:
     """The env's ``/verify`` reply as NeMo Gym 0.7.0's remote_agent returns it from ``/run``: its
     ``RemoteAgentVerifyResponse`` (``BaseVerifyResponse`` with extra fields allowed) validated from
     the reply and dumped. ``responses_create_params`` (``materialize``), ``response``
     (``materialize_response``), ``reward`` (a float), ``mask_sample``, ``failure_kind`` and
     ``failure_reason`` (defaults ``false``/``null``/``null``), then the reply's other fields in its
-    order; ``capture_rollout_id``/``_ng_rollout_id`` are not dumped. A reply that model would refuse
-    (not an object, a field missing or of a wrong type) comes back unchanged."""
-    if not isinstance(reply, dict) or "responses_create_params" not in reply or "response" not in reply:
+    order; ``capture_rollout_id``/``_ng_rollout_id`` are not dumped. A reply that model refuses
+    (``verify_refusal``) comes back unchanged."""
+    if verify_refusal(reply) is not None:
         return reply
     try:
         fields = _VerifyFields.model_validate({k: reply[k] for k in _VERIFY_FIELDS if k in reply})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +20,13 @@ from typing import Any
 import httpx
 from django.db import transaction
 from django.utils import timezone
+from pydantic import TypeAdapter, ValidationError
 
 from rollouts import targets
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.loop import validate_base_url
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
-from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 __all__ = ["ReverifyError", "ReverifyRefused", "ReverifyResult", "reverify_run", "reward_flips", "reverify_mode"]
 
@@ -84,6 +86,43 @@ def _payload(task_row: dict[str, Any], rollout_index: int, verify: dict[str, Any
     return payload
 
 
+# What NeMo Gym's reverify copies from the materialised input row into the env's reply, after the
+# indices and ``agent_ref``, in this order (``RolloutReverificationHelper.run_from_config``).
+_COPIED_KEYS = ("_ng_environment_server", "task_source", "skills_ref", "_ng_atif_provenance")
+
+
+def _result_row(
+    reply: dict[str, Any], task_row: dict[str, Any], task_index: int, rollout_index: int, agent_name: str
+) -> dict[str, Any]:
+    """The reverified row as NeMo Gym's reverify writes it: the env's reply, ``_ng_task_index``,
+    ``_ng_rollout_index``, ``agent_ref`` (the task row's, else the run's agent, as the export writes
+    it), then ``_COPIED_KEYS`` the task row carries, overriding the reply's."""
+    row = dict(reply)
+    row[TASK_INDEX_KEY_NAME] = task_index
+    row[ROLLOUT_INDEX_KEY_NAME] = rollout_index
+    row["agent_ref"] = task_row.get("agent_ref") or {"name": agent_name}
+    for key in _COPIED_KEYS:
+        if key in task_row:
+            row[key] = task_row[key]
+    return row
+
+
+_FLOAT = TypeAdapter(float)
+
+
+def reward_of(reply: Any) -> float | None:
+    """The reward of an env's ``/verify`` reply read as NeMo Gym's models read one (pydantic's lax
+    float: ``true`` → 1.0, ``"0.5"`` → 0.5), or None when it is missing, not a number or not finite.
+    The reply itself is written as it came, as NeMo Gym's reverify writes it."""
+    if not isinstance(reply, dict) or "reward" not in reply:
+        return None
+    try:
+        reward = _FLOAT.validate_python(reply["reward"])
+    except ValidationError:
+        return None
+    return reward if math.isfinite(reward) else None
+
+
 async def _verify_all(
     env_url: str, payloads: list[dict[str, Any]], concurrency: int, timeout_s: float
 ) -> list[tuple[dict | None, str, float]]:
@@ -112,8 +151,7 @@ async def _verify_all(
                     reply = response.json()
                 except ValueError:
                     return None, f"/verify answered with a body that is not JSON: {response.text[:500]}", ms
-                reward = reply.get("reward") if isinstance(reply, dict) else None
-                if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
+                if reward_of(reply) is None:
                     return None, "/verify's reply is not a JSON object with a numeric reward", ms
                 return reply, "", ms
 
@@ -236,9 +274,12 @@ def reverify_run(
                 **{f: getattr(source_row, f) for f in copied},
             )
             if reply is not None:
+                reward = reward_of(reply)
+                assert reward is not None  # _verify_all passes only replies with one
+                reply = _result_row(reply, task_rows[task_id], task_index, rollout_index, source.agent_name)
                 r.status, r.reward, r.verify_json = (
                     Rollout.Status.SUCCEEDED,
-                    float(reply["reward"]),
+                    reward,
                     json.dumps(reply, ensure_ascii=False),
                 )
                 r.profile_json = profile_json_for_verify(reply)
