@@ -176,6 +176,16 @@ def _fast_workers(settings):
     settings.GYMWEB_AUTO_RETRY = False
 
 
+@pytest.fixture
+def queued(monkeypatch) -> list[tuple]:
+    """What ``background`` hands the broker (the ORM's or Redis), recorded instead of sent: tests that
+    queue tasks (``GYMWEB_TASKS_INLINE`` off) run them as a worker would, and nothing reaches a queue
+    a later test's worker reads."""
+    sent: list[tuple] = []
+    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: sent.append(args))
+    return sent
+
+
 @pytest.fixture(autouse=True)
 def _inline_tasks(settings):
     """Background tasks (imports, agent checks, reverify, health checks started from pages) run

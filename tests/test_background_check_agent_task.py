@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _queued_tasks(settings, tmp_path):
+def _queued_tasks(settings, tmp_path, queued):
     settings.GYMWEB_TASKS_INLINE = False
     settings.DATA_DIR = tmp_path
 

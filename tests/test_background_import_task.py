@@ -18,17 +18,8 @@ pytestmark = pytest.mark.django_db
 ROW = {"responses_create_params": {"input": "count"}, "response": {"id": "r", "output": []}, "reward": 1.0}
 
 
-@pytest.fixture
-def queued(monkeypatch) -> list[tuple]:
-    """What ``background`` hands the broker (whichever broker the suite runs on: the ORM's or
-    Redis), recorded instead of sent."""
-    sent: list[tuple] = []
-    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: sent.append(args))
-    return sent
-
-
 @pytest.fixture(autouse=True)
-def _queued_tasks(settings, tmp_path, monkeypatch, queued):
+def _queued_tasks(settings, tmp_path, queued):
     settings.GYMWEB_TASKS_INLINE = False
     settings.DATA_DIR = tmp_path  # the tasks' files
 

@@ -12,17 +12,8 @@ from rollouts.models import BackgroundTask
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def queued(monkeypatch) -> list[tuple]:
-    """What ``background`` hands the broker (whichever broker the suite runs on: the ORM's or
-    Redis), recorded instead of sent."""
-    sent: list[tuple] = []
-    monkeypatch.setattr("django_q.tasks.async_task", lambda *args, **kwargs: sent.append(args))
-    return sent
-
-
 @pytest.fixture(autouse=True)
-def _queued_tasks(settings, tmp_path, monkeypatch, queued):
+def _queued_tasks(settings, tmp_path, queued):
     settings.GYMWEB_TASKS_INLINE = False
     settings.GYMWEB_MAX_TASKS_PER_USER = 2
     settings.DATA_DIR = tmp_path
