@@ -245,7 +245,8 @@ class Command(BaseCommand):
             runs.launch(run)
 
         self.stdout.write(self.style.SUCCESS("\ngymweb is running"))
-        self.stdout.write(f"  open        {web_url}/" + (f"runs/{run.pk}/" if run else ""))
+        # the run table opens with the tasks' demo_note column, which says what each task shows
+        self.stdout.write(f"  open        {web_url}/" + (f"runs/{run.pk}/?cols=task.demo_note" if run else ""))
         self.stdout.write(f"  sign in as  {opts['user']} / {password}")
         self.stdout.write(f"  example env {env_url}   example agent {agent_url}")
         if nemo:
@@ -254,7 +255,7 @@ class Command(BaseCommand):
             )
         self.stdout.write(
             "  the demo run: 5 counter tasks succeed (reward 1.0) and 3 fail on purpose, each labelled in its"
-            " demo_note: a tool that answers an error and a wrong answer (reward 0.0), a broken reply (a failed rollout)"
+            " demo_note (a column of the run table): a tool that answers an error and a wrong answer (reward 0.0), a broken reply (a failed rollout)"
         )
         if self.moved:
             self.stdout.write(self.style.WARNING("  the example ports are not the first demo's:\n" + self.moved))
