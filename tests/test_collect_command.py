@@ -12,6 +12,11 @@ from rollouts.models import Rollout, Run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _io(tasks, out) -> list[str]:
+    """``collect``'s input, output and quiet flags."""
+    return ["--input", str(tasks), "--output", str(out), "--no-progress"]
+
+
 def _read(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -26,11 +31,7 @@ def test_it_collects_the_counter_tasks_with_reward_one(
         counter_agent_url,
         "--env-url",
         counter_env_url,
-        "--input",
-        str(counter_tasks_path),
-        "--output",
-        str(out),
-        "--no-progress",
+        *_io(counter_tasks_path, out),
     )
     rows = _read(out)
     assert len(rows) == 5
@@ -56,11 +57,7 @@ def test_it_writes_a_failure_row_per_attempt_when_the_agent_is_down(tmp_path, co
         "http://127.0.0.1:9",
         "--env-url",
         counter_env_url,
-        "--input",
-        str(counter_tasks_path),
-        "--output",
-        str(out),
-        "--no-progress",
+        *_io(counter_tasks_path, out),
         "--limit",
         "2",
     )
@@ -95,11 +92,7 @@ def test_a_resume_with_another_agent_url_is_refused_and_changes_nothing(
     args = [
         "--env-url",
         counter_env_url,
-        "--input",
-        str(counter_tasks_path),
-        "--output",
-        str(out),
-        "--no-progress",
+        *_io(counter_tasks_path, out),
         "--limit",
         "2",
     ]
@@ -121,11 +114,7 @@ def test_a_resume_with_another_env_url_is_refused_too(tmp_path, counter_env_url,
     common = [
         "--agent-url",
         "http://127.0.0.1:9",
-        "--input",
-        str(counter_tasks_path),
-        "--output",
-        str(out),
-        "--no-progress",
+        *_io(counter_tasks_path, out),
         "--limit",
         "1",
     ]
@@ -141,11 +130,7 @@ def test_allow_url_change_records_the_change_and_each_attempt_keeps_its_urls(
     args = [
         "--env-url",
         counter_env_url,
-        "--input",
-        str(counter_tasks_path),
-        "--output",
-        str(out),
-        "--no-progress",
+        *_io(counter_tasks_path, out),
         "--limit",
         "2",
     ]
@@ -229,11 +214,7 @@ def test_it_stores_the_envs_aggregate_metrics_when_the_run_completes(
         counter_agent_url,
         "--env-url",
         counter_env_url,
-        "--input",
-        str(counter_tasks_path),
-        "--output",
-        str(tmp_path / "o.jsonl"),
-        "--no-progress",
+        *_io(counter_tasks_path, tmp_path / "o.jsonl"),
     )
     run = Run.objects.get()
     assert run.aggregate_metrics_error == ""
