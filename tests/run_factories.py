@@ -108,3 +108,21 @@ ANSWER = [
         "content": [{"type": "output_text", "text": "the answer", "annotations": []}],
     }
 ]
+
+
+def collect_unreached(tmp_path, tasks, *more: str, agent_url: str = "http://127.0.0.1:1") -> None:
+    """``collect`` against services that are never reached: for tests it refuses before any call."""
+    from django.core.management import call_command
+
+    call_command(
+        "collect",
+        "--agent-url",
+        agent_url,
+        "--env-url",
+        "http://127.0.0.1:2",
+        "--input",
+        str(tasks),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        *more,
+    )

@@ -15,6 +15,7 @@ from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import Rollout, Run
 from rollouts.workers.writer import Batch, write_batch
 
+from .run_factories import collect_unreached
 from .servers import AgentService, EnvService, Reply, async_test, drive, message, reply
 
 GOOD = '{"responses_create_params": {"input": "hi"}}'
@@ -148,33 +149,9 @@ def test_summed_token_counts_past_64_bits_keep_the_success_with_a_warning():
 @pytest.mark.django_db(transaction=True)
 def test_overrides_that_break_the_rows_are_refused_by_the_cli(tmp_path, counter_tasks_path):
     with pytest.raises(CommandError, match="'input' must be a string or a list"):
-        call_command(
-            "collect",
-            "--agent-url",
-            "http://127.0.0.1:1",
-            "--env-url",
-            "http://127.0.0.1:2",
-            "--input",
-            str(counter_tasks_path),
-            "--output",
-            str(tmp_path / "o.jsonl"),
-            "--overrides",
-            '{"input": 5}',
-        )
+        collect_unreached(tmp_path, counter_tasks_path, "--overrides", '{"input": 5}')
     with pytest.raises(CommandError, match="NaN is not a JSON value"):
-        call_command(
-            "collect",
-            "--agent-url",
-            "http://127.0.0.1:1",
-            "--env-url",
-            "http://127.0.0.1:2",
-            "--input",
-            str(counter_tasks_path),
-            "--output",
-            str(tmp_path / "o.jsonl"),
-            "--overrides",
-            '{"temperature": NaN}',
-        )
+        collect_unreached(tmp_path, counter_tasks_path, "--overrides", '{"temperature": NaN}')
     assert Run.objects.count() == 0
 
 
@@ -194,17 +171,5 @@ def test_the_cli_refuses_an_output_it_could_not_write_before_doing_any_work(tmp_
 def test_a_run_over_the_size_cap_is_refused_and_nothing_is_stored(settings, tmp_path, counter_tasks_path):
     settings.GYMWEB_MAX_KEYS_PER_RUN = 12
     with pytest.raises(CommandError, match="would have 15 rollouts"):
-        call_command(
-            "collect",
-            "--agent-url",
-            "http://127.0.0.1:1",
-            "--env-url",
-            "http://127.0.0.1:2",
-            "--input",
-            str(counter_tasks_path),
-            "--output",
-            str(tmp_path / "o.jsonl"),
-            "--num-repeats",
-            "3",
-        )
+        collect_unreached(tmp_path, counter_tasks_path, "--num-repeats", "3")
     assert Run.objects.count() == 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from rollouts.collection import run_settings
@@ -14,6 +13,7 @@ from rollouts.collection.run_settings import SettingError
 from rollouts.models import Run
 from rollouts.tokens import create_token
 
+from .run_factories import collect_unreached
 from .test_view_run_new import URL, _data, _errors
 
 API = "/api/v1"
@@ -78,19 +78,7 @@ def test_the_api_refuses_them_on_the_field(client, user, field, value, words):
 def test_collect_refuses_them_naming_the_flag(tmp_path, counter_tasks_path, field, value, words):
     flag = "--" + field.replace("_", "-")
     with pytest.raises(CommandError) as info:
-        call_command(
-            "collect",
-            "--agent-url",
-            "http://127.0.0.1:1",
-            "--env-url",
-            "http://127.0.0.1:2",
-            "--input",
-            str(counter_tasks_path),
-            "--output",
-            str(tmp_path / "o.jsonl"),
-            flag,
-            str(value),
-        )
+        collect_unreached(tmp_path, counter_tasks_path, flag, str(value))
     assert str(info.value).startswith(f"{flag} must be") and words in str(info.value)
     assert Run.objects.count() == 0
 
@@ -98,31 +86,11 @@ def test_collect_refuses_them_naming_the_flag(tmp_path, counter_tasks_path, fiel
 @pytest.mark.django_db
 def test_collect_refuses_an_agent_url_ending_in_the_responses_path_like_the_form(tmp_path, counter_tasks_path):
     with pytest.raises(CommandError, match="Did you mean http://127.0.0.1:1\\?"):
-        call_command(
-            "collect",
-            "--agent-url",
-            "http://127.0.0.1:1/v1/responses",
-            "--env-url",
-            "http://127.0.0.1:2",
-            "--input",
-            str(counter_tasks_path),
-            "--output",
-            str(tmp_path / "o.jsonl"),
-        )
+        collect_unreached(tmp_path, counter_tasks_path, agent_url="http://127.0.0.1:1/v1/responses")
 
 
 @pytest.mark.django_db
 def test_collect_checks_nemo_gym_max_rollout_attempts_like_the_flag(tmp_path, counter_tasks_path, monkeypatch):
     monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "1000")
     with pytest.raises(CommandError, match="NEMO_GYM_MAX_ROLLOUT_ATTEMPTS must be at most 100"):
-        call_command(
-            "collect",
-            "--agent-url",
-            "http://127.0.0.1:1",
-            "--env-url",
-            "http://127.0.0.1:2",
-            "--input",
-            str(counter_tasks_path),
-            "--output",
-            str(tmp_path / "o.jsonl"),
-        )
+        collect_unreached(tmp_path, counter_tasks_path)
