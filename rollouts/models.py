@@ -598,6 +598,81 @@ class ReviewMark(models.Model):
         constraints = [models.UniqueConstraint(fields=["review_list", "rollout"], name="review_mark_unique")]
 
 
+class Rubric(models.Model):
+    """The rubric of the instance's label set: named fields a reviewer fills in for a rollout, each
+    a score range or a list of choices (``definition_json``: ``rollouts.review.rubric``'s
+    ``RubricDefinition`` as JSON text). Rows are a history: the newest is in force; an answer keeps
+    the row it was given against."""
+
+    definition_json = JSONTextField()
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["id"]
+
+
+class RubricAnswer(models.Model):
+    """One reviewer's answers to the rubric for one rollout (``values_json``: field name → a number
+    or a choice, validated against ``rubric``). Saving again replaces the reviewer's answer."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="rubric_answers")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    rubric = models.ForeignKey(Rubric, on_delete=models.CASCADE, related_name="answers")
+    values_json = JSONTextField()
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["updated", "id"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "user"], name="rubric_answer_unique")]
+
+
+class ReviewQueue(TeamOwned):
+    """A team's queue of rollouts to review, from any of its runs (``rollouts.review.queues``)."""
+
+    name = LosslessCharField(max_length=200)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="review_queues")
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("queue", args=[self.pk])
+
+
+class QueueEntry(models.Model):
+    """A rollout in a review queue: who it is assigned to (None: anyone), when it was added, and
+    once reviewed, by whom and when."""
+
+    queue = models.ForeignKey(ReviewQueue, on_delete=models.CASCADE, related_name="entries")
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="queue_entries")
+    assigned_to = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    added_at = models.DateTimeField(auto_now_add=True)
+    added_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["queue", "rollout"], name="queue_entry_unique")]
+        indexes = [models.Index(fields=["queue", "reviewed_at", "assigned_to"], name="queue_entry_todo")]
+
+
 class ApiToken(models.Model):
     """A user's token for the HTTP API. Only its SHA-256 ``digest`` is stored; the token itself is
     shown once, when it is created. ``prefix`` (its first characters) tells tokens apart."""

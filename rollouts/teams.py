@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from rollouts.models import DEFAULT_TEAM, Dataset, Run, Team, default_team_pk
+from rollouts.models import DEFAULT_TEAM, Dataset, ReviewQueue, Run, Team, default_team_pk
 
 TOKEN_TEAM_ATTR = "gymweb_token_team_id"  # set on the user by the API's auth for a token of one team
 
@@ -39,6 +39,12 @@ def visible_datasets(user):
     """The datasets ``user`` may see and launch runs from (a queryset), by the runs' rule."""
     ids = team_ids(user)
     return Dataset.objects.all() if ids is None else Dataset.objects.filter(team_id__in=ids)
+
+
+def visible_queues(user):
+    """The review queues ``user`` may see and work in (a queryset), by the runs' rule."""
+    ids = team_ids(user)
+    return ReviewQueue.objects.all() if ids is None else ReviewQueue.objects.filter(team_id__in=ids)
 
 
 def choosable_teams(user):

@@ -94,6 +94,7 @@ def test_gymweb_review_lists_labels_notes_and_the_correction_when_asked(signed_i
         "corrected_reward": None,
         "labels": [],
         "notes": [],
+        "rubric": [],
     }
     failure = rows(signed_in.get(url(run, "rollouts_failures", "review=1")))[0]
     assert failure["reward"] == 0.0 and failure["gymweb_review"]["notes"][0]["text"] == "the env was down"

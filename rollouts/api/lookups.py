@@ -1,5 +1,5 @@
 """What the API's routes look up: page bounds, the runs, datasets and rollouts the token's user may
-see (the pages' access rule, ``rollouts.web.access``: their teams' rows, 404 for another team's),
+see (the pages' access rule, review queues too, ``rollouts.web.access``: their teams' rows, 404 for another team's),
 a run's rollouts under the run table's filter."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from django.shortcuts import get_object_or_404
 from ninja import Query
 
 from rollouts.api.errors import form_error
-from rollouts.models import Dataset, Rollout, Run
+from rollouts.models import Dataset, ReviewQueue, Rollout, Run
 from rollouts.review.query import filtered_rollouts
 from rollouts.web import access
 
@@ -27,6 +27,11 @@ def rollout_for(request, rollout_id: int) -> Rollout:
 def dataset_for(request, dataset_id: int) -> Dataset:
     """The dataset, if the token's user may see it (a dataset of their teams); 404 otherwise."""
     return access.dataset_for(request, dataset_id)
+
+
+def queue_for(request, queue_id: int) -> ReviewQueue:
+    """The review queue, if the token's user may see it (a queue of their teams); 404 otherwise."""
+    return access.queue_for(request, queue_id)
 
 
 def runs_for(request):

@@ -95,6 +95,7 @@ OPERATION_ID_PREFIXES = {
     "rollouts.api.runs": "rollouts_review_api",
     "rollouts.api.rollout_list": "rollouts_review_api",
     "rollouts.api.review": "rollouts_review_api",
+    "rollouts.api.queues": "rollouts_review_api",
     "rollouts.api.trainer": "rollouts_review_trainer_api",
     "rollouts.api.archive": "rollouts_review_api_archive",
 }
@@ -138,10 +139,10 @@ def _http_error(request, exc: HttpError):
 
 
 # The routes register on `api` as their modules load, in this order (the OpenAPI document lists
-# them so): datasets, runs, the rollout list, review; then the training-loop routes (POST /runs,
+# them so): datasets, runs, the rollout list, review, review queues and the rubric; then the training-loop routes (POST /runs,
 # GET /runs/{id}/results, GET /rollouts/{id}). Delete, archive and restore (DELETE /runs/{id},
 # POST /runs/{id}/archive, /restore) are their own router.
-ROUTE_MODULES = ("datasets", "runs", "rollout_list", "review", "archive", "trainer")
+ROUTE_MODULES = ("datasets", "runs", "rollout_list", "review", "queues", "archive", "trainer")
 for _name in ROUTE_MODULES:
     importlib.import_module(f"rollouts.api.{_name}")
 archive_routes = sys.modules["rollouts.api.archive"]

@@ -217,3 +217,89 @@ class TaskOut(Schema):
     errors: dict[str, list[str]] = Field(
         default_factory=dict, description="failed: the form field the refusal is about"
     )
+
+
+# -- review queues and the rubric (rollouts.api.queues) -------------------------------------------
+class QueueOut(Schema):
+    id: int
+    name: str
+    team: str
+    created: datetime
+    created_by: str | None
+    reviewed: int = Field(description="entries reviewed")
+    total: int = Field(description="entries in the queue")
+    url: str = Field(description="the queue's page")
+
+
+class NewQueueIn(Schema):
+    name: str
+    team: int | None = Field(None, description="one of the token user's teams (its id); default: their first")
+
+
+class QueueAddIn(Schema):
+    rollouts: list[int] = Field(
+        default_factory=list, description="rollout ids (of runs of the queue's team), added in this order"
+    )
+    run: int | None = Field(None, description="a run of the queue's team: add its rollouts under `filter`")
+    filter: str = Field(
+        "", description="the run table's filter as a querystring (`reward_min=1&label=-`); with `run` only"
+    )
+
+
+class QueueAddedOut(Schema):
+    added: int = Field(description="rollouts added")
+    already: int = Field(description="rollouts that were in the queue already")
+
+
+class AssigneeProgress(Schema):
+    user: str | None = Field(description="the assignee's user name; null: the unassigned entries")
+    reviewed: int
+    total: int
+
+
+class QueueProgressOut(Schema):
+    reviewed: int
+    total: int
+    assignees: list[AssigneeProgress]
+
+
+class QueueNextIn(Schema):
+    done: int | None = Field(None, description="a rollout id of the queue to count as reviewed first")
+
+
+class QueueNextOut(Schema):
+    entry: int | None = Field(description="the queue entry handed out; null: nothing left for this user")
+    rollout: int | None
+    run: int | None
+    url: str | None = Field(description="the rollout's page in the review panel's queue mode")
+    left: int = Field(description="entries not reviewed yet (every assignee)")
+
+
+class RubricFieldOut(Schema):
+    name: str
+    description: str = ""
+    required: bool = True
+    min: float | None = None
+    max: float | None = None
+    choices: list[str] | None = None
+
+
+class RubricOut(Schema):
+    fields: list[RubricFieldOut] = Field(description="empty: the label set has no rubric")
+
+
+class RubricIn(Schema):
+    fields: list[dict] = Field(
+        description="each `{name, description?, required?, min, max}` (a score range) or "
+        "`{name, description?, required?, choices}`; an empty list removes the rubric"
+    )
+
+
+class RubricAnswerIn(Schema):
+    values: dict[str, float | str] = Field(description="field name → a number in its range or one of its choices")
+
+
+class RubricAnswerOut(Schema):
+    by: str
+    at: datetime
+    values: dict[str, float | str]

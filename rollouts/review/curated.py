@@ -24,7 +24,7 @@ from rollouts.collection import export
 from rollouts.downloads import JSONL, file_download, jsonl_download
 from rollouts.models import Note, RewardCorrection, Rollout, RolloutLabel, Run
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
-from rollouts.review import sft
+from rollouts.review import rubric, sft
 from rollouts.review.filters import CORRECTED, ORIGINAL  # noqa: F401 (ORIGINAL: re-exported)
 
 CHUNK = 500
@@ -62,9 +62,10 @@ def _at(when) -> str | None:
 
 
 def review_info(ids: list[int]) -> dict[int, dict[str, Any]]:
-    """Per rollout id: ``{"labels": [...], "notes": [...], "correction": RewardCorrection|None}``
-    (labels and notes as written in ``gymweb_review``), in three queries."""
-    info: dict[int, dict[str, Any]] = {i: {"labels": [], "notes": [], "correction": None} for i in ids}
+    """Per rollout id: ``{"labels": [...], "notes": [...], "correction": RewardCorrection|None,
+    "rubric": [...]}`` (labels, notes and rubric answers as written in ``gymweb_review``), in four
+    queries."""
+    info: dict[int, dict[str, Any]] = {i: {"labels": [], "notes": [], "correction": None, "rubric": []} for i in ids}
     if not ids:
         return info
     for use in (
@@ -81,6 +82,8 @@ def review_info(ids: list[int]) -> dict[int, dict[str, Any]]:
         )
     for corr in RewardCorrection.objects.filter(rollout_id__in=ids).select_related("created_by").order_by("id"):
         info[corr.rollout_id]["correction"] = corr if corr.reward is not None else None  # the newest wins
+    for rollout_id, answers in rubric.answers_of(ids).items():
+        info[rollout_id]["rubric"] = answers
     return info
 
 
@@ -94,6 +97,7 @@ def _review_field(info: dict[str, Any], env_reward: float | None, source: str) -
         else {"reward": corr.reward, "reason": corr.reason, "by": _who(corr.created_by), "at": _at(corr.created)},
         "labels": info["labels"],
         "notes": info["notes"],
+        "rubric": info["rubric"],
     }
 
 
@@ -187,7 +191,7 @@ def sft_lines(
     left_out: Counter | None = None,
 ) -> Iterator[str]:
     """SFT lines (``rollouts.review.sft``) of the selection's succeeded attempts. ``metadata`` adds
-    ``"metadata": {"run", "task_index", "rollout_index", "reward", "reward_source", "labels"}``
+    ``"metadata": {"run", "task_index", "rollout_index", "reward", "reward_source", "labels", "rubric"}``
     (``reward`` by ``options.reward_source``). Rows that cannot be made valid chat examples are left
     out, named in ``skipped`` and counted by reason in ``left_out``."""
     for row, info in iter_success_rows(run, rollouts, ExportOptions(reward_source=options.reward_source)):
@@ -207,6 +211,7 @@ def sft_lines(
                 "reward": row.get("reward"),
                 "reward_source": row.get("_gymweb_reward_source", "env"),
                 "labels": [entry["name"] for entry in info["labels"]],
+                "rubric": info["rubric"],
             }
         yield json.dumps(out, ensure_ascii=False)
 

@@ -25,11 +25,11 @@ from django.views.decorators.http import require_POST, require_safe
 
 from rollouts import tokens
 from rollouts.models import ApiToken, Label, Note, Rollout, Run
-from rollouts.review import actions, curated, progress, selection, sft
+from rollouts.review import actions, curated, progress, queues, rubric, selection, sft
 from rollouts.review.actions import ReviewError
 from rollouts.review.corrected_summary import review_counts, reward_aggregates
 from rollouts.review.query import export_filename, filter_problem, filtered_rollouts
-from rollouts.web.access import datasets_for, run_for
+from rollouts.web.access import datasets_for, queues_for, run_for
 from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.navigation import neighbours
@@ -62,8 +62,19 @@ def _review_list_for(request, run: Run, form, create: bool = True):
     return progress.get_list(request.user, run, form, create=create)
 
 
+def queue_of(request, params):
+    """The review queue the page is reviewing (``queue=ID`` in ``params``), if the user may see
+    it; None otherwise (a page opened from elsewhere)."""
+    raw = str(params.get(queues.QUEUE_PARAM) or "")
+    return queues_for(request.user).select_related("team").filter(pk=int(raw)).first() if raw.isdigit() else None
+
+
 def _mark_if_reviewing(request, rollout: Rollout) -> None:
-    """A label, note or correction made in review mode counts the rollout as reviewed there."""
+    """A label, note, correction or rubric answer made in review mode counts the rollout as
+    reviewed there (in the list, or in the queue it was opened from)."""
+    queue = queue_of(request, request.POST)
+    if queue is not None:
+        queues.mark_reviewed(queue, rollout, request.user)
     if request.POST.get(REVIEW_PARAM):
         _qs, form = _list_form(rollout.run, request.POST)
         progress.mark(_review_list_for(request, rollout.run, form), rollout)
@@ -91,7 +102,13 @@ def review_context(
         "review_mode": False,
         "review_rollout": rollout,
         "review_back": back or "",
+        "queue_mode": False,
     }
+    context.update(rubric_context(request, rollout))
+    queue = queue_of(request, params)
+    if queue is not None:
+        context.update(queue_context(queue, rollout))
+        return context
     if params.get(REVIEW_PARAM):
         qs, form = _list_form(rollout.run, params)
         review_list = _review_list_for(request, rollout.run, form, create=False)
@@ -118,6 +135,34 @@ def review_context(
             review_run_url=reverse("run", args=[rollout.run_id]) + (f"?{list_qs}" if list_qs else ""),
         )
     return context
+
+
+def rubric_context(request, rollout: Rollout) -> dict[str, Any]:
+    """The review panel's rubric form (``rollouts/review/rubric_form.html``): the rubric in force
+    with this user's answers filled in (``review_rubric``: fields with ``value``; None when the
+    label set has no rubric) and every reviewer's answers (``review_rubric_answers``)."""
+    definition = rubric.definition_of(rubric.current())
+    if definition is None:
+        return {"review_rubric": None, "review_rubric_answers": []}
+    answers = rubric.answers_of([rollout.pk]).get(rollout.pk, [])
+    mine = next((a["values"] for a in answers if a["by"] == request.user.get_username()), {})
+    fields = [{"field": f, "value": mine.get(f.name, ""), "input": rubric.FORM_PREFIX + f.name} for f in definition.fields]
+    return {"review_rubric": fields, "review_rubric_answers": answers}
+
+
+def queue_context(queue, rollout: Rollout) -> dict[str, Any]:
+    """The review panel in a queue (``rollouts/review/queue_bar.html``): the queue's progress,
+    this rollout's entry, the previous entry's page and the "reviewed · next" form."""
+    entry = queues.entry_for(queue, rollout.pk)
+    done = queues.progress(queue)
+    before = queues.previous_entry(queue, entry)
+    return {
+        "queue_mode": True,
+        "review_queue": queue,
+        "queue_entry": entry,
+        "queue_progress": done,
+        "queue_prev_url": queues.rollout_url(queue.pk, before.rollout) if before else "",
+    }
 
 
 def _panel_response(request, rollout: Rollout, status: int = 200, error: str = ""):
@@ -166,6 +211,20 @@ def rollout_note(request, run_id, rollout_id):
     text = request.POST["note"] if "note" in request.POST else request.POST.get("text")
     try:
         actions.add_note(rollout, text, request.user, item=request.POST.get("item"))
+    except ReviewError as exc:
+        return _after_action(request, rollout, str(exc))
+    _mark_if_reviewing(request, rollout)
+    return _after_action(request, rollout)
+
+
+@login_required
+@require_POST
+def rollout_rubric(request, run_id, rollout_id):
+    """Save this user's rubric answers for a rollout (``rubric_<field>`` inputs), checked against
+    the label set's rubric; a bad one is named and nothing is stored."""
+    rollout = _rollout_for(request, run_id, rollout_id)
+    try:
+        rubric.save_answer(rollout, request.user, rubric.form_values(request.POST))
     except ReviewError as exc:
         return _after_action(request, rollout, str(exc))
     _mark_if_reviewing(request, rollout)
@@ -283,14 +342,44 @@ def labels_page(request):
         else:
             messages.success(request, f"Label “{label.name}” added.")
             return redirect("labels")
+    return _labels_response(request, error=error, name=request.POST.get("name", "") if error else "")
+
+
+def _labels_response(request, **extra):
     labels = list(Label.objects.annotate(n=Count("uses")).order_by("position", "id"))
+    in_force = rubric.current()
+    definition = rubric.definition_of(in_force)
     context = {
         "labels": labels,
-        "error": error,
-        "name": request.POST.get("name", "") if error else "",
+        "error": "",
+        "name": "",
         "keyed": actions.KEYED_LABELS,
+        "rubric": in_force,
+        "rubric_fields": definition.fields if definition else [],
+        "rubric_text": rubric.as_lines(definition) if definition else "",
+        "rubric_error": "",
+        **extra,
     }
-    return render(request, "rollouts/review/labels.html", context, status=400 if error else 200)
+    bad = context["error"] or context["rubric_error"]
+    return render(request, "rollouts/review/labels.html", context, status=400 if bad else 200)
+
+
+@login_required
+@require_POST
+def label_rubric(request):
+    """Put the label set's rubric in force from the Labels page's lines (``rubric``; empty with
+    ``clear=1`` removes it). A bad line or field is named and the rubric in force stays."""
+    text = request.POST.get("rubric", "")
+    try:
+        if request.POST.get("clear"):
+            rubric.set_rubric(None, request.user)
+            messages.success(request, "Rubric removed: the review panel shows none (earlier answers are kept).")
+        else:
+            rubric.set_rubric(rubric.parse_lines(text), request.user)
+            messages.success(request, "Rubric saved: the review panel asks for it on every rollout.")
+    except ReviewError as exc:
+        return _labels_response(request, rubric_error=str(exc), rubric_text=text)
+    return redirect("labels")
 
 
 @login_required

@@ -14,6 +14,7 @@ from rollouts.web import (
     environment_views,
     evaluation_views,
     import_views,
+    queue_views,
     profile_views,
     review_views,
     run_name_views,
@@ -36,6 +37,9 @@ urlpatterns = [
         review_views.rollout_correction,
         name="review_correction",
     ),
+    path(
+        "runs/<int:run_id>/rollouts/<int:rollout_id>/rubric/", review_views.rollout_rubric, name="review_rubric"
+    ),
     path("runs/<int:run_id>/review/", review_views.review_start, name="review_start"),
     path("runs/<int:run_id>/review/next/", review_views.review_next, name="review_next"),
     path("runs/<int:run_id>/review/reset/", review_views.review_reset, name="review_reset"),
@@ -46,6 +50,13 @@ urlpatterns = [
     path("datasets/rename/", dataset_views.dataset_rename, name="dataset_rename"),
     path("labels/", review_views.labels_page, name="labels"),
     path("labels/<int:label_id>/up/", review_views.label_up, name="label_up"),
+    path("labels/rubric/", review_views.label_rubric, name="label_rubric"),
+    # -- review queues
+    path("queues/", queue_views.queues_list, name="queues"),
+    path("queues/<int:queue_id>/", queue_views.queue_page, name="queue"),
+    path("queues/<int:queue_id>/assign/", queue_views.queue_assign, name="queue_assign"),
+    path("queues/<int:queue_id>/next/", queue_views.queue_next, name="queue_next"),
+    path("runs/<int:run_id>/queue/add/", queue_views.queue_add, name="queue_add"),
     path("account/", review_views.account, name="account"),
     path("account/tokens/<int:token_id>/delete/", review_views.token_delete, name="token_delete"),
     # -- run pages
