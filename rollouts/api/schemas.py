@@ -296,10 +296,10 @@ class RubricIn(Schema):
 
 
 class RubricAnswerIn(Schema):
-    values: dict[str, float | str] = Field(description="field name → a number in its range or one of its choices")
+    values: dict[str, Any] = Field(description="field name → a number in its range or one of its choices")
 
 
 class RubricAnswerOut(Schema):
     by: str
     at: datetime
-    values: dict[str, float | str]
+    values: dict[str, int | float | str]
