@@ -112,12 +112,18 @@ def test_the_rubric_and_its_answers(api, runs):
     assert bad.status_code == 400 and bad.json()["detail"] == "rubric field 'x': min (3) must be below max (1)"
     url = f"/rollouts/{key(first, 0).pk}/rubric"
     wrong = api.send("put", url, {"values": {"correctness": 9, "style": "good"}})
-    assert wrong.status_code == 400 and wrong.json()["errors"] == {"correctness": ["rubric field 'correctness': 9 is outside 0..5"]}
+    assert wrong.status_code == 400 and wrong.json()["errors"] == {
+        "correctness": ["rubric field 'correctness': 9 is outside 0..5"]
+    }
     unknown = api.send("put", url, {"values": {"correctness": 1, "style": "good", "tone": "calm"}})
     assert unknown.status_code == 400 and "tone" in unknown.json()["errors"]
     assert not RubricAnswer.objects.exists()
     ok = api.send("put", url, {"values": {"correctness": 4, "style": "good"}})
-    assert ok.status_code == 200 and ok.json()["values"] == {"correctness": 4, "style": "good"} and ok.json()["by"] == "alice"
+    assert (
+        ok.status_code == 200
+        and ok.json()["values"] == {"correctness": 4, "style": "good"}
+        and ok.json()["by"] == "alice"
+    )
 
 
 def test_the_openapi_document_lists_the_queue_and_rubric_routes(client, db):

@@ -79,6 +79,6 @@ def test_notes_on_many_items_cost_no_extra_query(signed_in, user, rollout, djang
     for seq in range(6):
         actions.add_note(rollout, f"note {seq}", user, item=seq)
     # as tests/test_view_rollout_detail.py's ceiling: the notes are the review panel's one query
-    with django_assert_max_num_queries(13):
+    with django_assert_max_num_queries(14):
         html = page(signed_in, rollout)
     assert all(f"note {seq}" in notes_block(html, seq) for seq in range(6))

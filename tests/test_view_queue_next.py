@@ -1,4 +1,4 @@
-""""Next unreviewed" in a review queue: the user's own entries first, then an unassigned one (now
+""" "Next unreviewed" in a review queue: the user's own entries first, then an unassigned one (now
 theirs); reviewed entries and other people's assigned ones are skipped. The rollout opens with the
 queue's context, so the review panel's "reviewed · next" (j) steps through the queue across runs,
 and a label given there counts the entry as reviewed."""

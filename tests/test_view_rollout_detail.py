@@ -734,7 +734,7 @@ def test_a_500_item_rollout_renders_every_item_with_a_fixed_number_of_queries(si
         items.append((step, msg("progress " * 30), {}))
     rollout = make_rollout(run, task, calls=calls, items=items)
     # session, user, rollout, calls, items, attempts, prev/next (3 keyset queries), and the review
-    # panel: labels with this rollout's, its notes, its corrections
-    with django_assert_max_num_queries(13):
+    # panel: labels with this rollout's, its notes, its corrections, the label set's rubric
+    with django_assert_max_num_queries(14):
         html = page(signed_in, rollout)
     assert html.count('class="item ') == 500 + 1  # + the task input message

@@ -78,7 +78,10 @@ def test_the_review_panel_shows_the_rubric_form_only_when_there_is_one(signed_in
     save_rubric(signed_in, LINES)
     html = signed_in.get(rollout.get_absolute_url()).content.decode()
     assert 'id="review-rubric"' in html
-    assert 'name="rubric_correctness" step="any" min="0.0" max="5.0"' in html and '<option value="good">good</option>' in html
+    assert (
+        'name="rubric_correctness" step="any" min="0.0" max="5.0"' in html
+        and '<option value="good">good</option>' in html
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,7 +110,10 @@ def test_answers_are_kept_per_reviewer_and_shown_filled_in(signed_in, client, ro
     client.force_login(bob)
     answer(client, rollout, correctness="1", style="poor")
     got = {a.user.username: json.loads(a.values_json) for a in RubricAnswer.objects.select_related("user")}
-    assert got == {"alice": {"correctness": 2.5, "style": "ok", "comment-worthy": "yes"}, "bob": {"correctness": 1, "style": "poor"}}
+    assert got == {
+        "alice": {"correctness": 2.5, "style": "ok", "comment-worthy": "yes"},
+        "bob": {"correctness": 1, "style": "poor"},
+    }
     html = client.get(rollout.get_absolute_url()).content.decode()
     assert 'id="rubric-answers"' in html and "alice:" in html and "bob:" in html
 

@@ -82,7 +82,9 @@ def add_rollouts(request, queue_id: int, payload: QueueAddIn):
         missing = sorted(set(ids) - set(visible.values_list("id", flat=True)))
         if missing:
             shown = ", ".join(str(i) for i in missing[:10])
-            raise review_error(ReviewError(f"no rollout {shown} (or not visible to you): nothing was added", "rollouts"))
+            raise review_error(
+                ReviewError(f"no rollout {shown} (or not visible to you): nothing was added", "rollouts")
+            )
         qs = visible
     try:
         added = queues.add_rollouts(queue, qs, request.user)

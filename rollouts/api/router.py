@@ -139,9 +139,9 @@ def _http_error(request, exc: HttpError):
 
 
 # The routes register on `api` as their modules load, in this order (the OpenAPI document lists
-# them so): datasets, runs, the rollout list, review, review queues and the rubric; then the training-loop routes (POST /runs,
-# GET /runs/{id}/results, GET /rollouts/{id}). Delete, archive and restore (DELETE /runs/{id},
-# POST /runs/{id}/archive, /restore) are their own router.
+# them so): datasets, runs, the rollout list, review, review queues and the rubric; then the
+# training-loop routes (POST /runs, GET /runs/{id}/results, GET /rollouts/{id}). Delete, archive
+# and restore (DELETE /runs/{id}, POST /runs/{id}/archive, /restore) are their own router.
 ROUTE_MODULES = ("datasets", "runs", "rollout_list", "review", "queues", "archive", "trainer")
 for _name in ROUTE_MODULES:
     importlib.import_module(f"rollouts.api.{_name}")

@@ -190,12 +190,16 @@ def progress(queue: ReviewQueue) -> Progress:
         .order_by()
     )
     names = dict(
-        get_user_model().objects.filter(pk__in=[g["assigned_to"] for g in grouped if g["assigned_to"]]).values_list(
-            "pk", "username"
-        )
+        get_user_model()
+        .objects.filter(pk__in=[g["assigned_to"] for g in grouped if g["assigned_to"]])
+        .values_list("pk", "username")
     )
     rows = [
-        {"user": names.get(g["assigned_to"]) if g["assigned_to"] else None, "reviewed": g["reviewed"], "total": g["total"]}
+        {
+            "user": names.get(g["assigned_to"]) if g["assigned_to"] else None,
+            "reviewed": g["reviewed"],
+            "total": g["total"],
+        }
         for g in grouped
     ]
     rows.sort(key=lambda r: (r["user"] is None, r["user"] or ""))

@@ -158,7 +158,9 @@ def parse_lines(text: str) -> RubricDefinition:
             try:
                 entry.update(min=float(bounds["min"]), max=float(bounds["max"]))
             except ValueError:
-                raise ReviewError(f"rubric field {name[:40]!r}: {match['spec'][:40]!r} is not a range", "rubric") from None
+                raise ReviewError(
+                    f"rubric field {name[:40]!r}: {match['spec'][:40]!r} is not a range", "rubric"
+                ) from None
         else:
             entry["choices"] = [c.strip() for c in match["spec"].split("|")]
         fields.append(entry)
@@ -223,7 +225,9 @@ def clean_answers(definition: RubricDefinition, values: Mapping[str, Any]) -> di
     known = {f.name for f in definition.fields}
     for name in values:
         if name not in known:
-            raise ReviewError(f"no rubric field {str(name)[:40]!r} (the rubric has {', '.join(sorted(known))})", str(name))
+            raise ReviewError(
+                f"no rubric field {str(name)[:40]!r} (the rubric has {', '.join(sorted(known))})", str(name)
+            )
     out: dict[str, Any] = {}
     for f in definition.fields:
         raw = values.get(f.name)
@@ -236,9 +240,7 @@ def clean_answers(definition: RubricDefinition, values: Mapping[str, Any]) -> di
         else:
             choice = raw.strip() if isinstance(raw, str) else raw
             if choice not in (f.choices or []):
-                raise ReviewError(
-                    f"rubric field {f.name!r}: {str(raw)[:40]!r} is not one of {f.describe()}", f.name
-                )
+                raise ReviewError(f"rubric field {f.name!r}: {str(raw)[:40]!r} is not one of {f.describe()}", f.name)
             out[f.name] = choice
     return out
 

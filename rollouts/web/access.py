@@ -2,8 +2,9 @@
 
 ``run_for``: the run of a page or an API route, if the user may see it: a run of one of their teams
 (``rollouts.teams``; a superuser sees every run), else 404, never 403, so a run of another team is
-not revealed. ``queue_for``: a review queue by the same rule. ``runs_for``/``datasets_for``: the lists a user sees (runs list, pickers, the API's
-lists). One place for that rule. ``launch_from_form``: the new-run form's (and
+not revealed. ``queue_for``: a review queue by the same rule. ``runs_for``/``datasets_for``/
+``queues_for``: the lists a user sees (runs list, pickers, the API's lists). One place for that
+rule. ``launch_from_form``: the new-run form's (and
 ``POST /api/v1/runs``'s) dataset and run stored and launched, all or nothing.
 """
 

@@ -108,7 +108,7 @@ def queue_assign(request, queue_id):
 @login_required
 @require_POST
 def queue_next(request, queue_id):
-    """"Next unreviewed": count ``rollout`` (if posted: the one just reviewed) as reviewed, then
+    """ "Next unreviewed": count ``rollout`` (if posted: the one just reviewed) as reviewed, then
     open the user's next entry (theirs first, then an unassigned one, now theirs) in the review
     panel's queue mode; none left: back to the queue's page, saying so."""
     queue = queue_for(request, queue_id)
@@ -126,7 +126,7 @@ def queue_next(request, queue_id):
 
 @login_required
 def queue_add(request, run_id):
-    """"Add to queue" for a run's filtered rollout list (the querystring's filter, as on the run
+    """ "Add to queue" for a run's filtered rollout list (the querystring's filter, as on the run
     table): GET shows the form, POST adds the list to a queue of the run's team (``queue``) or to
     a new one (``new_queue``: its name)."""
     run = run_for(request, run_id)

@@ -145,8 +145,10 @@ def rubric_context(request, rollout: Rollout) -> dict[str, Any]:
     if definition is None:
         return {"review_rubric": None, "review_rubric_answers": []}
     answers = rubric.answers_of([rollout.pk]).get(rollout.pk, [])
-    mine = next((a["values"] for a in answers if a["by"] == request.user.get_username()), {})
-    fields = [{"field": f, "value": mine.get(f.name, ""), "input": rubric.FORM_PREFIX + f.name} for f in definition.fields]
+    mine: dict[str, Any] = next((a["values"] for a in answers if a["by"] == request.user.get_username()), {})
+    fields = [
+        {"field": f, "value": mine.get(f.name, ""), "input": rubric.FORM_PREFIX + f.name} for f in definition.fields
+    ]
     return {"review_rubric": fields, "review_rubric_answers": answers}
 
 

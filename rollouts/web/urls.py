@@ -14,8 +14,8 @@ from rollouts.web import (
     environment_views,
     evaluation_views,
     import_views,
-    queue_views,
     profile_views,
+    queue_views,
     review_views,
     run_name_views,
     task_views,
@@ -37,9 +37,7 @@ urlpatterns = [
         review_views.rollout_correction,
         name="review_correction",
     ),
-    path(
-        "runs/<int:run_id>/rollouts/<int:rollout_id>/rubric/", review_views.rollout_rubric, name="review_rubric"
-    ),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/rubric/", review_views.rollout_rubric, name="review_rubric"),
     path("runs/<int:run_id>/review/", review_views.review_start, name="review_start"),
     path("runs/<int:run_id>/review/next/", review_views.review_next, name="review_next"),
     path("runs/<int:run_id>/review/reset/", review_views.review_reset, name="review_reset"),
