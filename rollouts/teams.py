@@ -1,4 +1,4 @@
-"""Teams: who owns a run, a dataset or an API token, and which teams a user is in.
+"""Teams: who owns a run, a dataset, a review queue or an API token, and which teams a user is in.
 
 A user sees their teams' runs and datasets only; a superuser sees every team's. The rule itself is
 applied in one place each for the pages (``rollouts.web.access``) and the API

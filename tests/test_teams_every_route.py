@@ -1,5 +1,5 @@
-"""Every dashboard route (``rollouts.web``) that names a run, a rollout or a dataset answers 404 for another team's
-one, GET or POST: a page or action added later cannot forget the team rule (``rollouts.web.access``)
+"""Every dashboard route (``rollouts.web``) that names a run, a rollout, a dataset or a review queue answers 404 for
+another team's one, GET or POST: a page or action added later cannot forget the team rule (``rollouts.web.access``)
 without this test naming it. Renaming another team's dataset changes nothing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from django.urls import URLPattern, get_resolver, reverse
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.models import Dataset, Run, Team
+from rollouts.models import Dataset, QueueEntry, ReviewQueue, Run, Team
 
 from .run_factories import dataset_lines, finish, key, make_run
 
@@ -28,7 +28,9 @@ def theirs(db, django_user_model):
     run = make_run(2, name="blue secret run", team=blue)
     finish(key(run, 0), "succeeded", 1.0)
     dataset = runs.store_dataset(read_jsonl(dataset_lines(2), source="blue.jsonl"), "blue tasks", user=bob)
-    return {"alice": alice, "run": run, "rollout": key(run, 0), "dataset": dataset}
+    queue = ReviewQueue.objects.create(name="blue queue", team=blue, created_by=bob)
+    QueueEntry.objects.create(queue=queue, rollout=key(run, 0))
+    return {"alice": alice, "run": run, "rollout": key(run, 0), "dataset": dataset, "queue": queue}
 
 
 def _team_keyed_routes() -> list[URLPattern]:
@@ -40,7 +42,7 @@ def _team_keyed_routes() -> list[URLPattern]:
             if not pattern.callback.__module__.startswith("rollouts.web"):  # the API has its own tests
                 continue
             names = set(pattern.pattern.regex.groupindex)
-            if names & {"run_id", "rollout_id", "dataset_id"} and not names & NOT_TEAM_KEYED:
+            if names & {"run_id", "rollout_id", "dataset_id", "queue_id"} and not names & NOT_TEAM_KEYED:
                 out.append(pattern)
     return out
 
@@ -51,6 +53,7 @@ def test_every_route_of_another_teams_run_rollout_or_dataset_answers_404(client,
         "run_id": theirs["run"].pk,
         "rollout_id": theirs["rollout"].pk,
         "dataset_id": theirs["dataset"].pk,
+        "queue_id": theirs["queue"].pk,
         "kind": "rollouts",
         "fmt": "md",
         "key": "verify",
@@ -68,6 +71,7 @@ def test_every_route_of_another_teams_run_rollout_or_dataset_answers_404(client,
     assert leaks == []
     run = Run.objects.get(pk=theirs["run"].pk)
     assert run.name == "blue secret run" and run.status == Run.Status.COMPLETED
+    assert QueueEntry.objects.get().assigned_to is None and QueueEntry.objects.get().reviewed_at is None
 
 
 def test_renaming_another_teams_dataset_changes_nothing(client, theirs):

@@ -150,3 +150,10 @@ def test_a_queue_takes_rollouts_of_its_own_teams_runs_only(teams):
     with pytest.raises(queues.ReviewError, match="not in the queue's team"):
         queues.add_rollouts(red_queue, Rollout.objects.filter(run__in=[teams["red_run"], teams["blue_run"]]))
     assert not QueueEntry.objects.filter(queue=red_queue).exists()
+
+
+def test_add_without_a_queue_says_so_and_adds_nothing(signed_in, two_runs):
+    first, _ = two_runs
+    response = signed_in.post(reverse("queue_add", args=[first.pk]), {"queue": ""})
+    assert response.status_code == 400 and "choose a queue, or name a new one" in response.content.decode()
+    assert not QueueEntry.objects.exists()

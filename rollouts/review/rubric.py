@@ -78,6 +78,16 @@ class RubricField(BaseModel):
     def is_range(self) -> bool:
         return self.choices is None
 
+    @property
+    def low(self) -> str:
+        """``min`` as written (``0``, ``2.5``): the form's bound."""
+        return _num(self.min)
+
+    @property
+    def high(self) -> str:
+        """``max`` as written: the form's bound."""
+        return _num(self.max)
+
     def describe(self) -> str:
         """``1..5`` or ``poor | ok | good``."""
         return f"{_num(self.min)}..{_num(self.max)}" if self.is_range else " | ".join(self.choices or [])

@@ -138,9 +138,12 @@ def queue_add(request, run_id):
             if (request.POST.get("new_queue") or "").strip():
                 queue = queues.create_queue(request.POST["new_queue"], request.user, run.team_id)
             else:
-                queue = queue_for(request, int(request.POST.get("queue") or 0))
+                chosen = request.POST.get("queue") or ""
+                if not chosen.isdigit():
+                    raise ReviewError("choose a queue, or name a new one", "queue")
+                queue = queue_for(request, int(chosen))
             added = queues.add_rollouts(queue, qs, request.user)
-        except (ReviewError, ValueError) as exc:
+        except ReviewError as exc:
             error = str(exc)
         else:
             was = "was" if added.already == 1 else "were"
