@@ -21,7 +21,6 @@ pytestmark = [
     ),
     pytest.mark.timeout(240),
 ]
-SHOTS = Path(__file__).resolve().parent.parent / ".screens"
 
 
 def test_a_queue_across_two_runs_with_the_rubric(browser, live_server, transactional_db, django_user_model):  # noqa: F811
@@ -63,8 +62,6 @@ def test_a_queue_across_two_runs_with_the_rubric(browser, live_server, transacti
     page.click("#review-rubric button[type=submit]")
     page.wait_for_selector("#rubric-answers")
     assert page.inner_text("#review-progress") == "1 of 2 reviewed"  # answering counts as reviewed
-    SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SHOTS / "queue_panel.png"))
 
     # j: on to the other run's rollout.
     page.locator("body").click(position={"x": 5, "y": 5})
@@ -73,7 +70,6 @@ def test_a_queue_across_two_runs_with_the_rubric(browser, live_server, transacti
     page.keyboard.press("j")
     page.wait_for_url(re.compile(r".*/queues/\d+/$"))
     assert page.inner_text("#queue-reviewed") == "2 of 2 reviewed"
-    page.screenshot(path=str(SHOTS / "queue_page.png"), full_page=True)
     assert RubricAnswer.objects.get().user == rita
     assert set(QueueEntry.objects.values_list("reviewed_by__username", flat=True)) == {"rita"}
     assert errors == []

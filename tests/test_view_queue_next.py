@@ -52,6 +52,7 @@ def test_next_skips_reviewed_and_other_peoples_assigned_entries(signed_in, user,
     queues.mark_reviewed(queue, c, user)
     response = next_(signed_in, queue)
     assert response["Location"] == queue.get_absolute_url()  # b is bob's: nothing left for me
+    assert "the rest is assigned to others" in signed_in.get(response["Location"]).content.decode()
     assert entry(queue, b).reviewed_at is None and entry(queue, b).assigned_to == bob
 
 

@@ -79,8 +79,7 @@ def test_the_review_panel_shows_the_rubric_form_only_when_there_is_one(signed_in
     html = signed_in.get(rollout.get_absolute_url()).content.decode()
     assert 'id="review-rubric"' in html
     assert (
-        'name="rubric_correctness" step="any" min="0" max="5"' in html
-        and '<option value="good">good</option>' in html
+        'name="rubric_correctness" step="any" min="0" max="5"' in html and '<option value="good">good</option>' in html
     )
 
 

@@ -119,7 +119,10 @@ def queue_next(request, queue_id):
             queues.mark_reviewed(queue, entry.rollout, request.user)
     entry = queues.next_entry(queue, request.user)
     if entry is None:
-        messages.info(request, "Nothing left to review for you in this queue (others' assigned entries are theirs).")
+        if queues.progress(queue).left:
+            messages.info(request, "Nothing left to review for you in this queue: the rest is assigned to others.")
+        else:
+            messages.info(request, "Every entry of this queue is reviewed.")
         return redirect(queue.get_absolute_url())
     return redirect(queues.rollout_url(queue.pk, entry.rollout))
 
