@@ -1,6 +1,6 @@
-"""Review queue pages: the queues list and a new queue, "add to queue" from a run's filtered
-table (rollouts from several runs in one queue), the queue page's progress (reviewed/total and per
-assignee), assignment to a member of the team, and team isolation (another team's queue is 404)."""
+"""Review queue pages: the queues list and a new queue, the queue page's progress (reviewed/total
+and per assignee), assignment to a member of the team, and team isolation (another team's queue is
+404; a queue holds its own team's rollouts only). Adding to a queue: test_view_queue_add.py."""
 
 from __future__ import annotations
 
@@ -25,15 +25,6 @@ def two_runs(db, user):
     return first, second
 
 
-def add(client, run, queue=None, new="", query=""):
-    body = {"new_queue": new} if new else {"queue": queue.pk}
-    return client.post(reverse("queue_add", args=[run.pk]) + (f"?{query}" if query else ""), {**body, **_q(query)})
-
-
-def _q(query: str) -> dict:
-    return dict(p.split("=", 1) for p in query.split("&")) if query else {}
-
-
 def test_a_new_queue_is_made_in_the_users_team_and_listed(signed_in, user):
     response = signed_in.post(reverse("queues"), {"name": "reward hacks"})
     queue = ReviewQueue.objects.get()
@@ -47,25 +38,6 @@ def test_a_queue_without_a_name_is_refused_and_nothing_is_made(signed_in):
     response = signed_in.post(reverse("queues"), {"name": "  "})
     assert response.status_code == 400 and "give the queue a name" in response.content.decode()
     assert not ReviewQueue.objects.exists()
-
-
-def test_the_run_table_links_its_filtered_list_to_add_to_queue(signed_in, two_runs):
-    first, _ = two_runs
-    html = signed_in.get(first.get_absolute_url() + "?reward_min=1").content.decode()
-    assert f'href="{reverse("queue_add", args=[first.pk])}?reward_min=1.0' in html
-
-
-def test_add_to_queue_takes_the_filtered_list_of_several_runs(signed_in, two_runs):
-    first, second = two_runs
-    page = signed_in.get(reverse("queue_add", args=[first.pk]) + "?reward_min=1")
-    assert 'id="queue-add-count">2 rollouts<' in page.content.decode()
-    response = add(signed_in, first, new="mixed", query="reward_min=1")
-    queue = ReviewQueue.objects.get(name="mixed")
-    assert response["Location"] == queue.get_absolute_url()
-    add(signed_in, second, queue)
-    add(signed_in, first, queue, query="reward_min=1")  # again: nothing twice
-    got = list(QueueEntry.objects.filter(queue=queue).values_list("rollout_id", flat=True))
-    assert got == [key(first, 0).pk, key(first, 2).pk, key(second, 0).pk, key(second, 1).pk, key(second, 2).pk]
 
 
 def test_the_queue_page_shows_progress_overall_and_per_assignee(signed_in, user, django_user_model, two_runs):
@@ -150,10 +122,3 @@ def test_a_queue_takes_rollouts_of_its_own_teams_runs_only(teams):
     with pytest.raises(queues.ReviewError, match="not in the queue's team"):
         queues.add_rollouts(red_queue, Rollout.objects.filter(run__in=[teams["red_run"], teams["blue_run"]]))
     assert not QueueEntry.objects.filter(queue=red_queue).exists()
-
-
-def test_add_without_a_queue_says_so_and_adds_nothing(signed_in, two_runs):
-    first, _ = two_runs
-    response = signed_in.post(reverse("queue_add", args=[first.pk]), {"queue": ""})
-    assert response.status_code == 400 and "choose a queue, or name a new one" in response.content.decode()
-    assert not QueueEntry.objects.exists()
