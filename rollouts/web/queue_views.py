@@ -14,7 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from rollouts import teams
 from rollouts.review import queues
@@ -70,6 +70,7 @@ def _queue_body_context(request, queue) -> dict:
 
 
 @login_required
+@require_safe
 def queue_page(request, queue_id):
     """A queue: progress (reviewed/total, per assignee), its entries (``state``: todo, reviewed,
     unassigned), assignment and "next unreviewed". HTMX: the progress and entries alone."""

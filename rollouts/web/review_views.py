@@ -1,5 +1,6 @@
-"""Review pages and actions: labels, notes and corrected rewards on a rollout, review mode, the
-Labels page, datasets from a selection, the SFT export and the account page (API tokens).
+"""Review pages and actions: labels, notes, corrected rewards and rubric answers on a rollout,
+review mode (and the panel's queue mode, for a rollout opened from a review queue), the Labels page
+and its rubric, datasets from a selection, the SFT export and the account page (API tokens).
 
 Plain function views, thin: the rules live in ``rollouts.review`` (``actions``, ``progress``,
 ``selection``, ``curated``) and ``rollouts.tokens``. Every write is a POST with Django's CSRF
