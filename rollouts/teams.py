@@ -1,4 +1,4 @@
-"""Teams: who owns a run, a dataset or an API token, and which teams a user is in.
+"""Teams: who owns a run, a dataset, a label or an API token, and which teams a user is in.
 
 A user sees their teams' runs and datasets only; a superuser sees every team's. The rule itself is
 applied in one place each for the pages (``rollouts.web.access``) and the API
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from rollouts.models import DEFAULT_TEAM, Dataset, Run, Team, default_team_pk
+from rollouts.models import DEFAULT_TEAM, Dataset, Label, Run, Team, default_team_pk
 
 TOKEN_TEAM_ATTR = "gymweb_token_team_id"  # set on the user by the API's auth for a token of one team
 
@@ -39,6 +39,14 @@ def visible_datasets(user):
     """The datasets ``user`` may see and launch runs from (a queryset), by the runs' rule."""
     ids = team_ids(user)
     return Dataset.objects.all() if ids is None else Dataset.objects.filter(team_id__in=ids)
+
+
+def visible_labels(user):
+    """The review labels ``user`` may see and use (a queryset): their teams' label sets; every
+    team's for a superuser. A rollout takes only its run's team's labels
+    (``rollouts.review.actions.set_label``)."""
+    ids = team_ids(user)
+    return Label.objects.all() if ids is None else Label.objects.filter(team_id__in=ids)
 
 
 def choosable_teams(user):

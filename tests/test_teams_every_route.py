@@ -1,4 +1,4 @@
-"""Every dashboard route (``rollouts.web``) that names a run, a rollout or a dataset answers 404 for another team's
+"""Every dashboard route (``rollouts.web``) that names a run, a rollout, a dataset or a label answers 404 for another team's
 one, GET or POST: a page or action added later cannot forget the team rule (``rollouts.web.access``)
 without this test naming it. Renaming another team's dataset changes nothing."""
 
@@ -9,13 +9,13 @@ from django.urls import URLPattern, get_resolver, reverse
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.models import Dataset, Run, Team
+from rollouts.models import Dataset, Label, Run, Team
 
 from .run_factories import dataset_lines, finish, key, make_run
 
-# Routes keyed by something other than a team's run or dataset: a user's own task or token, or
-# the instance-wide labels.
-NOT_TEAM_KEYED = {"task_id", "token_id", "label_id", "note_id"}
+# Routes keyed by something other than a team's run, dataset or label: a user's own task or token.
+NOT_TEAM_KEYED = {"task_id", "token_id", "note_id"}
+TEAM_KEYED = {"run_id", "rollout_id", "dataset_id", "label_id"}
 
 
 @pytest.fixture
@@ -28,7 +28,8 @@ def theirs(db, django_user_model):
     run = make_run(2, name="blue secret run", team=blue)
     finish(key(run, 0), "succeeded", 1.0)
     dataset = runs.store_dataset(read_jsonl(dataset_lines(2), source="blue.jsonl"), "blue tasks", user=bob)
-    return {"alice": alice, "run": run, "rollout": key(run, 0), "dataset": dataset}
+    label = Label.objects.get(team=blue, name="bad")
+    return {"alice": alice, "run": run, "rollout": key(run, 0), "dataset": dataset, "label": label}
 
 
 def _team_keyed_routes() -> list[URLPattern]:
@@ -40,7 +41,7 @@ def _team_keyed_routes() -> list[URLPattern]:
             if not pattern.callback.__module__.startswith("rollouts.web"):  # the API has its own tests
                 continue
             names = set(pattern.pattern.regex.groupindex)
-            if names & {"run_id", "rollout_id", "dataset_id"} and not names & NOT_TEAM_KEYED:
+            if names & TEAM_KEYED and not names & NOT_TEAM_KEYED:
                 out.append(pattern)
     return out
 
@@ -51,6 +52,7 @@ def test_every_route_of_another_teams_run_rollout_or_dataset_answers_404(client,
         "run_id": theirs["run"].pk,
         "rollout_id": theirs["rollout"].pk,
         "dataset_id": theirs["dataset"].pk,
+        "label_id": theirs["label"].pk,
         "kind": "rollouts",
         "fmt": "md",
         "key": "verify",
@@ -68,6 +70,7 @@ def test_every_route_of_another_teams_run_rollout_or_dataset_answers_404(client,
     assert leaks == []
     run = Run.objects.get(pk=theirs["run"].pk)
     assert run.name == "blue secret run" and run.status == Run.Status.COMPLETED
+    assert Label.objects.get(pk=theirs["label"].pk).position == 1  # not moved up
 
 
 def test_renaming_another_teams_dataset_changes_nothing(client, theirs):

@@ -2,7 +2,7 @@
 
 ``run_for``: the run of a page or an API route, if the user may see it: a run of one of their teams
 (``rollouts.teams``; a superuser sees every run), else 404, never 403, so a run of another team is
-not revealed. ``runs_for``/``datasets_for``: the lists a user sees (runs list, pickers, the API's
+not revealed. ``runs_for``/``datasets_for``/``labels_for``: the lists a user sees (runs list, pickers, the API's
 lists). One place for that rule. ``launch_from_form``: the new-run form's (and
 ``POST /api/v1/runs``'s) dataset and run stored and launched, all or nothing.
 """
@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404
 
 from rollouts import teams
 from rollouts.collection import runs
-from rollouts.models import Dataset, Rollout, Run
+from rollouts.models import Dataset, Label, Rollout, Run
 from rollouts.web.forms import RunForm
 
 
@@ -50,6 +50,16 @@ def rollout_for(request, run_id: int, rollout_id: int) -> Rollout:
 def dataset_for(request, dataset_id: int) -> Dataset:
     """The dataset, if ``request.user`` may see it (the runs' rule); 404 otherwise."""
     return get_object_or_404(datasets_for(request.user), pk=dataset_id)
+
+
+def labels_for(user):
+    """The review labels ``user`` may see and use (a queryset; ``rollouts.teams.visible_labels``)."""
+    return teams.visible_labels(user)
+
+
+def label_for(request, label_id: int) -> Label:
+    """The label, if it is in one of ``request.user``'s teams' sets; 404 otherwise."""
+    return get_object_or_404(labels_for(request.user), pk=label_id)
 
 
 def launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
