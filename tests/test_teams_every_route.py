@@ -1,6 +1,6 @@
 """Every dashboard route (``rollouts.web``) that names a run, a rollout, a dataset or a label answers
-404 for another team's one, GET or POST: a page or action added later cannot forget the team rule (``rollouts.web.access``)
-without this test naming it. Renaming another team's dataset changes nothing."""
+404 for another team's one, GET or POST: a page or action added later cannot forget the team rule
+(``rollouts.web.access``) without this test naming it. Renaming another team's dataset changes nothing."""
 
 from __future__ import annotations
 
