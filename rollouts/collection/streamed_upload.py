@@ -86,9 +86,9 @@ def store_and_create_run(
 ) -> tuple[Run, bool]:
     """Store the file at ``path`` (already ``scan``ned: ``found``) as a new dataset, unless the
     user uploaded the same file before (``runs.earlier_upload``: that one is reused), and a queued
-    run over it with
-    ``options`` (``Run`` fields, as ``runs.create_run``). Returns ``(run, reused)``. Raises ``RunTooLarge`` before storing
-    anything; on any other failure deletes what it stored and re-raises."""
+    run over it with ``options`` (``Run`` fields, as ``runs.create_run``). Returns ``(run,
+    reused)``. Raises ``RunTooLarge`` before storing anything; on any other failure deletes what it
+    stored and re-raises."""
     team_id = team.pk if team is not None else team_for_new(user)
     run = Run(name=run_name[:200], created_by=user, team_id=team_id, **options)
     limit = run.limit or found.num_rows
