@@ -60,7 +60,7 @@ def make_agent(calls: int, latency_s: float, hostile_share: float = 0.0, hostile
             for _ in range(int(hostile_mb)):
                 await resp.write(chunk)
             await resp.write(b'"}')
-        except (ConnectionResetError, RuntimeError):  # the client stopped reading: its cap
+        except (ConnectionError, RuntimeError):  # the client stopped reading: its cap
             pass
         return resp
 
