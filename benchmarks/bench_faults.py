@@ -152,8 +152,9 @@ def login(client, username: str) -> None:
 
 
 def keys_report(run) -> dict:
-    """Keys expected, present (the latest attempt is final), duplicated (more than one success) and
-    failed by failure kind (the latest attempt failed)."""
+    """Keys expected, present (the latest attempt is final), duplicated (more than one success),
+    failed by failure kind (the latest attempt failed), and every failed attempt by kind (those
+    retried automatically included)."""
     from django.db.models import Count
 
     from rollouts.models import Rollout
@@ -173,6 +174,9 @@ def keys_report(run) -> dict:
         .count()
     )
     failed = Counter(kind or "?" for _pk, status, kind in latest.values() if status == Rollout.Status.FAILED)
+    attempts = Counter(
+        Rollout.objects.filter(run=run, status=Rollout.Status.FAILED).values_list("failure_kind", flat=True)
+    )
     return {
         "run status": run.status,
         "expected": run.num_keys,
@@ -180,6 +184,7 @@ def keys_report(run) -> dict:
         "succeeded": sum(1 for _pk, status, _k in latest.values() if status == "succeeded"),
         "duplicated": dup,
         "failed": dict(failed),
+        "failed attempts retried or final, by kind": dict(attempts),
     }
 
 
