@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -210,9 +211,11 @@ class Bench:
         self.args, self.tmp = args, tmp
         self.base = f"http://127.0.0.1:{args.port}"
         self.agent_port, self.env_port = args.port + 1, args.port + 2
+        self.secret = secrets.token_urlsafe(50)  # one key: the web signs the tasks the worker reads
 
     def env(self, **extra) -> dict[str, str]:
         env = _server_env(argparse.Namespace(db="sqlite"), self.args.port)
+        env["GYMWEB_SECRET_KEY"] = self.secret
         env.update({"GYMWEB_DATA_DIR": str(self.tmp), "GYMWEB_STATIC_ROOT": str(self.tmp / "static")})
         env.update({"GYMWEB_RELEASE_TIMEOUT_S": "5", "GYMWEB_AUTO_RETRY_DELAY_S": "2"})
         env.update({k: str(v) for k, v in extra.items()})
