@@ -418,6 +418,11 @@ class Bench:
                     step=1,
                 )
                 _wait(lambda: run.refresh_from_db() or run.is_final, 900, "the run final")
+            from rollouts.collection import runs
+            from rollouts.models import Run
+
+            for uploaded in Run.objects.exclude(pk=run.pk).filter(status=Run.Status.RUNNING):
+                runs.cancel(uploaded)  # the uploads are measured, not the runs they launched
             tasks = [f"{t.status}: {t.message[:80]}" for t in BackgroundTask.objects.order_by("id")]
             extra = {"upload file (MB)": round(size_mb, 1), "upload POSTs": statuses, "upload tasks": tasks}
             return self.report(f"three concurrent uploads of {self.args.upload_rows:,} rows", run, watch, extra)
