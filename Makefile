@@ -38,7 +38,7 @@ lint: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive bench-faults bench-upload
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -71,6 +71,16 @@ bench-archive: $(BIN)/.installed
 # GYMWEB_REDIS_URL); BENCH_PORT picks gunicorn's port (default 9300).
 bench-team: $(BIN)/.installed
 	GYMWEB_ALLOW_LOCAL_TARGETS=1 $(BIN)/python -m benchmarks.bench_team --db $(DB)
+# The fault runs of issue 28 on SQLite (gunicorn + qcluster): worker SIGKILL then SIGTERM, env
+# restart, Redis cache down (its own redis-server on port 19579), hostile 200 MB replies, three
+# concurrent uploads; keys, peak RSS and the longest page of each. FAULTS= picks some.
+FAULTS ?= worker-stop,env-restart,redis-down,hostile,uploads
+bench-faults: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_faults --only $(FAULTS)
+# One large upload through the background task in a fresh process: seconds and peak RSS (ROWS_UPLOAD=).
+ROWS_UPLOAD ?= 1000000
+bench-upload: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_upload_rss --db $(DB) --rows $(ROWS_UPLOAD)
 
 # NeMo Gym 0.7.0 side by side with gymweb on the same work, in one run (issue 14). Needs NeMo Gym's
 # venv, built by the peer scripts' setup.sh (never in .ci/run: it downloads 1.4 GB and starts Ray).

@@ -4,7 +4,8 @@ The agent answers each rollout in ``--calls`` agent calls: calls 1..k-1 each ask
 ``increment_counter`` (an unpaired function_call), the last returns an assistant message.
 ``--latency-ms`` sleeps per agent call (the latency-bound benchmark). The env seeds a session
 cookie, counts, and verifies reward 1.0; ``--tool-output-kb N`` pads each tool output to about N KB
-(long trajectories). Both print ``… listening on URL`` lines. Each raises its open-file limit to
+(long trajectories); ``--hostile-share 0.01 --hostile-mb 200`` answers 1% of agent calls with a
+200 MB reply (``bench_faults``). Both print ``… listening on URL`` lines. Each raises its open-file limit to
 the hard limit (10,000 rollouts in flight hold 10,000 connections) and listens with a 16,384
 backlog (the kernel caps it at ``net.core.somaxconn``).
 
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import random
 
 from aiohttp import web
 
@@ -45,9 +47,27 @@ def _reply(output):
     }
 
 
-def make_agent(calls: int, latency_s: float) -> web.Application:
-    async def responses(request: web.Request) -> web.Response:
+def make_agent(calls: int, latency_s: float, hostile_share: float = 0.0, hostile_mb: float = 0.0) -> web.Application:
+    hostile = random.Random(7)
+
+    async def oversized(request: web.Request) -> web.StreamResponse:
+        """A hostile reply: ``hostile_mb`` MB of one JSON string, streamed (never held here)."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"id":"huge","output":[],"pad":"')
+        chunk = b"x" * (1024 * 1024)
+        try:
+            for _ in range(int(hostile_mb)):
+                await resp.write(chunk)
+            await resp.write(b'"}')
+        except (ConnectionError, RuntimeError):  # the client stopped reading: its cap
+            pass
+        return resp
+
+    async def responses(request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        if hostile_share and hostile.random() < hostile_share:
+            return await oversized(request)
         # Count tool results without a full parse: the benchmark is about gymweb, not this agent.
         done = body.count(b'"function_call_output"')
         if latency_s:
@@ -136,6 +156,8 @@ def main() -> None:
     parser.add_argument("--env-port", type=int, default=0)
     parser.add_argument("--only", choices=["agent", "env"], default=None)
     parser.add_argument("--tool-output-kb", type=float, default=0.0)
+    parser.add_argument("--hostile-share", type=float, default=0.0, help="share of agent calls answered oversized")
+    parser.add_argument("--hostile-mb", type=float, default=200.0, help="size of such an answer, MB")
     args = parser.parse_args()
     raise_fd_limit()
 
@@ -143,7 +165,11 @@ def main() -> None:
         if args.only in (None, "env"):
             await _serve(make_env(args.tool_output_kb), args.env_port, "env")
         if args.only in (None, "agent"):
-            await _serve(make_agent(args.calls, args.latency_ms / 1000), args.agent_port, "agent")
+            await _serve(
+                make_agent(args.calls, args.latency_ms / 1000, args.hostile_share, args.hostile_mb),
+                args.agent_port,
+                "agent",
+            )
         await asyncio.Event().wait()
 
     try:

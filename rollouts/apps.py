@@ -63,7 +63,8 @@ class RolloutsConfig(AppConfig):
 
         import gymweb.checks  # noqa: F401  (registers the deploy checks)
         import rollouts.targets  # noqa: F401  (registers the target-policy check)
-        from rollouts.review.actions import ensure_default_labels
+        from rollouts.models import Team
+        from rollouts.review.actions import ensure_default_labels, on_team_saved
         from rollouts.teams import on_user_saved
 
         post_migrate.connect(_ensure_supervisor, sender=self)
@@ -71,3 +72,4 @@ class RolloutsConfig(AppConfig):
         post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="gymweb-search-index")
         post_spawn.connect(_on_worker_spawn, dispatch_uid="gymweb-worker-spawn")
         post_save.connect(on_user_saved, sender=settings.AUTH_USER_MODEL, dispatch_uid="gymweb-user-team")
+        post_save.connect(on_team_saved, sender=Team, dispatch_uid="gymweb-team-labels")

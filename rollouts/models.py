@@ -502,12 +502,14 @@ class MetricTotal(models.Model):
 
 
 # -- review: labels, notes, corrected rewards, review progress, API tokens (rollouts.review) ------
-class Label(models.Model):
-    """A label reviewers put on rollouts. One set per instance; it starts with ``good``, ``bad``,
-    ``reward-hack``, ``verifier-wrong`` and ``env-bug`` (migration 0012) and users add more.
+class Label(TeamOwned):
+    """A label reviewers put on rollouts. One set per team (a rollout takes its run's team's
+    labels); each team starts with ``good``, ``bad``, ``reward-hack``, ``verifier-wrong`` and
+    ``env-bug`` (``rollouts.review.actions.ensure_default_labels``) and users add more.
     ``position`` orders them; the first nine answer keys 1–9 in review mode."""
 
-    name = models.CharField(max_length=40, unique=True)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="labels")
+    name = models.CharField(max_length=40)
     description = LosslessCharField(max_length=200, blank=True)
     position = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
@@ -517,6 +519,7 @@ class Label(models.Model):
 
     class Meta:
         ordering = ["position", "id"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="label_team_name")]
 
     def __str__(self) -> str:
         return self.name

@@ -1,4 +1,4 @@
-"""Teams: who owns a run, a dataset, a review queue or an API token, and which teams a user is in.
+"""Teams: who owns a run, a dataset, a label, a review queue or an API token, and which teams a user is in.
 
 A user sees their teams' runs and datasets only; a superuser sees every team's. The rule itself is
 applied in one place each for the pages (``rollouts.web.access``) and the API
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from rollouts.models import DEFAULT_TEAM, Dataset, ReviewQueue, Run, Team, default_team_pk
+from rollouts.models import DEFAULT_TEAM, Dataset, Label, ReviewQueue, Run, Team, default_team_pk
 
 TOKEN_TEAM_ATTR = "gymweb_token_team_id"  # set on the user by the API's auth for a token of one team
 
@@ -45,6 +45,14 @@ def visible_queues(user):
     """The review queues ``user`` may see and work in (a queryset), by the runs' rule."""
     ids = team_ids(user)
     return ReviewQueue.objects.all() if ids is None else ReviewQueue.objects.filter(team_id__in=ids)
+
+
+def visible_labels(user):
+    """The review labels ``user`` may see and use (a queryset): their teams' label sets; every
+    team's for a superuser. A rollout takes only its run's team's labels
+    (``rollouts.review.actions.set_label``)."""
+    ids = team_ids(user)
+    return Label.objects.all() if ids is None else Label.objects.filter(team_id__in=ids)
 
 
 def choosable_teams(user):

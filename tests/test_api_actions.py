@@ -188,7 +188,7 @@ def test_it_streams_nemo_gym_files(api, run):
 
 
 def test_files_take_the_filters_and_review_options(api, user, run):
-    actions.set_label(key(run, 1), actions.find_label("bad"), True, user)
+    actions.set_label(key(run, 1), actions.find_label("bad", team_id=run.team_id), True, user)
     response = api.get(f"/runs/{run.pk}/rollouts.jsonl?label=bad&review=1&reward_source=corrected")
     rows = [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
     assert [r["_ng_task_index"] for r in rows] == [1] and rows[0]["gymweb_review"]["labels"][0]["name"] == "bad"
@@ -224,7 +224,7 @@ def test_an_imported_run_cannot_be_retried(api, run):
 
 
 def test_it_lists_rollouts_with_the_run_page_s_filters(api, user, run):
-    actions.set_label(key(run, 0), actions.find_label("good"), True, user)
+    actions.set_label(key(run, 0), actions.find_label("good", team_id=run.team_id), True, user)
     actions.add_note(key(run, 0), "fine", user)
     actions.correct_reward(key(run, 1), 0.5, "partly right", user)
     page = api.get(f"/runs/{run.pk}/rollouts").json()

@@ -55,7 +55,7 @@ def test_it_exports_a_stored_run_s_filtered_successes(tmp_path, user):
     run = make_run(3)
     for t in range(3):
         finish(key(run, t), Rollout.Status.SUCCEEDED, 1.0, output=ANSWER)
-    actions.set_label(key(run, 1), actions.find_label("good"), True, user)
+    actions.set_label(key(run, 1), actions.find_label("good", team_id=run.team_id), True, user)
     actions.correct_reward(key(run, 1), 0.5, "half right", user)
     out, _ = run_command(
         "--run",

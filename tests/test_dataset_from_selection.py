@@ -53,7 +53,7 @@ def test_a_task_s_own_agent_ref_is_kept(signed_in, run):
 
 
 def test_a_list_filtered_by_label_works_too(signed_in, user, run):
-    actions.set_label(key(run, 3, 1), actions.find_label("verifier-wrong"), True, user)
+    actions.set_label(key(run, 3, 1), actions.find_label("verifier-wrong", team_id=run.team_id), True, user)
     signed_in.post(reverse("selection_dataset", args=[run.pk]), {"label": "verifier-wrong"})
     dataset = Dataset.objects.get(source_run=run)
     assert dataset.num_rows == 1 and dataset.source_filters == "label=verifier-wrong"

@@ -140,7 +140,7 @@ def _snapshot(run):
 def _review(run, user=None):
     """A label, a note and a correction on the run's first success."""
     r = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).order_by("id").first()
-    label = Label.objects.get(name="good")
+    label = Label.objects.get(name="good", team_id=run.team_id)
     RolloutLabel.objects.create(rollout=r, label=label, created_by=user)
     Note.objects.create(rollout=r, item_seq=1, text="look here", created_by=user)
     RewardCorrection.objects.create(rollout=r, reward=0.5, reason="half right", created_by=user)

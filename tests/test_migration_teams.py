@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from rollouts.models import ApiToken, Dataset, Run, Team
+from rollouts.models import ApiToken, Dataset, Label, Run, Team
 from rollouts.teams import visible_runs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # migrates back and forth
@@ -34,6 +34,7 @@ def test_rows_and_users_stored_before_teams_are_all_in_the_default_team():
         dataset = old.get_model("rollouts", "Dataset").objects.create(name="tasks.jsonl", created_by=alice)
         run = old.get_model("rollouts", "Run").objects.create(name="old run", created_by=alice, dataset=dataset)
         old.get_model("rollouts", "ApiToken").objects.create(user=bob, name="t", prefix="gw_x", digest="d" * 64)
+        old.get_model("rollouts", "Label").objects.create(name="old-label", position=9)
     finally:
         _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
 
@@ -41,6 +42,7 @@ def test_rows_and_users_stored_before_teams_are_all_in_the_default_team():
     assert set(default.members.values_list("username", flat=True)) == {"alice", "bob"}
     assert Run.objects.get(pk=run.pk).team == default
     assert Dataset.objects.get(pk=dataset.pk).team == default
+    assert Label.objects.get(name="old-label").team == default  # migration 0027: labels too
     token = ApiToken.objects.get(user__username="bob")
     assert token.scope == "write" and token.expires is None
     bob_now = get_user_model().objects.get(username="bob")

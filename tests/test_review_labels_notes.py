@@ -243,7 +243,7 @@ def test_the_labels_page_refuses_bad_names(signed_in, db, name, message):
 
 def test_the_run_table_shows_labels_and_note_counts(signed_in, user, run):
     r = key(run, 0)
-    actions.set_label(r, actions.find_label("good"), True, user)
+    actions.set_label(r, actions.find_label("good", team_id=run.team_id), True, user)
     actions.add_note(r, "one", user)
     actions.add_note(r, "two", user)
     html = signed_in.get(reverse("run", args=[run.pk])).content.decode()
@@ -267,7 +267,7 @@ def test_the_run_table_shows_labels_and_note_counts(signed_in, user, run):
     ],
 )
 def test_the_run_table_filters_by_label_notes_and_corrected_reward(signed_in, user, run, query, expected):
-    actions.set_label(key(run, 0), actions.find_label("good"), True, user)
+    actions.set_label(key(run, 0), actions.find_label("good", team_id=run.team_id), True, user)
     actions.add_note(key(run, 1), "hmm", user)
     actions.correct_reward(key(run, 3), 0.0, "reward hack", user)
     response = signed_in.get(reverse("run", args=[run.pk]) + "?" + query, HTTP_HX_REQUEST="true")
@@ -290,14 +290,14 @@ def test_a_label_filter_no_label_could_have_is_reported_on_the_field_not_a_serve
     assert signed_in.get(reverse("rollout", args=[run.pk, key(run, 0).pk]) + "?" + query).status_code == 200
     assert signed_in.get(reverse("review_start", args=[run.pk]) + "?" + query).status_code in (200, 302)
     with pytest.raises(ReviewError):
-        actions.find_label(query.split("=", 1)[1].replace("%00", "\x00"))
+        actions.find_label(query.split("=", 1)[1].replace("%00", "\x00"), team_id=run.team_id)
 
 
 def test_the_trajectory_page_shows_the_panel_with_keys_for_the_first_nine_labels(signed_in, user, run):
     for n in range(6):
-        actions.create_label(f"extra-{n}")
+        actions.create_label(f"extra-{n}", team_id=run.team_id)
     r = key(run, 0)
-    actions.set_label(r, actions.find_label("bad"), True, user)
+    actions.set_label(r, actions.find_label("bad", team_id=run.team_id), True, user)
     html = signed_in.get(r.get_absolute_url()).content.decode()
     assert 'id="review-panel"' in html and "review.js" in html
     assert 'data-key="9"' in html and 'data-key="10"' not in html

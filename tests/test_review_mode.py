@@ -134,7 +134,7 @@ def test_a_list_filtered_by_label_counts_only_what_is_still_in_it(signed_in, use
     # Review the unlabelled ones and label as you go: labelled rollouts leave the list.
     r = key(run, 0)
     next_(signed_in, run, r, {"label_name": "-"})
-    actions.set_label(r, actions.find_label("good"), True, user)
+    actions.set_label(r, actions.find_label("good", team_id=r.run.team_id), True, user)
     html = signed_in.get(key(run, 1).get_absolute_url() + "?label=-&review=1").content.decode()
     assert "0 of 4 reviewed" in html
 
@@ -173,7 +173,7 @@ def test_the_run_page_links_review_mode_to_the_filtered_list(signed_in, run):
 def test_j_on_a_rollout_that_left_the_list_goes_on_with_the_list(signed_in, user, run):
     # Reviewing unlabelled rollouts: label the first (it leaves the list), then j.
     r = key(run, 0)
-    actions.set_label(r, actions.find_label("good"), True, user)
+    actions.set_label(r, actions.find_label("good", team_id=r.run.team_id), True, user)
     response = next_(signed_in, run, r, {"label": "-"})
     assert response["Location"] == reverse("review_start", args=[run.pk]) + "?label=-"
     rollout_id, params = target(signed_in.get(response["Location"]))

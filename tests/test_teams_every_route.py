@@ -1,6 +1,6 @@
-"""Every dashboard route (``rollouts.web``) that names a run, a rollout, a dataset or a review queue answers 404 for
-another team's one, GET or POST: a page or action added later cannot forget the team rule (``rollouts.web.access``)
-without this test naming it. Renaming another team's dataset changes nothing."""
+"""Every dashboard route (``rollouts.web``) that names a run, a rollout, a dataset, a label or a review queue
+answers 404 for another team's one, GET or POST: a page or action added later cannot forget the team rule
+(``rollouts.web.access``) without this test naming it. Renaming another team's dataset changes nothing."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from django.urls import URLPattern, get_resolver, reverse
 
 from rollouts.collection import runs
 from rollouts.collection.datasets import read_jsonl
-from rollouts.models import Dataset, QueueEntry, ReviewQueue, Run, Team
+from rollouts.models import Dataset, Label, QueueEntry, ReviewQueue, Run, Team
 
 from .run_factories import dataset_lines, finish, key, make_run
 
-# Routes keyed by something other than a team's run or dataset: a user's own task or token, or
-# the instance-wide labels.
-NOT_TEAM_KEYED = {"task_id", "token_id", "label_id", "note_id"}
+# Routes keyed by something other than a team's run, dataset or label: a user's own task or token.
+NOT_TEAM_KEYED = {"task_id", "token_id", "note_id"}
+TEAM_KEYED = {"run_id", "rollout_id", "dataset_id", "label_id", "queue_id"}
 
 
 @pytest.fixture
@@ -30,7 +30,8 @@ def theirs(db, django_user_model):
     dataset = runs.store_dataset(read_jsonl(dataset_lines(2), source="blue.jsonl"), "blue tasks", user=bob)
     queue = ReviewQueue.objects.create(name="blue queue", team=blue, created_by=bob)
     QueueEntry.objects.create(queue=queue, rollout=key(run, 0))
-    return {"alice": alice, "run": run, "rollout": key(run, 0), "dataset": dataset, "queue": queue}
+    label = Label.objects.get(team=blue, name="bad")
+    return {"alice": alice, "run": run, "rollout": key(run, 0), "dataset": dataset, "queue": queue, "label": label}
 
 
 def _team_keyed_routes() -> list[URLPattern]:
@@ -42,7 +43,7 @@ def _team_keyed_routes() -> list[URLPattern]:
             if not pattern.callback.__module__.startswith("rollouts.web"):  # the API has its own tests
                 continue
             names = set(pattern.pattern.regex.groupindex)
-            if names & {"run_id", "rollout_id", "dataset_id", "queue_id"} and not names & NOT_TEAM_KEYED:
+            if names & TEAM_KEYED and not names & NOT_TEAM_KEYED:
                 out.append(pattern)
     return out
 
@@ -54,6 +55,7 @@ def test_every_route_of_another_teams_run_rollout_or_dataset_answers_404(client,
         "rollout_id": theirs["rollout"].pk,
         "dataset_id": theirs["dataset"].pk,
         "queue_id": theirs["queue"].pk,
+        "label_id": theirs["label"].pk,
         "kind": "rollouts",
         "fmt": "md",
         "key": "verify",
@@ -72,6 +74,7 @@ def test_every_route_of_another_teams_run_rollout_or_dataset_answers_404(client,
     run = Run.objects.get(pk=theirs["run"].pk)
     assert run.name == "blue secret run" and run.status == Run.Status.COMPLETED
     assert QueueEntry.objects.get().assigned_to is None and QueueEntry.objects.get().reviewed_at is None
+    assert Label.objects.get(pk=theirs["label"].pk).position == 1  # not moved up
 
 
 def test_renaming_another_teams_dataset_changes_nothing(client, theirs):

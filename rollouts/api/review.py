@@ -1,5 +1,5 @@
 """The API's review routes (registered on ``rollouts.api.router.api``): labels, notes and corrected
-rewards on a rollout (``rollouts.review.actions``), and the instance's labels."""
+rewards on a rollout (``rollouts.review.actions``), and the user's teams' label sets."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rollouts.api.schemas import CorrectionIn, Error, LabelIn, LabelOut, NewLabe
 from rollouts.models import Label
 from rollouts.review import actions
 from rollouts.review.actions import ReviewError
+from rollouts.teams import choosable_teams, visible_labels
 
 
 @api.post(
@@ -21,7 +22,7 @@ from rollouts.review.actions import ReviewError
 def add_label(request, rollout_id: int, payload: LabelIn):
     rollout = rollout_for(request, rollout_id)
     try:
-        actions.set_label(rollout, actions.find_label(payload.label), True, request.user)
+        actions.set_label(rollout, actions.find_label(payload.label, team_id=rollout.run.team_id), True, request.user)
     except ReviewError as exc:
         raise review_error(exc) from None
     return rollout_detail(request, rollout)
@@ -35,7 +36,7 @@ def add_label(request, rollout_id: int, payload: LabelIn):
 def remove_label(request, rollout_id: int, label: str):
     rollout = rollout_for(request, rollout_id)
     try:
-        actions.set_label(rollout, actions.find_label(label), False, request.user)
+        actions.set_label(rollout, actions.find_label(label, team_id=rollout.run.team_id), False, request.user)
     except ReviewError as exc:
         raise review_error(exc) from None
     return rollout_detail(request, rollout)
@@ -86,18 +87,32 @@ def withdraw(request, rollout_id: int, reason: str = ""):
     return rollout_detail(request, rollout)
 
 
-@api.get("/labels", response=list[LabelOut], summary="The instance's labels, in order (the first nine answer keys 1–9)")
+@api.get(
+    "/labels",
+    response=list[LabelOut],
+    summary="Your teams' labels, by team and in order (the first nine of a team answer keys 1–9)",
+)
 def list_labels(request):
-    return [
-        {"name": lab.name, "description": lab.description, "position": lab.position}
-        for lab in Label.objects.order_by("position", "id")
-    ]
+    return [_label_out(lab) for lab in visible_labels(request.user).order_by("team_id", "position", "id")]
 
 
 @api.post("/labels", response={201: LabelOut, 400: Error}, summary="Add a label")
 def create_label(request, payload: NewLabelIn):
     try:
-        lab = actions.create_label(payload.name, payload.description, request.user)
+        mine = choosable_teams(request.user)
+        team_id = (
+            mine.filter(pk=payload.team).values_list("pk", flat=True).first() if payload.team is not None else None
+        )
+        if payload.team is not None and team_id is None:
+            raise ReviewError(f"team {payload.team}: not one of your teams", "team")
+        team_id = team_id or mine.values_list("pk", flat=True).first()
+        if team_id is None:
+            raise ReviewError("you are in no team: an admin adds you to one first", "team")
+        lab = actions.create_label(payload.name, payload.description, request.user, team_id=team_id)
     except ReviewError as exc:
         raise review_error(exc) from None
-    return Status(201, {"name": lab.name, "description": lab.description, "position": lab.position})
+    return Status(201, _label_out(lab))
+
+
+def _label_out(lab: Label) -> dict:
+    return {"name": lab.name, "description": lab.description, "position": lab.position, "team": lab.team_id}

@@ -196,11 +196,13 @@ class LabelOut(Schema):
     name: str
     description: str
     position: int
+    team: int = Field(..., description="the team whose set it is in (a run's rollouts take its team's labels)")
 
 
 class NewLabelIn(Schema):
     name: str
     description: str = ""
+    team: int | None = Field(None, description="the team whose set it joins, one of yours; default: your first")
 
 
 class TaskOut(Schema):

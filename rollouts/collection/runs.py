@@ -55,21 +55,24 @@ def store_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> Dat
 def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> tuple[Dataset, bool]:
     """An earlier upload of the same file (same bytes, name, user and team) if there is one, else a
     new stored dataset. Returns ``(dataset, reused)``."""
-    if parsed.sha256 and user is not None and getattr(user, "pk", None):
-        same = (
-            Dataset.objects.filter(
-                created_by=user,
-                sha256=parsed.sha256,
-                source_name=name[:200],
-                num_rows=len(parsed.rows),
-                team_id=team_for_new(user, team),
-            )
-            .order_by("-id")
-            .first()
-        )
-        if same is not None:
-            return same, True
+    same = earlier_upload(parsed.sha256, name, len(parsed.rows), user, team_for_new(user, team))
+    if same is not None:
+        return same, True
     return store_dataset(parsed, name, user=user, team=team), False
+
+
+def earlier_upload(sha256: str, name: str, num_rows: int, user, team_id: int) -> Dataset | None:
+    """The newest dataset ``user`` uploaded with the same bytes (``sha256``), name, row count and
+    team, or None (also for no user)."""
+    if not sha256 or user is None or not getattr(user, "pk", None):
+        return None
+    return (
+        Dataset.objects.filter(
+            created_by=user, sha256=sha256, source_name=name[:200], num_rows=num_rows, team_id=team_id
+        )
+        .order_by("-id")
+        .first()
+    )
 
 
 def load_dataset(dataset: Dataset) -> ParsedDataset:

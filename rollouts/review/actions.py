@@ -15,15 +15,16 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Exists, Max, OuterRef, Subquery
 
-from rollouts.models import Label, Note, RewardCorrection, Rollout, RolloutLabel, TrajectoryItem
+from rollouts.models import Label, Note, RewardCorrection, Rollout, RolloutLabel, Run, Team, TrajectoryItem
 
 LABEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
 NOTE_MAX_CHARS = 20_000
 REASON_MAX_CHARS = 5_000
 LABEL_DESCRIPTION_MAX_CHARS = 200  # Label.description's column
 KEYED_LABELS = 9  # keys 1–9 in review mode
-# The set every instance starts with; migration 0012 stores it, and
-# ``ensure_default_labels`` again whenever the table is empty (a flushed database).
+# The set every team starts with; migration 0012 stored it for the first team, and
+# ``ensure_default_labels`` stores it for every team that has no label at all (a new team, a
+# flushed database).
 DEFAULT_LABELS = [
     ("good", "a trajectory worth training on"),
     ("bad", "a trajectory not to train on"),
@@ -55,39 +56,54 @@ def clean_label_name(name: Any) -> str:
     return text
 
 
-def ensure_default_labels(**_kwargs) -> int:
-    """Store ``DEFAULT_LABELS`` when the instance has no label at all (never brings back one a team
-    removed from a set it has). Connected to ``post_migrate``. Returns how many were made."""
-    if Label.objects.exists():
-        return 0
-    Label.objects.bulk_create(
-        [Label(name=n, description=d, position=i) for i, (n, d) in enumerate(DEFAULT_LABELS)], ignore_conflicts=True
+def ensure_default_labels(team: Team | None = None, **_kwargs) -> int:
+    """Store ``DEFAULT_LABELS`` for ``team`` (None: every team) when it has no label at all (never
+    brings back one a team removed from a set it has). Connected to ``post_migrate`` and to a new
+    team's ``post_save``. Returns how many were made."""
+    teams = (
+        [team] if team is not None else list(Team.objects.exclude(Exists(Label.objects.filter(team=OuterRef("pk")))))
     )
-    return len(DEFAULT_LABELS)
+    made = 0
+    for t in teams:
+        if team is not None and Label.objects.filter(team=t).exists():
+            continue
+        Label.objects.bulk_create(
+            [Label(team=t, name=n, description=d, position=i) for i, (n, d) in enumerate(DEFAULT_LABELS)],
+            ignore_conflicts=True,
+        )
+        made += len(DEFAULT_LABELS)
+    return made
 
 
-def create_label(name: Any, description: str = "", user=None) -> Label:
-    """Add a label to the instance's set (placed last). Raises ``ReviewError`` for a bad or taken name
-    or a description over 200 characters."""
+def labels_of(team_id: int):
+    """The label set of the team ``team_id`` (a queryset, in key order)."""
+    return Label.objects.filter(team_id=team_id).order_by("position", "id")
+
+
+def create_label(name: Any, description: str = "", user=None, *, team_id: int) -> Label:
+    """Add a label to the team ``team_id``'s set (placed last). Raises ``ReviewError`` for a bad or
+    taken name or a description over 200 characters."""
     clean = clean_label_name(name)
     description = str(description or "").strip()
     if len(description) > LABEL_DESCRIPTION_MAX_CHARS:  # cut silently, it would be stored otherwise than typed
         raise ReviewError(
             f"the description has {len(description):,} characters; at most {LABEL_DESCRIPTION_MAX_CHARS}", "description"
         )
-    if Label.objects.filter(name=clean).exists():
+    if labels_of(team_id).filter(name=clean).exists():
         raise ReviewError(f"label {clean!r} exists already", "label")
-    position = (Label.objects.aggregate(m=Max("position"))["m"] or 0) + 1
+    position = (labels_of(team_id).aggregate(m=Max("position"))["m"] or 0) + 1
     try:
         with transaction.atomic():
-            return Label.objects.create(name=clean, description=description, position=position, created_by=user)
+            return Label.objects.create(
+                team_id=team_id, name=clean, description=description, position=position, created_by=user
+            )
     except IntegrityError:  # created meanwhile by someone else
         raise ReviewError(f"label {clean!r} exists already", "label") from None
 
 
 def move_label_up(label: Label) -> None:
-    """Swap ``label`` with the one before it (the first nine answer keys 1–9)."""
-    labels = list(Label.objects.order_by("position", "id"))
+    """Swap ``label`` with the one before it in its team's set (the first nine answer keys 1–9)."""
+    labels = list(labels_of(label.team_id))
     i = next((n for n, lab in enumerate(labels) if lab.pk == label.pk), 0)
     if i == 0:
         return
@@ -98,20 +114,24 @@ def move_label_up(label: Label) -> None:
                 Label.objects.filter(pk=lab.pk).update(position=position)
 
 
-def find_label(name: Any) -> Label:
-    """The label called ``name``; ``ReviewError`` when there is none (also for a name no label can
-    have, such as one with a NUL, which PostgreSQL would refuse to look up)."""
+def find_label(name: Any, *, team_id: int) -> Label:
+    """The label called ``name`` in the team ``team_id``'s set; ``ReviewError`` when there is none
+    (also for a name no label can have, such as one with a NUL, which PostgreSQL would refuse to
+    look up). Another team's label of that name is not found."""
     text = str(name or "").strip().lower()
     if not LABEL_NAME.fullmatch(text):
         raise ReviewError(f"no label {str(name)[:60]!r}: label names are 1–40 of a-z 0-9 . _ -", "label")
     try:
-        return Label.objects.get(name=text)
+        return labels_of(team_id).get(name=text)
     except Label.DoesNotExist:
         raise ReviewError(f"no label {str(name)[:60]!r} (add it on the Labels page first)", "label") from None
 
 
 def set_label(rollout: Rollout, label: Label, on: bool, user=None) -> bool:
-    """Put ``label`` on ``rollout`` (``on``) or take it off. Returns True when something changed."""
+    """Put ``label`` on ``rollout`` (``on``) or take it off. Returns True when something changed.
+    Raises ``ReviewError`` for a label of another team than the rollout's run."""
+    if label.team_id != Run.objects.filter(pk=rollout.run_id).values_list("team_id", flat=True).first():
+        raise ReviewError(f"no label {label.name!r} in this run's team", "label")
     if not on:
         return RolloutLabel.objects.filter(rollout=rollout, label=label).delete()[0] > 0
     try:
@@ -224,7 +244,7 @@ def review_state(rollout: Rollout) -> ReviewState:
     """Three small queries: the labels (each with this rollout's use of it: who, when), its notes,
     its corrections."""
     uses = RolloutLabel.objects.filter(rollout=rollout, label=OuterRef("pk"))
-    rows = Label.objects.order_by("position", "id").annotate(
+    rows = labels_of(rollout.run.team_id).annotate(
         use_at=Subquery(uses.values("created")[:1]),
         use_by=Subquery(uses.values("created_by__username")[:1]),
         used=Exists(uses),
@@ -263,3 +283,9 @@ def attach_to_rows(rollouts: Iterable[Rollout]) -> None:
         Note.objects.filter(rollout_id__in=list(rows)).values_list("rollout_id").annotate(n=Count("id")).order_by()
     ):
         rows[rollout_id].review_note_count = n
+
+
+def on_team_saved(sender, instance, created, raw=False, **_kwargs) -> None:
+    """``post_save`` of ``Team``: a new team starts with the default label set."""
+    if created and not raw:
+        ensure_default_labels(instance)

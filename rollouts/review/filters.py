@@ -47,8 +47,11 @@ class ReviewFilterFields(forms.Form):
     corrected = forms.ChoiceField(label="corrected reward", choices=YES_NO, required=False)
     reward_source = forms.ChoiceField(label="reward bounds and sort read", choices=REWARD_SOURCES, required=False)
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, team_id: int | None = None, **kwargs: Any):
+        """``team_id``: the team of the run whose rollouts are filtered; its label set is offered
+        (None: no label is offered, a typed label name is still accepted)."""
         super().__init__(*args, **kwargs)
+        self._team_id = team_id
         self._label_names: list[str] | None = None
         data = self.data or {}
         for field, first in (("label", [("", "any label"), (NO_LABEL, "(no label)")]), ("not_label", [("", "—")])):
@@ -60,7 +63,11 @@ class ReviewFilterFields(forms.Form):
     def _label_choices(self, first: list, wanted: Any):
         def choices() -> list:
             if self._label_names is None:
-                self._label_names = list(Label.objects.order_by("position", "id").values_list("name", flat=True))
+                self._label_names = list(
+                    Label.objects.filter(team_id=self._team_id)
+                    .order_by("position", "id")
+                    .values_list("name", flat=True)
+                )
             out = first + [(n, n) for n in self._label_names]
             # A permalink to a label since removed: an empty result. A value no label could ever
             # have (a NUL, spaces, 500 characters) stays an invalid choice, reported on the field:

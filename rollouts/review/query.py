@@ -311,5 +311,5 @@ def filtered_rollouts(run, data, kinds: list[str] | None = None) -> tuple[QueryS
     """A run's rollouts filtered and sorted by querystring ``data`` (a QueryDict or dict), and the
     form that read it. Other pages (a rollout's prev/next) can call this with the querystring
     that the run page put on their link."""
-    form = RolloutFilterForm(data, kinds=kinds)
+    form = RolloutFilterForm(data, kinds=kinds, team_id=run.team_id)
     return form.apply(runs.without_superseded(Rollout.objects.filter(run=run))), form

@@ -2,9 +2,9 @@
 
 ``run_for``: the run of a page or an API route, if the user may see it: a run of one of their teams
 (``rollouts.teams``; a superuser sees every run), else 404, never 403, so a run of another team is
-not revealed. ``queue_for``: a review queue by the same rule. ``runs_for``/``datasets_for``/
-``queues_for``: the lists a user sees (runs list, pickers, the API's lists). One place for that
-rule. ``launch_from_form``: the new-run form's (and
+not revealed. ``queue_for``/``label_for``: a review queue or label by the same rule. ``runs_for``/
+``datasets_for``/``queues_for``/``labels_for``: the lists a user sees (runs list, pickers, the API's lists). One
+place for that rule. ``launch_from_form``: the new-run form's (and
 ``POST /api/v1/runs``'s) dataset and run stored and launched, all or nothing.
 """
 
@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404
 
 from rollouts import teams
 from rollouts.collection import runs
-from rollouts.models import Dataset, ReviewQueue, Rollout, Run
+from rollouts.models import Dataset, Label, ReviewQueue, Rollout, Run
 from rollouts.web.forms import RunForm
 
 
@@ -62,6 +62,16 @@ def queue_for(request, queue_id: int) -> ReviewQueue:
     """The review queue, if ``request.user`` may see it (a queue of one of their teams); 404
     otherwise, as for a queue that does not exist. Its team comes with it."""
     return get_object_or_404(queues_for(request.user).select_related("team", "created_by"), pk=queue_id)
+
+
+def labels_for(user):
+    """The review labels ``user`` may see and use (a queryset; ``rollouts.teams.visible_labels``)."""
+    return teams.visible_labels(user)
+
+
+def label_for(request, label_id: int) -> Label:
+    """The label, if it is in one of ``request.user``'s teams' sets; 404 otherwise."""
+    return get_object_or_404(labels_for(request.user), pk=label_id)
 
 
 def launch_from_form(form: RunForm, user) -> tuple[Run, bool]:

@@ -24,13 +24,13 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from rollouts import tokens
-from rollouts.models import ApiToken, Label, Note, Rollout, Run
+from rollouts import teams, tokens
+from rollouts.models import ApiToken, Note, Rollout, Run, Team
 from rollouts.review import actions, curated, progress, queues, rubric, selection, sft
 from rollouts.review.actions import ReviewError
 from rollouts.review.corrected_summary import review_counts, reward_aggregates
 from rollouts.review.query import export_filename, filter_problem, filtered_rollouts
-from rollouts.web.access import datasets_for, queues_for, run_for
+from rollouts.web.access import datasets_for, label_for, labels_for, queues_for, run_for
 from rollouts.web.forms import RunForm
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.navigation import neighbours
@@ -192,7 +192,7 @@ def rollout_label(request, run_id, rollout_id):
     ``label``: in review mode the form also carries the list's filter, which may have a ``label``.)"""
     rollout = _rollout_for(request, run_id, rollout_id)
     try:
-        label = actions.find_label(request.POST.get("label_name"))
+        label = actions.find_label(request.POST.get("label_name"), team_id=rollout.run.team_id)
         on = request.POST.get("on")
         if on in ("0", "1"):
             actions.set_label(rollout, label, on == "1", request.user)
@@ -335,11 +335,17 @@ def review_reset(request, run_id):
 # -- labels page -----------------------------------------------------------------------------------
 @login_required
 def labels_page(request):
-    """Every label with how many rollouts carry it; add one; move one up (keys 1–9 go to the first nine)."""
+    """The label set of each of the user's teams, with how many rollouts carry each label; add one
+    (to the chosen team's set, the ``team`` field, when the user has several); move one up (keys
+    1–9 go to the first nine)."""
     error = ""
+    my_teams = list(teams.choosable_teams(request.user))
     if request.method == "POST":
         try:
-            label = actions.create_label(request.POST.get("name"), request.POST.get("description", ""), request.user)
+            team_id = _label_team(request.POST.get("team"), my_teams)
+            label = actions.create_label(
+                request.POST.get("name"), request.POST.get("description", ""), request.user, team_id=team_id
+            )
         except ReviewError as exc:
             error = str(exc)
         else:
@@ -349,11 +355,14 @@ def labels_page(request):
 
 
 def _labels_response(request, **extra):
-    labels = list(Label.objects.annotate(n=Count("uses")).order_by("position", "id"))
+    my_teams = list(teams.choosable_teams(request.user))
+    labels = list(labels_for(request.user).annotate(n=Count("uses")).order_by("team_id", "position", "id"))
+    sets = [{"team": t, "labels": [lab for lab in labels if lab.team_id == t.pk]} for t in my_teams]
     in_force = rubric.current()
     definition = rubric.definition_of(in_force)
     context = {
-        "labels": labels,
+        "sets": sets,
+        "teams": my_teams,
         "error": "",
         "name": "",
         "keyed": actions.KEYED_LABELS,
@@ -385,10 +394,23 @@ def label_rubric(request):
     return redirect("labels")
 
 
+def _label_team(value, my_teams: list[Team]) -> int:
+    """The team a new label goes to: the ``team`` field (one of ``my_teams``), or the only (first)
+    of ``my_teams``. ``ReviewError`` for a team the user is not in, or none."""
+    if value:
+        for t in my_teams:
+            if str(t.pk) == str(value).strip():
+                return t.pk
+        raise ReviewError(f"team {str(value)[:40]!r}: not one of your teams", "team")
+    if not my_teams:
+        raise ReviewError("you are in no team: an admin adds you to one first", "team")
+    return my_teams[0].pk
+
+
 @login_required
 @require_POST
 def label_up(request, label_id):
-    actions.move_label_up(get_object_or_404(Label, pk=label_id))
+    actions.move_label_up(label_for(request, label_id))
     return redirect("labels")
 
 

@@ -91,32 +91,64 @@ def runs_list(request):
 
 # -- new run -----------------------------------------------------------------------------------------
 def upload_job(task, progress) -> background.Done:
-    """The background task of a new run from an uploaded dataset: the new-run form checked again
-    with the kept file (the dataset read there, refused past the key limit while read), then
-    ``launch_from_form``; a refusal lists the form's errors."""
+    """The background task of a new run from an uploaded dataset, in bounded memory
+    (``rollouts.collection.streamed_upload``): the new-run form's other fields checked again, the
+    kept file read once to validate it (refused past the key limit while read, before anything is
+    stored), then read again into the dataset, tasks and rollouts in short transactions, and the
+    run launched. A refusal lists the form's errors."""
+    from pathlib import Path
+
     from django.core.files import File
     from django.utils.datastructures import MultiValueDict
 
+    from rollouts.collection import streamed_upload
+    from rollouts.collection.datasets import DatasetError
+    from rollouts.collection.runs import RunTooLarge
+
     kept = task.params["files"][0]
+    path = Path(kept["path"])
     progress(None, f"Reading {kept['name']}…", force=True)
-    with open(kept["path"], "rb") as fh:
+    with path.open("rb") as fh:
         form = RunForm(
             MultiValueDict(task.params["post"]),
             MultiValueDict({"dataset_file": [File(fh, kept["name"])]}),
+            defer_dataset=True,
             user=task.user,
         )
         if not form.is_valid():
-            errors = [
-                f"{form.fields[field].label}: {e}" if field in form.fields else e
-                for field, es in form.errors.items()
-                for e in es
-            ]
-            raise background.TaskFailed(" ".join(errors))
-        progress(0.5, "Storing the dataset and launching the run…", force=True)
-        run, reused = launch_from_form(form, task.user)
+            raise background.TaskFailed(_form_errors(form))
+    source, line_limit = form.dataset_name(), int(settings.GYMWEB_MAX_LINE_BYTES)
+    try:
+        found = streamed_upload.scan(path, source, int(settings.GYMWEB_MAX_KEYS_PER_RUN), line_limit, progress)
+        run, reused = streamed_upload.store_and_create_run(
+            path,
+            source,
+            found,
+            dataset_name=source,
+            run_name=form.cleaned_data["name"] or source,
+            user=task.user,
+            team=form.cleaned_data.get("team"),
+            max_line_bytes=line_limit,
+            progress=progress,
+            **form.run_options(),
+        )
+    except DatasetError as exc:
+        raise background.TaskFailed(f"{form.fields['dataset_file'].label}: {exc}") from None
+    except RunTooLarge as exc:
+        message = str(exc).replace("--limit/num_repeats", "the limit or num repeats")
+        raise background.TaskFailed(f"{form.fields['num_repeats'].label}: {message}") from None
+    runs.launch(run)
     note = f" The file was uploaded before: dataset #{run.dataset_id} reused." if reused else ""
     return background.Done(
         f"Run “{run.name}” started: {run.num_keys} rollouts.{note}", url=reverse("run", args=[run.pk])
+    )
+
+
+def _form_errors(form) -> str:
+    return " ".join(
+        f"{form.fields[field].label}: {e}" if field in form.fields else e
+        for field, es in form.errors.items()
+        for e in es
     )
 
 

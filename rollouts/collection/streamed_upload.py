@@ -1,0 +1,187 @@
+"""A dataset file stored and materialised into a run in bounded memory, in short transactions.
+
+The background task of an upload (``rollouts.web.views.upload_job``) reads the kept file twice:
+``scan`` validates every row and counts them, refusing a file over the key limit at the first row
+past it, before anything is stored; ``store_and_create_run`` then reads it again and writes the
+dataset rows, tasks and pending rollouts ``BULK`` rows per transaction, so SQLite's write lock is
+never held for long and no list of every row is ever held. The run stays ``queued`` (no worker
+takes it) until its last batch is in; if anything fails, what was stored is deleted.
+
+The run's keys are NeMo Gym's (``rollouts.collection.datasets.materialize``): identical lines share
+a task, rows carrying ``_ng_task_index`` keep it, each row adds ``num_repeats`` rollouts to its task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from rollouts.collection.datasets import DatasetError, iter_rows, merge_overrides, strip_result_fields, too_many_rows
+from rollouts.collection.runs import BULK, _dumps, check_size, earlier_upload
+from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
+from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+from rollouts.teams import team_for_new
+
+
+@dataclass
+class Scan:
+    """What the first reading of a file found: its row count, SHA-256 (of the lines as read, as
+    ``read_jsonl``'s), the result fields it strips and the task indices rows carry themselves."""
+
+    num_rows: int = 0
+    sha256: str = ""
+    stripped_fields: set[str] = field(default_factory=set)
+    explicit: dict[int, int] = field(default_factory=dict)  # a task index rows carry → its first row (1-based)
+
+
+def scan(path: Path, source: str, max_rows: int, max_line_bytes: int, progress=None) -> Scan:
+    """Read and validate every row of the JSONL file at ``path``, one at a time. Raises
+    ``DatasetError`` for the first bad line, for an empty file, or at row ``max_rows + 1``."""
+    found = Scan()
+    digest = hashlib.sha256()
+    size = max(path.stat().st_size, 1)
+    with path.open("rb") as fh:
+        for number, _text, row in iter_rows(fh, source, digest, max_line_bytes):
+            found.num_rows += 1
+            if found.num_rows > max_rows:
+                raise too_many_rows(max_rows, number, source)
+            found.stripped_fields.update(strip_result_fields(row))
+            if TASK_INDEX_KEY_NAME in row:
+                found.explicit.setdefault(row[TASK_INDEX_KEY_NAME], found.num_rows)
+            if progress is not None and found.num_rows % BULK == 0:
+                progress(0.5 * fh.tell() / size, f"Read {found.num_rows:,} rows…")
+    if not found.num_rows:
+        raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source)
+    found.sha256 = digest.hexdigest()
+    return found
+
+
+def _materialized(row: dict[str, Any], task_index: int, agent_name: str, overrides: dict | None) -> dict[str, Any]:
+    """A task's row as ``materialize`` makes it (same keys, same order)."""
+    out = {k: v for k, v in row.items() if k not in (TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME)}
+    out["responses_create_params"] = merge_overrides(row["responses_create_params"], overrides)
+    out["agent_ref"] = row.get("agent_ref") or {"name": agent_name}
+    if "agent_ref" in row:
+        out = {**{k: v for k, v in out.items() if k != "agent_ref"}, "agent_ref": out["agent_ref"]}
+    out[TASK_INDEX_KEY_NAME] = task_index
+    return out
+
+
+def store_and_create_run(
+    path: Path,
+    source: str,
+    found: Scan,
+    *,
+    dataset_name: str,
+    run_name: str,
+    user=None,
+    team=None,
+    max_line_bytes: int,
+    progress=None,
+    **options: Any,
+) -> tuple[Run, bool]:
+    """Store the file at ``path`` (already ``scan``ned: ``found``) as a new dataset, unless the
+    user uploaded the same file before (``runs.earlier_upload``: that one is reused), and a queued
+    run over it with ``options`` (``Run`` fields, as ``runs.create_run``). Returns ``(run,
+    reused)``. Raises ``RunTooLarge`` before storing anything; on any other failure deletes what it
+    stored and re-raises."""
+    team_id = team.pk if team is not None else team_for_new(user)
+    run = Run(name=run_name[:200], created_by=user, team_id=team_id, **options)
+    limit = run.limit or found.num_rows
+    check_size(found.num_rows, run.num_repeats, run.limit)
+    reuse = earlier_upload(found.sha256, dataset_name, found.num_rows, user, team_id)
+    made_dataset = reuse is None
+    with transaction.atomic():
+        dataset = reuse or Dataset.objects.create(
+            name=dataset_name[:200],
+            source_name=dataset_name[:200],
+            created_by=user,
+            num_rows=found.num_rows,
+            sha256=found.sha256,
+            team_id=team_id,
+        )
+        run.dataset = dataset
+        run.num_keys = min(found.num_rows, limit) * run.num_repeats
+        run.save()
+    try:
+        _write(path, source, found, run, dataset if made_dataset else None, limit, max_line_bytes, progress)
+    except BaseException:
+        with transaction.atomic():
+            Run.objects.filter(pk=run.pk).delete()
+            if made_dataset:
+                Dataset.objects.filter(pk=dataset.pk).delete()
+        raise
+    return run, not made_dataset
+
+
+def _write(path, source, found: Scan, run: Run, dataset, limit: int, max_line_bytes: int, progress) -> None:
+    """The second reading: dataset rows (when ``dataset`` is given), tasks and rollouts, ``BULK``
+    rows per transaction."""
+    overrides = run.overrides or None
+    explicit = {index for index, first in found.explicit.items() if first <= limit}  # as materialize: within the limit
+    by_text: dict[bytes, int] = {}  # a line's SHA-1 → its task: identical lines share one
+    task_ids: dict[int, int] = {}  # task index → Task id
+    rollouts_of: dict[int, int] = {}  # task index → rollouts so far
+    next_index, read = 0, 0
+    size = max(path.stat().st_size, 1)
+
+    def flush(batch: list[tuple[int, str, dict]], batch_all: list[tuple[int, str, dict]]) -> None:
+        """``batch_all``: the rows read (stored in the dataset); ``batch``: those within the limit."""
+        nonlocal next_index
+        new_tasks: list[Task] = []
+        keys: list[tuple[int, int]] = []
+        for _number, text, row in batch:
+            if TASK_INDEX_KEY_NAME in row:
+                task_index = row[TASK_INDEX_KEY_NAME]
+            else:
+                digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
+                if digest not in by_text:
+                    while next_index in explicit:
+                        next_index += 1
+                    by_text[digest] = next_index
+                    next_index += 1
+                task_index = by_text[digest]
+            if task_index not in rollouts_of:
+                rollouts_of[task_index] = 0
+                materialized = _materialized(row, task_index, run.agent_name, overrides)
+                new_tasks.append(Task(run=run, task_index=task_index, row_json=_dumps(materialized)))
+            for _ in range(run.num_repeats):
+                keys.append((task_index, rollouts_of[task_index]))
+                rollouts_of[task_index] += 1
+        with transaction.atomic():
+            if dataset is not None:
+                DatasetRow.objects.bulk_create(
+                    [DatasetRow(dataset=dataset, line=n, data_json=_dumps(r)) for n, _t, r in batch_all]
+                )
+            made = Task.objects.bulk_create(new_tasks)
+            if any(t.pk is None for t in made):  # backends that do not return ids from bulk_create
+                wanted = [t.task_index for t in made]
+                task_ids.update(Task.objects.filter(run=run, task_index__in=wanted).values_list("task_index", "id"))
+            else:
+                task_ids.update((t.task_index, t.pk) for t in made)
+            Rollout.objects.bulk_create(
+                [Rollout(run=run, task_id=task_ids[t], task_index=t, rollout_index=r, attempt=1) for t, r in keys]
+            )
+
+    with path.open("rb") as fh:
+        batch: list[tuple[int, str, dict]] = []
+        batch_all: list[tuple[int, str, dict]] = []
+        for number, text, row in iter_rows(fh, source, None, max_line_bytes):
+            strip_result_fields(row)
+            read += 1
+            batch_all.append((number, text, row))
+            if read <= limit:
+                batch.append((number, text, row))
+            if len(batch_all) >= BULK:
+                flush(batch, batch_all)
+                batch, batch_all = [], []
+                if progress is not None:
+                    progress(0.5 + 0.5 * fh.tell() / size, f"Stored {read:,} of {found.num_rows:,} rows…")
+        if batch_all:
+            flush(batch, batch_all)
+    Run.objects.filter(pk=run.pk).update(num_tasks=len(rollouts_of))
+    run.num_tasks = len(rollouts_of)
