@@ -73,3 +73,35 @@ def test_items_pair_by_type_and_name_in_order():
     b = [{"type": "reasoning"}, {"type": "message", "role": "assistant"}, {"type": "function_call", "name": "bash"}]
     assert pair_items(a, b) == [(None, 0), (0, 2), (1, 1)]
     assert pair_items(a, a[:1]) == [(0, 0), (1, None)]
+
+
+def test_a_word_that_differs_is_marked_within_its_line_and_escaped(signed_in, shared_data, tmp_path):
+    row = json.loads((shared_data / "mini_swe_agent_2" / "example_rollouts.jsonl").read_text().splitlines()[0])
+    a = _write(tmp_path, "a", row)
+    message = [o for o in row["response"]["output"] if o.get("type") == "message"][-1]
+    text = message["content"][0]["text"]
+    assert "the patch file shows the change correctly" in text
+    message["content"][0]["text"] = text.replace(
+        "the patch file shows the change correctly", "the patch file shows the change <b>wrongly</b>", 1
+    )
+    b = _write(tmp_path, "b", row)
+    html, side = _side(signed_in, a, b, row["_ng_task_index"])
+    assert_inert(html)
+    divergence = side[side.index('id="first-divergence"') :]
+    diff = divergence[divergence.index('class="aligned-diffs"') :]
+    # the line is shown on both sides of the diff, only the differing words marked
+    assert '<span class="w-d">correctly</span>' in diff
+    assert '<span class="w-a">&lt;b&gt;wrongly&lt;/b&gt;</span>' in diff
+    assert "the patch file shows the change " in diff and "<b>wrongly" not in html
+
+
+def test_word_marks_are_left_out_for_rewritten_or_very_long_lines():
+    from rollouts.web.diffs import WORD_LINE_MAX_CHARS, mark_words
+
+    assert mark_words("one two three", "one two four") == (
+        'one two <span class="w-d">three</span>',
+        'one two <span class="w-a">four</span>',
+    )
+    assert mark_words("completely different words", "nothing alike at all here") is None
+    long = "word " * WORD_LINE_MAX_CHARS
+    assert mark_words(long, long + "x") is None

@@ -6,7 +6,8 @@ named ``bash`` of A faces the n-th of B; an item without a partner faces nothing
 **identical** when their canonical JSON is the same: keys sorted, and the keys that name one run's
 objects (``id``, ``call_id``) left out. A row whose items are all identical (same count, every pair
 identical) is shown once, folded; a differing row shows both sides and a line diff of each
-differing pair. The first differing row is the **first divergence**.
+differing pair, with the differing words of a changed line marked (``diffs.mark_words``). The first
+differing row is the **first divergence**.
 
 Pure functions over payloads and the trajectory page's view models; no database. Diffs are built
 by ``diffs.diff_html`` (every line escaped) and sanitised here (``sanitiser.sanitise``).
@@ -104,7 +105,8 @@ def _text(payload: Any) -> str:
 
 
 def diff_of(a: Any, b: Any, label: str = "") -> SafeString:
-    """A line diff of two items (``---`` A, ``+++`` B) as sanitised markup."""
+    """A line diff of two items (``---`` A, ``+++`` B), the differing words of each changed line
+    marked, as sanitised markup."""
     try:
         ta, tb = _text(a)[:DIFF_TEXT_MAX_CHARS], _text(b)[:DIFF_TEXT_MAX_CHARS]
     except RecursionError:
@@ -114,7 +116,7 @@ def diff_of(a: Any, b: Any, label: str = "") -> SafeString:
     if len(lines) > DIFF_MAX_LINES:
         note = f"{len(lines) - DIFF_MAX_LINES:,} more diff lines not shown"
         lines = lines[:DIFF_MAX_LINES]
-    return sanitise(diff_html("\n".join(lines), note))
+    return sanitise(diff_html("\n".join(lines), note, words=True))
 
 
 def _row(kind: str, title: str, a: dict | None, b: dict | None, pa: list[Any], pb: list[Any]) -> dict[str, Any]:

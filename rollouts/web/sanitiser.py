@@ -88,6 +88,8 @@ _CLASSES = {
         "d-d",
         "d-h",
         "d-f",
+        "w-a",
+        "w-d",
         "md-img",
         "think-len",
         "code-lang",
