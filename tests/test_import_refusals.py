@@ -61,9 +61,7 @@ def test_the_import_page_offers_a_new_run_from_a_dataset_file(signed_in, shared_
 
 def test_the_import_command_says_a_dataset_file_is_one_and_how_to_run_it(shared_data):
     path = shared_data / "workplace_assistant" / "example.jsonl"
-    with pytest.raises(
-        CommandError, match=r"this is a dataset, not rollouts.*manage\.py collect --input .*example\.jsonl"
-    ):
+    with pytest.raises(CommandError, match=r"this is a dataset, not rollouts.*gymweb collect --input .*example\.jsonl"):
         call_command("import_rollouts", str(path))
     assert _nothing_stored()
 

@@ -45,7 +45,7 @@ def test_a_failed_rollouts_review_panel_offers_no_correction_and_says_why(signed
     html = _rollout_page(signed_in, key(run, 1))
     panel = html[html.index('<section id="review-panel"') :]
     panel = panel[: panel.index("</section>")]
-    assert "— not verified" in panel and "env <strong id=\"env-reward\">0.0" not in panel
+    assert "— not verified" in panel and 'env <strong id="env-reward">0.0' not in panel
     assert "no reward to correct" in panel and "correct the reward…" not in panel
 
 
