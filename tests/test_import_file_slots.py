@@ -69,7 +69,8 @@ def test_the_materialised_inputs_in_the_failures_slot_are_sent_to_their_own_slot
     assert response.status_code == 400
     error = response.context["form"].errors["failures"][0]
     assert error.startswith(
-        "rollouts_materialized_inputs.jsonl, line 1: this row looks like one of NeMo Gym's rollouts_materialized_inputs.jsonl"
+        "rollouts_materialized_inputs.jsonl, line 1: "
+        "this row looks like one of NeMo Gym's rollouts_materialized_inputs.jsonl"
     )
     assert error.endswith("Nothing was imported: give it in the materialised inputs field (--materialized-inputs)")
     assert "swap" not in error and "looks like a rollouts.jsonl" not in error

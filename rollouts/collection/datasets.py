@@ -193,8 +193,8 @@ def iter_rows(
     validate: Callable[[Any, int, str], dict[str, Any]] | None = None,
 ) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """``(line number, line text, row)`` for every non-blank line of a JSONL stream, each row strict
-    JSON (``contract.strict_loads``) and valid (``validate``, default ``validate_row``). ``digest`` (a hashlib object), if
-    given, is fed every line as read. Lines are read by ``iter_lines`` (linear time, at most
+    JSON (``contract.strict_loads``) and valid (``validate``, default ``validate_row``). ``digest``
+    (a hashlib object), if given, is fed every line as read. Lines are read by ``iter_lines`` (linear time, at most
     ``max_line_bytes`` per line). Raises ``DatasetError`` naming the first bad or too long line."""
     for number, raw in iter_lines(stream, source, max_line_bytes):
         if number == 1 and raw[:2] in (b"\x1f\x8b", "\x1f\x8b"):

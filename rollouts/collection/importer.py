@@ -68,12 +68,12 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields, validate_row
-from rollouts.nemo import file_shapes
 from rollouts.collection.export import failure_row, materialized_row, row_line, success_row
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.contract import Usage
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
+from rollouts.nemo import file_shapes
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.teams import team_for_new
 
@@ -388,6 +388,8 @@ class _Importer:
         rollout_index = row.get(ROLLOUT_INDEX_KEY_NAME, 0)
         key = (task_index, rollout_index)
 
+        if not sidecar and self.first_main_shape is None:
+            self.first_main_shape = file_shapes.shape_of_row(row)
         self._check_slot(row, line, source, sidecar)
         failed = sidecar
         has_reward, reward, response, output = _result_fields(row, line, source, failed)
@@ -766,9 +768,6 @@ def _import_shards(
                 ):
                     agent_name = row["agent_ref"]["name"]
                 if not sidecar:
-                    shape = file_shapes.shape_of_row(row)
-                    if importer.first_main_shape is None:
-                        importer.first_main_shape = shape
                     main_rows += 1
                     main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
                 try:
