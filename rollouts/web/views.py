@@ -52,7 +52,7 @@ ROLLOUTS_PER_PAGE = 50
 EXPORT_KINDS = {
     "rollouts": "successes: the env's /verify replies plus indices and agent_ref (NeMo Gym's rollouts.jsonl)",
     "rollouts_failures": "one row per failed attempt (NeMo Gym's failures sidecar)",
-    "rollouts_materialized_inputs": "the materialised input row of every key",
+    "rollouts_materialized_inputs": "the materialised input row of every rollout",
 }
 
 
