@@ -91,4 +91,4 @@ def reward_text(rollout: Any, digits: Any = None) -> str:
         kind = getattr(rollout, "failure_kind", "")
         title = _VERIFY_FAILED_TITLE if kind == "verify_failed" else _NOT_VERIFIED_TITLE
         return format_html('<span class="muted not-verified" title="{}">— not verified</span>', title)
-    return format_html('<span class="muted">—</span>')
+    return format_html('<span class="muted">{}</span>', "—")
