@@ -24,7 +24,7 @@ pytestmark = [
         not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
     ),
     pytest.mark.slow,
-    pytest.mark.timeout(300),
+    pytest.mark.timeout(480),
 ]
 
 
@@ -55,7 +55,8 @@ def test_the_demo_run_is_seen_happening_and_ends_with_its_failures_named(
     # The demo's tasks and agent; two at a time so the run lasts several rounds of calls.
     run = _run("demo", demo_agent_url, counter_env_url, DEMO_TASKS, max_steps=8, concurrency=2)
     total = Rollout.objects.filter(run=run).count()
-    last = Rollout.objects.filter(run=run).order_by("-task_index").first()  # started in the last round
+    # Task 4 succeeds in several calls and starts in the third round of two: there is time to open it.
+    last = Rollout.objects.get(run=run, task_index=4)
     page = _page(browser, live_server, django_user_model)
     page.goto(f"{live_server.url}/runs/{run.pk}/")
     rollout_page = page.context.new_page()
@@ -71,10 +72,10 @@ def test_the_demo_run_is_seen_happening_and_ends_with_its_failures_named(
     assert f"/ {total} done" in page.inner_text("#run-live")
 
     # The last task's page: its steps appear while it runs, then it ends with its verdict.
-    expect(rollout_page.locator(".traj-summary .badge.running")).to_be_visible(timeout=120_000)
+    expect(rollout_page.locator(".traj-summary .badge.running")).to_be_visible(timeout=180_000)
     expect(rollout_page.locator("#count-calls")).not_to_have_text("0", timeout=60_000)
     status = rollout_page.locator(".traj-summary .traj-status .badge").first
-    expect(status).to_have_class(re.compile(r"\b(succeeded|failed)\b"), timeout=120_000)
+    expect(status).to_have_class(re.compile(r"\bsucceeded\b"), timeout=120_000)
     expect(rollout_page.locator("#traj-reward")).to_be_visible()
 
     # The end: named for what happened, still the same document.
