@@ -183,9 +183,9 @@ def test_after_every_key_succeeded_resume_says_nothing_is_left(
     capsys.readouterr()
     call_command("collect", *_args(counter_agent_url, counter_env_url, counter_tasks_path, out, "--resume"))
     printed = capsys.readouterr().out
-    assert "0 key(s) get a new attempt" in printed
-    assert "every key succeeded: nothing is left to retry" in printed
-    assert "--resume" not in printed.split("every key succeeded")[1]
+    assert "0 rollout(s) get a new attempt" in printed
+    assert "every rollout succeeded: nothing is left to retry" in printed
+    assert "--resume" not in printed.split("every rollout succeeded")[1]
 
 
 def test_terminal_failures_are_named_as_never_retried(
@@ -199,9 +199,11 @@ def test_terminal_failures_are_named_as_never_retried(
     )
     printed = capsys.readouterr().out
     for text in (first, printed):
-        assert "left: 2 key(s) failed terminally (an invalid Responses object): never retried, fix the agent" in text
-        assert "retry failed keys" not in text and "plus --resume" not in text
-    assert "0 key(s) get a new attempt" in printed
+        assert (
+            "left: 2 rollout(s) failed terminally (an invalid Responses object): never retried, fix the agent" in text
+        )
+        assert "retry failed rollouts" not in text and "plus --resume" not in text
+    assert "0 rollout(s) get a new attempt" in printed
 
 
 def test_keys_out_of_attempts_say_how_to_retry_them(tmp_path, capsys, counter_env_url, counter_tasks_path):
@@ -209,11 +211,14 @@ def test_keys_out_of_attempts_say_how_to_retry_them(tmp_path, capsys, counter_en
     args = _args("http://127.0.0.1:9", counter_env_url, counter_tasks_path, out, "--limit", "2", "--max-attempts", "2")
     call_command("collect", *args)
     assert (
-        "left: 2 key(s) without a success can be retried: run the same command plus --resume" in capsys.readouterr().out
+        "left: 2 rollout(s) without a success can be retried: run the same command plus --resume"
+        in capsys.readouterr().out
     )
     call_command("collect", *args, "--resume")
-    assert "2 key(s) get a new attempt" in capsys.readouterr().out.split("\n")[0]
+    assert "2 rollout(s) get a new attempt" in capsys.readouterr().out.split("\n")[0]
     call_command("collect", *args, "--resume")
     printed = capsys.readouterr().out
-    assert "0 key(s) get a new attempt" in printed
-    assert "left: 2 key(s) used all 2 attempt(s): --resume retries them only with a higher --max-attempts" in printed
+    assert "0 rollout(s) get a new attempt" in printed
+    assert (
+        "left: 2 rollout(s) used all 2 attempt(s): --resume retries them only with a higher --max-attempts" in printed
+    )

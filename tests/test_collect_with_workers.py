@@ -131,7 +131,7 @@ def test_collect_waits_for_the_rollouts_a_worker_runs_and_writes_the_whole_run(
     assert all(r["reward"] == 1.0 for r in rows)
     assert _read(out.parent / "rollouts_failures.jsonl") == []
     assert len(_read(out.parent / "rollouts_materialized_inputs.jsonl")) == 6
-    assert "6 succeeded" in summary and "every key succeeded" in summary
+    assert "6 succeeded" in summary and "every rollout succeeded" in summary
     # The worker's successes are in the file: it ran part of the run.
     workers_of_successes = Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).values_list(
         "worker", flat=True

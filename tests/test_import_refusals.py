@@ -61,9 +61,7 @@ def test_the_import_page_offers_a_new_run_from_a_dataset_file(signed_in, shared_
 
 def test_the_import_command_says_a_dataset_file_is_one_and_how_to_run_it(shared_data):
     path = shared_data / "workplace_assistant" / "example.jsonl"
-    with pytest.raises(
-        CommandError, match=r"this is a dataset, not rollouts.*manage\.py collect --input .*example\.jsonl"
-    ):
+    with pytest.raises(CommandError, match=r"this is a dataset, not rollouts.*gymweb collect --input .*example\.jsonl"):
         call_command("import_rollouts", str(path))
     assert _nothing_stored()
 
@@ -159,7 +157,7 @@ def test_an_imported_5_by_4_file_says_5_tasks_times_4(signed_in, shared_data, tm
     assert (run.num_tasks, run.num_repeats, run.num_keys) == (5, 4, 20)
     page = signed_in.get(response["Location"]).content.decode()
     assert '<span id="run-shape">5 tasks × 4</span>' in page
-    assert "<dt>repeats</dt><dd>4</dd>" in page
+    assert "<dt>tasks × repeats</dt><dd>5 × 4 " in page  # what the import counted, not collection settings
 
 
 def test_tasks_with_different_numbers_of_rollouts_say_up_to(signed_in):

@@ -186,7 +186,10 @@ def test_a_materialized_inputs_file_is_recognised_as_a_dataset(shared_data):
     path = shared_data / "collect_outputs" / "mixed" / "rollouts_materialized_inputs.jsonl"
     with (
         path.open("rb") as fh,
-        pytest.raises(LooksLikeDatasetError, match="this is a dataset, not rollouts: its 5 rows"),
+        pytest.raises(
+            LooksLikeDatasetError,
+            match="this is NeMo Gym.s rollouts_materialized_inputs.jsonl, not rollouts: its 5 rows",
+        ),
     ):
         import_rollouts(fh, source=path.name)
     assert Run.objects.count() == 0 and Rollout.objects.count() == 0

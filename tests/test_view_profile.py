@@ -394,7 +394,7 @@ def test_a_run_with_nothing_finished_shows_an_empty_profile(signed_in, db):
     response = signed_in.get(_url(run))
     assert response.status_code == 200
     html = response.content.decode()
-    assert "No task has a finished rollout yet." in html and "No finished key yet." in html
+    assert "No task has a finished rollout yet." in html and "No finished rollout yet." in html
     assert "Asked once the run completes." in html
     for kind in KINDS:
         assert signed_in.get(reverse("run_profile_file", args=[run.pk, kind])).status_code == 200

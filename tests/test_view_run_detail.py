@@ -278,7 +278,7 @@ def test_the_live_part_of_a_final_run_has_no_trigger_so_polling_stops(signed_in,
     Run.objects.filter(pk=mixed_run.pk).update(status=Run.Status.COMPLETED)
     partial = signed_in.get(reverse("run_live", args=[mixed_run.pk]), HTTP_HX_REQUEST="true").content.decode()
     assert "hx-trigger" not in partial.split(">", 1)[0] and "every 2s" not in partial
-    assert 'id="run-status" title="2 of 7 finished keys failed">completed with failures<' in partial
+    assert 'id="run-status" title="2 of 7 finished rollouts failed">completed with failures<' in partial
     assert "every 2s" not in signed_in.get(_url(mixed_run)).content.decode()
 
 

@@ -1,4 +1,4 @@
-"""An example agent service whose "brain" is a command-line model (the seed's Quickstart, on aiohttp).
+"""An example agent service whose "brain" is a command-line model (the README's quickstart, on aiohttp).
 
 `POST /v1/responses`: each call renders the conversation so far and the tool schemas into one
 prompt, runs the brain command with it, reads the command's JSON envelope from stdout

@@ -1,6 +1,6 @@
 """A scripted example agent service: `POST /v1/responses` that solves the counter tasks.
 
-Contract (the seed's "Drive a Remote Agent"): each call receives the task's
+Contract (NeMo Gym's /v1/responses, as docs/DESIGN.md describes it): each call receives the task's
 `responses_create_params` with `input` grown by the agent's own earlier output items and one
 `function_call_output` per executed tool call; each reply is one Responses API object.
 

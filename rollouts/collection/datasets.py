@@ -6,7 +6,7 @@ No Django here. Rules from DESIGN.md, "Datasets, runs and files".
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO, Union
 
@@ -186,11 +186,15 @@ def iter_lines(stream: Lines, source: str = "", max_line_bytes: int | None = Non
 
 
 def iter_rows(
-    stream: Lines, source: str = "", digest: Any = None, max_line_bytes: int | None = None
+    stream: Lines,
+    source: str = "",
+    digest: Any = None,
+    max_line_bytes: int | None = None,
+    validate: Callable[[Any, int, str], dict[str, Any]] | None = None,
 ) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """``(line number, line text, row)`` for every non-blank line of a JSONL stream, each row strict
-    JSON (``contract.strict_loads``) and valid (``validate_row``). ``digest`` (a hashlib object), if
-    given, is fed every line as read. Lines are read by ``iter_lines`` (linear time, at most
+    JSON (``contract.strict_loads``) and valid (``validate``, default ``validate_row``). ``digest``
+    (a hashlib object), if given, is fed every line as read. Lines are read by ``iter_lines`` (linear time, at most
     ``max_line_bytes`` per line). Raises ``DatasetError`` naming the first bad or too long line."""
     for number, raw in iter_lines(stream, source, max_line_bytes):
         if number == 1 and raw[:2] in (b"\x1f\x8b", "\x1f\x8b"):
@@ -215,7 +219,7 @@ def iter_rows(
             row = strict_loads(text, unique_keys=True)
         except NotJSON as exc:
             raise DatasetError(f"not valid JSON ({_json_problem(exc, indent)})", number, source) from None
-        yield number, text, validate_row(row, number, source)
+        yield number, text, (validate or validate_row)(row, number, source)
 
 
 def too_many_rows(limit: int, line: int | None, source: str) -> DatasetError:

@@ -67,12 +67,13 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields
+from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields, validate_row
 from rollouts.collection.export import failure_row, materialized_row, row_line, success_row
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.contract import Usage
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
+from rollouts.nemo import file_shapes
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.teams import team_for_new
 
@@ -112,15 +113,26 @@ class LooksLikeDatasetError(DatasetError):
     """The rollouts file is a dataset (task rows with ``responses_create_params`` and no result in
     any row): nothing is imported; a run can be started from it instead. ``rows`` is its row count."""
 
-    def __init__(self, source: str, rows: int):
-        super().__init__(
-            f"this is a dataset, not rollouts: its {rows:,} row{'' if rows == 1 else 's'} "
-            f"{'have' if rows != 1 else 'has'} 'responses_create_params' but no 'response' or 'reward' "
-            "(a task file or *_materialized_inputs.jsonl). Nothing was imported; start a new run from it instead",
-            None,
-            source,
+    def __init__(self, source: str, rows: int, materialized: bool = False):
+        rows_text = (
+            f"its {rows:,} row{'' if rows == 1 else 's'} {'have' if rows != 1 else 'has'} "
+            "'responses_create_params' but no 'response' or 'reward'"
         )
+        if materialized:
+            message = (
+                f"this is NeMo Gym's rollouts_materialized_inputs.jsonl, not rollouts: {rows_text}, and each has "
+                "'_ng_task_index' and '_ng_rollout_index'. Nothing was imported: give it in "
+                f"{file_shapes.SLOT_PLACES[file_shapes.MATERIALIZED]} beside its rollouts.jsonl "
+                "(or its failures sidecar), or start a new run from it as a dataset"
+            )
+        else:
+            message = (
+                f"this is a dataset, not rollouts: {rows_text} (a task file). Nothing was imported; "
+                "start a new run from it instead"
+            )
+        super().__init__(message, None, source)
         self.rows = rows
+        self.materialized = materialized
 
 
 @dataclass
@@ -141,10 +153,20 @@ def _dumps(obj: Any) -> str:
     return dumps(obj)  # rollouts.lossless: the one JSON text writer for storage and files
 
 
-def _iter_rows(stream: Lines, source: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+def _iter_rows(stream: Lines, source: str, slot: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """``(line number, line text, row)`` for every non-blank line (at most ``GYMWEB_MAX_LINE_BYTES``
-    each); raises ``DatasetError`` on a bad or too long line."""
-    yield from iter_rows(stream, source, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES))
+    each) of the file in ``slot`` (``file_shapes.ROLLOUTS``...); raises ``DatasetError`` on a bad or
+    too long line, ``WrongFileError`` on a row of a file that is no import file (a health check's
+    verdicts, a profile), saying so rather than that it lacks a task's fields."""
+
+    def validate(row: Any, line: int, where: str) -> dict[str, Any]:
+        shape = file_shapes.shape_of_row(row) if isinstance(row, dict) else None
+        if shape is not None and shape.slot is None and shape is not file_shapes.TASK_ROWS:
+            found, advice = file_shapes.wrong_slot_message(row, slot) or ("", "")
+            raise WrongFileError(f"{found} ({_what(row)}). Nothing was imported: {advice}", line, where)
+        return validate_row(row, line, where)
+
+    yield from iter_rows(stream, source, max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES), validate=validate)
 
 
 def infer_steps(output: list[dict[str, Any]]) -> list[int]:
@@ -295,6 +317,7 @@ class _Importer:
         self.pending: list[tuple[Rollout, list[AgentCall], list[TrajectoryItem], int, str]] = []
         self.rollouts_per_task: dict[int, set[int]] = {}
         self.other_slot_kind: dict[bool, bool | None] = {}  # sidecar? -> does its first row have a class
+        self.first_main_shape: file_shapes.FileShape | None = None  # of the rollouts slot's first row
         self.pending_items = 0
         self.summary = ImportSummary(run=run)
         self.task_rows: dict[int, dict[str, Any]] = {}  # task index -> its row, to tell canonical lines
@@ -310,10 +333,12 @@ class _Importer:
     def add_input(self, row: dict[str, Any], text: str, ordinal: int, line: int, source: str) -> None:
         """One row of ``<stem>_materialized_inputs.jsonl``: it decides its task's row (the first row
         seen of a task) and is kept for its key's download."""
-        if any(k in row for k in ("reward", "response", "_ng_failure_class")):
-            raise DatasetError(
-                f"this row has a result ({_what(row)}): the materialised inputs file holds task rows only "
-                "(rollouts_materialized_inputs.jsonl); give result rows as the rollouts or failures file",
+        wrong = file_shapes.wrong_slot_message(row, file_shapes.MATERIALIZED)
+        if wrong is not None and file_shapes.shape_of_row(row) is not file_shapes.TASK_ROWS:
+            found, advice = wrong
+            raise WrongFileError(
+                f"{found} ({_what(row)}); the materialised inputs file holds task rows only "
+                f"(rollouts_materialized_inputs.jsonl). Nothing was imported: {advice}",
                 line,
                 source,
             )
@@ -363,6 +388,8 @@ class _Importer:
         rollout_index = row.get(ROLLOUT_INDEX_KEY_NAME, 0)
         key = (task_index, rollout_index)
 
+        if not sidecar and self.first_main_shape is None:
+            self.first_main_shape = file_shapes.shape_of_row(row)
         self._check_slot(row, line, source, sidecar)
         failed = sidecar
         has_reward, reward, response, output = _result_fields(row, line, source, failed)
@@ -449,6 +476,14 @@ class _Importer:
         has_class = "_ng_failure_class" in row
         if has_class == sidecar:
             return
+        shape = file_shapes.shape_of_row(row)
+        if shape not in (None, file_shapes.SUCCESS_ROWS, file_shapes.FAILURE_ROWS):
+            # Neither slot's kind (materialised inputs, a task file, verdicts, a profile): say what it is
+            # and where it goes, rather than "swap them" or "give it as the rollouts file".
+            found, advice = file_shapes.wrong_slot_message(
+                row, file_shapes.FAILURES if sidecar else file_shapes.ROLLOUTS
+            )
+            raise WrongFileError(f"{found} ({_what(row)}). Nothing was imported: {advice}", line, source)
         other = self.other_slot_kind.get(not sidecar)
         swapped = other is not None and other == sidecar  # the other file holds this slot's rows
         if not sidecar:
@@ -717,7 +752,7 @@ def _import_shards(
         main_rows = main_results = 0
         ordinal = 0
         for lines, src in materialized:
-            for line, text, row in _iter_rows(lines, src):
+            for line, text, row in _iter_rows(lines, src, file_shapes.MATERIALIZED):
                 try:
                     importer.add_input(row, text, ordinal, line, src)
                 except RecursionError:
@@ -725,7 +760,7 @@ def _import_shards(
                 ordinal += 1
         ordinals = {True: 0, False: 0}  # rows without indices: numbered on across files of one kind
         for lines, src, sidecar in inputs:
-            for line, text, row in _iter_rows(lines, src):
+            for line, text, row in _iter_rows(lines, src, file_shapes.FAILURES if sidecar else file_shapes.ROLLOUTS):
                 if (
                     agent_name is None
                     and isinstance(row.get("agent_ref"), dict)
@@ -742,7 +777,9 @@ def _import_shards(
                 ordinals[sidecar] += 1
         if main_rows and not main_results:
             raise LooksLikeDatasetError(
-                shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards), main_rows
+                shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards),
+                main_rows,
+                materialized=importer.first_main_shape is file_shapes.MATERIALIZED_ROWS,
             )
         importer.add_not_run_inputs()
         importer.flush()

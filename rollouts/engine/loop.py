@@ -436,7 +436,10 @@ class _Rollout:
         if refusal is not None:
             raise Failure(
                 FailureKind.VERIFY_FAILED,
-                f"verify failed: the reply is not NeMo Gym's verify response ({refusal}): {_excerpt(response.text)}",
+                "verify failed: the reply is not NeMo Gym's verify response: "
+                + nemo_request.verify_refusal_listing(
+                    data, check_params=nemo_request.params_refusal(own_params) is None
+                ),
             )
         reward = nemo_request.verify_reward(data)
         if not math.isfinite(reward):

@@ -27,7 +27,7 @@ gymweb does not refuse a task row NeMo Gym would refuse, it only cannot reshape 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from openai.types.responses import Response as _OpenAIResponse
 from openai.types.responses.response_conversation_param_param import ResponseConversationParamParam
@@ -50,7 +50,7 @@ from openai.types.responses.response_output_text_param import Annotation, Logpro
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_reasoning_item import Summary
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollouts.engine.reply_schema import ReplyModel
 
@@ -396,6 +396,54 @@ def verify_reward(reply: dict[str, Any]) -> float:
     (``true`` → 1.0, ``"0.5"`` → 0.5; ``"nan"``/``"inf"`` give non-finite floats). Raises
     ``ValueError`` for a reward that model refuses."""
     return _VerifyFields.model_validate({k: reply[k] for k in _VERIFY_FIELDS if k in reply}).reward
+
+
+class NeMoGymResponse(ReplyModel):
+    model_config = ConfigDict(title="NeMoGymResponse")  # the names NeMo Gym's listing gives
+
+
+class NeMoGymResponseCreateParamsNonStreaming(_Params):
+    model_config = ConfigDict(title="NeMoGymResponseCreateParamsNonStreaming")
+
+    input: Union[str, list[Any]]  # required, a string or a list (checked item by item elsewhere)
+
+
+class RemoteAgentVerifyResponse(BaseModel):
+    """NeMo Gym 0.7.0's remote_agent model of a ``/verify`` reply (``BaseVerifyResponse``, extra
+    fields allowed), composed of gymweb's own field models, so a refusal reads as pydantic's listing
+    NeMo Gym's ``/run`` answers with: ``N validation errors for RemoteAgentVerifyResponse`` then each
+    field's path and message. Only for that text: ``verify_refusal`` decides what is refused."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    responses_create_params: Any
+    capture_rollout_id: Optional[str] = Field(default=None, alias="_ng_rollout_id", exclude=True)
+    response: NeMoGymResponse
+    reward: float
+    mask_sample: bool = False
+    failure_kind: Optional[str] = None
+    failure_reason: Optional[str] = None
+
+
+class _CheckedVerifyResponse(RemoteAgentVerifyResponse):
+    model_config = ConfigDict(title="RemoteAgentVerifyResponse")  # the name the listing gives
+
+    responses_create_params: NeMoGymResponseCreateParamsNonStreaming
+
+
+def verify_refusal_listing(reply: Any, check_params: bool = True, limit: int = 2000) -> str:
+    """Pydantic's listing of why NeMo Gym's remote_agent refuses ``reply`` (what its ``/run`` 500
+    body holds: ``repr`` of the ``ValidationError``), at most ``limit`` characters (NeMo Gym keeps
+    2,000 of a failure's body); ``verify_refusal``'s words when the composed model accepts a reply
+    that a check outside it refuses (``input`` neither a string nor a list)."""
+    model = _CheckedVerifyResponse if check_params else RemoteAgentVerifyResponse
+    try:
+        model.model_validate(reply)
+    except (ValueError, RecursionError) as exc:
+        text = str(exc)
+    else:
+        text = verify_refusal(reply, check_params) or ""
+    return text[:limit] + ("…" if len(text) > limit else "")
 
 
 def _errors(exc: BaseException) -> list[str]:

@@ -67,8 +67,8 @@ __all__ = [
 
 RUN_STEM = "rollouts"
 EXTRAS_FAILURES_NOTE = (
-    "failures count as reward 0.0: a (task, rollout) key counts with its success reward, or 0.0 when it "
-    "only failed; keys never finished (pending, running, cancelled, interrupted) are left out"
+    "failures count as reward 0.0: each rollout (a task and its rollout number) counts with its success reward, "
+    "or 0.0 when it only failed; rollouts never finished (pending, running, cancelled, interrupted) are left out"
 )
 
 

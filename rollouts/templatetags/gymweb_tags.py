@@ -64,3 +64,31 @@ def soft_breaks(value: Any) -> str:
     parts = _BREAK_AFTER.split(str(value))
     head = format_html_join("", "{}<wbr>", ((part,) for part in parts[:-1]))
     return format_html("{}{}", head, parts[-1])
+
+
+_NOT_VERIFIED_TITLE = (
+    "no reward: the rollout failed before the env's verify gave one. NeMo Gym's files record 0.0 for a "
+    "failure (the downloads keep it); it is not a verdict."
+)
+_VERIFY_FAILED_TITLE = (
+    "no reward: the env's verify did not give a usable reply. NeMo Gym's files record 0.0 for a failure "
+    "(the downloads keep it); it is not a verdict."
+)
+
+
+@register.filter(name="reward_text")
+def reward_text(rollout: Any, digits: Any = None) -> str:
+    """An attempt's env reward as the pages show it (HTML, escaped): the number only when the env's
+    verify gave one, i.e. on a success (``digits`` decimals, else ``display.number``); a failure reads
+    "— not verified" (its stored 0.0 is NeMo Gym's failure-row value, kept in the files, no verdict);
+    an attempt without a result reads "—"."""
+    status = getattr(rollout, "status", None)
+    reward = getattr(rollout, "reward", None)
+    if status == "succeeded" and reward is not None:
+        text = f"{float(reward):.{int(digits)}f}" if digits not in (None, "") else number(reward)
+        return format_html("{}", text)
+    if status == "failed":
+        kind = getattr(rollout, "failure_kind", "")
+        title = _VERIFY_FAILED_TITLE if kind == "verify_failed" else _NOT_VERIFIED_TITLE
+        return format_html('<span class="muted not-verified" title="{}">— not verified</span>', title)
+    return format_html('<span class="muted">{}</span>', "—")

@@ -327,7 +327,7 @@ class RunForm(forms.Form):
         "max_attempts",
         forms.IntegerField,
         initial=run_settings.default("max_attempts"),
-        help_text="Attempts per key in all, retries included.",
+        help_text="Attempts per rollout in all, retries included.",
     )
     overrides = forms.CharField(
         required=False,

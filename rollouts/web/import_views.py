@@ -143,10 +143,13 @@ def import_job(task, progress) -> background.Done:
             )
         except LooksLikeDatasetError as exc:
             offer = _dataset_offer(*shards[0], task.user) if len(shards) == 1 else None
+            if offer is not None:
+                offer["materialized"] = exc.materialized  # say where that file belongs, too
             raise background.TaskFailed(str(exc), {"field": "rollouts", "offer": offer}) from exc
         except WrongFileError as exc:
             sidecar = exc.source in {src for _, src in sidecars}
-            field = None if exc.swapped else ("failures" if sidecar else "rollouts")
+            materialised = exc.source in {src for _, src in inputs}
+            field = None if exc.swapped else ("failures" if sidecar else "materialized" if materialised else "rollouts")
             raise background.TaskFailed(str(exc), {"field": field}) from exc
         except DatasetError as exc:
             field = (

@@ -8,6 +8,7 @@ request (except a history restore, which needs the whole page); such responses c
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -51,7 +52,7 @@ ROLLOUTS_PER_PAGE = 50
 EXPORT_KINDS = {
     "rollouts": "successes: the env's /verify replies plus indices and agent_ref (NeMo Gym's rollouts.jsonl)",
     "rollouts_failures": "one row per failed attempt (NeMo Gym's failures sidecar)",
-    "rollouts_materialized_inputs": "the materialised input row of every key",
+    "rollouts_materialized_inputs": "the materialised input row of every rollout",
 }
 
 
@@ -468,7 +469,22 @@ def run_detail(request, run_id):
     table, table_html = _shared_table(request, run, kinds)
     context = {**live, **table, "table_html": table_html}
     context.update(run_review_context(request, run))  # the review card
+    if run.status == Run.Status.IMPORTED:
+        context["agent_name_recorded"] = _agent_name_in_files(run)
     return vary_on_htmx(render(request, "rollouts/run_detail.html", context))
+
+
+def _agent_name_in_files(run: Run) -> bool:
+    """Whether an imported run's files named its agent (a row's ``agent_ref.name``): else its
+    ``agent_name`` is the default, not what the files recorded."""
+    task = run.tasks.order_by("task_index").only("row_json").first()
+    if task is None:
+        return False
+    try:
+        ref = json.loads(task.row_json).get("agent_ref")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(ref, dict) and ref.get("name") == run.agent_name
 
 
 @login_required

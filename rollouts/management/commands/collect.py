@@ -148,7 +148,7 @@ class Command(NemoGymFlags, BaseCommand):
             "--max-attempts",
             type=_whole_number,
             default=None,
-            help="attempts per key incl. retries (default 3, or $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS)",
+            help="attempts per rollout incl. retries (default 3, or $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS)",
         )
         parser.add_argument(
             "--remote-responses-timeout-s",
@@ -172,7 +172,7 @@ class Command(NemoGymFlags, BaseCommand):
         files.add_argument(
             "--resume",
             action="store_true",
-            help="retry failed keys of the earlier run with the same --output; keep successes",
+            help="retry failed rollouts of the earlier run with the same --output; keep successes",
         )
         files.add_argument(
             "--overwrite",
@@ -182,7 +182,7 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--auto-retry",
             action="store_true",
-            help="retry failed keys automatically (up to --max-attempts, with backoff) before the command ends, "
+            help="retry failed rollouts automatically (up to --max-attempts, with backoff) before the command ends, "
             "instead of leaving them to --resume (NeMo Gym's way)",
         )
         parser.add_argument(
@@ -250,7 +250,7 @@ class Command(NemoGymFlags, BaseCommand):
             self._change_urls(run, opts, agent_url, env_url, head_url, env_name)
             added = runs.resume(run, max_attempts=max_attempts)
             self.stdout.write(
-                f"resuming run #{run.pk}: {added} key(s) get a new attempt (max attempts {run.max_attempts})"
+                f"resuming run #{run.pk}: {added} rollout(s) get a new attempt (max attempts {run.max_attempts})"
             )
         else:
             try:
@@ -555,20 +555,20 @@ class Command(NemoGymFlags, BaseCommand):
         """What is left of the run after this command and whether ``--resume`` would retry it."""
         left = runs.keys_left(run)
         if not any(left.values()):
-            return "every key succeeded: nothing is left to retry"
+            return "every rollout succeeded: nothing is left to retry"
         parts = []
         if left["retryable"]:
             parts.append(
-                f"{left['retryable']} key(s) without a success can be retried: run the same command plus --resume"
+                f"{left['retryable']} rollout(s) without a success can be retried: run the same command plus --resume"
             )
         if left["terminal"]:
             parts.append(
-                f"{left['terminal']} key(s) failed terminally (an invalid Responses object): "
+                f"{left['terminal']} rollout(s) failed terminally (an invalid Responses object): "
                 "never retried, fix the agent"
             )
         if left["exhausted"]:
             parts.append(
-                f"{left['exhausted']} key(s) used all {run.max_attempts} attempt(s): "
+                f"{left['exhausted']} rollout(s) used all {run.max_attempts} attempt(s): "
                 f"--resume retries them only with a higher --max-attempts"
             )
         return "left: " + "; ".join(parts)

@@ -52,7 +52,7 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--include-failures",
             action="store_true",
-            help="also export each failed key's latest attempt (NeMo Gym exports successes only)",
+            help="also export each failed rollout's latest attempt (NeMo Gym exports successes only)",
         )
 
     def _export(self, run: Run, opts) -> tuple[Path, int]:

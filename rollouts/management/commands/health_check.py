@@ -52,7 +52,7 @@ class Command(NemoGymFlags, BaseCommand):
         parser.add_argument(
             "--successes-only",
             action="store_true",
-            help="a run: check its successes only (NeMo Gym's record set) instead of every finished key",
+            help="a run: check its successes only (NeMo Gym's record set) instead of every finished rollout",
         )
         parser.add_argument("--json", action="store_true", help="print the summary as JSON (NeMo Gym's --json)")
 

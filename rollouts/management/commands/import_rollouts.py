@@ -84,7 +84,7 @@ class Command(BaseCommand):
                 summary = import_shards(shards, sidecars, materialized, name=options["name"])
         except LooksLikeDatasetError as exc:
             raise CommandError(
-                f"{exc}: manage.py collect --input {paths[0]} --agent-url ... --env-url ... --output results/rollouts.jsonl"
+                f"{exc}: gymweb collect --input {paths[0]} --agent-url ... --env-url ... --output results/rollouts.jsonl"
             ) from None
         except DatasetError as exc:
             raise CommandError(str(exc)) from None
