@@ -3,18 +3,19 @@ flight at once (concurrency = N), the same scripted agent sleeping L ms per call
 ``scripted_agent.py --parallel``), NeMo Gym's own counter resources server code, the same N rows.
 
     python -m benchmarks.bench_scale_vs_nemo [--sizes 2000,10000] [--latency-ms 30000] [--repeats 1]
-        [--db sqlite|postgres] [--ngpeer $NGPEER_WORK]
+        [--db sqlite|postgres] [--ngpeer $NGPEER_WORK] [--nemo-per-host-limit 0]
 
-NeMo Gym: its stack (``gym env start``: head server on 127.0.0.1:11000, the counter, ``remote_agent``
-with concurrency = the largest N and per-call/run timeouts 1800/2100 s, as gymweb's defaults) started
-once, then ``gym eval run --no-serve`` with ``+num_samples_in_parallel=N``. gymweb: ``manage.py collect
---concurrency N`` (one process, ``GYMWEB_PROCESS_CAPACITY=N``) against the counter served standalone
-(``serve_counter.py``). For each system and size it prints: agent span (first agent request to last
-reply, by the agent's clock) over ideal = 3 × L; peak RSS of the collector's processes (the largest sum
-sampled every 0.5 s, and the largest single process); CPU per rollout (utime + stime); rollouts
-succeeded / failed; wall; the load average before and after. The collector's processes: NeMo Gym —
-every process of ``gym env start`` except the counter env, plus the ``gym eval run`` client and its
-children; gymweb — the ``collect`` process. The agent and the counter are not counted for either.
+NeMo Gym: its stack (``gym env start``: head server on 127.0.0.1:11000, the counter, ``remote_agent`` with
+concurrency = the largest N, per-call/run timeouts 1800/2100 s as gymweb's defaults, and its aiohttp pool's
+per-host cap lifted: ``--nemo-per-host-limit``, default 0 = none; NeMo Gym's own default, 1024, caps the agent
+calls in flight at 1,024) started once, then ``gym eval run --no-serve`` with ``+num_samples_in_parallel=N``.
+gymweb: ``manage.py collect --concurrency N`` (one process, ``GYMWEB_PROCESS_CAPACITY=N``) against the counter
+served standalone (``serve_counter.py``). For each system and size it prints: agent span (first agent request
+to last reply, by the agent's clock) over ideal = 3 × L; peak RSS of the collector's processes (the largest
+sum sampled every 0.5 s, and the largest single process); CPU per rollout (utime + stime); rollouts succeeded
+/ failed; wall; the load average before and after. The collector's processes: NeMo Gym — every process of
+``gym env start`` except the counter env, plus the ``gym eval run`` client and its children; gymweb — the
+``collect`` process. The agent and the counter are not counted for either.
 
 Needs NeMo Gym's venv (``../shared/nemo_gym_peer/README.md``); NeMo Gym binds fixed ports (9000 is not
 used here, 11000 is), so run it under ``flock /tmp/ngpeer.lock`` where others share the machine. The
@@ -156,7 +157,7 @@ def _write_rows(ngpeer: Path, n: int, path: Path) -> None:
 class Nemo:
     """NeMo Gym's stack, started once in a run dir of its own, and ``gym eval run`` against it."""
 
-    def __init__(self, ngpeer: Path, agent_url: str, concurrency: int, work: Path) -> None:
+    def __init__(self, ngpeer: Path, agent_url: str, concurrency: int, per_host: int, work: Path) -> None:
         self.ngpeer, self.work = ngpeer, work
         self.run_dir = work / "gymrun"
         self.run_dir.mkdir()
@@ -172,6 +173,9 @@ class Nemo:
             lines.append(
                 f"{line[: len(line) - len(line.lstrip())]}{key} {overrides[key]}" if key in overrides else line
             )
+        # NeMo Gym's servers share one aiohttp pool capped at 1,024 connections per host by default:
+        # without raising it no more than 1,024 agent calls are ever in flight.
+        lines.insert(0, f"global_aiohttp_connector_limit_per_host: {per_host}")
         (self.run_dir / "remote_counter.yaml").write_text("\n".join(lines) + "\n")
         os.symlink(ngpeer / "gymrun" / "data", self.run_dir / "data")
         self.env = {
@@ -180,7 +184,7 @@ class Nemo:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_AUTH_MODE": "disabled",
         }
-        self.stack = None
+        self.stack = self.client = None
 
     def start(self) -> None:
         log = self.work / "gym_env.log"
@@ -192,7 +196,7 @@ class Nemo:
         """``gym eval run`` over ``rows``; (wall s, CPU s of the stack's processes and the client)."""
         cpu0 = sampler.cpu()
         t0 = time.monotonic()
-        client = _start(
+        self.client = client = _start(
             [
                 self.ngpeer / "venv" / "bin" / "gym",
                 "eval",
@@ -217,6 +221,7 @@ class Nemo:
         return wall, stack_cpu + client_cpu
 
     def stop(self) -> None:
+        _stop(self.client)
         _stop(self.stack, signal.SIGINT)  # as stack.sh stops it
 
 
@@ -305,6 +310,12 @@ def main() -> None:
     parser.add_argument(
         "--ngpeer", default=os.environ.get("NGPEER_WORK", os.path.join(os.environ.get("TMPDIR", "/tmp"), "ngpeer"))
     )
+    parser.add_argument(
+        "--nemo-per-host-limit",
+        type=int,
+        default=0,
+        help="NeMo Gym's global_aiohttp_connector_limit_per_host (its default 1024 caps calls in flight; 0: none)",
+    )
     parser.add_argument("--agent-port", type=int, default=19301)
     parser.add_argument("--env-port", type=int, default=19302)
     args = parser.parse_args()
@@ -332,7 +343,7 @@ def main() -> None:
         [ng_python, PEER / "serve_counter.py", "--app-dir", ngpeer / "counter", "--port", args.env_port],
         work / "env.log",
     )
-    nemo = Nemo(ngpeer, agent_url, max(sizes), work)
+    nemo = Nemo(ngpeer, agent_url, max(sizes), args.nemo_per_host_limit, work)
     results: list[dict] = []
     try:
         logs = [(agent, work / "agent.log"), (counter, work / "env.log")]
