@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -149,6 +150,15 @@ def _result(name, n, latency_ms, stats, wall, cpu, sampler, ok_path, fail_path, 
     }
 
 
+def _nemo_log(log: Path) -> dict:
+    """From ``gym eval run``'s log: rollouts its progress bar last showed done, and how many of its
+    requests hit a connection error and were retried (it prints every 100th: "Hit N global ...")."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    done = re.findall(r"Collecting rollouts:.*?(\d+)/\d+", text)
+    errors = [int(x) for x in re.findall(r"Hit (\d+) global `(?:ClientOSError|\w+)`", text)]
+    return {"progress_done": int(done[-1]) if done else None, "connection_errors_retried": max(errors, default=0)}
+
+
 def _write_rows(ngpeer: Path, n: int, path: Path) -> None:
     src = [line for line in (ngpeer / "gymrun" / "data" / "example.jsonl").read_text().splitlines() if line.strip()]
     path.write_text("".join(src[i % len(src)] + "\n" for i in range(n)))
@@ -192,8 +202,9 @@ class Nemo:
         self.stack = _start([gym, "env", "start", "--config", "remote_counter.yaml"], log, self.env, self.run_dir)
         _wait(lambda: _http_ok(f"http://127.0.0.1:{HEAD_PORT}/readyz"), "NeMo Gym's stack", [(self.stack, log)], 600)
 
-    def run(self, n: int, rows: Path, out: Path, sampler: Sampler) -> tuple[float, float]:
-        """``gym eval run`` over ``rows``; (wall s, CPU s of the stack's processes and the client)."""
+    def run(self, n: int, rows: Path, out: Path, sampler: Sampler, timeout_s: float) -> tuple[float, float, bool]:
+        """``gym eval run`` over ``rows``; (wall s, CPU s of the stack's processes and the client, timed out).
+        Past ``timeout_s`` the client is stopped (its CPU so far read from /proc) and the run counts as cut."""
         cpu0 = sampler.cpu()
         t0 = time.monotonic()
         self.client = client = _start(
@@ -212,13 +223,25 @@ class Nemo:
             self.run_dir,
         )
         sampler.add(client.pid)
-        client_cpu = _wait_rusage(client)
+        while True:
+            pid, status, usage = os.wait4(client.pid, os.WNOHANG)
+            if pid:
+                client.returncode = os.waitstatus_to_exitcode(status)
+                client_cpu, cut = usage.ru_utime + usage.ru_stime, False
+                break
+            if time.monotonic() - t0 > timeout_s:
+                client_cpu, cut = 0.0, True  # still running: counted from /proc below
+                break
+            time.sleep(0.5)
         wall = time.monotonic() - t0
         cpu1 = sampler.cpu()
-        stack_cpu = sum(c - cpu0.get(pid, 0.0) for pid, c in cpu1.items() if pid != client.pid)
-        if client.returncode:
+        total = sum(c - cpu0.get(pid, 0.0) for pid, c in cpu1.items() if cut or pid != client.pid)
+        if cut:
+            _stop(client)
+            print(f"# gym eval run stopped after {timeout_s:g} s; see {out.with_suffix('.log')}", flush=True)
+        elif client.returncode:
             print(f"# gym eval run exited {client.returncode}; see {out.with_suffix('.log')}", flush=True)
-        return wall, stack_cpu + client_cpu
+        return wall, total + client_cpu, cut
 
     def stop(self) -> None:
         _stop(self.client)
@@ -298,6 +321,11 @@ def _line(r: dict) -> str:
         f"largest {r['peak_rss_largest_mb']} MB; "
         f"CPU {r['cpu_ms_per_rollout']:.2f} ms/rollout; succeeded {r['succeeded']} (reward 1.0: {r['reward_1']}), "
         f"failed {r['failed']}; wall {r['wall_s']:.0f} s; load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
+        + (
+            f"; NeMo Gym's progress bar {r['progress_done']} done, {r['connection_errors_retried']}+ requests retried"
+            if "progress_done" in r
+            else ""
+        )
     )
 
 
@@ -316,6 +344,10 @@ def main() -> None:
         default=0,
         help="NeMo Gym's global_aiohttp_connector_limit_per_host (its default 1024 caps calls in flight; 0: none)",
     )
+    parser.add_argument(
+        "--nemo-timeout-s", type=float, default=3600, help="stop NeMo Gym's eval run after this long (reported as cut)"
+    )
+    parser.add_argument("--order", choices=("alternate", "gymweb-first", "nemo-first"), default="alternate")
     parser.add_argument("--agent-port", type=int, default=19301)
     parser.add_argument("--env-port", type=int, default=19302)
     args = parser.parse_args()
@@ -354,7 +386,8 @@ def main() -> None:
             for n in sizes:
                 rows = work / f"in-{n}.jsonl"
                 _write_rows(ngpeer, n, rows)
-                order = ("nemo_gym", "gymweb") if rep % 2 == 0 else ("gymweb", "nemo_gym")
+                first_nemo = rep % 2 == 0 if args.order == "alternate" else args.order == "nemo-first"
+                order = ("nemo_gym", "gymweb") if first_nemo else ("gymweb", "nemo_gym")
                 for system in order:
                     out = work / f"{system}-{n}-{rep}" / "rollouts.jsonl"
                     out.parent.mkdir()
@@ -362,8 +395,8 @@ def main() -> None:
                     load0 = os.getloadavg()
                     if system == "nemo_gym":
                         with Sampler({nemo.stack.pid}, exclude=("example_session_state_mgmt",)) as sampler:
-                            wall, cpu = nemo.run(n, rows, out, sampler)
-                        name = "nemo_gym_0.7.0"
+                            wall, cpu, cut = nemo.run(n, rows, out, sampler, args.nemo_timeout_s)
+                        name = "nemo_gym_0.7.0" + (" (cut)" if cut else "")
                     else:
                         env = _gymweb_env(args.db, work, n)
                         _fresh_db(env, args.db)
@@ -373,6 +406,8 @@ def main() -> None:
                     r = _result(
                         name, n, args.latency_ms, _agent(agent_url, "/stats"), wall, cpu, sampler, out, fail, load0
                     )
+                    if system == "nemo_gym":
+                        r.update(_nemo_log(out.with_suffix(".log")))
                     results.append(r)
                     print(_line(r), flush=True)
                     print("#", json.dumps(r), flush=True)
