@@ -104,11 +104,25 @@ class Sampler:
         self._thread.join()
 
 
-def _wait_rusage(proc: subprocess.Popen) -> float:
-    """Wait for ``proc``; its CPU seconds (and its reaped descendants')."""
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_utime + usage.ru_stime
+def _wait_or_cut(
+    proc: subprocess.Popen, sampler: Sampler, cpu0: dict[int, float], timeout_s: float
+) -> tuple[float, bool]:
+    """Wait for ``proc`` at most ``timeout_s``; (CPU s of the sampler's processes since ``cpu0``, cut).
+    Finished: the leader's own CPU from its rusage (with its reaped descendants). Cut: every process's
+    CPU so far from /proc, then the process group is stopped."""
+    t0 = time.monotonic()
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            cpu1 = sampler.cpu()
+            rest = sum(c - cpu0.get(p, 0.0) for p, c in cpu1.items() if p != proc.pid)
+            return usage.ru_utime + usage.ru_stime + rest, False
+        if time.monotonic() - t0 > timeout_s:
+            cpu1 = sampler.cpu()
+            _stop(proc)
+            return sum(c - cpu0.get(p, 0.0) for p, c in cpu1.items()), True
+        time.sleep(0.5)
 
 
 def _agent(url: str, path: str, method: str = "GET") -> dict:
@@ -140,6 +154,7 @@ def _result(name, n, latency_ms, stats, wall, cpu, sampler, ok_path, fail_path, 
         "span_s": round(span, 2),
         "ideal_s": round(ideal, 2),
         "span_over_ideal": round(span / ideal, 3),
+        "agent_calls_per_s": round(stats["calls"] / span, 1) if span else None,
         "wall_s": round(wall, 1),
         "peak_rss_sum_mb": round(sampler.peak_sum),
         "peak_rss_largest_mb": round(sampler.peak_one),
@@ -223,33 +238,23 @@ class Nemo:
             self.run_dir,
         )
         sampler.add(client.pid)
-        while True:
-            pid, status, usage = os.wait4(client.pid, os.WNOHANG)
-            if pid:
-                client.returncode = os.waitstatus_to_exitcode(status)
-                client_cpu, cut = usage.ru_utime + usage.ru_stime, False
-                break
-            if time.monotonic() - t0 > timeout_s:
-                client_cpu, cut = 0.0, True  # still running: counted from /proc below
-                break
-            time.sleep(0.5)
+        cpu, cut = _wait_or_cut(client, sampler, cpu0, timeout_s)
         wall = time.monotonic() - t0
-        cpu1 = sampler.cpu()
-        total = sum(c - cpu0.get(pid, 0.0) for pid, c in cpu1.items() if cut or pid != client.pid)
         if cut:
-            _stop(client)
             print(f"# gym eval run stopped after {timeout_s:g} s; see {out.with_suffix('.log')}", flush=True)
         elif client.returncode:
             print(f"# gym eval run exited {client.returncode}; see {out.with_suffix('.log')}", flush=True)
-        return wall, total + client_cpu, cut
+        return wall, cpu, cut
 
     def stop(self) -> None:
         _stop(self.client)
         _stop(self.stack, signal.SIGINT)  # as stack.sh stops it
 
 
-def _gymweb(n: int, rows: Path, out: Path, agent_url: str, env_url: str, env: dict) -> tuple[float, float, Sampler]:
-    """``manage.py collect`` over ``rows``; (wall s, CPU s, its RSS sampler)."""
+def _gymweb(
+    n: int, rows: Path, out: Path, agent_url: str, env_url: str, env: dict, timeout_s: float
+) -> tuple[float, float, Sampler, bool]:
+    """``manage.py collect`` over ``rows``; (wall s, CPU s, its RSS sampler, cut after ``timeout_s``)."""
     t0 = time.monotonic()
     proc = _start(
         [
@@ -278,11 +283,13 @@ def _gymweb(n: int, rows: Path, out: Path, agent_url: str, env_url: str, env: di
         env,
     )
     with Sampler({proc.pid}) as sampler:
-        cpu = _wait_rusage(proc)
+        cpu, cut = _wait_or_cut(proc, sampler, {}, timeout_s)
     wall = time.monotonic() - t0
-    if proc.returncode:
+    if cut:
+        print(f"# gymweb collect stopped after {timeout_s:g} s; see {out.with_suffix('.log')}", flush=True)
+    elif proc.returncode:
         print(f"# gymweb collect exited {proc.returncode}; see {out.with_suffix('.log')}", flush=True)
-    return wall, cpu, sampler
+    return wall, cpu, sampler, cut
 
 
 def _gymweb_env(db: str, work: Path, n: int) -> dict:
@@ -320,7 +327,8 @@ def _line(r: dict) -> str:
         f"peak RSS {r['peak_rss_sum_mb']} MB summed over {r['processes']} process(es), "
         f"largest {r['peak_rss_largest_mb']} MB; "
         f"CPU {r['cpu_ms_per_rollout']:.2f} ms/rollout; succeeded {r['succeeded']} (reward 1.0: {r['reward_1']}), "
-        f"failed {r['failed']}; wall {r['wall_s']:.0f} s; load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
+        f"failed {r['failed']}; agent calls {r['agent_calls']} ({r['agent_calls_per_s']}/s); "
+        f"wall {r['wall_s']:.0f} s; load {r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
         + (
             f"; NeMo Gym's progress bar {r['progress_done']} done, {r['connection_errors_retried']}+ requests retried"
             if "progress_done" in r
@@ -345,7 +353,10 @@ def main() -> None:
         help="NeMo Gym's global_aiohttp_connector_limit_per_host (its default 1024 caps calls in flight; 0: none)",
     )
     parser.add_argument(
-        "--nemo-timeout-s", type=float, default=3600, help="stop NeMo Gym's eval run after this long (reported as cut)"
+        "--timeout-s",
+        type=float,
+        default=3600,
+        help="stop either system's command after this long: reported as cut, with the agent calls made by then",
     )
     parser.add_argument("--order", choices=("alternate", "gymweb-first", "nemo-first"), default="alternate")
     parser.add_argument("--agent-port", type=int, default=19301)
@@ -395,13 +406,13 @@ def main() -> None:
                     load0 = os.getloadavg()
                     if system == "nemo_gym":
                         with Sampler({nemo.stack.pid}, exclude=("example_session_state_mgmt",)) as sampler:
-                            wall, cpu, cut = nemo.run(n, rows, out, sampler, args.nemo_timeout_s)
+                            wall, cpu, cut = nemo.run(n, rows, out, sampler, args.timeout_s)
                         name = "nemo_gym_0.7.0" + (" (cut)" if cut else "")
                     else:
                         env = _gymweb_env(args.db, work, n)
                         _fresh_db(env, args.db)
-                        wall, cpu, sampler = _gymweb(n, rows, out, agent_url, env_url, env)
-                        name = "gymweb"
+                        wall, cpu, sampler, cut = _gymweb(n, rows, out, agent_url, env_url, env, args.timeout_s)
+                        name = "gymweb" + (" (cut)" if cut else "")
                     fail = out.with_name(out.stem + "_failures.jsonl")
                     r = _result(
                         name, n, args.latency_ms, _agent(agent_url, "/stats"), wall, cpu, sampler, out, fail, load0
