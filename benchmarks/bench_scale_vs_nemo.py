@@ -371,6 +371,8 @@ def main() -> None:
         if not _port_free(port):
             raise SystemExit(f"port {port} is in use")
     fds = raise_fd_limit()
+    # Started in the background SIGINT may be ignored: SIGTERM too stops every server started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="gymweb-bench-scale-"))
     agent_url, env_url = f"http://127.0.0.1:{args.agent_port}", f"http://127.0.0.1:{args.env_port}"
     print(
