@@ -38,7 +38,7 @@ lint: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive bench-faults bench-upload
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive bench-faults bench-upload bench-scale-vs-nemo
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -105,4 +105,11 @@ bench-vs-nemo: $(BIN)/.installed
 NGPEER_VENV_DIR ?= $(NGPEER_WORK)
 bench-trainer: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_trainer --db $(DB) --ngpeer $(NGPEER_VENV_DIR) $(TRAINER_ARGS)
+
+# NeMo Gym 0.7.0 and gymweb at scale (issue 27): 2,000 and 10,000 rollouts all in flight, 30 s per agent
+# call x 3 calls, side by side in one run (NeMo Gym's head server on 11000; agent/env ports 19301/19302).
+# Where NeMo Gym's fixed ports are shared, run it as: flock /tmp/ngpeer.lock make bench-scale-vs-nemo
+# make bench-scale-vs-nemo [NGPEER_VENV_DIR=$(NGPEER_WORK)] [SCALE_ARGS='--sizes 2000 --latency-ms 3000 --repeats 3']
+bench-scale-vs-nemo: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_scale_vs_nemo --db $(DB) --ngpeer $(NGPEER_VENV_DIR) $(SCALE_ARGS)
 
