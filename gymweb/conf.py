@@ -203,6 +203,9 @@ class GymwebSettings(BaseSettings):
     aggregate_max_rows: int = S(200_000, "most rows sent to the env's /aggregate_metrics (past it: computed locally)")
     aggregate_timeout_s: float = S(60, "timeout of the /aggregate_metrics call")
     max_keys_per_run: int = S(200_000, "most (task, rollout) keys in one run")
+    max_run_concurrency: int = S(
+        4096, "the largest concurrency (rollouts in flight) a run may have; raise it for fleets (scale-out.md)"
+    )
     max_run_timeout_s: float = S(24 * 3600, "the largest run_timeout_s a run may have")
     # -- operations
     log_level: str = S("INFO", "gymweb's own log level")

@@ -51,6 +51,13 @@ def test_run_timeout_is_capped_by_the_server_and_its_default_follows(settings):
         run_settings.check_number("run_timeout_s", 601, "--run-timeout-s")
 
 
+def test_a_fleet_may_raise_the_concurrency_cap_and_the_refusal_names_the_setting(settings):
+    settings.GYMWEB_MAX_RUN_CONCURRENCY = 20_000
+    assert run_settings.check_number("concurrency", 10_000) == 10_000
+    with pytest.raises(SettingError, match="at most 20000 on this server \\(GYMWEB_MAX_RUN_CONCURRENCY\\)"):
+        run_settings.check_number("concurrency", 20_001, "--concurrency")
+
+
 @pytest.mark.parametrize("field, value, words", REFUSED)
 def test_the_form_refuses_them_on_the_field(signed_in, field, value, words):
     response = signed_in.post(URL, _data(**{field: str(value)}))

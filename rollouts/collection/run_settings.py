@@ -46,7 +46,8 @@ DEFAULT_AGENT_NAME = "remote_agent"
 NAME_MAX_CHARS = 200
 
 LIMITS: dict[str, Limit] = {
-    "concurrency": Limit(int, 1, 4096, DEFAULT_CONCURRENCY),
+    # at most GYMWEB_MAX_RUN_CONCURRENCY: ``maximum``
+    "concurrency": Limit(int, 1, None, DEFAULT_CONCURRENCY),
     "max_steps": Limit(int, 0, None, None),  # None or 0: unbounded
     "num_repeats": Limit(int, 1, 100_000, 1),
     "limit": Limit(int, 1, None, None),  # None: every row
@@ -69,6 +70,8 @@ def maximum(field: str) -> float | None:
     """The largest value of numeric setting ``field`` on this server (None: unbounded)."""
     if field == "run_timeout_s":
         return max_run_timeout_s()
+    if field == "concurrency":
+        return int(settings.GYMWEB_MAX_RUN_CONCURRENCY)
     return LIMITS[field].maximum
 
 
@@ -104,7 +107,10 @@ def check_number(field: str, value: Any, what: str | None = None) -> Any:
         )
     top = maximum(field)
     if top is not None and value > top:
-        where = " on this server (GYMWEB_MAX_RUN_TIMEOUT_S)" if field == "run_timeout_s" else ""
+        where = {
+            "run_timeout_s": " on this server (GYMWEB_MAX_RUN_TIMEOUT_S)",
+            "concurrency": " on this server (GYMWEB_MAX_RUN_CONCURRENCY)",
+        }.get(field, "")
         raise SettingError(field, say(what, f"must be at most {top:g}{limit.unit}{where}, got {value:g}"), "max_value")
     return value
 

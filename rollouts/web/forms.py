@@ -109,8 +109,9 @@ def number_field(field: str, form_field: type[forms.Field], **kwargs: Any) -> fo
     browser's ``min``/``max`` and is checked by ``run_settings.check_number`` in ``clean_<field>``."""
     limit = LIMITS[field]
     attrs = {"min": f"{limit.minimum:g}"}
-    if limit.maximum is not None:
-        attrs["max"] = f"{limit.maximum:g}"
+    top = run_settings.maximum(field)
+    if top is not None:
+        attrs["max"] = f"{top:g}"
     if form_field is forms.FloatField:
         attrs["step"] = "any"
     return form_field(widget=forms.NumberInput(attrs=attrs), **kwargs)
