@@ -134,11 +134,13 @@ def running_runs(only: set[int] | None) -> list[dict[str, Any]]:
     return out
 
 
-def heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float) -> tuple[int, dict[int, str]]:
-    """Renew this dispatcher's leases and its Worker row. Returns (live dispatchers, status of each
-    run it holds work of) — a cancel is noticed here."""
+def heartbeat(
+    name: str, run_ids: frozenset[int], inflight: int, capacity: int, lease_s: float
+) -> tuple[int, dict[int, str]]:
+    """Renew this dispatcher's leases of the runs ``run_ids`` (those it holds rollouts of) and its
+    Worker row (``inflight``: rollouts in flight in it). Returns (live dispatchers, status of each
+    of ``run_ids``) — a cancel is noticed here."""
     now = timezone.now()
-    run_ids = set(inflight.values())
     if run_ids:
         # By run, status and worker, not by the ids in flight: the same rows (a running attempt
         # whose worker is this dispatcher is one it holds, or one whose result it has yet to
@@ -153,7 +155,7 @@ def heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float
             "host": name.split(":")[0],
             "pid": os.getpid(),
             "last_seen": now,
-            "inflight": len(inflight),
+            "inflight": inflight,
             "capacity": capacity,
         },
     )
