@@ -479,7 +479,11 @@ class Dispatcher:
             self._stop.set()  # from here on nothing is claimed
             # No heartbeat after the release retires this dispatcher's Worker row.
             self._keeper_stop.set()
-            await asyncio.to_thread(keeper.join, self.heartbeat_s + self.release_timeout_s)
+            # Polled, not joined in an executor: a worker process's stop ends the interpreter's
+            # executors first (see DbThread).
+            deadline = time.monotonic() + self.heartbeat_s + self.release_timeout_s
+            while keeper.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
             await self._release()
 
     def _stopping(self) -> bool:
