@@ -124,6 +124,7 @@ class Sampler:
         self.stored: list[tuple[float, int]] = []
         self.procs: dict[int, tuple[float, float, int]] = {}  # pid -> last (cpu, hwm, pgrp)
         self.names: dict[str, int] = {}  # worker name -> pid
+        self.connections = 0  # most connections to the database at once (PostgreSQL)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -155,6 +156,10 @@ class Sampler:
                 self.stored.append((t, AgentCall.objects.filter(rollout__run_id=self.run_id).count()))
             n += 1
             if n % max(1, round(1.0 / self.every)) == 0:
+                if connection.vendor == "postgresql":
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()")
+                        self.connections = max(self.connections, cursor.fetchone()[0])
                 for name, pid in Worker.objects.values_list("name", "pid"):
                     self.names.setdefault(name, pid)
                 for pid in set(self.names.values()):
@@ -301,6 +306,7 @@ def mode_inflight(args, agent_url, env_url, workdir) -> None:
         print(f"  shares of the run: {shares}")
         for pid, (cpu, hwm, _pg) in sorted(sampler.procs.items()):
             print(f"  worker process {pid}: CPU {cpu:.1f} s (all its life), peak RSS {hwm:.0f} MB (target < 1 GB)")
+        print(f"  database connections at most {sampler.connections} (this benchmark's own included)")
         print(f"  wall {r['wall']:.1f} s; {r['load']}", flush=True)
 
 
@@ -388,6 +394,7 @@ def mode_fleet(args, agent_url, env_url, workdir) -> None:
         + ", ".join(f"{w.split(':')[1]}{' (lost)' if w in lost else ''} {c}" for w, c in sorted(share.items()))
     )
     print(f"  most running at once {max(sampler.running, default=0)} (concurrency {args.concurrency}); {load()}")
+    print(f"  database connections at most {sampler.connections} (this benchmark's own included)")
 
 
 def main() -> None:
