@@ -142,13 +142,7 @@ def heartbeat(
     of ``run_ids``) — a cancel is noticed here."""
     now = timezone.now()
     if run_ids:
-        # By run, status and worker, not by the ids in flight: the same rows (a running attempt
-        # whose worker is this dispatcher is one it holds, or one whose result it has yet to
-        # write), read through the (run, status) index, without an IN list of every id in flight
-        # that Django would compile parameter by parameter on every heartbeat.
-        Rollout.objects.filter(run_id__in=run_ids, status=Rollout.Status.RUNNING, worker=name).update(
-            lease_until=now + timedelta(seconds=lease_s)
-        )
+        _renew_leases(name, run_ids, now + timedelta(seconds=lease_s))
     Worker.objects.update_or_create(
         name=name,
         defaults={
@@ -165,6 +159,29 @@ def heartbeat(
     live = Worker.objects.filter(last_seen__gte=now - timedelta(seconds=lease_s)).count()
     statuses = dict(Run.objects.filter(pk__in=run_ids).values_list("id", "status"))
     return max(1, live), statuses
+
+
+def _renew_leases(name: str, run_ids: frozenset[int], until) -> None:
+    """Renew the leases of ``name``'s running attempts of ``run_ids``. By run, status and worker,
+    not by the ids in flight: the same rows (a running attempt whose worker is this dispatcher is
+    one it holds, or one whose result it has yet to write), read through the (run, status) index.
+    On PostgreSQL rows another transaction holds are skipped (``SKIP LOCKED``): they are being
+    ended, by this dispatcher's own write or by a reap, and waiting for that transaction held the
+    heartbeat back past the lease on a busy machine (benchmarks/README.md, issue 27)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        Rollout.objects.filter(run_id__in=run_ids, status=Rollout.Status.RUNNING, worker=name).update(lease_until=until)
+        return
+    table = connection.ops.quote_name(Rollout._meta.db_table)
+    marks = ", ".join(["%s"] * len(run_ids))
+    lease = Rollout._meta.get_field("lease_until").get_db_prep_save(until, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET lease_until = %s WHERE id IN (SELECT id FROM {table} "
+            f"WHERE run_id IN ({marks}) AND status = %s AND worker = %s FOR UPDATE SKIP LOCKED)",
+            [lease, *sorted(run_ids), Rollout.Status.RUNNING, name],
+        )
 
 
 def _flush_metrics() -> None:
