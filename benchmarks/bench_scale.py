@@ -21,7 +21,7 @@ one database; PostgreSQL + Redis or SQLite). Modes:
     python -m benchmarks.bench_scale fleet [--rollouts 5000] [--lease-s 5]
     make bench-scale      # spread on PostgreSQL + Redis and on SQLite
 
-PostgreSQL: the database ``GYMWEB_BENCH_PG_NAME`` (default ``gymweb_bench_scale``) is made afresh;
+PostgreSQL: the database ``GYMWEB_BENCH_PG_NAME`` (default ``gymweb_bench_scale_out``) is made afresh;
 Redis: ``GYMWEB_BENCH_REDIS_URL`` (default redis://127.0.0.1:6379/8).
 """
 
@@ -427,7 +427,7 @@ def main() -> None:
 
     raise_fd_limit()
     if args.db == "postgres":
-        name = os.environ.setdefault("GYMWEB_BENCH_PG_NAME", "gymweb_bench_scale")
+        name = os.environ.setdefault("GYMWEB_BENCH_PG_NAME", "gymweb_bench_scale_out")
         import psycopg
 
         with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
