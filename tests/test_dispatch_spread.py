@@ -86,3 +86,38 @@ def test_leases_are_renewed_while_the_event_loop_is_busy(transactional_db, tmp_p
         agent.stop()
     thread.join(30)
     assert not Rollout.objects.filter(run=run, status=Rollout.Status.INTERRUPTED).exists()
+
+
+def test_a_dispatcher_at_its_share_reaps_a_dead_workers_expired_leases_at_its_next_poll(
+    transactional_db, tmp_path, counter_env_url
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from rollouts.models import Worker
+
+    gate = agents.Gate()
+    agent = BackgroundServer(agents.make_app(agents.Stats(), gate=gate)).start()
+    dispatcher = Dispatcher()
+    try:
+        run = _run(tmp_path, 8, agent.url, counter_env_url, concurrency=4)
+        # Another machine's worker holds 2 of the run's 4 slots; its heartbeat says it is live, so
+        # the share here is ceil(4 / 2) = 2.
+        Worker.objects.create(name="dead:1:x", host="dead", pid=1, last_seen=timezone.now() + timedelta(hours=1))
+        held = [rid for rid, _, _ in claims.claim(run.pk, "dead:1:x", 2, lease_s=600)]
+        thread = _serve(dispatcher)
+        wait_for(lambda: sum(gate.held().values()) == 2, 60, what="this dispatcher's share in flight")
+        # The other machine dies: its leases run out. Nothing here claims (it is at its share).
+        Rollout.objects.filter(pk__in=held).update(lease_until=timezone.now() - timedelta(seconds=1))
+        wait_for(
+            lambda: Rollout.objects.filter(pk__in=held, status=Rollout.Status.INTERRUPTED).count() == 2,
+            30,
+            what="the dead worker's rollouts reaped",
+        )
+        assert Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count() == 6  # 4 never run + 2 again
+    finally:
+        gate.open()
+        dispatcher.stop()
+        agent.stop()
+    thread.join(30)

@@ -20,7 +20,7 @@ from rollouts.operations import prometheus
 
 log = logging.getLogger("gymweb.dispatch")
 
-__all__ = ["claim", "heartbeat", "reap_expired", "retire", "running_runs", "runs_left", "supervise"]
+__all__ = ["claim", "heartbeat", "reap_expired", "reap_run", "retire", "running_runs", "runs_left", "supervise"]
 
 
 def reap_expired(run_id: int) -> int:
@@ -131,7 +131,17 @@ def running_runs(only: set[int] | None) -> list[dict[str, Any]]:
     )
     for r in out:
         r["pending"] = r["id"] in pending or r["id"] in expired
+        r["expired"] = r["id"] in expired
     return out
+
+
+def reap_run(run_id: int) -> int:
+    """Reap run ``run_id``'s expired leases now, under the run's lock (``reap_expired``), whether or
+    not the caller has room to claim: a dispatcher at its fair share makes no claim, and the keys of
+    a dead worker then waited for some claim to reap them. Returns how many were reaped."""
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run_id).first()
+        return reap_expired(run_id)
 
 
 def heartbeat(

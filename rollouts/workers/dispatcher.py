@@ -33,7 +33,7 @@ from rollouts.nemo import miswiring
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME
 from rollouts.operations import prometheus
 from rollouts.workers import wakeup
-from rollouts.workers.claims import claim, heartbeat, retire, running_runs, runs_left
+from rollouts.workers.claims import claim, heartbeat, reap_run, retire, running_runs, runs_left
 from rollouts.workers.dbthread import DbThread, db_call
 from rollouts.workers.tuning import collector_tuned, raise_fd_limit
 from rollouts.workers.writer import Batch, call_row, item_row, write_batch
@@ -359,6 +359,11 @@ class Dispatcher:
             fresh[run_id].pending = False
         self.runs = fresh
         self._reap_due = True
+        for r in rows:
+            if r["expired"] and r["id"] not in self.cancelling:
+                # A dead worker's rollouts run again now, not at this dispatcher's next claim
+                # (none comes while it is at its share).
+                await self._db(reap_run, r["id"])
         held = set(self.run_of.values())
         idle = [run_id for run_id, info in fresh.items() if not info.pending and run_id not in held]
         if idle:
