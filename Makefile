@@ -38,7 +38,7 @@ lint: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive bench-faults bench-upload bench-scale-vs-nemo
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive bench-faults bench-upload bench-scale-vs-nemo bench-scale bench-scale10k bench-scale-fleet
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -55,6 +55,15 @@ bench-inflight: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_inflight --db $(DB)
 bench-inflight10k: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_inflight --db $(DB) --rollouts 10000 --latency-ms 30000 --calls 3
+# Scale-out (issue 27): K real qcluster worker processes on one run (PostgreSQL + Redis db 8, and SQLite).
+bench-scale: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_scale spread --db postgres
+	$(BIN)/python -m benchmarks.bench_scale spread --db sqlite
+bench-scale10k: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_scale inflight --rollouts 10000 --workers 2
+	$(BIN)/python -m benchmarks.bench_scale inflight --rollouts 20000 --workers 4
+bench-scale-fleet: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_scale fleet
 bench-long: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_long --db $(DB)
 bench-profile: $(BIN)/.installed

@@ -8,9 +8,10 @@ import re
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from rollouts.evaluation import run_summary
-from rollouts.models import Rollout, Run
+from rollouts.models import Rollout, Run, Worker
 
 from .run_factories import finish, key, make_run, new_attempt
 
@@ -408,5 +409,45 @@ def test_the_page_takes_a_fixed_number_of_queries_however_many_rollouts(signed_i
         with CaptureQueriesContext(connection) as ctx:
             assert signed_in.get(_url(run)).status_code == 200
         counts.append(len(ctx.captured_queries))
-    # 21: the retryable keys of a final run with failures; 22: the run's task and verify fields (a sample, cached)
-    assert counts[0] == counts[1] and counts[1] <= 22
+    # 21: the retryable keys of a final run with failures; 22: the run's task and verify fields (a sample, cached);
+    # 23: the workers that served the run (one grouped query)
+    assert counts[0] == counts[1] and counts[1] <= 23
+
+
+# -- workers serving the run -------------------------------------------------------------------------
+def test_the_live_part_lists_the_workers_serving_the_run_with_their_share(signed_in, db, settings):
+    settings.GYMWEB_LEASE_S = 30
+    run = make_run(6, status=Run.Status.RUNNING)
+    Worker.objects.create(name="m1:11:aa", host="m1", pid=11, last_seen=timezone.now())
+    # "m2:22:bb" has no Worker row any more (its machine was lost): listed from its rollouts, gone
+    for i, (worker, status) in enumerate(
+        [
+            ("m1:11:aa", S.SUCCEEDED),
+            ("m1:11:aa", S.SUCCEEDED),
+            ("m1:11:aa", S.RUNNING),
+            ("m2:22:bb", S.FAILED),
+            ("m2:22:bb", S.INTERRUPTED),
+            ("", S.PENDING),
+        ]
+    ):
+        Rollout.objects.filter(pk=key(run, i).pk).update(status=status, worker=worker)
+    body = _live(signed_in, run)
+    start = body.index('id="run-workers"')
+    section = body[start : body.index("</details>", start)]
+    rows = [re.sub(r"<[^>]+>|\s+", " ", r).split() for r in re.findall(r"<tr>(.*?)</tr>", section, re.S)[1:]]
+    assert rows == [
+        ["m1:11:aa", "m1", "1", "2", "67%", "live"],
+        ["m2:22:bb", "m2", "0", "1", "33%", "gone"],
+    ]
+    assert "2 worker processes served this run" in re.sub(r"<[^>]+>", "", section)
+
+
+def test_a_run_no_worker_touched_shows_no_workers_table(signed_in, mixed_run):
+    assert 'id="run-workers"' not in _live(signed_in, mixed_run)
+
+
+def test_worker_names_are_escaped(signed_in, db):
+    run = make_run(1, status=Run.Status.RUNNING)
+    Rollout.objects.filter(pk=key(run, 0).pk).update(status=S.RUNNING, worker="<b>x</b>:1:a")
+    body = _live(signed_in, run)
+    assert "<b>x</b>" not in body and "&lt;b&gt;x&lt;/b&gt;:1:a" in body

@@ -46,6 +46,7 @@ from rollouts.web.htmx import vary_on_htmx, wants_partial
 from rollouts.web.review_views import curated_export_response, run_review_context, say_plain_export
 from rollouts.web.run_columns import attach_columns, column_heads, run_fields
 from rollouts.web.uploads import too_large_uploads
+from rollouts.workers import serving
 
 RUNS_PER_PAGE = 25
 ROLLOUTS_PER_PAGE = 50
@@ -396,6 +397,8 @@ def _live_context(run: Run, progress: run_summary.Progress | None = None, live_w
     return {
         "live_workers": live_workers,
         "lease_s": float(settings.GYMWEB_LEASE_S),
+        # who serves the run and their share; an imported run has none
+        "workers": serving.run_workers(run.pk, float(settings.GYMWEB_LEASE_S)),
         # Work waits and nobody is there to do it: say so, and how to start a worker.
         "no_worker": live_workers == 0 and bool(p.active),
         "run": run,

@@ -20,7 +20,7 @@ from rollouts.operations import prometheus
 
 log = logging.getLogger("gymweb.dispatch")
 
-__all__ = ["claim", "heartbeat", "reap_expired", "retire", "running_runs", "runs_left", "supervise"]
+__all__ = ["claim", "heartbeat", "reap_expired", "reap_run", "retire", "running_runs", "runs_left", "supervise"]
 
 
 def reap_expired(run_id: int) -> int:
@@ -131,29 +131,35 @@ def running_runs(only: set[int] | None) -> list[dict[str, Any]]:
     )
     for r in out:
         r["pending"] = r["id"] in pending or r["id"] in expired
+        r["expired"] = r["id"] in expired
     return out
 
 
-def heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float) -> tuple[int, dict[int, str]]:
-    """Renew this dispatcher's leases and its Worker row. Returns (live dispatchers, status of each
-    run it holds work of) — a cancel is noticed here."""
+def reap_run(run_id: int) -> int:
+    """Reap run ``run_id``'s expired leases now, under the run's lock (``reap_expired``), whether or
+    not the caller has room to claim: a dispatcher at its fair share makes no claim, and the keys of
+    a dead worker then waited for some claim to reap them. Returns how many were reaped."""
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=run_id).first()
+        return reap_expired(run_id)
+
+
+def heartbeat(
+    name: str, run_ids: frozenset[int], inflight: int, capacity: int, lease_s: float
+) -> tuple[int, dict[int, str]]:
+    """Renew this dispatcher's leases of the runs ``run_ids`` (those it holds rollouts of) and its
+    Worker row (``inflight``: rollouts in flight in it). Returns (live dispatchers, status of each
+    of ``run_ids``) — a cancel is noticed here."""
     now = timezone.now()
-    run_ids = set(inflight.values())
     if run_ids:
-        # By run, status and worker, not by the ids in flight: the same rows (a running attempt
-        # whose worker is this dispatcher is one it holds, or one whose result it has yet to
-        # write), read through the (run, status) index, without an IN list of every id in flight
-        # that Django would compile parameter by parameter on every heartbeat.
-        Rollout.objects.filter(run_id__in=run_ids, status=Rollout.Status.RUNNING, worker=name).update(
-            lease_until=now + timedelta(seconds=lease_s)
-        )
+        _renew_leases(name, run_ids, now + timedelta(seconds=lease_s))
     Worker.objects.update_or_create(
         name=name,
         defaults={
             "host": name.split(":")[0],
             "pid": os.getpid(),
             "last_seen": now,
-            "inflight": len(inflight),
+            "inflight": inflight,
             "capacity": capacity,
         },
     )
@@ -163,6 +169,29 @@ def heartbeat(name: str, inflight: dict[int, int], capacity: int, lease_s: float
     live = Worker.objects.filter(last_seen__gte=now - timedelta(seconds=lease_s)).count()
     statuses = dict(Run.objects.filter(pk__in=run_ids).values_list("id", "status"))
     return max(1, live), statuses
+
+
+def _renew_leases(name: str, run_ids: frozenset[int], until) -> None:
+    """Renew the leases of ``name``'s running attempts of ``run_ids``. By run, status and worker,
+    not by the ids in flight: the same rows (a running attempt whose worker is this dispatcher is
+    one it holds, or one whose result it has yet to write), read through the (run, status) index.
+    On PostgreSQL rows another transaction holds are skipped (``SKIP LOCKED``): they are being
+    ended, by this dispatcher's own write or by a reap, and waiting for that transaction held the
+    heartbeat back past the lease on a busy machine (benchmarks/README.md, issue 27)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        Rollout.objects.filter(run_id__in=run_ids, status=Rollout.Status.RUNNING, worker=name).update(lease_until=until)
+        return
+    table = connection.ops.quote_name(Rollout._meta.db_table)
+    marks = ", ".join(["%s"] * len(run_ids))
+    lease = Rollout._meta.get_field("lease_until").get_db_prep_save(until, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET lease_until = %s WHERE id IN (SELECT id FROM {table} "
+            f"WHERE run_id IN ({marks}) AND status = %s AND worker = %s FOR UPDATE SKIP LOCKED)",
+            [lease, *sorted(run_ids), Rollout.Status.RUNNING, name],
+        )
 
 
 def _flush_metrics() -> None:

@@ -33,7 +33,7 @@ from rollouts.nemo import miswiring
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME
 from rollouts.operations import prometheus
 from rollouts.workers import wakeup
-from rollouts.workers.claims import claim, heartbeat, retire, running_runs, runs_left
+from rollouts.workers.claims import claim, heartbeat, reap_run, retire, running_runs, runs_left
 from rollouts.workers.dbthread import DbThread, db_call
 from rollouts.workers.tuning import collector_tuned, raise_fd_limit
 from rollouts.workers.writer import Batch, call_row, item_row, write_batch
@@ -177,7 +177,10 @@ class Dispatcher:
         self._freed = 0  # slots freed by ended rollouts since the last trip to the DB thread
         self.cancelling: set[int] = set()  # runs whose in-flight rollouts end as `cancelled`
         self.runs: dict[int, _RunInfo] = {}
-        self.live_workers = 1
+        self.live_workers = 1  # set by each heartbeat (the lease keeper's thread)
+        self._held_runs: frozenset[int] = frozenset()  # runs with rollouts in flight here, for the keeper
+        self._statuses: dict[int, str] | None = None  # the statuses of held runs, when one stopped
+        self._keeper_stop = threading.Event()
         self.left: int | None = None  # attempts of the `only` runs not yet ended, over all workers
         self._reap_due = True
         self.db: DbThread | None = None  # started by run()
@@ -284,6 +287,8 @@ class Dispatcher:
             self.inflight[run_id] = self.inflight.get(run_id, 0) + 1
             task = self.tasks[rollout_id] = asyncio.create_task(self._run_one(rollout_id, run_id, row))
             task.add_done_callback(lambda _t, r=rollout_id: self._task_ended(r))  # type: ignore[misc]
+        if claimed:
+            self._held_runs = frozenset(self.inflight) | frozenset(self.batch.run_ids)
 
     def _task_ended(self, rollout_id: int) -> None:
         self._ended.append(rollout_id)
@@ -354,6 +359,11 @@ class Dispatcher:
             fresh[run_id].pending = False
         self.runs = fresh
         self._reap_due = True
+        for r in rows:
+            if r["expired"] and r["id"] not in self.cancelling:
+                # A dead worker's rollouts run again now, not at this dispatcher's next claim
+                # (none comes while it is at its share).
+                await self._db(reap_run, r["id"])
         held = set(self.run_of.values())
         idle = [run_id for run_id, info in fresh.items() if not info.pending and run_id not in held]
         if idle:
@@ -385,14 +395,38 @@ class Dispatcher:
                 self.inflight[run_id] = left
             else:
                 del self.inflight[run_id]
+                # its results wait in the batch (batch.run_ids): their leases are still renewed
+                self._held_runs = frozenset(self.inflight) | frozenset(self.batch.run_ids)
             n += 1
         self._freed += n
         return n
 
-    async def _beat(self) -> None:
-        self.live_workers, statuses = await self._db(
-            heartbeat, self.name, dict(self.run_of), self.capacity, self.lease_s
-        )
+    def _keep_leases(self) -> None:
+        """The lease keeper's thread: every ``heartbeat_s`` renew this dispatcher's leases and its
+        ``Worker`` row on the thread's own database connection, whatever the event loop and the DB
+        thread are doing. A loop busy with a wave of thousands of replies, or a DB thread writing a
+        large batch, on a machine short of CPU, went longer than a lease without a heartbeat, and
+        every rollout in flight was reaped while it still ran (benchmarks/README.md, issue 27)."""
+        while not self._keeper_stop.wait(self.heartbeat_s):
+            try:
+                live, statuses = db_call(
+                    heartbeat, self.name, self._held_runs, len(self.tasks), self.capacity, self.lease_s
+                )
+            except Exception:
+                log.exception("dispatcher %s: a heartbeat failed; trying again in %.1f s", self.name, self.heartbeat_s)
+                continue
+            self.live_workers = live
+            if any(status != Run.Status.RUNNING for status in statuses.values()):
+                self._statuses = statuses
+                self.poke()
+        connections.close_all()  # this thread's own connection
+
+    async def _act_on_statuses(self) -> None:
+        """Cancel the in-flight rollouts of runs the last heartbeat found stopped (cancelled,
+        paused or completed elsewhere)."""
+        statuses, self._statuses = self._statuses, None
+        if not statuses:
+            return
         stopped = [run_id for run_id, status in statuses.items() if status != Run.Status.RUNNING]
         for run_id in stopped:
             if statuses[run_id] == Run.Status.CANCELLED:
@@ -419,17 +453,23 @@ class Dispatcher:
         # (rollouts.targets): a refused host or an oversized reply is a failure row of its own kind.
         raise_fd_limit(2 * self.capacity + 64)
         self.client = targets.async_client(max(self.capacity, 32))
-        self._next_poll = self._next_beat = self._next_flush = 0.0
+        self._next_poll = self._next_flush = 0.0
+        # The first heartbeat before the first claim: the fair share needs the live workers.
+        self.live_workers, self._statuses = await self._db(
+            heartbeat, self.name, self._held_runs, 0, self.capacity, self.lease_s
+        )
+        keeper = threading.Thread(target=self._keep_leases, name="gymweb-lease", daemon=True)
+        keeper.start()
         # A launched run wakes a dispatcher that serves every run (rollouts.workers.wakeup).
         watcher = wakeup.Watcher(self.poke).start() if self.only is None else None
         try:
             with collector_tuned(settings.GYMWEB_GC_THRESHOLD):
-                await self._serve()
+                await self._serve(keeper)
         finally:
             if watcher is not None:
                 watcher.stop()
 
-    async def _serve(self) -> None:
+    async def _serve(self, keeper: threading.Thread) -> None:
         try:
             while not self._stop.is_set():
                 try:
@@ -442,6 +482,13 @@ class Dispatcher:
                     await asyncio.sleep(self.poll_s)
         finally:
             self._stop.set()  # from here on nothing is claimed
+            # No heartbeat after the release retires this dispatcher's Worker row.
+            self._keeper_stop.set()
+            # Polled, not joined in an executor: a worker process's stop ends the interpreter's
+            # executors first (see DbThread).
+            deadline = time.monotonic() + self.heartbeat_s + self.release_timeout_s
+            while keeper.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
             await self._release()
 
     def _stopping(self) -> bool:
@@ -461,9 +508,8 @@ class Dispatcher:
         if self._stopping():
             return True
         now = time.monotonic()
-        if now >= self._next_beat:
-            self._next_beat = now + self.heartbeat_s
-            await self._beat()
+        if self._statuses:
+            await self._act_on_statuses()
         if now >= self._next_poll:
             self._next_poll = now + self.poll_s
             await self._refresh_runs()
@@ -479,7 +525,7 @@ class Dispatcher:
             except TimeoutError:
                 pass
             return False
-        deadline = min(self._next_poll, self._next_flush, self._next_beat)
+        deadline = min(self._next_poll, self._next_flush)
         if self._freed and self._wants():
             deadline = min(deadline, self._next_sync)  # slots were freed: claim them soon
         timeout = max(0.0, deadline - time.monotonic())
