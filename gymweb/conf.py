@@ -196,6 +196,11 @@ class GymwebSettings(BaseSettings):
         200_000, "Python's first garbage-collector threshold while a dispatcher serves (0: Python's default)"
     )
     connect_retry_pause_s: float = S(0.5, "pause before retrying a refused connection")
+    connect_retry_budget_s: float = S(
+        0.0,
+        "seconds more of retries (backoff up to 5 s) once a connection to the agent or env failed 3 times "
+        "(0: the contract's 3 attempts only); a service restarting within it costs no rollout",
+    )
     process_capacity: int = S(2000, "most rollouts in flight per worker process")
     dispatch_in_workers: bool = S(True, "each worker process runs a dispatcher")
     release_timeout_s: float = S(20, "how long a stopping worker may take to release its rollouts")

@@ -164,6 +164,31 @@ async def test_an_env_dropping_the_verify_call_is_a_verify_failure_after_three_a
     assert outcome.response["output"] == GOOD["output"], "the trajectory is kept"
 
 
+@async_test
+async def test_with_a_retry_budget_an_env_restarting_for_a_moment_costs_no_rollout():
+    seen = []
+
+    def env_answer(path, body):
+        seen.append(path)
+        return (200, {**json.loads(body), "reward": 1.0}) if path == "/verify" else (200, {})
+
+    # six refused connections: past the contract's three attempts, within a 3 s budget
+    async with RawServer("reset", fail_first=6, respond=env_answer) as env, AgentService(GOOD) as agent:
+        outcome = await drive(agent, env, retry_pause_s=0.05, connect_retry_budget_s=3.0)
+    assert outcome.ok, outcome.error
+    assert env.connections == 8  # 6 dropped seeds, the seed, the verify
+    assert seen == ["/seed_session", "/verify"]
+
+
+@async_test
+async def test_a_retry_budget_ends_and_the_failure_says_how_long_it_tried():
+    async with RawServer("reset") as agent, EnvService() as env:
+        outcome = await drive(agent, env, retry_pause_s=0.05, connect_retry_budget_s=0.6)
+    assert outcome.failure_kind == FailureKind.AGENT_UNREACHABLE
+    assert agent.connections > 3, "tries go on past the three attempts while the budget lasts"
+    assert f"{agent.connections} attempts over 0.6 s" in outcome.error
+
+
 # -- rule 12: timeouts ------------------------------------------------------------------------------
 @async_test
 async def test_a_slow_agent_call_fails_as_agent_timeout_naming_the_knob():

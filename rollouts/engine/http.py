@@ -141,6 +141,7 @@ class LoopClient(httpx.AsyncClient):
         pause_s: float,
         hint: str,
         timeout_s: float | None = None,
+        budget_s: float = 0.0,
     ) -> RawReply:
         """POST ``body`` to ``url`` with one party's cookies (``jar``, updated from the reply) and
         read the whole reply; ``who`` names the party in messages.
@@ -149,7 +150,10 @@ class LoopClient(httpx.AsyncClient):
         ``pause_s`` between, then a failure naming the URL and ending with ``hint`` (rule 11; rule 15
         for the env); a try that failed because this process had no file descriptor left is waited
         out (up to ``OUT_OF_FILES_WAITS`` pauses) before it counts, and the failure then names the
-        open-file limit instead. A peer that answers with something other than HTTP fails at once.
+        open-file limit instead. ``budget_s`` > 0 (``GYMWEB_CONNECT_RETRY_BUDGET_S``): once those
+        attempts have failed, go on trying while fewer than ``budget_s`` seconds have passed since the
+        first failure, the pause doubling up to ``MAX_RETRY_PAUSE_S`` (a service restarting for a few
+        seconds costs no rollout). A peer that answers with something other than HTTP fails at once.
         ``timeout_s`` bounds each try (rule 12; None: only the rollout's own timeout). Raises
         ``Failure`` with kind ``UNREACHABLE``, ``NOT_HTTP`` or ``TIMEOUT``, which callers turn into
         their own failure kind, or with ``target_refused`` (the target policy refused the host:
@@ -158,7 +162,15 @@ class LoopClient(httpx.AsyncClient):
         """
         last: BaseException | None = None
         failed = waits = 0  # tries that failed and count as attempts; tries waited out for a descriptor
-        while failed < attempts:
+        first_failure: float | None = None
+        pause = pause_s
+
+        def more() -> bool:
+            if failed < attempts:
+                return True
+            return first_failure is not None and time.monotonic() - first_failure < budget_s
+
+        while more():
             try:
                 async with asyncio.timeout(timeout_s):
                     response = await self.post_bytes(url, body, jar.headers())
@@ -179,7 +191,13 @@ class LoopClient(httpx.AsyncClient):
                     waits += 1
                 else:
                     failed += 1
-                if failed < attempts:
+                    if first_failure is None:
+                        first_failure = time.monotonic()
+                if failed >= attempts and more():  # past the contract's attempts, within the budget: back off
+                    pause = min(pause * 2, MAX_RETRY_PAUSE_S)
+                    remaining = budget_s - (time.monotonic() - (first_failure or 0.0))
+                    await asyncio.sleep(max(0.0, min(pause, remaining)))
+                elif failed < attempts:
                     await asyncio.sleep(pause_s)
                 continue
             jar.update(response)
@@ -189,7 +207,8 @@ class LoopClient(httpx.AsyncClient):
                 "gymweb's own process ran out of open files (each rollout in flight may hold an agent and an "
                 "env connection): raise its open-file limit (`ulimit -n`) or lower the concurrency"
             )
-        raise Failure(UNREACHABLE, f"could not reach {who} after {attempts} attempts ({_describe_exc(last)}). {hint}")
+        tries = f"{failed} attempts" + (f" over {budget_s:g} s" if failed > attempts else "")
+        raise Failure(UNREACHABLE, f"could not reach {who} after {tries} ({_describe_exc(last)}). {hint}")
 
 
 _NO_TIMEOUT = aiohttp.ClientTimeout()  # every field None: the loop bounds each call itself (rule 12)
@@ -397,6 +416,8 @@ def _policy_failure(exc: BaseException, who: str, url: str) -> Failure | None:
 # pause of ``retry_pause_s`` each) before they count as attempts: at thousands in flight the agent
 # and env connections can pass the open-file limit for a moment.
 OUT_OF_FILES_WAITS = 60
+# the longest pause between tries once the contract's attempts are spent and a retry budget is set
+MAX_RETRY_PAUSE_S = 5.0
 
 
 def out_of_files(exc: BaseException | None) -> bool:

@@ -67,7 +67,8 @@ class LoopSettings:
     ``agent_base_url`` and ``env_base_url`` are absolute http(s) URLs without a trailing slash
     (see ``validate_base_url``). ``max_steps``: agent calls per rollout, None or 0 = unbounded
     (rule 10). Timeouts in seconds (rule 12). ``retry_pause_s``: pause between connection attempts
-    (rule 11).
+    (rule 11); ``connect_retry_budget_s``: seconds more of tries with backoff once those attempts
+    failed (0: none; ``LoopClient.post_with_attempts``).
     """
 
     agent_base_url: str
@@ -77,6 +78,7 @@ class LoopSettings:
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
     connect_attempts: int = CONNECT_ATTEMPTS
     retry_pause_s: float = 0.5
+    connect_retry_budget_s: float = 0.0
     refused_reply_max_bytes: int = DEFAULT_REFUSED_REPLY_MAX_BYTES
 
 
@@ -358,6 +360,7 @@ class _Rollout:
             pause_s=self.s.retry_pause_s,
             hint=hint,
             timeout_s=timeout_s,
+            budget_s=self.s.connect_retry_budget_s,
         )
 
     async def _post_env(self, route: str, payload: Any) -> RawReply:

@@ -349,6 +349,7 @@ class Dispatcher:
                     remote_responses_timeout_s=r["remote_responses_timeout_s"],
                     run_timeout_s=r["run_timeout_s"],
                     retry_pause_s=settings.GYMWEB_CONNECT_RETRY_PAUSE_S,
+                    connect_retry_budget_s=settings.GYMWEB_CONNECT_RETRY_BUDGET_S,
                     refused_reply_max_bytes=settings.GYMWEB_FAILED_REPLY_MAX_BYTES,
                 )
             )
