@@ -34,6 +34,7 @@ from rollouts.api.schemas import Error, RolloutDetailOut, RunOut
 from rollouts.collection import archive, export, run_settings
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.evaluation.run_aggregate_metrics import NOT_ASKED
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run
 from rollouts.web.access import launch_from_form, run_for
@@ -72,6 +73,12 @@ class RunSettings(Schema):
     )
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="merged into every row's responses_create_params"
+    )
+    env_aggregate_metrics: bool = Field(
+        True,
+        description="ask the env's /aggregate_metrics when the run completes (as `gym eval run` does); "
+        "false: never (as NeMo Gym's run_examples; gymweb's client for training loops), "
+        "the run's aggregates are then computed by gymweb",
     )
 
 
@@ -208,6 +215,8 @@ def _create_run(request, ctype: str, spool) -> Status:
                 raise _bad("send either `rows` or `dataset`, not both", "rows")
             files["dataset_file"] = _rows_upload(rows)
     data.pop("rows", None)
+    # Not a form field: a run without the env's aggregates keeps the reason from the start.
+    extra = {} if data.pop("env_aggregate_metrics") else {"aggregate_metrics_error": NOT_ASKED}
     if data["run_timeout_s"] is None:
         data["run_timeout_s"] = run_settings.default("run_timeout_s")
     data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
@@ -221,7 +230,7 @@ def _create_run(request, ctype: str, spool) -> Status:
             if first:
                 err.message = err.errors[field][0]
         raise err
-    run, _reused = launch_from_form(form, request.user)
+    run, _reused = launch_from_form(form, request.user, **extra)
     return Status(201, run_out(request, run))
 
 
