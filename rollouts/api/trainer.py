@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError
 from rollouts.api.errors import FieldsError, form_error
 from rollouts.api.lookups import rollout_for
 from rollouts.api.payloads import rollout_detail, run_out
+from rollouts.api.result_wait import ResultWait
 from rollouts.api.router import api
 from rollouts.api.schemas import Error, RolloutDetailOut, RunOut
 from rollouts.collection import archive, export, run_settings
@@ -344,41 +345,42 @@ class _Rows:
 
 
 def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
-    """NDJSON lines of the run's NeMo Gym rows from ``after``; with ``wait``, polls for more
-    (every ``GYMWEB_STREAM_POLL_S``) until the run is final and everything is sent, sending an
-    empty line after ``GYMWEB_STREAM_KEEPALIVE_S`` of silence, for at most ``GYMWEB_STREAM_MAX_S``
-    (the client then reconnects with its cursor)."""
-    poll_s, keepalive_s = settings.GYMWEB_STREAM_POLL_S, settings.GYMWEB_STREAM_KEEPALIVE_S
+    """NDJSON lines of the run's NeMo Gym rows from ``after``; with ``wait``, looks again each
+    time the database may hold new rows (``rollouts.api.result_wait``) until the run is final and
+    everything is sent, sending an empty line after ``GYMWEB_STREAM_KEEPALIVE_S`` of silence, for
+    at most ``GYMWEB_STREAM_MAX_S`` (the client then reconnects with its cursor)."""
+    keepalive_s = settings.GYMWEB_STREAM_KEEPALIVE_S
     started = last_out = time.monotonic()
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return
     rows = _Rows(run, after)
-    while True:
-        status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-        if status is None:
-            return
-        final = status in Run.FINAL  # read before the rows: every result of a final run is already stored
-        lines, sent = [], False
-        for line in rows.read():
-            lines.append(line)
-            if len(lines) >= CHUNK:
+    with ResultWait() as changes:  # made before the first look: no write after it is missed
+        while True:
+            status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+            if status is None:
+                return
+            final = status in Run.FINAL  # read before the rows: every result of a final run is already stored
+            lines, sent = [], False
+            for line in rows.read():
+                lines.append(line)
+                if len(lines) >= CHUNK:
+                    yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+                    lines, sent = [], True
+            if lines:
                 yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
-                lines, sent = [], True
-        if lines:
-            yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
-            sent = True
-        now = time.monotonic()
-        if sent:
-            last_out = now
-        elif final or not wait:
-            return
-        if now - started >= settings.GYMWEB_STREAM_MAX_S:
-            return
-        if now - last_out >= keepalive_s:
-            yield b"\n"
-            last_out = now
-        time.sleep(poll_s)
+                sent = True
+            now = time.monotonic()
+            if sent:
+                last_out = now
+            elif final or not wait:
+                return
+            if now - started >= settings.GYMWEB_STREAM_MAX_S:
+                return
+            if now - last_out >= keepalive_s:
+                yield b"\n"
+                last_out = now
+            changes.wait()
 
 
 _RESULTS_DOC = (

@@ -241,7 +241,8 @@ class Dispatcher:
     # A trip to the DB thread for a few freed slots is put off for at most SYNC_GAP_S after the
     # previous trip, so that slots freed one by one are claimed together (each claim is a locked
     # transaction of five queries); a trip goes at once when at least 1/CLAIM_CHUNK_DIV of the
-    # dispatcher's share is free, when nothing is in flight, or when the flush is due.
+    # dispatcher's share is free, when nothing is in flight, or when the flush is due. Finished
+    # results go at the next trip too (within SYNC_GAP_S), not at the flush.
     SYNC_GAP_S = 0.01
     CLAIM_CHUNK_DIV = 8
 
@@ -252,7 +253,8 @@ class Dispatcher:
         if not self.batch and not wants:
             return
         now = time.monotonic()
-        if self.tasks and now < self._next_sync and now < self._next_flush:
+        # Finished results go at the next trip (not at the flush): a results stream is waiting.
+        if self.tasks and now < self._next_sync and (now < self._next_flush and not self.batch.finished):
             chunk = max(
                 1, sum(math.ceil(i.concurrency / self.live_workers) for i in self.runs.values()) // self.CLAIM_CHUNK_DIV
             )
@@ -480,8 +482,8 @@ class Dispatcher:
                 pass
             return False
         deadline = min(self._next_poll, self._next_flush, self._next_beat)
-        if self._freed and self._wants():
-            deadline = min(deadline, self._next_sync)  # slots were freed: claim them soon
+        if (self._freed and self._wants()) or self.batch.finished:
+            deadline = min(deadline, self._next_sync)  # slots were freed or results wait: go soon
         timeout = max(0.0, deadline - time.monotonic())
         if not self._ended and timeout > 0:
             self._wake.clear()
