@@ -242,7 +242,7 @@ class Dispatcher:
     # previous trip, so that slots freed one by one are claimed together (each claim is a locked
     # transaction of five queries); a trip goes at once when at least 1/CLAIM_CHUNK_DIV of the
     # dispatcher's share is free, when nothing is in flight, or when the flush is due. Finished
-    # results go at the next trip too (within SYNC_GAP_S), not at the flush.
+    # results wait for the next trip (within SYNC_GAP_S), not for the flush: a stream reads them.
     SYNC_GAP_S = 0.01
     CLAIM_CHUNK_DIV = 8
 
@@ -253,8 +253,7 @@ class Dispatcher:
         if not self.batch and not wants:
             return
         now = time.monotonic()
-        # Finished results go at the next trip (not at the flush): a results stream is waiting.
-        if self.tasks and now < self._next_sync and (now < self._next_flush and not self.batch.finished):
+        if self.tasks and now < self._next_sync and now < self._next_flush:
             chunk = max(
                 1, sum(math.ceil(i.concurrency / self.live_workers) for i in self.runs.values()) // self.CLAIM_CHUNK_DIV
             )
