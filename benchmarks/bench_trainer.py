@@ -12,6 +12,8 @@ batch size) and a loop on ``run_examples`` in NeMo Gym's venv (``benchmarks/_nem
 gymweb: gunicorn (gthread) + one ``qcluster`` worker on a fresh database, the counter served
 standalone (``serve_counter.py``), and the client sending each batch inline and reading the results
 stream. Ideal batch time = latency × 4 calls; "first" = time to the first result of a batch.
+For gymweb it also prints where a batch's time went (``_phases``: the POST, the claim, the seed,
+the agent calls, the time between them, verify, storing, reading).
 
 Needs NeMo Gym's venv (``--ngpeer``/venv/bin/gym, see ../shared/nemo_gym_peer/README.md); the
 ports must be free (``--skip-nemo`` measures gymweb alone). Every server binds 127.0.0.1 and is
