@@ -12,6 +12,8 @@ batch size) and a loop on ``run_examples`` in NeMo Gym's venv (``benchmarks/_nem
 gymweb: gunicorn (gthread) + one ``qcluster`` worker on a fresh database, the counter served
 standalone (``serve_counter.py``), and the client sending each batch inline and reading the results
 stream. Ideal batch time = latency × 4 calls; "first" = time to the first result of a batch.
+For gymweb it also prints where a batch's time went (``_phases``: the POST, the claim, the seed,
+the agent calls, the time between them, verify, storing, reading).
 
 Needs NeMo Gym's venv (``--ngpeer``/venv/bin/gym, see ../shared/nemo_gym_peer/README.md); the
 ports must be free (``--skip-nemo`` measures gymweb alone). Every server binds 127.0.0.1 and is
@@ -191,18 +193,68 @@ def _wait_services(procs: list, ports: tuple[int, int, int, int], work: Path) ->
     _wait(lambda: Worker.objects.exists(), "the qcluster worker", logs)
 
 
+def _phases(run, w_submit: float, w_posted: float, reads: dict) -> dict:
+    """Where one gymweb batch's time went, in seconds (wall clock; the medians over its rollouts
+    unless said): the POST; POST answered → first rollout claimed; claim spread (first → last
+    claimed); claimed → first agent call sent (seed); the agent calls' own time; the time between
+    agent calls (tool calls and gymweb's own work); last agent reply → rollout ended (verify);
+    ended → stored; stored → read by the client; and the batch's last read."""
+    from rollouts.models import AgentCall
+
+    rollouts = {
+        r["id"]: r
+        for r in run.rollouts.values("id", "task_index", "rollout_index", "started", "finished", "duration_ms")
+    }
+    calls: dict[int, list] = {}
+    for c in AgentCall.objects.filter(rollout__run=run).order_by("index").values("rollout_id", "started", "latency_ms"):
+        calls.setdefault(c["rollout_id"], []).append((c["started"].timestamp(), c["latency_ms"] / 1000))
+    per: dict[str, list[float]] = {k: [] for k in ("seed", "agent", "between", "verify", "store", "read")}
+    for rid, r in rollouts.items():
+        started, stored = r["started"].timestamp(), r["finished"].timestamp()
+        ended = started + (r["duration_ms"] or 0) / 1000
+        cs = calls.get(rid, [])
+        if cs:
+            per["seed"].append(cs[0][0] - started)
+            per["agent"].append(sum(lat for _, lat in cs))
+            per["between"].append(sum(cs[i + 1][0] - (cs[i][0] + cs[i][1]) for i in range(len(cs) - 1)))
+            per["verify"].append(ended - (cs[-1][0] + cs[-1][1]))
+        per["store"].append(stored - ended)
+        read = reads.get((r["task_index"], r["rollout_index"]))
+        if read is not None:
+            per["read"].append(read - stored)
+    starts = [r["started"].timestamp() for r in rollouts.values()]
+    out = {"post": w_posted - w_submit, "claim": min(starts) - w_posted, "spread": max(starts) - min(starts)}
+    out.update({k: statistics.median(v) for k, v in per.items() if v})
+    out["last_read"] = max(reads.values()) - w_submit
+    return out
+
+
+PHASES = ("post", "claim", "spread", "seed", "agent", "between", "verify", "store", "read", "last_read")
+
+
 def _gymweb_batcher(client, agent_url: str, env_url: str):
-    """One batch through gymweb's client: its timings and rewards."""
+    """One batch through gymweb's client: its timings, rewards and phases (``_phases``)."""
     from django.db.models import Max, Min
 
     from rollouts.models import Run
+    from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+
+    posted: list[float] = []
+
+    def on_response(response) -> None:
+        if response.request.method == "POST":
+            posted.append(time.time())
+
+    client.http.event_hooks["response"].append(on_response)
 
     def gymweb_batch(rows):
+        posted.clear()
         t0, w0 = time.monotonic(), time.time()
-        first, rewards = None, []
+        first, rewards, reads = None, [], {}
         for _row, result in client.run_examples(rows, agent_url=agent_url, env_url=env_url, max_steps=10):
             if first is None:
                 first = time.monotonic() - t0
+            reads[(result.get(TASK_INDEX_KEY_NAME), result.get(ROLLOUT_INDEX_KEY_NAME))] = time.time()
             rewards.append(result.get("reward"))
         out = {"batch_s": time.monotonic() - t0, "first_s": first, "n": len(rewards), "rewards": rewards}
         # Where the time went: submit to the first rollout started, and the last stored to the last read.
@@ -210,6 +262,7 @@ def _gymweb_batcher(client, agent_url: str, env_url: str):
         spans = run.rollouts.aggregate(start=Min("started"), end=Max("finished"))
         out["start_s"] = spans["start"].timestamp() - w0
         out["tail_s"] = w0 + out["batch_s"] - spans["end"].timestamp()
+        out["phases"] = _phases(run, w0, posted[0] if posted else w0, reads)
         return out
 
     return gymweb_batch
@@ -326,6 +379,15 @@ def _report(size: int, batches: int, times: dict, ideal: float, nemo: bool) -> N
             print(
                 f"  {'':>4}   {'':>8}  submit → first rollout started {_summary([o['start_s'] for o in outs])}; "
                 f"last stored → last read {_summary([o['tail_s'] for o in outs])}",
+                flush=True,
+            )
+            print(
+                f"  {'':>4}   {'':>8}  phases (ms, median over batches): "
+                + ", ".join(
+                    f"{k} {1000 * statistics.median(o['phases'][k] for o in outs):.0f}"
+                    for k in PHASES
+                    if all(k in o["phases"] for o in outs)
+                ),
                 flush=True,
             )
     if nemo:

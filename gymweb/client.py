@@ -130,7 +130,16 @@ def _run_body(
         raise RefusedSettings(
             "give agent_url= and env_url= (this gymweb server does not find environments by name through a head server)"
         )
-    body = {"rows": sent, "agent_url": agent_url, "env_url": env_url, "concurrency": min(len(sent), 4096), **settings}
+    # As NeMo Gym's run_examples, a batch does not ask the env's /aggregate_metrics (a NeMo Gym env
+    # computes it in its event loop, stalling the next batch's rollouts); settings may ask for it.
+    body = {
+        "rows": sent,
+        "agent_url": agent_url,
+        "env_url": env_url,
+        "concurrency": min(len(sent), 4096),
+        "env_aggregate_metrics": False,
+        **settings,
+    }
     if agent_name:
         body["agent_name"] = agent_name
     return body

@@ -168,7 +168,7 @@ class GymwebSettings(BaseSettings):
     poll_s: float = S(0.5, "how often a worker looks for new work")
     wake_poll_s: float = S(
         0.01,
-        "on SQLite, how often an idle worker reads the database's change counter to start a launched run at once (0: polls only; PostgreSQL notifies)",
+        "on SQLite, how often an idle worker (and an open results stream) reads the database's change counter to start a launched run (send a new result) at once (0: polls only; PostgreSQL notifies)",
     )
     auto_retry: bool = S(
         True,
@@ -184,7 +184,10 @@ class GymwebSettings(BaseSettings):
     delete_batch: int = S(200, "rollouts (with everything under them) deleted, archived or restored per transaction")
     delete_batch_items: int = S(500, "trajectory items per such transaction (a rollout with more makes one of its own)")
     delete_pause_s: float = S(0.05, "pause between two such transactions, so writers waiting for the lock get it")
-    stream_poll_s: float = S(0.05, "how often an open results stream looks for new results")
+    stream_poll_s: float = S(
+        0.05,
+        "how often an open results stream looks for new results when the database cannot signal them (GYMWEB_WAKE_POLL_S = 0, or neither SQLite nor PostgreSQL)",
+    )
     stream_keepalive_s: float = S(
         15.0, "an open results stream sends an empty line after this many seconds without a result"
     )

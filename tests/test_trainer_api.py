@@ -139,6 +139,28 @@ def test_an_inline_batch_has_a_files_size_limit(client, auth, settings):
     assert nothing_stored()
 
 
+def test_a_batch_can_skip_the_envs_aggregate_metrics_and_says_why(client, auth, monkeypatch):
+    from rollouts.evaluation import aggregate_metrics, run_aggregate_metrics
+
+    body = {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV}
+    asked = post_json(client, auth, body)
+    skipped = post_json(client, auth, {**body, "env_aggregate_metrics": False})
+    assert asked.status_code == skipped.status_code == 201
+    assert Run.objects.get(pk=asked.json()["id"]).aggregate_metrics_error == ""
+    run = Run.objects.get(pk=skipped.json()["id"])
+    assert run.aggregate_metrics_error == run_aggregate_metrics.NOT_ASKED
+    finish_some(run, 2)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the env's /aggregate_metrics was called")
+
+    monkeypatch.setattr(run_aggregate_metrics, "build_aggregate_metrics", never)
+    assert run_aggregate_metrics.fetch_aggregate_metrics(run.pk) == run_aggregate_metrics.NOT_ASKED
+    monkeypatch.undo()
+    entries, notes = run_aggregate_metrics.run_aggregate_entries(run)  # computed by gymweb instead
+    assert entries and "env_aggregate_metrics off" in notes[0] and aggregate_metrics.LOCAL_NOTE in notes[0]
+
+
 def test_a_launch_wakes_idle_workers_through_the_database(transactional_db):
     """The SQLite watcher sees a run launched by another connection (PostgreSQL: LISTEN/NOTIFY)."""
     import threading
@@ -238,6 +260,40 @@ def test_the_stream_gives_the_files_rows_in_finishing_order_and_each_once_across
     success = next(json.loads(line) for line in whole if "_ng_failure_class" not in json.loads(line))
     item = success["response"]["output"][0]
     assert item["generation_token_ids"] == [7, 8, 9] and item["content"][0]["logprobs"][0]["logprob"] == -0.25
+
+
+def test_a_waiting_stream_is_woken_by_results_another_connection_stores(transactional_db, monkeypatch):
+    """SQLite: the change counter moves; PostgreSQL: the writer's NOTIFY. Never the fallback look."""
+    import threading
+
+    from django.db import connection
+
+    from rollouts.api import result_wait
+    from rollouts.collection import runs
+    from rollouts.collection.datasets import read_jsonl
+
+    monkeypatch.setattr(result_wait, "FALLBACK_S", 600.0)
+    with COUNTER_TASKS.open("rb") as fh:
+        run = runs.create_run(read_jsonl(fh), name="w", agent_url=AGENT, env_url=ENV)
+    runs.launch(run)
+    ready, woken = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        try:
+            with result_wait.ResultWait() as changes:
+                assert changes.mode == connection.vendor
+                ready.set()
+                changes.wait()
+                woken.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    finish_some(run, 1)
+    assert woken.wait(60), "the stream never saw the stored result"
+    thread.join(5)
 
 
 def test_the_stream_waits_for_rows_until_the_run_is_final(client, auth, inline_run, settings):

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from gymweb.client import AsyncClient, Client, GymwebError, RefusedSettings, Unauthorized
+from rollouts.evaluation.run_aggregate_metrics import NOT_ASKED
 from rollouts.models import Run
 from rollouts.tokens import create_token
 
@@ -51,6 +52,8 @@ def test_run_examples_yields_each_row_with_its_result_as_rollouts_finish(
         sent = [{k: m[k] for k in ("content", "role")} for m in result["responses_create_params"]["input"]]
         assert sent == row["responses_create_params"]["input"]
     assert Run.objects.count() == 2
+    # as NeMo Gym's run_examples, a batch does not ask the env's /aggregate_metrics
+    assert Run.objects.filter(aggregate_metrics_error=NOT_ASKED).count() == 2
 
 
 def test_the_async_client_has_nemo_gyms_shape(live_server, workers, token, counter_env_url, counter_agent_url):

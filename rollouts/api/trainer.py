@@ -29,11 +29,13 @@ from pydantic import Field, ValidationError
 from rollouts.api.errors import FieldsError, form_error
 from rollouts.api.lookups import rollout_for
 from rollouts.api.payloads import rollout_detail, run_out
+from rollouts.api.result_wait import ResultWait
 from rollouts.api.router import api
 from rollouts.api.schemas import Error, RolloutDetailOut, RunOut
 from rollouts.collection import archive, export, run_settings
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
+from rollouts.evaluation.run_aggregate_metrics import NOT_ASKED
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, Rollout, Run
 from rollouts.web.access import launch_from_form, run_for
@@ -72,6 +74,12 @@ class RunSettings(Schema):
     )
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="merged into every row's responses_create_params"
+    )
+    env_aggregate_metrics: bool = Field(
+        True,
+        description="ask the env's /aggregate_metrics when the run completes (as `gym eval run` does); "
+        "false: never (as NeMo Gym's run_examples; gymweb's client for training loops), "
+        "the run's aggregates are then computed by gymweb",
     )
 
 
@@ -208,6 +216,8 @@ def _create_run(request, ctype: str, spool) -> Status:
                 raise _bad("send either `rows` or `dataset`, not both", "rows")
             files["dataset_file"] = _rows_upload(rows)
     data.pop("rows", None)
+    # Not a form field: a run without the env's aggregates keeps the reason from the start.
+    extra = {} if data.pop("env_aggregate_metrics") else {"aggregate_metrics_error": NOT_ASKED}
     if data["run_timeout_s"] is None:
         data["run_timeout_s"] = run_settings.default("run_timeout_s")
     data["overrides"] = json.dumps(data["overrides"]) if data["overrides"] else ""
@@ -221,7 +231,7 @@ def _create_run(request, ctype: str, spool) -> Status:
             if first:
                 err.message = err.errors[field][0]
         raise err
-    run, _reused = launch_from_form(form, request.user)
+    run, _reused = launch_from_form(form, request.user, **extra)
     return Status(201, run_out(request, run))
 
 
@@ -335,41 +345,42 @@ class _Rows:
 
 
 def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
-    """NDJSON lines of the run's NeMo Gym rows from ``after``; with ``wait``, polls for more
-    (every ``GYMWEB_STREAM_POLL_S``) until the run is final and everything is sent, sending an
-    empty line after ``GYMWEB_STREAM_KEEPALIVE_S`` of silence, for at most ``GYMWEB_STREAM_MAX_S``
-    (the client then reconnects with its cursor)."""
-    poll_s, keepalive_s = settings.GYMWEB_STREAM_POLL_S, settings.GYMWEB_STREAM_KEEPALIVE_S
+    """NDJSON lines of the run's NeMo Gym rows from ``after``; with ``wait``, looks again each
+    time the database may hold new rows (``rollouts.api.result_wait``) until the run is final and
+    everything is sent, sending an empty line after ``GYMWEB_STREAM_KEEPALIVE_S`` of silence, for
+    at most ``GYMWEB_STREAM_MAX_S`` (the client then reconnects with its cursor)."""
+    keepalive_s = settings.GYMWEB_STREAM_KEEPALIVE_S
     started = last_out = time.monotonic()
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return
     rows = _Rows(run, after)
-    while True:
-        status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-        if status is None:
-            return
-        final = status in Run.FINAL  # read before the rows: every result of a final run is already stored
-        lines, sent = [], False
-        for line in rows.read():
-            lines.append(line)
-            if len(lines) >= CHUNK:
+    with ResultWait() as changes:  # made before the first look: no write after it is missed
+        while True:
+            status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+            if status is None:
+                return
+            final = status in Run.FINAL  # read before the rows: every result of a final run is already stored
+            lines, sent = [], False
+            for line in rows.read():
+                lines.append(line)
+                if len(lines) >= CHUNK:
+                    yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+                    lines, sent = [], True
+            if lines:
                 yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
-                lines, sent = [], True
-        if lines:
-            yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
-            sent = True
-        now = time.monotonic()
-        if sent:
-            last_out = now
-        elif final or not wait:
-            return
-        if now - started >= settings.GYMWEB_STREAM_MAX_S:
-            return
-        if now - last_out >= keepalive_s:
-            yield b"\n"
-            last_out = now
-        time.sleep(poll_s)
+                sent = True
+            now = time.monotonic()
+            if sent:
+                last_out = now
+            elif final or not wait:
+                return
+            if now - started >= settings.GYMWEB_STREAM_MAX_S:
+                return
+            if now - last_out >= keepalive_s:
+                yield b"\n"
+                last_out = now
+            changes.wait()
 
 
 _RESULTS_DOC = (

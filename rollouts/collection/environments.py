@@ -8,6 +8,7 @@ target policy (every request goes through ``rollouts.targets``' client) and the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -183,14 +184,28 @@ def _candidate_heads(agent_url: str, head_url: str | None) -> list[str]:
     return [u for u in dict.fromkeys(out) if u]
 
 
+# Agent URLs found not to be NeMo Gym agent servers: {url: monotonic time}. A training loop
+# launches a batch every few seconds against the same agent; probing it each time (a new client
+# and a request) was a large part of the launch.
+_PLAIN_AGENT_TTL_S = 60.0
+_plain_agents: dict[str, float] = {}
+
+
 def miswiring_problem(agent_url: str, head_url: str | None = None) -> str | None:
     """When ``agent_url`` is a NeMo Gym agent server (it serves ``/run``), the explanation naming
     the URL the user most likely meant (the agent's ``agent_base_url`` in the head server's config;
     the head servers tried: ``head_url``, else the setting, the registered ones and port 11000 of
-    the agent's host). None when it is not one, or cannot be asked."""
+    the agent's host). None when it is not one, or cannot be asked; that answer is kept for
+    ``_PLAIN_AGENT_TTL_S`` seconds per URL (in this process)."""
+    now = time.monotonic()
+    if now - _plain_agents.get(agent_url, -_PLAIN_AGENT_TTL_S) < _PLAIN_AGENT_TTL_S:
+        return None
     with client(OPENAPI_TIMEOUT_S) as c:
         doc = head_server.openapi(c, agent_url)
     if not miswiring.is_nemo_gym_agent_server(doc):
+        if len(_plain_agents) > 1000:
+            _plain_agents.clear()
+        _plain_agents[agent_url] = now
         return None
     for url in _candidate_heads(agent_url, head_url):
         try:

@@ -11,7 +11,9 @@ for several. When the env does not serve the route, fails, or the run is too big
 (``GYMWEB_AGGREGATE_MAX_ROWS``), nothing is stored but the reason (``Run.aggregate_metrics_error``),
 and the file is computed locally whenever it is asked for (``run_aggregate_entries``): NeMo Gym's
 default computation over the same rows. Imported runs, which have no env, are always computed
-locally. A reply stored by an older gymweb (the bare reply) still reads as its run's entry.
+locally. A reply stored by an older gymweb (the bare reply) still reads as its run's entry. A run
+launched without the env's aggregates (``NOT_ASKED``: a training loop's batch, as NeMo Gym's
+``run_examples`` never calls the route) is never sent: its file is computed locally.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from rollouts.evaluation.outputs import check_outputs
 from rollouts.models import Rollout, Run
 
 __all__ = [
+    "NOT_ASKED",
     "fetch_aggregate_metrics",
     "stored_entries",
     "run_aggregate_entries",
@@ -47,6 +50,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("gymweb.aggregate")
+
+# The reason kept on a run launched with ``env_aggregate_metrics`` off (the API's run setting):
+# its env is never asked. A NeMo Gym env computes the reply in its event loop, so the call stalls
+# every rollout the env is serving meanwhile (a training loop's next batch).
+NOT_ASKED = (
+    "not called: the run was launched with env_aggregate_metrics off "
+    "(as NeMo Gym's run_examples, which never calls /aggregate_metrics)"
+)
 
 
 def run_aggregate_rows(run: Run) -> Iterator[dict[str, Any]]:
@@ -80,6 +91,8 @@ def fetch_aggregate_metrics(run_id: int) -> str:
     run = Run.objects.filter(pk=run_id).first()
     if run is None or not run.env_url:
         return "no such run"
+    if run.aggregate_metrics_error == NOT_ASKED:
+        return NOT_ASKED
     limit = settings.GYMWEB_AGGREGATE_MAX_ROWS
     if Rollout.objects.filter(run=run, status=Rollout.Status.SUCCEEDED).count() > limit:
         return _store(

@@ -10,6 +10,8 @@ place for that rule. ``launch_from_form``: the new-run form's (and
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 
@@ -74,10 +76,10 @@ def label_for(request, label_id: int) -> Label:
     return get_object_or_404(labels_for(request.user), pk=label_id)
 
 
-def launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
+def launch_from_form(form: RunForm, user, **run_fields: Any) -> tuple[Run, bool]:
     """Store the dataset (for an upload; an identical earlier upload of the same user is reused
-    instead) and the run, and launch it: all or nothing. Returns the run and whether an earlier
-    upload was reused."""
+    instead) and the run, and launch it: all or nothing. ``run_fields``: more ``Run`` fields than
+    the form's. Returns the run and whether an earlier upload was reused."""
     reused = False
     team = form.cleaned_data.get("team")  # None: the dataset's team, else the user's first
     with transaction.atomic():
@@ -93,7 +95,7 @@ def launch_from_form(form: RunForm, user) -> tuple[Run, bool]:
             user=user,
             dataset=dataset,
             team=team,
-            **form.run_options(),
+            **{**form.run_options(), **run_fields},
         )
         runs.launch(run)  # marked running: the workers pick it up
     return run, reused

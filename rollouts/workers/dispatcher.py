@@ -244,7 +244,8 @@ class Dispatcher:
     # A trip to the DB thread for a few freed slots is put off for at most SYNC_GAP_S after the
     # previous trip, so that slots freed one by one are claimed together (each claim is a locked
     # transaction of five queries); a trip goes at once when at least 1/CLAIM_CHUNK_DIV of the
-    # dispatcher's share is free, when nothing is in flight, or when the flush is due.
+    # dispatcher's share is free, when nothing is in flight, or when the flush is due. Finished
+    # results wait for the next trip (within SYNC_GAP_S), not for the flush: a stream reads them.
     SYNC_GAP_S = 0.01
     CLAIM_CHUNK_DIV = 8
 
@@ -527,8 +528,8 @@ class Dispatcher:
                 pass
             return False
         deadline = min(self._next_poll, self._next_flush)
-        if self._freed and self._wants():
-            deadline = min(deadline, self._next_sync)  # slots were freed: claim them soon
+        if (self._freed and self._wants()) or self.batch.finished:
+            deadline = min(deadline, self._next_sync)  # slots were freed or results wait: go soon
         timeout = max(0.0, deadline - time.monotonic())
         if not self._ended and timeout > 0:
             self._wake.clear()

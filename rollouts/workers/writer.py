@@ -16,6 +16,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from rollouts.bulk import insert_ignoring_conflicts
+from rollouts.collection.notify import notify_results
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, RolloutOutcome, StepRecord
@@ -328,6 +329,8 @@ def _write_batch(batch: Batch, worker: str) -> None:
                 Rollout.objects.filter(pk=rollout_id).update(seed_ms=seed_ms)
         for rollout_id, out in batch.finished:
             _write_result(batch, worker, now, seqs, rollout_id, out)
+        if batch.finished:
+            notify_results(set(batch.run_of.values()) | batch.run_ids)
         for rollout_id, status in batch.killed:
             _write_killed(worker, now, rollout_id, status)
         if batch.unclaimed:  # never started: the claim is undone, no attempt happened
