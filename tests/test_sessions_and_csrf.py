@@ -81,6 +81,7 @@ def test_every_dashboard_route_answers_a_signed_out_htmx_request_with_hx_redirec
         "label_id": 1,
         "token_id": 1,
         "task_id": 1,
+        "queue_id": 1,
     }
     page = reverse("run", args=[run.pk]) + "?task=1"
     routes = _get_routes()
