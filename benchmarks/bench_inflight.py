@@ -116,7 +116,11 @@ def main() -> None:
     print(
         f"  write backlog: the oldest unstored step had finished at most {lag:.2f} s before ({len(samples)} samples; target ≤ 2 s)"
     )
-    print(f"  wall {wall:.1f} s; CPU {cpu:.1f} s ({1000 * cpu / args.rollouts:.2f} ms per rollout)")
+    print(
+        f"  wall {wall:.1f} s; CPU {cpu:.1f} s ({1000 * cpu / args.rollouts:.2f} ms per rollout, "
+        f"{1000 * cpu / (args.rollouts * args.calls):.2f} ms per rollout-step; target ≤ 1.0 at 10,000)"
+    )
+    print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"  garbage collector: {gc_time['n']} collections ({gc_time['full']} full), {gc_time['s']:.1f} s")
     print(
         f"  peak RSS {h.peak_rss_mb():.0f} MB (before the run {rss_before:.0f} MB; target < 600 MB at 1,000, < 1 GB at 10,000)"

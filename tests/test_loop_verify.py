@@ -9,7 +9,13 @@ import pytest
 
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, StepRecord
-from rollouts.engine.nemo_request import materialize_item, materialize_response, run_record
+from rollouts.engine.nemo_request import (
+    agent_result,
+    materialize_item,
+    materialize_response,
+    run_record,
+    verify_refusal,
+)
 from tests.servers import (
     AgentService,
     EnvService,
@@ -311,3 +317,20 @@ async def test_an_echo_of_task_params_nemo_gyms_model_refuses_is_not_held_agains
     async with EnvService(verify=bad) as env, AgentService(reply(message())) as agent:
         outcome = await drive(agent, env)
     assert outcome.failure_kind == FailureKind.VERIFY_FAILED and "responses_create_params.input" in outcome.error
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@async_test
+async def test_the_outcome_says_whether_nemo_gyms_model_takes_the_verify_reply_whole(strict):
+    """The writer's ``agent_result`` reads ``verify_accepted`` instead of validating the reply again:
+    it must be what ``verify_refusal`` of the whole reply finds (echoed params included), and give
+    the same row."""
+    row = task_row()
+    tool = {"type": "function", "name": "t", "parameters": {"type": "object"}}
+    row["responses_create_params"]["tools"] = [{**tool, "strict": True} if strict else tool]
+    async with EnvService(verify=echo_verify(reward=1.0)) as env, AgentService(reply(message())) as agent:
+        outcome = await drive(agent, env, row)
+    assert outcome.ok, outcome.error
+    assert outcome.verify_accepted is strict
+    assert outcome.verify_accepted == (verify_refusal(outcome.verify_response) is None)
+    assert agent_result(outcome.verify_response, outcome.verify_accepted) == agent_result(outcome.verify_response)

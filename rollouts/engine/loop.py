@@ -173,12 +173,15 @@ class RolloutOutcome:
     the partial merged response when at least one agent reply came. ``usage`` is the summed usage
     (rule 8) or None when the agent never reported any. ``refused_reply``: the agent reply that
     ended the rollout when gymweb refused it (``RefusedBody``), else None. ``agent_url``/``env_url``:
-    the base URLs this rollout was driven against. Times in ms.
+    the base URLs this rollout was driven against. ``verify_accepted``: on success, whether NeMo
+    Gym's verify-response model takes ``verify_response`` whole (``nemo_request.verify_refusal`` is
+    None, echoed params included). Times in ms.
     """
 
     ok: bool
     reward: float | None = None
     verify_response: dict[str, Any] | None = None
+    verify_accepted: bool | None = None
     response: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     failure_kind: str | None = None
@@ -329,6 +332,7 @@ class _Rollout:
         # body joined from the pieces (byte for byte what ``_dumps`` of the whole would give), so
         # step k costs a join of k pieces, not a json.dumps of the whole conversation.
         self._input_parts: list[bytes] = []
+        self._input_sent = 0  # items of ``input`` already in ``_input_parts``
         self._body_ends: tuple[bytes, bytes] | None = None
         self.merged: list[dict[str, Any]] = []
         self.usage: dict[str, Any] | None = None
@@ -435,7 +439,8 @@ class _Rollout:
         # and ``"0.5"`` are rewards) and turns a refusal into a failure row (rule 15).
         # (a task whose own params that model refuses is not held against the env's echo of them)
         own_params = self.record.get("responses_create_params")
-        refusal = nemo_request.verify_refusal(data, check_params=nemo_request.params_refusal(own_params) is None)
+        own_refusal = nemo_request.params_refusal(own_params)
+        refusal = nemo_request.verify_refusal(data, check_params=own_refusal is None)
         if refusal is not None:
             raise Failure(
                 FailureKind.VERIFY_FAILED,
@@ -452,6 +457,11 @@ class _Rollout:
             )
         self.outcome.reward = reward
         self.outcome.verify_response = data
+        # All of NeMo Gym's model but the echoed params has passed above: check those too (when
+        # the task's own were not), so the writer's ``agent_result`` need not validate it all again.
+        self.outcome.verify_accepted = (
+            own_refusal is None or nemo_request.params_refusal(data["responses_create_params"]) is None
+        )
 
     # -- agent -------------------------------------------------------------------------------
     async def call_agent(self) -> tuple[dict[str, Any], StepRecord]:
@@ -547,11 +557,16 @@ class _Rollout:
             if not mark:  # cannot happen (the mark is a fresh string); stay correct anyway
                 params["input"] = self.input
                 return _dumps(params)
+        # ``parts`` holds the items with their commas between ([i0, b",", i1, ...]): the body is
+        # built by one join, so a long conversation is copied once per call, not twice.
         parts = self._input_parts
-        for item in self.input[len(parts) :]:
+        for item in self.input[self._input_sent :]:
+            if parts:
+                parts.append(b",")
             parts.append(_dumps(item))
+        self._input_sent = len(self.input)
         head, tail = self._body_ends
-        return b"".join((head, b"[", b",".join(parts), b"]", tail))
+        return b"".join((head, b"[", *parts, b"]", tail))
 
     # -- the loop ----------------------------------------------------------------------------
     def merged_response(self) -> dict[str, Any] | None:
@@ -669,6 +684,7 @@ async def run_rollout(
     if not outcome.ok:
         outcome.reward = None
         outcome.verify_response = None
+        outcome.verify_accepted = None
     outcome.response = rollout.merged_response()
     outcome.num_agent_calls = rollout.agent_calls
     outcome.num_tool_calls = rollout.tool_calls

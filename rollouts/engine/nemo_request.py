@@ -354,7 +354,7 @@ def params_refusal(params: Any) -> str | None:
     try:
         _Params.model_validate(params)
     except (ValueError, RecursionError) as exc:
-        return "; ".join(f"responses_create_params.{line}" for line in _errors(exc)[:5])
+        return "; ".join(f"responses_create_params.{line}" for line in _errors(exc, 5))
     if not isinstance(params.get("input"), (str, list)):
         return "responses_create_params.input: a string or a list is required"
     return None
@@ -446,23 +446,32 @@ def verify_refusal_listing(reply: Any, check_params: bool = True, limit: int = 2
     return text[:limit] + ("…" if len(text) > limit else "")
 
 
-def _errors(exc: BaseException) -> list[str]:
-    """``loc: message`` lines of a pydantic ``ValidationError`` (the exception's text otherwise)."""
+def _errors(exc: BaseException, limit: int | None = None) -> list[str]:
+    """The first ``limit`` (None: all) ``loc: message`` lines of a pydantic ``ValidationError``
+    (the exception's text otherwise)."""
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return [str(exc)[:300]]
-    return [".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in errors()]
+    try:
+        # only loc and msg are read: leave out the URL, context and input pydantic builds per error
+        found = errors(include_url=False, include_context=False, include_input=False)
+    except TypeError:  # an ``errors()`` that is not pydantic's
+        found = errors()
+    return [".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in found[:limit]]
 
 
-def agent_result(reply: Any) -> Any:
+def agent_result(reply: Any, accepted: bool | None = None) -> Any:
     """The env's ``/verify`` reply as NeMo Gym 0.7.0's remote_agent returns it from ``/run``: its
     ``RemoteAgentVerifyResponse`` (``BaseVerifyResponse`` with extra fields allowed) validated from
     the reply and dumped. ``responses_create_params`` (``materialize``), ``response``
     (``materialize_response``), ``reward`` (a float), ``mask_sample``, ``failure_kind`` and
     ``failure_reason`` (defaults ``false``/``null``/``null``), then the reply's other fields in its
     order; ``capture_rollout_id``/``_ng_rollout_id`` are not dumped. A reply that model refuses
-    (``verify_refusal``) comes back unchanged."""
-    if verify_refusal(reply) is not None:
+    (``verify_refusal``) comes back unchanged. ``accepted``: whether ``verify_refusal(reply)`` is
+    None, when the caller has found it already (the loop has); None: found here."""
+    if accepted is None:
+        accepted = verify_refusal(reply) is None
+    if not accepted:
         return reply
     try:
         fields = _VerifyFields.model_validate({k: reply[k] for k in _VERIFY_FIELDS if k in reply})

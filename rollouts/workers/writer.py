@@ -363,7 +363,7 @@ def _result_fields(out: RolloutOutcome, now: datetime) -> dict[str, Any]:
         verify_json=dumps(out.verify_response) if out.ok else "",
         # The numbers the run's profile reads, so it never parses verify_json (run_profile).
         # (of the row as rollouts.jsonl carries it: the reply as NeMo Gym's agent returns it).
-        profile_json=profile_json_for_verify(agent_result(out.verify_response)) if out.ok else "",
+        profile_json=profile_json_for_verify(agent_result(out.verify_response, out.verify_accepted)) if out.ok else "",
         partial_response_json="" if out.ok or out.response is None else dumps(out.response),
         warnings=warnings,
         num_agent_calls=out.num_agent_calls,
