@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import tempfile
 
+import pytest
+
 from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 
 from rollouts import downloads
@@ -25,6 +27,7 @@ def test_jsonl_download_streams_lines():
     assert b"".join(response.streaming_content) == b'{"a":1}\n{"b":2}\n'
 
 
+@pytest.mark.django_db  # closing the response sends request_finished, which checks the database connections
 def test_file_download_and_a_name_that_is_not_ascii():
     spool = tempfile.TemporaryFile()
     spool.write(b"zip")
