@@ -6,7 +6,6 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-
 from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 
 from rollouts import downloads
