@@ -113,6 +113,10 @@ if _database_url:
         # A sqlite:// URL gets the embedded default's options too (without them every commit
         # is a rollback-journal fsync).
         DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
+    elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # PostgreSQL's JIT compiles a plan whose estimated cost passes jit_above_cost; the run table's
+        # sorts over 100,000 rollouts spent 1.9-3.6 s of 3.7-4.1 s compiling (benchmarks/README.md).
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault("options", "-c jit=off")
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {

@@ -128,3 +128,14 @@ def test_the_gymweb_command_lists_its_commands_and_runs_settings(tmp_path):
         [*gymweb, "settings"], env={**env, "GYMWEB_Q_WORKERS": "two"}, capture_output=True, text=True, timeout=120
     )
     assert bad.returncode == 2 and "GYMWEB_Q_WORKERS='two'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.django_db
+def test_postgresql_connections_run_without_jit():
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite has no JIT")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == "off", "the run table's sorts spend seconds compiling plans with JIT on"
