@@ -30,6 +30,9 @@ UNASSIGNED = "unassigned"
 QUEUE_PARAM = "queue"  # a rollout page opened from a queue: its review panel steps through the queue
 
 
+ID_MAX = 2**63 - 1  # the largest id a database row can have (64-bit): larger ones name nothing
+
+
 def rollout_url(queue_id: int, rollout: Rollout) -> str:
     """A rollout's page opened from a review queue (``?queue=ID``: the panel's queue mode)."""
     return reverse("rollout", args=[rollout.run_id, rollout.pk]) + f"?{QUEUE_PARAM}={queue_id}"
@@ -114,6 +117,8 @@ def assign(queue: ReviewQueue, assignee, entries: Any = UNASSIGNED) -> int:
             ids = [int(i) for i in entries]
         except (TypeError, ValueError):
             raise ReviewError("choose entries of the queue (their ids)", "entries") from None
+        if any(not 0 < i <= ID_MAX for i in ids):
+            raise ReviewError("choose entries of the queue (their ids)", "entries")
         if not ids:
             raise ReviewError("choose the entries to assign (or assign every unassigned one)", "entries")
         qs = qs.filter(pk__in=ids)
@@ -213,10 +218,19 @@ def with_counts(queues: QuerySet) -> QuerySet:
     )
 
 
+# Columns a queue's page never shows: a run's health summary alone can be megabytes, decoded per row.
+_BIG_ROLLOUT_FIELDS = ("verify_json", "profile_json", "partial_response_json", "warnings", "source_text", "input_text")
+_BIG_RUN_FIELDS = ("overrides", "aggregate_metrics", "health_summary", "url_changes")
+
+
 def entries(queue: ReviewQueue, state: str = "") -> QuerySet:
     """The queue's entries for its page (oldest added first) with rollout, run and users;
     ``state``: ``todo`` (unreviewed), ``reviewed``, ``unassigned`` or all."""
-    qs = QueueEntry.objects.filter(queue=queue).select_related("rollout__run", "assigned_to", "reviewed_by")
+    qs = (
+        QueueEntry.objects.filter(queue=queue)
+        .select_related("rollout__run", "assigned_to", "reviewed_by")
+        .defer(*(f"rollout__{name}" for name in _BIG_ROLLOUT_FIELDS), *(f"rollout__run__{n}" for n in _BIG_RUN_FIELDS))
+    )
     if state == "todo":
         qs = qs.filter(reviewed_at__isnull=True)
     elif state == "reviewed":
