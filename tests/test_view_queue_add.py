@@ -57,3 +57,17 @@ def test_add_without_a_queue_says_so_and_adds_nothing(signed_in, two_runs):
     response = signed_in.post(reverse("queue_add", args=[first.pk]), {"queue": ""})
     assert response.status_code == 400 and "choose a queue, or name a new one" in response.content.decode()
     assert not QueueEntry.objects.exists()
+
+
+def test_a_refused_add_leaves_no_new_empty_queue(signed_in, two_runs, monkeypatch):
+    first, _ = two_runs
+    monkeypatch.setattr("rollouts.review.queues.MAX_ADD", 2)
+    response = add(signed_in, first, new="too big")
+    assert response.status_code == 400 and "more than 2 rollouts" in response.content.decode()
+    assert not ReviewQueue.objects.filter(name="too big").exists()
+
+
+def test_a_queue_id_past_64_bits_is_no_queue(signed_in, two_runs):
+    first, _ = two_runs
+    response = signed_in.post(reverse("queue_add", args=[first.pk]), {"queue": str(2**63)})
+    assert response.status_code == 400 and "choose a queue" in response.content.decode()

@@ -6,6 +6,7 @@ set's rubric and its answers (``rollouts.review.rubric``). A queue is looked up 
 from __future__ import annotations
 
 from django.http import QueryDict
+from ninja.errors import HttpError
 from ninja.responses import Status
 
 from rollouts.api.errors import form_error, review_error
@@ -28,7 +29,7 @@ from rollouts.api.schemas import (
 from rollouts.models import QueueEntry, ReviewQueue, Rollout
 from rollouts.review import queues, rubric
 from rollouts.review.actions import ReviewError
-from rollouts.review.query import filtered_rollouts
+from rollouts.review.query import FILTER_FIELDS, filtered_rollouts, unknown_filter_names
 from rollouts.web.access import queues_for, run_for
 
 
@@ -73,7 +74,12 @@ def add_rollouts(request, queue_id: int, payload: QueueAddIn):
         raise review_error(ReviewError("give either `rollouts` (ids) or `run` (with its `filter`)", "rollouts"))
     if payload.run is not None:
         run = run_for(request, payload.run)
-        qs, form = filtered_rollouts(run, QueryDict(payload.filter))
+        params = QueryDict(payload.filter)
+        unknown = unknown_filter_names(params)
+        if unknown:  # a typo would add the whole run
+            names = ", ".join(map(repr, unknown))
+            raise review_error(ReviewError(f"unknown filter {names} (filters: {', '.join(FILTER_FIELDS)})", "filter"))
+        qs, form = filtered_rollouts(run, params)
         if form.errors:
             raise form_error(form)
     else:
@@ -129,10 +135,13 @@ def get_rubric(request):
     return {"fields": [f.model_dump() for f in definition.fields] if definition else []}
 
 
-@api.put("/rubric", response={200: RubricOut, 400: Error}, summary="Set the label set's rubric")
+@api.put("/rubric", response={200: RubricOut, 400: Error, 403: Error}, summary="Set the label set's rubric")
 def put_rubric(request, payload: RubricIn):
     """Score ranges (``min``, ``max``) or ``choices``; a bad field is named (400) and the rubric in
-    force stays. Earlier answers keep the rubric they were given against."""
+    force stays. Earlier answers keep the rubric they were given against. Staff only (403): the
+    rubric is every team's."""
+    if not rubric.may_edit(request.user):
+        raise HttpError(403, rubric.STAFF_ONLY)
     try:
         row = rubric.set_rubric({"fields": payload.fields} if payload.fields else None, request.user)
     except ReviewError as exc:

@@ -4,10 +4,12 @@ OpenAPI document's component names."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from ninja import Schema
 from pydantic import Field
+
+from rollouts.review.queues import ID_MAX
 
 
 class Error(Schema):
@@ -239,10 +241,12 @@ class NewQueueIn(Schema):
 
 
 class QueueAddIn(Schema):
-    rollouts: list[int] = Field(
+    rollouts: list[Annotated[int, Field(ge=1, le=ID_MAX)]] = Field(
         default_factory=list, description="rollout ids (of runs of the queue's team), added in this order"
     )
-    run: int | None = Field(None, description="a run of the queue's team: add its rollouts under `filter`")
+    run: int | None = Field(
+        None, ge=1, le=ID_MAX, description="a run of the queue's team: add its rollouts under `filter`"
+    )
     filter: str = Field(
         "", description="the run table's filter as a querystring (`reward_min=1&label=-`); with `run` only"
     )
@@ -266,7 +270,7 @@ class QueueProgressOut(Schema):
 
 
 class QueueNextIn(Schema):
-    done: int | None = Field(None, description="a rollout id of the queue to count as reviewed first")
+    done: int | None = Field(None, ge=1, le=ID_MAX, description="a rollout id of the queue to count as reviewed first")
 
 
 class QueueNextOut(Schema):

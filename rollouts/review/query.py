@@ -58,6 +58,15 @@ FILTER_FIELDS = (
 )
 # Fields that choose how the list reads, not which rows it holds.
 NOT_RESTRICTING = ("sort", "reward_source")
+# What else a run table's querystring may carry (shown columns, the page): not filters, never refused.
+LIST_FIELDS = ("cols", "page")
+
+
+def unknown_filter_names(names) -> list[str]:
+    """The names of ``names`` (a querystring's keys) that are no filter of the run table, sorted:
+    an action on a filtered list refuses them, since a typo (``reward_mn``) would act on the whole
+    run. Column filters (``f.<column>``) and ``LIST_FIELDS`` are known."""
+    return sorted({n for n in names if n not in FILTER_FIELDS and n not in LIST_FIELDS and not str(n).startswith("f.")})
 
 
 def _descending(term):

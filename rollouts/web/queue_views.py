@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
@@ -114,7 +115,7 @@ def queue_next(request, queue_id):
     panel's queue mode; none left: back to the queue's page, saying so."""
     queue = queue_for(request, queue_id)
     done = request.POST.get("rollout") or ""
-    if done.isdigit():
+    if done.isdigit() and int(done) <= queues.ID_MAX:
         entry = queues.entry_for(queue, int(done))
         if entry is not None:
             queues.mark_reviewed(queue, entry.rollout, request.user)
@@ -139,14 +140,15 @@ def queue_add(request, run_id):
     error = filter_problem(form)
     if request.method == "POST" and not error:
         try:
-            if (request.POST.get("new_queue") or "").strip():
-                queue = queues.create_queue(request.POST["new_queue"], request.user, run.team_id)
-            else:
-                chosen = request.POST.get("queue") or ""
-                if not chosen.isdigit():
-                    raise ReviewError("choose a queue, or name a new one", "queue")
-                queue = queue_for(request, int(chosen))
-            added = queues.add_rollouts(queue, qs, request.user)
+            with transaction.atomic():  # a refused add leaves no new, empty queue behind
+                if (request.POST.get("new_queue") or "").strip():
+                    queue = queues.create_queue(request.POST["new_queue"], request.user, run.team_id)
+                else:
+                    chosen = request.POST.get("queue") or ""
+                    if not chosen.isdigit() or int(chosen) > queues.ID_MAX:
+                        raise ReviewError("choose a queue, or name a new one", "queue")
+                    queue = queue_for(request, int(chosen))
+                added = queues.add_rollouts(queue, qs, request.user)
         except ReviewError as exc:
             error = str(exc)
         else:

@@ -17,7 +17,7 @@ from rollouts.collection.export import write_lines
 from rollouts.evaluation.outputs import check_outputs
 from rollouts.models import Run
 from rollouts.review import curated, sft
-from rollouts.review.query import FILTER_FIELDS, filtered_rollouts
+from rollouts.review.query import FILTER_FIELDS, filtered_rollouts, unknown_filter_names
 
 
 class Command(BaseCommand):
@@ -73,7 +73,7 @@ class Command(BaseCommand):
             if run is None:
                 raise CommandError(f"no run #{options['run']}")
             params = dict(parse_qsl(options["filter"], keep_blank_values=True))
-            unknown = sorted(set(params) - set(FILTER_FIELDS))
+            unknown = unknown_filter_names(params)
             if unknown:  # a typo would export the whole run without a word
                 raise CommandError(
                     f"--filter: unknown filter {', '.join(map(repr, unknown))} (filters: {', '.join(FILTER_FIELDS)})"
