@@ -103,8 +103,16 @@ def test_next_gives_nothing_once_the_rest_is_someone_elses(api, user, runs, djan
     }
 
 
-def test_the_rubric_and_its_answers(api, runs):
+def test_only_staff_may_set_the_rubric_through_the_api(api, user):
+    refused = api.send("put", "/rubric", {"fields": [{"name": "x", "min": 0, "max": 1}]})
+    assert refused.status_code == 403 and "only an admin (staff)" in refused.json()["detail"]
+    assert api.get("/rubric").json() == {"fields": []}
+
+
+def test_the_rubric_and_its_answers(api, runs, user):
     first, _ = runs
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
     fields = [{"name": "correctness", "min": 0, "max": 5}, {"name": "style", "choices": ["poor", "good"]}]
     assert api.send("put", "/rubric", {"fields": fields}).status_code == 200
     assert [f["name"] for f in api.get("/rubric").json()["fields"]] == ["correctness", "style"]
@@ -139,3 +147,21 @@ def test_the_openapi_document_lists_the_queue_and_rubric_routes(client, db):
         assert path in paths, path
     assert "404" in paths["/api/v1/queues/{queue_id}/next"]["post"]["responses"]
     assert paths["/api/v1/queues"]["get"]["operationId"] == "rollouts_review_api_list_queues"
+
+
+def test_ids_past_64_bits_are_refused_as_input_not_a_server_error(api, runs):
+    first, _ = runs
+    queue = ReviewQueue.objects.create(name="q", team=first.team)
+    assert api.send("post", f"/queues/{queue.pk}/rollouts", {"rollouts": [2**63]}).status_code in (400, 422)
+    assert api.send("post", f"/queues/{queue.pk}/next", {"done": 2**63}).status_code in (400, 422)
+    assert not QueueEntry.objects.exists()
+
+
+def test_an_unknown_filter_name_is_refused_not_read_as_the_whole_run(api, runs):
+    first, _ = runs
+    queue = ReviewQueue.objects.create(name="q", team=first.team)
+    response = api.send("post", f"/queues/{queue.pk}/rollouts", {"run": first.pk, "filter": "reward_mn=1"})
+    assert response.status_code == 400 and "unknown filter 'reward_mn'" in response.json()["detail"]
+    assert not QueueEntry.objects.exists()
+    ok = api.send("post", f"/queues/{queue.pk}/rollouts", {"run": first.pk, "filter": "reward_min=1&cols=task.x"})
+    assert ok.status_code == 200, ok.json()

@@ -25,6 +25,13 @@ def rollout(db):
     return finish(key(run, 0), S.SUCCEEDED, 1.0)
 
 
+@pytest.fixture(autouse=True)
+def _staff(user):
+    # the rubric is every team's: only staff set it (test_only_staff_may_change_the_rubric)
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+
+
 def save_rubric(client, text):
     return client.post(reverse("label_rubric"), {"rubric": text})
 
@@ -54,6 +61,9 @@ def test_the_labels_page_saves_a_rubric_of_ranges_and_choices(signed_in):
         ("correctness: 0..5\nno colon here", "rubric line 2 ('no colon here')"),
         ("Bad Name!: 0..1", "rubric field 'Bad Name!' (name): use 1–40 lower-case letters"),
         ("a: 0..1\na: x | y", "two fields are named 'a'"),
+        ("x: 0..inf", "rubric field 'x': '0..inf' is neither a range of two finite numbers"),
+        ("x: 0 - 5", "rubric field 'x': '0 - 5' is neither a range"),
+        ("x: yes", "rubric field 'x': 'yes' is neither a range"),
     ],
 )
 def test_a_bad_rubric_is_refused_naming_the_field_and_the_old_one_stays(signed_in, text, message):
@@ -69,6 +79,8 @@ def test_a_json_definition_is_validated_by_its_schema():
         rubric.parse_definition({"fields": [{"name": "score", "min": 0, "maximum": 3}]})
     with pytest.raises(ReviewError, match=r"rubric field 'score': give either a score range"):
         rubric.parse_definition({"fields": [{"name": "score", "min": 0, "max": 1, "choices": ["a"]}]})
+    with pytest.raises(ReviewError, match=r"rubric field 'score': give 2 to 20 choices \(one choice asks nothing\)"):
+        rubric.parse_definition({"fields": [{"name": "score", "choices": ["a"]}]})
     with pytest.raises(ReviewError, match=r"rubric field 'score': a score range needs both min and max"):
         rubric.parse_definition({"fields": [{"name": "score", "min": 0}]})
 
@@ -126,3 +138,16 @@ def test_answers_keep_the_rubric_they_were_given_against(signed_in, rollout):
     signed_in.post(reverse("label_rubric"), {"clear": "1"})
     assert rubric.current() is None
     assert answer(signed_in, rollout, score="1").status_code == 400  # no rubric: nothing to answer
+
+
+def test_only_staff_may_change_the_rubric_and_the_page_says_who_can(signed_in, user):
+    save_rubric(signed_in, LINES)
+    user.is_staff = False
+    user.save(update_fields=["is_staff"])
+    refused = save_rubric(signed_in, "only: 0..1")
+    assert refused.status_code == 403 and "only an admin (staff) may change the rubric" in refused.content.decode()
+    assert [f.name for f in rubric.definition_of(rubric.current()).fields] == ["correctness", "style", "comment-worthy"]
+    cleared = signed_in.post(reverse("label_rubric"), {"clear": "1"})
+    assert cleared.status_code == 403 and rubric.definition_of(rubric.current()) is not None
+    page = signed_in.get(reverse("labels")).content.decode()
+    assert 'id="rubric-staff-only"' in page and 'class="rubric-edit"' not in page

@@ -65,8 +65,8 @@ class RubricField(BaseModel):
                 raise ValueError(f"min ({_num(self.min)}) must be below max ({_num(self.max)})")
         else:
             choices = [c.strip() for c in self.choices or []]
-            if not choices or len(choices) > MAX_CHOICES:
-                raise ValueError(f"give 1 to {MAX_CHOICES} choices")
+            if len(choices) < 2 or len(choices) > MAX_CHOICES:
+                raise ValueError(f"give 2 to {MAX_CHOICES} choices (one choice asks nothing)")
             if any(not c or len(c) > CHOICE_MAX_CHARS for c in choices):
                 raise ValueError(f"each choice has 1 to {CHOICE_MAX_CHARS} characters")
             if len(set(choices)) != len(choices):
@@ -171,6 +171,13 @@ def parse_lines(text: str) -> RubricDefinition:
                 raise ReviewError(
                     f"rubric field {name[:40]!r}: {match['spec'][:40]!r} is not a range", "rubric"
                 ) from None
+        elif ".." in match["spec"] or "|" not in match["spec"]:
+            # a mistyped range (``0..inf``, ``0,5``, ``0 - 5``) must not become a one-choice field
+            raise ReviewError(
+                f"rubric field {name[:40]!r}: {match['spec'][:40]!r} is neither a range of two finite numbers "
+                "('0..5') nor choices ('poor | ok | good')",
+                "rubric",
+            )
         else:
             entry["choices"] = [c.strip() for c in match["spec"].split("|")]
         fields.append(entry)
@@ -203,9 +210,18 @@ def definition_of(rubric: Rubric | None) -> RubricDefinition | None:
     return RubricDefinition.model_validate(data) if data else None
 
 
+STAFF_ONLY = "only an admin (staff) may change the rubric: it is every team's"
+
+
+def may_edit(user) -> bool:
+    """Whether ``user`` may set the rubric: it is one per instance (every team's review panel asks
+    for it), so only staff and superusers may, not a member of one team."""
+    return bool(user is not None and (user.is_staff or user.is_superuser))
+
+
 def set_rubric(definition: Any, user=None) -> Rubric:
     """Put ``definition`` (dict or ``RubricDefinition``; None clears it) in force. Earlier answers
-    keep the rubric they were given against."""
+    keep the rubric they were given against. Who may: ``may_edit``, checked by the page and the API."""
     if definition is None:
         return Rubric.objects.create(definition_json=dumps(None), created_by=user)
     checked = parse_definition(definition)

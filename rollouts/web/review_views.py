@@ -370,6 +370,7 @@ def _labels_response(request, **extra):
         "rubric_fields": definition.fields if definition else [],
         "rubric_text": rubric.as_lines(definition) if definition else "",
         "rubric_error": "",
+        "rubric_editable": rubric.may_edit(request.user),
         **extra,
     }
     bad = context["error"] or context["rubric_error"]
@@ -380,8 +381,13 @@ def _labels_response(request, **extra):
 @require_POST
 def label_rubric(request):
     """Put the label set's rubric in force from the Labels page's lines (``rubric``; empty with
-    ``clear=1`` removes it). A bad line or field is named and the rubric in force stays."""
+    ``clear=1`` removes it). A bad line or field is named and the rubric in force stays; staff only
+    (403 otherwise: the rubric is every team's)."""
     text = request.POST.get("rubric", "")
+    if not rubric.may_edit(request.user):
+        response = _labels_response(request, rubric_error=rubric.STAFF_ONLY, rubric_text=text)
+        response.status_code = 403
+        return response
     try:
         if request.POST.get("clear"):
             rubric.set_rubric(None, request.user)
