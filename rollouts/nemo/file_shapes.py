@@ -2,7 +2,7 @@
 in the wrong slot can say which slot it belongs in (or that it is no import file at all).
 
 The shapes are those of NeMo Gym 0.7.0's ``gym eval`` outputs (real files in
-``/work/shared/data/nemo_gym/eval_0.7.0/``): ``rollouts.jsonl`` (success rows: ``response`` and
+``../shared/data/nemo_gym/eval_0.7.0/`` beside the checkout): ``rollouts.jsonl`` (success rows: ``response`` and
 ``reward``), ``rollouts_failures.jsonl`` (``_ng_failure_class``), ``rollouts_materialized_inputs.jsonl``
 (task rows with ``_ng_task_index`` and ``_ng_rollout_index``, no result), a task file (a dataset:
 ``responses_create_params`` without the indices), the health check's ``rollout_verdicts.jsonl``
