@@ -282,7 +282,8 @@ def test_dataset_from_a_selection(api, run):
     response = api.post(f"/runs/{run.pk}/selection/dataset?reward_max=0")
     assert response.status_code == 201
     body = response.json()
-    assert body["num_rows"] == 2 and body["source_run"] == run.pk and body["source_filters"] == "reward_max=0.0"
+    # the failed rollout has no reward (its 0.0 is the file placeholder): only the verified 0.0 is chosen
+    assert body["num_rows"] == 1 and body["source_run"] == run.pk and body["source_filters"] == "reward_max=0.0"
     assert api.post(f"/runs/{run.pk}/selection/dataset?reward_min=9").status_code == 400
 
 

@@ -328,6 +328,9 @@ def test_the_table_lists_every_attempt_in_task_order_by_default(signed_in, mixed
         ({"kind": "agent_timeout"}, [(1, 1), (1, 1)]),
         ({"reward_min": "1"}, [(0, 0), (2, 1)]),
         ({"reward_min": "0.1", "reward_max": "0.6"}, [(0, 1), (4, 1)]),
+        # a failed attempt's stored 0.0 is the file's placeholder, not a reward: bounds skip it
+        ({"reward_max": "0"}, [(1, 0)]),
+        ({"reward_min": "0", "reward_max": "0.3"}, [(1, 0), (4, 1)]),
         ({"task": "2"}, [(2, 0), (2, 1), (2, 1)]),
         ({"status": "succeeded", "sort": "-reward"}, [(0, 0), (2, 1), (0, 1), (4, 1), (1, 0)]),
         ({"status": "succeeded", "sort": "duration"}, [(2, 1), (0, 1), (1, 0), (0, 0), (4, 1)]),
@@ -440,6 +443,7 @@ def test_the_live_part_lists_the_workers_serving_the_run_with_their_share(signed
         ["m2:22:bb", "m2", "0", "1", "33%", "gone"],
     ]
     assert "2 worker processes served this run" in re.sub(r"<[^>]+>", "", section)
+    assert "share: the part of this run's ended rollouts that each worker process ran" in section.replace("&#x27;", "'")
 
 
 def test_a_run_no_worker_touched_shows_no_workers_table(signed_in, mixed_run):

@@ -74,3 +74,13 @@ def test_corrected_rewards_filter_the_table_the_downloads_and_the_api_alike(sign
     assert sorted(export_tasks(signed_in, run, corrected)) == [2, 3]
     assert api_tasks(signed_in, user, run, corrected) == [3, 2]
     assert api_tasks(signed_in, user, run, env) == [0, 2]
+
+
+def test_reward_bounds_never_match_a_failed_rollout_s_placeholder_zero(signed_in, user, run):
+    failed = make_run(2)
+    finish(key(failed, 0), S.FAILED, kind="agent_http_error")
+    finish(key(failed, 1), S.SUCCEEDED, 0.0, output=ANSWER)
+    for source in ("", "&reward_source=corrected"):
+        assert table_tasks(signed_in, failed, "reward_max=0" + source) == [1]
+        assert api_tasks(signed_in, user, failed, "reward_max=0" + source) == [1]
+        assert export_tasks(signed_in, failed, "reward_max=0" + source) == [1]

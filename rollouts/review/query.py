@@ -81,10 +81,20 @@ class RolloutFilterForm(ReviewFilterFields):
     status = forms.ChoiceField(choices=[("", "any status")] + list(Rollout.Status.choices), required=False)
     kind = forms.ChoiceField(label="failure kind", choices=[("", "any failure kind")], required=False)
     reward_min = forms.FloatField(
-        label="reward ≥", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5})
+        label="reward ≥",
+        required=False,
+        help_text="succeeded rollouts only: a failed one has no reward",
+        widget=forms.NumberInput(
+            attrs={"step": "any", "size": 5, "title": "succeeded rollouts only: a failed one has no reward"}
+        ),
     )
     reward_max = forms.FloatField(
-        label="reward ≤", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": 5})
+        label="reward ≤",
+        required=False,
+        help_text="succeeded rollouts only: a failed one has no reward",
+        widget=forms.NumberInput(
+            attrs={"step": "any", "size": 5, "title": "succeeded rollouts only: a failed one has no reward"}
+        ),
     )
     task = forms.IntegerField(label="task", required=False, widget=forms.NumberInput(attrs={"size": 5}))
     # Health verdicts of the last health check (rollouts.evaluation.health), one row per checked rollout.
@@ -144,6 +154,18 @@ class RolloutFilterForm(ReviewFilterFields):
             self.fields["sort"].choices = [*SORT_CHOICES, (sort, sort)]
         self.is_valid()  # fills cleaned_data with the valid fields
 
+    def filter_reward(self, qs: QuerySet) -> QuerySet:
+        """``qs`` restricted to ``reward_min <= reward <= reward_max`` (the env's reward, or the corrected
+        one with ``reward_source``). Only succeeded rollouts have a reward: a failed one's stored 0.0 is
+        NeMo Gym's failure-row value, and it cannot be corrected (``review.actions.correct_reward``)."""
+        qs, reward = self.reward_column(qs)
+        qs = qs.filter(status=Rollout.Status.SUCCEEDED)
+        if self.value("reward_min") is not None:
+            qs = qs.filter(**{f"{reward}__gte": self.value("reward_min")})
+        if self.value("reward_max") is not None:
+            qs = qs.filter(**{f"{reward}__lte": self.value("reward_max")})
+        return qs
+
     def value(self, name: str) -> Any:
         return self.cleaned_data.get(name) if hasattr(self, "cleaned_data") else None
 
@@ -157,11 +179,8 @@ class RolloutFilterForm(ReviewFilterFields):
             qs = qs.filter(status=self.value("status"))
         if self.value("kind"):
             qs = qs.filter(failure_kind=self.value("kind"))
-        qs, reward = self.reward_column(qs)  # the env's reward, or the corrected one (reward_source)
-        if self.value("reward_min") is not None:
-            qs = qs.filter(**{f"{reward}__gte": self.value("reward_min")})
-        if self.value("reward_max") is not None:
-            qs = qs.filter(**{f"{reward}__lte": self.value("reward_max")})
+        if self.value("reward_min") is not None or self.value("reward_max") is not None:
+            qs = self.filter_reward(qs)
         if self.value("task") is not None:
             qs = qs.filter(task_index=self.value("task"))
         if self.value("verdict"):
