@@ -12,6 +12,7 @@ from typing import Any
 
 import dj_database_url
 from csp.constants import NONE, SELF
+from whitenoise.compress import Compressor
 
 from gymweb import conf as _conf
 
@@ -49,6 +50,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "django_htmx",
+    # django-ninja as an app: /api/v1/docs renders Swagger UI from its bundled static files, not a CDN
+    "ninja",
     # Before django_q: its `qcluster` command is gymweb's (rollouts/management/commands/qcluster.py,
     # a stop that cannot hang); the first app that has a command wins.
     "rollouts",
@@ -205,6 +208,9 @@ STATICFILES_DIRS = [PACKAGE_DIR / "static"]
 # ``manage.py collectstatic`` writes here; WhiteNoise serves it, compressed, under hashed names
 # (cached forever by browsers). With DEBUG off, pages need it: run collectstatic after each update.
 STATIC_ROOT = Path(GYMWEB.static_root or VAR_DIR / "staticfiles")
+# Source maps (django-ninja's Swagger UI and ReDoc bundles, 5 MB) are served uncompressed: compressing
+# them took most of collectstatic's CPU.
+WHITENOISE_SKIP_COMPRESS_EXTENSIONS = [*Compressor.SKIP_COMPRESS_EXTENSIONS, "map"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},

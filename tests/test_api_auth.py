@@ -3,6 +3,8 @@ without a token or with a wrong one; the OpenAPI schema is served by the app."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -153,3 +155,14 @@ def test_a_script_with_a_token_needs_no_csrf_token(user, run):
         HTTP_AUTHORIZATION=f"Bearer {token}",
     )
     assert response.status_code == 201
+
+
+def test_the_api_docs_page_is_swagger_ui_from_gymweb_s_own_static_files(client, db):
+    response = client.get(f"{API}/docs")
+    assert response.status_code == 200
+    body = response.content.decode()
+    scripts = re.findall(r'<script src="([^"]+)"', body)
+    assert scripts and all(src.startswith("/static/ninja/") for src in scripts), scripts
+    assert "cdn" not in body.lower() and "/api/v1/openapi.json" in body
+    script_src = response["Content-Security-Policy"].split("script-src")[1].split(";")[0]
+    assert script_src.strip() == "'self'"  # no CDN and no inline script allowed for it

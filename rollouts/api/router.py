@@ -4,8 +4,8 @@ Auth: ``Authorization: Bearer <token>``, a per-user token made on the account pa
 (``rollouts.tokens``). No token, a malformed header or an unknown/revoked token: 401 with
 ``{"detail": "Unauthorized"}`` and nothing else (django-ninja checks auth before it reads any
 parameter). A token sees what its user sees: access goes through the run pages' rule
-(``rollouts.web.access.run_for``). The schema is at ``/api/v1/openapi.json`` (public: it holds no
-data). No cookies are read, so no CSRF token is needed.
+(``rollouts.web.access.run_for``). The schema is at ``/api/v1/openapi.json`` and its Swagger UI at
+``/api/v1/docs`` (public: they hold no data). No cookies are read, so no CSRF token is needed.
 
 The API reuses the pages' code for every rule: a run is validated by the new-run form (``RunForm``:
 target URLs, timeouts, overrides, size) and launched like the form launches it; rollout lists take
@@ -123,7 +123,7 @@ api = GymwebAPI(
     auth=TokenAuth(),
     urls_namespace="api",
     parser=StrictJSONParser(),
-    docs_url=None,  # the interactive docs page loads its script from a CDN; the schema is enough
+    docs_url="/docs",  # Swagger UI from django-ninja's own static files (ninja is an app), never a CDN
 )
 
 
