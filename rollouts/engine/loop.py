@@ -424,31 +424,22 @@ class _Rollout:
                 FailureKind.VERIFY_FAILED,
                 f"verify failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
             )
+        # NeMo Gym's remote_agent reads the reply with orjson and validates it with its verify-response
+        # model (lax: ``true`` and ``"0.5"`` are rewards); its run() catches either refusal and writes a
+        # failure row (rule 15) whose ``error`` is its own text, which the message here is.
         try:
             data = strict_loads(response.content)
         except NotJSON as exc:
+            nemo_text = nemo_request.verify_json_error(response.content)
             raise Failure(
-                FailureKind.VERIFY_FAILED, f"verify failed: the reply is not JSON ({exc}): {_excerpt(response.text)}"
+                FailureKind.VERIFY_FAILED,
+                nemo_text
+                or f"verify failed: the reply is not JSON gymweb can store ({exc}): {_excerpt(response.text)}",
             ) from None
-        if not isinstance(data, dict):
-            raise Failure(
-                FailureKind.VERIFY_FAILED,
-                f"verify failed: the reply is JSON but not an object: {_excerpt(response.text)}",
-            )
-        # NeMo Gym's remote_agent validates the reply with its verify-response model (lax: ``true``
-        # and ``"0.5"`` are rewards) and turns a refusal into a failure row (rule 15).
         # (a task whose own params that model refuses is not held against the env's echo of them)
-        own_params = self.record.get("responses_create_params")
-        own_refusal = nemo_request.params_refusal(own_params)
-        refusal = nemo_request.verify_refusal(data, check_params=own_refusal is None)
-        if refusal is not None:
-            raise Failure(
-                FailureKind.VERIFY_FAILED,
-                "verify failed: the reply is not NeMo Gym's verify response: "
-                + nemo_request.verify_refusal_listing(
-                    data, check_params=nemo_request.params_refusal(own_params) is None
-                ),
-            )
+        own_refusal = nemo_request.params_refusal(self.record.get("responses_create_params"))
+        if nemo_request.verify_refusal(data, check_params=own_refusal is None) is not None:
+            raise Failure(FailureKind.VERIFY_FAILED, nemo_request.verify_refusal_error(data, own_refusal is None))
         reward = nemo_request.verify_reward(data)
         if not math.isfinite(reward):
             raise Failure(

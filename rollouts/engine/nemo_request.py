@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
+import orjson
 from openai.types.responses import Response as _OpenAIResponse
 from openai.types.responses.response_conversation_param_param import ResponseConversationParamParam
 from openai.types.responses.response_create_params import (
@@ -50,14 +51,17 @@ from openai.types.responses.response_output_text_param import Annotation, Logpro
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_reasoning_item import Summary
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails, ResponseUsage
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from rollouts.engine.reply_schema import ReplyModel
 
 __all__ = [
     "agent_result",
     "params_refusal",
+    "verify_json_error",
     "verify_refusal",
+    "verify_refusal_error",
+    "verify_refusal_listing",
     "verify_reward",
     "as_sent",
     "function_call_output",
@@ -411,7 +415,7 @@ class NeMoGymResponseCreateParamsNonStreaming(_Params):
 class RemoteAgentVerifyResponse(BaseModel):
     """NeMo Gym 0.7.0's remote_agent model of a ``/verify`` reply (``BaseVerifyResponse``, extra
     fields allowed), composed of gymweb's own field models, so a refusal reads as pydantic's listing
-    NeMo Gym's ``/run`` answers with: ``N validation errors for RemoteAgentVerifyResponse`` then each
+    in NeMo Gym's failure row: ``N validation errors for RemoteAgentVerifyResponse`` then each
     field's path and message. Only for that text: ``verify_refusal`` decides what is refused."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
@@ -425,25 +429,46 @@ class RemoteAgentVerifyResponse(BaseModel):
     failure_reason: Optional[str] = None
 
 
-class _CheckedVerifyResponse(RemoteAgentVerifyResponse):
-    model_config = ConfigDict(title="RemoteAgentVerifyResponse")  # the name the listing gives
+# The same model with NeMo Gym's request model for the echoed params. Made under the same class name:
+# pydantic names the class in the refusal of a reply that is not an object ("a valid dictionary or
+# instance of RemoteAgentVerifyResponse").
+_CheckedVerifyResponse = create_model(
+    "RemoteAgentVerifyResponse",
+    __base__=RemoteAgentVerifyResponse,
+    responses_create_params=(NeMoGymResponseCreateParamsNonStreaming, ...),
+)
 
-    responses_create_params: NeMoGymResponseCreateParamsNonStreaming
 
-
-def verify_refusal_listing(reply: Any, check_params: bool = True, limit: int = 2000) -> str:
-    """Pydantic's listing of why NeMo Gym's remote_agent refuses ``reply`` (what its ``/run`` 500
-    body holds: ``repr`` of the ``ValidationError``), at most ``limit`` characters (NeMo Gym keeps
-    2,000 of a failure's body); ``verify_refusal``'s words when the composed model accepts a reply
-    that a check outside it refuses (``input`` neither a string nor a list)."""
+def verify_refusal_listing(reply: Any, check_params: bool = True) -> str:
+    """Pydantic's listing of why NeMo Gym's remote_agent refuses ``reply`` (``str`` of the
+    ``ValidationError`` its ``RemoteAgentVerifyResponse.model_validate`` raises), whole as NeMo Gym
+    writes it; ``verify_refusal``'s words when the composed model accepts a reply that a check outside
+    it refuses (``input`` neither a string nor a list)."""
     model = _CheckedVerifyResponse if check_params else RemoteAgentVerifyResponse
     try:
         model.model_validate(reply)
     except (ValueError, RecursionError) as exc:
-        text = str(exc)
-    else:
-        text = verify_refusal(reply, check_params) or ""
-    return text[:limit] + ("…" if len(text) > limit else "")
+        return str(exc)
+    return verify_refusal(reply, check_params) or ""
+
+
+def verify_refusal_error(reply: Any, check_params: bool = True) -> str:
+    """The ``error`` of the failure row NeMo Gym 0.7.0's remote_agent writes for a ``/verify`` reply
+    its model refuses (``verify_refusal``): its ``run()`` catches the ``ValidationError`` and writes
+    ``unexpected error: ValidationError: `` and the whole listing (``verify_refusal_listing``)."""
+    return "unexpected error: ValidationError: " + verify_refusal_listing(reply, check_params)
+
+
+def verify_json_error(body: bytes) -> str | None:
+    """The ``error`` of NeMo Gym 0.7.0's failure row for a ``/verify`` reply body its JSON reader
+    (``orjson.loads``) refuses: ``/verify on the resources server failed: JSONDecodeError: `` and
+    orjson's message (``unexpected character, expected a JSON value: line 1 column 1 (char 0)``).
+    ``None`` when orjson reads the body."""
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return f"/verify on the resources server failed: JSONDecodeError: {exc}"
+    return None
 
 
 def _errors(exc: BaseException, limit: int | None = None) -> list[str]:
