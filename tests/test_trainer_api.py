@@ -296,6 +296,41 @@ def test_a_waiting_stream_is_woken_by_results_another_connection_stores(transact
     thread.join(5)
 
 
+def test_a_waiting_stream_gives_results_stored_after_it_caught_up_each_once(transactional_db, monkeypatch):
+    """Between results, other commits (a claim) wake the stream without a new row; the rows that
+    come later still arrive, each once, and the stream ends when the run is final."""
+    from rollouts.api import result_wait
+    from rollouts.api.trainer import result_lines
+    from rollouts.collection import runs
+    from rollouts.collection.datasets import read_jsonl
+
+    monkeypatch.setattr(result_wait, "FALLBACK_S", 0.02)  # the same connection's commits do not signal
+    with COUNTER_TASKS.open("rb") as fh:
+        run = runs.create_run(read_jsonl(fh), name="w", agent_url=AGENT, env_url=ENV)
+    runs.launch(run)
+    keys = run.num_keys
+    assert keys >= 3
+    lines = result_lines(run.pk, 0, True)
+    finish_some(run, 2)
+    got = next(lines).splitlines()
+    assert len(got) == 2
+    claims.claim(run.pk, "another-worker", 1, 60.0)  # a commit that stores no result
+    finish_some(run, keys - 3)
+    got += next(lines).splitlines()
+    assert len(got) == keys - 1
+    Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).update(worker="test-worker")
+    batch = writer.Batch()
+    for rollout_id in Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).values_list("id", flat=True):
+        batch.finished.append((rollout_id, RolloutOutcome(ok=False, failure_kind="agent_http_error", error="x")))
+        batch.run_of[rollout_id] = run.pk
+    writer.write_batch(batch, "test-worker")
+    dispatcher.finish_idle([run.pk], after_finish=False)
+    got += b"".join(lines).splitlines()
+    assert len(got) == keys and len(set(got)) == keys
+    files = set(export.iter_successes(run)) | set(export.iter_failures(run))
+    assert {line.decode() for line in got} == files
+
+
 def test_the_stream_waits_for_rows_until_the_run_is_final(client, auth, inline_run, settings):
     settings.GYMWEB_STREAM_POLL_S = 0.01
     settings.GYMWEB_STREAM_MAX_S = 0.3  # the stream ends by itself; the client reconnects
