@@ -161,6 +161,23 @@ def test_a_batch_can_skip_the_envs_aggregate_metrics_and_says_why(client, auth, 
     assert entries and "env_aggregate_metrics off" in notes[0] and aggregate_metrics.LOCAL_NOTE in notes[0]
 
 
+def test_a_completed_batch_without_the_envs_aggregates_queues_no_task_for_them(client, auth, monkeypatch):
+    import django_q.tasks
+
+    queued = []
+    monkeypatch.setattr(django_q.tasks, "async_task", lambda *args, **kwargs: queued.append(args))
+    body = {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV}
+    asked, skipped = (
+        Run.objects.get(pk=post_json(client, auth, b).json()["id"])
+        for b in (body, {**body, "env_aggregate_metrics": False})
+    )
+    for run in (asked, skipped):
+        finish_some(run, 2)
+    dispatcher.finish_idle([asked.pk, skipped.pk])
+    assert Run.objects.filter(pk__in=[asked.pk, skipped.pk], status=Run.Status.COMPLETED).count() == 2
+    assert queued == [("rollouts.evaluation.run_aggregate_metrics.fetch_aggregate_metrics", asked.pk)]
+
+
 def test_a_launch_wakes_idle_workers_through_the_database(transactional_db):
     """The SQLite watcher sees a run launched by another connection (PostgreSQL: LISTEN/NOTIFY)."""
     import threading
