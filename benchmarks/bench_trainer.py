@@ -13,7 +13,8 @@ gymweb: gunicorn (gthread) + one ``qcluster`` worker on a fresh database, the co
 standalone (``serve_counter.py``), and the client sending each batch inline and reading the results
 stream. Ideal batch time = latency × 4 calls; "first" = time to the first result of a batch.
 For gymweb it also prints where a batch's time went (``_phases``: the POST, the claim, the seed,
-the agent calls, the time between them, verify, storing, reading).
+the agent calls, the time between them, verify, storing, reading) and the CPU seconds each of its
+process groups (agent, env, gunicorn, the qcluster worker, the client) spent per batch.
 
 Needs NeMo Gym's venv (``--ngpeer``/venv/bin/gym, see ../shared/nemo_gym_peer/README.md); the
 ports must be free (``--skip-nemo`` measures gymweb alone). Every server binds 127.0.0.1 and is
