@@ -13,7 +13,8 @@ gymweb: gunicorn (gthread) + one ``qcluster`` worker on a fresh database, the co
 standalone (``serve_counter.py``), and the client sending each batch inline and reading the results
 stream. Ideal batch time = latency × 4 calls; "first" = time to the first result of a batch.
 For gymweb it also prints where a batch's time went (``_phases``: the POST, the claim, the seed,
-the agent calls, the time between them, verify, storing, reading).
+the agent calls, the time between them, verify, storing, reading) and the CPU seconds each of its
+process groups (agent, env, gunicorn, the qcluster worker, the client) spent per batch.
 
 Needs NeMo Gym's venv (``--ngpeer``/venv/bin/gym, see ../shared/nemo_gym_peer/README.md); the
 ports must be free (``--skip-nemo`` measures gymweb alone). Every server binds 127.0.0.1 and is
@@ -86,6 +87,22 @@ def _wait(check, what: str, procs: list, timeout: float = 300) -> None:
             pass
         time.sleep(0.3)
     raise SystemExit(f"{what}: not ready within {timeout} s")
+
+
+def _group_cpu(pgid: int) -> float:
+    """CPU seconds (user + system) of every live process in process group ``pgid`` (Linux /proc)."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ..., utime (11), stime (12)
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _http_ok(url: str, method: str = "GET") -> bool:
@@ -232,8 +249,12 @@ def _phases(run, w_submit: float, w_posted: float, reads: dict) -> dict:
 PHASES = ("post", "claim", "spread", "seed", "agent", "between", "verify", "store", "read", "last_read")
 
 
-def _gymweb_batcher(client, agent_url: str, env_url: str):
-    """One batch through gymweb's client: its timings, rewards and phases (``_phases``)."""
+GROUPS = ("agent", "env", "web", "worker")
+
+
+def _gymweb_batcher(client, agent_url: str, env_url: str, procs: list):
+    """One batch through gymweb's client: its timings, rewards, phases (``_phases``) and the CPU
+    seconds each process group spent on it (``GROUPS`` and the client)."""
     from django.db.models import Max, Min
 
     from rollouts.models import Run
@@ -249,6 +270,8 @@ def _gymweb_batcher(client, agent_url: str, env_url: str):
 
     def gymweb_batch(rows):
         posted.clear()
+        cpu0 = [_group_cpu(p.pid) for p in procs]
+        c0 = time.process_time()
         t0, w0 = time.monotonic(), time.time()
         first, rewards, reads = None, [], {}
         for _row, result in client.run_examples(rows, agent_url=agent_url, env_url=env_url, max_steps=10):
@@ -257,6 +280,8 @@ def _gymweb_batcher(client, agent_url: str, env_url: str):
             reads[(result.get(TASK_INDEX_KEY_NAME), result.get(ROLLOUT_INDEX_KEY_NAME))] = time.time()
             rewards.append(result.get("reward"))
         out = {"batch_s": time.monotonic() - t0, "first_s": first, "n": len(rewards), "rewards": rewards}
+        out["cpu"] = {"client": time.process_time() - c0}
+        out["cpu"].update({name: _group_cpu(p.pid) - c for name, p, c in zip(GROUPS, procs, cpu0)})
         # Where the time went: submit to the first rollout started, and the last stored to the last read.
         run = Run.objects.order_by("-id").first()
         spans = run.rollouts.aggregate(start=Min("started"), end=Max("finished"))
@@ -390,6 +415,11 @@ def _report(size: int, batches: int, times: dict, ideal: float, nemo: bool) -> N
                 ),
                 flush=True,
             )
+            print(
+                f"  {'':>4}   {'':>8}  CPU per batch (ms, median): "
+                + ", ".join(f"{k} {1000 * statistics.median(o['cpu'][k] for o in outs):.0f}" for k in outs[0]["cpu"]),
+                flush=True,
+            )
     if nemo:
         g = statistics.median(o["batch_s"] for o in times["gymweb"])
         n = statistics.median(o["batch_s"] for o in times["nemo_gym"])
@@ -433,7 +463,7 @@ def main() -> None:
         procs = _start_services(ngpeer, ng_python, ports, args.latency_ms, work, env)
         _wait_services(procs, ports, work)
         client = Client(f"http://127.0.0.1:{web_port}", token)
-        gymweb_batch = _gymweb_batcher(client, agent_url, env_url)
+        gymweb_batch = _gymweb_batcher(client, agent_url, env_url, procs)
         ideal = args.latency_ms / 1000 * CALLS
         print(
             f"training-loop benchmark — {h.machine()}; {where}; agent latency {args.latency_ms:g} ms × {CALLS} calls "

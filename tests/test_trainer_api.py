@@ -161,6 +161,23 @@ def test_a_batch_can_skip_the_envs_aggregate_metrics_and_says_why(client, auth, 
     assert entries and "env_aggregate_metrics off" in notes[0] and aggregate_metrics.LOCAL_NOTE in notes[0]
 
 
+def test_a_completed_batch_without_the_envs_aggregates_queues_no_task_for_them(client, auth, monkeypatch):
+    import django_q.tasks
+
+    queued = []
+    monkeypatch.setattr(django_q.tasks, "async_task", lambda *args, **kwargs: queued.append(args))
+    body = {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV}
+    asked, skipped = (
+        Run.objects.get(pk=post_json(client, auth, b).json()["id"])
+        for b in (body, {**body, "env_aggregate_metrics": False})
+    )
+    for run in (asked, skipped):
+        finish_some(run, 2)
+    dispatcher.finish_idle([asked.pk, skipped.pk])
+    assert Run.objects.filter(pk__in=[asked.pk, skipped.pk], status=Run.Status.COMPLETED).count() == 2
+    assert queued == [("rollouts.evaluation.run_aggregate_metrics.fetch_aggregate_metrics", asked.pk)]
+
+
 def test_a_launch_wakes_idle_workers_through_the_database(transactional_db):
     """The SQLite watcher sees a run launched by another connection (PostgreSQL: LISTEN/NOTIFY)."""
     import threading
@@ -294,6 +311,41 @@ def test_a_waiting_stream_is_woken_by_results_another_connection_stores(transact
     finish_some(run, 1)
     assert woken.wait(60), "the stream never saw the stored result"
     thread.join(5)
+
+
+def test_a_waiting_stream_gives_results_stored_after_it_caught_up_each_once(transactional_db, monkeypatch):
+    """Between results, other commits (a claim) wake the stream without a new row; the rows that
+    come later still arrive, each once, and the stream ends when the run is final."""
+    from rollouts.api import result_wait
+    from rollouts.api.trainer import result_lines
+    from rollouts.collection import runs
+    from rollouts.collection.datasets import read_jsonl
+
+    monkeypatch.setattr(result_wait, "FALLBACK_S", 0.02)  # the same connection's commits do not signal
+    with COUNTER_TASKS.open("rb") as fh:
+        run = runs.create_run(read_jsonl(fh), name="w", agent_url=AGENT, env_url=ENV)
+    runs.launch(run)
+    keys = run.num_keys
+    assert keys >= 3
+    lines = result_lines(run.pk, 0, True)
+    finish_some(run, 2)
+    got = next(lines).splitlines()
+    assert len(got) == 2
+    claims.claim(run.pk, "another-worker", 1, 60.0)  # a commit that stores no result
+    finish_some(run, keys - 3)
+    got += next(lines).splitlines()
+    assert len(got) == keys - 1
+    Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).update(worker="test-worker")
+    batch = writer.Batch()
+    for rollout_id in Rollout.objects.filter(run=run, status=Rollout.Status.RUNNING).values_list("id", flat=True):
+        batch.finished.append((rollout_id, RolloutOutcome(ok=False, failure_kind="agent_http_error", error="x")))
+        batch.run_of[rollout_id] = run.pk
+    writer.write_batch(batch, "test-worker")
+    dispatcher.finish_idle([run.pk], after_finish=False)
+    got += b"".join(lines).splitlines()
+    assert len(got) == keys and len(set(got)) == keys
+    files = set(export.iter_successes(run)) | set(export.iter_failures(run))
+    assert {line.decode() for line in got} == files
 
 
 def test_the_stream_waits_for_rows_until_the_run_is_final(client, auth, inline_run, settings):

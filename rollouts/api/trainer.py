@@ -20,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile as DjangoUploadedFile
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Query, Schema
 from ninja.errors import HttpError
@@ -306,6 +307,11 @@ class _Rows:
         self.last_seq, self.skip = seqs[0], 0
         return True
 
+    def caught_up(self, top_seq: int | None) -> bool:
+        """True when every row is read already, given the run's highest ``result_seq`` now
+        (None: no numbered row): the numbered rows are reached and the last one read is the top."""
+        return self.numbered and not self.skip and top_seq == self.last_seq
+
     def read(self) -> Iterator[str]:
         """Every row stored now after the place reached, as JSON text (no newline)."""
         if self.skip and not self._place():
@@ -344,6 +350,20 @@ class _Rows:
         return export.row_line(row)
 
 
+def _look(run_id: int) -> tuple[str, int | None] | None:
+    """The run's status and its highest ``result_seq`` now (None: no numbered row), in one query
+    (None when the run is gone): what a waiting stream checks after every commit it notices."""
+    run_t, rollout_t = Run._meta.db_table, Rollout._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT status, (SELECT result_seq FROM {rollout_t} WHERE run_id = %s AND result_seq IS NOT NULL "
+            f"ORDER BY result_seq DESC LIMIT 1) FROM {run_t} WHERE id = %s",
+            [run_id, run_id],
+        )
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
 def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
     """NDJSON lines of the run's NeMo Gym rows from ``after``; with ``wait``, looks again each
     time the database may hold new rows (``rollouts.api.result_wait``) until the run is final and
@@ -357,12 +377,15 @@ def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
     rows = _Rows(run, after)
     with ResultWait() as changes:  # made before the first look: no write after it is missed
         while True:
-            status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-            if status is None:
+            look = _look(run_id)
+            if look is None:
                 return
+            status, top_seq = look
             final = status in Run.FINAL  # read before the rows: every result of a final run is already stored
             lines, sent = [], False
-            for line in rows.read():
+            # Another commit (a step's items, a claim) wakes the stream far more often than a
+            # result is stored: the rows are read only when the top of the finishing order moved.
+            for line in () if rows.caught_up(top_seq) else rows.read():
                 lines.append(line)
                 if len(lines) >= CHUNK:
                     yield ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")

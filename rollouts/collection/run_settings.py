@@ -20,6 +20,15 @@ from rollouts.engine.loop import (
     validate_base_url,
 )
 
+# The reason kept on a run launched with ``env_aggregate_metrics`` off (the API's run setting):
+# its env is never asked for ``/aggregate_metrics`` and no task is queued for it. A NeMo Gym env
+# computes the reply in its event loop, so the call stalls every rollout the env is serving
+# meanwhile (a training loop's next batch).
+NOT_ASKED = (
+    "not called: the run was launched with env_aggregate_metrics off "
+    "(as NeMo Gym's run_examples, which never calls /aggregate_metrics)"
+)
+
 
 class SettingError(ValueError):
     """A run setting is refused: ``field`` (the ``Run`` field), ``message`` (what is wrong, whole),

@@ -28,6 +28,7 @@ from django.conf import settings
 
 from rollouts import targets
 from rollouts.collection.export import CHUNK, agent_ordered, agent_ref_of, iter_successes, stamps_rows, success_row
+from rollouts.collection.run_settings import NOT_ASKED
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, environment_server_name
 from rollouts.evaluation.aggregate_metrics import (
     LOCAL_NOTE,
@@ -50,14 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("gymweb.aggregate")
-
-# The reason kept on a run launched with ``env_aggregate_metrics`` off (the API's run setting):
-# its env is never asked. A NeMo Gym env computes the reply in its event loop, so the call stalls
-# every rollout the env is serving meanwhile (a training loop's next batch).
-NOT_ASKED = (
-    "not called: the run was launched with env_aggregate_metrics off "
-    "(as NeMo Gym's run_examples, which never calls /aggregate_metrics)"
-)
 
 
 def run_aggregate_rows(run: Run) -> Iterator[dict[str, Any]]:

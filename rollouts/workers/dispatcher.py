@@ -25,6 +25,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from rollouts import targets
 from rollouts.collection import runs
+from rollouts.collection.run_settings import NOT_ASKED
 from rollouts.engine.contract import prepare_reply_validation
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
@@ -121,11 +122,16 @@ def _flush_and_claim(
 
 
 def finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
-    """Complete runs that have nothing left; a worker then queues the /aggregate_metrics call."""
+    """Complete runs that have nothing left; a worker then queues the /aggregate_metrics call
+    (not for a run launched without it: ``NOT_ASKED``, a training loop's batch)."""
     from django_q.tasks import async_task
 
     for run_id in run_ids:
-        if runs.finish_if_done(run_id) and after_finish:
+        if (
+            runs.finish_if_done(run_id)
+            and after_finish
+            and not Run.objects.filter(pk=run_id, aggregate_metrics_error=NOT_ASKED).exists()
+        ):
             async_task(
                 "rollouts.evaluation.run_aggregate_metrics.fetch_aggregate_metrics",
                 run_id,
