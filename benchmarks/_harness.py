@@ -51,10 +51,16 @@ def setup_django(db: str) -> str:
     return where
 
 
-def start_services(calls: int, latency_ms: float = 0.0, tool_output_kb: float = 0.0):
-    """Start the fast agent and env, each in its own process. Returns (agent_url, env_url, procs)."""
+def start_services(
+    calls: int, latency_ms: float = 0.0, tool_output_kb: float = 0.0, ports: tuple[int, int] = (0, 0), each: int = 1
+):
+    """Start the fast agent and env on ``ports`` (agent, env; 0: any free port), each as ``each``
+    processes sharing its port (SO_REUSEPORT; one process holds at most its open-file limit of
+    connections). Returns (agent_url, env_url, procs)."""
     procs, urls = [], {}
-    for only in ("agent", "env"):
+    for only, port, _ in ((o, p, i) for o, p in zip(("agent", "env"), ports) for i in range(each)):
+        if only in urls:
+            port = int(urls[only].rsplit(":", 1)[1])
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -68,13 +74,16 @@ def start_services(calls: int, latency_ms: float = 0.0, tool_output_kb: float = 
                 str(latency_ms),
                 "--tool-output-kb",
                 str(tool_output_kb),
+                f"--{only}-port",
+                str(port),
+                *(["--reuse-port"] if each > 1 else []),
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
             text=True,
         )
         line = proc.stdout.readline()
-        urls[only] = re.search(r"listening on (\S+)", line).group(1)
+        urls.setdefault(only, re.search(r"listening on (\S+)", line).group(1))
         procs.append(proc)
     return urls["agent"], urls["env"], procs
 

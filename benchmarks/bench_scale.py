@@ -60,11 +60,60 @@ def proc_stat(pid: int) -> tuple[float, float, int] | None:
     return (int(fields[11]) + int(fields[12])) / tick, hwm / 1024, int(fields[2])
 
 
+def machine_cpu() -> dict[str, float]:
+    """CPU seconds so far, by who used them: the whole machine (busy, and of that at nice > 0, i.e.
+    other engineers' niced work), this benchmark's PostgreSQL backends (of its database), every
+    other PostgreSQL process, Redis, this process and its children (the fast agent, the fast env).
+    Read twice and subtracted: what each used over an interval (processes that end meanwhile drop
+    out, so the groups are a lower bound)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in cpu[:8])
+    out = {"machine busy": (user + nice + system + irq + softirq + steal) / tick, "machine at nice > 0": nice / tick}
+    db = os.environ.get("GYMWEB_BENCH_PG_NAME", "gymweb_bench_scale_out")
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        used = (int(fields[11]) + int(fields[12])) / tick
+        if int(name) == me:
+            group = "this benchmark (sampler)"
+        elif int(fields[1]) == me and "fast_services" in cmd:
+            group = "fast " + ("agent" if "--only agent" in cmd else "env")
+        elif cmd.startswith("postgres:"):
+            group = f"PostgreSQL backends of {db}" if f" {db} " in cmd else "PostgreSQL, the rest"
+        elif "redis-server" in cmd:
+            group = "Redis"
+        else:
+            continue
+        out[group] = out.get(group, 0.0) + used
+    return out
+
+
+def set_autogroup_nice(pid: int | str, nice: int | None) -> str:
+    """Give the scheduler autogroup of ``pid``'s session the nice value ``nice`` (Linux with
+    ``kernel.sched_autogroup_enabled=1``: CPU is shared between sessions first, so another session's
+    ``nice -n 19`` does not yield to this one's work unless this session's group is favoured; root
+    only). Returns the group's line before, "" when not changed."""
+    if nice is None:
+        return ""
+    path = Path(f"/proc/{pid}/autogroup")
+    before = path.read_text().strip()
+    path.write_text(str(nice))
+    return before
+
+
 class Cluster:
     """One `gymweb qcluster` started as a machine starts it: its own session (process group) and
     environment file."""
 
-    def __init__(self, name: str, env: dict[str, str], workdir: Path):
+    def __init__(self, name: str, env: dict[str, str], workdir: Path, autogroup_nice: int | None = None):
         self.name = name
         self.env_file = workdir / f"{name}.env"
         self.env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
@@ -78,6 +127,7 @@ class Cluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        set_autogroup_nice(self.proc.pid, autogroup_nice)
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -205,7 +255,7 @@ def one_run(args, workers: int, n: int, concurrency: int, agent_url: str, env_ur
     # Each process's capacity: its fair share of the run and a margin, so that the open-file limit
     # (two connections a rollout) holds.
     capacity = max(2000, -(-concurrency // workers) + 100)
-    cluster = Cluster(tag, worker_env(args, workers, capacity), workdir)
+    cluster = Cluster(tag, worker_env(args, workers, capacity), workdir, args.autogroup_nice)
     try:
         wait_for_workers(workers, since)
         pids = list(Worker.objects.filter(started__gte=since).values_list("pid", flat=True))
@@ -213,9 +263,11 @@ def one_run(args, workers: int, n: int, concurrency: int, agent_url: str, env_ur
         run = h.make_run(n, agent_url, env_url, concurrency, launch=False, run_timeout_s=3600)
         sampler = Sampler(run.pk, args.sample_s, calls=args.mode == "inflight").start()
         t0 = time.perf_counter()
+        used0 = machine_cpu()
         runs.launch(run)
         wait_for_end(run.pk, args.timeout)
         wall = time.perf_counter() - t0
+        used1 = machine_cpu()
         sampler.stop()
         for pid in set(sampler.names.values()):  # the run has ended: what each process used for it
             st = proc_stat(pid)
@@ -239,6 +291,7 @@ def one_run(args, workers: int, n: int, concurrency: int, agent_url: str, env_ur
         "sampler": sampler,
         "load": load(),
         "cpu": sum(cpu - cpu0.get(pid, 0.0) for pid, (cpu, _, _) in sampler.procs.items()),
+        "used": {k: v - used0.get(k, 0.0) for k, v in used1.items()},
     }
 
 
@@ -286,9 +339,9 @@ def mode_inflight(args, agent_url, env_url, workdir) -> None:
         cap = math.ceil(args.rollouts / args.workers)
         r = one_run(args, args.workers, args.rollouts, args.rollouts, agent_url, env_url, workdir, f"inflight-{i}")
         run, sampler = r["run"], r["sampler"]
-        calls = list(AgentCall.objects.filter(rollout__run=run).values_list("started", "latency_ms"))
-        starts = [s.timestamp() for s, _ in calls]
-        ends = sorted(s + ms / 1000 for s, (_, ms) in zip(starts, calls))
+        calls = list(AgentCall.objects.filter(rollout__run=run).values_list("started", "latency_ms", "index"))
+        starts = [s.timestamp() for s, _, _ in calls]
+        ends = sorted(s + ms / 1000 for s, (_, ms, _) in zip(starts, calls))
         span = ends[-1] - min(starts)
         ideal = args.calls * args.latency_ms / 1000
         lag = 0.0
@@ -306,7 +359,29 @@ def mode_inflight(args, agent_url, env_url, workdir) -> None:
         print(f"  shares of the run: {shares}")
         for pid, (cpu, hwm, _pg) in sorted(sampler.procs.items()):
             print(f"  worker process {pid}: CPU {cpu:.1f} s (all its life), peak RSS {hwm:.0f} MB (target < 1 GB)")
+        # The floor a wave of N replies sets on 2 cores: CPU per rollout-step × N / cores.
+        per_step = r["cpu"] / max(1, len(calls))
+        cores = os.cpu_count() or 1
+        print(
+            f"  workers' CPU over the run {r['cpu']:.1f} s = {1000 * per_step:.2f} ms per rollout-step "
+            f"({len(calls)} agent calls); floor of a wave: {per_step * args.rollouts / cores:.1f} s on {cores} cores "
+            f"→ span/ideal ≥ {(ideal + per_step * args.rollouts / cores) / ideal:.3f} if the last wave pays it once"
+        )
+        for k in range(args.calls):
+            wave = sorted(t for t, (_, _, idx) in zip(starts, calls) if idx == k)
+            if wave:
+                p99 = wave[min(len(wave) - 1, int(0.99 * len(wave)))]
+                print(
+                    f"  agent call {k + 1}: {len(wave)} started from +{wave[0] - min(starts):.1f} s over "
+                    f"{wave[-1] - wave[0]:.1f} s (99 % within {p99 - wave[0]:.1f} s)"
+                )
         print(f"  database connections at most {sampler.connections} (this benchmark's own included)")
+        cores_s = cores * r["wall"]
+        print(
+            f"  CPU from launch to the run's end ({r['wall']:.1f} s × {cores} cores = {cores_s:.0f} core-s): workers "
+            f"{r['cpu']:.1f} s; "
+            + "; ".join(f"{k} {v:.1f} s" for k, v in sorted(r["used"].items(), key=lambda kv: -kv[1]))
+        )
         print(f"  wall {r['wall']:.1f} s; {r['load']}", flush=True)
 
 
@@ -410,6 +485,22 @@ def main() -> None:
     parser.add_argument("--lease-s", type=float, default=None)
     parser.add_argument("--sample-s", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--agent-port", type=int, default=0, help="the fast agent's port (0: any free one)")
+    parser.add_argument("--env-port", type=int, default=0, help="the fast env's port (0: any free one)")
+    parser.add_argument(
+        "--autogroup-nice",
+        type=int,
+        default=None,
+        help="nice value of the scheduler autogroups of this benchmark's session and of each worker cluster's "
+        "(e.g. -10: favoured over other sessions' work; restored at the end; root only)",
+    )
+    parser.add_argument(
+        "--service-procs",
+        type=int,
+        default=None,
+        help="processes of the fast agent and of the env, sharing a port (default: one per 15,000 rollouts in "
+        "flight: a process holds at most its open-file limit of connections, 20,000 here)",
+    )
     args = parser.parse_args()
     defaults = {
         "spread": dict(rollouts=1000, latency_ms=0.0, concurrency=100, workers="1,2", repeat=3, lease_s=30.0),
@@ -423,6 +514,8 @@ def main() -> None:
         args.workers = int(args.workers)
     if args.mode == "inflight":
         args.sample_s = 0.25
+    if args.service_procs is None:
+        args.service_procs = -(-max(args.rollouts, args.concurrency or 0) // 15000) if args.mode == "inflight" else 1
     from benchmarks.fast_services import raise_fd_limit
 
     raise_fd_limit()
@@ -442,7 +535,12 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="gymweb-scale-"))
     print(f"{args.mode}: {h.machine()}; {args.where}; logs in {workdir}; {load()}", flush=True)
-    agent_url, env_url, procs = h.start_services(args.calls, args.latency_ms)
+    before = set_autogroup_nice("self", args.autogroup_nice)
+    if before:
+        print(f"scheduler: autogroup of this session and of each cluster at nice {args.autogroup_nice} (was: {before})")
+    agent_url, env_url, procs = h.start_services(
+        args.calls, args.latency_ms, ports=(args.agent_port, args.env_port), each=args.service_procs
+    )
     try:
         connection.close()
         {"spread": mode_spread, "inflight": mode_inflight, "fleet": mode_fleet}[args.mode](
@@ -450,6 +548,8 @@ def main() -> None:
         )
     finally:
         h.stop(procs)
+        if before:
+            set_autogroup_nice("self", int(before.rsplit(" ", 1)[1]))
 
 
 if __name__ == "__main__":

@@ -298,6 +298,8 @@ def _gymweb_env(db: str, work: Path, n: int) -> dict:
         "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
         "GYMWEB_DISPATCH_IN_WORKERS": "0",
         "GYMWEB_PROCESS_CAPACITY": str(n),
+        # A run's concurrency is capped at 4,096 by default (a setting for fleets): N in flight needs N.
+        "GYMWEB_MAX_RUN_CONCURRENCY": str(max(n, 4096)),
         "GYMWEB_LOG_LEVEL": "WARNING",
     }
     if db == "postgres":

@@ -7,7 +7,8 @@ cookie, counts, and verifies reward 1.0; ``--tool-output-kb N`` pads each tool o
 (long trajectories); ``--hostile-share 0.01 --hostile-mb 200`` answers 1% of agent calls with a
 200 MB reply (``bench_faults``). Both print ``… listening on URL`` lines. Each raises its open-file limit to
 the hard limit (10,000 rollouts in flight hold 10,000 connections) and listens with a 16,384
-backlog (the kernel caps it at ``net.core.somaxconn``).
+backlog (the kernel caps it at ``net.core.somaxconn``); ``--reuse-port`` lets several processes share
+one port, for more connections than one process may open.
 
     python -m benchmarks.fast_services --calls 4 --latency-ms 0
 """
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 
 from aiohttp import web
@@ -125,10 +127,10 @@ def make_env(tool_output_kb: float = 0.0) -> web.Application:
     return app
 
 
-async def _serve(app: web.Application, port: int, label: str) -> None:
+async def _serve(app: web.Application, port: int, label: str, reuse_port: bool = False) -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=16384)
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=16384, reuse_port=reuse_port or None)
     await site.start()
     real = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     print(f"{label} listening on http://127.0.0.1:{real}", flush=True)
@@ -156,19 +158,28 @@ def main() -> None:
     parser.add_argument("--env-port", type=int, default=0)
     parser.add_argument("--only", choices=["agent", "env"], default=None)
     parser.add_argument("--tool-output-kb", type=float, default=0.0)
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="share the port with other such processes (SO_REUSEPORT): more connections than one process's open files",
+    )
     parser.add_argument("--hostile-share", type=float, default=0.0, help="share of agent calls answered oversized")
     parser.add_argument("--hostile-mb", type=float, default=200.0, help="size of such an answer, MB")
     args = parser.parse_args()
     raise_fd_limit()
+    if args.reuse_port:  # ids distinct across the processes sharing the port
+        global _ids
+        _ids = itertools.count(os.getpid() * 10**9)
 
     async def run() -> None:
         if args.only in (None, "env"):
-            await _serve(make_env(args.tool_output_kb), args.env_port, "env")
+            await _serve(make_env(args.tool_output_kb), args.env_port, "env", args.reuse_port)
         if args.only in (None, "agent"):
             await _serve(
                 make_agent(args.calls, args.latency_ms / 1000, args.hostile_share, args.hostile_mb),
                 args.agent_port,
                 "agent",
+                args.reuse_port,
             )
         await asyncio.Event().wait()
 

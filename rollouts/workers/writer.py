@@ -32,6 +32,9 @@ log = logging.getLogger("gymweb.dispatch")
 __all__ = ["TOKENS_MAX", "Batch", "call_row", "item_row", "write_batch"]
 
 
+SEED_BATCH = 1000  # rollouts' seed_ms per UPDATE statement
+
+
 @dataclass
 class Batch:
     calls: list[AgentCall] = field(default_factory=list)
@@ -324,9 +327,7 @@ def _write_batch(batch: Batch, worker: str) -> None:
             fill_missing(batch.items)
             insert_ignoring_conflicts(TrajectoryItem, batch.items)
         ending = {rollout_id for rollout_id, _ in batch.finished}
-        for rollout_id, seed_ms in batch.seeds.items():
-            if rollout_id not in ending:  # else written with the result, in one UPDATE
-                Rollout.objects.filter(pk=rollout_id).update(seed_ms=seed_ms)
+        _write_seeds({k: v for k, v in batch.seeds.items() if k not in ending})  # else with the result
         for rollout_id, out in batch.finished:
             _write_result(batch, worker, now, seqs, rollout_id, out)
         if batch.finished:
@@ -341,6 +342,16 @@ def _write_batch(batch: Batch, worker: str) -> None:
         _missing.pop(rollout_id, None)
     for rollout_id, _ in batch.killed:
         _missing.pop(rollout_id, None)
+
+
+def _write_seeds(seeds: dict[int, float]) -> None:
+    """Each rollout's ``seed_ms`` (rollout id -> ms) in one UPDATE per ``SEED_BATCH`` rollouts. A
+    wave's batch holds thousands of seeds: a statement each would keep the batch transaction, and
+    its row locks, open for thousands of round trips, while the lease keeper skips locked rows (their
+    leases lapse) and a reap waits for them holding the run row that every claim needs."""
+    if seeds:
+        rows = [Rollout(pk=rollout_id, seed_ms=seed_ms) for rollout_id, seed_ms in sorted(seeds.items())]
+        Rollout.objects.bulk_update(rows, ["seed_ms"], batch_size=SEED_BATCH)
 
 
 def _result_fields(out: RolloutOutcome, now: datetime) -> dict[str, Any]:
