@@ -135,7 +135,6 @@ def import_job(task, progress) -> background.Done:
                 name=import_name(task.params.get("name") or "", [src for _, src in shards + sidecars]),
                 user=task.user,
                 team=Team.objects.filter(pk=task.params["team"]).first() if "team" in task.params else None,
-                batched=True,  # short transactions: the workers' writes never wait long for the import
                 on_batch=read_so_far,
             )
         except LooksLikeDatasetError as exc:
