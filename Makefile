@@ -38,7 +38,7 @@ lint: $(BIN)/.installed
 
 # Benchmarks (see benchmarks/README.md). DB=postgres runs them on 127.0.0.1:5432 instead of SQLite.
 DB ?= sqlite
-.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive bench-faults bench-upload bench-scale-vs-nemo bench-scale bench-scale10k bench-scale-fleet
+.PHONY: bench-overhead bench-latency bench-storage bench-inflight bench-profile bench-jsonl bench-search bench-trajectory bench-trajectory-content bench-team screenshots bench-inflight10k bench-long bench-vs-nemo bench-trainer bench-archive bench-faults bench-upload bench-import bench-reply-rss bench-scale-vs-nemo bench-scale bench-scale10k bench-scale-fleet
 bench-overhead: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_overhead --db $(DB)
 bench-latency: $(BIN)/.installed
@@ -90,6 +90,14 @@ bench-faults: $(BIN)/.installed
 ROWS_UPLOAD ?= 1000000
 bench-upload: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.bench_upload_rss --db $(DB) --rows $(ROWS_UPLOAD)
+# One large rollouts import (ROWS_IMPORT=) while another process writes to the SQLite file every
+# 50 ms: seconds, peak RSS and that writer's longest wait.
+ROWS_IMPORT ?= 100000
+bench-import: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_upload_rss --import --db $(DB) --rows $(ROWS_IMPORT)
+# A worker's RSS before, during and after a spike of hostile 200 MB agent replies.
+bench-reply-rss: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.bench_reply_rss
 
 # NeMo Gym 0.7.0 side by side with gymweb on the same work, in one run (issue 14). Needs NeMo Gym's
 # venv, built by the peer scripts' setup.sh (never in .ci/run: it downloads 1.4 GB and starts Ray).

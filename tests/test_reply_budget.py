@@ -59,3 +59,31 @@ def test_memory_is_handed_back_once_idle_after_a_large_spike(monkeypatch):
     b.take(10)
     b.give(10)
     assert trims == [1]  # a small reply afterwards does not trim again
+
+
+@async_test
+async def test_a_refused_reply_held_by_its_failure_keeps_none_of_its_bytes():
+    """A refusal lives on (its traceback, the failure wrapping it) until its rollout's row is
+    written; the bytes read before the cap must not live on with it, or the budget would count them
+    given back while they are still held."""
+    import tracemalloc
+
+    from rollouts.engine.targets import ReplyTooLarge
+
+    cap = 4 * 1024 * 1024
+    async with Streamer("/v1/responses") as agent:
+        client = make_client(4, policy=LOCAL, max_reply_bytes=cap, reply_budget_bytes=16 * cap)
+        tracemalloc.start()
+        try:
+            held = []
+            try:
+                await client.post_bytes(agent.url + "/v1/responses", b"{}", {"content-type": "application/json"})
+            except ReplyTooLarge as exc:
+                held.append(exc)  # as a rollout's failure keeps it
+            current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            await client.aclose()
+    assert held and peak > cap // 2  # the reply was read up to the cap...
+    assert current < cap // 4, f"{current:,} bytes still held"  # ...and none of it is held by the refusal
+    assert client.budget.used == 0

@@ -7,6 +7,7 @@ same file reuses the stored dataset."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -120,3 +121,48 @@ def test_the_same_file_uploaded_again_reuses_the_stored_dataset(tmp_path, django
     assert (reused_first, reused_second) == (False, True)
     assert second.dataset_id == first.dataset_id and Dataset.objects.count() == 1
     assert _keys(second)[1] == _keys(first)[1]
+
+
+def test_a_dataset_alone_is_stored_from_an_open_upload_in_batches_and_reused(django_user_model, monkeypatch):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    monkeypatch.setattr(streamed_upload, "BULK", 4)
+    user = django_user_model.objects.create_user(username="u", password="x")
+    lines = [json.dumps({"responses_create_params": {"input": f"t{i}"}, "reward": 1.0}) for i in range(10)]
+    upload = SimpleUploadedFile("tasks.jsonl", ("\n".join(lines) + "\n").encode())
+    found = streamed_upload.scan(upload, "tasks.jsonl", 1000, 1 << 20)
+    with CaptureQueriesContext(connection) as queries:
+        dataset, reused = streamed_upload.store_dataset(
+            upload, "tasks.jsonl", found, name="tasks.jsonl", user=user, max_line_bytes=1 << 20
+        )
+    row_inserts = [q["sql"] for q in queries if q["sql"].startswith('INSERT INTO "rollouts_datasetrow"')]
+    assert not reused and len(row_inserts) == 3  # 4 + 4 + 2 rows, each batch its own transaction
+    assert (
+        dataset.num_rows == 10 and dataset.sha256 == read_jsonl(io.BytesIO(("\n".join(lines) + "\n").encode())).sha256
+    )
+    stored = list(DatasetRow.objects.filter(dataset=dataset).order_by("line").values_list("line", "data_json"))
+    assert [line for line, _ in stored] == list(range(1, 11)) and all("reward" not in t for _, t in stored)
+    assert not Run.objects.exists() and not Task.objects.exists()
+    again, reused_again = streamed_upload.store_dataset(
+        upload, "tasks.jsonl", found, name="tasks.jsonl", user=user, max_line_bytes=1 << 20
+    )
+    assert reused_again and again.pk == dataset.pk and Dataset.objects.count() == 1
+
+
+def test_a_dataset_alone_failing_half_way_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(streamed_upload, "BULK", 2)
+    path = _file(tmp_path, [json.dumps({"responses_create_params": {"input": f"t{i}"}}) for i in range(7)])
+    found = streamed_upload.scan(path, "tasks.jsonl", 1000, 1 << 20)
+    real = DatasetRow.objects.bulk_create
+    calls = []
+
+    def failing(objs, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(objs, *args, **kwargs)
+
+    monkeypatch.setattr(DatasetRow.objects, "bulk_create", failing)
+    with pytest.raises(OSError):
+        streamed_upload.store_dataset(path, "tasks.jsonl", found, name="d", reuse=False, max_line_bytes=1 << 20)
+    assert len(calls) == 3 and not Dataset.objects.exists() and not DatasetRow.objects.exists()

@@ -13,8 +13,8 @@ from rollouts.api.lookups import MAX_PAGE, OFFSET, dataset_for, datasets_for
 from rollouts.api.payloads import dataset_out
 from rollouts.api.router import api
 from rollouts.api.schemas import DatasetOut, Error
-from rollouts.collection import runs
-from rollouts.collection.datasets import DatasetError, read_jsonl
+from rollouts.collection import streamed_upload
+from rollouts.collection.datasets import DatasetError
 from rollouts.teams import choosable_teams
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
@@ -35,9 +35,10 @@ def create_dataset(
     name: str = Form("", description="defaults to the file name"),
     team: int | None = Form(None, description="the team the dataset goes to, one of yours; default: your first"),
 ):
-    """Validated like the new-run form's upload: a bad line is reported with its line number and
-    nothing is stored. Up to ``GYMWEB_MAX_UPLOAD_BYTES`` (the upload handler stops a larger file
-    before it is stored: 413)."""
+    """Validated and stored like the new-run form's upload (``collection.streamed_upload``: bounded
+    memory, short transactions): a bad line is reported with its file and line, and a file over
+    ``GYMWEB_MAX_KEYS_PER_RUN`` rows is refused while read; nothing is stored then. Up to
+    ``GYMWEB_MAX_UPLOAD_BYTES`` (the upload handler stops a larger file before it is stored: 413)."""
     limit = int(settings.GYMWEB_MAX_UPLOAD_BYTES)
     if "file" in too_large_uploads(request) or (file is not None and file.size > limit):
         raise HttpError(413, upload_limit_message(limit))
@@ -46,10 +47,6 @@ def create_dataset(
             "no file: send the dataset as the multipart field 'file'", {"file": ["this field is required"]}
         )
     source = (file.name or "dataset.jsonl").rsplit("/", 1)[-1]
-    try:
-        parsed = read_jsonl(file, source=source, refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN))
-    except DatasetError as exc:
-        raise FieldsError(str(exc), {"file": [str(exc)]}) from None
     if len(name) > 200:  # the column's size: a cut name would be stored otherwise than sent
         message = f"the name has {len(name):,} characters; at most 200"
         raise FieldsError(message, {"name": [message]})
@@ -59,7 +56,21 @@ def create_dataset(
         if chosen is None:
             message = f"team {team}: not one of your teams"
             raise FieldsError(message, {"team": [message]})
-    dataset = runs.store_dataset(parsed, (name or source)[:200], user=request.user, team=chosen)
+    line_limit = int(settings.GYMWEB_MAX_LINE_BYTES)
+    try:
+        found = streamed_upload.scan(file, source, int(settings.GYMWEB_MAX_KEYS_PER_RUN), line_limit)
+        dataset, _ = streamed_upload.store_dataset(
+            file,
+            source,
+            found,
+            name=name or source,
+            user=request.user,
+            team=chosen,
+            reuse=False,
+            max_line_bytes=line_limit,
+        )
+    except DatasetError as exc:
+        raise FieldsError(str(exc), {"file": [str(exc)]}) from None
     return Status(201, dataset_out(dataset))
 
 

@@ -46,17 +46,21 @@ Rules:
 - The run is named after the files (their names, not their paths); ``num_tasks`` and
   ``num_repeats`` come from the imported keys (5 tasks with rollouts 0..3 each: 5 × 4).
 
-Bad input raises ``DatasetError`` naming the file and line; nothing is stored (one transaction). A
-row the database refuses is reported the same way (with its line), never as a crash.
-Rows are streamed and written with ``bulk_create`` in batches: memory is bounded by a batch plus
-small per-key maps (task ids, attempt counters) and each task's row.
+Bad input raises ``DatasetError`` naming the file and line; nothing is stored. A row the database
+refuses is reported the same way (with its line), never as a crash.
+Rows are streamed and written with ``bulk_create`` in batches (``ROWS_PER_BATCH`` rows or
+``ITEMS_PER_BATCH`` trajectory items, whichever comes first), each batch its own short transaction,
+so SQLite's write lock is never held for the whole import and the workers' writes never wait long
+for it. The run is visible as it fills (status ``imported``, ``finished`` unset until the last
+batch); when the import is refused or fails part-way, the run and everything its batches stored
+are deleted before the error is raised. Memory is bounded by a batch plus small per-key maps (task
+ids, attempt counters) and each task's row.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePath
@@ -564,9 +568,10 @@ class _Importer:
 
     # -- writing -------------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Write what is pending in one savepoint. A row the database refuses (which the checks above
-        should make impossible) is found row by row and reported as ``DatasetError`` with its line,
-        so an import never ends in a crash; the caller's transaction then stores nothing."""
+        """Write what is pending in one transaction (a savepoint inside a caller's). A row the
+        database refuses (which the checks above should make impossible) is found row by row and
+        reported as ``DatasetError`` with its line, so an import never ends in a crash;
+        ``import_shards`` then deletes what the earlier batches stored."""
         tasks, pending = self.new_tasks, self.pending
         try:
             with transaction.atomic():
@@ -675,7 +680,6 @@ def import_shards(
     *,
     name: str = "",
     user=None,
-    batched: bool = False,
     on_batch: Callable[[], None] | None = None,
     team=None,
 ) -> ImportSummary:
@@ -694,17 +698,15 @@ def import_shards(
     rollout) key is a ``DatasetError`` naming both places (shards of runs that reuse task indices,
     such as two environment servers, cannot share one run). Raises ``DatasetError`` (file and line)
     for a bad row or when the files hold no rows, ``WrongFileError``/``LooksLikeDatasetError`` as
-    ``import_rollouts`` does; nothing is stored then (one transaction).
-
-    ``batched``: each batch is its own short transaction instead (SQLite's write lock is never held
-    for the whole import; the run shows as it fills) and a refused import deletes what it stored.
+    ``import_rollouts`` does; nothing is stored then: each batch is its own short transaction, and
+    a refused or failed import deletes the run with what its batches stored before raising.
     ``on_batch()`` is called after each batch is written (progress).
     """
     started: list[Run] = []
     try:
-        return _import_shards(shards, failures, materialized, name, user, team, batched, on_batch, started)
+        return _import_shards(shards, failures, materialized, name, user, team, on_batch, started)
     except BaseException:
-        if batched and started:  # what the committed batches stored goes
+        if started:  # what the committed batches stored goes with the run (cascade)
             Run.objects.filter(pk=started[0].pk).delete()
         raise
 
@@ -716,7 +718,6 @@ def _import_shards(
     name: str,
     user,
     team,
-    batched: bool,
     on_batch: Callable[[], None] | None,
     started: list[Run],
 ) -> ImportSummary:
@@ -736,68 +737,63 @@ def _import_shards(
         team_id=team_for_new(user, team),  # ``team``, else the user's first team
         source_file=" + ".join(names)[:500],
     )
-    with nullcontext() if batched else transaction.atomic():
-        run.save()
-        started.append(run)
-        importer = _Importer(run)
-        importer.on_flush = on_batch
-        agent_name = None
-        inputs = [(lines, src, True) for lines, src in failures] + [(lines, src, False) for lines, src in shards]
-        if (
-            len(shards) == 1 and len(failures) == 1
-        ):  # what each file starts with, to tell swapped files from one wrong file
-            for lines, _src, sidecar in inputs:
-                first = _first_row(lines)
-                importer.other_slot_kind[sidecar] = None if first is None else "_ng_failure_class" in first
-        main_rows = main_results = 0
-        ordinal = 0
-        for lines, src in materialized:
-            for line, text, row in _iter_rows(lines, src, file_shapes.MATERIALIZED):
-                try:
-                    importer.add_input(row, text, ordinal, line, src)
-                except RecursionError:
-                    raise DatasetError(TOO_DEEP, line, src) from None
-                ordinal += 1
-        ordinals = {True: 0, False: 0}  # rows without indices: numbered on across files of one kind
-        for lines, src, sidecar in inputs:
-            for line, text, row in _iter_rows(lines, src, file_shapes.FAILURES if sidecar else file_shapes.ROLLOUTS):
-                if (
-                    agent_name is None
-                    and isinstance(row.get("agent_ref"), dict)
-                    and isinstance(row["agent_ref"].get("name"), str)
-                ):
-                    agent_name = row["agent_ref"]["name"]
-                if not sidecar:
-                    main_rows += 1
-                    main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
-                try:
-                    importer.add(row, text, ordinals[sidecar], line, src, sidecar)
-                except RecursionError:
-                    raise DatasetError(TOO_DEEP, line, src) from None
-                ordinals[sidecar] += 1
-        if main_rows and not main_results:
-            raise LooksLikeDatasetError(
-                shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards),
-                main_rows,
-                materialized=importer.first_main_shape is file_shapes.MATERIALIZED_ROWS,
-            )
-        importer.add_not_run_inputs()
-        importer.flush()
-        summary = importer.summary
-        if summary.rows == 0:
-            raise DatasetError(
-                "the file has no rows (it is empty or only blank lines)"
-                if len(names) == 1
-                else "the files have no rows",
-                None,
-                names[0],
-            )
-        run.num_tasks = len(importer.task_ids)
-        run.num_keys = len(importer.attempts)
-        # Repeats as NeMo Gym counts them: rollouts per task (the most any task has).
-        run.num_repeats = max((len(r) for r in importer.rollouts_per_task.values()), default=1)
-        run.finished = importer.now
-        if agent_name:
-            run.agent_name = agent_name[:200]
-        run.save(update_fields=["num_tasks", "num_keys", "num_repeats", "finished", "agent_name"])
+    run.save()
+    started.append(run)
+    importer = _Importer(run)
+    importer.on_flush = on_batch
+    agent_name = None
+    inputs = [(lines, src, True) for lines, src in failures] + [(lines, src, False) for lines, src in shards]
+    if len(shards) == 1 and len(failures) == 1:  # what each file starts with, to tell swapped files from one wrong file
+        for lines, _src, sidecar in inputs:
+            first = _first_row(lines)
+            importer.other_slot_kind[sidecar] = None if first is None else "_ng_failure_class" in first
+    main_rows = main_results = 0
+    ordinal = 0
+    for lines, src in materialized:
+        for line, text, row in _iter_rows(lines, src, file_shapes.MATERIALIZED):
+            try:
+                importer.add_input(row, text, ordinal, line, src)
+            except RecursionError:
+                raise DatasetError(TOO_DEEP, line, src) from None
+            ordinal += 1
+    ordinals = {True: 0, False: 0}  # rows without indices: numbered on across files of one kind
+    for lines, src, sidecar in inputs:
+        for line, text, row in _iter_rows(lines, src, file_shapes.FAILURES if sidecar else file_shapes.ROLLOUTS):
+            if (
+                agent_name is None
+                and isinstance(row.get("agent_ref"), dict)
+                and isinstance(row["agent_ref"].get("name"), str)
+            ):
+                agent_name = row["agent_ref"]["name"]
+            if not sidecar:
+                main_rows += 1
+                main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
+            try:
+                importer.add(row, text, ordinals[sidecar], line, src, sidecar)
+            except RecursionError:
+                raise DatasetError(TOO_DEEP, line, src) from None
+            ordinals[sidecar] += 1
+    if main_rows and not main_results:
+        raise LooksLikeDatasetError(
+            shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards),
+            main_rows,
+            materialized=importer.first_main_shape is file_shapes.MATERIALIZED_ROWS,
+        )
+    importer.add_not_run_inputs()
+    importer.flush()
+    summary = importer.summary
+    if summary.rows == 0:
+        raise DatasetError(
+            "the file has no rows (it is empty or only blank lines)" if len(names) == 1 else "the files have no rows",
+            None,
+            names[0],
+        )
+    run.num_tasks = len(importer.task_ids)
+    run.num_keys = len(importer.attempts)
+    # Repeats as NeMo Gym counts them: rollouts per task (the most any task has).
+    run.num_repeats = max((len(r) for r in importer.rollouts_per_task.values()), default=1)
+    run.finished = importer.now
+    if agent_name:
+        run.agent_name = agent_name[:200]
+    run.save(update_fields=["num_tasks", "num_keys", "num_repeats", "finished", "agent_name"])
     return summary

@@ -1,11 +1,13 @@
-"""A dataset file stored and materialised into a run in bounded memory, in short transactions.
+"""A dataset file stored (and materialised into a run) in bounded memory, in short transactions.
 
-The background task of an upload (``rollouts.web.views.upload_job``) reads the kept file twice:
-``scan`` validates every row and counts them, refusing a file over the key limit at the first row
-past it, before anything is stored; ``store_and_create_run`` then reads it again and writes the
-dataset rows, tasks and pending rollouts ``BULK`` rows per transaction, so SQLite's write lock is
-never held for long and no list of every row is ever held. The run stays ``queued`` (no worker
-takes it) until its last batch is in; if anything fails, what was stored is deleted.
+Every dataset upload goes through here: the new-run page's (``rollouts.web.views.upload_job``),
+``POST /api/v1/datasets`` and the import page's dataset offer. The file (a path, or a seekable
+binary file such as a Django upload) is read twice: ``scan`` validates every row and counts them,
+refusing a file over the key limit at the first row past it, before anything is stored;
+``store_dataset`` or ``store_and_create_run`` then reads it again and writes the dataset rows (and
+the run's tasks and pending rollouts) ``BULK`` rows per transaction, so SQLite's write lock is never
+held for long and no list of every row is ever held. A new run stays ``queued`` (no worker takes
+it) until its last batch is in; if anything fails, what was stored is deleted.
 
 The run's keys are NeMo Gym's (``rollouts.collection.datasets.materialize``): identical lines share
 a task, rows carrying ``_ng_task_index`` keep it, each row adds ``num_repeats`` rollouts to its task.
@@ -14,9 +16,12 @@ a task, rows carrying ``_ng_task_index`` keep it, each row adds ``num_repeats`` 
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Union
 
 from django.db import transaction
 
@@ -25,6 +30,22 @@ from rollouts.collection.runs import BULK, _dumps, check_size, earlier_upload
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.teams import team_for_new
+
+Source = Union[Path, IO[bytes]]  # a file's path, or a seekable binary file (read from its start)
+
+
+@contextmanager
+def _reading(file: Source) -> Iterator[tuple[IO[bytes], int]]:
+    """``(binary file at its start, its size in bytes, at least 1)``; a path is opened and closed,
+    a file object is rewound and left open."""
+    if isinstance(file, (str, Path)):
+        with open(file, "rb") as fh:
+            yield fh, max(os.fstat(fh.fileno()).st_size, 1)
+        return
+    file.seek(0, os.SEEK_END)
+    size = max(file.tell(), 1)
+    file.seek(0)
+    yield file, size
 
 
 @dataclass
@@ -38,13 +59,13 @@ class Scan:
     explicit: dict[int, int] = field(default_factory=dict)  # a task index rows carry → its first row (1-based)
 
 
-def scan(path: Path, source: str, max_rows: int, max_line_bytes: int, progress=None) -> Scan:
-    """Read and validate every row of the JSONL file at ``path``, one at a time. Raises
-    ``DatasetError`` for the first bad line, for an empty file, or at row ``max_rows + 1``."""
+def scan(file: Source, source: str, max_rows: int, max_line_bytes: int, progress=None) -> Scan:
+    """Read and validate every row of the JSONL ``file``, one at a time (``source`` names it in
+    errors). Raises ``DatasetError`` (file and line) for the first bad line, for an empty file, or
+    at row ``max_rows + 1``; nothing is stored."""
     found = Scan()
     digest = hashlib.sha256()
-    size = max(path.stat().st_size, 1)
-    with path.open("rb") as fh:
+    with _reading(file) as (fh, size):
         for number, _text, row in iter_rows(fh, source, digest, max_line_bytes):
             found.num_rows += 1
             if found.num_rows > max_rows:
@@ -71,8 +92,49 @@ def _materialized(row: dict[str, Any], task_index: int, agent_name: str, overrid
     return out
 
 
+def _new_dataset(name: str, found: Scan, user, team_id: int) -> Dataset:
+    return Dataset.objects.create(
+        name=name[:200],
+        source_name=name[:200],
+        created_by=user,
+        num_rows=found.num_rows,
+        sha256=found.sha256,
+        team_id=team_id,
+    )
+
+
+def store_dataset(
+    file: Source,
+    source: str,
+    found: Scan,
+    *,
+    name: str,
+    user=None,
+    team=None,
+    reuse: bool = True,
+    max_line_bytes: int,
+    progress=None,
+) -> tuple[Dataset, bool]:
+    """Store ``file`` (already ``scan``ned: ``found``) as a dataset named ``name`` in ``team``
+    (default: the user's first), ``BULK`` rows per transaction. With ``reuse``, an earlier upload
+    of the same file by the user (``runs.earlier_upload``) is handed back instead. Returns
+    ``(dataset, reused)``. On any failure deletes what it stored and re-raises."""
+    team_id = team_for_new(user, team)
+    if reuse:
+        same = earlier_upload(found.sha256, name, found.num_rows, user, team_id)
+        if same is not None:
+            return same, True
+    dataset = _new_dataset(name, found, user, team_id)
+    try:
+        _write(file, source, found, None, dataset, found.num_rows, max_line_bytes, progress)
+    except BaseException:
+        Dataset.objects.filter(pk=dataset.pk).delete()
+        raise
+    return dataset, False
+
+
 def store_and_create_run(
-    path: Path,
+    file: Source,
     source: str,
     found: Scan,
     *,
@@ -84,11 +146,11 @@ def store_and_create_run(
     progress=None,
     **options: Any,
 ) -> tuple[Run, bool]:
-    """Store the file at ``path`` (already ``scan``ned: ``found``) as a new dataset, unless the
-    user uploaded the same file before (``runs.earlier_upload``: that one is reused), and a queued
-    run over it with ``options`` (``Run`` fields, as ``runs.create_run``). Returns ``(run,
-    reused)``. Raises ``RunTooLarge`` before storing anything; on any other failure deletes what it
-    stored and re-raises."""
+    """Store ``file`` (already ``scan``ned: ``found``) as a new dataset, unless the user uploaded
+    the same file before (``runs.earlier_upload``: that one is reused), and a queued run over it
+    with ``options`` (``Run`` fields, as ``runs.create_run``). Returns ``(run, reused)``. Raises
+    ``RunTooLarge`` before storing anything; on any other failure deletes what it stored and
+    re-raises."""
     team_id = team.pk if team is not None else team_for_new(user)
     run = Run(name=run_name[:200], created_by=user, team_id=team_id, **options)
     limit = run.limit or found.num_rows
@@ -96,19 +158,12 @@ def store_and_create_run(
     reuse = earlier_upload(found.sha256, dataset_name, found.num_rows, user, team_id)
     made_dataset = reuse is None
     with transaction.atomic():
-        dataset = reuse or Dataset.objects.create(
-            name=dataset_name[:200],
-            source_name=dataset_name[:200],
-            created_by=user,
-            num_rows=found.num_rows,
-            sha256=found.sha256,
-            team_id=team_id,
-        )
+        dataset = reuse or _new_dataset(dataset_name, found, user, team_id)
         run.dataset = dataset
         run.num_keys = min(found.num_rows, limit) * run.num_repeats
         run.save()
     try:
-        _write(path, source, found, run, dataset if made_dataset else None, limit, max_line_bytes, progress)
+        _write(file, source, found, run, dataset if made_dataset else None, limit, max_line_bytes, progress)
     except BaseException:
         with transaction.atomic():
             Run.objects.filter(pk=run.pk).delete()
@@ -118,56 +173,72 @@ def store_and_create_run(
     return run, not made_dataset
 
 
-def _write(path, source, found: Scan, run: Run, dataset, limit: int, max_line_bytes: int, progress) -> None:
-    """The second reading: dataset rows (when ``dataset`` is given), tasks and rollouts, ``BULK``
-    rows per transaction."""
-    overrides = run.overrides or None
-    explicit = {index for index, first in found.explicit.items() if first <= limit}  # as materialize: within the limit
-    by_text: dict[bytes, int] = {}  # a line's SHA-1 → its task: identical lines share one
-    task_ids: dict[int, int] = {}  # task index → Task id
-    rollouts_of: dict[int, int] = {}  # task index → rollouts so far
-    next_index, read = 0, 0
-    size = max(path.stat().st_size, 1)
+class _RunRows:
+    """The tasks and pending rollouts of ``run``, batch by batch, as ``materialize`` numbers them."""
 
-    def flush(batch: list[tuple[int, str, dict]], batch_all: list[tuple[int, str, dict]]) -> None:
-        """``batch_all``: the rows read (stored in the dataset); ``batch``: those within the limit."""
-        nonlocal next_index
+    def __init__(self, run: Run, found: Scan, limit: int):
+        self.run = run
+        self.explicit = {index for index, first in found.explicit.items() if first <= limit}  # within the limit
+        self.by_text: dict[bytes, int] = {}  # a line's SHA-1 → its task: identical lines share one
+        self.task_ids: dict[int, int] = {}  # task index → Task id
+        self.rollouts_of: dict[int, int] = {}  # task index → rollouts so far
+        self.next_index = 0
+
+    def _task_index(self, text: str, row: dict) -> int:
+        if TASK_INDEX_KEY_NAME in row:
+            return row[TASK_INDEX_KEY_NAME]
+        digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
+        if digest not in self.by_text:
+            while self.next_index in self.explicit:
+                self.next_index += 1
+            self.by_text[digest] = self.next_index
+            self.next_index += 1
+        return self.by_text[digest]
+
+    def store(self, batch: list[tuple[int, str, dict]]) -> None:
+        """Write the new tasks and the rollouts of ``batch`` (inside the caller's transaction)."""
+        run = self.run
         new_tasks: list[Task] = []
         keys: list[tuple[int, int]] = []
         for _number, text, row in batch:
-            if TASK_INDEX_KEY_NAME in row:
-                task_index = row[TASK_INDEX_KEY_NAME]
-            else:
-                digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
-                if digest not in by_text:
-                    while next_index in explicit:
-                        next_index += 1
-                    by_text[digest] = next_index
-                    next_index += 1
-                task_index = by_text[digest]
-            if task_index not in rollouts_of:
-                rollouts_of[task_index] = 0
-                materialized = _materialized(row, task_index, run.agent_name, overrides)
+            task_index = self._task_index(text, row)
+            if task_index not in self.rollouts_of:
+                self.rollouts_of[task_index] = 0
+                materialized = _materialized(row, task_index, run.agent_name, run.overrides or None)
                 new_tasks.append(Task(run=run, task_index=task_index, row_json=_dumps(materialized)))
             for _ in range(run.num_repeats):
-                keys.append((task_index, rollouts_of[task_index]))
-                rollouts_of[task_index] += 1
+                keys.append((task_index, self.rollouts_of[task_index]))
+                self.rollouts_of[task_index] += 1
+        made = Task.objects.bulk_create(new_tasks)
+        if any(t.pk is None for t in made):  # backends that do not return ids from bulk_create
+            wanted = [t.task_index for t in made]
+            self.task_ids.update(Task.objects.filter(run=run, task_index__in=wanted).values_list("task_index", "id"))
+        else:
+            self.task_ids.update((t.task_index, t.pk) for t in made)
+        Rollout.objects.bulk_create(
+            [Rollout(run=run, task_id=self.task_ids[t], task_index=t, rollout_index=r, attempt=1) for t, r in keys]
+        )
+
+
+def _write(
+    file: Source, source, found: Scan, run: Run | None, dataset, limit: int, max_line_bytes: int, progress
+) -> None:
+    """The second reading: dataset rows (when ``dataset`` is given), tasks and rollouts (when
+    ``run`` is), ``BULK`` rows per transaction."""
+    run_rows = _RunRows(run, found, limit) if run is not None else None
+    read = 0
+
+    def flush(batch: list[tuple[int, str, dict]], batch_all: list[tuple[int, str, dict]]) -> None:
+        """``batch_all``: the rows read (stored in the dataset); ``batch``: those within the limit."""
         with transaction.atomic():
             if dataset is not None:
                 DatasetRow.objects.bulk_create(
                     [DatasetRow(dataset=dataset, line=n, data_json=_dumps(r)) for n, _t, r in batch_all]
                 )
-            made = Task.objects.bulk_create(new_tasks)
-            if any(t.pk is None for t in made):  # backends that do not return ids from bulk_create
-                wanted = [t.task_index for t in made]
-                task_ids.update(Task.objects.filter(run=run, task_index__in=wanted).values_list("task_index", "id"))
-            else:
-                task_ids.update((t.task_index, t.pk) for t in made)
-            Rollout.objects.bulk_create(
-                [Rollout(run=run, task_id=task_ids[t], task_index=t, rollout_index=r, attempt=1) for t, r in keys]
-            )
+            if run_rows is not None:
+                run_rows.store(batch)
 
-    with path.open("rb") as fh:
+    with _reading(file) as (fh, size):
         batch: list[tuple[int, str, dict]] = []
         batch_all: list[tuple[int, str, dict]] = []
         for number, text, row in iter_rows(fh, source, None, max_line_bytes):
@@ -183,5 +254,6 @@ def _write(path, source, found: Scan, run: Run, dataset, limit: int, max_line_by
                     progress(0.5 + 0.5 * fh.tell() / size, f"Stored {read:,} of {found.num_rows:,} rows…")
         if batch_all:
             flush(batch, batch_all)
-    Run.objects.filter(pk=run.pk).update(num_tasks=len(rollouts_of))
-    run.num_tasks = len(rollouts_of)
+    if run is not None and run_rows is not None:
+        run.num_tasks = len(run_rows.rollouts_of)
+        Run.objects.filter(pk=run.pk).update(num_tasks=run.num_tasks)

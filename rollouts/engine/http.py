@@ -125,6 +125,12 @@ class LoopClient(httpx.AsyncClient):
                             seen -= len(chunk)
                             raise ReplyOverBudget(url, budget.limit or 0)
                         chunks.append(chunk)
+                except BaseException:
+                    # A refusal's traceback keeps this frame (and the failure that wraps it lives on
+                    # until its row is written, in garbage cycles the collector reaches late): it
+                    # must not keep the bytes read, which the budget is about to count as given back.
+                    chunks.clear()
+                    raise
                 finally:
                     budget.give(seen)
                 status, raw_headers = resp.status, resp.headers

@@ -90,24 +90,21 @@ def _upload_sources(uploads, fallback: str, taken: set) -> list[tuple[Any, str]]
 
 def _dataset_offer(upload, source: str, user) -> dict[str, Any]:
     """A rollouts file that is a dataset: keep it as a dataset (an identical earlier upload is
-    reused) and offer the new-run form with it chosen. ``{"dataset": its id, "reused": bool, "url":
-    ...}``, or ``{"error": why}`` when it is not a usable dataset either."""
+    reused; ``collection.streamed_upload``: bounded memory, short transactions, refused past the key
+    limit before anything is stored) and offer the new-run form with it chosen. ``{"dataset": its
+    id, "reused": bool, "url": ...}``, or ``{"error": why}`` when it is not a usable dataset either."""
     from pathlib import PurePath
 
-    from rollouts.collection import runs
-    from rollouts.collection.datasets import read_jsonl
+    from rollouts.collection import streamed_upload
 
+    line_limit = int(settings.GYMWEB_MAX_LINE_BYTES)
     try:
-        upload.seek(0)
-        parsed = read_jsonl(
-            upload,
-            source=source,
-            max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES),
-            refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN),
+        found = streamed_upload.scan(upload, source, int(settings.GYMWEB_MAX_KEYS_PER_RUN), line_limit)
+        dataset, reused = streamed_upload.store_dataset(
+            upload, source, found, name=PurePath(source or "dataset.jsonl").name, user=user, max_line_bytes=line_limit
         )
     except DatasetError as exc:
         return {"error": str(exc)}
-    dataset, reused = runs.store_or_reuse_dataset(parsed, PurePath(source or "dataset.jsonl").name, user)
     return {"dataset": dataset.pk, "reused": reused, "url": reverse("run_new") + f"?dataset={dataset.pk}"}
 
 
@@ -138,7 +135,6 @@ def import_job(task, progress) -> background.Done:
                 name=import_name(task.params.get("name") or "", [src for _, src in shards + sidecars]),
                 user=task.user,
                 team=Team.objects.filter(pk=task.params["team"]).first() if "team" in task.params else None,
-                batched=True,  # short transactions: the workers' writes never wait long for the import
                 on_batch=read_so_far,
             )
         except LooksLikeDatasetError as exc:
