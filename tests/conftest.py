@@ -52,6 +52,26 @@ def _plain_static_names(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_data_dir(tmp_path_factory):
+    """Each test process (each pytest-xdist worker) keeps its state in a folder of its own, and so
+    do the workers and servers it starts (``GYMWEB_DATA_DIR``): background tasks keep their files
+    under ``DATA_DIR/tasks/<task id>``, and every worker's test database numbers tasks from 1."""
+    from django.test import override_settings
+
+    folder = tmp_path_factory.mktemp("data")
+    before = os.environ.get("GYMWEB_DATA_DIR")
+    os.environ["GYMWEB_DATA_DIR"] = str(folder)
+    try:
+        with override_settings(DATA_DIR=folder):
+            yield folder
+    finally:
+        if before is None:
+            os.environ.pop("GYMWEB_DATA_DIR", None)
+        else:
+            os.environ["GYMWEB_DATA_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def collected_static(tmp_path_factory, _plain_static_names):
     """Static files collected with the production storage (WhiteNoise's
