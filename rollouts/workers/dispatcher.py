@@ -121,7 +121,8 @@ def _flush_and_claim(
 
 
 def finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
-    """Complete runs that have nothing left; a worker then queues the /aggregate_metrics call."""
+    """Complete runs that have nothing left; a worker then queues the /aggregate_metrics call and
+    the extraction of the run's fields for the run table's sorts and filters."""
     from django_q.tasks import async_task
 
     for run_id in run_ids:
@@ -131,6 +132,7 @@ def finish_idle(run_ids: list[int], after_finish: bool = True) -> None:
                 run_id,
                 task_name=f"run-{run_id}-aggregate",
             )
+            async_task("rollouts.review.field_values.prepare_run", run_id, task_name=f"run-{run_id}-fields")
 
 
 class Dispatcher:
