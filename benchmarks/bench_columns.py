@@ -257,6 +257,19 @@ def main() -> None:
                 f"  {label:52s} {rows:>6,d} {first:6,.0f} ms {ms:6,.0f} ms {cpu:5,.0f} ms  {_load()}",
                 flush=True,
             )
+    # What a worker does in the background when a run ends: every discovered field (up to
+    # PREPARE_FIELDS) extracted ahead.
+    from rollouts.review import field_values
+
+    query.RolloutFilterForm.use_kept_values = kept
+    FieldExtract.objects.filter(run=run).delete()
+    FieldValue.objects.filter(run=run).delete()
+    c0, t0 = time.process_time(), time.perf_counter()
+    done = field_values.prepare_run(run.pk)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    values = FieldValue.objects.filter(run=run).count()
+    print(f"  prepare_run (background, when a run ends): {done}; {values:,} values; {wall:.1f} s, CPU here {cpu:.1f} s")
+    print(f"  load average {_load()}")
 
 
 if __name__ == "__main__":
