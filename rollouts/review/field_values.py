@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, FilteredRelation, Q, QuerySet
+from django.db.models import F, FilteredRelation, Max, Q, QuerySet, TextField, Value
+from django.db.models.functions import NullIf
 
 from rollouts.models import FieldExtract, FieldValue, Rollout, Run, forget_field_values
 from rollouts.review import columns
@@ -38,21 +39,36 @@ def _mark(run_id: int, source: str) -> int:
     if source == "verify":
         qs = Rollout.objects.filter(run_id=run_id, result_seq__isnull=False).order_by("-result_seq")
         return qs.values_list("result_seq", flat=True).first() or 0
-    return Rollout.objects.filter(run_id=run_id).order_by("-id").values_list("id", flat=True).first() or 0
+    return Rollout.objects.filter(run_id=run_id).aggregate(m=Max("id"))["m"] or 0
 
 
 def _select(qs: QuerySet, column: str, keys: list[str]) -> tuple[str, list]:
     """``SELECT id, number, text`` of ``qs``'s rows whose value is not missing or null."""
+    if connection.vendor == "postgresql":
+        return _select_postgresql(qs, column, keys)
     number = columns.FieldNumber(column, keys)
     text = columns.FieldText(column, keys)
     inner = qs.annotate(_n=number, _t=text).values_list("id", "_n", "_t")
     sql, params = inner.query.sql_with_params()
-    if connection.vendor == "sqlite":
-        pick = "s._n, CASE WHEN s._n IS NULL THEN s._t END"
-    else:
-        pick = "s._n, s._t"
-    where = "s._n IS NOT NULL OR s._t IS NOT NULL"
-    return f"SELECT %s, %s, s.id, {pick} FROM ({sql}) s WHERE {where}", list(params)
+    pick = "s._n, CASE WHEN s._n IS NULL THEN s._t END"  # SQLite parses a row's JSON once (its cache)
+    return f"SELECT %s, %s, s.id, {pick} FROM ({sql}) s WHERE s._n IS NOT NULL OR s._t IS NOT NULL", list(params)
+
+
+def _select_postgresql(qs: QuerySet, column: str, keys: list[str]) -> tuple[str, list]:
+    """PostgreSQL: ``columns.FieldNumber``/``FieldText`` of the value node read once per row (the
+    ``OFFSET 0`` keeps the planner from inlining it into each use: one detoast and parse a row)."""
+    inner = qs.annotate(_c=NullIf(F(column), Value(""), output_field=TextField())).values_list("id", "_c")
+    sql, params = inner.query.sql_with_params()
+    node = "((i._c)::json #> %s)"
+    number = (
+        "CASE json_typeof(s.v) WHEN 'number' THEN (s.v #>> '{}')::double precision "
+        "WHEN 'boolean' THEN (CASE WHEN (s.v #>> '{}') = 'true' THEN 1.0 ELSE 0.0 END) END"
+    )
+    select = (
+        f"SELECT %s, %s, s.id, {number}, s.v #>> '{{}}' "
+        f"FROM (SELECT i.id, {node} AS v FROM ({sql}) i OFFSET 0) s WHERE s.v #>> '{{}}' IS NOT NULL"
+    )
+    return select, [keys, *params]
 
 
 def _insert(run_id: int, name: str, qs: QuerySet, column: str, keys: list[str]) -> int:
@@ -72,11 +88,11 @@ def _extract(run_id: int, name: str, source: str, keys: list[str], after: int, u
     """Insert the values of the run's rollouts past ``after`` up to ``upto`` (result numbers for a
     verify field, ``after`` 0 meaning every row, numbered or not; rollout ids for a task field),
     ``CHUNK`` rows per transaction."""
-    base = Rollout.objects.filter(run_id=run_id)
+    base = Rollout.objects.filter(run_id=run_id)  # rows without a value are left out by ``_select``
     if source == "task":
         base, column = base.filter(id__gt=after, id__lte=upto), "task__row_json"
     else:
-        base, column = base.exclude(verify_json=""), "verify_json"
+        column = "verify_json"
         base = base.filter(result_seq__gt=after, result_seq__lte=upto) if after else base
     ids = list(base.order_by("id").values_list("id", flat=True))
     for start in range(0, len(ids), CHUNK):
@@ -100,6 +116,9 @@ def ensure(run: Run, name: str) -> bool:
     column = "upto_seq" if source == "verify" else "upto_id"
     if ext is None:
         _extract(run.pk, name, source, keys, 0, mark)
+        if connection.vendor == "postgresql":  # the planner's row counts of the new values, at once
+            with connection.cursor() as cursor:
+                cursor.execute(f"ANALYZE {FieldValue._meta.db_table}")
         try:
             with transaction.atomic():
                 FieldExtract.objects.create(run=run, field=name, **{column: mark})
