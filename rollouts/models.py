@@ -291,7 +291,9 @@ class Rollout(models.Model):
             models.Index(fields=["run", "task_index", "rollout_index"], name="rollout_run_key"),
             # The run table's order and its superseded-attempt test, read from the index alone
             # (on SQLite a table scan walks the rows' large JSON texts).
-            models.Index(fields=["run", "task_index", "rollout_index", "attempt", "status"], name="rollout_run_order"),
+            models.Index(
+                fields=["run", "task_index", "rollout_index", "attempt", "status", "id"], name="rollout_run_order"
+            ),
             models.Index(fields=["status", "lease_until"], name="rollout_status_lease"),
             models.Index(fields=["run", "failure_kind"], name="rollout_run_kind"),
             # The run page's reward statistics and histogram read only this index.

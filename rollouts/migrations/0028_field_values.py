@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("rollouts", "0027_label_team"),
     ]
@@ -15,7 +14,7 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="rollout",
             index=models.Index(
-                fields=["run", "task_index", "rollout_index", "attempt", "status"], name="rollout_run_order"
+                fields=["run", "task_index", "rollout_index", "attempt", "status", "id"], name="rollout_run_order"
             ),
         ),
         migrations.CreateModel(
@@ -28,9 +27,7 @@ class Migration(migrations.Migration):
                 ("made", models.DateTimeField(auto_now_add=True)),
                 (
                     "run",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="rollouts.run"
-                    ),
+                    models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name="+", to="rollouts.run"),
                 ),
             ],
             options={
