@@ -182,6 +182,7 @@ def main() -> None:
         action="store_true",
         help="also time every case reading the JSON text (kept field values off), before the kept values",
     )
+    parser.add_argument("--no-prepare", action="store_true", help="do not time prepare_run (every field extracted)")
     parser.add_argument("--seed-only", action="store_true", help="seed (with --keep) and stop: time nothing")
     parser.add_argument(
         "--keep", default="", help="SQLite: a directory; PostgreSQL: a database name. Seeded once, reused after"
@@ -263,6 +264,8 @@ def main() -> None:
     # PREPARE_FIELDS) extracted ahead.
     from rollouts.review import field_values
 
+    if args.no_prepare:
+        return
     query.RolloutFilterForm.use_kept_values = kept
     FieldExtract.objects.filter(run=run).delete()
     FieldValue.objects.filter(run=run).delete()
