@@ -8,6 +8,12 @@ verify number, a sort on a task string, a number range plus a string filter, and
 for a word only some verify replies hold. Target: under 500 ms.
 
     python -m benchmarks.bench_columns [--db sqlite|postgres] [--rollouts 100000] [--verify-kb 4] [--repeat 3]
+        [--compare-json] [--keep DIR-or-DB [--seed-only]]
+
+Sorts and filters on a field read the run's kept field values (``rollouts.review.field_values``):
+the "first" column is the first request after they were dropped (it extracts the field), the
+"server" column the median of ``--repeat`` requests after one more; ``--compare-json`` first times
+the same cases reading the JSON text.
 """
 
 from __future__ import annotations
@@ -154,8 +160,15 @@ def seed(total: int, verify_kb: float):
             if batch:
                 cursor.executemany(insert, batch)
         index.ensure_index(connection)
-        cursor.execute("ANALYZE")
+        # PostgreSQL: VACUUM as autovacuum would after the inserts (index-only scans need the
+        # visibility map), then the planner's statistics.
+        cursor.execute("VACUUM ANALYZE" if connection.vendor == "postgresql" else "ANALYZE")
     return user, run
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as fh:
+        return " ".join(fh.read().split()[:3])
 
 
 def main() -> None:
@@ -164,19 +177,46 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=100_000)
     parser.add_argument("--verify-kb", type=float, default=4.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--compare-json",
+        action="store_true",
+        help="also time every case reading the JSON text (kept field values off), before the kept values",
+    )
+    parser.add_argument("--no-prepare", action="store_true", help="do not time prepare_run (every field extracted)")
+    parser.add_argument("--seed-only", action="store_true", help="seed (with --keep) and stop: time nothing")
+    parser.add_argument(
+        "--keep", default="", help="SQLite: a directory; PostgreSQL: a database name. Seeded once, reused after"
+    )
     args = parser.parse_args()
+    if args.keep:
+        import os
+
+        if args.db == "sqlite":
+            os.makedirs(args.keep, exist_ok=True)
+            os.environ["GYMWEB_SQLITE_PATH"] = os.path.join(args.keep, "gymweb.sqlite3")
+        else:
+            os.environ["GYMWEB_BENCH_PG_NAME"] = args.keep
     where = h.setup_django(args.db)
     from django.conf import settings
     from django.test import Client
     from django.urls import reverse
 
+    from rollouts.models import FieldExtract, FieldValue, Run
+    from rollouts.review import query
+
     t0 = time.perf_counter()
-    user, run = seed(args.rollouts, args.verify_kb)
+    run = Run.objects.filter(name="bench columns").order_by("-id").first() if args.keep else None
+    if run is None:
+        user, run = seed(args.rollouts, args.verify_kb)
+    else:
+        user = run.created_by
+        where += " (kept)"
     seeded = time.perf_counter() - t0
-    with open("/proc/loadavg") as fh:
-        load = fh.read().split()[0]
-    print(f"run table columns benchmark — {h.machine()}; load average {load}; {where}")
-    print(f"  seeded {args.rollouts:,} rollouts (verify reply ~{args.verify_kb:g} KB each) in {seeded:.0f} s")
+    if args.seed_only:
+        print(f"seeded {where} in {seeded:.0f} s")
+        return
+    print(f"run table columns benchmark — {h.machine()}; load average {_load()}; {where}")
+    print(f"  seeded {run.num_keys:,} rollouts (verify reply ~{args.verify_kb:g} KB each) in {seeded:.0f} s")
     settings.STORAGES = {
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
@@ -196,17 +236,45 @@ def main() -> None:
         ),
         ("10 columns, text only 0.1% of verify replies hold", {"cols": cols, "text": RARE}),
     ]
-    print(f"  {'case':52s} {'rows':>8s} {'server':>10s} {'CPU':>8s}")
-    for label, params in cases:
+    kept = query.RolloutFilterForm.use_kept_values
+    modes = ["JSON text", "kept values"] if args.compare_json else ["kept values"]
+    for mode in modes:
+        query.RolloutFilterForm.use_kept_values = kept if mode == "kept values" else (lambda self, run: None)
+        FieldExtract.objects.filter(run=run).delete()
+        FieldValue.objects.filter(run=run).delete()
+        print(f"  reading {mode}:")
+        print(f"  {'case':52s} {'rows':>6s} {'first':>9s} {'server':>9s} {'CPU':>8s}  load")
+        for label, params in cases:
 
-        def page(params=params):
-            response = client.get(base, params, HTTP_HX_REQUEST="true")
-            assert response.status_code == 200, response.status_code
-            return response
+            def page(params=params):
+                response = client.get(base, params, HTTP_HX_REQUEST="true")
+                assert response.status_code == 200, response.status_code
+                return response
 
-        ms, cpu, response = timed(page, args.repeat)
-        rows = response.content.decode().count('class="rollout-link mono"')
-        print(f"  {label:52s} {rows:>8,d} {ms:7,.0f} ms {cpu:5,.0f} ms", flush=True)
+            t1 = time.perf_counter()
+            page()
+            first = (time.perf_counter() - t1) * 1000
+            ms, cpu, response = timed(page, args.repeat)
+            rows = response.content.decode().count('class="rollout-link mono"')
+            print(
+                f"  {label:52s} {rows:>6,d} {first:6,.0f} ms {ms:6,.0f} ms {cpu:5,.0f} ms  {_load()}",
+                flush=True,
+            )
+    # What a worker does in the background when a run ends: every discovered field (up to
+    # PREPARE_FIELDS) extracted ahead.
+    from rollouts.review import field_values
+
+    if args.no_prepare:
+        return
+    query.RolloutFilterForm.use_kept_values = kept
+    FieldExtract.objects.filter(run=run).delete()
+    FieldValue.objects.filter(run=run).delete()
+    c0, t0 = time.process_time(), time.perf_counter()
+    done = field_values.prepare_run(run.pk)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    values = FieldValue.objects.filter(run=run).count()
+    print(f"  prepare_run (background, when a run ends): {done}; {values:,} values; {wall:.1f} s, CPU here {cpu:.1f} s")
+    print(f"  load average {_load()}")
 
 
 if __name__ == "__main__":

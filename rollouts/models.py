@@ -289,6 +289,11 @@ class Rollout(models.Model):
             # read: on (run, status) alone it walked the run's finished rows first (benchmarks/README.md).
             models.Index(fields=["run", "status", "task_index", "rollout_index", "id"], name="rollout_run_status_key"),
             models.Index(fields=["run", "task_index", "rollout_index"], name="rollout_run_key"),
+            # The run table's order and its superseded-attempt test, read from the index alone
+            # (on SQLite a table scan walks the rows' large JSON texts).
+            models.Index(
+                fields=["run", "task_index", "rollout_index", "attempt", "status", "id"], name="rollout_run_order"
+            ),
             models.Index(fields=["status", "lease_until"], name="rollout_status_lease"),
             models.Index(fields=["run", "failure_kind"], name="rollout_run_kind"),
             # The run page's reward statistics and histogram read only this index.
@@ -331,6 +336,57 @@ class Rollout(models.Model):
     @property
     def key(self) -> str:
         return f"{self.task_index}:{self.rollout_index}"
+
+
+class FieldValue(models.Model):
+    """One task or verify field's value of one rollout (``rollouts.review.field_values``), read by
+    the run table's sorts and filters on that field instead of the stored JSON text.
+
+    ``number`` and ``text`` are what ``rollouts.review.columns.FieldNumber``/``FieldText`` give for
+    the value (of the rollout's task row for a task field); a missing or null value has no row.
+    Kept per (run, field) as ``FieldExtract`` says; ``rollout`` is a plain column (no database
+    constraint): a deleted rollout's rows go with its run.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
+    field = models.CharField(max_length=500)
+    rollout = models.ForeignKey(
+        Rollout, on_delete=models.DO_NOTHING, db_constraint=False, related_name="field_values", db_index=False
+    )
+    number = models.FloatField(null=True)
+    text = models.TextField(null=True)
+
+    class Meta:
+        indexes = [
+            # The number filters, and a run's rows by field.
+            models.Index(fields=["run", "field", "number"], name="fieldvalue_run_number"),
+        ]
+        constraints = [
+            # The table's join: one rollout's value (with the number, read from the index).
+            models.UniqueConstraint(fields=["rollout", "field"], name="fieldvalue_one_per_rollout"),
+        ]
+
+
+def forget_field_values(run_id: int) -> None:
+    """Drop run ``run_id``'s kept field values (``FieldValue``, ``FieldExtract``): for a run whose
+    stored replies change in place (archive, restore); the next sort or filter extracts again."""
+    FieldExtract.objects.filter(run_id=run_id).delete()
+    FieldValue.objects.filter(run_id=run_id).delete()
+
+
+class FieldExtract(models.Model):
+    """Which of a run's fields have their values in ``FieldValue``, and up to where: for a verify
+    field, results up to ``upto_seq`` (``Rollout.result_seq``; every row without one when it was
+    made); for a task field, rollouts up to id ``upto_id`` (a task row never changes)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    field = models.CharField(max_length=500)
+    upto_seq = models.BigIntegerField(default=0)
+    upto_id = models.BigIntegerField(default=0)
+    made = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "field"], name="fieldextract_one_per_field")]
 
 
 class RefusedReply(models.Model):

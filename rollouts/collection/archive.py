@@ -65,7 +65,7 @@ from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
 from rollouts.engine.nemo_request import agent_result
 from rollouts.lossless import dumps
-from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem
+from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem, forget_field_values
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 from rollouts.search.text import fill_missing
 
@@ -472,8 +472,14 @@ def archive_run(run: Run, *, batch: int | None = None) -> Outcome:
     out.path = run.archive_path
     verify_files(run)  # nothing is dropped unless the files read back as written
     _drop(run, size, out)
+    out.timed(lambda: _forget(run))  # the run table's kept field values read the dropped replies
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _forget(run: Run) -> None:
+    with transaction.atomic():
+        forget_field_values(run.pk)
 
 
 # -- reading and restoring --------------------------------------------------------------------------
@@ -590,6 +596,7 @@ def restore_run(run: Run, *, batch: int | None = None, keep_files: bool = False)
             f"run {run.pk}: reading {folder} failed while restoring ({exc}); run the restore again"
         ) from exc
     out.timed(lambda: Run.objects.filter(pk=run.pk).update(archived=None, archive_path=""))
+    out.timed(lambda: _forget(run))  # kept field values read while it was archived: without replies
     run.archived, run.archive_path = None, ""
     if not keep_files:
         shutil.rmtree(folder, ignore_errors=True)

@@ -18,7 +18,7 @@ from django.db.models import F, QuerySet
 from rollouts.collection import runs
 from rollouts.evaluation.health_checks import CHECK_IDS, GYMWEB_CHECK_IDS
 from rollouts.models import Rollout, RolloutHealth
-from rollouts.review import columns
+from rollouts.review import columns, field_values
 from rollouts.review.filters import (
     CORRECTED,
     EFFECTIVE,
@@ -152,6 +152,9 @@ class RolloutFilterForm(ReviewFilterFields):
         sort = str((data or {}).get("sort") or "")
         if columns.parse_field(sort.lstrip("-")):
             self.fields["sort"].choices = [*SORT_CHOICES, (sort, sort)]
+        # Fields whose kept values (rollouts.review.field_values) the sort and filters read
+        # instead of the JSON text: set by ``use_kept_values``.
+        self.kept: set[str] = set()
         self.is_valid()  # fills cleaned_data with the valid fields
 
     def filter_reward(self, qs: QuerySet) -> QuerySet:
@@ -165,6 +168,20 @@ class RolloutFilterForm(ReviewFilterFields):
         if self.value("reward_max") is not None:
             qs = qs.filter(**{f"{reward}__lte": self.value("reward_max")})
         return qs
+
+    def fields_read(self) -> list[str]:
+        """The task and verify fields the sort and the filters read (each once)."""
+        names = list(self.field_filters)
+        column = self.sort_key.lstrip("-")
+        if columns.parse_field(column) and column not in names:
+            names.append(column)
+        return names
+
+    def use_kept_values(self, run) -> None:
+        """Read the sort's and the filters' fields from ``run``'s kept values, brought up to date
+        first (``field_values.ensure``: the first time a field of a small run is read, this extracts
+        it; a large run's are extracted by a worker, and read from the JSON text until then)."""
+        self.kept = {name for name in self.fields_read() if field_values.ensure(run, name)}
 
     def value(self, name: str) -> Any:
         return self.cleaned_data.get(name) if hasattr(self, "cleaned_data") else None
@@ -196,7 +213,10 @@ class RolloutFilterForm(ReviewFilterFields):
         if self.value("error"):
             qs = search.filter_error(qs, self.value("error"))
         for name, value in self.field_filters.items():
-            qs = columns.filter_field(qs, name, value)
+            if name in self.kept:
+                qs = field_values.filter_field(qs, name, value)
+            else:
+                qs = columns.filter_field(qs, name, value)
         return self.review_filter(qs)
 
     @property
@@ -218,6 +238,9 @@ class RolloutFilterForm(ReviewFilterFields):
         column = key.lstrip("-")
         if column == "task":
             terms = tuple(F(t).desc() for t in TASK_ORDER) if key.startswith("-") else TASK_ORDER
+        elif column in self.kept:  # a field's kept values (rollouts.review.field_values): the same order
+            qs, terms = field_values.sort_terms(qs, column, key.startswith("-"))
+            terms += TASK_ORDER
         elif column not in SORTS:  # a task or verify field: numbers first, then texts, then missing
             text, number = columns.field_expressions(column)  # type: ignore[misc]
             # SQLite's json_extract keeps JSON types, which order numbers before texts: one
@@ -340,4 +363,5 @@ def filtered_rollouts(run, data, kinds: list[str] | None = None) -> tuple[QueryS
     form that read it. Other pages (a rollout's prev/next) can call this with the querystring
     that the run page put on their link."""
     form = RolloutFilterForm(data, kinds=kinds, team_id=run.team_id)
+    form.use_kept_values(run)
     return form.apply(runs.without_superseded(Rollout.objects.filter(run=run))), form

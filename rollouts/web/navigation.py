@@ -77,7 +77,7 @@ def neighbours(rollout: Rollout, params: Mapping[str, Any]) -> dict[str, Any]:
     order = [_order_key(o) for o in (qs.query.order_by or ["task_index", "rollout_index", "attempt", "id"])]
     if not any(o.lstrip("-") == "id" for o in order):
         order.append("id")
-    if any(o.lstrip("-").startswith("_sort_") for o in order):  # a task or verify field's sort
+    if any(o.lstrip("-").startswith(("_sort_", "_kv_")) for o in order):  # a task or verify field's sort
         return _neighbours_by_window(qs, list(qs.query.order_by), rollout.pk)
     values = {o.lstrip("-"): getattr(rollout, o.lstrip("-")) for o in order}
     if any(v is None for v in values.values()):
