@@ -28,10 +28,12 @@ def reap_expired(run_id: int) -> int:
     new pending attempt with the same number: a killed rollout is not an attempt (DESIGN.md,
     "Failure rows"). Returns how many were reaped. Call inside a transaction holding the run lock."""
     now = timezone.now()
+    # Rows another transaction holds are skipped (PostgreSQL; SQLite has one writer): a writer is
+    # ending them and takes the run's lock after them, so waiting here would deadlock with it.
     expired = list(
-        Rollout.objects.filter(run_id=run_id, status=Rollout.Status.RUNNING, lease_until__lt=now).values_list(
-            "id", "task_id", "task_index", "rollout_index", "attempt"
-        )
+        Rollout.objects.select_for_update(skip_locked=True)
+        .filter(run_id=run_id, status=Rollout.Status.RUNNING, lease_until__lt=now)
+        .values_list("id", "task_id", "task_index", "rollout_index", "attempt")
     )
     if not expired:
         return 0
