@@ -52,9 +52,12 @@ def setup_django(db: str) -> str:
 
 
 def start_services(calls: int, latency_ms: float = 0.0, tool_output_kb: float = 0.0):
-    """Start the fast agent and env, each in its own process. Returns (agent_url, env_url, procs)."""
+    """Start the fast agent and env, each in its own process. Returns (agent_url, env_url, procs).
+    Their ports: ``GYMWEB_BENCH_PORT`` and the next one when set (a machine whose users each have a
+    port range), else any free ones."""
     procs, urls = [], {}
-    for only in ("agent", "env"):
+    base = int(os.environ.get("GYMWEB_BENCH_PORT") or 0)
+    for k, only in enumerate(("agent", "env")):
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -68,6 +71,8 @@ def start_services(calls: int, latency_ms: float = 0.0, tool_output_kb: float = 
                 str(latency_ms),
                 "--tool-output-kb",
                 str(tool_output_kb),
+                f"--{only}-port",
+                str(base + k if base else 0),
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
