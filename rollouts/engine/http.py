@@ -271,6 +271,7 @@ def make_client(
     policy: TargetPolicy | None = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     reply_budget_bytes: int | None = None,
+    keepalive_s: float = 60.0,
 ) -> LoopClient:
     """One shared HTTP client for a worker process: httpx over the aiohttp transport (a
     ``LoopClient``, whose ``post_bytes`` the loop uses).
@@ -287,13 +288,22 @@ def make_client(
     ``targets.TargetRefused``. ``max_reply_bytes``: every reply body is counted as it streams and
     refused past this many bytes (``targets.ReplyTooLarge``). ``reply_budget_bytes``: the bytes all
     replies being read at once may hold together (``budget.ReplyBudget``; None: unbounded).
+    ``keepalive_s``: how long an idle connection stays in the pool for the next call to the same
+    host. A rollout's env connection idles through each agent call; with aiohttp's 15 s default, every
+    env call after an agent call of more than 15 s opened a new connection (a large part of the CPU
+    at thousands in flight). A server that closes idle connections sooner is noticed when it does
+    (the closed connection leaves the pool).
     """
     limit = max(4, 2 * int(concurrency) + 8)
     policy = policy if policy is not None else TargetPolicy()
 
     def session() -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
-            limit=limit, limit_per_host=0, ttl_dns_cache=300, resolver=PolicyResolver(policy)
+            limit=limit,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            resolver=PolicyResolver(policy),
+            keepalive_timeout=keepalive_s,
         )
         return aiohttp.ClientSession(
             connector=connector,
