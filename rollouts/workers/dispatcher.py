@@ -418,7 +418,7 @@ class Dispatcher:
                     len(self.tasks),
                     self.capacity,
                     self.lease_s,
-                    max(2 * self.lease_s / 3, 2 * self.heartbeat_s),  # a lease is renewed once a third of it has passed
+                    max(2 * self.lease_s / 3, 4 * self.heartbeat_s),  # renewed once a third has passed, 4 beats early
                 )
             except Exception:
                 log.exception("dispatcher %s: a heartbeat failed; trying again in %.1f s", self.name, self.heartbeat_s)
