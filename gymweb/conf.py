@@ -200,8 +200,8 @@ class GymwebSettings(BaseSettings):
     )
     connect_retry_pause_s: float = S(0.5, "pause before retrying a refused connection")
     http_keepalive_s: float = S(
-        60.0,
-        "how long an idle connection to an agent or env is kept for the next call (a rollout's env connection idles through each agent call); below the server's own idle limit (aiohttp servers: 75 s)",
+        15.0,
+        "how long an idle connection to an agent or env is kept for the next call (a rollout's env connection idles through each agent call: above the agent's latency it is reused, at the cost of one more open file per rollout in flight); keep it below the servers' own idle limit (aiohttp servers: 75 s)",
     )
     connect_retry_budget_s: float = S(
         0.0,
