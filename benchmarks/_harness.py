@@ -54,10 +54,14 @@ def setup_django(db: str) -> str:
 def start_services(
     calls: int, latency_ms: float = 0.0, tool_output_kb: float = 0.0, ports: tuple[int, int] = (0, 0), each: int = 1
 ):
-    """Start the fast agent and env on ``ports`` (agent, env; 0: any free port), each as ``each``
-    processes sharing its port (SO_REUSEPORT; one process holds at most its open-file limit of
-    connections). Returns (agent_url, env_url, procs)."""
+    """Start the fast agent and env on ``ports`` (agent, env; 0: ``GYMWEB_BENCH_PORT`` and the next
+    one when set, for a machine whose users each have a port range, else any free port), each as
+    ``each`` processes sharing its port (SO_REUSEPORT; one process holds at most its open-file limit
+    of connections). Returns (agent_url, env_url, procs)."""
     procs, urls = [], {}
+    base = int(os.environ.get("GYMWEB_BENCH_PORT") or 0)
+    if base and ports == (0, 0):
+        ports = (base, base + 1)
     for only, port, _ in ((o, p, i) for o, p in zip(("agent", "env"), ports) for i in range(each)):
         if only in urls:
             port = int(urls[only].rsplit(":", 1)[1])

@@ -175,6 +175,12 @@ class Sampler:
         self.procs: dict[int, tuple[float, float, int]] = {}  # pid -> last (cpu, hwm, pgrp)
         self.names: dict[str, int] = {}  # worker name -> pid
         self.connections = 0  # most connections to the database at once (PostgreSQL)
+        # The database's locks, probed every sample: PostgreSQL: samples in which a backend of this
+        # database waited for a lock; SQLite: seconds a BEGIN IMMEDIATE of the sampler's own waited
+        # for the one write lock (the share of time some writer held it).
+        self.lock_samples = 0
+        self.lock_waited = 0
+        self.write_lock_wait = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -193,8 +199,28 @@ class Sampler:
         from rollouts.models import AgentCall, Rollout, Worker
 
         n = 0
+        probe = None
+        if connection.vendor == "sqlite":
+            import sqlite3
+
+            probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=60, isolation_level=None)
         while not self._stop.wait(self.every):
             t = time.time()
+            self.lock_samples += 1
+            if probe is not None:
+                t_lock = time.perf_counter()
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+                waited = time.perf_counter() - t_lock
+                self.write_lock_wait += waited
+                self.lock_waited += waited > 0.001
+            else:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'"
+                    )
+                    self.lock_waited += cursor.fetchone()[0] > 0
             counts = dict(
                 Rollout.objects.filter(run_id=self.run_id, status__in=["running", "succeeded", "failed"])
                 .values_list("status")
@@ -216,6 +242,8 @@ class Sampler:
                     st = proc_stat(pid)
                     if st is not None:
                         self.procs[pid] = st
+        if probe is not None:
+            probe.close()
         connection.close()
 
 
@@ -260,6 +288,7 @@ def one_run(args, workers: int, n: int, concurrency: int, agent_url: str, env_ur
         wait_for_workers(workers, since)
         pids = list(Worker.objects.filter(started__gte=since).values_list("pid", flat=True))
         cpu0 = {pid: st[0] for pid in pids if (st := proc_stat(pid)) is not None}
+        services0 = sum(st[0] for pid in SERVICE_PIDS if (st := proc_stat(pid)) is not None)
         run = h.make_run(n, agent_url, env_url, concurrency, launch=False, run_timeout_s=3600)
         sampler = Sampler(run.pk, args.sample_s, calls=args.mode == "inflight").start()
         t0 = time.perf_counter()
@@ -292,7 +321,22 @@ def one_run(args, workers: int, n: int, concurrency: int, agent_url: str, env_ur
         "load": load(),
         "cpu": sum(cpu - cpu0.get(pid, 0.0) for pid, (cpu, _, _) in sampler.procs.items()),
         "used": {k: v - used0.get(k, 0.0) for k, v in used1.items()},
+        "services_cpu": sum(st[0] for pid in SERVICE_PIDS if (st := proc_stat(pid)) is not None) - services0,
+        "lock": lock_figure(sampler),
     }
+
+
+def lock_figure(sampler: Sampler) -> str:
+    share = 100 * sampler.lock_waited / max(1, sampler.lock_samples)
+    if sampler.write_lock_wait:
+        return (
+            f"a probe's BEGIN IMMEDIATE waited in {share:.0f} % of {sampler.lock_samples} samples "
+            f"(mean {1000 * sampler.write_lock_wait / max(1, sampler.lock_samples):.1f} ms)"
+        )
+    return f"a backend waited for a lock in {share:.0f} % of {sampler.lock_samples} samples"
+
+
+SERVICE_PIDS: list[int] = []  # the fast agent and env (their CPU is measured per run)
 
 
 def mode_spread(args, agent_url, env_url, workdir) -> None:
@@ -306,7 +350,8 @@ def mode_spread(args, agent_url, env_url, workdir) -> None:
             print(
                 f"  K={k} #{i + 1}: {r['ok']} ok, span {r['span']:.2f} s, {r['tput']:.0f} rollouts/s; "
                 f"shares {shares}; most running at once {r['max_running']} (concurrency {args.concurrency}); "
-                f"workers' CPU {1000 * r['cpu'] / r['ok']:.1f} ms per rollout; {r['load']}",
+                f"workers' CPU {1000 * r['cpu'] / r['ok']:.1f} ms per rollout ({r['cpu'] / r['span']:.2f} cores), "
+                f"agent + env {r['services_cpu'] / r['span']:.2f} cores; {r['lock']}; {r['load']}",
                 flush=True,
             )
     med = {k: statistics.median(r["tput"] for r in results[k]) for k in ks}
@@ -541,6 +586,7 @@ def main() -> None:
     agent_url, env_url, procs = h.start_services(
         args.calls, args.latency_ms, ports=(args.agent_port, args.env_port), each=args.service_procs
     )
+    SERVICE_PIDS.extend(p.pid for p in procs)
     try:
         connection.close()
         {"spread": mode_spread, "inflight": mode_inflight, "fleet": mode_fleet}[args.mode](

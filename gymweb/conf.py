@@ -199,6 +199,10 @@ class GymwebSettings(BaseSettings):
         200_000, "Python's first garbage-collector threshold while a dispatcher serves (0: Python's default)"
     )
     connect_retry_pause_s: float = S(0.5, "pause before retrying a refused connection")
+    http_keepalive_s: float = S(
+        15.0,
+        "how long an idle connection to an agent or env is kept for the next call (a rollout's env connection idles through each agent call: above the agent's latency it is reused, at the cost of one more open file per rollout in flight); keep it below the servers' own idle limit (aiohttp servers: 75 s)",
+    )
     connect_retry_budget_s: float = S(
         0.0,
         "seconds more of retries (backoff up to 5 s) once a connection to the agent or env failed 3 times "

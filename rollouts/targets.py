@@ -80,7 +80,13 @@ def refused_services(agent_url: str, env_url: str) -> list[str]:
 def async_client(concurrency: int = 32) -> LoopClient:
     """``rollouts.engine.http.make_client`` with this instance's policy and reply cap (use inside an event loop)."""
     budget = settings.GYMWEB_REPLY_BUDGET_BYTES or None
-    return make_client(concurrency, policy=policy(), max_reply_bytes=max_reply_bytes(), reply_budget_bytes=budget)
+    return make_client(
+        concurrency,
+        policy=policy(),
+        max_reply_bytes=max_reply_bytes(),
+        reply_budget_bytes=budget,
+        keepalive_s=settings.GYMWEB_HTTP_KEEPALIVE_S,
+    )
 
 
 def sync_client(timeout_s: float | None = 30.0) -> httpx.Client:

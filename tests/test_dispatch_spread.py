@@ -121,3 +121,24 @@ def test_a_dispatcher_at_its_share_reaps_a_dead_workers_expired_leases_at_its_ne
         dispatcher.stop()
         agent.stop()
     thread.join(30)
+
+
+def test_a_heartbeat_renews_only_the_leases_that_end_within_the_given_time(transactional_db, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run = _run(tmp_path, 4, "http://127.0.0.1:9", "http://127.0.0.1:9")
+    ids = [rid for rid, _, _ in claims.claim(run.pk, "me:1:x", 4, lease_s=30)]
+    now = timezone.now()
+    Rollout.objects.filter(pk__in=ids[:2]).update(lease_until=now + timedelta(seconds=5))  # ending soon
+    Rollout.objects.filter(pk__in=ids[2:]).update(lease_until=now + timedelta(seconds=25))  # renewed lately
+    claims.heartbeat("me:1:x", frozenset({run.pk}), 4, 10, 30.0, 20.0)
+    leases = dict(Rollout.objects.filter(pk__in=ids).values_list("id", "lease_until"))
+    assert all(leases[i] > now + timedelta(seconds=29) for i in ids[:2])
+    assert all(leases[i] < now + timedelta(seconds=26) for i in ids[2:])
+    claims.heartbeat("me:1:x", frozenset({run.pk}), 4, 10, 30.0)  # None: every lease
+    assert all(
+        lease > now + timedelta(seconds=29)
+        for lease in Rollout.objects.filter(pk__in=ids).values_list("lease_until", flat=True)
+    )

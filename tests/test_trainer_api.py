@@ -249,6 +249,27 @@ def inline_run(client, auth):
     return Run.objects.get(pk=response.json()["id"])
 
 
+def test_a_result_dropped_because_its_lease_was_taken_over_takes_no_place_in_the_finishing_order(inline_run):
+    run = inline_run
+    claimed = claims.claim(run.pk, "test-worker", 3, 60.0)
+    taken = claimed[1][0]
+    Rollout.objects.filter(pk=taken).update(worker="another-worker")  # reaped and run by another worker
+    batch = writer.Batch()
+    for rollout_id, _, _ in claimed:
+        batch.finished.append((rollout_id, RolloutOutcome(ok=False, failure_kind="agent_http_error", error="HTTP 500")))
+        batch.run_of[rollout_id] = run.pk
+    writer.write_batch(batch, "test-worker")
+    seqs = dict(Rollout.objects.filter(pk__in=[c[0] for c in claimed]).values_list("id", "result_seq"))
+    assert seqs == {claimed[0][0]: 1, taken: None, claimed[2][0]: 2}
+    assert finish_some(run, 2)  # numbered on from the highest
+    assert sorted(Rollout.objects.filter(run=run, result_seq__isnull=False).values_list("result_seq", flat=True)) == [
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
 def test_the_stream_gives_the_files_rows_in_finishing_order_and_each_once_across_reconnects(client, auth, inline_run):
     run = inline_run
     first = finish_some(run, 3, fail_every=3)

@@ -28,10 +28,12 @@ def reap_expired(run_id: int) -> int:
     new pending attempt with the same number: a killed rollout is not an attempt (DESIGN.md,
     "Failure rows"). Returns how many were reaped. Call inside a transaction holding the run lock."""
     now = timezone.now()
+    # Rows another transaction holds are skipped (PostgreSQL; SQLite has one writer): a writer is
+    # ending them and takes the run's lock after them, so waiting here would deadlock with it.
     expired = list(
-        Rollout.objects.filter(run_id=run_id, status=Rollout.Status.RUNNING, lease_until__lt=now).values_list(
-            "id", "task_id", "task_index", "rollout_index", "attempt"
-        )
+        Rollout.objects.select_for_update(skip_locked=True)
+        .filter(run_id=run_id, status=Rollout.Status.RUNNING, lease_until__lt=now)
+        .values_list("id", "task_id", "task_index", "rollout_index", "attempt")
     )
     if not expired:
         return 0
@@ -145,14 +147,24 @@ def reap_run(run_id: int) -> int:
 
 
 def heartbeat(
-    name: str, run_ids: frozenset[int], inflight: int, capacity: int, lease_s: float
+    name: str,
+    run_ids: frozenset[int],
+    inflight: int,
+    capacity: int,
+    lease_s: float,
+    renew_within_s: float | None = None,
 ) -> tuple[int, dict[int, str]]:
     """Renew this dispatcher's leases of the runs ``run_ids`` (those it holds rollouts of) and its
-    Worker row (``inflight``: rollouts in flight in it). Returns (live dispatchers, status of each
-    of ``run_ids``) — a cancel is noticed here."""
+    Worker row (``inflight``: rollouts in flight in it). ``renew_within_s``: only the leases that
+    end within that many seconds are renewed (None: all); a caller beating every ``h`` seconds
+    passes at least ``2 h``, so no lease ends between two beats. Each renewal is a row and index
+    write: renewing every lease at every beat wrote every in-flight rollout's row every beat, however
+    long its agent call. Returns (live dispatchers, status of each of ``run_ids``) — a cancel is
+    noticed here."""
     now = timezone.now()
     if run_ids:
-        _renew_leases(name, run_ids, now + timedelta(seconds=lease_s))
+        due = None if renew_within_s is None else now + timedelta(seconds=renew_within_s)
+        _renew_leases(name, run_ids, now + timedelta(seconds=lease_s), due)
     Worker.objects.update_or_create(
         name=name,
         defaults={
@@ -171,8 +183,9 @@ def heartbeat(
     return max(1, live), statuses
 
 
-def _renew_leases(name: str, run_ids: frozenset[int], until) -> None:
-    """Renew the leases of ``name``'s running attempts of ``run_ids``. By run, status and worker,
+def _renew_leases(name: str, run_ids: frozenset[int], until, due=None) -> None:
+    """Renew the leases of ``name``'s running attempts of ``run_ids`` (those that end before ``due``
+    when it is given) to ``until``. By run, status and worker,
     not by the ids in flight: the same rows (a running attempt whose worker is this dispatcher is
     one it holds, or one whose result it has yet to write), read through the (run, status) index.
     On PostgreSQL rows another transaction holds are skipped (``SKIP LOCKED``): they are being
@@ -181,16 +194,27 @@ def _renew_leases(name: str, run_ids: frozenset[int], until) -> None:
     from django.db import connection
 
     if connection.vendor != "postgresql":
-        Rollout.objects.filter(run_id__in=run_ids, status=Rollout.Status.RUNNING, worker=name).update(lease_until=until)
+        rows = Rollout.objects.filter(run_id__in=run_ids, status=Rollout.Status.RUNNING, worker=name)
+        if due is not None:
+            rows = rows.filter(lease_until__lt=due)
+        rows.update(lease_until=until)
         return
     table = connection.ops.quote_name(Rollout._meta.db_table)
     marks = ", ".join(["%s"] * len(run_ids))
-    lease = Rollout._meta.get_field("lease_until").get_db_prep_save(until, connection)
+    field = Rollout._meta.get_field("lease_until")
+    lease = field.get_db_prep_save(until, connection)
+    ending = "" if due is None else " AND lease_until < %s"
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET lease_until = %s WHERE id IN (SELECT id FROM {table} "
-            f"WHERE run_id IN ({marks}) AND status = %s AND worker = %s FOR UPDATE SKIP LOCKED)",
-            [lease, *sorted(run_ids), Rollout.Status.RUNNING, name],
+            f"WHERE run_id IN ({marks}) AND status = %s AND worker = %s{ending} FOR UPDATE SKIP LOCKED)",
+            [
+                lease,
+                *sorted(run_ids),
+                Rollout.Status.RUNNING,
+                name,
+                *([] if due is None else [field.get_db_prep_save(due, connection)]),
+            ],
         )
 
 

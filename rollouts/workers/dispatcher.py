@@ -418,7 +418,13 @@ class Dispatcher:
         while not self._keeper_stop.wait(self.heartbeat_s):
             try:
                 live, statuses = db_call(
-                    heartbeat, self.name, self._held_runs, len(self.tasks), self.capacity, self.lease_s
+                    heartbeat,
+                    self.name,
+                    self._held_runs,
+                    len(self.tasks),
+                    self.capacity,
+                    self.lease_s,
+                    max(2 * self.lease_s / 3, 4 * self.heartbeat_s),  # renewed once a third has passed, 4 beats early
                 )
             except Exception:
                 log.exception("dispatcher %s: a heartbeat failed; trying again in %.1f s", self.name, self.heartbeat_s)

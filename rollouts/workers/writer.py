@@ -280,24 +280,31 @@ def _storage_failure(out: RolloutOutcome, missing: list[str], keep_payloads: boo
     )
 
 
-def _reserve_result_seqs(batch: Batch) -> dict[int, int]:
-    """Each finished rollout's place in its run's finishing order: ``{rollout_id: result_seq}``,
-    numbered on from the run's highest. Locks the runs' rows (in id order, first in the write's
-    transaction, as a claim does) until the transaction ends, so numbers commit in order and a
-    reader that has seen number n has seen every number below it (the results stream's cursor)."""
+def _number_results(ended: list[int], run_of: dict[int, int]) -> None:
+    """Give each rollout of ``ended`` (results written in this transaction, in finishing order) its
+    place in its run's finishing order (``result_seq``), numbered on from the run's highest.
+
+    Locks the runs' rows (in id order) until the transaction ends, so numbers commit in order and a
+    reader that has seen number n has seen every number below it (the results stream's cursor).
+    Called last in the write's transaction: the run row is also what claims lock, so every other
+    process's claims and writes wait for it only while the numbers are given and committed, never
+    while this process inserts its rows."""
     from django.db import connection
 
-    ids = [rollout_id for rollout_id, _ in batch.finished]
-    run_of = {r: batch.run_of[r] for r in ids if r in batch.run_of}
-    missing = [r for r in ids if r not in run_of]
+    if not ended:
+        return
+    missing = [r for r in ended if r not in run_of]
     if missing:
-        run_of.update(Rollout.objects.filter(id__in=missing).values_list("id", "run_id"))
+        run_of = {**run_of, **dict(Rollout.objects.filter(id__in=missing).values_list("id", "run_id"))}
     qn = connection.ops.quote_name
-    run_t, rollout_t = qn(Run._meta.db_table), qn(Rollout._meta.db_table)
+    run_t, rollout_t, pk = qn(Run._meta.db_table), qn(Rollout._meta.db_table), qn(Rollout._meta.pk.column)
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    top: dict[int, int] = {}
+    by_run: dict[int, list[int]] = {}
+    for rollout_id in ended:
+        if rollout_id in run_of:
+            by_run.setdefault(run_of[rollout_id], []).append(rollout_id)
     with connection.cursor() as cursor:
-        for run_id in sorted(set(run_of.values())):
+        for run_id in sorted(by_run):
             cursor.execute(f"SELECT id FROM {run_t} WHERE id = %s{lock}", [run_id])
             cursor.execute(
                 f"SELECT result_seq FROM {rollout_t} WHERE run_id = %s AND result_seq IS NOT NULL "
@@ -305,20 +312,22 @@ def _reserve_result_seqs(batch: Batch) -> dict[int, int]:
                 [run_id],
             )
             row = cursor.fetchone()
-            top[run_id] = row[0] if row else 0
-    seqs = {}
-    for rollout_id in ids:
-        run_id = run_of.get(rollout_id)
-        if run_id is not None:
-            top[run_id] += 1
-            seqs[rollout_id] = top[run_id]
-    return seqs
+            top = row[0] if row else 0
+            ids = by_run[run_id]
+            for i in range(0, len(ids), 400):  # SQLite's bound-parameter limit
+                chunk = ids[i : i + 400]
+                cases = " ".join(["WHEN %s THEN %s"] * len(chunk))
+                numbers = [v for k, rollout_id in enumerate(chunk, start=top + i + 1) for v in (rollout_id, k)]
+                marks = ", ".join(["%s"] * len(chunk))
+                cursor.execute(
+                    f"UPDATE {rollout_t} SET result_seq = CASE {pk} {cases} END WHERE {pk} IN ({marks})",
+                    [*numbers, *chunk],
+                )
 
 
 def _write_batch(batch: Batch, worker: str) -> None:
     now = timezone.now()
     with transaction.atomic():
-        seqs = _reserve_result_seqs(batch) if batch.finished else {}
         if batch.calls:
             insert_ignoring_conflicts(AgentCall, batch.calls)
         if batch.items:
@@ -328,16 +337,16 @@ def _write_batch(batch: Batch, worker: str) -> None:
             insert_ignoring_conflicts(TrajectoryItem, batch.items)
         ending = {rollout_id for rollout_id, _ in batch.finished}
         _write_seeds({k: v for k, v in batch.seeds.items() if k not in ending})  # else with the result
-        for rollout_id, out in batch.finished:
-            _write_result(batch, worker, now, seqs, rollout_id, out)
-        if batch.finished:
-            notify_results(set(batch.run_of.values()) | batch.run_ids)
+        ended = [rollout_id for rollout_id, out in batch.finished if _write_result(batch, worker, now, rollout_id, out)]
         for rollout_id, status in batch.killed:
             _write_killed(worker, now, rollout_id, status)
         if batch.unclaimed:  # never started: the claim is undone, no attempt happened
             Rollout.objects.filter(id__in=batch.unclaimed, status=Rollout.Status.RUNNING, worker=worker).update(
                 status=Rollout.Status.PENDING, worker="", started=None, lease_until=None
             )
+        _number_results(ended, batch.run_of)  # last: it takes the runs' locks
+        if batch.finished:
+            notify_results(set(batch.run_of.values()) | batch.run_ids)
     for rollout_id, _ in batch.finished:
         _missing.pop(rollout_id, None)
     for rollout_id, _ in batch.killed:
@@ -390,21 +399,19 @@ def _result_fields(out: RolloutOutcome, now: datetime) -> dict[str, Any]:
     return fields
 
 
-def _write_result(
-    batch: Batch, worker: str, now: datetime, seqs: dict[int, int], rollout_id: int, out: RolloutOutcome
-) -> None:
-    """One finished attempt's result (and its refused reply, if any), unless its lease was taken over."""
+def _write_result(batch: Batch, worker: str, now: datetime, rollout_id: int, out: RolloutOutcome) -> bool:
+    """One finished attempt's result (and its refused reply, if any), unless its lease was taken
+    over. Returns whether it was written (its place in the finishing order is given after)."""
     if rollout_id in _missing:
         out = _storage_failure(out, _missing[rollout_id])
     fields = _result_fields(out, now)
     if rollout_id in batch.seeds:
         fields["seed_ms"] = batch.seeds[rollout_id]
-    if rollout_id in seqs:
-        fields["result_seq"] = seqs[rollout_id]
     if not finish_rollout(rollout_id, worker, fields):
         # Our lease expired and the key was queued again: the newer attempt owns the key.
         log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
-    elif out.refused_reply is not None:  # in the same transaction as the attempt's result
+        return False
+    if out.refused_reply is not None:  # in the same transaction as the attempt's result
         kept = out.refused_reply
         RefusedReply.objects.bulk_create(
             [
@@ -420,6 +427,7 @@ def _write_result(
             ],
             ignore_conflicts=True,
         )
+    return True
 
 
 def _write_killed(worker: str, now: datetime, rollout_id: int, status: str) -> None:
