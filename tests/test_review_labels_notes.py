@@ -261,8 +261,9 @@ def test_the_run_table_shows_labels_and_note_counts(signed_in, user, run):
         ("corrected=yes", [3]),
         ("corrected=no", [0, 1, 2]),
         ("label=good&notes=no", [0]),
-        ("reward_max=0.5", [1, 2]),
-        ("reward_max=0.5&reward_source=corrected", [1, 2, 3]),
+        # key 2 failed: it has no reward, so no reward bound matches it
+        ("reward_max=0.5", [1]),
+        ("reward_max=0.5&reward_source=corrected", [1, 3]),
         ("reward_min=0.5&reward_source=corrected", [0]),
     ],
 )
