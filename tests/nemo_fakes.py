@@ -120,3 +120,22 @@ def self_tooled_agent() -> BackgroundServer:
     app = web.Application()
     app.router.add_post("/v1/responses", responses)
     return BackgroundServer(app).start()
+
+
+def counter_tools_env(verify) -> BackgroundServer:
+    """A resources server with the counter's tools: ``/seed_session`` answers ``{}``, every tool
+    ``{"success": true}`` (``{"count": 3}`` for ``get_counter_value``), and ``/verify`` is the aiohttp
+    handler ``verify`` (a test's verdict, or bytes it recorded)."""
+
+    async def seed(request):
+        return web.json_response({})
+
+    async def tool(request):
+        name = request.match_info["name"]
+        return web.json_response({"count": 3} if name == "get_counter_value" else {"success": True})
+
+    app = web.Application()
+    app.router.add_post("/seed_session", seed)
+    app.router.add_post("/verify", verify)
+    app.router.add_post("/{name}", tool)
+    return BackgroundServer(app)

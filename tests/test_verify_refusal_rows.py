@@ -25,6 +25,8 @@ from rollouts.engine.failures import FailureKind
 from rollouts.models import Rollout, Run
 from rollouts.tokens import create_token
 
+from .nemo_fakes import counter_tools_env
+
 RECORDED = json.loads((Path(__file__).parent / "data" / "verify_refusal_rows.json").read_text())
 
 
@@ -33,25 +35,14 @@ def _by_task(lines) -> dict[int, bytes]:
 
 
 def _refusing_env() -> BackgroundServer:
-    """A resources server: ``/seed_session`` answers ``{}``, the counter's tools fixed bodies,
-    ``/verify`` the bytes of the case the task names in ``refusal_case``."""
-
-    async def seed(request):
-        return web.json_response({})
+    """``nemo_fakes.counter_tools_env`` whose ``/verify`` answers the bytes of the case the task
+    names in ``refusal_case``."""
 
     async def verify(request):
         case = RECORDED["cases"][(await request.json())["refusal_case"]]
         return web.Response(body=case["body"].encode(), status=case["status"], content_type=case["content_type"])
 
-    async def tool(request):
-        name = request.match_info["name"]
-        return web.json_response({"count": 3} if name == "get_counter_value" else {"success": True})
-
-    app = web.Application()
-    app.router.add_post("/seed_session", seed)
-    app.router.add_post("/verify", verify)
-    app.router.add_post("/{name}", tool)
-    return BackgroundServer(app)
+    return counter_tools_env(verify)
 
 
 @pytest.fixture

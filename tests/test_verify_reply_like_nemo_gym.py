@@ -20,6 +20,8 @@ from rollouts.engine.failures import FailureKind
 from rollouts.engine.nemo_request import verify_refusal, verify_reward
 from rollouts.models import Rollout
 
+from .nemo_fakes import counter_tools_env
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -40,25 +42,13 @@ def test_every_recorded_verify_reply_gets_nemo_gyms_verdict_and_reward():
             assert verify_reward(case["reply"]) == case["result"]["reward"], case["case"]
 
 
-def _env(verify_reply):
-    """A resources server: ``/seed_session`` answers ``{}``, every tool ``{"success": true}`` (then
-    ``{"count": 3}`` for ``get_counter_value``), ``/verify`` ``verify_reply(body)``."""
-
-    async def seed(request):
-        return web.json_response({})
+def _env(verify_reply) -> BackgroundServer:
+    """``nemo_fakes.counter_tools_env`` whose ``/verify`` answers ``verify_reply(body)``."""
 
     async def verify(request):
         return web.json_response(verify_reply(await request.json()))
 
-    async def tool(request):
-        name = request.match_info["name"]
-        return web.json_response({"count": 3} if name == "get_counter_value" else {"success": True})
-
-    app = web.Application()
-    app.router.add_post("/seed_session", seed)
-    app.router.add_post("/verify", verify)
-    app.router.add_post("/{name}", tool)
-    return BackgroundServer(app)
+    return counter_tools_env(verify)
 
 
 def _collect(agent_url, env_url, tasks, out):
