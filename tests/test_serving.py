@@ -204,7 +204,8 @@ def test_check_deploy_fails_without_them(collected_static, tmp_path):
 def _sign_in_through_proxy(base: str) -> httpx.Response:
     """Sign in as a browser does through an https proxy that forwards to ``base`` over http."""
     headers = {"Host": "gymweb.example.com", "X-Forwarded-Proto": "https"}
-    with httpx.Client(base_url=base, headers=headers, trust_env=False) as client:
+    # (a sign-in hashes the password with the production hasher: seconds of CPU on a busy machine)
+    with httpx.Client(base_url=base, headers=headers, trust_env=False, timeout=60) as client:
         page = client.get("/accounts/login/")
         assert page.status_code == 200, page.text[:500]
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
