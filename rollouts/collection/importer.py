@@ -51,10 +51,11 @@ refuses is reported the same way (with its line), never as a crash.
 Rows are streamed and written with ``bulk_create`` in batches (``ROWS_PER_BATCH`` rows or
 ``ITEMS_PER_BATCH`` trajectory items, whichever comes first), each batch its own short transaction,
 so SQLite's write lock is never held for the whole import and the workers' writes never wait long
-for it. The run is visible as it fills (status ``imported``, ``finished`` unset until the last
-batch); when the import is refused or fails part-way, the run and everything its batches stored
-are deleted before the error is raised. Memory is bounded by a batch plus small per-key maps (task
-ids, attempt counters) and each task's row.
+for it. Until the last batch is in, the run is being written (``rollouts.collection.writing``: shown
+nowhere; each batch renews its lease); when the import is refused or fails part-way, the run and
+everything its batches stored are deleted before the error is raised, and when the importing
+process dies, the supervisor's sweep deletes them once the lease lapses. Memory is bounded by a
+batch plus small per-key maps (task ids, attempt counters) and each task's row.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from rollouts.collection import writing
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields, validate_row
 from rollouts.collection.export import failure_row, materialized_row, row_line, success_row
 from rollouts.collection.profile_numbers import profile_json_for_verify
@@ -576,6 +578,7 @@ class _Importer:
         try:
             with transaction.atomic():
                 self._write(tasks, pending)
+                writing.renew(self.run)
         except (DatabaseError, RecursionError) as exc:
             self._find_refused(tasks, pending)
             raise DatasetError(
@@ -733,6 +736,7 @@ def _import_shards(
             or "imported rollouts"
         )[:200],
         status=Run.Status.IMPORTED,
+        writing_until=writing.lease(),  # not ready until the last batch is in
         created_by=user,
         team_id=team_for_new(user, team),  # ``team``, else the user's first team
         source_file=" + ".join(names)[:500],
@@ -795,5 +799,7 @@ def _import_shards(
     run.finished = importer.now
     if agent_name:
         run.agent_name = agent_name[:200]
-    run.save(update_fields=["num_tasks", "num_keys", "num_repeats", "finished", "agent_name"])
+    with transaction.atomic():
+        run.save(update_fields=["num_tasks", "num_keys", "num_repeats", "finished", "agent_name"])
+        writing.done(run)
     return summary

@@ -229,8 +229,8 @@ class DatasetRenameForm(forms.Form):
 
 
 def all_datasets():
-    """Every stored dataset, newest first."""
-    return Dataset.objects.order_by("-created", "-id")
+    """Every stored dataset, newest first (not those still being written)."""
+    return Dataset.objects.filter(writing_until__isnull=True).order_by("-created", "-id")
 
 
 class RunForm(forms.Form):
