@@ -52,15 +52,6 @@ def store_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> Dat
     return dataset
 
 
-def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> tuple[Dataset, bool]:
-    """An earlier upload of the same file (same bytes, name, user and team) if there is one, else a
-    new stored dataset. Returns ``(dataset, reused)``."""
-    same = earlier_upload(parsed.sha256, name, len(parsed.rows), user, team_for_new(user, team))
-    if same is not None:
-        return same, True
-    return store_dataset(parsed, name, user=user, team=team), False
-
-
 def earlier_upload(sha256: str, name: str, num_rows: int, user, team_id: int) -> Dataset | None:
     """The newest dataset ``user`` uploaded with the same bytes (``sha256``), name, row count and
     team, or None (also for no user); never one still being written."""
