@@ -15,6 +15,8 @@ Rules:
   ``_ng_failure_class`` in the rollouts file (a failures sidecar, or the two files swapped), a row
   without it in the failures file. A rollouts file whose rows all lack a result (``response``,
   ``reward``) is a dataset, not rollouts (``LooksLikeDatasetError``): start a run from it instead.
+  A rollouts file that can be rewound (every file the commands, pages and API give) is told apart
+  before anything is written; a stream that cannot be, after its rows, and they are deleted again.
 - A row's ``Task`` is the row minus the result fields (``datasets.strip_result_fields``) and minus
   ``_ng_rollout_index``, with ``_ng_task_index`` set; the first row seen of a task decides it.
 - A *result row* (numeric ``reward``, no ``_ng_failure_class``) is a success: ``verify_json`` is
@@ -262,6 +264,44 @@ def _first_row(stream: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+RESULT_KEYS = ("reward", "response", "_ng_failure_class")  # a row with none of them is a task row
+
+
+def _refuse_a_dataset(shards: Sequence[tuple[Lines, str]]) -> None:
+    """Raise ``LooksLikeDatasetError`` when the rollouts files are a dataset (``_dataset_rows``)."""
+    dataset = _dataset_rows(shards)
+    if dataset is not None:
+        names = shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards)
+        raise LooksLikeDatasetError(names, dataset[0], materialized=dataset[1])
+
+
+def _dataset_rows(shards: Sequence[tuple[Lines, str]]) -> tuple[int, bool] | None:
+    """Read before anything is stored: ``(rows, the first is a materialized-inputs row)`` when the
+    rollouts files hold rows and none has a result (``RESULT_KEYS``): they are a dataset. None when a
+    row has a result (the first row, for a real rollouts file), a file cannot be rewound, or a line
+    is bad (the import then reports it). Each file's position is restored."""
+    rows, first = 0, None
+    for stream, src in shards:
+        if not (hasattr(stream, "seek") and hasattr(stream, "tell")):
+            return None
+        try:
+            position = stream.tell()
+        except (OSError, ValueError):
+            return None
+        try:
+            for _line, _text, row in _iter_rows(stream, src, file_shapes.ROLLOUTS):
+                if first is None:
+                    first = file_shapes.shape_of_row(row)
+                if any(k in row for k in RESULT_KEYS):
+                    return None
+                rows += 1
+        except DatasetError:
+            return None
+        finally:
+            stream.seek(position)
+    return (rows, first is file_shapes.MATERIALIZED_ROWS) if rows else None
 
 
 def _result_fields(
@@ -729,6 +769,7 @@ def _import_shards(
     names = [src for _, src in shards] + [src for _, src in failures]
     shown = [PurePath(n).name for n in names]
     names += [src for _, src in materialized]
+    _refuse_a_dataset(shards)  # told apart before anything is written
     run = Run(
         name=(
             name.strip()
@@ -771,7 +812,7 @@ def _import_shards(
                 agent_name = row["agent_ref"]["name"]
             if not sidecar:
                 main_rows += 1
-                main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
+                main_results += any(k in row for k in RESULT_KEYS)
             try:
                 importer.add(row, text, ordinals[sidecar], line, src, sidecar)
             except RecursionError:
