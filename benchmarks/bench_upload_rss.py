@@ -2,9 +2,12 @@
 one large rollouts import (``--import``: ``importer.import_shards``, as ``gymweb import_rollouts``
 and the import page's task call it), in a fresh process: seconds, peak RSS and, for an import, the
 longest wait of a second connection's one-row write while it runs (how long the import held
-SQLite's write lock at once, as a worker's write sees it).
+SQLite's write lock at once, as a worker's write sees it), or one large upload launched inside the
+request (``--launch``: the new-run form over the uploaded file, then ``access.launch_from_form``, as
+``POST /api/v1/runs`` with a JSONL body and the new-run page with inline tasks do).
 
     python -m benchmarks.bench_upload_rss --rows 1000000 [--db sqlite|postgres] [--max-keys 200000]
+    python -m benchmarks.bench_upload_rss --launch --rows 100000
     python -m benchmarks.bench_upload_rss --import --rows 200000 [--items 3]
 
 Over ``--max-keys`` rows the upload must be refused while read (nothing stored). Prints one JSON
@@ -145,6 +148,63 @@ def run_import(args, where: str) -> None:
     )
 
 
+POST = {
+    "name": ["big upload"],
+    "agent_url": ["http://127.0.0.1:9102/"],
+    "env_url": ["http://127.0.0.1:9101"],
+    "agent_name": ["remote_agent"],
+    "concurrency": ["8"],
+    "num_repeats": ["1"],
+    "max_attempts": ["3"],
+    "remote_responses_timeout_s": ["60"],
+    "run_timeout_s": ["120"],
+    "overrides": [""],
+}
+
+
+def run_launch(args, where: str) -> None:
+    """The new-run form validated over an uploaded file on disk (as Django hands a large upload
+    over: a temporary file), then ``launch_from_form``."""
+    from django.contrib.auth import get_user_model
+    from django.core.files.uploadedfile import UploadedFile
+    from django.utils.datastructures import MultiValueDict
+
+    from rollouts.models import Dataset, Run
+    from rollouts.web.access import launch_from_form
+    from rollouts.web.forms import RunForm
+
+    user = get_user_model().objects.create_user(username="uploader", password="x")
+    folder = Path(os.environ["GYMWEB_DATA_DIR"]) if "GYMWEB_DATA_DIR" in os.environ else Path("/tmp")
+    path = Path(args.file) if args.file else folder / "bench_tasks.jsonl"
+    size = path.stat().st_size if args.file else write_dataset(path, args.rows)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0 = time.perf_counter()
+    with path.open("rb") as fh:
+        upload = UploadedFile(fh, name="tasks.jsonl", content_type="application/jsonl", size=size)
+        form = RunForm(MultiValueDict(POST), MultiValueDict({"dataset_file": [upload]}), user=user)
+        if form.is_valid():
+            run, _ = launch_from_form(form, user)
+            result = f"run #{run.pk} launched: {run.num_keys} keys"
+        else:
+            result = "refused: " + "; ".join(f"{k}: {v[0]}" for k, v in form.errors.items())
+    seconds = time.perf_counter() - t0
+    out = {
+        "where": where,
+        "mode": "launch",
+        "rows": args.rows,
+        "file_mb": round(size / 1024**2, 1),
+        "result": result[:200],
+        "seconds": round(seconds, 1),
+        "rss_before_mb": round(base_rss),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "datasets": Dataset.objects.count(),
+        "runs": Run.objects.count(),
+        "keys": sum(Run.objects.values_list("num_keys", flat=True)),
+        "load": os.getloadavg()[0],
+    }
+    print(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -152,6 +212,7 @@ def main() -> None:
     ap.add_argument("--max-keys", type=int, default=200_000)
     ap.add_argument("--file", default="", help="an existing JSONL file instead of a generated one")
     ap.add_argument("--import", dest="import_", action="store_true", help="import a rollouts file instead")
+    ap.add_argument("--launch", action="store_true", help="launch from the new-run form inside the request")
     ap.add_argument("--items", type=int, default=3, help="--import: output items per row")
     ap.add_argument("--rows-per-batch", type=int, default=0, help="--import: importer.ROWS_PER_BATCH (0: as set)")
     args = ap.parse_args()
@@ -160,6 +221,9 @@ def main() -> None:
     where = setup_django(args.db)
     if args.import_:
         run_import(args, where)
+        return
+    if args.launch:
+        run_launch(args, where)
         return
     from django.contrib.auth import get_user_model
 
@@ -176,19 +240,7 @@ def main() -> None:
         size = path.stat().st_size
     else:
         size = write_dataset(path, args.rows)
-    post = {
-        "name": ["big upload"],
-        "agent_url": ["http://127.0.0.1:9102/"],
-        "env_url": ["http://127.0.0.1:9101"],
-        "agent_name": ["remote_agent"],
-        "concurrency": ["8"],
-        "num_repeats": ["1"],
-        "max_attempts": ["3"],
-        "remote_responses_timeout_s": ["60"],
-        "run_timeout_s": ["120"],
-        "overrides": [""],
-    }
-    task.params = {"post": post, "files": [{"slot": "dataset_file", "name": "tasks.jsonl", "path": str(path)}]}
+    task.params = {"post": POST, "files": [{"slot": "dataset_file", "name": "tasks.jsonl", "path": str(path)}]}
     task.save(update_fields=["params"])
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0 = time.perf_counter()

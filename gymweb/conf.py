@@ -212,6 +212,10 @@ class GymwebSettings(BaseSettings):
     dispatch_in_workers: bool = S(True, "each worker process runs a dispatcher")
     release_timeout_s: float = S(20, "how long a stopping worker may take to release its rollouts")
     supervise_minutes: int = S(1, "how often the supervisor revives runs whose workers died")
+    write_lease_s: float = S(
+        120,
+        "an upload or import being written renews its lease with every batch; not renewed for this long, its writer counts as dead and the supervisor deletes what it stored",
+    )
     aggregate_max_rows: int = S(200_000, "most rows sent to the env's /aggregate_metrics (past it: computed locally)")
     aggregate_timeout_s: float = S(60, "timeout of the /aggregate_metrics call")
     max_keys_per_run: int = S(200_000, "most (task, rollout) keys in one run")

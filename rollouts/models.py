@@ -77,6 +77,9 @@ class Dataset(TeamOwned):
         "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_datasets"
     )
     source_filters = models.CharField(max_length=2000, blank=True)
+    # Being written (an upload in several transactions): its writer's lease, renewed with every
+    # batch (``rollouts.collection.writing``). Set: not ready, shown nowhere, swept once it lapses.
+    writing_until = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created"]
@@ -160,6 +163,9 @@ class Run(TeamOwned):
     # ``archive_path``; null = its items are in the database.
     archived = models.DateTimeField(null=True, blank=True)
     archive_path = models.CharField(max_length=1000, blank=True)
+    # Being written (an upload or import in several transactions): its writer's lease, renewed with
+    # every batch (``rollouts.collection.writing``). Set: not ready, shown nowhere, swept once it lapses.
+    writing_until = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created", "-id"]

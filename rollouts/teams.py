@@ -30,15 +30,19 @@ def team_ids(user):
 
 def visible_runs(user):
     """The runs ``user`` may see and act on (a queryset): their teams' runs; every run for a
-    superuser; none for anyone else."""
+    superuser; none for anyone else. A run still being written (``rollouts.collection.writing``)
+    is nobody's yet."""
     ids = team_ids(user)
-    return Run.objects.all() if ids is None else Run.objects.filter(team_id__in=ids)
+    ready = Run.objects.filter(writing_until__isnull=True)
+    return ready if ids is None else ready.filter(team_id__in=ids)
 
 
 def visible_datasets(user):
-    """The datasets ``user`` may see and launch runs from (a queryset), by the runs' rule."""
+    """The datasets ``user`` may see and launch runs from (a queryset), by the runs' rule (one
+    still being written is nobody's yet)."""
     ids = team_ids(user)
-    return Dataset.objects.all() if ids is None else Dataset.objects.filter(team_id__in=ids)
+    ready = Dataset.objects.filter(writing_until__isnull=True)
+    return ready if ids is None else ready.filter(team_id__in=ids)
 
 
 def visible_queues(user):

@@ -41,6 +41,25 @@ def test_a_task_file_is_recognised_as_a_dataset_and_nothing_is_imported(shared_d
     assert _nothing_stored()
 
 
+def test_a_dataset_file_is_told_apart_before_anything_is_written(monkeypatch):
+    from django.db.models.signals import post_save
+
+    from rollouts.collection import importer
+
+    lines = [
+        json.dumps({"responses_create_params": {"input": f"task {i}"}}) for i in range(3 * importer.ROWS_PER_BATCH)
+    ]
+    saved = []
+    post_save.connect(lambda sender, **kw: saved.append(sender), weak=False, dispatch_uid="told-apart")
+    monkeypatch.setattr(importer._Importer, "flush", lambda self: saved.append("a batch"))
+    try:
+        with pytest.raises(LooksLikeDatasetError, match=f"its {len(lines):,} rows"):
+            import_rollouts(io.BytesIO(("\n".join(lines) + "\n").encode()), source="tasks.jsonl")
+    finally:
+        post_save.disconnect(dispatch_uid="told-apart")
+    assert saved == []  # no run made, no batch written (and so none deleted again)
+
+
 def test_the_import_page_offers_a_new_run_from_a_dataset_file(signed_in, shared_data, user):
     path = shared_data / "workplace_assistant" / "example.jsonl"
     response = signed_in.post(reverse("import"), {"rollouts": upload(path)})

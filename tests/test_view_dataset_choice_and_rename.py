@@ -64,8 +64,9 @@ def test_a_dataset_renamed_keeps_its_origin_and_is_chosen_on_the_form(signed_in,
     )
     assert "<b>counter</b>" not in body
     # The same file uploaded again is still recognised by the name it came with.
-    again, reused = runs.store_or_reuse_dataset(read_jsonl(_rows("add 1 then get the count")), "example.jsonl", user)
-    assert reused and again.pk == dataset.pk
+    parsed = read_jsonl(_rows("add 1 then get the count"))
+    again = runs.earlier_upload(parsed.sha256, "example.jsonl", len(parsed.rows), user, dataset.team_id)
+    assert again is not None and again.pk == dataset.pk
 
 
 def test_an_empty_name_is_refused_with_a_message(signed_in, user):

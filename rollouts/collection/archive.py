@@ -211,11 +211,13 @@ def _id_batches(qs, size: int, weight: str | None = None) -> Iterator[list[int]]
 
 
 # -- delete -----------------------------------------------------------------------------------------
-def delete_run(run: Run, *, batch: int | None = None, remove_archive: bool = True) -> Outcome:
+def delete_run(run: Run, *, batch: int | None = None, remove_archive: bool = True, unfinished: bool = False) -> Outcome:
     """Delete ``run`` with everything under it, ``batch`` rollouts (default ``GYMWEB_DELETE_BATCH``)
     per transaction, then its tasks, review lists and the run row; its archive folder too
-    (``remove_archive``). Raises ``RunBusy`` for a run being collected. Returns the counts."""
-    _check_idle(run, "deleted")
+    (``remove_archive``). Raises ``RunBusy`` for a run being collected, unless ``unfinished`` (a run
+    whose upload or import stopped part-way: no worker ever took it). Returns the counts."""
+    if not unfinished:
+        _check_idle(run, "deleted")
     size = _batch(batch)
     out = Outcome(run=run.pk, path=run.archive_path)
     t0 = time.perf_counter()

@@ -304,8 +304,9 @@ def known_environments(with_tools: bool = True, max_urls: int = 50) -> tuple[lis
     """Every environment gymweb knows: the registered head servers (read now) and the env URLs of
     past runs (the ``max_urls`` most recent), each with health, tools and the runs that used it."""
     heads = [head_listing(r.url, with_tools) for r in HeadServerRecord.objects.all()]
+    ready = Run.objects.filter(writing_until__isnull=True)  # not the runs still being written
     used = (
-        Run.objects.exclude(env_url="")
+        ready.exclude(env_url="")
         .values("env_url")
         .annotate(n=Count("id"), last=Max("created"))
         .order_by("-last")[:max_urls]
@@ -314,7 +315,7 @@ def known_environments(with_tools: bool = True, max_urls: int = 50) -> tuple[lis
     with client(PROBE_TIMEOUT_S) as c:
         for row in used:
             env = Environment(url=row["env_url"], num_runs=row["n"])
-            env.runs = list(Run.objects.filter(env_url=row["env_url"]).only("id", "name", "created", "status")[:5])
+            env.runs = list(ready.filter(env_url=row["env_url"]).only("id", "name", "created", "status")[:5])
             try:
                 targets.check_url(env.url, resolve_names=False)
             except targets.TargetRefused as exc:
@@ -328,7 +329,7 @@ def known_environments(with_tools: bool = True, max_urls: int = 50) -> tuple[lis
             match = by_url.get(env.url)
             if match is not None:
                 env.runs, env.num_runs = match.runs, match.num_runs
-            named = Run.objects.filter(head_url=listing.url, env_name=env.name)
+            named = ready.filter(head_url=listing.url, env_name=env.name)
             if named.exists():
                 env.num_runs = max(env.num_runs, named.count())
                 env.runs = env.runs or list(named.only("id", "name", "created", "status")[:5])

@@ -15,6 +15,8 @@ Rules:
   ``_ng_failure_class`` in the rollouts file (a failures sidecar, or the two files swapped), a row
   without it in the failures file. A rollouts file whose rows all lack a result (``response``,
   ``reward``) is a dataset, not rollouts (``LooksLikeDatasetError``): start a run from it instead.
+  A rollouts file that can be rewound (every file the commands, pages and API give) is told apart
+  before anything is written; a stream that cannot be, after its rows, and they are deleted again.
 - A row's ``Task`` is the row minus the result fields (``datasets.strip_result_fields``) and minus
   ``_ng_rollout_index``, with ``_ng_task_index`` set; the first row seen of a task decides it.
 - A *result row* (numeric ``reward``, no ``_ng_failure_class``) is a success: ``verify_json`` is
@@ -51,10 +53,11 @@ refuses is reported the same way (with its line), never as a crash.
 Rows are streamed and written with ``bulk_create`` in batches (``ROWS_PER_BATCH`` rows or
 ``ITEMS_PER_BATCH`` trajectory items, whichever comes first), each batch its own short transaction,
 so SQLite's write lock is never held for the whole import and the workers' writes never wait long
-for it. The run is visible as it fills (status ``imported``, ``finished`` unset until the last
-batch); when the import is refused or fails part-way, the run and everything its batches stored
-are deleted before the error is raised. Memory is bounded by a batch plus small per-key maps (task
-ids, attempt counters) and each task's row.
+for it. Until the last batch is in, the run is being written (``rollouts.collection.writing``: shown
+nowhere; each batch renews its lease); when the import is refused or fails part-way, the run and
+everything its batches stored are deleted before the error is raised, and when the importing
+process dies, the supervisor's sweep deletes them once the lease lapses. Memory is bounded by a
+batch plus small per-key maps (task ids, attempt counters) and each task's row.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from rollouts.collection import writing
 from rollouts.collection.datasets import DatasetError, iter_rows, strip_result_fields, validate_row
 from rollouts.collection.export import failure_row, materialized_row, row_line, success_row
 from rollouts.collection.profile_numbers import profile_json_for_verify
@@ -260,6 +264,44 @@ def _first_row(stream: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+RESULT_KEYS = ("reward", "response", "_ng_failure_class")  # a row with none of them is a task row
+
+
+def _refuse_a_dataset(shards: Sequence[tuple[Lines, str]]) -> None:
+    """Raise ``LooksLikeDatasetError`` when the rollouts files are a dataset (``_dataset_rows``)."""
+    dataset = _dataset_rows(shards)
+    if dataset is not None:
+        names = shards[0][1] if len(shards) == 1 else ", ".join(src for _, src in shards)
+        raise LooksLikeDatasetError(names, dataset[0], materialized=dataset[1])
+
+
+def _dataset_rows(shards: Sequence[tuple[Lines, str]]) -> tuple[int, bool] | None:
+    """Read before anything is stored: ``(rows, the first is a materialized-inputs row)`` when the
+    rollouts files hold rows and none has a result (``RESULT_KEYS``): they are a dataset. None when a
+    row has a result (the first row, for a real rollouts file), a file cannot be rewound, or a line
+    is bad (the import then reports it). Each file's position is restored."""
+    rows, first = 0, None
+    for stream, src in shards:
+        if not (hasattr(stream, "seek") and hasattr(stream, "tell")):
+            return None
+        try:
+            position = stream.tell()
+        except (OSError, ValueError):
+            return None
+        try:
+            for _line, _text, row in _iter_rows(stream, src, file_shapes.ROLLOUTS):
+                if first is None:
+                    first = file_shapes.shape_of_row(row)
+                if any(k in row for k in RESULT_KEYS):
+                    return None
+                rows += 1
+        except DatasetError:
+            return None
+        finally:
+            stream.seek(position)
+    return (rows, first is file_shapes.MATERIALIZED_ROWS) if rows else None
 
 
 def _result_fields(
@@ -576,6 +618,7 @@ class _Importer:
         try:
             with transaction.atomic():
                 self._write(tasks, pending)
+                writing.renew(self.run)
         except (DatabaseError, RecursionError) as exc:
             self._find_refused(tasks, pending)
             raise DatasetError(
@@ -726,6 +769,7 @@ def _import_shards(
     names = [src for _, src in shards] + [src for _, src in failures]
     shown = [PurePath(n).name for n in names]
     names += [src for _, src in materialized]
+    _refuse_a_dataset(shards)  # told apart before anything is written
     run = Run(
         name=(
             name.strip()
@@ -733,6 +777,7 @@ def _import_shards(
             or "imported rollouts"
         )[:200],
         status=Run.Status.IMPORTED,
+        writing_until=writing.lease(),  # not ready until the last batch is in
         created_by=user,
         team_id=team_for_new(user, team),  # ``team``, else the user's first team
         source_file=" + ".join(names)[:500],
@@ -767,7 +812,7 @@ def _import_shards(
                 agent_name = row["agent_ref"]["name"]
             if not sidecar:
                 main_rows += 1
-                main_results += any(k in row for k in ("reward", "response", "_ng_failure_class"))
+                main_results += any(k in row for k in RESULT_KEYS)
             try:
                 importer.add(row, text, ordinals[sidecar], line, src, sidecar)
             except RecursionError:
@@ -795,5 +840,7 @@ def _import_shards(
     run.finished = importer.now
     if agent_name:
         run.agent_name = agent_name[:200]
-    run.save(update_fields=["num_tasks", "num_keys", "num_repeats", "finished", "agent_name"])
+    with transaction.atomic():
+        run.save(update_fields=["num_tasks", "num_keys", "num_repeats", "finished", "agent_name"])
+        writing.done(run)
     return summary

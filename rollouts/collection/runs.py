@@ -52,23 +52,19 @@ def store_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> Dat
     return dataset
 
 
-def store_or_reuse_dataset(parsed: ParsedDataset, name: str, user=None, team=None) -> tuple[Dataset, bool]:
-    """An earlier upload of the same file (same bytes, name, user and team) if there is one, else a
-    new stored dataset. Returns ``(dataset, reused)``."""
-    same = earlier_upload(parsed.sha256, name, len(parsed.rows), user, team_for_new(user, team))
-    if same is not None:
-        return same, True
-    return store_dataset(parsed, name, user=user, team=team), False
-
-
 def earlier_upload(sha256: str, name: str, num_rows: int, user, team_id: int) -> Dataset | None:
     """The newest dataset ``user`` uploaded with the same bytes (``sha256``), name, row count and
-    team, or None (also for no user)."""
+    team, or None (also for no user); never one still being written."""
     if not sha256 or user is None or not getattr(user, "pk", None):
         return None
     return (
         Dataset.objects.filter(
-            created_by=user, sha256=sha256, source_name=name[:200], num_rows=num_rows, team_id=team_id
+            created_by=user,
+            sha256=sha256,
+            source_name=name[:200],
+            num_rows=num_rows,
+            team_id=team_id,
+            writing_until__isnull=True,
         )
         .order_by("-id")
         .first()
@@ -150,7 +146,9 @@ def launch(run: Run) -> None:
     busy ones pick it up at their next poll (``GYMWEB_POLL_S``), and claim rollouts atomically
     (``rollouts.workers.claims``)."""
     changed = Run.objects.filter(
-        pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED]
+        pk=run.pk,
+        status__in=[Run.Status.QUEUED, Run.Status.COMPLETED, Run.Status.CANCELLED],
+        writing_until__isnull=True,  # not while its upload is being written (collection.writing)
     ).update(status=Run.Status.RUNNING, started=timezone.now(), finished=None)
     if changed:
         notify_launch(run.pk)

@@ -6,8 +6,10 @@ binary file such as a Django upload) is read twice: ``scan`` validates every row
 refusing a file over the key limit at the first row past it, before anything is stored;
 ``store_dataset`` or ``store_and_create_run`` then reads it again and writes the dataset rows (and
 the run's tasks and pending rollouts) ``BULK`` rows per transaction, so SQLite's write lock is never
-held for long and no list of every row is ever held. A new run stays ``queued`` (no worker takes
-it) until its last batch is in; if anything fails, what was stored is deleted.
+held for long and no list of every row is ever held. Until its last batch is in, the new dataset
+and run are being written (``rollouts.collection.writing``: shown nowhere, no worker takes the run,
+each batch renews their lease); if anything fails, what was stored is deleted, and if the process
+dies, the supervisor's sweep deletes it once the lease lapses.
 
 The run's keys are NeMo Gym's (``rollouts.collection.datasets.materialize``): identical lines share
 a task, rows carrying ``_ng_task_index`` keep it, each row adds ``num_repeats`` rollouts to its task.
@@ -25,6 +27,7 @@ from typing import IO, Any, Union
 
 from django.db import transaction
 
+from rollouts.collection import writing
 from rollouts.collection.datasets import DatasetError, iter_rows, merge_overrides, strip_result_fields, too_many_rows
 from rollouts.collection.runs import BULK, _dumps, check_size, earlier_upload
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
@@ -100,6 +103,7 @@ def _new_dataset(name: str, found: Scan, user, team_id: int) -> Dataset:
         num_rows=found.num_rows,
         sha256=found.sha256,
         team_id=team_id,
+        writing_until=writing.lease(),
     )
 
 
@@ -152,7 +156,7 @@ def store_and_create_run(
     ``RunTooLarge`` before storing anything; on any other failure deletes what it stored and
     re-raises."""
     team_id = team.pk if team is not None else team_for_new(user)
-    run = Run(name=run_name[:200], created_by=user, team_id=team_id, **options)
+    run = Run(name=run_name[:200], created_by=user, team_id=team_id, writing_until=writing.lease(), **options)
     limit = run.limit or found.num_rows
     check_size(found.num_rows, run.num_repeats, run.limit)
     reuse = earlier_upload(found.sha256, dataset_name, found.num_rows, user, team_id)
@@ -224,7 +228,8 @@ def _write(
     file: Source, source, found: Scan, run: Run | None, dataset, limit: int, max_line_bytes: int, progress
 ) -> None:
     """The second reading: dataset rows (when ``dataset`` is given), tasks and rollouts (when
-    ``run`` is), ``BULK`` rows per transaction."""
+    ``run`` is), ``BULK`` rows per transaction, each renewing their writing lease; then both are
+    marked ready. Raises ``writing.LeaseLost`` when the lease lapsed between two batches."""
     run_rows = _RunRows(run, found, limit) if run is not None else None
     read = 0
 
@@ -237,6 +242,7 @@ def _write(
                 )
             if run_rows is not None:
                 run_rows.store(batch)
+            writing.renew(run, dataset)
 
     with _reading(file) as (fh, size):
         batch: list[tuple[int, str, dict]] = []
@@ -254,6 +260,8 @@ def _write(
                     progress(0.5 + 0.5 * fh.tell() / size, f"Stored {read:,} of {found.num_rows:,} rows…")
         if batch_all:
             flush(batch, batch_all)
-    if run is not None and run_rows is not None:
-        run.num_tasks = len(run_rows.rollouts_of)
-        Run.objects.filter(pk=run.pk).update(num_tasks=run.num_tasks)
+    with transaction.atomic():
+        if run is not None and run_rows is not None:
+            run.num_tasks = len(run_rows.rollouts_of)
+            Run.objects.filter(pk=run.pk).update(num_tasks=run.num_tasks)
+        writing.done(run, dataset)  # the last batch is in: ready

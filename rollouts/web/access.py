@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 
 from rollouts import teams
-from rollouts.collection import runs
+from rollouts.collection import runs, streamed_upload
 from rollouts.models import Dataset, Label, ReviewQueue, Rollout, Run
 from rollouts.web.forms import RunForm
 
@@ -78,24 +79,37 @@ def label_for(request, label_id: int) -> Label:
 
 def launch_from_form(form: RunForm, user, **run_fields: Any) -> tuple[Run, bool]:
     """Store the dataset (for an upload; an identical earlier upload of the same user is reused
-    instead) and the run, and launch it: all or nothing. ``run_fields``: more ``Run`` fields than
-    the form's. Returns the run and whether an earlier upload was reused."""
-    reused = False
+    instead) and the run, and launch it: all or nothing. An upload (validated by the form) is read
+    again and stored in bounded memory, in short transactions (``streamed_upload``), shown nowhere
+    until its last batch is in. ``run_fields``: more ``Run`` fields than the form's. Returns the
+    run and whether an earlier upload was reused."""
     team = form.cleaned_data.get("team")  # None: the dataset's team, else the user's first
+    options = {**form.run_options(), **run_fields}
+    if form.found is not None:
+        upload = form.cleaned_data["dataset_file"]
+        run, reused = streamed_upload.store_and_create_run(
+            upload,
+            upload.name,
+            form.found,
+            dataset_name=form.dataset_name(),
+            run_name=form.cleaned_data["name"] or form.dataset_name(),
+            user=user,
+            team=team,
+            max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES),
+            **options,
+        )
+        runs.launch(run)  # marked running: the workers pick it up
+        return run, reused
     with transaction.atomic():
-        if form.parsed is not None:
-            dataset, reused = runs.store_or_reuse_dataset(form.parsed, form.dataset_name(), user, team=team)
-            parsed = form.parsed
-        else:
-            dataset = form.cleaned_data["dataset"]
-            parsed = runs.load_dataset(dataset)
+        dataset = form.cleaned_data["dataset"]
+        parsed = runs.load_dataset(dataset)
         run = runs.create_run(
             parsed,
             name=form.cleaned_data["name"] or form.dataset_name(),
             user=user,
             dataset=dataset,
             team=team,
-            **{**form.run_options(), **run_fields},
+            **options,
         )
         runs.launch(run)  # marked running: the workers pick it up
-    return run, reused
+    return run, False

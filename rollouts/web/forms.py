@@ -16,8 +16,8 @@ from django.db.models.functions import Substr
 from django.utils import timezone
 
 from rollouts import targets, teams
-from rollouts.collection import environments, run_settings
-from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
+from rollouts.collection import environments, run_settings, streamed_upload
+from rollouts.collection.datasets import DatasetError
 from rollouts.collection.environments import Resolved
 from rollouts.collection.run_settings import LIMITS, SettingError
 from rollouts.collection.runs import RunTooLarge, check_size
@@ -229,14 +229,15 @@ class DatasetRenameForm(forms.Form):
 
 
 def all_datasets():
-    """Every stored dataset, newest first."""
-    return Dataset.objects.order_by("-created", "-id")
+    """Every stored dataset, newest first (not those still being written)."""
+    return Dataset.objects.filter(writing_until__isnull=True).order_by("-created", "-id")
 
 
 class RunForm(forms.Form):
     """Launch a run: a dataset (a new JSONL upload or an earlier one), the two services and the
-    knobs of ``Run``. Validation parses the whole dataset, so a valid form can be stored in one go
-    and an invalid one stores nothing."""
+    knobs of ``Run``. Validation reads and checks every row of an upload (``streamed_upload.scan``:
+    one row at a time, none kept), so an invalid form stores nothing; ``access.launch_from_form``
+    reads it again to store it."""
 
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the dataset's name.")
     dataset_file = forms.FileField(
@@ -383,7 +384,8 @@ class RunForm(forms.Form):
             self.fields["dataset"].initial = (
                 self.fields["dataset"].queryset.values_list("pk", flat=True).first()  # type: ignore[attr-defined]
             )
-        self.parsed: ParsedDataset | None = None
+        # An upload read and validated (``streamed_upload.scan``: its rows counted, none kept)
+        self.found: streamed_upload.Scan | None = None
         self.nemo: Resolved | None = None  # what a NeMo Gym config / head server gave
 
     # -- NeMo Gym --------------------------------------------------------------------------------
@@ -539,12 +541,9 @@ class RunForm(forms.Form):
         if upload is None or self.defer_dataset:
             return upload
         try:
-            upload.seek(0)
-            self.parsed = read_jsonl(
-                upload,
-                source=upload.name,
-                max_line_bytes=int(settings.GYMWEB_MAX_LINE_BYTES),
-                refuse_over=int(settings.GYMWEB_MAX_KEYS_PER_RUN),  # refused while read: it could never run
+            # every row validated one at a time, none kept; refused while read past the key limit
+            self.found = streamed_upload.scan(
+                upload, upload.name, int(settings.GYMWEB_MAX_KEYS_PER_RUN), int(settings.GYMWEB_MAX_LINE_BYTES)
             )
         except DatasetError as exc:
             raise forms.ValidationError(str(exc), code="bad_dataset") from None
@@ -561,7 +560,7 @@ class RunForm(forms.Form):
         elif not upload and not dataset:
             self.add_error("dataset_file", "Upload a JSONL dataset or choose an earlier one.")
         elif data.get("num_repeats"):
-            rows = len(self.parsed.rows) if upload and self.parsed else (dataset.num_rows if dataset else 0)
+            rows = self.found.num_rows if upload and self.found else (dataset.num_rows if dataset else 0)
             try:
                 check_size(rows, data["num_repeats"], data.get("limit"))
             except RunTooLarge as exc:

@@ -14,7 +14,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from rollouts.collection import runs
+from rollouts.collection import runs, writing
 from rollouts.models import Rollout, Run, Task, Worker
 from rollouts.operations import prometheus
 
@@ -254,11 +254,18 @@ def runs_left(run_ids: set[int]) -> dict[int, int]:
 
 def supervise() -> str:
     """django-q2 scheduled job (and on every worker spawn): reap expired leases of every running run
-    (their keys are queued again) and finish runs with nothing left to do."""
+    (their keys are queued again), finish runs with nothing left to do, and delete the runs and
+    datasets whose upload or import died part-way (``collection.writing.sweep``)."""
+    swept_runs, swept_datasets = writing.sweep()
     reaped = 0
     for run_id in Run.objects.filter(status=Run.Status.RUNNING).values_list("id", flat=True):
         with transaction.atomic():
             Run.objects.select_for_update().filter(pk=run_id).first()
             reaped += reap_expired(run_id)
         runs.finish_if_done(run_id)
-    return f"requeued {reaped} interrupted rollout(s)"
+    swept = (
+        f"; deleted {swept_runs} run(s) and {swept_datasets} dataset(s) left part-written"
+        if swept_runs or swept_datasets
+        else ""
+    )
+    return f"requeued {reaped} interrupted rollout(s){swept}"

@@ -1,0 +1,151 @@
+"""An import or dataset upload whose process is SIGKILLed part-way never passes for a complete run or
+dataset: what its committed batches stored is shown nowhere (runs list, run page, exports, compare,
+the API's lists, the new-run page's dataset picker), and once its writer's lease lapses the
+supervisor's sweep deletes it (``rollouts.collection.writing``). The writers are real processes on
+this test's file-backed database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from rollouts.collection import writing
+from rollouts.models import DatasetRow, Rollout, Run, Task
+from rollouts.tokens import create_token
+from rollouts.workers.claims import supervise
+
+from .conftest import REPO, _worker_env, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LEASE_S = 2  # the killed writer's GYMWEB_WRITE_LEASE_S
+
+
+def _rollouts_file(path, rows: int):
+    with path.open("w") as out:
+        for i in range(rows):
+            out.write(
+                json.dumps(
+                    {
+                        "responses_create_params": {"input": f"task {i}"},
+                        "response": {"id": f"r{i}", "output": [{"type": "message", "role": "assistant"}]},
+                        "reward": 1.0,
+                    }
+                )
+                + "\n"
+            )
+    return path
+
+
+def _dataset_file(path, rows: int):
+    with path.open("w") as out:
+        for i in range(rows):
+            out.write(json.dumps({"responses_create_params": {"input": f"task {i}"}, "expected": i}) + "\n")
+    return path
+
+
+STORE_DATASET = """
+import sys
+import django
+django.setup()
+from rollouts.collection import streamed_upload
+path = sys.argv[1]
+found = streamed_upload.scan(path, "killed.jsonl", 10**7, 1 << 20)
+streamed_upload.store_dataset(path, "killed.jsonl", found, name="killed.jsonl", max_line_bytes=1 << 20)
+"""
+
+
+def _start(args: list[str], tmp_path):
+    log = (tmp_path / "writer.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=_worker_env({"GYMWEB_WRITE_LEASE_S": str(LEASE_S), "DJANGO_SETTINGS_MODULE": "gymweb.settings"}),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    return proc
+
+
+def _kill_once(proc, stored, tmp_path, what: str) -> None:
+    """SIGKILL ``proc`` once ``stored()`` says a batch is committed (it must still be writing)."""
+    try:
+        wait_for(lambda: stored() or proc.poll() is not None, 120, what=f"a first batch of the {what}")
+        assert proc.poll() is None, (tmp_path / "writer.log").read_text()[-3000:]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+
+
+def _superuser(django_user_model):
+    return django_user_model.objects.create_superuser(username="root", password="x")
+
+
+def _sweep_after_the_lease() -> None:
+    time.sleep(LEASE_S + 0.5)
+    supervise()
+
+
+def test_a_killed_import_shows_nowhere_and_the_sweep_deletes_it(tmp_path, client, django_user_model):
+    path = _rollouts_file(tmp_path / "killed_rollouts.jsonl", 40_000)
+    proc = _start(["manage.py", "import_rollouts", str(path), "--no-health-check"], tmp_path)
+    _kill_once(proc, lambda: Rollout.objects.exists(), tmp_path, "import")
+
+    run = Run.objects.get()  # what the committed batches stored is still there...
+    assert run.writing_until is not None and Rollout.objects.filter(run=run).count() < 40_000
+    root = _superuser(django_user_model)
+    client.force_login(root)
+    # ...but no page, list, export or picker offers it as a run
+    assert "killed_rollouts" not in client.get(reverse("runs")).content.decode()
+    assert client.get(reverse("run", args=[run.pk])).status_code == 404
+    assert client.get(reverse("run_export", args=[run.pk, "rollouts"])).status_code == 404
+    assert f'value="{run.pk}"' not in client.get(reverse("compare")).content.decode()
+    token = create_token(root, "tests")[1]
+    listed = client.get("/api/v1/runs", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert run.pk not in [r["id"] for r in listed]
+    assert client.get(f"/api/v1/runs/{run.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 404
+
+    _sweep_after_the_lease()
+    assert not Run.objects.exists() and not Rollout.objects.exists() and not Task.objects.exists()
+
+
+def test_a_killed_dataset_upload_is_offered_nowhere_and_the_sweep_deletes_it(tmp_path, client, django_user_model):
+    path = _dataset_file(tmp_path / "killed.jsonl", 200_000)
+    proc = _start(["-c", STORE_DATASET, str(path)], tmp_path)
+    _kill_once(proc, lambda: DatasetRow.objects.exists(), tmp_path, "dataset upload")
+
+    from rollouts.models import Dataset
+
+    dataset = Dataset.objects.get()
+    assert dataset.writing_until is not None and dataset.rows.count() < 200_000
+    root = _superuser(django_user_model)
+    client.force_login(root)
+    assert "killed.jsonl" not in client.get(reverse("run_new")).content.decode()  # the dataset picker
+    token = create_token(root, "tests")[1]
+    listed = client.get("/api/v1/datasets", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert dataset.pk not in [d["id"] for d in listed]
+
+    _sweep_after_the_lease()
+    assert not Dataset.objects.exists() and not DatasetRow.objects.exists()
+
+
+def test_the_sweep_leaves_a_live_writer_alone_and_a_lapsed_writer_cannot_go_on(settings):
+    live = Run.objects.create(name="live", writing_until=writing.lease())
+    lapsed = Run.objects.create(name="lapsed", writing_until=timezone.now() - timedelta(seconds=1))
+    assert writing.sweep() == (1, 0)
+    assert list(Run.objects.values_list("name", flat=True)) == ["live"]
+    writing.renew(live)
+    writing.done(live)
+    assert Run.objects.get(pk=live.pk).writing_until is None
+    with pytest.raises(writing.LeaseLost, match="GYMWEB_WRITE_LEASE_S"):
+        writing.renew(lapsed)
