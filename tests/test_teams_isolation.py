@@ -97,6 +97,17 @@ def test_the_runs_list_and_the_compare_picker_leave_out_another_teams_runs(clien
     assert "blue secret run" not in page
 
 
+def test_the_environments_page_leaves_out_another_teams_env_urls_and_run_names(client, two_teams):
+    # Closed ports: the page's health probe is refused at once.
+    Run.objects.filter(pk=two_teams["theirs"].pk).update(env_url="http://127.0.0.1:9/blue-env")
+    Run.objects.filter(pk=two_teams["mine"].pk).update(env_url="http://127.0.0.1:9/red-env")
+    client.force_login(two_teams["alice"])
+    page = client.get(reverse("environments")).content.decode()
+    mine, theirs = reverse("run", args=[two_teams["mine"].pk]), reverse("run", args=[two_teams["theirs"].pk])
+    assert "red-env" in page and f'href="{mine}"' in page
+    assert "blue-env" not in page and f'href="{theirs}"' not in page
+
+
 def test_the_api_answers_404_for_another_teams_run_and_rollout_and_lists_only_its_own(client, two_teams):
     _row, token = create_token(two_teams["alice"], "t")
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}

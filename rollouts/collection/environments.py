@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import Count, Max
+from django.db.models import Count, Max, QuerySet
 from django.utils import timezone
 
 from rollouts import targets
@@ -300,11 +300,16 @@ def head_listing(url: str, with_tools: bool = True) -> HeadListing:
     return listing
 
 
-def known_environments(with_tools: bool = True, max_urls: int = 50) -> tuple[list[HeadListing], list[Environment]]:
+def known_environments(
+    with_tools: bool = True, max_urls: int = 50, runs: QuerySet[Run] | None = None
+) -> tuple[list[HeadListing], list[Environment]]:
     """Every environment gymweb knows: the registered head servers (read now) and the env URLs of
-    past runs (the ``max_urls`` most recent), each with health, tools and the runs that used it."""
+    past runs (the ``max_urls`` most recent), each with health, tools and the runs that used it.
+
+    ``runs`` is the runs to read past envs from (a page passes the user's visible runs, so another
+    team's env URLs and run names stay hidden); default every run not still being written."""
     heads = [head_listing(r.url, with_tools) for r in HeadServerRecord.objects.all()]
-    ready = Run.objects.filter(writing_until__isnull=True)  # not the runs still being written
+    ready = Run.objects.filter(writing_until__isnull=True) if runs is None else runs
     used = (
         ready.exclude(env_url="")
         .values("env_url")

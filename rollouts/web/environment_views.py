@@ -10,6 +10,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 
 from rollouts.collection import environments
 from rollouts.downloads import bytes_download
+from rollouts.teams import visible_runs
 from rollouts.web.access import run_for
 
 
@@ -28,7 +29,7 @@ def environments_page(request):
             environments.register_head(head.url)
             messages.success(request, f"Registered the head server {head.url}.")
             return redirect("environments")
-    heads, past = environments.known_environments()
+    heads, past = environments.known_environments(runs=visible_runs(request.user))
     context.update(heads=heads, past=past)
     return render(request, "rollouts/environments.html", context, status=400 if context["head_error"] else 200)
 
