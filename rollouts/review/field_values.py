@@ -203,22 +203,25 @@ def prepare_run(run_id: int) -> str:
     return f"run {run_id}: {len(names)} field(s) kept"
 
 
-def kept_expressions(qs: QuerySet, name: str) -> tuple[QuerySet, F, F]:
-    """``qs`` (rollouts) joined to field ``name``'s kept values (once, however often asked) and
-    ``(number, text)`` expressions of them (NULL where the value is missing)."""
+def kept_expressions(qs: QuerySet, run_id: int, name: str) -> tuple[QuerySet, F, F]:
+    """``qs`` (rollouts of run ``run_id``) joined to field ``name``'s kept values (once, however often
+    asked) and ``(number, text)`` expressions of them (NULL where the value is missing). The join
+    names the run, so the database reads that (run, field)'s rows from the (run, field, number)
+    index, not every kept value of the field name (all runs, all fields)."""
     relation = "field_values"
     alias = "_kv_" + re.sub(r"\W", "_", name)
     if alias not in qs.query._filtered_relations:
-        qs = qs.alias(**{alias: FilteredRelation(relation, condition=Q(**{f"{relation}__field": name}))})
+        condition = Q(**{f"{relation}__run_id": run_id, f"{relation}__field": name})
+        qs = qs.alias(**{alias: FilteredRelation(relation, condition=condition)})
     return qs, F(f"{alias}__number"), F(f"{alias}__text")
 
 
-def filter_field(qs: QuerySet, name: str, value: str) -> QuerySet:
-    """``columns.filter_field`` on the kept values: a number range on ``number``, else equality
-    with ``text``."""
+def filter_field(qs: QuerySet, run_id: int, name: str, value: str) -> QuerySet:
+    """``columns.filter_field`` on the kept values of run ``run_id`` (``qs``: its rollouts): a number
+    range on ``number``, else equality with ``text``."""
     if not value.strip():
         return qs
-    qs, number, text = kept_expressions(qs, name)
+    qs, number, text = kept_expressions(qs, run_id, name)
     bounds = columns.parse_range(value)
     if bounds is None:
         return qs.filter(**{f"{text.name}": value})
@@ -228,11 +231,12 @@ def filter_field(qs: QuerySet, name: str, value: str) -> QuerySet:
     return qs.filter(**{k: v for k, v in limits.items() if v is not None})
 
 
-def sort_terms(qs: QuerySet, name: str, desc: bool) -> tuple[QuerySet, tuple]:
-    """``qs`` and the primary sort terms of field ``name`` on its kept values, in the order the JSON
-    value sorts (``RolloutFilterForm.order``): SQLite, numbers before texts ascending and after them
-    descending (its type order); PostgreSQL, numbers first, then texts; missing last."""
-    qs, number, text = kept_expressions(qs, name)
+def sort_terms(qs: QuerySet, run_id: int, name: str, desc: bool) -> tuple[QuerySet, tuple]:
+    """``qs`` (rollouts of run ``run_id``) and the primary sort terms of field ``name`` on its kept
+    values, in the order the JSON value sorts (``RolloutFilterForm.order``): SQLite, numbers before
+    texts ascending and after them descending (its type order); PostgreSQL, numbers first, then
+    texts; missing last."""
+    qs, number, text = kept_expressions(qs, run_id, name)
     if not desc:
         return qs, (number.asc(nulls_last=True), text.asc(nulls_last=True))
     if connection.vendor == "sqlite":

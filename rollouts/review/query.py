@@ -155,6 +155,7 @@ class RolloutFilterForm(ReviewFilterFields):
         # Fields whose kept values (rollouts.review.field_values) the sort and filters read
         # instead of the JSON text: set by ``use_kept_values``.
         self.kept: set[str] = set()
+        self.kept_run_id: int | None = None  # the run whose kept values those are
         self.is_valid()  # fills cleaned_data with the valid fields
 
     def filter_reward(self, qs: QuerySet) -> QuerySet:
@@ -182,6 +183,7 @@ class RolloutFilterForm(ReviewFilterFields):
         first (``field_values.ensure``: the first time a field of a small run is read, this extracts
         it; a large run's are extracted by a worker, and read from the JSON text until then)."""
         self.kept = {name for name in self.fields_read() if field_values.ensure(run, name)}
+        self.kept_run_id = run.pk
 
     def value(self, name: str) -> Any:
         return self.cleaned_data.get(name) if hasattr(self, "cleaned_data") else None
@@ -213,8 +215,8 @@ class RolloutFilterForm(ReviewFilterFields):
         if self.value("error"):
             qs = search.filter_error(qs, self.value("error"))
         for name, value in self.field_filters.items():
-            if name in self.kept:
-                qs = field_values.filter_field(qs, name, value)
+            if name in self.kept and self.kept_run_id is not None:
+                qs = field_values.filter_field(qs, self.kept_run_id, name, value)
             else:
                 qs = columns.filter_field(qs, name, value)
         return self.review_filter(qs)
@@ -238,8 +240,8 @@ class RolloutFilterForm(ReviewFilterFields):
         column = key.lstrip("-")
         if column == "task":
             terms = tuple(F(t).desc() for t in TASK_ORDER) if key.startswith("-") else TASK_ORDER
-        elif column in self.kept:  # a field's kept values (rollouts.review.field_values): the same order
-            qs, terms = field_values.sort_terms(qs, column, key.startswith("-"))
+        elif column in self.kept and self.kept_run_id is not None:  # kept values (review.field_values): same order
+            qs, terms = field_values.sort_terms(qs, self.kept_run_id, column, key.startswith("-"))
             terms += TASK_ORDER
         elif column not in SORTS:  # a task or verify field: numbers first, then texts, then missing
             text, number = columns.field_expressions(column)  # type: ignore[misc]
