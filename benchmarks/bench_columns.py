@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import time
 
 from benchmarks import _harness as h
@@ -189,7 +190,7 @@ def main() -> None:
         action="store_true",
         help="reuse the field values already kept (e.g. every field of prepare_run) instead of dropping them first",
     )
-    parser.add_argument("--only", default="", help="time only the cases whose label holds this text")
+    parser.add_argument("--only", default="", help="time only the cases whose label matches this regular expression")
     parser.add_argument("--seed-only", action="store_true", help="seed (with --keep) and stop: time nothing")
     parser.add_argument(
         "--keep", default="", help="SQLite: a directory; PostgreSQL: a database name. Seeded once, reused after"
@@ -243,7 +244,7 @@ def main() -> None:
         ),
         ("10 columns, text only 0.1% of verify replies hold", {"cols": cols, "text": RARE}),
     ]
-    cases = [(label, params) for label, params in cases if args.only in label]
+    cases = [(label, params) for label, params in cases if re.search(args.only, label)]
     kept = query.RolloutFilterForm.use_kept_values
     modes = ["JSON text", "kept values"] if args.compare_json else ["kept values"]
     for mode in modes:
