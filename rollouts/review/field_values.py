@@ -41,6 +41,7 @@ __all__ = [
     "forget",
     "kept_expressions",
     "prepare_run",
+    "sort_head",
 ]
 
 CHUNK = 5_000  # rows read per insert (each its own short transaction)
@@ -242,3 +243,20 @@ def sort_terms(qs: QuerySet, run_id: int, name: str, desc: bool) -> tuple[QueryS
     if connection.vendor == "sqlite":
         return qs, (text.desc(nulls_last=True), number.desc(nulls_last=True))
     return qs, (number.desc(nulls_last=True), text.desc(nulls_last=True))
+
+
+def sort_head(qs: QuerySet, run_id: int, name: str, desc: bool, then: tuple = ()) -> QuerySet | None:
+    """The head of ``sort_terms``'s order where it starts with the numbers: ``qs`` (rollouts of run
+    ``run_id``) restricted to rows whose kept ``number`` is set, in the same order, its first term
+    written as the (run, field, number) index reads (descending: nulls first, none being left),
+    so the database walks the index and stops at the page instead of joining and sorting every
+    value. Rows without a number sort after all of these, so any slice of this that comes back
+    full is the same slice of the whole order. None where the order starts with the texts
+    (SQLite, descending). ``then``: the terms after the field's (``sort_terms`` leaves them to the
+    caller)."""
+    qs, terms = sort_terms(qs, run_id, name, desc)
+    _, number, _ = kept_expressions(qs, run_id, name)
+    if terms[0].expression.name != number.name:
+        return None
+    first = number.desc(nulls_first=True) if desc else number.asc(nulls_last=True)
+    return qs.filter(**{f"{number.name}__isnull": False}).order_by(first, *terms[1:], *then)
