@@ -11,6 +11,7 @@ import json
 
 import pytest
 from django.core.paginator import Paginator
+from django.db import connection
 from django.db.models import F
 from django.urls import reverse
 
@@ -118,9 +119,9 @@ SORTS = [q for q in QUERIES if "sort" in q]
 @pytest.mark.django_db
 @pytest.mark.parametrize("params", SORTS, ids=[json.dumps(q) for q in SORTS])
 def test_every_page_of_a_field_sort_is_that_slice_of_the_whole_order(params, monkeypatch):
-    # The first pages of a sort on kept numbers come from the index (``field_values.sort_head``),
-    # the others and any page past the numbers from the whole order: pages of 4 rows cross the
-    # boundaries between numbers, texts and missing values.
+    # On PostgreSQL the first pages of a sort on kept numbers come from the index
+    # (``field_values.sort_head``), the others and any page past the numbers from the whole
+    # order: pages of 4 rows cross the boundaries between numbers, texts and missing values.
     run = _make_run()
     # ties break in task order, here not the order of the rows' ids
     Rollout.objects.filter(run=run).update(task_index=100 - F("task_index"))
@@ -128,7 +129,7 @@ def test_every_page_of_a_field_sort_is_that_slice_of_the_whole_order(params, mon
     expected = _ids(run, params, kept=False, monkeypatch=monkeypatch)
     monkeypatch.setattr(query.PagedIds, "HEAD_ROWS", 20)
     qs, form = filtered_rollouts(run, params)
-    if params["sort"] == "verify.score":  # numbers first, ascending: the index's order on both backends
+    if connection.vendor == "postgresql" and params["sort"].lstrip("-") == "verify.score":
         assert form.head is not None
     paginator = Paginator(form.page_ids(qs), 4)
     pages = [list(paginator.page(n).object_list) for n in paginator.page_range]

@@ -206,13 +206,17 @@ def prepare_run(run_id: int) -> str:
 
 def kept_expressions(qs: QuerySet, run_id: int, name: str) -> tuple[QuerySet, F, F]:
     """``qs`` (rollouts of run ``run_id``) joined to field ``name``'s kept values (once, however often
-    asked) and ``(number, text)`` expressions of them (NULL where the value is missing). The join
-    names the run, so the database reads that (run, field)'s rows from the (run, field, number)
-    index, not every kept value of the field name (all runs, all fields)."""
+    asked) and ``(number, text)`` expressions of them (NULL where the value is missing).
+    PostgreSQL: the join names the run, so a hash join reads that (run, field)'s rows from the
+    (run, field, number) index, not every kept value of the field name (all runs, all fields);
+    SQLite joins row by row on (rollout, field), and naming the run there makes its planner start
+    from the number index and sort where it would walk the task order and stop at the page."""
     relation = "field_values"
     alias = "_kv_" + re.sub(r"\W", "_", name)
     if alias not in qs.query._filtered_relations:
-        condition = Q(**{f"{relation}__run_id": run_id, f"{relation}__field": name})
+        condition = Q(**{f"{relation}__field": name})
+        if connection.vendor == "postgresql":
+            condition &= Q(**{f"{relation}__run_id": run_id})
         qs = qs.alias(**{alias: FilteredRelation(relation, condition=condition)})
     return qs, F(f"{alias}__number"), F(f"{alias}__text")
 
@@ -251,12 +255,13 @@ def sort_head(qs: QuerySet, run_id: int, name: str, desc: bool, then: tuple = ()
     written as the (run, field, number) index reads (descending: nulls first, none being left),
     so the database walks the index and stops at the page instead of joining and sorting every
     value. Rows without a number sort after all of these, so any slice of this that comes back
-    full is the same slice of the whole order. None where the order starts with the texts
-    (SQLite, descending). ``then``: the terms after the field's (``sort_terms`` leaves them to the
-    caller)."""
+    full is the same slice of the whole order. PostgreSQL only (None on SQLite: its planner
+    reaches the kept values row by row, and there the head of a text field, which holds no number,
+    probed every row before the whole order was read). ``then``: the terms after the field's
+    (``sort_terms`` leaves them to the caller)."""
+    if connection.vendor != "postgresql":
+        return None
     qs, terms = sort_terms(qs, run_id, name, desc)
     _, number, _ = kept_expressions(qs, run_id, name)
-    if terms[0].expression.name != number.name:
-        return None
     first = number.desc(nulls_first=True) if desc else number.asc(nulls_last=True)
     return qs.filter(**{f"{number.name}__isnull": False}).order_by(first, *terms[1:], *then)
