@@ -41,6 +41,7 @@ __all__ = [
     "forget",
     "kept_expressions",
     "prepare_run",
+    "sort_head",
 ]
 
 CHUNK = 5_000  # rows read per insert (each its own short transaction)
@@ -203,22 +204,29 @@ def prepare_run(run_id: int) -> str:
     return f"run {run_id}: {len(names)} field(s) kept"
 
 
-def kept_expressions(qs: QuerySet, name: str) -> tuple[QuerySet, F, F]:
-    """``qs`` (rollouts) joined to field ``name``'s kept values (once, however often asked) and
-    ``(number, text)`` expressions of them (NULL where the value is missing)."""
+def kept_expressions(qs: QuerySet, run_id: int, name: str) -> tuple[QuerySet, F, F]:
+    """``qs`` (rollouts of run ``run_id``) joined to field ``name``'s kept values (once, however often
+    asked) and ``(number, text)`` expressions of them (NULL where the value is missing).
+    PostgreSQL: the join names the run, so a hash join reads that (run, field)'s rows from the
+    (run, field, number) index, not every kept value of the field name (all runs, all fields);
+    SQLite joins row by row on (rollout, field), and naming the run there makes its planner start
+    from the number index and sort where it would walk the task order and stop at the page."""
     relation = "field_values"
     alias = "_kv_" + re.sub(r"\W", "_", name)
     if alias not in qs.query._filtered_relations:
-        qs = qs.alias(**{alias: FilteredRelation(relation, condition=Q(**{f"{relation}__field": name}))})
+        condition = Q(**{f"{relation}__field": name})
+        if connection.vendor == "postgresql":
+            condition &= Q(**{f"{relation}__run_id": run_id})
+        qs = qs.alias(**{alias: FilteredRelation(relation, condition=condition)})
     return qs, F(f"{alias}__number"), F(f"{alias}__text")
 
 
-def filter_field(qs: QuerySet, name: str, value: str) -> QuerySet:
-    """``columns.filter_field`` on the kept values: a number range on ``number``, else equality
-    with ``text``."""
+def filter_field(qs: QuerySet, run_id: int, name: str, value: str) -> QuerySet:
+    """``columns.filter_field`` on the kept values of run ``run_id`` (``qs``: its rollouts): a number
+    range on ``number``, else equality with ``text``."""
     if not value.strip():
         return qs
-    qs, number, text = kept_expressions(qs, name)
+    qs, number, text = kept_expressions(qs, run_id, name)
     bounds = columns.parse_range(value)
     if bounds is None:
         return qs.filter(**{f"{text.name}": value})
@@ -228,13 +236,32 @@ def filter_field(qs: QuerySet, name: str, value: str) -> QuerySet:
     return qs.filter(**{k: v for k, v in limits.items() if v is not None})
 
 
-def sort_terms(qs: QuerySet, name: str, desc: bool) -> tuple[QuerySet, tuple]:
-    """``qs`` and the primary sort terms of field ``name`` on its kept values, in the order the JSON
-    value sorts (``RolloutFilterForm.order``): SQLite, numbers before texts ascending and after them
-    descending (its type order); PostgreSQL, numbers first, then texts; missing last."""
-    qs, number, text = kept_expressions(qs, name)
+def sort_terms(qs: QuerySet, run_id: int, name: str, desc: bool) -> tuple[QuerySet, tuple]:
+    """``qs`` (rollouts of run ``run_id``) and the primary sort terms of field ``name`` on its kept
+    values, in the order the JSON value sorts (``RolloutFilterForm.order``): SQLite, numbers before
+    texts ascending and after them descending (its type order); PostgreSQL, numbers first, then
+    texts; missing last."""
+    qs, number, text = kept_expressions(qs, run_id, name)
     if not desc:
         return qs, (number.asc(nulls_last=True), text.asc(nulls_last=True))
     if connection.vendor == "sqlite":
         return qs, (text.desc(nulls_last=True), number.desc(nulls_last=True))
     return qs, (number.desc(nulls_last=True), text.desc(nulls_last=True))
+
+
+def sort_head(qs: QuerySet, run_id: int, name: str, desc: bool, then: tuple = ()) -> QuerySet | None:
+    """The head of ``sort_terms``'s order where it starts with the numbers: ``qs`` (rollouts of run
+    ``run_id``) restricted to rows whose kept ``number`` is set, in the same order, its first term
+    written as the (run, field, number) index reads (descending: nulls first, none being left),
+    so the database walks the index and stops at the page instead of joining and sorting every
+    value. Rows without a number sort after all of these, so any slice of this that comes back
+    full is the same slice of the whole order. PostgreSQL only (None on SQLite: its planner
+    reaches the kept values row by row, and there the head of a text field, which holds no number,
+    probed every row before the whole order was read). ``then``: the terms after the field's
+    (``sort_terms`` leaves them to the caller)."""
+    if connection.vendor != "postgresql":
+        return None
+    qs, terms = sort_terms(qs, run_id, name, desc)
+    _, number, _ = kept_expressions(qs, run_id, name)
+    first = number.desc(nulls_first=True) if desc else number.asc(nulls_last=True)
+    return qs.filter(**{f"{number.name}__isnull": False}).order_by(first, *terms[1:], *then)

@@ -155,6 +155,8 @@ class RolloutFilterForm(ReviewFilterFields):
         # Fields whose kept values (rollouts.review.field_values) the sort and filters read
         # instead of the JSON text: set by ``use_kept_values``.
         self.kept: set[str] = set()
+        self.kept_run_id: int | None = None  # the run whose kept values those are
+        self.head: QuerySet | None = None  # a cheap prefix of the sort's order (``page_ids``)
         self.is_valid()  # fills cleaned_data with the valid fields
 
     def filter_reward(self, qs: QuerySet) -> QuerySet:
@@ -182,6 +184,7 @@ class RolloutFilterForm(ReviewFilterFields):
         first (``field_values.ensure``: the first time a field of a small run is read, this extracts
         it; a large run's are extracted by a worker, and read from the JSON text until then)."""
         self.kept = {name for name in self.fields_read() if field_values.ensure(run, name)}
+        self.kept_run_id = run.pk
 
     def value(self, name: str) -> Any:
         return self.cleaned_data.get(name) if hasattr(self, "cleaned_data") else None
@@ -213,8 +216,8 @@ class RolloutFilterForm(ReviewFilterFields):
         if self.value("error"):
             qs = search.filter_error(qs, self.value("error"))
         for name, value in self.field_filters.items():
-            if name in self.kept:
-                qs = field_values.filter_field(qs, name, value)
+            if name in self.kept and self.kept_run_id is not None:
+                qs = field_values.filter_field(qs, self.kept_run_id, name, value)
             else:
                 qs = columns.filter_field(qs, name, value)
         return self.review_filter(qs)
@@ -238,8 +241,9 @@ class RolloutFilterForm(ReviewFilterFields):
         column = key.lstrip("-")
         if column == "task":
             terms = tuple(F(t).desc() for t in TASK_ORDER) if key.startswith("-") else TASK_ORDER
-        elif column in self.kept:  # a field's kept values (rollouts.review.field_values): the same order
-            qs, terms = field_values.sort_terms(qs, column, key.startswith("-"))
+        elif column in self.kept and self.kept_run_id is not None:  # kept values (review.field_values): same order
+            self.head = field_values.sort_head(qs, self.kept_run_id, column, key.startswith("-"), then=TASK_ORDER)
+            qs, terms = field_values.sort_terms(qs, self.kept_run_id, column, key.startswith("-"))
             terms += TASK_ORDER
         elif column not in SORTS:  # a task or verify field: numbers first, then texts, then missing
             text, number = columns.field_expressions(column)  # type: ignore[misc]
@@ -263,6 +267,13 @@ class RolloutFilterForm(ReviewFilterFields):
 
     def apply(self, qs: QuerySet) -> QuerySet:
         return self.order(self.filter(qs))
+
+    def page_ids(self, qs: QuerySet) -> PagedIds | QuerySet:
+        """The ids of ``qs`` (``apply``'s result) for a ``Paginator``: with a sort on a field's kept
+        numbers, a ``PagedIds`` that reads the first pages from the index (``field_values.sort_head``);
+        else ``qs``'s ids."""
+        ids = qs.values_list("id", flat=True)
+        return PagedIds(ids, self.head.values_list("id", flat=True)) if self.head is not None else ids
 
     @property
     def active(self) -> bool:
@@ -330,6 +341,32 @@ class RolloutFilterForm(ReviewFilterFields):
             for _, name, value in self._terms()
         ]
         return _FILE_UNSAFE.sub("_", "_".join(parts).replace("“", "").replace("”", ""))[:120]
+
+
+class PagedIds:
+    """A sorted list's ids as a ``Paginator`` reads them (``count()``, slices): ``ids`` (a queryset
+    of them), and ``head``, the ids of a prefix of the same order that the database reads cheaply
+    (``field_values.sort_head``). A slice ending within ``HEAD_ROWS`` is read from ``head`` and kept
+    when it comes back full (then it is that slice of ``ids``), else read from ``ids``."""
+
+    HEAD_ROWS = 1_000
+
+    def __init__(self, ids: QuerySet, head: QuerySet):
+        self.ids, self.head = ids, head
+
+    def count(self) -> int:
+        return self.ids.count()
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __getitem__(self, key):
+        if isinstance(key, slice) and key.step is None and key.stop is not None and key.stop <= self.HEAD_ROWS:
+            start = key.start or 0
+            got = list(self.head[key])
+            if len(got) == key.stop - start:
+                return got
+        return list(self.ids[key]) if isinstance(key, slice) else self.ids[key]
 
 
 _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

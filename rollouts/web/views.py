@@ -262,10 +262,12 @@ def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) 
         return around
     # Page over ids only (the sort reads a few columns), then load that page's 50 rows: a deep
     # page never drags every row's wide columns through the sort.
-    ids_qs = qs.values_list("id", flat=True)
     # A content search counts its matches up to SEARCH_COUNT_CAP ("10,000+ rows"): a common text
     # matches most of a big run, and an exact count would probe every rollout.
-    paginator = CappedPaginator(ids_qs, ROLLOUTS_PER_PAGE) if filt.searching else Paginator(ids_qs, ROLLOUTS_PER_PAGE)
+    if filt.searching:
+        paginator = CappedPaginator(qs.values_list("id", flat=True), ROLLOUTS_PER_PAGE)
+    else:  # a field sort's first pages read from its index (RolloutFilterForm.page_ids)
+        paginator = Paginator(filt.page_ids(qs), ROLLOUTS_PER_PAGE)
     page = paginator.get_page(request.GET.get("page"))
     ids = list(page.object_list)
     loaded = (
