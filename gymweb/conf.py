@@ -240,6 +240,9 @@ OTHER_VARIABLES: dict[str, str] = {
     "GYMWEB_NEMO_GYM_DATA": "tests: NeMo Gym's real data (default `../shared/data/nemo_gym`)",
     "GYMWEB_SCREENSHOTS": "tests: keep the browser tests' pages as PNGs in this folder (`make screenshots`)",
     "GYMWEB_BENCH_PG_NAME": "benchmarks: the PostgreSQL database name",
+    "GYMWEB_BENCH_PORT": "benchmarks and tests: the first port of this session's range (servers on 127.0.0.1)",
+    "GYMWEB_BENCH_PYSPY": "`bench_trainer`: record the qcluster worker's processes with py-spy into this file",
+    "GYMWEB_BENCH_PYSPY_S": "`bench_trainer`: how many seconds py-spy records (default 60)",
     "GYMWEB_NEMO_GYM_EXTRA_CONFIG": "tests: a machine-local NeMo Gym config for the real `gym env start` test",
 }
 SECRETS = {"secret_key", "metrics_token"}

@@ -127,6 +127,9 @@ else:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": GYMWEB.sqlite_path or str(VAR_DIR / "gymweb.sqlite3"),
             "OPTIONS": dict(SQLITE_OPTIONS),
+            # As for a DATABASE_URL: a long-lived thread (the dispatcher's database thread, a web
+            # server's) keeps its connection instead of opening one (and running init_command) per call.
+            "CONN_MAX_AGE": 60,
             # A file, not :memory:, so worker subprocesses in tests can share it; one per test
             # process so two test sessions on one machine never clobber each other.
             "TEST": {"NAME": GYMWEB.test_sqlite_path or str(VAR_DIR / f"test_gymweb_{os.getpid()}.sqlite3")},
