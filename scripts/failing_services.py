@@ -5,7 +5,8 @@ Run in the NeMo Gym peer's venv; never imported by gymweb. Each task row names i
 ``responses_create_params.metadata.failure_case`` (the agent reads it from its request). A case is
 ``{"party": "seed_session" | "verify" | "agent", "status", "content_type", "body", "headers",
 "sleep_s"}``: the party answers ``status`` with ``body`` sent byte for byte, after ``sleep_s``
-seconds; the other parties answer as a healthy service does.
+seconds; the other parties answer as a healthy service does. ``POST /go_dark`` makes the env stop
+listening (an unreachable env, while ``gym env start`` keeps its process).
 
 - ``env``: a NeMo Gym resources server started by ``gym env start`` (copied in as
   ``resources_servers/failing_env/app.py``, its cases in ``cases.json`` beside it).
@@ -98,7 +99,20 @@ class FailingEnvServer(SimpleResourcesServer):
         app.post("/seed_session")(self.failing_seed_session)
         app.post("/verify")(self.failing_verify)
         app.post("/aggregate_metrics")(self.aggregate_metrics)
+        app.post("/go_dark")(self.go_dark)
         return app
+
+    async def go_dark(self) -> Response:
+        """Stop listening (connections are refused from now on; the process stays up, so ``gym env
+        start`` keeps the stack running) and close this connection."""
+        import gc
+
+        import uvicorn
+
+        for server in [o for o in gc.get_objects() if isinstance(o, uvicorn.Server)]:
+            for listener in server.servers:
+                listener.close()
+        return Response(content=b"{}", media_type="application/json", headers={"Connection": "close"})
 
     async def failing_seed_session(self, request: Request) -> Response:
         return await _answer("seed_session", request)

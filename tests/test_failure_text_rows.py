@@ -1,5 +1,7 @@
 """When the env's ``/seed_session`` or ``/verify`` answers an error status, the env hangs past the
-run bound, or the agent service fails (an error status, a redirect, a body that is not JSON, a JSON
+run bound or is not listening (NeMo Gym retries its env calls until the run bound ends the rollout,
+so its row names the bound; gymweb gives up after its connection attempts and writes that row), or
+the agent service fails (an error status, a redirect, a body that is not JSON, a JSON
 array, an invalid Responses object, no answer in time, not running), the failures sidecar and the
 results stream carry NeMo Gym 0.7.0's row byte for byte, ``error`` text included, while the
 database, the pages and the API keep gymweb's own message and finer kind.
@@ -21,6 +23,8 @@ import orjson
 import pytest
 from aiohttp import web
 from django.core.management import call_command
+from django.urls import reverse
+from django.utils.html import escape
 
 from gymweb.examples._serve import BackgroundServer
 from rollouts.collection import export
@@ -50,7 +54,11 @@ KINDS = {
     "agent invalid object": FailureKind.AGENT_INVALID_RESPONSE,
     "agent too slow": FailureKind.AGENT_TIMEOUT,
     "agent unreachable": FailureKind.AGENT_UNREACHABLE,
+    "env unreachable": FailureKind.SEED_FAILED,
 }
+RECORDED_LINES = (
+    RECORDED["failure_lines"] + RECORDED["unreachable_failure_lines"] + RECORDED["env_unreachable_failure_lines"]
+)
 FINAL_REPLY = {
     "id": "resp_final",
     "object": "response",
@@ -172,6 +180,16 @@ def collected(tmp_path) -> dict[str, tuple[bytes, bytes]]:
         outs.append(
             _collect(
                 tmp_path,
+                "env_unreachable",
+                RECORDED["env_unreachable_tasks"],
+                agent.url,
+                f"http://127.0.0.1:{free_port()}",
+                *(*bounds, str(run_timeout_s)),
+            )
+        )
+        outs.append(
+            _collect(
+                tmp_path,
                 "unreachable",
                 RECORDED["unreachable_tasks"],
                 f"http://127.0.0.1:{dead}",
@@ -184,10 +202,12 @@ def collected(tmp_path) -> dict[str, tuple[bytes, bytes]]:
         for line in (out.parent / "rollouts_failures.jsonl").read_bytes().split(b"\n")[:-1]:
             mine[_case(line)] = line
     index = {
-        row["failure_case"]: n for rows in (rest, hang, RECORDED["unreachable_tasks"]) for n, row in enumerate(rows)
+        row["failure_case"]: n
+        for rows in (rest, hang, RECORDED["env_unreachable_tasks"], RECORDED["unreachable_tasks"])
+        for n, row in enumerate(rows)
     }
     theirs = {}
-    for line in RECORDED["failure_lines"] + RECORDED["unreachable_failure_lines"]:
+    for line in RECORDED_LINES:
         case = _case(line)
         theirs[case] = _expected(line, ports, index[case], HANG_RUN_TIMEOUT_S if case == "seed hangs" else None)
     assert sorted(mine) == sorted(theirs)
@@ -195,32 +215,22 @@ def collected(tmp_path) -> dict[str, tuple[bytes, bytes]]:
 
 
 def test_the_recording_covers_every_failure_class_and_no_success():
-    cases = [_case(line) for line in RECORDED["failure_lines"] + RECORDED["unreachable_failure_lines"]]
+    cases = [_case(line) for line in RECORDED_LINES]
     assert sorted(cases) == sorted(KINDS)
     assert {orjson.loads(line)["_ng_failure_class"] for line in RECORDED["failure_lines"]} == {"remote_agent_error"}
 
 
 @pytest.mark.django_db(transaction=True)
-def test_each_failure_is_nemo_gyms_failure_row_byte_for_byte(collected):
+def test_each_failure_is_nemo_gyms_row_byte_for_byte_in_the_file_and_the_results_stream(
+    collected, client, django_user_model
+):
     differ = {case: pair for case, pair in collected.items() if pair[0] != pair[1]}
     for case, (mine, theirs) in differ.items():  # shown when the test fails
         print(f"{case}:\n  gymweb:   {mine.decode()}\n  NeMo Gym: {theirs.decode()}")
     assert sorted(differ) == []
 
-
-@pytest.mark.django_db(transaction=True)
-def test_gymwebs_own_message_and_kind_stay_in_the_database_and_the_stream_writes_nemo_gyms_text(
-    collected, client, django_user_model
-):
     admin = django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
     _row, token = create_token(admin, "trainer")
-    for rollout in Rollout.objects.select_related("task", "run"):
-        case = json.loads(rollout.task.row_json)["failure_case"]
-        _mine, theirs = collected[case]
-        nemo_text = orjson.loads(theirs)["error"]
-        assert rollout.status == Rollout.Status.FAILED and rollout.failure_kind == KINDS[case]
-        assert rollout.nemo_error == nemo_text and rollout.error and rollout.error != nemo_text
-        assert rollout.terminal is (case == "agent invalid object")
     for run in Run.objects.all():
         response = client.get(f"/api/v1/runs/{run.pk}/results?after=0&wait=0", HTTP_AUTHORIZATION=f"Bearer {token}")
         streamed = [line for line in b"".join(response.streaming_content).split(b"\n") if line.strip()]
@@ -230,8 +240,22 @@ def test_gymwebs_own_message_and_kind_stay_in_the_database_and_the_stream_writes
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_attempt_stored_before_nemo_gyms_text_was_kept_exports_its_stored_message(collected):
-    rollout = Rollout.objects.filter(failure_kind=FailureKind.SEED_FAILED).first()
+def test_gymwebs_own_message_and_kind_stay_in_the_database_and_pages_and_an_older_attempt_exports_its_message(
+    collected, client, django_user_model
+):
+    for rollout in Rollout.objects.select_related("task", "run"):
+        case = json.loads(rollout.task.row_json)["failure_case"]
+        nemo_text = orjson.loads(collected[case][1])["error"]
+        assert rollout.status == Rollout.Status.FAILED and rollout.failure_kind == KINDS[case]
+        assert rollout.nemo_error == nemo_text and rollout.error and rollout.error != nemo_text
+        assert rollout.terminal is (case == "agent invalid object")
+
+    client.force_login(django_user_model.objects.create_superuser("admin", "admin@example.com", "pw"))
+    rollout = Rollout.objects.get(task__row_json__contains='"seed 500"')
+    page = client.get(reverse("rollout", args=[rollout.run_id, rollout.pk])).content.decode()
+    assert "seed_failed" in page and escape(rollout.error) in page and "ClientResponseError" not in page
+
+    # an attempt stored before NeMo Gym's text was kept (blank nemo_error) exports its stored message
     Rollout.objects.filter(pk=rollout.pk).update(nemo_error="")
     rows = [orjson.loads(line) for line in export.iter_failures(rollout.run)]
     row = next(row for row in rows if row["_ng_task_index"] == rollout.task_index)
