@@ -89,9 +89,8 @@ def agent_timeout(timeout_s: float) -> str:
 def agent_unreachable(attempts: int, exc: BaseException | None, agent_base_url: str) -> str:
     """The text for an agent service that could not be reached in ``attempts`` tries, the last one
     failing with ``exc`` (aiohttp's exception, e.g. ``ClientConnectorError``)."""
-    shown = f"{type(exc).__name__}: {exc}" if exc is not None else "None: None"
     return agent_loop(
-        f"could not reach the remote service after {attempts} tries ({shown}). "
+        f"could not reach the remote service after {attempts} tries ({type(exc).__name__}: {exc}). "
         f"Is your service running at {agent_base_url}?"
     )
 
