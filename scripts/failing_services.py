@@ -5,8 +5,9 @@ Run in the NeMo Gym peer's venv; never imported by gymweb. Each task row names i
 ``responses_create_params.metadata.failure_case`` (the agent reads it from its request). A case is
 ``{"party": "seed_session" | "verify" | "agent", "status", "content_type", "body", "headers",
 "sleep_s"}``: the party answers ``status`` with ``body`` sent byte for byte, after ``sleep_s``
-seconds; the other parties answer as a healthy service does. ``POST /go_dark`` makes the env stop
-listening (an unreachable env, while ``gym env start`` keeps its process).
+seconds (and with ``go_dark`` the env stops listening once it has answered); the other parties
+answer as a healthy service does. ``POST /go_dark`` makes the env stop listening (an unreachable env,
+while ``gym env start`` keeps its process).
 
 - ``env``: a NeMo Gym resources server started by ``gym env start`` (copied in as
   ``resources_servers/failing_env/app.py``, its cases in ``cases.json`` beside it).
@@ -77,12 +78,26 @@ async def _answer(route: str, request: Request) -> Response:
     if case.get("party") != route:
         return Response(content=b'{"reward":1.0}' if route == "verify" else b"{}", media_type="application/json")
     await asyncio.sleep(case.get("sleep_s", 0))
+    if case.get("go_dark"):
+        _stop_listening()
     return Response(
         content=case["body"].encode(),
         status_code=case["status"],
         media_type=case["content_type"],
         headers=case.get("headers", {}),
     )
+
+
+def _stop_listening() -> None:
+    """Close this process's listening sockets (uvicorn's): connections are refused from now on,
+    while the process stays up, so ``gym env start`` keeps the stack running."""
+    import gc
+
+    import uvicorn
+
+    for server in [o for o in gc.get_objects() if isinstance(o, uvicorn.Server)]:
+        for listener in server.servers:
+            listener.close()
 
 
 class FailingEnvConfig(BaseResourcesServerConfig):
@@ -103,15 +118,8 @@ class FailingEnvServer(SimpleResourcesServer):
         return app
 
     async def go_dark(self) -> Response:
-        """Stop listening (connections are refused from now on; the process stays up, so ``gym env
-        start`` keeps the stack running) and close this connection."""
-        import gc
-
-        import uvicorn
-
-        for server in [o for o in gc.get_objects() if isinstance(o, uvicorn.Server)]:
-            for listener in server.servers:
-                listener.close()
+        """Stop listening and close this connection."""
+        _stop_listening()
         return Response(content=b"{}", media_type="application/json", headers={"Connection": "close"})
 
     async def failing_seed_session(self, request: Request) -> Response:

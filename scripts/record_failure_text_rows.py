@@ -6,7 +6,8 @@ legacy_agent environment servers, and ``scripts/failing_services.py`` as the res
 in ``CASES`` (``/seed_session``, ``/verify`` or the agent's ``/v1/responses`` answering an HTTP error,
 a redirect, a body that is not JSON, a JSON array, an invalid Responses object, or too late), then
 one task through a remote_agent whose agent service is not running (``unreachable_remote_agent``),
-then one task after the env stopped listening (``POST /go_dark``).
+then one task whose env stops listening once it has answered ``/seed_session`` (so ``/verify``
+cannot reach it), then one task after that (the env not listening at all).
 Writes ``tests/data/failure_text_rows.json``: the cases, the settings, the task rows, the ports, and
 every line of NeMo Gym's ``rollouts_failures.jsonl`` as written. Run it with the NeMo Gym peer built
 (``../shared/nemo_gym_peer/setup.sh``) and nothing else on NeMo Gym's head port (11000):
@@ -26,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from record_verify_refusal_rows import _lines, _stop, _wait
@@ -56,7 +56,12 @@ CASES = {
     "agent JSON array": _case("agent", 200, "application/json", "[1, 2, 3]"),
     "agent invalid object": _case("agent", 200, "application/json", '{"id": "resp_1", "output": "nope"}'),
     "agent too slow": _case("agent", 200, "application/json", "{}", sleep_s=10),
+    # run alone, after the others: the env stops listening once it has answered /seed_session
+    "verify unreachable": _case(
+        "seed_session", 200, "application/json", "{}", headers={"Connection": "close"}, go_dark=True
+    ),
 }
+ALONE = ("verify unreachable",)
 
 CONFIG = """\
 skip_venv_if_present: true
@@ -198,8 +203,9 @@ def main() -> None:
             run_timeout=RUN_TIMEOUT_S,
         )
     )
-    rows = [task(name, n) for n, name in enumerate(CASES)]
+    rows = [task(name, n) for n, name in enumerate(name for name in CASES if name not in ALONE)]
     unreachable_rows = [task("agent unreachable", 0)]
+    verify_unreachable_rows = [task("verify unreachable", 0)]
     env_unreachable_rows = [task("env unreachable", 0)]
 
     agent_log, env_log = work / "agent.log", work / "gym_env.log"
@@ -231,15 +237,16 @@ def main() -> None:
         _wait("http://127.0.0.1:11000/readyz", stack, env_log)
         rc, lines = _eval(venv, work, env, "remote_agent", rows, "cases")
         rc2, unreachable_lines = _eval(venv, work, env, "unreachable_remote_agent", unreachable_rows, "unreachable")
-        dark = urllib.request.Request(f"http://127.0.0.1:{ports['env']}/go_dark", data=b"{}", method="POST")
-        urllib.request.urlopen(dark, timeout=10).read()
+        rc3, verify_unreachable_lines = _eval(
+            venv, work, env, "remote_agent", verify_unreachable_rows, "verify_unreachable"
+        )
         time.sleep(8)  # past uvicorn's keep-alive (5 s): the agent's pooled env connections are closed
         try:
             socket.create_connection(("127.0.0.1", ports["env"]), timeout=5).close()
             sys.exit("the env still accepts connections after /go_dark")
         except ConnectionRefusedError:
             pass
-        rc3, env_unreachable_lines = _eval(venv, work, env, "remote_agent", env_unreachable_rows, "env_unreachable")
+        rc4, env_unreachable_lines = _eval(venv, work, env, "remote_agent", env_unreachable_rows, "env_unreachable")
         version = subprocess.run(
             [venv / "bin/python", "-c", "import importlib.metadata as m; print(m.version('nemo-gym'))"],
             capture_output=True,
@@ -253,7 +260,7 @@ def main() -> None:
                 "and unreachable_remote_agent, the failing_env resources server, the failing agent service of "
                 "scripts/failing_services.py); recorded with scripts/record_failure_text_rows.py"
             ),
-            "eval_exit_codes": [rc, rc2, rc3],
+            "eval_exit_codes": [rc, rc2, rc3, rc4],
             "remote_responses_timeout_s": REMOTE_RESPONSES_TIMEOUT_S,
             "run_timeout_s": RUN_TIMEOUT_S,
             "ports": ports,
@@ -262,12 +269,16 @@ def main() -> None:
             "failure_lines": lines,
             "unreachable_tasks": unreachable_rows,
             "unreachable_failure_lines": unreachable_lines,
+            "verify_unreachable_tasks": verify_unreachable_rows,
+            "verify_unreachable_failure_lines": verify_unreachable_lines,
             "env_unreachable_tasks": env_unreachable_rows,
             "env_unreachable_failure_lines": env_unreachable_lines,
         }
         args.output.write_text(json.dumps(fixture, indent=1, ensure_ascii=False) + "\n")
-        counts = f"{len(lines)} + {len(unreachable_lines)} + {len(env_unreachable_lines)}"
-        print(f"{counts} failure rows (gym eval run rc {rc}, {rc2}, {rc3}) -> {args.output}")
+        counts = (
+            f"{len(lines)} + {len(unreachable_lines)} + {len(verify_unreachable_lines)} + {len(env_unreachable_lines)}"
+        )
+        print(f"{counts} failure rows (gym eval run rc {rc}, {rc2}, {rc3}, {rc4}) -> {args.output}")
     finally:
         if stack is not None:
             _stop(stack)

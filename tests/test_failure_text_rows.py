@@ -1,6 +1,7 @@
 """When the env's ``/seed_session`` or ``/verify`` answers an error status, the env hangs past the
-run bound or is not listening (NeMo Gym retries its env calls until the run bound ends the rollout,
-so its row names the bound; gymweb gives up after its connection attempts and writes that row), or
+run bound or is not listening at ``/seed_session`` or at ``/verify`` (NeMo Gym retries its env
+calls until the run bound ends the rollout, so its row names the bound; gymweb gives up after its
+connection attempts and writes that row), or
 the agent service fails (an error status, a redirect, a body that is not JSON, a JSON
 array, an invalid Responses object, no answer in time, not running), the failures sidecar and the
 results stream carry NeMo Gym 0.7.0's row byte for byte, ``error`` text included, while the
@@ -55,9 +56,13 @@ KINDS = {
     "agent too slow": FailureKind.AGENT_TIMEOUT,
     "agent unreachable": FailureKind.AGENT_UNREACHABLE,
     "env unreachable": FailureKind.SEED_FAILED,
+    "verify unreachable": FailureKind.VERIFY_FAILED,
 }
 RECORDED_LINES = (
-    RECORDED["failure_lines"] + RECORDED["unreachable_failure_lines"] + RECORDED["env_unreachable_failure_lines"]
+    RECORDED["failure_lines"]
+    + RECORDED["unreachable_failure_lines"]
+    + RECORDED["verify_unreachable_failure_lines"]
+    + RECORDED["env_unreachable_failure_lines"]
 )
 FINAL_REPLY = {
     "id": "resp_final",
@@ -93,7 +98,8 @@ async def _wait(case: dict, bound_s: float) -> None:
 
 def _failing_env(bound_s: float) -> BackgroundServer:
     """``scripts/failing_services.py``'s env: ``/seed_session`` and ``/verify`` answer the bytes of
-    the case the task names in ``failure_case`` when it is theirs, else as a healthy env."""
+    the case the task names in ``failure_case`` when it is theirs (a ``go_dark`` case then stops
+    listening), else as a healthy env."""
 
     def route(name: str, healthy: bytes):
         async def handler(request):
@@ -101,6 +107,9 @@ def _failing_env(bound_s: float) -> BackgroundServer:
             if case.get("party") != name:
                 return web.Response(body=healthy, content_type="application/json")
             await _wait(case, bound_s)
+            if case.get("go_dark"):  # close the listener; this connection closes after the reply
+                for site in list(server._runner.sites):
+                    await site.stop()
             return _answer(case)
 
         return handler
@@ -108,7 +117,8 @@ def _failing_env(bound_s: float) -> BackgroundServer:
     app = web.Application()
     app.router.add_post("/seed_session", route("seed_session", b"{}"))
     app.router.add_post("/verify", route("verify", b'{"reward":1.0}'))
-    return BackgroundServer(app)
+    server = BackgroundServer(app)
+    return server
 
 
 def _failing_agent(bound_s: float) -> BackgroundServer:
@@ -175,6 +185,17 @@ def collected(tmp_path) -> dict[str, tuple[bytes, bytes]]:
             _collect(tmp_path, "cases", rest, agent.url, env.url, *bounds, str(run_timeout_s)),
             _collect(tmp_path, "hang", hang, agent.url, env.url, *bounds, str(HANG_RUN_TIMEOUT_S)),
         ]
+        with _failing_env(run_timeout_s) as going_dark:
+            outs.append(
+                _collect(
+                    tmp_path,
+                    "verify_unreachable",
+                    RECORDED["verify_unreachable_tasks"],
+                    agent.url,
+                    going_dark.url,
+                    *(*bounds, str(run_timeout_s)),
+                )
+            )
         dead = free_port()
         ports["dead"] = dead
         outs.append(
@@ -203,7 +224,13 @@ def collected(tmp_path) -> dict[str, tuple[bytes, bytes]]:
             mine[_case(line)] = line
     index = {
         row["failure_case"]: n
-        for rows in (rest, hang, RECORDED["env_unreachable_tasks"], RECORDED["unreachable_tasks"])
+        for rows in (
+            rest,
+            hang,
+            RECORDED["verify_unreachable_tasks"],
+            RECORDED["env_unreachable_tasks"],
+            RECORDED["unreachable_tasks"],
+        )
         for n, row in enumerate(rows)
     }
     theirs = {}
