@@ -246,6 +246,10 @@ class Rollout(models.Model):
     reward = models.FloatField(null=True, blank=True)
     failure_kind = LosslessCharField(max_length=40, blank=True)
     error = LosslessTextField(blank=True)
+    # NeMo Gym 0.7.0's `error` text for the same failure, which the failures sidecar and the results
+    # stream write (rollouts.engine.nemo_errors); blank: the same as `error` (and on attempts stored
+    # before it was kept, and on imported rows, whose `error` is NeMo Gym's text as it came).
+    nemo_error = LosslessTextField(blank=True)
     terminal = models.BooleanField(default=False)
     # The env's /verify reply as it came, JSON text (a success's rollouts.jsonl row before indices).
     verify_json = models.TextField(blank=True)

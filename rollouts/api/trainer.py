@@ -269,6 +269,7 @@ class _Rows:
         "rollout_index",
         "verify_json",
         "error",
+        "nemo_error",
         "terminal",
         "failure_kind",
         "task__row_json",
@@ -332,8 +333,10 @@ class _Rows:
                 page = list(qs.values_list(*self.FIELDS)[:CHUNK])
                 if not page:
                     return
-            for rid, seq, status, ti, ri, verify_json, error, terminal, kind, task_json in page:
-                yield self._line(status, ti, ri, verify_json, error, terminal, kind, task_json)
+            for rid, seq, status, ti, ri, verify_json, error, nemo_error, terminal, kind, task_json in page:
+                yield self._line(
+                    status, ti, ri, verify_json, export.sidecar_error(error, nemo_error), terminal, kind, task_json
+                )
                 if seq is None:
                     self.last_id = rid
                 else:
@@ -498,7 +501,8 @@ def nemo_gym_row(rollout: Rollout) -> dict[str, Any] | None:
             stamp,
             export.agent_ordered(rollout.run),
         )
-    return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
+    error = export.sidecar_error(rollout.error, rollout.nemo_error)
+    return export.failure_row(task_row, rollout.rollout_index, error, rollout.terminal, stamp)
 
 
 @api.get(

@@ -6,8 +6,9 @@
   reverified one (NeMo Gym's reverify writes the env's reply as it came), plus ``_ng_task_index``,
   ``_ng_rollout_index``, ``agent_ref`` and NeMo Gym's two routing stamps.
 - ``<stem>_failures.jsonl`` (the failures sidecar): one row per failed attempt, exactly as NeMo
-  Gym 0.7.0's remote_agent builds it (``failure_row``). gymweb's finer failure kind stays in the
-  database, the pages and the API; it is not written here.
+  Gym 0.7.0's remote_agent builds it (``failure_row``), its ``error`` NeMo Gym's text for the failure
+  (``sidecar_error``). gymweb's finer failure kind and its own message stay in the database, the
+  pages and the API; they are not written here.
 - ``<stem>_materialized_inputs.jsonl``: every (task, rollout) key's materialised row (unstamped, as
   NeMo Gym writes it for rows routed by their agent).
 
@@ -173,6 +174,13 @@ def failure_row(
     return _stamp(row, row.get("agent_ref"), stamp, move=True)
 
 
+def sidecar_error(error: str, nemo_error: str) -> str:
+    """The ``error`` of an attempt's failure row: NeMo Gym's text for the failure (``nemo_error``,
+    ``Rollout.nemo_error``), else the stored ``error`` (where gymweb's message is NeMo Gym's text,
+    on imported rows, and on attempts stored before NeMo Gym's text was kept)."""
+    return nemo_error or error
+
+
 def stamps_rows(run: Run) -> bool:
     """Whether the run's exported rows get NeMo Gym's stamps added: yes for runs gymweb collected,
     no for imported ones (they keep exactly the stamps they came with) and reverified ones (NeMo
@@ -231,10 +239,16 @@ def iter_failures(run: Run, rollouts: QuerySet | None = None) -> Iterator[str]:
         if run.status == Run.Status.IMPORTED
         else ("task_index", "rollout_index", "attempt", "id")
     )
-    fetch = qs.order_by(*order).values_list("rollout_index", "error", "terminal", "source_text", "task__row_json")
+    fetch = qs.order_by(*order).values_list(
+        "rollout_index", "error", "nemo_error", "terminal", "source_text", "task__row_json"
+    )
     stamp = stamps_rows(run)
-    for rollout_index, error, terminal, source_text, task_json in fetch.iterator(chunk_size=CHUNK):
-        yield source_text or row_line(failure_row(json.loads(task_json), rollout_index, error, terminal, stamp))
+    for rollout_index, error, nemo_error, terminal, source_text, task_json in fetch.iterator(chunk_size=CHUNK):
+        if source_text:
+            yield source_text
+            continue
+        row = failure_row(json.loads(task_json), rollout_index, sidecar_error(error, nemo_error), terminal, stamp)
+        yield row_line(row)
 
 
 def iter_materialized(run: Run) -> Iterator[str]:

@@ -122,12 +122,15 @@ class InvalidReply(Exception):
     """The agent's JSON object is not a valid Responses API object: a terminal failure (rule 3).
 
     ``str(exc)`` is a readable list of every field error, e.g. ``"output.0.call_id: Field required"``;
-    ``errors`` the same as ``ReplyError`` dicts (at most ``ERRORS_KEPT``).
+    ``errors`` the same as ``ReplyError`` dicts (at most ``ERRORS_KEPT``); ``validation_text``
+    pydantic's text of the validation error as NeMo Gym's model names it (``N validation errors for
+    NeMoGymResponse`` then each error), for NeMo Gym's failure row (``nemo_errors.agent_reply``).
     """
 
-    def __init__(self, message: str, errors: list[ReplyError] | None = None):
+    def __init__(self, message: str, errors: list[ReplyError] | None = None, validation_text: str = ""):
         super().__init__(message)
         self.errors = errors or []
+        self.validation_text = validation_text
 
 
 ERRORS_KEPT = 50
@@ -219,7 +222,11 @@ def parse_reply(data: dict[str, Any]) -> AgentReply:
         return ReplyModel.model_validate(data)
     except ValidationError as exc:
         errors = _errors(data, exc)
-        raise InvalidReply(f"{len(errors)} validation error(s): {_describe(errors, len(errors))}", errors) from None
+        head, newline, rest = str(exc).partition("\n")
+        text = head.replace(f" for {exc.title}", " for NeMoGymResponse") + newline + rest
+        raise InvalidReply(
+            f"{len(errors)} validation error(s): {_describe(errors, len(errors))}", errors, text
+        ) from None
 
 
 def find_asks(output: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -66,13 +66,26 @@ TIMEOUT = "timeout"  # no reply within the call's own bound (rule 12)
 
 
 class Failure(Exception):
-    """A rollout step failed: ``kind`` (a ``FailureKind`` value or a transport kind) and ``message``
-    (the explained error shown to the user)."""
+    """A rollout step failed: ``kind`` (a ``FailureKind`` value or a transport kind), ``message``
+    (the explained error shown to the user) and ``nemo`` (NeMo Gym's ``error`` text for the same
+    failure, ``rollouts.engine.nemo_errors``; None: the same as ``message``, or NeMo Gym has none).
+    A transport failure (``UNREACHABLE``, ``NOT_HTTP``) also carries ``cause``, the last transport
+    exception as aiohttp raised it, and ``attempts``, the connection tries that failed."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        nemo: str | None = None,
+        cause: BaseException | None = None,
+        attempts: int = 0,
+    ):
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.nemo = nemo
+        self.cause = cause
+        self.attempts = attempts
 
 
 def kind_for_step(exc: Failure, default: str) -> str:

@@ -133,8 +133,8 @@ class LoopClient(httpx.AsyncClient):
                     raise
                 finally:
                     budget.give(seen)
-                status, raw_headers = resp.status, resp.headers
-        return RawReply(status, raw_headers, chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                status, raw_headers, reason = resp.status, resp.headers, resp.reason
+        return RawReply(status, raw_headers, chunks[0] if len(chunks) == 1 else b"".join(chunks), reason)
 
     async def post_with_attempts(
         self,
@@ -188,7 +188,9 @@ class LoopClient(httpx.AsyncClient):
                     raise own from None
                 if not isinstance(exc, _CONNECTION_ERRORS):  # answered, but not with HTTP: not retried (rule 11)
                     raise Failure(
-                        NOT_HTTP, f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})"
+                        NOT_HTTP,
+                        f"{who} at {url} did not answer with valid HTTP ({_describe_exc(exc)})",
+                        cause=transport_error(exc),
                     ) from None
                 last = exc
                 if waits < OUT_OF_FILES_WAITS and out_of_files(exc):
@@ -214,7 +216,12 @@ class LoopClient(httpx.AsyncClient):
                 "env connection): raise its open-file limit (`ulimit -n`) or lower the concurrency"
             )
         tries = f"{failed} attempts" + (f" over {budget_s:g} s" if failed > attempts else "")
-        raise Failure(UNREACHABLE, f"could not reach {who} after {tries} ({_describe_exc(last)}). {hint}")
+        raise Failure(
+            UNREACHABLE,
+            f"could not reach {who} after {tries} ({_describe_exc(last)}). {hint}",
+            cause=transport_error(last) if last is not None else None,
+            attempts=failed,
+        )
 
 
 _NO_TIMEOUT = aiohttp.ClientTimeout()  # every field None: the loop bounds each call itself (rule 12)
@@ -222,15 +229,17 @@ _NO_TIMEOUT = aiohttp.ClientTimeout()  # every field None: the loop bounds each 
 
 class RawReply:
     """A whole HTTP reply read by ``LoopClient.post_bytes``, with the parts of ``httpx.Response``
-    the loop reads: ``status_code``, ``is_success``, ``headers`` (case-insensitive ``get``;
+    the loop reads: ``status_code``, ``reason`` (the reason phrase as sent, None when not known),
+    ``is_success``, ``headers`` (case-insensitive ``get``;
     ``get_list`` for repeated headers), ``content`` (bytes, ``Content-Encoding`` decoded as httpx
     decodes it; a bad encoding raises ``httpx.DecodingError``) and ``text`` (decoded by the
     ``Content-Type`` charset, else UTF-8, bad bytes replaced: httpx's rule)."""
 
-    __slots__ = ("status_code", "headers", "content", "_text")
+    __slots__ = ("status_code", "reason", "headers", "content", "_text")
 
-    def __init__(self, status: int, headers: Any, content: bytes):
+    def __init__(self, status: int, headers: Any, content: bytes, reason: str | None = None):
         self.status_code = status
+        self.reason = reason
         self.headers = _Headers(headers)
         self._text: str | None = None
         encoding = headers.get("content-encoding")
@@ -405,9 +414,15 @@ _CONNECTION_ERRORS = (
 _PROTOCOL_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
 
 
-def _describe_exc(exc: BaseException) -> str:
+def transport_error(exc: BaseException) -> BaseException:
+    """The exception as aiohttp raised it (e.g. ``ClientConnectorError``) behind the httpx error the
+    transport mapped it to, else ``exc`` itself."""
     cause = exc.__cause__ or exc.__context__
-    inner = cause if isinstance(cause, aiohttp.ClientError) else exc
+    return cause if isinstance(cause, aiohttp.ClientError) else exc
+
+
+def _describe_exc(exc: BaseException) -> str:
+    inner = transport_error(exc)
     text = str(inner) or inner.__class__.__name__
     return f"{inner.__class__.__name__}: {text}"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
-from rollouts.engine import nemo_request
+from rollouts.engine import nemo_errors, nemo_request
 from rollouts.engine.contract import (
     InvalidReply,
     NotJSON,
@@ -34,7 +34,7 @@ from rollouts.engine.contract import (
     refused_tool_output,
     strict_loads,
 )
-from rollouts.engine.failures import OWN_KINDS, TIMEOUT, UNREACHABLE, Failure, FailureKind, kind_for_step
+from rollouts.engine.failures import NOT_HTTP, OWN_KINDS, TIMEOUT, UNREACHABLE, Failure, FailureKind, kind_for_step
 from rollouts.engine.http import LoopClient, RawReply, SessionJar
 from rollouts.engine.targets import parse_ip
 
@@ -169,7 +169,9 @@ class RolloutOutcome:
 
     On success: ``reward`` (float), ``verify_response`` (the env's ``/verify`` reply as it came,
     a dict), ``response`` (the merged Responses object, rule 9). On failure: ``failure_kind``
-    (a ``FailureKind`` value), ``error`` (the explained message), ``terminal``; ``response`` holds
+    (a ``FailureKind`` value), ``error`` (the explained message), ``nemo_error`` (NeMo Gym 0.7.0's
+    ``error`` text for the same failure, ``nemo_errors``; None: the same as ``error``, or NeMo Gym
+    has none), ``terminal``; ``response`` holds
     the partial merged response when at least one agent reply came. ``usage`` is the summed usage
     (rule 8) or None when the agent never reported any. ``refused_reply``: the agent reply that
     ended the rollout when gymweb refused it (``RefusedBody``), else None. ``agent_url``/``env_url``:
@@ -186,6 +188,7 @@ class RolloutOutcome:
     usage: dict[str, Any] | None = None
     failure_kind: str | None = None
     error: str | None = None
+    nemo_error: str | None = None
     terminal: bool = False
     num_agent_calls: int = 0
     num_tool_calls: int = 0
@@ -304,6 +307,13 @@ def _redirect_message(status: int, url: str, location: str | None) -> str:
     return f"the agent service answered HTTP {status} redirecting to {shown}; redirects are never followed: {fix}"
 
 
+def _agent_nemo(response: RawReply, validation_text: str | None = None) -> str | None:
+    """NeMo Gym's text for an agent reply gymweb refused (``nemo_errors.agent_reply``)."""
+    return nemo_errors.agent_reply(
+        response.status_code, response.headers.get("location"), response.content or b"", validation_text
+    )
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -372,16 +382,27 @@ class _Rollout:
         Raises ``Failure`` on a dead env; the caller names the failure kind."""
         return await self._post(f"{self.s.env_base_url}/{route}", _dumps(payload), self.env_jar, "env")
 
+    def _env_nemo(self, exc: Failure) -> str | None:
+        """NeMo Gym's text for an env call that failed in the transport: its client retries an
+        internal call until the rollout's run bound ends it (``nemo_errors.run_timeout``)."""
+        return nemo_errors.run_timeout(self.s.run_timeout_s) if exc.kind in (UNREACHABLE, NOT_HTTP) else None
+
+    def _env_status_nemo(self, route: str, response: RawReply) -> str:
+        return nemo_errors.env_status(route, response.status_code, response.reason, f"{self.s.env_base_url}/{route}")
+
     async def seed(self) -> None:
         started = time.perf_counter()
         try:
             response = await self._post_env("seed_session", self.record)
         except Failure as exc:
-            raise Failure(kind_for_step(exc, FailureKind.SEED_FAILED), f"seed_session failed: {exc.message}") from None
+            raise Failure(
+                kind_for_step(exc, FailureKind.SEED_FAILED), f"seed_session failed: {exc.message}", self._env_nemo(exc)
+            ) from None
         if not response.is_success:
             raise Failure(
                 FailureKind.SEED_FAILED,
                 f"seed_session failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
+                self._env_status_nemo("seed_session", response),
             )
         self.outcome.seed_ms = (time.perf_counter() - started) * 1000
         self.obs.on_seeded(self.outcome.seed_ms)
@@ -400,7 +421,9 @@ class _Rollout:
                 response = await self._post_env(name, args)
             except Failure as exc:
                 raise Failure(
-                    kind_for_step(exc, FailureKind.TOOL_TRANSPORT_FAILED), f"tool call {name!r} failed: {exc.message}"
+                    kind_for_step(exc, FailureKind.TOOL_TRANSPORT_FAILED),
+                    f"tool call {name!r} failed: {exc.message}",
+                    self._env_nemo(exc),
                 ) from None
             record.latency_ms = (time.perf_counter() - started) * 1000
             record.tool_status = response.status_code
@@ -417,12 +440,15 @@ class _Rollout:
         try:
             response = await self._post_env("verify", body)
         except Failure as exc:
-            raise Failure(kind_for_step(exc, FailureKind.VERIFY_FAILED), f"verify failed: {exc.message}") from None
+            raise Failure(
+                kind_for_step(exc, FailureKind.VERIFY_FAILED), f"verify failed: {exc.message}", self._env_nemo(exc)
+            ) from None
         self.outcome.verify_ms = (time.perf_counter() - started) * 1000
         if not response.is_success:
             raise Failure(
                 FailureKind.VERIFY_FAILED,
                 f"verify failed: the environment answered HTTP {response.status_code}: {_excerpt(response.text)}",
+                self._env_status_nemo("verify", response),
             )
         # NeMo Gym's remote_agent reads the reply with orjson and validates it with its verify-response
         # model (lax: ``true`` and ``"0.5"`` are rewards); its run() catches either refusal and writes a
@@ -473,23 +499,29 @@ class _Rollout:
                         FailureKind.AGENT_TIMEOUT,
                         f"the agent service did not answer within {timeout:g} s "
                         f"(remote_responses_timeout_s; NeMo Gym's remote_responses_timeout_secs) at {url}",
+                        nemo_errors.agent_timeout(timeout),
                     ) from None
                 if exc.kind in OWN_KINDS:
                     raise
-                kind = FailureKind.AGENT_UNREACHABLE if exc.kind == UNREACHABLE else FailureKind.AGENT_HTTP_ERROR
-                raise Failure(kind, exc.message) from None
+                if exc.kind == UNREACHABLE:
+                    nemo = nemo_errors.agent_unreachable(exc.attempts, exc.cause, self.s.agent_base_url)
+                    raise Failure(FailureKind.AGENT_UNREACHABLE, exc.message, nemo) from None
+                nemo = nemo_errors.agent_transport(exc.cause) if exc.cause is not None else None
+                raise Failure(FailureKind.AGENT_HTTP_ERROR, exc.message, nemo) from None
             step.http_status = response.status_code
             if 300 <= response.status_code < 400:  # rule 1
                 self._keep_refused(response)
                 raise Failure(
                     FailureKind.AGENT_REDIRECT,
                     _redirect_message(response.status_code, url, response.headers.get("location")),
+                    _agent_nemo(response),
                 )
             if not response.is_success:  # rule 2
                 self._keep_refused(response)
                 raise Failure(
                     FailureKind.AGENT_HTTP_ERROR,
                     f"the agent service answered HTTP {response.status_code}: {_excerpt(response.text)}",
+                    _agent_nemo(response),
                 )
             try:
                 data = strict_loads(response.content)
@@ -498,6 +530,7 @@ class _Rollout:
                 raise Failure(
                     FailureKind.AGENT_BAD_JSON,
                     f"the agent service's reply is not JSON ({exc}): {_excerpt(response.text)}",
+                    _agent_nemo(response),
                 ) from None
             if not isinstance(data, dict):
                 self._keep_refused(response)
@@ -505,6 +538,7 @@ class _Rollout:
                     FailureKind.AGENT_BAD_JSON,
                     f"the agent service's reply is JSON but not an object ({type(data).__name__}): "
                     f"{_excerpt(response.text)}",
+                    _agent_nemo(response),
                 )
             try:
                 parse_reply(data)  # rule 3
@@ -513,6 +547,7 @@ class _Rollout:
                 raise Failure(
                     FailureKind.AGENT_INVALID_RESPONSE,
                     f"the agent service returned an invalid Responses API object: {exc}",
+                    _agent_nemo(response, exc.validation_text),
                 ) from None
             self.replies += 1
             return data, step
@@ -659,15 +694,18 @@ async def run_rollout(
     except Failure as exc:
         outcome.failure_kind = exc.kind
         outcome.error = exc.message
+        outcome.nemo_error = exc.nemo
     except TimeoutError:
         outcome.failure_kind = FailureKind.ROLLOUT_TIMEOUT
         outcome.error = (
             f"the rollout did not finish within {settings.run_timeout_s:g} s "
             "(run_timeout_s; NeMo Gym's run_timeout_secs)"
         )
+        outcome.nemo_error = nemo_errors.run_timeout(settings.run_timeout_s)
     except Exception as exc:  # a gymweb bug must still end as data, never crash the run
         outcome.failure_kind = FailureKind.INTERNAL_ERROR
         outcome.error = f"gymweb internal error: {exc.__class__.__name__}: {exc}"
+        outcome.nemo_error = nemo_errors.internal_error(exc)
     outcome.terminal = outcome.failure_kind in FailureKind.TERMINAL
     outcome.usage = rollout.usage
     if not rollout.usage_seen and rollout.replies:  # only where a reply arrived, and none had usage

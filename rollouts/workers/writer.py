@@ -379,6 +379,7 @@ def _result_fields(out: RolloutOutcome, now: datetime) -> dict[str, Any]:
         reward=out.reward if out.ok else 0.0,
         failure_kind=out.failure_kind or "",
         error=out.error or "",
+        nemo_error=out.nemo_error or "",
         terminal=out.terminal,
         verify_json=dumps(out.verify_response) if out.ok else "",
         # The numbers the run's profile reads, so it never parses verify_json (run_profile).
