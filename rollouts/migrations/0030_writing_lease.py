@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('rollouts', '0028_field_values'),
+        ('rollouts', '0029_rollout_nemo_error'),
     ]
 
     operations = [
