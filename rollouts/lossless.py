@@ -15,7 +15,8 @@ an env or a file may send any of these, so gymweb stores them in one way on SQLi
 
 Every reader goes through the ORM, whose ``from_db_value`` decodes, so no page, export or command
 sees the stored encoding. A SQL function over these columns (``Substr``) must say
-``output_field=LosslessTextField()`` to be decoded. Migration ``0006_lossless_text`` moved the
+``output_field=LosslessTextField()`` to be decoded; SQL that reads inside the JSON text reads it
+through ``readable_json`` (a NUL, or on PostgreSQL a lone surrogate, as U+FFFD). Migration ``0006_lossless_text`` moved the
 existing columns to these fields and encoded existing rows.
 """
 
@@ -36,6 +37,7 @@ __all__ = [
     "decode_text",
     "dumps",
     "encode_text",
+    "readable_json",
 ]
 
 ESCAPE = "\ufdd0"
@@ -92,6 +94,34 @@ def clip_encoded(text: str, limit: int) -> str:
         out.append(ch)
         used += cost
     return "".join(out)
+
+
+# PostgreSQL regular expressions (ARE) of a lone surrogate escape: a low one not after a high one,
+# a high one not before a low one (``lossless.dumps`` writes only lone ones as escapes).
+_LONE_LOW = r"(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+_LONE_HIGH = r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+
+
+def readable_json(sql: str, vendor: str) -> str:
+    """SQL of the stored JSON text ``sql`` (a ``JSONTextField`` column, ``dumps``'s text) with
+    every escape the database's JSON functions cannot turn into text written as ``\\ufffd``
+    (U+FFFD, as the content search and the run table's fields read them): ``\\u0000`` on both
+    backends (PostgreSQL refuses it, SQLite cuts the value there) and, on PostgreSQL, a lone
+    surrogate escape (refused too). An escaped backslash before ``u0000`` is left alone: escaped
+    backslashes are set aside first as a control character, which JSON text never holds raw.
+    Text without such an escape is read as it is. ``sql`` appears three times in the result
+    (repeat its parameters)."""
+    mark = "chr(1)" if vendor == "postgresql" else "char(1)"
+    protected = f"replace({sql}, '\\\\', {mark})"
+    fixed = f"replace({protected}, '\\u0000', '\\ufffd')"
+    if vendor == "postgresql":
+        fixed = (
+            f"regexp_replace(regexp_replace({fixed}, '{_LONE_LOW}', '\\ufffd', 'g'), '{_LONE_HIGH}', '\\ufffd', 'g')"
+        )
+        needs = f"{sql} ~ '\\\\u(0000|[dD][89a-fA-F])'"
+    else:
+        needs = f"instr({sql}, '\\u0000') > 0"
+    return f"(CASE WHEN {needs} THEN replace({fixed}, {mark}, '\\\\') ELSE {sql} END)"
 
 
 class _ValueOnInstances:

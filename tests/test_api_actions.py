@@ -356,3 +356,15 @@ def test_names_and_descriptions_too_long_to_store_are_refused_not_cut(client, to
     assert response.status_code == 400 and "name" in response.json()["errors"]
     assert api.post(f"/runs/{run.pk}/selection/dataset?name={'n' * 201}").status_code == 400
     assert not Dataset.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "query", ["f.task.expected_count=%00", "f.verify.reward=a%00b", "f.task.expected_count=1%00..2"]
+)
+def test_a_field_filter_holding_a_nul_is_a_400_naming_it(api, run, query):
+    # PostgreSQL refuses a NUL in a query; the form reports it as it does ``text=%00``.
+    name = query.split("=", 1)[0]
+    for path in ("rollouts", "rollouts.jsonl"):
+        response = api.get(f"/runs/{run.pk}/{path}?{query}")
+        assert response.status_code == 400, response.content
+        assert response.json()["detail"] == f"{name}: Null characters are not allowed."

@@ -265,3 +265,66 @@ def test_prepare_run_keeps_every_discovered_field_and_a_sort_then_extracts_nothi
         run, {"sort": "-verify.mixed"}, False, monkeypatch
     )
     assert FieldValue.objects.filter(run=run).count() == values
+
+
+def _with_nul(run: Run) -> dict[int, dict]:
+    """Three rows' verify replies given a NUL: in the model's output only, in a field, and the text
+    ``\\u0000`` written with an escaped backslash (no NUL at all). Returns the replies by rollout id."""
+    rows = list(Rollout.objects.filter(run=run).exclude(verify_json="").order_by("id"))[:3]
+    texts = [
+        {"response": {"output": [{"content": [{"text": "FINAL with \x00 NUL"}]}]}},
+        {"judge_note": "nul\x00inside"},
+        {"judge_note": "\\u0000 is six characters"},
+    ]
+    out = {}
+    for row, extra in zip(rows, texts):
+        reply = {**json.loads(row.verify_json), **extra}
+        Rollout.objects.filter(pk=row.pk).update(verify_json=json.dumps(reply))
+        out[row.pk] = reply
+    return out
+
+
+NUL_QUERIES = [
+    {"sort": "verify.score"},
+    {"sort": "-verify.judge_note"},
+    {"f.verify.score": "0..1"},
+    {"f.verify.judge_note": "nul\ufffdinside"},
+    {"f.verify.judge_note": "nul"},
+    {"f.verify.judge_note": "\\u0000 is six characters"},
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("params", NUL_QUERIES, ids=[json.dumps(q) for q in NUL_QUERIES])
+def test_a_nul_in_a_rollout_s_reply_reads_as_the_replacement_character_on_both_paths(params, monkeypatch):
+    run = _make_run(12)
+    replies = _with_nul(run)
+    expected = _ids(run, params, kept=False, monkeypatch=monkeypatch)
+    assert _ids(run, params, kept=True, monkeypatch=monkeypatch) == expected
+    note = params.get("f.verify.judge_note")
+    if note is not None:  # a NUL never cuts a value: "nul" matches nothing
+        assert expected == [
+            pk for pk, r in replies.items() if r.get("judge_note", "").replace("\x00", "\ufffd") == note
+        ]
+    if "f.verify.score" in params:
+        assert set(replies) <= set(expected)
+    kept = dict(FieldValue.objects.filter(run=run, field="verify.judge_note").values_list("rollout_id", "text"))
+    if kept:
+        assert {pk: kept.get(pk) for pk in replies} == {
+            pk: r["judge_note"].replace("\x00", "\ufffd") if "judge_note" in r else None for pk, r in replies.items()
+        }
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite cannot read a lone surrogate as text")
+def test_postgresql_reads_a_lone_surrogate_as_the_replacement_character_and_a_pair_as_its_character(monkeypatch):
+    run = _make_run(6)
+    rows = list(Rollout.objects.filter(run=run).exclude(verify_json="").order_by("id"))[:2]
+    for row, note in zip(rows, ["lone \\ud800 here", "pair \\ud83d\\ude00 here"]):
+        Rollout.objects.filter(pk=row.pk).update(verify_json=row.verify_json[:-1] + f', "judge_note": "{note}"}}')
+    params = {"sort": "verify.judge_note"}
+    assert _ids(run, params, kept=True, monkeypatch=monkeypatch) == _ids(
+        run, params, kept=False, monkeypatch=monkeypatch
+    )
+    kept = dict(FieldValue.objects.filter(run=run, field="verify.judge_note").values_list("rollout_id", "text"))
+    assert kept == {rows[0].pk: "lone \ufffd here", rows[1].pk: "pair \U0001f600 here"}

@@ -180,3 +180,29 @@ def test_number_ranges_read_as_written():
         "task.b",
         "prompt",
     ]
+
+
+@pytest.mark.django_db
+def test_a_nul_in_a_reply_shows_as_the_replacement_character_and_breaks_no_other_column(signed_in, shared_data):
+    run = _import(shared_data, "tau2")
+    rollout = Rollout.objects.filter(run=run).exclude(verify_json="").order_by("task_index").first()
+    reply = json.loads(rollout.verify_json)
+    reply["judge_note"], reply["judge_link"] = "nul\x00inside", "plain"
+    reply.setdefault("response", {}).setdefault("output", []).append(
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "FINAL with \x00 NUL"}]}
+    )
+    Rollout.objects.filter(pk=rollout.pk).update(verify_json=json.dumps(reply))
+    for query in ("cols=verify.judge_note", "cols=verify.judge_link", "cols=prompt", "cols=answer"):
+        assert _keys(_table(signed_in, run, query)) == sorted(r.task_index for r in Rollout.objects.filter(run=run))
+    html = _table(signed_in, run, "cols=verify.judge_note,verify.judge_link&f.verify.judge_note=nul%EF%BF%BDinside")
+    assert _keys(html) == [rollout.task_index]
+    assert "nul\ufffdinside" in html and "plain" in html and "\x00" not in html
+    assert _keys(_table(signed_in, run, "cols=verify.judge_note&f.verify.judge_note=nul")) == []
+
+
+@pytest.mark.django_db
+def test_a_field_filter_holding_a_nul_is_the_form_s_error_never_a_server_error(signed_in, shared_data):
+    run = _import(shared_data, "tau2")
+    response = signed_in.get(reverse("run", args=[run.pk]) + "?f.task.expected_count=%00")
+    assert response.status_code == 200
+    assert "f.task.expected_count: Null characters are not allowed." in response.content.decode()

@@ -4,8 +4,8 @@ A field is ``task.<path>`` (a scalar of the task row, ``Task.row_json``) or ``ve
 scalar of the env's /verify reply, ``Rollout.verify_json``); ``<path>`` is the dotted key path
 (``verify.reward_components.correctness``). Both columns hold JSON text, so values are read in SQL:
 SQLite's ``json_extract``/``json_type``, PostgreSQL's ``json`` operators (``#>``, ``#>>``,
-``json_typeof``; ``json``, not ``jsonb``, which refuses the ``\\u0000`` escape). A blank column
-(a failure has no verify reply) reads as NULL.
+``json_typeof``), on the text as ``lossless.readable_json`` gives it (a NUL reads as U+FFFD on both,
+a lone surrogate too on PostgreSQL). A blank column (a failure has no verify reply) reads as NULL.
 
 - ``FieldText``: the value as SQL (SQLite: its JSON type; PostgreSQL: text), for display and for
   string filters (``?f.task.category=math``: equality with the value as text).
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import F, FloatField, Func, QuerySet, TextField
+
+from rollouts.lossless import readable_json
 
 __all__ = [
     "FIELD_RE",
@@ -93,7 +95,8 @@ def _sqlite_path(keys: list[str]) -> str:
 
 
 class _Field(Func):
-    """Base: one JSON text column (``F("verify_json")`` or ``F("task__row_json")``) and a key path."""
+    """Base: one JSON text column (``F("verify_json")`` or ``F("task__row_json")``) and a key path,
+    read through ``lossless.readable_json``."""
 
     arity = 1
 
@@ -103,7 +106,7 @@ class _Field(Func):
 
     def _column_sql(self, compiler, connection):
         sql, params = compiler.compile(self.source_expressions[0])
-        return f"NULLIF({sql}, '')", list(params)
+        return f"NULLIF({readable_json(sql, connection.vendor)}, '')", list(params) * 3
 
 
 class FieldText(_Field):

@@ -16,6 +16,7 @@ restore).
 - SQLite: ``number`` is the value as a number (numbers, booleans as 1/0), ``text`` the value's
   ``json_extract`` text for any other value, so ``(number, text)`` orders as the JSON value does.
 - PostgreSQL: ``number`` as above, ``text`` the value as text (``#>>``) for every value.
+- Both: a NUL in a value reads as U+FFFD (``lossless.readable_json``), as in the table's columns.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, FilteredRelation, Max, Q, QuerySet, TextField, Value
 from django.db.models.functions import NullIf
 
+from rollouts.lossless import readable_json
 from rollouts.models import FieldExtract, FieldValue, Rollout, Run, forget_field_values
 from rollouts.review import columns
 
@@ -74,10 +76,11 @@ def _select(qs: QuerySet, column: str, keys: list[str]) -> tuple[str, list]:
 
 def _select_postgresql(qs: QuerySet, column: str, keys: list[str]) -> tuple[str, list]:
     """PostgreSQL: ``columns.FieldNumber``/``FieldText`` of the value node read once per row (the
-    ``OFFSET 0`` keeps the planner from inlining it into each use: one detoast and parse a row)."""
+    ``OFFSET 0`` keeps the planner from inlining it into each use: one detoast and parse a row),
+    through ``lossless.readable_json`` as they are."""
     inner = qs.annotate(_c=NullIf(F(column), Value(""), output_field=TextField())).values_list("id", "_c")
     sql, params = inner.query.sql_with_params()
-    node = "((i._c)::json #> %s)"
+    node = f"(({readable_json('i._c', 'postgresql')})::json #> %s)"
     number = (
         "CASE json_typeof(s.v) WHEN 'number' THEN (s.v #>> '{}')::double precision "
         "WHEN 'boolean' THEN (CASE WHEN (s.v #>> '{}') = 'true' THEN 1.0 ELSE 0.0 END) END"

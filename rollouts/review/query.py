@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
+from django.core.validators import ProhibitNullCharactersValidator
 from django.db import connection
 from django.db.models import F, QuerySet
 
@@ -144,11 +145,15 @@ class RolloutFilterForm(ReviewFilterFields):
         raw_cols = getlist("cols") if getlist else ([(data or {}).get("cols")] if (data or {}).get("cols") else [])
         self.columns = columns.parse_columns([str(v) for v in raw_cols])
         self.field_filters: dict[str, str] = {}
+        self._bad_field_filters: list[str] = []  # parameters refused in ``clean`` (a NUL: see there)
         for key in list((data or {}).keys()):
             name = key[2:] if isinstance(key, str) and key.startswith("f.") else ""
             value = str((data or {}).get(key) or "").strip()[:SEARCH_MAX]
             if columns.parse_field(name) and value and len(self.field_filters) < columns.MAX_COLUMNS:
-                self.field_filters[name] = value
+                if "\x00" in value:
+                    self._bad_field_filters.append(key)
+                else:
+                    self.field_filters[name] = value
         sort = str((data or {}).get("sort") or "")
         if columns.parse_field(sort.lstrip("-")):
             self.fields["sort"].choices = [*SORT_CHOICES, (sort, sort)]
@@ -158,6 +163,17 @@ class RolloutFilterForm(ReviewFilterFields):
         self.kept_run_id: int | None = None  # the run whose kept values those are
         self.head: QuerySet | None = None  # a cheap prefix of the sort's order (``page_ids``)
         self.is_valid()  # fills cleaned_data with the valid fields
+
+    def clean(self) -> dict[str, Any]:
+        """A field filter (``f.<field>``) holding a NUL is an error named after its parameter, as
+        the form's own text fields report it (PostgreSQL refuses a NUL in a query; no kept value
+        holds one: ``lossless.readable_json``)."""
+        cleaned = super().clean()
+        for key in self._bad_field_filters:
+            # Not a declared field, so not ``add_error`` (which wants one): the error is keyed by
+            # the parameter, which the page's error list and the API's 400 name.
+            self._errors[key] = self.error_class([str(ProhibitNullCharactersValidator.message)])
+        return cleaned
 
     def filter_reward(self, qs: QuerySet) -> QuerySet:
         """``qs`` restricted to ``reward_min <= reward <= reward_max`` (the env's reward, or the corrected

@@ -20,7 +20,7 @@ from django.db import connection as default_connection
 from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from rollouts.lossless import encode_text
+from rollouts.lossless import encode_text, readable_json
 from rollouts.models import TrajectoryItem
 from rollouts.search.index import FTS_TABLE, ITEM_TABLE, fts_available, pg_index_present, sqlite_has_trigram
 from rollouts.search.text import normalise_query
@@ -138,11 +138,11 @@ class JsonStringHolds(Func):
         literal = json.dumps(self.needle, ensure_ascii=True)
         path = f'strict $.** ? (@.type() == "string" && @ like_regex {literal} flag "iq")'
         # jsonb refuses ``\\u0000`` and a lone surrogate escape (``\\ud800``), which lossless JSON
-        # text may hold: both are read as U+FFFD for the search.
-        unpaired = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
-        as_jsonb = f"(regexp_replace(replace({col}, '\\u0000', '\\ufffd'), %s, %s, 'g')::jsonb - 'agent_ref')"
+        # text may hold: both are read as U+FFFD for the search (``readable_json``).
+        readable = readable_json(col, "postgresql")
+        as_jsonb = f"({readable}::jsonb - 'agent_ref')"
         sql = f"(NULLIF({col}, '') IS NOT NULL AND jsonb_path_exists({as_jsonb}, %s::jsonpath))"
-        return sql, [*params, *params, unpaired, r"\\ufffd", path]
+        return sql, [*params, *params * readable.count(col), path]
 
 
 def filter_text(qs: QuerySet, text: str) -> QuerySet:
