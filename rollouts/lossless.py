@@ -16,8 +16,8 @@ an env or a file may send any of these, so gymweb stores them in one way on SQLi
 Every reader goes through the ORM, whose ``from_db_value`` decodes, so no page, export or command
 sees the stored encoding. A SQL function over these columns (``Substr``) must say
 ``output_field=LosslessTextField()`` to be decoded; SQL that reads inside the JSON text reads it
-through ``readable_json`` (a NUL, or on PostgreSQL a lone surrogate, as U+FFFD). Migration ``0006_lossless_text`` moved the
-existing columns to these fields and encoded existing rows.
+through ``readable_json`` (a NUL, or on PostgreSQL a lone surrogate, as U+FFFD). Migration
+``0006_lossless_text`` moved the existing columns to these fields and encoded existing rows.
 """
 
 from __future__ import annotations
