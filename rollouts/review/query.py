@@ -159,6 +159,20 @@ class RolloutFilterForm(ReviewFilterFields):
         self.head: QuerySet | None = None  # a cheap prefix of the sort's order (``page_ids``)
         self.is_valid()  # fills cleaned_data with the valid fields
 
+    def clean(self) -> dict[str, Any]:
+        """Refuse filters that can match nothing: ``reward_min`` above ``reward_max``, a field range
+        ``columns.range_problem`` refuses (reported under ``f.<field>``, and not applied)."""
+        data = super().clean() or {}
+        low, high = data.get("reward_min"), data.get("reward_max")
+        if low is not None and high is not None and low > high:
+            self.add_error("reward_min", f"above reward_max ({high:g})")
+        for name, value in list(self.field_filters.items()):
+            problem = columns.range_problem(value)
+            if problem:
+                del self.field_filters[name]
+                self._errors[f"f.{name}"] = self.error_class([problem])
+        return data
+
     def filter_reward(self, qs: QuerySet) -> QuerySet:
         """``qs`` restricted to ``reward_min <= reward <= reward_max`` (the env's reward, or the corrected
         one with ``reward_source``). Only succeeded rollouts have a reward: a failed one's stored 0.0 is
