@@ -360,9 +360,7 @@ class Gunicorn:
         self.log_dir = log_dir
         self.static_root = static_root
 
-    def start(
-        self, workers: int = 2, wait: bool = True, args: tuple = (), serve: bool = False, **extra_env
-    ) -> str:
+    def start(self, workers: int = 2, wait: bool = True, args: tuple = (), serve: bool = False, **extra_env) -> str:
         """Start one server (``args``: more gunicorn flags; ``serve``: through ``gymweb serve`` and its
         defaults; ``extra_env``: environment, None removes a variable); return its base URL once it
         answers (``wait``)."""

@@ -209,7 +209,7 @@ def test_the_api_imports_the_three_files_and_says_which_one_is_bad(client, user,
     "name, words",
     [
         ("quality_summary.json", "this is NeMo Gym's health check summary of a run (a JSON document), not JSONL"),
-        ("rollouts_aggregate_metrics.json", "this is NeMo Gym's aggregate metrics of a run (a JSON document), not JSONL"),
+        ("rollouts_aggregate_metrics.json", "this is NeMo Gym's aggregate metrics of a run (a JSON document)"),
     ],
 )
 def test_a_nemo_gym_json_file_is_named_for_what_it_is_and_import_asks_for_rollouts_jsonl(
