@@ -86,7 +86,8 @@ def serve(argv: list[str]) -> int:
         "--threads",
         type=int,
         default=16,
-        help="threads per worker process with gthread (default 16: each open results stream holds one)",
+        help="threads per worker process (default 16: each open results stream holds one; above 1, gunicorn "
+        "runs gthread workers whatever --worker-class says)",
     )
     parser.add_argument("--timeout", type=int, default=300, help="gunicorn's worker timeout in seconds (default 300)")
     parser.add_argument("--no-collectstatic", action="store_true", help="do not run collectstatic first")
