@@ -77,6 +77,18 @@ def serve(argv: list[str]) -> int:
         default=2 * (os.cpu_count() or 1) + 1,
         help="web worker processes (default 2 × cores + 1)",
     )
+    parser.add_argument(
+        "--worker-class",
+        default="gthread",
+        help="gunicorn's worker class (default gthread: an open results stream holds a thread, not a process)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=16,
+        help="threads per worker process (default 16: each open results stream holds one; above 1, gunicorn "
+        "runs gthread workers whatever --worker-class says)",
+    )
     parser.add_argument("--timeout", type=int, default=300, help="gunicorn's worker timeout in seconds (default 300)")
     parser.add_argument("--no-collectstatic", action="store_true", help="do not run collectstatic first")
     opts, extra = parser.parse_known_args(argv)
@@ -101,6 +113,10 @@ def serve(argv: list[str]) -> int:
         opts.bind,
         "--workers",
         str(opts.workers),
+        "--worker-class",
+        opts.worker_class,
+        "--threads",
+        str(opts.threads),
         "--timeout",
         str(opts.timeout),
         "--access-logfile",

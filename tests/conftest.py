@@ -360,9 +360,10 @@ class Gunicorn:
         self.log_dir = log_dir
         self.static_root = static_root
 
-    def start(self, workers: int = 2, wait: bool = True, args: tuple = (), **extra_env) -> str:
-        """Start one server (``args``: more gunicorn flags; ``extra_env``: environment, None
-        removes a variable); return its base URL once it answers (``wait``)."""
+    def start(self, workers: int = 2, wait: bool = True, args: tuple = (), serve: bool = False, **extra_env) -> str:
+        """Start one server (``args``: more gunicorn flags; ``serve``: through ``gymweb serve`` and its
+        defaults; ``extra_env``: environment, None removes a variable); return its base URL once it
+        answers (``wait``)."""
         import secrets
         import subprocess
         import sys
@@ -381,8 +382,12 @@ class Gunicorn:
             if value is None:
                 env.pop(name, None)
         log = (self.log_dir / f"gunicorn-{len(self.procs)}.log").open("wb")
+        bind = f"127.0.0.1:{port}"
+        serve_cmd = [sys.executable, "-m", "gymweb", "serve", "--no-collectstatic", "--bind", bind]
         proc = subprocess.Popen(
-            [
+            [*serve_cmd, "--workers", str(workers), *args]
+            if serve
+            else [
                 sys.executable,
                 "-m",
                 "gunicorn",

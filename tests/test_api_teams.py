@@ -65,3 +65,21 @@ def test_a_dataset_upload_goes_to_the_named_team_and_another_teams_is_refused(cl
     refused = upload(team=teams["green"].pk)
     assert refused.status_code == 400 and "team" in refused.json()["errors"]
     assert Dataset.objects.count() == 1
+
+
+def test_a_dataset_upload_with_an_empty_team_field_goes_to_the_users_first_team(client, teams):
+    # Swagger UI's Try it out sends `team=` when its box is left empty: that is "not given".
+    f = io.BytesIO(COUNTER_TASKS.read_bytes())
+    f.name = "tasks.jsonl"
+    response = client.post(f"{API}/datasets", {"file": f, "team": ""}, **teams["auth"])
+    assert response.status_code == 201, response.content
+    assert Dataset.objects.get(pk=response.json()["id"]).team == teams["red"]
+
+
+def test_the_openapi_document_prefills_no_team_0_and_no_placeholder_override(client, teams):
+    doc = client.get(f"{API}/openapi.json").json()
+    upload = doc["paths"][f"{API}/datasets"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    team = upload["properties"]["team"]
+    assert team["examples"] == [""] and "team" not in upload.get("required", [])
+    launch = doc["paths"][f"{API}/runs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert launch["properties"]["overrides"]["examples"] == [{"temperature": 0.7}]

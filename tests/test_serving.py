@@ -5,6 +5,7 @@ refuses the development key; sign-in works behind a TLS proxy; a 500 logs its tr
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -269,3 +270,46 @@ def test_static_names_are_hashed_and_served_by_whitenoise_in_process(manifest_st
     assert re.fullmatch(r"/static/gymweb/app\.[0-9a-f]{12}\.css", css)
     response = Client().get(css, HTTP_ACCEPT_ENCODING="br")
     assert response.status_code == 200 and response["Content-Encoding"] == "br"
+
+
+# -- gymweb serve and open results streams ---------------------------------------------------------------
+def test_gymweb_serve_answers_healthz_while_a_results_stream_is_open(gunicorn, user):
+    import threading
+
+    from rollouts.models import Run
+    from rollouts.tokens import create_token
+
+    from .conftest import COUNTER_TASKS
+
+    _row, token = create_token(user, "trainer")
+    auth = {"Authorization": f"Bearer {token}"}
+    base = gunicorn.start(workers=1, serve=True)
+    assert "Using worker: gthread" in gunicorn.logs()
+    rows = [json.loads(line) for line in COUNTER_TASKS.read_text().splitlines() if line.strip()][:2]
+    # No worker runs and nothing answers at the agent's address: the run stays running.
+    body = {"rows": rows, "agent_url": "http://127.0.0.1:9", "env_url": "http://127.0.0.1:9"}
+    created = httpx.post(f"{base}/api/v1/runs", json=body, headers=auth, timeout=30, trust_env=False)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    opened = threading.Event()
+    stop = threading.Event()
+
+    def hold_stream():
+        url = f"{base}/api/v1/runs/{run_id}/results?after=0"
+        with httpx.stream("GET", url, headers=auth, timeout=None, trust_env=False) as response:
+            assert response.status_code == 200
+            opened.set()
+            for _ in response.iter_bytes():
+                if stop.is_set():
+                    return
+
+    holder = threading.Thread(target=hold_stream, daemon=True)
+    holder.start()
+    try:
+        assert opened.wait(30), gunicorn.logs()[-2000:]
+        health = httpx.get(f"{base}/healthz", timeout=30, trust_env=False)
+        assert health.status_code == 200
+        assert Run.objects.get(pk=run_id).status == Run.Status.RUNNING  # the stream is still open
+        assert holder.is_alive()
+    finally:
+        stop.set()

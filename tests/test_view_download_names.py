@@ -52,8 +52,8 @@ def test_a_filtered_download_is_named_after_its_filter(signed_in, run):
     assert _disposition(signed_in, run, "rollouts_failures", "status=failed&kind=agent_timeout") == (
         f'attachment; filename="run-{n}_rollouts_failures_status-failed_kind-agent_timeout.jsonl"'
     )
-    assert _disposition(signed_in, run, "rollouts", "reward_min=0.25&reward_max=-0.5&task=2") == (
-        f'attachment; filename="run-{n}_rollouts_reward-ge-0.25_reward-le-minus0.5_task-2.jsonl"'
+    assert _disposition(signed_in, run, "rollouts", "reward_min=-0.5&reward_max=0.25&task=2") == (
+        f'attachment; filename="run-{n}_rollouts_reward-ge-minus0.5_reward-le-0.25_task-2.jsonl"'
     )
     # The materialised inputs are every key's whatever the filter, and named so.
     assert _disposition(signed_in, run, "rollouts_materialized_inputs", "reward_min=1") == (

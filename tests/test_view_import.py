@@ -203,3 +203,22 @@ def test_the_api_imports_the_three_files_and_says_which_one_is_bad(client, user,
     assert bad.status_code == 202 and bad.json()["status"] == "failed"
     assert "m.jsonl, line 1" in bad.json()["message"] and bad.json()["errors"].keys() == {"materialized"}
     assert Run.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("quality_summary.json", "this is NeMo Gym's health check summary of a run (a JSON document), not JSONL"),
+        ("rollouts_aggregate_metrics.json", "this is NeMo Gym's aggregate metrics of a run (a JSON document)"),
+    ],
+)
+def test_a_nemo_gym_json_file_is_named_for_what_it_is_and_import_asks_for_rollouts_jsonl(
+    signed_in, shared_data, name, words
+):
+    path = shared_data / "eval_0.7.0" / "runA" / name
+    response = signed_in.post(reverse("import"), {"rollouts": upload(name, path.read_bytes())})
+    assert response.status_code == 400
+    error = response.context["form"].errors["rollouts"][0]
+    assert error.startswith(f"{name}: {words}") and "rollouts.jsonl" in error, error
+    assert "line 1" not in error
+    assert Run.objects.count() == 0

@@ -206,3 +206,46 @@ def test_a_field_filter_holding_a_nul_is_the_form_s_error_never_a_server_error(s
     response = signed_in.get(reverse("run", args=[run.pk]) + "?f.task.expected_count=%00")
     assert response.status_code == 200
     assert "f.task.expected_count: Null characters are not allowed." in response.content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("1..0", "the low end 1 is above the high end 0"),
+        ("..", "a range needs at least one bound"),
+        ("nan", "Enter a finite number"),
+        ("inf", "Enter a finite number"),
+        ("1e400", "Enter a finite number"),
+    ],
+)
+def test_an_impossible_field_range_is_a_form_error_on_the_page_and_a_400_naming_it_in_the_api(
+    signed_in, client, user, shared_data, value, words
+):
+    from urllib.parse import quote
+
+    from rollouts.tokens import create_token
+
+    run = _import(shared_data, "tau2")
+    html = signed_in.get(reverse("run", args=[run.pk]) + f"?f.verify.result.duration={quote(value)}").content.decode()
+    assert f"verify.result.duration: {words}" in html
+    assert "No rollouts match these filters." not in html
+    _row, token = create_token(user, "t")
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/rollouts?f.verify.result.duration={quote(value)}", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith(f"f.verify.result.duration: {words}")
+
+
+def test_an_impossible_reward_range_is_a_400_naming_the_parameter_in_the_api(client, user, db):
+    from rollouts.tokens import create_token
+
+    from .run_factories import make_run
+
+    run = make_run()
+    _row, token = create_token(user, "t")
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/rollouts?reward_min=1&reward_max=0", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert response.status_code == 400 and response.json()["detail"] == "reward_min: above reward_max (0)"

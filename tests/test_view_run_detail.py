@@ -455,3 +455,19 @@ def test_worker_names_are_escaped(signed_in, db):
     Rollout.objects.filter(pk=key(run, 0).pk).update(status=S.RUNNING, worker="<b>x</b>:1:a")
     body = _live(signed_in, run)
     assert "<b>x</b>" not in body and "&lt;b&gt;x&lt;/b&gt;:1:a" in body
+
+
+@pytest.mark.parametrize(
+    "params, field, words",
+    [
+        ({"reward_min": "1", "reward_max": "0"}, "reward_min", "above reward_max"),
+        ({"reward_min": "nan"}, "reward_min", "Enter a number"),
+        ({"reward_max": "1e400"}, "reward_max", "Enter a number"),
+    ],
+)
+def test_an_impossible_reward_range_is_reported_not_shown_as_no_rollouts(signed_in, mixed_run, params, field, words):
+    response = signed_in.get(_url(mixed_run, **params))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert f"{field}: {words}" in body
+    assert "No rollouts match these filters." not in body

@@ -341,3 +341,28 @@ def test_an_agent_url_ending_in_v1_responses_gets_a_hint_that_gymweb_appends_it(
     error = response.context["form"].errors["agent_url"][0]
     base = url.rstrip("/")[: -len("/v1/responses")]
     assert "gymweb appends /v1/responses itself" in error and f"Did you mean {base}?" in error
+
+
+def test_an_empty_file_is_refused_with_its_name(signed_in):
+    response = signed_in.post(URL, _data(dataset_file=SimpleUploadedFile("blank.jsonl", b"")))
+    assert _errors(response, "dataset_file") == ["blank.jsonl: the file is empty (0 bytes)"]
+    assert _nothing_stored()
+
+
+def test_a_pretty_printed_json_array_is_refused_as_a_json_document_not_jsonl(signed_in):
+    rows = [json.loads(line) for line in dataset_lines(3)]
+    response = signed_in.post(URL, _data(dataset_file=_upload(json.dumps(rows, indent=2), "tasks.json")))
+    assert _errors(response, "dataset_file") == [
+        "tasks.json: this is a JSON document, not JSONL (one JSON object per line)"
+    ]
+    assert _nothing_stored()
+
+
+def test_a_broken_first_line_of_a_large_file_keeps_the_lines_error(signed_in, monkeypatch):
+    from rollouts.collection import datasets
+
+    monkeypatch.setattr(datasets, "WHOLE_DOCUMENT_BYTES", 50)  # only small files are parsed whole
+    rows = [json.loads(line) for line in dataset_lines(3)]
+    response = signed_in.post(URL, _data(dataset_file=_upload(json.dumps(rows, indent=2), "tasks.json")))
+    errors = _errors(response, "dataset_file")
+    assert len(errors) == 1 and errors[0].startswith("tasks.json, line 1: not valid JSON"), errors

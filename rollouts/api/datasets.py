@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from django.conf import settings
 from ninja import File, Form
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 from ninja.responses import Status
+from pydantic import BeforeValidator
 
 from rollouts.api.errors import FieldsError
 from rollouts.api.lookups import MAX_PAGE, OFFSET, dataset_for, datasets_for
@@ -17,6 +20,14 @@ from rollouts.collection import streamed_upload
 from rollouts.collection.datasets import DatasetError
 from rollouts.teams import choosable_teams
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
+
+
+def _blank_is_none(value: object) -> object:
+    """An empty form field (``team=``, what Swagger UI sends for a cleared box) means "not given"."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+OptionalFormInt = Annotated[int | None, BeforeValidator(_blank_is_none)]
 
 
 @api.get("/datasets", response=list[DatasetOut], summary="List datasets (newest first)")
@@ -33,7 +44,11 @@ def create_dataset(
     request,
     file: UploadedFile | None = File(None, description="NeMo Gym JSONL: one task per line"),
     name: str = Form("", description="defaults to the file name"),
-    team: int | None = Form(None, description="the team the dataset goes to, one of yours; default: your first"),
+    team: OptionalFormInt = Form(
+        None,
+        description="the team the dataset goes to (its id), one of yours; empty or left out: your first",
+        examples=[""],  # Swagger UI's box starts empty, not at team 0
+    ),
 ):
     """Validated and stored like the new-run form's upload (``collection.streamed_upload``: bounded
     memory, short transactions): a bad line is reported with its file and line, and a file over

@@ -74,7 +74,9 @@ class RunSettings(Schema):
         None, description="default: 2100, or GYMWEB_MAX_RUN_TIMEOUT_S when that is lower"
     )
     overrides: dict[str, Any] = Field(
-        default_factory=dict, description="merged into every row's responses_create_params"
+        default_factory=dict,
+        description="merged into every row's responses_create_params",
+        examples=[{"temperature": 0.7}],  # Swagger UI's prefilled body: a real setting, not additionalProp1
     )
     env_aggregate_metrics: bool = Field(
         True,

@@ -185,6 +185,40 @@ def iter_lines(stream: Lines, source: str = "", max_line_bytes: int | None = Non
         yield number, pieces[0][:0].join(pieces)
 
 
+# Up to this size, a file whose first line is not JSON is tried as one whole JSON document, to say
+# so instead of "line 1: not valid JSON" (bytes; a larger file's error stays the line's).
+WHOLE_DOCUMENT_BYTES = 4 * 1024 * 1024
+# NeMo Gym's JSON (not JSONL) files a user may pick by mistake: what each is.
+NEMO_GYM_JSON_FILES = {
+    "quality_summary.json": "NeMo Gym's health check summary of a run",
+    "rollouts_aggregate_metrics.json": "NeMo Gym's aggregate metrics of a run",
+    "rollouts_agent_metrics.json": "NeMo Gym's per-agent metrics of a run",
+    "rollouts_repeat_level_metrics.json": "NeMo Gym's repeat-level metrics of a run",
+    "compare_report.json": "NeMo Gym's comparison report of two runs",
+}
+
+
+def _json_document(first: str, rest: Iterator[tuple[int, str | bytes]], source: str) -> str | None:
+    """The refusal of a file that is one whole JSON document (``first``: its first line, which did
+    not parse alone; ``rest``: the lines after it, consumed), or None if it is not one or is larger
+    than ``WHOLE_DOCUMENT_BYTES`` (then only the first line's error is reported)."""
+    parts, size = [first, "\n"], len(first)
+    try:
+        for _number, raw in rest:
+            size += len(raw)
+            if size > WHOLE_DOCUMENT_BYTES:
+                return None
+            parts.append(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+        strict_loads("".join(parts))
+    except (DatasetError, UnicodeDecodeError, NotJSON):
+        return None
+    message = "this is a JSON document, not JSONL (one JSON object per line)"
+    known = NEMO_GYM_JSON_FILES.get(source.replace("\\", "/").rsplit("/", 1)[-1])
+    if known:
+        message = f"this is {known} (a JSON document), not JSONL; a run's import takes its rollouts.jsonl"
+    return message
+
+
 def iter_rows(
     stream: Lines,
     source: str = "",
@@ -195,8 +229,10 @@ def iter_rows(
     """``(line number, line text, row)`` for every non-blank line of a JSONL stream, each row strict
     JSON (``contract.strict_loads``) and valid (``validate``, default ``validate_row``). ``digest``
     (a hashlib object), if given, is fed every line as read. Lines are read by ``iter_lines`` (linear time, at most
-    ``max_line_bytes`` per line). Raises ``DatasetError`` naming the first bad or too long line."""
-    for number, raw in iter_lines(stream, source, max_line_bytes):
+    ``max_line_bytes`` per line). Raises ``DatasetError`` naming the first bad or too long line, or
+    saying that a small file is a whole JSON document rather than JSONL (``_json_document``)."""
+    lines = iter_lines(stream, source, max_line_bytes)
+    for number, raw in lines:
         if number == 1 and raw[:2] in (b"\x1f\x8b", "\x1f\x8b"):
             raise DatasetError("the file is gzip-compressed; give the uncompressed .jsonl file", None, source)
         if isinstance(raw, bytes):
@@ -218,6 +254,9 @@ def iter_rows(
         try:
             row = strict_loads(text, unique_keys=True)
         except NotJSON as exc:
+            whole = _json_document(text, lines, source) if number == 1 and text[:1] in ("[", "{") else None
+            if whole:
+                raise DatasetError(whole, None, source) from None
             raise DatasetError(f"not valid JSON ({_json_problem(exc, indent)})", number, source) from None
         yield number, text, (validate or validate_row)(row, number, source)
 

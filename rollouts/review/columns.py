@@ -17,6 +17,7 @@ a lone surrogate too on PostgreSQL). A blank column (a failure has no verify rep
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "field_expressions",
     "parse_columns",
     "parse_range",
+    "range_problem",
     "scalar_leaves",
 ]
 
@@ -88,6 +90,23 @@ def parse_range(text: str) -> tuple[float | None, float | None] | None:
     if lo is None and hi is None:
         return None
     return lo, hi
+
+
+def range_problem(text: str) -> str | None:
+    """Why the number filter ``text`` can match nothing (``".."``, a bound that is NaN or infinite
+    such as ``1e400``, a low end above the high end), or None when it is fine or not a number
+    (a text filter)."""
+    if text.strip() == "..":
+        return "a range needs at least one bound (e.g. 0.5..1, ..1 or 0.5..)"
+    bounds = parse_range(text)
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    if any(b is not None and not math.isfinite(b) for b in bounds):
+        return "Enter a finite number (not NaN or infinity)."
+    if lo is not None and hi is not None and lo > hi:
+        return f"the low end {lo:g} is above the high end {hi:g}"
+    return None
 
 
 def _sqlite_path(keys: list[str]) -> str:

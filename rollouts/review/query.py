@@ -165,15 +165,24 @@ class RolloutFilterForm(ReviewFilterFields):
         self.is_valid()  # fills cleaned_data with the valid fields
 
     def clean(self) -> dict[str, Any]:
-        """A field filter (``f.<field>``) holding a NUL is an error named after its parameter, as
-        the form's own text fields report it (PostgreSQL refuses a NUL in a query; no kept value
-        holds one: ``lossless.readable_json``)."""
-        cleaned = super().clean()
+        """Refuse filters that can match nothing or that no database can run: ``reward_min`` above
+        ``reward_max``; a field filter (``f.<field>``) holding a NUL (PostgreSQL refuses a NUL in a
+        query; no kept value holds one: ``lossless.readable_json``); a field range
+        ``columns.range_problem`` refuses. Field errors are keyed by the parameter, which the page's
+        error list and the API's 400 name, and such a filter is not applied."""
+        data = super().clean() or {}
+        low, high = data.get("reward_min"), data.get("reward_max")
+        if low is not None and high is not None and low > high:
+            self.add_error("reward_min", f"above reward_max ({high:g})")
         for key in self._bad_field_filters:
-            # Not a declared field, so not ``add_error`` (which wants one): the error is keyed by
-            # the parameter, which the page's error list and the API's 400 name.
+            # Not a declared field, so not ``add_error`` (which wants one).
             self._errors[key] = self.error_class([str(ProhibitNullCharactersValidator.message)])
-        return cleaned
+        for name, value in list(self.field_filters.items()):
+            problem = columns.range_problem(value)
+            if problem:
+                del self.field_filters[name]
+                self._errors[f"f.{name}"] = self.error_class([problem])
+        return data
 
     def filter_reward(self, qs: QuerySet) -> QuerySet:
         """``qs`` restricted to ``reward_min <= reward <= reward_max`` (the env's reward, or the corrected

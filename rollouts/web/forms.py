@@ -34,7 +34,21 @@ class MultipleFileInput(forms.ClearableFileInput):
     allow_multiple_selected = True
 
 
-class MultipleFileField(forms.FileField):
+class NamedFileField(forms.FileField):
+    """A ``FileField`` whose refusal of an empty file names the file, as every other refusal of an
+    upload does (``"tasks.jsonl: the file is empty (0 bytes)"``)."""
+
+    def to_python(self, data):
+        try:
+            return super().to_python(data)
+        except forms.ValidationError as exc:
+            if exc.code != "empty":
+                raise
+            name = str(getattr(data, "name", "") or "the file").rsplit("/", 1)[-1]
+            raise forms.ValidationError(f"{name}: the file is empty (0 bytes)", code="empty") from None
+
+
+class MultipleFileField(NamedFileField):
     """A file field whose cleaned value is the list of uploaded files (``[]`` when optional and
     none was sent); each file is validated like a ``FileField``'s."""
 
@@ -240,7 +254,7 @@ class RunForm(forms.Form):
     reads it again to store it."""
 
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the dataset's name.")
-    dataset_file = forms.FileField(
+    dataset_file = NamedFileField(
         required=False,
         label="Upload a JSONL dataset",
         help_text="One task per line, each with responses_create_params. Rows of an earlier rollouts file work too.",
@@ -261,7 +275,7 @@ class RunForm(forms.Form):
         "concurrency, max_steps and timeouts fill the fields below.",
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
     )
-    nemo_config_file = forms.FileField(
+    nemo_config_file = NamedFileField(
         required=False,
         label="…or upload it",
         widget=forms.ClearableFileInput(attrs={"accept": ".yaml,.yml,application/yaml,text/yaml"}),
