@@ -25,11 +25,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from record_verify_refusal_rows import _lines, _stop, _wait
+from record_verify_refusal_rows import _lines, _stop, _wait, peer_env, peer_work
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,22 +169,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (its logs) and print it")
     args = parser.parse_args()
     venv = args.peer / "venv"
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-
-    work = Path(tempfile.mkdtemp(prefix="ng-failure-text-"))
-    server_dir = work / "resources_servers/failing_env"
-    server_dir.mkdir(parents=True)
-    shutil.copy(Path(__file__).parent / "failing_services.py", server_dir / "app.py")
-    (server_dir / "requirements.txt").write_text("")
-    (server_dir / "cases.json").write_text(json.dumps(CASES))
+    env = peer_env()
+    work, server_dir = peer_work("ng-failure-text-", "failing_env", "failing_services.py", CASES, venv)
     (work / "cases.json").write_text(json.dumps(CASES))
-    for d in (
-        "resources_servers/failing_env",
-        "responses_api_agents/remote_agent",
-        "environment_servers/legacy_agent",
-    ):
-        (work / "venvs" / d).mkdir(parents=True)
-        (work / "venvs" / d / ".venv").symlink_to(venv)
     low = args.port_low
     ports = {"env": low, "remote_agent": low + 1, "unreachable_remote_agent": low + 2, "agent": low + 3}
     ports["dead"] = _free_port(low + 4, low + 10)

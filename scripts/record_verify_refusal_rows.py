@@ -129,6 +129,29 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def peer_env() -> dict[str, str]:
+    """This process's environment for NeMo Gym's servers: Ray on one machine, no usage report."""
+    return dict(
+        os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"
+    )
+
+
+def peer_work(prefix: str, server: str, app: str, cases: dict, venv: Path) -> tuple[Path, Path]:
+    """A fresh work folder for ``gym env start``: ``resources_servers/<server>/app.py`` copied from
+    ``scripts/<app>`` with ``cases.json``, and the peer's one venv linked for that server, the
+    remote_agent and its legacy_agent environment server. Returns (work folder, server folder)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    server_dir = work / "resources_servers" / server
+    server_dir.mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / app, server_dir / "app.py")
+    (server_dir / "requirements.txt").write_text("")
+    (server_dir / "cases.json").write_text(json.dumps(cases))
+    for d in (f"resources_servers/{server}", "responses_api_agents/remote_agent", "environment_servers/legacy_agent"):
+        (work / "venvs" / d).mkdir(parents=True)
+        (work / "venvs" / d / ".venv").symlink_to(venv)
+    return work, server_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peer", type=Path, default=Path(os.environ.get("NGPEER_WORK", "/tmp/ngpeer")))
@@ -138,21 +161,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (its logs) and print it")
     args = parser.parse_args()
     venv = args.peer / "venv"
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-
-    work = Path(tempfile.mkdtemp(prefix="ng-verify-refusals-"))
-    server_dir = work / "resources_servers/refusing_verify"
-    server_dir.mkdir(parents=True)
-    shutil.copy(Path(__file__).parent / "refusing_verify_env.py", server_dir / "app.py")
-    (server_dir / "requirements.txt").write_text("")
-    (server_dir / "cases.json").write_text(json.dumps(CASES))
-    for d in (
-        "resources_servers/refusing_verify",
-        "responses_api_agents/remote_agent",
-        "environment_servers/legacy_agent",
-    ):
-        (work / "venvs" / d).mkdir(parents=True)
-        (work / "venvs" / d / ".venv").symlink_to(venv)
+    env = peer_env()
+    work, server_dir = peer_work("ng-verify-refusals-", "refusing_verify", "refusing_verify_env.py", CASES, venv)
     low = args.port_low
     (work / "config.yaml").write_text(
         CONFIG.format(
