@@ -31,6 +31,7 @@ from gymweb.examples._serve import BackgroundServer
 from rollouts.collection import export
 from rollouts.engine.failures import FailureKind
 from rollouts.models import Rollout, Run
+from rollouts.review import curated
 from rollouts.tokens import create_token
 
 from .conftest import free_port
@@ -264,6 +265,17 @@ def test_each_failure_is_nemo_gyms_row_byte_for_byte_in_the_file_and_the_results
         assert len(streamed) == run.rollouts.count()
         for line in streamed:
             assert line == collected[_case(line)][1]
+
+    # the rollout page's raw row and the export with review fields carry the same text
+    client.force_login(admin)
+    for rollout in Rollout.objects.select_related("task", "run"):
+        theirs = collected[json.loads(rollout.task.row_json)["failure_case"]][1]
+        raw = client.get(reverse("rollout_raw", args=[rollout.run_id, rollout.pk]))
+        assert export.row_line(json.loads(raw.content)).encode() == theirs
+    for run in Run.objects.all():
+        for line in curated.iter_failures(run, None, curated.ExportOptions(review=True)):
+            row = orjson.loads(line)
+            assert row["error"] == orjson.loads(collected[_case(line)][1])["error"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -97,7 +97,14 @@ def oracle(services, tmp_path_factory):
         else:
             task_row = {k: v for k, v in row.items() if k != "_ng_rollout_index"}
             files["failures"].append(
-                export.row_line(export.failure_row(task_row, rollout_index, outcome.error, outcome.terminal))
+                export.row_line(
+                    export.failure_row(
+                        task_row,
+                        rollout_index,
+                        export.sidecar_error(outcome.error, outcome.nemo_error or ""),
+                        outcome.terminal,
+                    )
+                )
             )
     outcomes = [o for _, o, _ in keys.values()]
     # The corpus reaches the loop as intended: two successes and one failure, all of them awkward.
@@ -125,7 +132,7 @@ def _check_stored(run: Run, oracle) -> None:
         rollout = Rollout.objects.get(run=run, task_index=task_index, rollout_index=rollout_index)
         assert rollout.status == ("succeeded" if outcome.ok else "failed")
         assert rollout.storage_error == "" and rollout.failure_kind == (outcome.failure_kind or "")
-        assert rollout.error == (outcome.error or "")
+        assert rollout.error == (outcome.error or "") and rollout.nemo_error == (outcome.nemo_error or "")
         assert rollout.warnings == outcome.warnings
         items = list(TrajectoryItem.objects.filter(rollout=rollout).order_by("seq"))
         assert [canon(i.payload) for i in items] == [canon(r.item) for r in observer.items]

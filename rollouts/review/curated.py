@@ -159,11 +159,12 @@ def iter_failures(run: Run, rollouts: QuerySet | None, options: ExportOptions) -
         return
     qs = _base(run, rollouts).filter(status=Rollout.Status.FAILED)
     fetch = qs.order_by("task_index", "rollout_index", "attempt", "id").values_list(
-        "id", "rollout_index", "error", "terminal", "failure_kind", "task__row_json"
+        "id", "rollout_index", "error", "nemo_error", "terminal", "failure_kind", "task__row_json"
     )
     for chunk in _chunks(fetch):
         info = review_info([row[0] for row in chunk])
-        for rollout_id, rollout_index, error, terminal, kind, task_json in chunk:
+        for rollout_id, rollout_index, error, nemo_error, terminal, _kind, task_json in chunk:
+            error = export.sidecar_error(error, nemo_error)
             row = export.failure_row(json.loads(task_json), rollout_index, error, terminal)
             row["gymweb_review"] = _review_field(info[rollout_id], None, "env")
             yield export.row_line(row)

@@ -406,7 +406,8 @@ def raw_row(rollout: Rollout) -> dict[str, Any] | None:
             export.agent_ordered(rollout.run),
         )
     if rollout.status == Rollout.Status.FAILED:
-        return export.failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp)
+        error = export.sidecar_error(rollout.error, rollout.nemo_error)
+        return export.failure_row(task_row, rollout.rollout_index, error, rollout.terminal, stamp)
     return None
 
 
