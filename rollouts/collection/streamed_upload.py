@@ -210,8 +210,9 @@ def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None
             )
             if not chunk:
                 break
+            prepared = run_rows.prepare([(line, text, json.loads(text)) for line, text in chunk])
             with transaction.atomic():
-                run_rows.store([(line, text, json.loads(text)) for line, text in chunk])
+                run_rows.write(prepared)
                 writing.renew(run)
             read, last = read + len(chunk), chunk[-1][0]
             if progress is not None:
@@ -271,8 +272,9 @@ class _RunRows:
             self.next_index += 1
         return self.by_text[digest]
 
-    def store(self, batch: list[tuple[int, str, dict]]) -> None:
-        """Write the new tasks and the rollouts of ``batch`` (inside the caller's transaction)."""
+    def prepare(self, batch: list[tuple[int, str, dict]]) -> tuple[list[Task], list[tuple[int, int]]]:
+        """The new tasks and the (task, rollout) keys of ``batch``, numbered; no query, so call it
+        outside the batch's transaction (the less work inside, the sooner other writers get in)."""
         run = self.run
         new_tasks: list[Task] = []
         keys: list[tuple[int, int]] = []
@@ -285,6 +287,12 @@ class _RunRows:
             for _ in range(run.num_repeats):
                 keys.append((task_index, self.rollouts_of[task_index]))
                 self.rollouts_of[task_index] += 1
+        return new_tasks, keys
+
+    def write(self, prepared: tuple[list[Task], list[tuple[int, int]]]) -> None:
+        """Store ``prepare``'s tasks and pending rollouts (inside the caller's transaction)."""
+        run = self.run
+        new_tasks, keys = prepared
         made = Task.objects.bulk_create(new_tasks)
         if any(t.pk is None for t in made):  # backends that do not return ids from bulk_create
             wanted = [t.task_index for t in made]
@@ -308,13 +316,17 @@ def _write(
 
     def flush(batch: list[tuple[int, str, dict]], batch_all: list[tuple[int, str, dict]]) -> None:
         """``batch_all``: the rows read (stored in the dataset); ``batch``: those within the limit."""
+        rows = (
+            [DatasetRow(dataset=dataset, line=n, data_json=_dumps(r)) for n, _t, r in batch_all]
+            if dataset is not None
+            else []
+        )
+        prepared = run_rows.prepare(batch) if run_rows is not None else None
         with transaction.atomic():
-            if dataset is not None:
-                DatasetRow.objects.bulk_create(
-                    [DatasetRow(dataset=dataset, line=n, data_json=_dumps(r)) for n, _t, r in batch_all]
-                )
-            if run_rows is not None:
-                run_rows.store(batch)
+            if rows:
+                DatasetRow.objects.bulk_create(rows)
+            if run_rows is not None and prepared is not None:
+                run_rows.write(prepared)
             writing.renew(run, dataset)
 
     with _reading(file) as (fh, size):
