@@ -4,11 +4,14 @@ and the import page's task call it), in a fresh process: seconds, peak RSS and, 
 longest wait of a second connection's one-row write while it runs (how long the import held
 SQLite's write lock at once, as a worker's write sees it), or one large upload launched inside the
 request (``--launch``: the new-run form over the uploaded file, then ``access.launch_from_form``, as
-``POST /api/v1/runs`` with a JSONL body and the new-run page with inline tasks do).
+``POST /api/v1/runs`` with a JSONL body and the new-run page with inline tasks do), or a run
+launched from a dataset already stored (``--from-dataset``; ``--old``: as before, in one
+transaction): the longest transaction and the longest wait of the second connection's write.
 
     python -m benchmarks.bench_upload_rss --rows 1000000 [--db sqlite|postgres] [--max-keys 200000]
     python -m benchmarks.bench_upload_rss --launch --rows 100000
     python -m benchmarks.bench_upload_rss --import --rows 200000 [--items 3]
+    python -m benchmarks.bench_upload_rss --from-dataset --rows 100000 [--old]
 
 Over ``--max-keys`` rows the upload must be refused while read (nothing stored). Prints one JSON
 line (``bench_faults`` runs it and reads that line)."""
@@ -205,6 +208,95 @@ def run_launch(args, where: str) -> None:
     print(json.dumps(out))
 
 
+class LongestTransaction:
+    """The longest outermost ``transaction.atomic`` block of this process while installed (seconds):
+    on SQLite, at most how long one of them held the write lock."""
+
+    def __init__(self):
+        from django.db.transaction import Atomic
+
+        self.longest, self.count, depth, starts = 0.0, 0, [0], []
+        enter, leave = Atomic.__enter__, Atomic.__exit__
+
+        def timed_enter(atomic):
+            if depth[0] == 0:
+                starts.append(time.perf_counter())
+            depth[0] += 1
+            return enter(atomic)
+
+        def timed_exit(atomic, *exc):
+            try:
+                return leave(atomic, *exc)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    self.longest = max(self.longest, time.perf_counter() - starts.pop())
+                    self.count += 1
+
+        Atomic.__enter__, Atomic.__exit__ = timed_enter, timed_exit  # type: ignore[method-assign]
+
+
+def run_from_dataset(args, where: str) -> None:
+    """A run launched from a dataset already stored (the new-run form's dataset choice, then
+    ``launch_from_form``, as ``POST /api/v1/runs`` with a dataset id does); ``--old``: as it was
+    before, the whole dataset loaded (``runs.load_dataset``) and the run written by
+    ``runs.create_run`` in one transaction."""
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+    from django.utils.datastructures import MultiValueDict
+
+    from rollouts.collection import runs, streamed_upload
+    from rollouts.models import Run
+    from rollouts.web.access import launch_from_form
+    from rollouts.web.forms import RunForm
+
+    user = get_user_model().objects.create_user(username="uploader", password="x")
+    folder = Path(os.environ["GYMWEB_DATA_DIR"]) if "GYMWEB_DATA_DIR" in os.environ else Path("/tmp")
+    path = Path(args.file) if args.file else folder / "bench_tasks.jsonl"
+    size = path.stat().st_size if args.file else write_dataset(path, args.rows)
+    found = streamed_upload.scan(path, path.name, args.max_keys, 1 << 24)
+    dataset, _ = streamed_upload.store_dataset(
+        path, path.name, found, name=path.name, user=user, reuse=False, max_line_bytes=1 << 24
+    )
+    sqlite = settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
+    probe = WriteProbe(str(settings.DATABASES["default"]["NAME"])) if sqlite else None
+    time.sleep(1.0 if sqlite else 0)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    timing = LongestTransaction()
+    t0 = time.perf_counter()
+    form = RunForm(MultiValueDict({**POST, "dataset": [str(dataset.pk)]}), user=user)
+    assert form.is_valid(), form.errors
+    if args.old:
+        with transaction.atomic():
+            run = runs.create_run(
+                runs.load_dataset(dataset), name="big", user=user, dataset=dataset, **form.run_options()
+            )
+            runs.launch(run)
+    else:
+        run, _ = launch_from_form(form, user)
+    seconds = time.perf_counter() - t0
+    time.sleep(0.5 if probe is not None else 0)  # the probe's write that waited for the last commit ends
+    longest, writes = probe.stop() if probe is not None else (None, 0)
+    out = {
+        "where": where,
+        "mode": "from-dataset" + (" (old)" if args.old else ""),
+        "rows": found.num_rows,
+        "file_mb": round(size / 1024**2, 1),
+        "result": f"run #{run.pk}: {run.num_tasks} tasks, {run.rollouts.count()} rollouts, {run.status}",
+        "seconds": round(seconds, 1),
+        "transactions": timing.count,
+        "longest_transaction_s": round(timing.longest, 2),
+        "longest_write_wait_s": longest,
+        "probe_writes": writes,
+        "rss_before_mb": round(base_rss),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "runs": Run.objects.count(),
+        "load": os.getloadavg()[0],
+    }
+    print(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -213,6 +305,8 @@ def main() -> None:
     ap.add_argument("--file", default="", help="an existing JSONL file instead of a generated one")
     ap.add_argument("--import", dest="import_", action="store_true", help="import a rollouts file instead")
     ap.add_argument("--launch", action="store_true", help="launch from the new-run form inside the request")
+    ap.add_argument("--from-dataset", action="store_true", help="launch a run from the file stored as a dataset")
+    ap.add_argument("--old", action="store_true", help="--from-dataset: load it whole, one transaction (as before)")
     ap.add_argument("--items", type=int, default=3, help="--import: output items per row")
     ap.add_argument("--rows-per-batch", type=int, default=0, help="--import: importer.ROWS_PER_BATCH (0: as set)")
     args = ap.parse_args()
@@ -224,6 +318,9 @@ def main() -> None:
         return
     if args.launch:
         run_launch(args, where)
+        return
+    if args.from_dataset:
+        run_from_dataset(args, where)
         return
     from django.contrib.auth import get_user_model
 

@@ -87,7 +87,7 @@ class RunTooLarge(ValueError):
 
 def check_size(num_rows: int, num_repeats: int, limit: int | None) -> int:
     """The number of keys a run would have; raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN``
-    (one run is created in one transaction, which holds SQLite's write lock while it lasts)."""
+    (a bound on the work and memory one run takes)."""
     keys = (min(num_rows, limit) if limit else num_rows) * num_repeats
     cap = settings.GYMWEB_MAX_KEYS_PER_RUN
     if keys > cap:
@@ -105,7 +105,9 @@ def create_run(
 
     ``options`` are ``Run`` fields: agent_url, env_url, agent_name, concurrency, max_steps,
     num_repeats, limit, max_attempts, remote_responses_timeout_s, run_timeout_s, overrides,
-    source_file. The run is stored whole or not at all. It is not started: call ``launch``.
+    source_file. The run is stored whole or not at all, in one transaction: for a dataset held in
+    memory (the collect command's file, the demo's); a run over a stored dataset is written in
+    batches by ``streamed_upload.create_run_from_dataset``. It is not started: call ``launch``.
     Raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN`` keys. The run's team: ``team``, else
     the dataset's, else the user's first (``rollouts.teams.team_for_new``).
     """

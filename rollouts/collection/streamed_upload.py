@@ -11,6 +11,9 @@ and run are being written (``rollouts.collection.writing``: shown nowhere, no wo
 each batch renews their lease); if anything fails, what was stored is deleted, and if the process
 dies, the supervisor's sweep deletes it once the lease lapses.
 
+A run over a dataset already stored (``create_run_from_dataset``: the new-run form's dataset choice,
+``POST /api/v1/runs`` with a dataset id) is written the same way, its rows read ``BULK`` at a time.
+
 The run's keys are NeMo Gym's (``rollouts.collection.datasets.materialize``): identical lines share
 a task, rows carrying ``_ng_task_index`` keep it, each row adds ``num_repeats`` rollouts to its task.
 """
@@ -18,6 +21,7 @@ a task, rows carrying ``_ng_task_index`` keep it, each row adds ``num_repeats`` 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -177,12 +181,81 @@ def store_and_create_run(
     return run, not made_dataset
 
 
-class _RunRows:
-    """The tasks and pending rollouts of ``run``, batch by batch, as ``materialize`` numbers them."""
+def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None, progress=None, **options: Any) -> Run:
+    """A queued run over the stored ``dataset`` with ``options`` (``Run`` fields, as
+    ``runs.create_run``), written ``BULK`` dataset rows per transaction (its tasks and pending
+    rollouts, numbered as ``materialize`` numbers them), the run being written (shown nowhere, not
+    launchable) until its last batch is in. The dataset's rows are read in line order, ``BULK`` at a
+    time, none kept. The run's team: ``team``, else the dataset's. Raises ``RunTooLarge`` (and
+    ``ValueError`` for ``num_repeats`` below 1) before storing anything; ``DatasetError`` when the
+    dataset's rows changed while read; on any failure deletes what it stored and re-raises."""
+    team_id = team.pk if team is not None else dataset.team_id
+    run = Run(
+        name=name[:200], created_by=user, dataset=dataset, team_id=team_id, writing_until=writing.lease(), **options
+    )
+    if run.num_repeats < 1:
+        raise ValueError("num_repeats must be at least 1")
+    check_size(dataset.num_rows, run.num_repeats, run.limit)
+    count = min(dataset.num_rows, run.limit) if run.limit else dataset.num_rows
+    run.num_keys = count * run.num_repeats
+    run.save()
+    try:
+        run_rows = _RunRows(run, _carried_indices(dataset, count))
+        read, last = 0, 0
+        while read < count:
+            chunk = list(
+                DatasetRow.objects.filter(dataset=dataset, line__gt=last)
+                .order_by("line")
+                .values_list("line", "data_json")[: min(BULK, count - read)]
+            )
+            if not chunk:
+                break
+            prepared = run_rows.prepare([(line, text, json.loads(text)) for line, text in chunk])
+            with transaction.atomic():
+                run_rows.write(prepared)
+                writing.renew(run)
+            read, last = read + len(chunk), chunk[-1][0]
+            if progress is not None:
+                progress(read / count, f"Stored {read:,} of {count:,} rows…")
+        if read != count:
+            raise DatasetError(
+                f"dataset #{dataset.pk} has {read:,} rows, not {count:,}: it changed while the run was created",
+                None,
+                dataset.name,
+            )
+        with transaction.atomic():
+            run.num_tasks = len(run_rows.rollouts_of)
+            Run.objects.filter(pk=run.pk).update(num_tasks=run.num_tasks)
+            writing.done(run)  # the last batch is in: ready
+    except BaseException:
+        with transaction.atomic():
+            Run.objects.filter(pk=run.pk).delete()
+        raise
+    return run
 
-    def __init__(self, run: Run, found: Scan, limit: int):
+
+def _carried_indices(dataset: Dataset, count: int) -> set[int]:
+    """The task indices that the first ``count`` rows of ``dataset`` carry (``_ng_task_index``);
+    only rows whose text names the key are read."""
+    rows = DatasetRow.objects.filter(dataset=dataset, data_json__contains=f'"{TASK_INDEX_KEY_NAME}"')
+    if count < dataset.num_rows:
+        cutoff = DatasetRow.objects.filter(dataset=dataset).order_by("line").values_list("line", flat=True)[count - 1]
+        rows = rows.filter(line__lte=cutoff)
+    carried = set()
+    for text in rows.order_by("line").values_list("data_json", flat=True).iterator(chunk_size=BULK):
+        row = json.loads(text)
+        if TASK_INDEX_KEY_NAME in row:
+            carried.add(row[TASK_INDEX_KEY_NAME])
+    return carried
+
+
+class _RunRows:
+    """The tasks and pending rollouts of ``run``, batch by batch, as ``materialize`` numbers them;
+    ``explicit``: the task indices rows within the run's limit carry themselves."""
+
+    def __init__(self, run: Run, explicit: set[int]):
         self.run = run
-        self.explicit = {index for index, first in found.explicit.items() if first <= limit}  # within the limit
+        self.explicit = explicit
         self.by_text: dict[bytes, int] = {}  # a line's SHA-1 → its task: identical lines share one
         self.task_ids: dict[int, int] = {}  # task index → Task id
         self.rollouts_of: dict[int, int] = {}  # task index → rollouts so far
@@ -199,8 +272,9 @@ class _RunRows:
             self.next_index += 1
         return self.by_text[digest]
 
-    def store(self, batch: list[tuple[int, str, dict]]) -> None:
-        """Write the new tasks and the rollouts of ``batch`` (inside the caller's transaction)."""
+    def prepare(self, batch: list[tuple[int, str, dict]]) -> tuple[list[Task], list[tuple[int, int]]]:
+        """The new tasks and the (task, rollout) keys of ``batch``, numbered; no query, so call it
+        outside the batch's transaction (the less work inside, the sooner other writers get in)."""
         run = self.run
         new_tasks: list[Task] = []
         keys: list[tuple[int, int]] = []
@@ -213,6 +287,12 @@ class _RunRows:
             for _ in range(run.num_repeats):
                 keys.append((task_index, self.rollouts_of[task_index]))
                 self.rollouts_of[task_index] += 1
+        return new_tasks, keys
+
+    def write(self, prepared: tuple[list[Task], list[tuple[int, int]]]) -> None:
+        """Store ``prepare``'s tasks and pending rollouts (inside the caller's transaction)."""
+        run = self.run
+        new_tasks, keys = prepared
         made = Task.objects.bulk_create(new_tasks)
         if any(t.pk is None for t in made):  # backends that do not return ids from bulk_create
             wanted = [t.task_index for t in made]
@@ -230,18 +310,23 @@ def _write(
     """The second reading: dataset rows (when ``dataset`` is given), tasks and rollouts (when
     ``run`` is), ``BULK`` rows per transaction, each renewing their writing lease; then both are
     marked ready. Raises ``writing.LeaseLost`` when the lease lapsed between two batches."""
-    run_rows = _RunRows(run, found, limit) if run is not None else None
+    explicit = {index for index, first in found.explicit.items() if first <= limit}  # within the limit
+    run_rows = _RunRows(run, explicit) if run is not None else None
     read = 0
 
     def flush(batch: list[tuple[int, str, dict]], batch_all: list[tuple[int, str, dict]]) -> None:
         """``batch_all``: the rows read (stored in the dataset); ``batch``: those within the limit."""
+        rows = (
+            [DatasetRow(dataset=dataset, line=n, data_json=_dumps(r)) for n, _t, r in batch_all]
+            if dataset is not None
+            else []
+        )
+        prepared = run_rows.prepare(batch) if run_rows is not None else None
         with transaction.atomic():
-            if dataset is not None:
-                DatasetRow.objects.bulk_create(
-                    [DatasetRow(dataset=dataset, line=n, data_json=_dumps(r)) for n, _t, r in batch_all]
-                )
-            if run_rows is not None:
-                run_rows.store(batch)
+            if rows:
+                DatasetRow.objects.bulk_create(rows)
+            if run_rows is not None and prepared is not None:
+                run_rows.write(prepared)
             writing.renew(run, dataset)
 
     with _reading(file) as (fh, size):

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.shortcuts import get_object_or_404
 
 from rollouts import teams
@@ -81,8 +80,9 @@ def launch_from_form(form: RunForm, user, **run_fields: Any) -> tuple[Run, bool]
     """Store the dataset (for an upload; an identical earlier upload of the same user is reused
     instead) and the run, and launch it: all or nothing. An upload (validated by the form) is read
     again and stored in bounded memory, in short transactions (``streamed_upload``), shown nowhere
-    until its last batch is in. ``run_fields``: more ``Run`` fields than the form's. Returns the
-    run and whether an earlier upload was reused."""
+    until its last batch is in; so is a run over a stored dataset (its rows read in batches).
+    ``run_fields``: more ``Run`` fields than the form's. Returns the run and whether an earlier
+    upload was reused."""
     team = form.cleaned_data.get("team")  # None: the dataset's team, else the user's first
     options = {**form.run_options(), **run_fields}
     if form.found is not None:
@@ -100,16 +100,12 @@ def launch_from_form(form: RunForm, user, **run_fields: Any) -> tuple[Run, bool]
         )
         runs.launch(run)  # marked running: the workers pick it up
         return run, reused
-    with transaction.atomic():
-        dataset = form.cleaned_data["dataset"]
-        parsed = runs.load_dataset(dataset)
-        run = runs.create_run(
-            parsed,
-            name=form.cleaned_data["name"] or form.dataset_name(),
-            user=user,
-            dataset=dataset,
-            team=team,
-            **options,
-        )
-        runs.launch(run)  # marked running: the workers pick it up
+    run = streamed_upload.create_run_from_dataset(
+        form.cleaned_data["dataset"],
+        name=form.cleaned_data["name"] or form.dataset_name(),
+        user=user,
+        team=team,
+        **options,
+    )
+    runs.launch(run)  # marked running: the workers pick it up
     return run, False
