@@ -44,8 +44,18 @@ def lease() -> datetime:
 def renew(*objs: Model | None) -> None:
     """Renew the lease of each run or dataset in ``objs`` (``None`` skipped); call inside the batch's
     transaction. Raises ``LeaseLost`` when one's lease has already lapsed (or it is gone)."""
+    _hold(objs, lease())
+
+
+def done(*objs: Model | None) -> None:
+    """The last batch of each of ``objs`` is in: ready, shown. Raises ``LeaseLost`` as ``renew``."""
+    _hold(objs, None)
+
+
+def _hold(objs: tuple[Model | None, ...], until: datetime | None) -> None:
+    """Set ``writing_until`` of each of ``objs`` whose lease has not lapsed to ``until``; raises
+    ``LeaseLost`` for the first whose lease lapsed (or that is gone)."""
     now = timezone.now()
-    until = lease()
     for obj in objs:
         if obj is None:
             continue
@@ -53,18 +63,6 @@ def renew(*objs: Model | None) -> None:
         if not kept:
             raise LeaseLost(f"{type(obj).__name__.lower()} #{obj.pk}")
         obj.writing_until = until  # type: ignore[attr-defined]
-
-
-def done(*objs: Model | None) -> None:
-    """The last batch of each of ``objs`` is in: ready, shown. Raises ``LeaseLost`` as ``renew``."""
-    now = timezone.now()
-    for obj in objs:
-        if obj is None:
-            continue
-        kept = type(obj).objects.filter(pk=obj.pk, writing_until__gte=now).update(writing_until=None)
-        if not kept:
-            raise LeaseLost(f"{type(obj).__name__.lower()} #{obj.pk}")
-        obj.writing_until = None  # type: ignore[attr-defined]
 
 
 def sweep() -> tuple[int, int]:
