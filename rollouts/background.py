@@ -8,6 +8,15 @@ hash instead of a second one), keeps its uploaded files under ``task_dir`` and q
 ``run`` claims the row atomically (one worker runs a task once) and calls the job named in
 ``JOBS``: ``job(task, progress) -> Done``; a ``TaskFailed`` it raises is the message the page shows.
 With ``GYMWEB_TASKS_INLINE`` the task runs inside the request that started it.
+
+A worker can die mid-task (SIGKILL, out of memory, power lost) and never say so. Its claim takes a
+lease (``alive_until``, ``GYMWEB_WRITE_LEASE_S``) that a thread of the worker renews while the
+process lives, from the claim on (so a worker killed while still reading the file is found as one
+killed while writing). ``reap`` fails the tasks whose lease lapsed, with a reason the page shows:
+the supervisor's sweep calls it, and so do the places that show or count a task (its page and the
+API's, ``start``'s per-user limit and its same-content check), so a dead task is neither shown as
+running, nor handed back to a re-submit, nor counted, even while no qcluster runs the sweep. What
+its writer stored is shown nowhere and deleted by the sweep (``rollouts.collection.writing``).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,14 +35,26 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.utils import timezone
 
+from rollouts.collection import writing
 from rollouts.models import BackgroundTask
 
 log = logging.getLogger("gymweb.tasks")
 
-__all__ = ["Done", "Progress", "TaskFailed", "TooManyTasks", "content_hash", "run", "start", "task_dir"]
+__all__ = [
+    "Done",
+    "Progress",
+    "TaskFailed",
+    "TooManyTasks",
+    "content_hash",
+    "current",
+    "reap",
+    "run",
+    "start",
+    "task_dir",
+]
 
 # kind -> "module.function" of its job (a string: the pages' modules are imported only when run)
 JOBS: dict[str, str] = {
@@ -115,13 +137,42 @@ def content_hash(parts: Iterable[Any]) -> str:
     return digest.hexdigest()
 
 
-def _reap_stale() -> None:
-    cutoff = timezone.now() - timedelta(seconds=STALE_AFTER_S)
-    BackgroundTask.objects.filter(status=BackgroundTask.Status.RUNNING, started__lt=cutoff).update(
+def _dead_message(kind: str) -> str:
+    label = BackgroundTask.Kind(kind).label if kind in BackgroundTask.Kind.values else "task"
+    return (
+        f"The worker running this {label} stopped (no sign of it for GYMWEB_WRITE_LEASE_S, "
+        f"{float(settings.GYMWEB_WRITE_LEASE_S):g} s: it was killed, ran out of memory or its machine went down); "
+        "nothing of it was kept; submit it again."
+    )
+
+
+def reap(**where: Any) -> int:
+    """Fail the running tasks (those matching ``where``, e.g. ``pk=``) whose worker is gone: its
+    lease (``alive_until``) lapsed, or, for a task run without one (inline), it ran past
+    ``STALE_AFTER_S``. Each gets a message saying so. Returns how many were failed."""
+    now = timezone.now()
+    running = BackgroundTask.objects.filter(status=BackgroundTask.Status.RUNNING, **where)
+    failed = 0
+    for pk, kind in running.filter(alive_until__lt=now).values_list("pk", "kind"):
+        failed += BackgroundTask.objects.filter(
+            pk=pk, status=BackgroundTask.Status.RUNNING, alive_until__lt=now
+        ).update(status=BackgroundTask.Status.FAILED, finished=now, progress=None, message=_dead_message(kind))
+    failed += running.filter(alive_until__isnull=True, started__lt=now - timedelta(seconds=STALE_AFTER_S)).update(
         status=BackgroundTask.Status.FAILED,
-        finished=timezone.now(),
+        finished=now,
         message="The worker running this task stopped before it finished: start it again.",
     )
+    return failed
+
+
+def current(task: BackgroundTask) -> BackgroundTask:
+    """``task`` as it stands: failed (``reap``) when it is running with a lapsed lease. A read
+    only, unless it lapsed: a page polling a live task never waits for the database's write lock."""
+    lapsed = task.alive_until is not None and task.alive_until < timezone.now()
+    if lapsed and task.status == BackgroundTask.Status.RUNNING:
+        reap(pk=task.pk)
+        task.refresh_from_db()
+    return task
 
 
 def _keep_files(task: BackgroundTask, files: list[tuple[str, Any]]) -> list[dict[str, str]]:
@@ -156,7 +207,7 @@ def start(
     running task of the user with the same ``dedupe_key`` exists: that one is handed back and
     nothing is queued. Raises ``TooManyTasks`` past the per-user limit (nothing queued)."""
     limit = int(settings.GYMWEB_MAX_TASKS_PER_USER)
-    _reap_stale()
+    reap(user=user)  # a dead task is neither handed back nor counted
     with transaction.atomic():
         # One user's starts take turns (PostgreSQL: the user's row lock; SQLite: its write lock).
         get_user_model().objects.select_for_update().filter(pk=user.pk).first()
@@ -189,7 +240,7 @@ def _enqueue(task: BackgroundTask) -> None:
 
     inline = bool(settings.GYMWEB_TASKS_INLINE)
     if inline:
-        run(task.pk)
+        run(task.pk, lease=False)
         return
     transaction.on_commit(
         lambda: async_task(
@@ -199,7 +250,8 @@ def _enqueue(task: BackgroundTask) -> None:
 
 
 def _finish(task: BackgroundTask, status: str, message: str, url: str = "", result: dict | None = None) -> None:
-    BackgroundTask.objects.filter(pk=task.pk).update(
+    # a task already failed as dead (its worker stalled past its lease) stays failed
+    BackgroundTask.objects.filter(pk=task.pk, status__in=BackgroundTask.ACTIVE).update(
         status=status,
         message=message,
         result_url=url,
@@ -209,21 +261,57 @@ def _finish(task: BackgroundTask, status: str, message: str, url: str = "", resu
     )
 
 
-def run(task_id: int) -> str:
-    """The worker's entry point: claim task ``task_id`` (a task already claimed is left alone), run
-    its job, store how it ended, remove its files. Returns the status it ended in."""
+class _Lease:
+    """Renews task ``task_id``'s ``alive_until`` every quarter of ``GYMWEB_WRITE_LEASE_S`` from a
+    daemon thread of the worker, until ``stop``: it stops with the process, whatever kills it. A
+    lapsed lease is never renewed (the task was, or is about to be, failed as dead)."""
+
+    def __init__(self, task_id: int):
+        self.task_id = task_id
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._renew, name=f"gymweb-task-{task_id}", daemon=True)
+        self.thread.start()
+
+    def _renew(self) -> None:
+        every = max(0.1, float(settings.GYMWEB_WRITE_LEASE_S) / 4)
+        try:
+            while not self.stopped.wait(every):
+                try:
+                    BackgroundTask.objects.filter(
+                        pk=self.task_id, status=BackgroundTask.Status.RUNNING, alive_until__gte=timezone.now()
+                    ).update(alive_until=writing.lease())
+                except DatabaseError as exc:  # a short outage: the next beat tries again
+                    log.warning("background task %s: its lease could not be renewed (%s)", self.task_id, exc)
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=30)
+
+
+def run(task_id: int, lease: bool = True) -> str:
+    """The worker's entry point: claim task ``task_id`` (a task already claimed is left alone) with
+    a lease its worker renews while it lives (``lease``; False: run inside the request that
+    started it), run its job, store how it ended, remove its files. Returns the status it ended in."""
     claimed = BackgroundTask.objects.filter(pk=task_id, status=BackgroundTask.Status.QUEUED).update(
-        status=BackgroundTask.Status.RUNNING, started=timezone.now(), progress=0.0
+        status=BackgroundTask.Status.RUNNING,
+        started=timezone.now(),
+        progress=0.0,
+        alive_until=writing.lease() if lease else None,
     )
     if not claimed:
         return "not claimed"
     task = BackgroundTask.objects.get(pk=task_id)
+    renewal = _Lease(task_id) if lease else None
     try:
         module, _, name = JOBS[task.kind].rpartition(".")
         job = getattr(import_module(module), name)
         done: Done = job(task, Progress(task))
     except TaskFailed as exc:
         _finish(task, BackgroundTask.Status.FAILED, str(exc), result=exc.result)
+    except writing.LeaseLost as exc:
+        _finish(task, BackgroundTask.Status.FAILED, f"The worker stalled: {exc}; submit it again.")
     except Exception as exc:
         log.exception("background task %s (%s) failed", task.pk, task.kind)
         _finish(
@@ -234,5 +322,7 @@ def run(task_id: int) -> str:
     else:
         _finish(task, BackgroundTask.Status.DONE, done.message, done.url, done.result)
     finally:
+        if renewal is not None:
+            renewal.stop()
         shutil.rmtree(task_dir(task.pk), ignore_errors=True)
     return BackgroundTask.objects.filter(pk=task_id).values_list("status", flat=True).get()

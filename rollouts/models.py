@@ -791,7 +791,9 @@ class BackgroundTask(models.Model):
     run by a django-q2 worker (``rollouts.background``) while the page polls its progress.
     ``params``: what the work needs (files are under ``background.task_dir``); ``result``: what the
     page shows when it ends (``url``: where the result is). At most one queued or running task per
-    user, kind and ``dedupe_key`` (the content hash of an import)."""
+    user, kind and ``dedupe_key`` (the content hash of an import). ``alive_until``: the lease of
+    the worker running it (taken with the claim, renewed while the worker lives); once it lapses
+    the worker is gone and the task is failed (``background.reap``)."""
 
     class Kind(models.TextChoices):
         UPLOAD = "upload", "dataset upload"
@@ -820,6 +822,7 @@ class BackgroundTask(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    alive_until = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created", "-id"]

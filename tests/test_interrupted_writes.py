@@ -27,7 +27,7 @@ from .conftest import REPO, _worker_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-LEASE_S = 2  # the killed writer's GYMWEB_WRITE_LEASE_S
+LEASE_S = 6  # the killed writer's GYMWEB_WRITE_LEASE_S: long enough for a batch on a busy machine
 
 
 def _rollouts_file(path, rows: int):
@@ -149,3 +149,94 @@ def test_the_sweep_leaves_a_live_writer_alone_and_a_lapsed_writer_cannot_go_on(s
     assert Run.objects.get(pk=live.pk).writing_until is None
     with pytest.raises(writing.LeaseLost, match="GYMWEB_WRITE_LEASE_S"):
         writing.renew(lapsed)
+
+
+RUN_TASK = """
+import sys
+import django
+django.setup()
+from rollouts import background
+background.run(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def queued_tasks(settings, tmp_path, queued):
+    settings.GYMWEB_TASKS_INLINE = False
+    settings.GYMWEB_MAX_TASKS_PER_USER = 1
+    settings.GYMWEB_WRITE_LEASE_S = LEASE_S  # as the killed worker's: the page's reason names it
+    settings.DATA_DIR = tmp_path / "data"
+    return queued
+
+
+def _import(client, path):
+    with path.open("rb") as fh:
+        return client.post(reverse("import"), {"rollouts": fh})
+
+
+def test_an_import_whose_worker_is_killed_fails_with_its_reason_and_can_be_submitted_again(
+    tmp_path, signed_in, queued_tasks
+):
+    from rollouts.models import BackgroundTask
+
+    path = _rollouts_file(tmp_path / "killed_rollouts.jsonl", 40_000)
+    first = _import(signed_in, path)
+    task = BackgroundTask.objects.get()
+    assert first["Location"] == reverse("task", args=[task.pk])
+    proc = _start(["-c", RUN_TASK, str(task.pk)], tmp_path)  # the worker's entry point, in its own process
+    _kill_once(proc, lambda: Rollout.objects.exists(), tmp_path, "import")
+
+    time.sleep(LEASE_S + 0.5)  # no sweep runs (no qcluster): the page itself sees the lease lapsed
+    page = signed_in.get(first["Location"]).content.decode()
+    assert 'data-status="failed"' in page
+    assert "The worker running this import stopped (no sign of it for GYMWEB_WRITE_LEASE_S, 6 s" in page
+    assert "nothing of it was kept; submit it again." in page
+
+    again = _import(signed_in, path)  # the same file: a new task (not the dead one), in the one free slot
+    assert again.status_code == 302 and again["Location"] != first["Location"]
+    assert BackgroundTask.objects.filter(status=BackgroundTask.Status.QUEUED).count() == 1
+    supervise()  # the sweep deletes what the killed worker stored
+    assert not Rollout.objects.exists() and not Run.objects.exists()
+
+
+def test_a_worker_killed_while_reading_its_file_frees_its_slot_through_the_sweep(tmp_path, signed_in, queued_tasks):
+    from rollouts.models import BackgroundTask, Dataset
+
+    path = _rollouts_file(tmp_path / "read_rollouts.jsonl", 200_000)
+    _import(signed_in, path)
+    task = BackgroundTask.objects.get()
+    proc = _start(["-c", RUN_TASK, str(task.pk)], tmp_path)
+    try:  # killed as soon as it claimed the task: before its writer took any lease
+        wait_for(
+            lambda: BackgroundTask.objects.get(pk=task.pk).status != BackgroundTask.Status.QUEUED or proc.poll(),
+            60,
+            what="the worker's claim",
+        )
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+    assert BackgroundTask.objects.get(pk=task.pk).alive_until is not None  # the claim took the task's lease
+
+    time.sleep(LEASE_S + 0.5)
+    supervise()  # the qcluster's scheduled job fails it, before anyone looks at it
+    task.refresh_from_db()
+    assert task.status == BackgroundTask.Status.FAILED and "submit it again" in task.message
+    assert not Run.objects.exists() and not Dataset.objects.exists()
+    assert _import(signed_in, path).status_code == 302  # the slot is free
+
+
+def test_a_live_worker_keeps_its_task_running_past_the_lease(tmp_path, user, queued_tasks):
+    from rollouts import background
+    from rollouts.models import BackgroundTask
+
+    task, _ = background.start(BackgroundTask.Kind.CHECK_AGENT, user, {"agent_url": "http://127.0.0.1:1"})
+    BackgroundTask.objects.filter(pk=task.pk).update(status=BackgroundTask.Status.RUNNING, alive_until=writing.lease())
+    beat = background._Lease(task.pk)
+    try:
+        time.sleep(2 * LEASE_S)
+        now = background.current(BackgroundTask.objects.get(pk=task.pk))
+        assert background.reap() == 0 and now.status == BackgroundTask.Status.RUNNING
+    finally:
+        beat.stop()
+    time.sleep(LEASE_S + 0.5)
+    assert background.reap() == 1

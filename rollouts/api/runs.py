@@ -89,10 +89,11 @@ def get_task(request, task_id: int, response: HttpResponse):
     ``status`` is ``done`` (``run``: what it made) or ``failed`` (``message``, ``errors``)."""
     from django.shortcuts import get_object_or_404
 
+    from rollouts import background
     from rollouts.models import BackgroundTask
 
     response["Cache-Control"] = "no-store"  # a poll must see the task's progress, never a copy
-    return task_out(get_object_or_404(BackgroundTask, pk=task_id, user=request.user))
+    return task_out(background.current(get_object_or_404(BackgroundTask, pk=task_id, user=request.user)))
 
 
 @api.get("/runs/{run_id}", response=RunDetailOut, summary="A run's status, progress and aggregates")

@@ -15,10 +15,10 @@ from django.db import transaction
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from rollouts.collection.datasets import ParsedDataset, materialize
+from rollouts.collection.datasets import ParsedDataset
 from rollouts.collection.notify import notify_launch
 from rollouts.lossless import dumps
-from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
+from rollouts.models import Dataset, DatasetRow, Rollout, Run
 from rollouts.teams import team_for_new
 
 log = logging.getLogger("gymweb.runs")
@@ -105,42 +105,16 @@ def create_run(
 
     ``options`` are ``Run`` fields: agent_url, env_url, agent_name, concurrency, max_steps,
     num_repeats, limit, max_attempts, remote_responses_timeout_s, run_timeout_s, overrides,
-    source_file. The run is stored whole or not at all, in one transaction: for a dataset held in
-    memory (the collect command's file, the demo's); a run over a stored dataset is written in
-    batches by ``streamed_upload.create_run_from_dataset``. It is not started: call ``launch``.
-    Raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN`` keys. The run's team: ``team``, else
-    the dataset's, else the user's first (``rollouts.teams.team_for_new``).
+    source_file. Written as every run is, ``BULK`` rows per short transaction, the run shown
+    nowhere until its last batch is in (``streamed_upload.create_run_from_rows``): a big dataset
+    never holds SQLite's write lock for long. It is not started: call ``launch``. Raises
+    ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN`` keys (nothing stored); on any other failure
+    deletes what it stored and re-raises. The run's team: ``team``, else the dataset's, else the
+    user's first (``rollouts.teams.team_for_new``).
     """
-    team_id = team.pk if team is not None else dataset.team_id if dataset is not None else team_for_new(user)
-    run = Run(name=name[:200], created_by=user, dataset=dataset, team_id=team_id, **options)
-    check_size(len(parsed.rows), run.num_repeats, run.limit)
-    tasks = materialize(
-        parsed,
-        agent_name=run.agent_name,
-        num_repeats=run.num_repeats,
-        limit=run.limit,
-        overrides=run.overrides or None,
-    )
-    with transaction.atomic():
-        run.num_tasks = len(tasks)
-        run.num_keys = sum(len(t.rollout_indices) for t in tasks)
-        run.save()
-        task_rows = Task.objects.bulk_create(
-            [Task(run=run, task_index=t.task_index, row_json=_dumps(t.row)) for t in tasks], batch_size=BULK
-        )
-        if any(t.pk is None for t in task_rows):  # backends that do not return ids from bulk_create
-            ids = dict(Task.objects.filter(run=run).values_list("task_index", "id"))
-        else:
-            ids = {t.task_index: t.pk for t in task_rows}
-        Rollout.objects.bulk_create(
-            (
-                Rollout(run=run, task_id=ids[t.task_index], task_index=t.task_index, rollout_index=r, attempt=1)
-                for t in tasks
-                for r in t.rollout_indices
-            ),
-            batch_size=BULK,
-        )
-    return run
+    from rollouts.collection.streamed_upload import create_run_from_rows  # it builds on this module
+
+    return create_run_from_rows(parsed, name=name, user=user, dataset=dataset, team=team, **options)
 
 
 def launch(run: Run) -> None:

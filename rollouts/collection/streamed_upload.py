@@ -32,7 +32,14 @@ from typing import IO, Any, Union
 from django.db import transaction
 
 from rollouts.collection import writing
-from rollouts.collection.datasets import DatasetError, iter_rows, merge_overrides, strip_result_fields, too_many_rows
+from rollouts.collection.datasets import (
+    DatasetError,
+    ParsedDataset,
+    iter_rows,
+    merge_overrides,
+    strip_result_fields,
+    too_many_rows,
+)
 from rollouts.collection.runs import BULK, _dumps, check_size, earlier_upload
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
@@ -181,6 +188,79 @@ def store_and_create_run(
     return run, not made_dataset
 
 
+def _new_run(name: str, user, dataset: Dataset | None, team_id: int, num_rows: int, options: dict) -> tuple[Run, int]:
+    """A new run being written over ``num_rows`` rows (saved, leased) and how many rows it takes.
+    Raises ``RunTooLarge`` and ``ValueError`` (``num_repeats`` below 1) before saving it."""
+    run = Run(
+        name=name[:200], created_by=user, dataset=dataset, team_id=team_id, writing_until=writing.lease(), **options
+    )
+    if run.num_repeats < 1:
+        raise ValueError("num_repeats must be at least 1")
+    check_size(num_rows, run.num_repeats, run.limit)
+    count = min(num_rows, run.limit) if run.limit else num_rows
+    run.num_keys = count * run.num_repeats
+    run.save()
+    return run, count
+
+
+def _fill_run(run: Run, count: int, explicit, batches, progress) -> None:
+    """Write ``batches`` (lists of ``(line, text, row)``, ``count`` rows in all) into ``run``'s
+    tasks and pending rollouts, one transaction each renewing its lease, then mark it ready.
+    ``explicit``: a callable giving the task indices its rows carry (called once the run is
+    saved). On any failure deletes the run and re-raises."""
+    try:
+        run_rows = _RunRows(run, explicit())
+        read = 0
+        for batch in batches:
+            prepared = run_rows.prepare(batch)
+            with transaction.atomic():
+                run_rows.write(prepared)
+                writing.renew(run)
+            read += len(batch)
+            if progress is not None:
+                progress(read / count, f"Stored {read:,} of {count:,} rows…")
+        with transaction.atomic():
+            run.num_tasks = len(run_rows.rollouts_of)
+            Run.objects.filter(pk=run.pk).update(num_tasks=run.num_tasks)
+            writing.done(run)  # the last batch is in: ready
+    except BaseException:
+        with transaction.atomic():
+            Run.objects.filter(pk=run.pk).delete()
+        raise
+
+
+def create_run_from_rows(
+    parsed: ParsedDataset,
+    *,
+    name: str,
+    user=None,
+    dataset: Dataset | None = None,
+    team=None,
+    progress=None,
+    **options: Any,
+) -> Run:
+    """A queued run over ``parsed`` (rows held in memory: the collect command's file, the demo's,
+    the API's and the form's small datasets) with ``options`` (``Run`` fields, as
+    ``runs.create_run``), its tasks and pending rollouts written ``BULK`` rows per transaction as
+    ``create_run_from_dataset`` writes them (numbered as ``materialize`` numbers them), the run
+    shown nowhere until its last batch is in. The run's team: ``team``, else ``dataset``'s, else the
+    user's first. Raises ``RunTooLarge`` (and ``ValueError``) before storing anything; on any
+    failure deletes what it stored and re-raises."""
+    team_id = team.pk if team is not None else dataset.team_id if dataset is not None else team_for_new(user)
+    run, count = _new_run(name, user, dataset, team_id, len(parsed.rows), options)
+
+    def carried() -> set[int]:
+        return {row[TASK_INDEX_KEY_NAME] for row in parsed.rows[:count] if TASK_INDEX_KEY_NAME in row}
+
+    batches = (
+        list(zip(parsed.lines[start:end], parsed.texts[start:end], parsed.rows[start:end]))
+        for start in range(0, count, BULK)
+        for end in [min(start + BULK, count)]
+    )
+    _fill_run(run, count, carried, batches, progress)
+    return run
+
+
 def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None, progress=None, **options: Any) -> Run:
     """A queued run over the stored ``dataset`` with ``options`` (``Run`` fields, as
     ``runs.create_run``), written ``BULK`` dataset rows per transaction (its tasks and pending
@@ -190,17 +270,9 @@ def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None
     ``ValueError`` for ``num_repeats`` below 1) before storing anything; ``DatasetError`` when the
     dataset's rows changed while read; on any failure deletes what it stored and re-raises."""
     team_id = team.pk if team is not None else dataset.team_id
-    run = Run(
-        name=name[:200], created_by=user, dataset=dataset, team_id=team_id, writing_until=writing.lease(), **options
-    )
-    if run.num_repeats < 1:
-        raise ValueError("num_repeats must be at least 1")
-    check_size(dataset.num_rows, run.num_repeats, run.limit)
-    count = min(dataset.num_rows, run.limit) if run.limit else dataset.num_rows
-    run.num_keys = count * run.num_repeats
-    run.save()
-    try:
-        run_rows = _RunRows(run, _carried_indices(dataset, count))
+    run, count = _new_run(name, user, dataset, team_id, dataset.num_rows, options)
+
+    def batches() -> Iterator[list[tuple[int, str, dict]]]:
         read, last = 0, 0
         while read < count:
             chunk = list(
@@ -210,27 +282,16 @@ def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None
             )
             if not chunk:
                 break
-            prepared = run_rows.prepare([(line, text, json.loads(text)) for line, text in chunk])
-            with transaction.atomic():
-                run_rows.write(prepared)
-                writing.renew(run)
+            yield [(line, text, json.loads(text)) for line, text in chunk]
             read, last = read + len(chunk), chunk[-1][0]
-            if progress is not None:
-                progress(read / count, f"Stored {read:,} of {count:,} rows…")
         if read != count:
             raise DatasetError(
                 f"dataset #{dataset.pk} has {read:,} rows, not {count:,}: it changed while the run was created",
                 None,
                 dataset.name,
             )
-        with transaction.atomic():
-            run.num_tasks = len(run_rows.rollouts_of)
-            Run.objects.filter(pk=run.pk).update(num_tasks=run.num_tasks)
-            writing.done(run)  # the last batch is in: ready
-    except BaseException:
-        with transaction.atomic():
-            Run.objects.filter(pk=run.pk).delete()
-        raise
+
+    _fill_run(run, count, lambda: _carried_indices(dataset, count), batches(), progress)
     return run
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 
+from rollouts import background
 from rollouts.models import BackgroundTask
 from rollouts.web.htmx import vary_on_htmx, wants_partial
 
@@ -22,7 +23,7 @@ _BACK = {
 def task_page(request, task_id):
     """One of the user's background tasks (404 for anyone else's): status, progress, message and,
     once done, its result's link; an HTMX request gets the status part only."""
-    task = get_object_or_404(BackgroundTask, pk=task_id, user=request.user)
+    task = background.current(get_object_or_404(BackgroundTask, pk=task_id, user=request.user))
     context = {"task": task, "back": _BACK.get(task.kind), "run_id": task.params.get("run_id")}
     template = "rollouts/partials/task_status.html" if wants_partial(request) else "rollouts/task.html"
     response = render(request, template, context)

@@ -14,6 +14,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from rollouts import background
 from rollouts.collection import runs, writing
 from rollouts.models import Rollout, Run, Task, Worker
 from rollouts.operations import prometheus
@@ -255,8 +256,10 @@ def runs_left(run_ids: set[int]) -> dict[int, int]:
 def supervise() -> str:
     """django-q2 scheduled job (and on every worker spawn): reap expired leases of every running run
     (their keys are queued again), finish runs with nothing left to do, and delete the runs and
-    datasets whose upload or import died part-way (``collection.writing.sweep``)."""
+    datasets whose upload or import died part-way (``collection.writing.sweep``) and fail the
+    background tasks whose worker died (``background.reap``)."""
     swept_runs, swept_datasets = writing.sweep()
+    dead_tasks = background.reap()
     reaped = 0
     for run_id in Run.objects.filter(status=Run.Status.RUNNING).values_list("id", flat=True):
         with transaction.atomic():
@@ -268,4 +271,5 @@ def supervise() -> str:
         if swept_runs or swept_datasets
         else ""
     )
-    return f"requeued {reaped} interrupted rollout(s){swept}"
+    dead = f"; failed {dead_tasks} background task(s) whose worker stopped" if dead_tasks else ""
+    return f"requeued {reaped} interrupted rollout(s){swept}{dead}"
