@@ -125,7 +125,9 @@ def serve(argv: list[str]) -> int:
     ]
     if opts.threads > 1 or opts.worker_class in ("gthread", "sync"):
         # The open results streams' limit is derived from it (rollouts.api.open_streams).
-        os.environ["GYMWEB_WEB_THREADS"] = str(opts.threads)
+        from gymweb.conf import env_name
+
+        os.environ[env_name("web_threads")] = str(opts.threads)
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached
