@@ -86,8 +86,8 @@ def serve(argv: list[str]) -> int:
         "--threads",
         type=int,
         default=16,
-        help="threads per worker process (default 16: each open results stream holds one; above 1, gunicorn "
-        "runs gthread workers whatever --worker-class says)",
+        help="threads per worker process (default 16: each open results stream holds one, and a quarter of them, "
+        "at least one, is kept for pages; above 1, gunicorn runs gthread workers whatever --worker-class says)",
     )
     parser.add_argument("--timeout", type=int, default=300, help="gunicorn's worker timeout in seconds (default 300)")
     parser.add_argument("--no-collectstatic", action="store_true", help="do not run collectstatic first")
@@ -123,6 +123,11 @@ def serve(argv: list[str]) -> int:
         "-",
         *extra,
     ]
+    if opts.threads > 1 or opts.worker_class in ("gthread", "sync"):
+        # The open results streams' limit is derived from it (rollouts.api.open_streams).
+        from gymweb.conf import env_name
+
+        os.environ[env_name("web_threads")] = str(opts.threads)
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached

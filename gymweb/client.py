@@ -17,7 +17,9 @@ each; repeat a row for more), results in finishing order. ``AsyncClient.run_exam
 like NeMo Gym's, an iterator of awaitables, each giving the next finished ``(row, result)``.
 
 A dropped stream is reconnected with its cursor (every row exactly once), up to ``retries`` times
-in a row with ``retry_pause_s`` between tries. Settings the server refuses raise
+in a row with ``retry_pause_s`` between tries. A busy server's 503 or 429 with ``Retry-After`` (its
+limits on open results streams, docs/production.md) is waited out and tried again, for up to
+``busy_budget_s`` seconds of waiting in a row; then ``ServerBusy``. Settings the server refuses raise
 ``RefusedSettings`` (its message names the field, or the row and field); a bad token raises
 ``Unauthorized``; a run that ends without a result for every row (cancelled) raises ``RunEnded``.
 """
@@ -25,17 +27,19 @@ in a row with ``retry_pause_s`` between tries. Settings the server refuses raise
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
-__all__ = ["AsyncClient", "Client", "GymwebError", "RefusedSettings", "RunEnded", "Unauthorized"]
+__all__ = ["AsyncClient", "Client", "GymwebError", "RefusedSettings", "RunEnded", "ServerBusy", "Unauthorized"]
 
 API = "/api/v1"
 FINAL = ("completed", "cancelled", "imported")
@@ -59,6 +63,40 @@ class RefusedSettings(GymwebError):
 
 class Unauthorized(GymwebError):
     """401: no token, or an unknown or revoked one (make one with ``manage.py api_token create``)."""
+
+
+class ServerBusy(GymwebError):
+    """The server answered 503 or 429 with ``Retry-After`` (busy: e.g. its limit on open results
+    streams) for longer than the client's ``busy_budget_s``. ``limit``, ``value``: the limit the
+    last answer named (``per_process``/``per_user`` and how many streams it allows; empty/None when
+    it named none); ``waited_s``: seconds waited in all."""
+
+    def __init__(self, message: str, status: int, detail: str, limit: str, value: int | None, waited_s: float):
+        super().__init__(message, status, detail)
+        self.limit = limit
+        self.value = value
+        self.waited_s = waited_s
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds a 503 or 429 answer asks to wait (``Retry-After``: seconds or an HTTP date); None
+    for any other answer, or one without the header (nothing says a retry would help)."""
+    if response.status_code not in (429, 503):
+        return None
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 class RunEnded(GymwebError):
@@ -158,7 +196,9 @@ class _Lines:
 
 
 class _Base:
-    def __init__(self, url: str | None, token: str | None, retries: int, retry_pause_s: float):
+    def __init__(
+        self, url: str | None, token: str | None, retries: int, retry_pause_s: float, busy_budget_s: float = 300.0
+    ):
         url = url or os.environ.get("GYMWEB_URL") or ""
         if not url:
             raise ValueError("give the gymweb server's URL (or set GYMWEB_URL)")
@@ -166,11 +206,39 @@ class _Base:
         self.token = token if token is not None else os.environ.get("GYMWEB_TOKEN", "")
         self.retries = retries
         self.retry_pause_s = retry_pause_s
+        self.busy_budget_s = busy_budget_s
 
     STREAM_READ_TIMEOUT_S = 120.0  # the server sends a keep-alive line after 15 s of silence
 
     def _stream_timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.timeout, read=self.STREAM_READ_TIMEOUT_S)
+
+    def _busy_pause(self, response: httpx.Response, what: str, waited: float) -> float | None:
+        """Seconds to wait before sending ``response``'s request again when it is a busy answer
+        (503/429 with ``Retry-After``), None when it is not; raises ``ServerBusy`` when that wait
+        would take the waiting in a row (``waited``) past ``busy_budget_s``."""
+        pause = _retry_after(response)
+        if pause is None:
+            return None
+        pause = max(pause, 0.05)
+        if waited + pause <= self.busy_budget_s:
+            return pause
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        detail = str(body.get("detail") or response.text[:500] or response.reason_phrase)
+        value = body.get("value")
+        raise ServerBusy(
+            f"{what}: HTTP {response.status_code}: {detail} (gave up after waiting {waited:g} s in all, "
+            f"busy_budget_s={self.busy_budget_s:g})",
+            response.status_code,
+            detail,
+            str(body.get("limit") or ""),
+            value if isinstance(value, int) else None,
+            waited,
+        )
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -187,7 +255,8 @@ class Client(_Base):
     """Synchronous client. ``url``: the server (default ``GYMWEB_URL``); ``token``: an API token
     (default ``GYMWEB_TOKEN``); ``timeout``: seconds for one request (the stream's reads wait
     longer: it may stay quiet while rollouts run); ``retries``: reconnections in a row after a
-    dropped connection. Use as a context manager or call ``close()``."""
+    dropped connection; ``busy_budget_s``: seconds of waiting out busy answers (503/429 with
+    ``Retry-After``) in a row before ``ServerBusy``. Use as a context manager or call ``close()``."""
 
     def __init__(
         self,
@@ -197,9 +266,10 @@ class Client(_Base):
         timeout: float = 60.0,
         retries: int = 10,
         retry_pause_s: float = 0.5,
+        busy_budget_s: float = 300.0,
         http: httpx.Client | None = None,
     ):
-        super().__init__(url, token, retries, retry_pause_s)
+        super().__init__(url, token, retries, retry_pause_s, busy_budget_s)
         self.timeout = timeout
         self.http = http or httpx.Client(timeout=httpx.Timeout(timeout, read=None), headers=self._headers())
 
@@ -214,8 +284,9 @@ class Client(_Base):
 
     # -- single calls ------------------------------------------------------------------------------
     def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
-        failures = 0
-        # A POST is tried again only when it never reached the server (a second run otherwise).
+        failures, waited = 0, 0.0
+        # A POST is tried again only when it never reached the server (a second run otherwise);
+        # a busy answer (503/429 with Retry-After) did nothing, so it is tried again whatever the method.
         retryable = (httpx.ConnectError, httpx.ConnectTimeout) if method == "POST" else (httpx.TransportError,)
         while True:
             try:
@@ -225,6 +296,11 @@ class Client(_Base):
                 if failures > self.retries:
                     raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
                 time.sleep(self.retry_pause_s)
+                continue
+            pause = self._busy_pause(response, what, waited)
+            if pause is not None:
+                time.sleep(pause)
+                waited += pause
                 continue
             _raise_for(response, what)
             return response
@@ -248,9 +324,10 @@ class Client(_Base):
     def results(self, run_id: int, after: int = 0, wait: bool = True) -> Iterator[dict]:
         """The run's NeMo Gym rows from position ``after`` in finishing order, each once; with
         ``wait``, until the run is final, reconnecting after a dropped connection."""
-        failures = 0
+        failures, waited = 0, 0.0
+        what = f"reading run {run_id}'s results"
         while True:
-            got_any = False
+            got_any, busy = False, None
             try:
                 with self.http.stream(
                     "GET",
@@ -260,13 +337,17 @@ class Client(_Base):
                 ) as response:
                     if response.status_code >= 400:
                         response.read()
-                        _raise_for(response, f"reading run {run_id}'s results")
-                    lines = _Lines()
-                    for chunk in response.iter_bytes():
-                        for row in lines.feed(chunk):
-                            after += 1
-                            got_any = True
-                            yield row
+                        busy = self._busy_pause(response, what, waited)
+                        if busy is None:
+                            _raise_for(response, what)
+                    else:
+                        waited = 0.0
+                        lines = _Lines()
+                        for chunk in response.iter_bytes():
+                            for row in lines.feed(chunk):
+                                after += 1
+                                got_any = True
+                                yield row
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
@@ -274,6 +355,10 @@ class Client(_Base):
                         f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)"
                     ) from exc
                 time.sleep(self.retry_pause_s)
+                continue
+            if busy is not None:
+                time.sleep(busy)
+                waited += busy
                 continue
             failures = 0
             if not wait:
@@ -325,9 +410,10 @@ class AsyncClient(_Base):
         timeout: float = 60.0,
         retries: int = 10,
         retry_pause_s: float = 0.5,
+        busy_budget_s: float = 300.0,
         http: httpx.AsyncClient | None = None,
     ):
-        super().__init__(url, token, retries, retry_pause_s)
+        super().__init__(url, token, retries, retry_pause_s, busy_budget_s)
         self.timeout = timeout
         self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(timeout, read=None), headers=self._headers())
 
@@ -341,7 +427,7 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
-        failures = 0
+        failures, waited = 0, 0.0
         retryable = (httpx.ConnectError, httpx.ConnectTimeout) if method == "POST" else (httpx.TransportError,)
         while True:
             try:
@@ -351,6 +437,11 @@ class AsyncClient(_Base):
                 if failures > self.retries:
                     raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
                 await asyncio.sleep(self.retry_pause_s)
+                continue
+            pause = self._busy_pause(response, what, waited)
+            if pause is not None:
+                await asyncio.sleep(pause)
+                waited += pause
                 continue
             _raise_for(response, what)
             return response
@@ -369,9 +460,10 @@ class AsyncClient(_Base):
         ).json()
 
     async def results(self, run_id: int, after: int = 0, wait: bool = True) -> AsyncIterator[dict]:
-        failures = 0
+        failures, waited = 0, 0.0
+        what = f"reading run {run_id}'s results"
         while True:
-            got_any = False
+            got_any, busy = False, None
             try:
                 async with self.http.stream(
                     "GET",
@@ -381,13 +473,17 @@ class AsyncClient(_Base):
                 ) as response:
                     if response.status_code >= 400:
                         await response.aread()
-                        _raise_for(response, f"reading run {run_id}'s results")
-                    lines = _Lines()
-                    async for chunk in response.aiter_bytes():
-                        for row in lines.feed(chunk):
-                            after += 1
-                            got_any = True
-                            yield row
+                        busy = self._busy_pause(response, what, waited)
+                        if busy is None:
+                            _raise_for(response, what)
+                    else:
+                        waited = 0.0
+                        lines = _Lines()
+                        async for chunk in response.aiter_bytes():
+                            for row in lines.feed(chunk):
+                                after += 1
+                                got_any = True
+                                yield row
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
@@ -395,6 +491,10 @@ class AsyncClient(_Base):
                         f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)"
                     ) from exc
                 await asyncio.sleep(self.retry_pause_s)
+                continue
+            if busy is not None:
+                await asyncio.sleep(busy)
+                waited += busy
                 continue
             failures = 0
             if not wait:

@@ -194,6 +194,21 @@ class GymwebSettings(BaseSettings):
     stream_max_s: float = S(
         240.0, "a results stream ends after this long (the client reconnects with its cursor; below gunicorn's timeout)"
     )
+    web_threads: int = S(
+        0,
+        "threads of each web worker process, from which the open-stream limit is derived; `gymweb serve` sets it from --threads (set it when starting gunicorn yourself; 0: taken as 16; 1 for `sync` workers)",
+    )
+    max_result_streams: int | None = S(
+        None,
+        "open results streams (that wait) one web process holds at once; past it 503 with Retry-After, so some threads stay for pages and /healthz (0: none; ?wait=0 reads are not counted)",
+        shown="threads − max(1, threads ÷ 4): 12 of 16",
+    )
+    max_result_streams_per_user: int | None = S(
+        None,
+        "open results streams one user (all their API tokens) holds at once in one web process; past it 429 with Retry-After",
+        shown="half the per-process limit, at least 1",
+    )
+    stream_retry_after_s: int = S(5, "the Retry-After (seconds) of a results stream refused by those limits")
     flush_s: float = S(0.25, "how often a worker writes what its rollouts produced")
     gc_threshold: int = S(
         200_000, "Python's first garbage-collector threshold while a dispatcher serves (0: Python's default)"

@@ -151,3 +151,85 @@ def test_a_stream_that_never_comes_back_raises_after_its_retries():
         list(
             client.run_examples([{"responses_create_params": {"input": "x"}}], agent_url="http://a", env_url="http://e")
         )
+
+
+# -- a busy server (503/429 with Retry-After) ---------------------------------------------------------
+def _busy_then_ok(busy: int, status: int = 503):
+    """A handler whose results stream answers ``busy`` times 503 (or 429) with Retry-After, then
+    one row and the run final."""
+    calls = {"results": 0}
+    refused = {
+        "detail": "this web process already holds its 3 open results streams",
+        "limit": "per_process",
+        "setting": "GYMWEB_MAX_RESULT_STREAMS",
+        "value": 3,
+        "retry_after_s": 0,
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(201, json={"id": 4, "status": "running"})
+        if request.url.path == "/api/v1/runs/4/results":
+            calls["results"] += 1
+            if calls["results"] <= busy:
+                return httpx.Response(status, headers={"Retry-After": "0.01"}, json=refused)
+            return httpx.Response(200, content=b'{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}\n')
+        return httpx.Response(200, json={"id": 4, "status": "completed"})
+
+    return handler, calls
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_busy_answer_is_waited_out_and_the_stream_read_after_it(status):
+    handler, calls = _busy_then_ok(3, status)
+    client = Client("http://gymweb.test", "gw_x", http=httpx.Client(transport=httpx.MockTransport(handler)))
+    pairs = list(
+        client.run_examples([{"responses_create_params": {"input": "x"}}], agent_url="http://a", env_url="http://e")
+    )
+    assert [result["reward"] for _, result in pairs] == [1.0]
+    assert calls["results"] == 4
+
+
+def test_a_server_busy_past_the_budget_raises_server_busy_naming_the_limit():
+    from gymweb.client import ServerBusy
+
+    handler, calls = _busy_then_ok(10**6)
+    client = Client(
+        "http://gymweb.test", "gw_x", http=httpx.Client(transport=httpx.MockTransport(handler)), busy_budget_s=0.1
+    )
+    with pytest.raises(ServerBusy) as busy:
+        list(client.results(4))
+    assert busy.value.status == 503 and busy.value.limit == "per_process" and busy.value.value == 3
+    assert "holds its 3 open results streams" in str(busy.value) and "busy_budget_s=0.1" in str(busy.value)
+    assert calls["results"] > 1  # it waited and tried again before giving up
+
+
+def test_the_async_client_waits_out_a_busy_answer_too():
+    handler, calls = _busy_then_ok(2)
+
+    async def main():
+        client = AsyncClient(
+            "http://gymweb.test", "gw_x", http=httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        )
+        return [
+            pair
+            async for pair in client.iter_examples(
+                [{"responses_create_params": {"input": "x"}}], agent_url="http://a", env_url="http://e"
+            )
+        ]
+
+    pairs = asyncio.run(main())
+    assert [result["reward"] for _, result in pairs] == [1.0] and calls["results"] == 3
+
+
+def test_a_busy_answer_to_a_single_call_is_retried():
+    state = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        state["n"] += 1
+        if state["n"] == 1:
+            return httpx.Response(429, headers={"Retry-After": "0"}, json={"detail": "slow down"})
+        return httpx.Response(200, json={"id": 4, "status": "running"})
+
+    client = Client("http://gymweb.test", "gw_x", http=httpx.Client(transport=httpx.MockTransport(handler)))
+    assert client.run(4)["status"] == "running" and state["n"] == 2

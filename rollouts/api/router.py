@@ -28,6 +28,7 @@ from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from rollouts.api.errors import FieldsError
+from rollouts.api.open_streams import StreamRefused
 from rollouts.api.openapi import complete
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.models import ApiToken
@@ -132,9 +133,13 @@ def _http_error(request, exc: HttpError):
     body = {"detail": getattr(request, "_gymweb_body_error", None) or exc.message}
     if isinstance(exc, FieldsError) and exc.errors:
         body["errors"] = exc.errors
+    if isinstance(exc, StreamRefused):
+        body.update(exc.body)
     response = api.create_response(request, body, status=exc.status_code)
     if isinstance(exc, TooManyBadTokens):
         response["Retry-After"] = str(exc.wait)
+    elif isinstance(exc, StreamRefused):
+        response["Retry-After"] = str(exc.retry_after)
     return response
 
 

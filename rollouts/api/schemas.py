@@ -17,6 +17,15 @@ class Error(Schema):
     errors: dict[str, list[str]] = Field(default_factory=dict, description="per field, when a form rejected the input")
 
 
+class StreamRefusedOut(Error):
+    """A results stream refused by a limit on open streams (``rollouts.api.open_streams``)."""
+
+    limit: str = Field(..., description="`per_process` (503) or `per_user` (429)")
+    setting: str = Field(..., description="the setting of that limit")
+    value: int = Field(..., description="the limit: how many open streams it allows")
+    retry_after_s: int = Field(..., description="as the Retry-After header")
+
+
 class DatasetOut(Schema):
     id: int
     name: str

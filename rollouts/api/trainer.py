@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -29,10 +29,11 @@ from pydantic import Field, ValidationError
 
 from rollouts.api.errors import FieldsError, form_error
 from rollouts.api.lookups import rollout_for
+from rollouts.api.open_streams import SLOTS, HeldStream, client_gone
 from rollouts.api.payloads import rollout_detail, run_out
 from rollouts.api.result_wait import ResultWait
 from rollouts.api.router import api
-from rollouts.api.schemas import Error, RolloutDetailOut, RunOut
+from rollouts.api.schemas import Error, RolloutDetailOut, RunOut, StreamRefusedOut
 from rollouts.collection import archive, export, run_settings
 from rollouts.collection.datasets import DatasetError, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
@@ -369,11 +370,17 @@ def _look(run_id: int) -> tuple[str, int | None] | None:
     return None if row is None else (row[0], row[1])
 
 
-def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
+def _stays() -> bool:
+    return False
+
+
+def result_lines(run_id: int, after: int, wait: bool, gone: Callable[[], bool] = _stays) -> Iterator[bytes]:
     """NDJSON lines of the run's NeMo Gym rows from ``after``; with ``wait``, looks again each
     time the database may hold new rows (``rollouts.api.result_wait``) until the run is final and
     everything is sent, sending an empty line after ``GYMWEB_STREAM_KEEPALIVE_S`` of silence, for
-    at most ``GYMWEB_STREAM_MAX_S`` (the client then reconnects with its cursor)."""
+    at most ``GYMWEB_STREAM_MAX_S`` (the client then reconnects with its cursor). Ends as soon as
+    ``gone()`` says the client closed its connection (checked after every wait, at least once a
+    second: ``rollouts.api.open_streams.client_gone``)."""
     keepalive_s = settings.GYMWEB_STREAM_KEEPALIVE_S
     started = last_out = time.monotonic()
     run = Run.objects.filter(pk=run_id).first()
@@ -409,6 +416,8 @@ def result_lines(run_id: int, after: int, wait: bool) -> Iterator[bytes]:
                 yield b"\n"
                 last_out = now
             changes.wait()
+            if gone():
+                return
 
 
 _RESULTS_DOC = (
@@ -421,17 +430,33 @@ _RESULTS_DOC = (
     "`wait=1` (default) keeps the connection open until the run is final (completed or cancelled) "
     "and every row is sent; "
     "`wait=0` answers at once with what is there. An empty line is a keep-alive. A stream also ends after "
-    "`GYMWEB_STREAM_MAX_S`: when it ends before the run is final, reconnect with your count."
+    "`GYMWEB_STREAM_MAX_S`: when it ends before the run is final, reconnect with your count. "
+    "Open streams that wait are limited per web process (`GYMWEB_MAX_RESULT_STREAMS`: 503) and per user "
+    "(`GYMWEB_MAX_RESULT_STREAMS_PER_USER`: 429); both answers carry `Retry-After` (seconds) and say which "
+    "limit and its value. `wait=0` reads are not counted."
 )
+_BUSY_HEADERS = {"Retry-After": {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}}
 
 
 @api.get(
     "/runs/{run_id}/results",
     summary="The run's finished rollouts as NeMo Gym rows, streamed as they finish",
     description=_RESULTS_DOC,
-    response={200: None, 400: Error, 409: Error},
+    response={200: None, 400: Error, 409: Error, 429: StreamRefusedOut, 503: StreamRefusedOut},
     openapi_extra={
-        "responses": {"200": {"description": "NDJSON rows", "content": {NDJSON: {"schema": {"type": "string"}}}}}
+        "responses": {
+            "200": {"description": "NDJSON rows", "content": {NDJSON: {"schema": {"type": "string"}}}},
+            "429": {
+                "description": "you hold `GYMWEB_MAX_RESULT_STREAMS_PER_USER` open streams in this web process "
+                "already (`limit`: `per_user`); try again after `Retry-After` seconds",
+                "headers": _BUSY_HEADERS,
+            },
+            "503": {
+                "description": "this web process holds `GYMWEB_MAX_RESULT_STREAMS` open streams already "
+                "(`limit`: `per_process`); try again after `Retry-After` seconds (or read with `wait=0`)",
+                "headers": _BUSY_HEADERS,
+            },
+        }
     },
 )
 def run_results(
@@ -443,7 +468,10 @@ def run_results(
     run = run_for(request, run_id)
     if run.is_archived:  # its verify replies are in the archive files, not in the rows the stream reads
         raise HttpError(409, str(archive.RunArchived(run, "the results stream")))
-    response = StreamingHttpResponse(result_lines(run.pk, after, wait), content_type=f"{NDJSON}; charset=utf-8")
+    lines = result_lines(run.pk, after, wait, client_gone(request.META))
+    # A stream that waits holds a thread until the run ends: counted (open_streams). wait=0 ends at once.
+    body = HeldStream(lines, SLOTS.take(request.user.pk)) if wait else lines
+    response = StreamingHttpResponse(body, content_type=f"{NDJSON}; charset=utf-8")
     response["X-Content-Type-Options"] = "nosniff"
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # nginx: pass rows on as they come
