@@ -119,6 +119,9 @@ class Cluster:
         self.env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
         self.log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (closed in stop)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("GYMWEB_", "DATABASE_URL"))}
+        # The code of this checkout, not the one the venv's `gymweb` script was installed from
+        # (an editable install of another worktree would otherwise be what is measured).
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(h.REPO), base.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             ["bash", "-c", f'set -a; . "{self.env_file}"; set +a; exec "{GYMWEB}" qcluster'],
             env=base,
