@@ -6,6 +6,8 @@ part that could not be stored ends as a ``storage_failed`` failure."""
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,16 +31,66 @@ from rollouts.workers.sql import finish_rollout
 
 log = logging.getLogger("gymweb.dispatch")
 
-__all__ = ["TOKENS_MAX", "Batch", "call_row", "item_row", "write_batch"]
+__all__ = ["TOKENS_MAX", "Batch", "CallRow", "ItemRow", "call_row", "item_row", "write_batch"]
 
 
 SEED_BATCH = 1000  # rollouts' seed_ms per UPDATE statement
 
 
+@dataclass(slots=True)
+class CallRow:
+    """An ``AgentCall`` row to insert, by attribute name: built for every step of every rollout in
+    the event loop, where a model instance's ``__init__`` costs ten times as much."""
+
+    rollout_id: int
+    index: int
+    started: datetime
+    latency_ms: float
+    http_status: int | None
+    response_id: str
+    model: str
+    usage: Any
+    incomplete_details: Any
+    num_asks: int
+    error: str
+
+
+@dataclass(slots=True)
+class ItemRow:
+    """A ``TrajectoryItem`` row to insert, by attribute name (see ``CallRow``); ``search_text`` is
+    filled by the writer (``fill_missing``)."""
+
+    rollout_id: int
+    seq: int
+    step: int
+    kind: str
+    role: str
+    call_id: str
+    name: str
+    origin: str
+    asked: bool
+    paired: bool
+    refused: bool
+    latency_ms: float | None
+    tool_status: int | None
+    payload: Any
+    search_text: str = ""
+
+
+def _as_model(model: type, row: Any) -> Any:
+    """``row`` (a ``CallRow``/``ItemRow`` or already a model instance) as an unsaved ``model``."""
+    if isinstance(row, model):
+        return row
+    return model(**{name: getattr(row, name) for name in row.__slots__})
+
+
 @dataclass
 class Batch:
-    calls: list[AgentCall] = field(default_factory=list)
-    items: list[TrajectoryItem] = field(default_factory=list)
+    """What a dispatcher hands its database thread in one trip. ``calls`` and ``items``:
+    ``CallRow``/``ItemRow`` (or model instances of ``AgentCall``/``TrajectoryItem``)."""
+
+    calls: list[Any] = field(default_factory=list)
+    items: list[Any] = field(default_factory=list)
     seeds: dict[int, float] = field(default_factory=dict)
     finished: list[tuple[int, RolloutOutcome]] = field(default_factory=list)
     killed: list[tuple[int, str]] = field(default_factory=list)
@@ -62,39 +114,41 @@ class Batch:
         return self
 
 
-def item_row(rollout_id: int, rec: ItemRecord) -> TrajectoryItem:
+def item_row(rollout_id: int, rec: ItemRecord) -> ItemRow:
+    """The ``TrajectoryItem`` row of one item the loop recorded."""
     item = rec.item
-    return TrajectoryItem(
-        rollout_id=rollout_id,
-        seq=rec.seq,
-        step=rec.step,
-        kind=str(item.get("type") or "")[:40],
-        role=str(item.get("role") or "")[:20],
-        call_id=str(item.get("call_id") or "")[:300],
-        name=str(item.get("name") or "")[:300],
-        origin=rec.origin,
-        asked=rec.asked,
-        paired=rec.paired,
-        refused=rec.refused,
-        latency_ms=rec.latency_ms,
-        tool_status=rec.tool_status,
-        payload=item,
+    return ItemRow(
+        rollout_id,
+        rec.seq,
+        rec.step,
+        str(item.get("type") or "")[:40],
+        str(item.get("role") or "")[:20],
+        str(item.get("call_id") or "")[:300],
+        str(item.get("name") or "")[:300],
+        rec.origin,
+        rec.asked,
+        rec.paired,
+        rec.refused,
+        rec.latency_ms,
+        rec.tool_status,
+        item,
     )
 
 
-def call_row(rollout_id: int, step: StepRecord) -> AgentCall:
-    return AgentCall(
-        rollout_id=rollout_id,
-        index=step.index,
-        started=datetime.fromtimestamp(step.started_at, tz=UTC),
-        latency_ms=step.latency_ms,
-        http_status=step.http_status,
-        response_id=(step.response_id or "")[:300] if isinstance(step.response_id, str) else "",
-        model=(step.model or "")[:300] if isinstance(step.model, str) else "",
-        usage=step.usage,
-        incomplete_details=step.incomplete_details,
-        num_asks=step.num_asks,
-        error=step.error or "",
+def call_row(rollout_id: int, step: StepRecord) -> CallRow:
+    """The ``AgentCall`` row of one agent call the loop recorded."""
+    return CallRow(
+        rollout_id,
+        step.index,
+        datetime.fromtimestamp(step.started_at, tz=UTC),
+        step.latency_ms,
+        step.http_status,
+        (step.response_id or "")[:300] if isinstance(step.response_id, str) else "",
+        (step.model or "")[:300] if isinstance(step.model, str) else "",
+        step.usage,
+        step.incomplete_details,
+        step.num_asks,
+        step.error or "",
     )
 
 
@@ -135,8 +189,15 @@ def write_batch(batch: Batch, worker: str) -> None:
     any failure) whose message says what is missing; nothing is dropped quietly and one bad part
     never stops a worker.
     """
+    timing = _WriteTiming() if _TIMING_LOG else None
     try:
-        _write_batch(batch, worker)
+        if timing is not None:
+            from django.db import connection
+
+            with connection.execute_wrapper(timing.wrap):
+                _write_batch(batch, worker)
+        else:
+            _write_batch(batch, worker)
     except (OperationalError, InterfaceError):
         raise
     except Exception as exc:
@@ -144,6 +205,42 @@ def write_batch(batch: Batch, worker: str) -> None:
         _write_piecewise(batch, worker)
     prometheus.record_batch(batch)
     _log_failures(batch)
+    if timing is not None:
+        timing.done(batch)
+
+
+# A benchmark's file to which each batch write appends one line of timings (``_WriteTiming``).
+_TIMING_LOG = os.environ.get("GW_BENCH_WRITE_LOG", "")
+
+
+class _WriteTiming:
+    """Where one batch write's time went, for the benchmarks (``GW_BENCH_WRITE_LOG``): appends
+    ``now wall cpu db_wall db_cpu age calls items finished`` (seconds; ``age``: how long ago the
+    oldest agent call in the batch ended, when the write began). Wall time off this thread's CPU
+    outside the database calls is time spent waiting for the GIL or a core."""
+
+    def __init__(self) -> None:
+        self.t0, self.c0 = time.time(), time.thread_time()
+        self.db_wall = self.db_cpu = 0.0
+
+    def wrap(self, execute: Callable, sql: str, params: Any, many: bool, context: Any) -> Any:
+        t, c = time.perf_counter(), time.thread_time()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.db_wall += time.perf_counter() - t
+            self.db_cpu += time.thread_time() - c
+
+    def done(self, batch: Batch) -> None:
+        now = time.time()
+        ends = [c.started.timestamp() + (c.latency_ms or 0) / 1000 for c in batch.calls]
+        age = self.t0 - min(ends) if ends else 0.0
+        line = (
+            f"{now:.3f} {now - self.t0:.4f} {time.thread_time() - self.c0:.4f} {self.db_wall:.4f} "
+            f"{self.db_cpu:.4f} {age:.3f} {len(batch.calls)} {len(batch.items)} {len(batch.finished)}\n"
+        )
+        with open(_TIMING_LOG, "a") as f:
+            f.write(line)
 
 
 def _log_failures(batch: Batch) -> None:
@@ -221,12 +318,14 @@ def _write_rows_piecewise(batch: Batch) -> set[int]:
     """The batch's agent calls and trajectory items one by one; returns the rollouts that lost one."""
     touched: set[int] = set()
     for call in batch.calls:
-        error = _attempt(partial(AgentCall.objects.bulk_create, [call], ignore_conflicts=True))
+        error = _attempt(partial(AgentCall.objects.bulk_create, [_as_model(AgentCall, call)], ignore_conflicts=True))
         if error is not None:
             _lost(call.rollout_id, f"agent call {call.index + 1}", error)
             touched.add(call.rollout_id)
     for item in batch.items:
-        error = _attempt(partial(TrajectoryItem.objects.bulk_create, [item], ignore_conflicts=True))
+        error = _attempt(
+            partial(TrajectoryItem.objects.bulk_create, [_as_model(TrajectoryItem, item)], ignore_conflicts=True)
+        )
         if error is not None:
             _lost(item.rollout_id, f"trajectory item #{item.seq} ({item.kind or 'no type'})", error)
             touched.add(item.rollout_id)
