@@ -27,7 +27,7 @@ from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.operations import prometheus
 from rollouts.search import fill_missing
-from rollouts.workers.sql import finish_rollout
+from rollouts.workers.sql import finish_rollout, finish_rollouts
 
 log = logging.getLogger("gymweb.dispatch")
 
@@ -436,7 +436,7 @@ def _write_batch(batch: Batch, worker: str) -> None:
             insert_ignoring_conflicts(TrajectoryItem, batch.items)
         ending = {rollout_id for rollout_id, _ in batch.finished}
         _write_seeds({k: v for k, v in batch.seeds.items() if k not in ending})  # else with the result
-        ended = [rollout_id for rollout_id, out in batch.finished if _write_result(batch, worker, now, rollout_id, out)]
+        ended = _write_results(batch, worker, now)
         for rollout_id, status in batch.killed:
             _write_killed(worker, now, rollout_id, status)
         if batch.unclaimed:  # never started: the claim is undone, no attempt happened
@@ -499,15 +499,33 @@ def _result_fields(out: RolloutOutcome, now: datetime) -> dict[str, Any]:
     return fields
 
 
-def _write_result(batch: Batch, worker: str, now: datetime, rollout_id: int, out: RolloutOutcome) -> bool:
-    """One finished attempt's result (and its refused reply, if any), unless its lease was taken
-    over. Returns whether it was written (its place in the finishing order is given after)."""
-    if rollout_id in _missing:
-        out = _storage_failure(out, _missing[rollout_id])
-    fields = _result_fields(out, now)
-    if rollout_id in batch.seeds:
-        fields["seed_ms"] = batch.seeds[rollout_id]
-    if not finish_rollout(rollout_id, worker, fields):
+def _write_results(batch: Batch, worker: str, now: datetime) -> list[int]:
+    """The batch's finished attempts' results (``_write_result``), those with the same columns
+    in one ``finish_rollouts`` trip when no lease among them was taken over. Returns the rollouts
+    written, in finishing order."""
+    ends = []
+    for rollout_id, out in batch.finished:
+        if rollout_id in _missing:
+            out = _storage_failure(out, _missing[rollout_id])
+        fields = _result_fields(out, now)
+        if rollout_id in batch.seeds:
+            fields["seed_ms"] = batch.seeds[rollout_id]
+        ends.append((rollout_id, out, fields))
+    groups: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
+    for rollout_id, _out, fields in ends:
+        groups.setdefault(tuple(fields), []).append((rollout_id, fields))
+    done = set()
+    for group in groups.values():
+        if len(group) > 1 and finish_rollouts(worker, group):
+            done.update(rollout_id for rollout_id, _ in group)
+    return [rollout_id for rollout_id, out, fields in ends if _write_result(worker, rollout_id, out, fields, done)]
+
+
+def _write_result(worker: str, rollout_id: int, out: RolloutOutcome, fields: dict[str, Any], done: set[int]) -> bool:
+    """One finished attempt's result ``fields`` (unless in ``done``: already written) and its
+    refused reply, if any, unless its lease was taken over. Returns whether it was written (its
+    place in the finishing order is given after)."""
+    if rollout_id not in done and not finish_rollout(rollout_id, worker, fields):
         # Our lease expired and the key was queued again: the newer attempt owns the key.
         log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
         return False
