@@ -514,7 +514,7 @@ def _write_results(batch: Batch, worker: str, now: datetime) -> list[int]:
     groups: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
     for rollout_id, _out, fields in ends:
         groups.setdefault(tuple(fields), []).append((rollout_id, fields))
-    done = set()
+    done: set[int] = set()
     for group in groups.values():
         if len(group) > 1 and finish_rollouts(worker, group):
             done.update(rollout_id for rollout_id, _ in group)
