@@ -119,6 +119,9 @@ class Cluster:
         self.env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
         self.log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (closed in stop)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("GYMWEB_", "DATABASE_URL"))}
+        # The code of this checkout, not the one the venv's `gymweb` script was installed from
+        # (an editable install of another worktree would otherwise be what is measured).
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(h.REPO), base.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             ["bash", "-c", f'set -a; . "{self.env_file}"; set +a; exec "{GYMWEB}" qcluster'],
             env=base,
@@ -540,6 +543,14 @@ def main() -> None:
         "(e.g. -10: favoured over other sessions' work; restored at the end; root only)",
     )
     parser.add_argument(
+        "--db-autogroup-nice",
+        type=int,
+        default=None,
+        help="nice value of the PostgreSQL server's scheduler autogroup during the benchmark (e.g. -10, as the "
+        "workers' with --autogroup-nice: otherwise favoured workers leave the server a tenth of the CPU in a "
+        "wave and the writers wait for it; restored at the end; root only; the server is shared)",
+    )
+    parser.add_argument(
         "--service-procs",
         type=int,
         default=None,
@@ -583,6 +594,14 @@ def main() -> None:
     before = set_autogroup_nice("self", args.autogroup_nice)
     if before:
         print(f"scheduler: autogroup of this session and of each cluster at nice {args.autogroup_nice} (was: {before})")
+    db_pid, db_before = "", ""
+    if args.db_autogroup_nice is not None and args.db == "postgres":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend = cursor.fetchone()[0]
+        db_pid = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1]  # the server's main process
+        db_before = set_autogroup_nice(db_pid, args.db_autogroup_nice)
+        print(f"scheduler: autogroup of the PostgreSQL server at nice {args.db_autogroup_nice} (was: {db_before})")
     agent_url, env_url, procs = h.start_services(
         args.calls, args.latency_ms, ports=(args.agent_port, args.env_port), each=args.service_procs
     )
@@ -596,6 +615,8 @@ def main() -> None:
         h.stop(procs)
         if before:
             set_autogroup_nice("self", int(before.rsplit(" ", 1)[1]))
+        if db_before:
+            set_autogroup_nice(db_pid, int(db_before.rsplit(" ", 1)[1]))
 
 
 if __name__ == "__main__":

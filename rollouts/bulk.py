@@ -58,7 +58,9 @@ def insert_ignoring_conflicts(model: type[models.Model], objs: list) -> None:
     statement built once per backend: the same SQL Django writes (``INSERT OR IGNORE`` on SQLite,
     ``ON CONFLICT DO NOTHING`` on PostgreSQL) and the same values (each field's
     ``get_db_prep_save``, so lossless encoding applies), without compiling the insert for every
-    batch (the compiler was most of the writer's CPU). Raises what the database raises."""
+    batch (the compiler was most of the writer's CPU). ``objs``: instances of ``model``, or any
+    objects with an attribute per concrete field's ``attname`` (the workers' ``CallRow`` and
+    ``ItemRow``, cheaper to build). Raises what the database raises."""
     from django.db import connection
     from django.db.models.constants import OnConflict
 

@@ -101,3 +101,59 @@ def test_it_stores_what_it_was_given_and_ignores_conflicts():
     assert [r.latency_ms for r in rows] == [1.25, None, 1.25, None]
     assert [r.tool_status for r in rows] == [None, 200, 200, 200]
     assert rows[3].payload == {"i": 3, "t": "\x00x", "f": -0.0}
+
+
+@pytest.mark.parametrize(("model", "row_class"), [(AgentCall, "CallRow"), (TrajectoryItem, "ItemRow")])
+def test_the_loops_row_classes_carry_every_column_of_their_model(model, row_class):
+    from rollouts.workers import writer
+
+    columns = {f.attname for f in model._meta.concrete_fields if not f.primary_key}
+    assert set(getattr(writer, row_class).__slots__) == columns
+
+
+def test_the_loops_rows_store_what_model_instances_would():
+    from rollouts.engine.loop import ItemRecord, StepRecord
+    from rollouts.workers.writer import Batch, _as_model, call_row, item_row, write_batch
+
+    run = Run.objects.create(name="rows")
+    task = Task.objects.create(run=run, task_index=0, row_json='{"responses_create_params": {"input": "x"}}')
+    ours, theirs = (Rollout.objects.create(run=run, task=task, task_index=0, rollout_index=i) for i in range(2))
+    step = StepRecord(
+        index=0,
+        started_at=1764648000.25,
+        latency_ms=12.5,
+        http_status=200,
+        response_id="r\x00",
+        model="m",
+        usage={"input_tokens": 3},
+        incomplete_details=None,
+        num_asks=1,
+        error=None,
+    )
+    recs = [
+        ItemRecord(
+            seq=0,
+            step=0,
+            item={"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            origin="agent",
+            asked=True,
+        ),
+        ItemRecord(
+            seq=1,
+            step=0,
+            item={"type": "function_call_output", "call_id": "c", "output": "ünï\x00"},
+            origin="gym",
+            latency_ms=0.5,
+            tool_status=200,
+        ),
+    ]
+    write_batch(Batch(calls=[call_row(ours.pk, step)], items=[item_row(ours.pk, r) for r in recs]), "w")
+    AgentCall.objects.bulk_create([_as_model(AgentCall, call_row(theirs.pk, step))])
+    TrajectoryItem.objects.bulk_create([_as_model(TrajectoryItem, item_row(theirs.pk, r)) for r in recs])
+
+    def stored(model, rollout):
+        names = [f.attname for f in model._meta.concrete_fields if f.attname not in ("id", "rollout_id")]
+        return list(model.objects.filter(rollout=rollout).order_by("pk").values_list(*names))
+
+    for model in (AgentCall, TrajectoryItem):
+        assert stored(model, ours) == stored(model, theirs) != []

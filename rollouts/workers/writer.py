@@ -6,6 +6,8 @@ part that could not be stored ends as a ``storage_failed`` failure."""
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,20 +27,70 @@ from rollouts.lossless import dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.operations import prometheus
 from rollouts.search import fill_missing
-from rollouts.workers.sql import finish_rollout
+from rollouts.workers.sql import finish_rollout, finish_rollouts
 
 log = logging.getLogger("gymweb.dispatch")
 
-__all__ = ["TOKENS_MAX", "Batch", "call_row", "item_row", "write_batch"]
+__all__ = ["TOKENS_MAX", "Batch", "CallRow", "ItemRow", "call_row", "item_row", "write_batch"]
 
 
 SEED_BATCH = 1000  # rollouts' seed_ms per UPDATE statement
 
 
+@dataclass(slots=True)
+class CallRow:
+    """An ``AgentCall`` row to insert, by attribute name: built for every step of every rollout in
+    the event loop, where a model instance's ``__init__`` costs ten times as much."""
+
+    rollout_id: int
+    index: int
+    started: datetime
+    latency_ms: float
+    http_status: int | None
+    response_id: str
+    model: str
+    usage: Any
+    incomplete_details: Any
+    num_asks: int
+    error: str
+
+
+@dataclass(slots=True)
+class ItemRow:
+    """A ``TrajectoryItem`` row to insert, by attribute name (see ``CallRow``); ``search_text`` is
+    filled by the writer (``fill_missing``)."""
+
+    rollout_id: int
+    seq: int
+    step: int
+    kind: str
+    role: str
+    call_id: str
+    name: str
+    origin: str
+    asked: bool
+    paired: bool
+    refused: bool
+    latency_ms: float | None
+    tool_status: int | None
+    payload: Any
+    search_text: str = ""
+
+
+def _as_model(model: type, row: Any) -> Any:
+    """``row`` (a ``CallRow``/``ItemRow`` or already a model instance) as an unsaved ``model``."""
+    if isinstance(row, model):
+        return row
+    return model(**{name: getattr(row, name) for name in row.__slots__})
+
+
 @dataclass
 class Batch:
-    calls: list[AgentCall] = field(default_factory=list)
-    items: list[TrajectoryItem] = field(default_factory=list)
+    """What a dispatcher hands its database thread in one trip. ``calls`` and ``items``:
+    ``CallRow``/``ItemRow`` (or model instances of ``AgentCall``/``TrajectoryItem``)."""
+
+    calls: list[Any] = field(default_factory=list)
+    items: list[Any] = field(default_factory=list)
     seeds: dict[int, float] = field(default_factory=dict)
     finished: list[tuple[int, RolloutOutcome]] = field(default_factory=list)
     killed: list[tuple[int, str]] = field(default_factory=list)
@@ -62,39 +114,41 @@ class Batch:
         return self
 
 
-def item_row(rollout_id: int, rec: ItemRecord) -> TrajectoryItem:
+def item_row(rollout_id: int, rec: ItemRecord) -> ItemRow:
+    """The ``TrajectoryItem`` row of one item the loop recorded."""
     item = rec.item
-    return TrajectoryItem(
-        rollout_id=rollout_id,
-        seq=rec.seq,
-        step=rec.step,
-        kind=str(item.get("type") or "")[:40],
-        role=str(item.get("role") or "")[:20],
-        call_id=str(item.get("call_id") or "")[:300],
-        name=str(item.get("name") or "")[:300],
-        origin=rec.origin,
-        asked=rec.asked,
-        paired=rec.paired,
-        refused=rec.refused,
-        latency_ms=rec.latency_ms,
-        tool_status=rec.tool_status,
-        payload=item,
+    return ItemRow(
+        rollout_id,
+        rec.seq,
+        rec.step,
+        str(item.get("type") or "")[:40],
+        str(item.get("role") or "")[:20],
+        str(item.get("call_id") or "")[:300],
+        str(item.get("name") or "")[:300],
+        rec.origin,
+        rec.asked,
+        rec.paired,
+        rec.refused,
+        rec.latency_ms,
+        rec.tool_status,
+        item,
     )
 
 
-def call_row(rollout_id: int, step: StepRecord) -> AgentCall:
-    return AgentCall(
-        rollout_id=rollout_id,
-        index=step.index,
-        started=datetime.fromtimestamp(step.started_at, tz=UTC),
-        latency_ms=step.latency_ms,
-        http_status=step.http_status,
-        response_id=(step.response_id or "")[:300] if isinstance(step.response_id, str) else "",
-        model=(step.model or "")[:300] if isinstance(step.model, str) else "",
-        usage=step.usage,
-        incomplete_details=step.incomplete_details,
-        num_asks=step.num_asks,
-        error=step.error or "",
+def call_row(rollout_id: int, step: StepRecord) -> CallRow:
+    """The ``AgentCall`` row of one agent call the loop recorded."""
+    return CallRow(
+        rollout_id,
+        step.index,
+        datetime.fromtimestamp(step.started_at, tz=UTC),
+        step.latency_ms,
+        step.http_status,
+        (step.response_id or "")[:300] if isinstance(step.response_id, str) else "",
+        (step.model or "")[:300] if isinstance(step.model, str) else "",
+        step.usage,
+        step.incomplete_details,
+        step.num_asks,
+        step.error or "",
     )
 
 
@@ -135,8 +189,15 @@ def write_batch(batch: Batch, worker: str) -> None:
     any failure) whose message says what is missing; nothing is dropped quietly and one bad part
     never stops a worker.
     """
+    timing = _WriteTiming() if _TIMING_LOG else None
     try:
-        _write_batch(batch, worker)
+        if timing is not None:
+            from django.db import connection
+
+            with connection.execute_wrapper(timing.wrap):
+                _write_batch(batch, worker)
+        else:
+            _write_batch(batch, worker)
     except (OperationalError, InterfaceError):
         raise
     except Exception as exc:
@@ -144,6 +205,42 @@ def write_batch(batch: Batch, worker: str) -> None:
         _write_piecewise(batch, worker)
     prometheus.record_batch(batch)
     _log_failures(batch)
+    if timing is not None:
+        timing.done(batch)
+
+
+# A benchmark's file to which each batch write appends one line of timings (``_WriteTiming``).
+_TIMING_LOG = os.environ.get("GW_BENCH_WRITE_LOG", "")
+
+
+class _WriteTiming:
+    """Where one batch write's time went, for the benchmarks (``GW_BENCH_WRITE_LOG``): appends
+    ``now wall cpu db_wall db_cpu age calls items finished`` (seconds; ``age``: how long ago the
+    oldest agent call in the batch ended, when the write began). Wall time off this thread's CPU
+    outside the database calls is time spent waiting for the GIL or a core."""
+
+    def __init__(self) -> None:
+        self.t0, self.c0 = time.time(), time.thread_time()
+        self.db_wall = self.db_cpu = 0.0
+
+    def wrap(self, execute: Callable, sql: str, params: Any, many: bool, context: Any) -> Any:
+        t, c = time.perf_counter(), time.thread_time()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.db_wall += time.perf_counter() - t
+            self.db_cpu += time.thread_time() - c
+
+    def done(self, batch: Batch) -> None:
+        now = time.time()
+        ends = [c.started.timestamp() + (c.latency_ms or 0) / 1000 for c in batch.calls]
+        age = self.t0 - min(ends) if ends else 0.0
+        line = (
+            f"{now:.3f} {now - self.t0:.4f} {time.thread_time() - self.c0:.4f} {self.db_wall:.4f} "
+            f"{self.db_cpu:.4f} {age:.3f} {len(batch.calls)} {len(batch.items)} {len(batch.finished)}\n"
+        )
+        with open(_TIMING_LOG, "a") as f:
+            f.write(line)
 
 
 def _log_failures(batch: Batch) -> None:
@@ -221,12 +318,14 @@ def _write_rows_piecewise(batch: Batch) -> set[int]:
     """The batch's agent calls and trajectory items one by one; returns the rollouts that lost one."""
     touched: set[int] = set()
     for call in batch.calls:
-        error = _attempt(partial(AgentCall.objects.bulk_create, [call], ignore_conflicts=True))
+        error = _attempt(partial(AgentCall.objects.bulk_create, [_as_model(AgentCall, call)], ignore_conflicts=True))
         if error is not None:
             _lost(call.rollout_id, f"agent call {call.index + 1}", error)
             touched.add(call.rollout_id)
     for item in batch.items:
-        error = _attempt(partial(TrajectoryItem.objects.bulk_create, [item], ignore_conflicts=True))
+        error = _attempt(
+            partial(TrajectoryItem.objects.bulk_create, [_as_model(TrajectoryItem, item)], ignore_conflicts=True)
+        )
         if error is not None:
             _lost(item.rollout_id, f"trajectory item #{item.seq} ({item.kind or 'no type'})", error)
             touched.add(item.rollout_id)
@@ -337,7 +436,7 @@ def _write_batch(batch: Batch, worker: str) -> None:
             insert_ignoring_conflicts(TrajectoryItem, batch.items)
         ending = {rollout_id for rollout_id, _ in batch.finished}
         _write_seeds({k: v for k, v in batch.seeds.items() if k not in ending})  # else with the result
-        ended = [rollout_id for rollout_id, out in batch.finished if _write_result(batch, worker, now, rollout_id, out)]
+        ended = _write_results(batch, worker, now)
         for rollout_id, status in batch.killed:
             _write_killed(worker, now, rollout_id, status)
         if batch.unclaimed:  # never started: the claim is undone, no attempt happened
@@ -400,15 +499,33 @@ def _result_fields(out: RolloutOutcome, now: datetime) -> dict[str, Any]:
     return fields
 
 
-def _write_result(batch: Batch, worker: str, now: datetime, rollout_id: int, out: RolloutOutcome) -> bool:
-    """One finished attempt's result (and its refused reply, if any), unless its lease was taken
-    over. Returns whether it was written (its place in the finishing order is given after)."""
-    if rollout_id in _missing:
-        out = _storage_failure(out, _missing[rollout_id])
-    fields = _result_fields(out, now)
-    if rollout_id in batch.seeds:
-        fields["seed_ms"] = batch.seeds[rollout_id]
-    if not finish_rollout(rollout_id, worker, fields):
+def _write_results(batch: Batch, worker: str, now: datetime) -> list[int]:
+    """The batch's finished attempts' results (``_write_result``), those with the same columns
+    in one ``finish_rollouts`` trip when no lease among them was taken over. Returns the rollouts
+    written, in finishing order."""
+    ends = []
+    for rollout_id, out in batch.finished:
+        if rollout_id in _missing:
+            out = _storage_failure(out, _missing[rollout_id])
+        fields = _result_fields(out, now)
+        if rollout_id in batch.seeds:
+            fields["seed_ms"] = batch.seeds[rollout_id]
+        ends.append((rollout_id, out, fields))
+    groups: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
+    for rollout_id, _out, fields in ends:
+        groups.setdefault(tuple(fields), []).append((rollout_id, fields))
+    done: set[int] = set()
+    for group in groups.values():
+        if len(group) > 1 and finish_rollouts(worker, group):
+            done.update(rollout_id for rollout_id, _ in group)
+    return [rollout_id for rollout_id, out, fields in ends if _write_result(worker, rollout_id, out, fields, done)]
+
+
+def _write_result(worker: str, rollout_id: int, out: RolloutOutcome, fields: dict[str, Any], done: set[int]) -> bool:
+    """One finished attempt's result ``fields`` (unless in ``done``: already written) and its
+    refused reply, if any, unless its lease was taken over. Returns whether it was written (its
+    place in the finishing order is given after)."""
+    if rollout_id not in done and not finish_rollout(rollout_id, worker, fields):
         # Our lease expired and the key was queued again: the newer attempt owns the key.
         log.warning("rollout %s finished after its lease was taken over; result dropped", rollout_id)
         return False
