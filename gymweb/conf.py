@@ -229,7 +229,7 @@ class GymwebSettings(BaseSettings):
     supervise_minutes: int = S(1, "how often the supervisor revives runs whose workers died")
     write_lease_s: float = S(
         120,
-        "an upload or import being written renews its lease with every batch; not renewed for this long, its writer counts as dead and the supervisor deletes what it stored",
+        "an upload or import being written renews its lease with every batch, and a background task's worker renews its task's lease every quarter of it; not renewed for this long, the writer counts as dead (the supervisor deletes what it stored) and the task is failed with the reason on its page",
     )
     aggregate_max_rows: int = S(200_000, "most rows sent to the env's /aggregate_metrics (past it: computed locally)")
     aggregate_timeout_s: float = S(60, "timeout of the /aggregate_metrics call")
