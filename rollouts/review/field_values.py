@@ -226,10 +226,13 @@ def kept_expressions(qs: QuerySet, run_id: int, name: str) -> tuple[QuerySet, F,
 
 def filter_field(qs: QuerySet, run_id: int, name: str, value: str) -> QuerySet:
     """``columns.filter_field`` on the kept values of run ``run_id`` (``qs``: its rollouts): a number
-    range on ``number``, else equality with ``text``."""
+    range on ``number``, else equality with ``text`` (a quoted value: with the ``text`` of a string)."""
     if not value.strip():
         return qs
     qs, number, text = kept_expressions(qs, run_id, name)
+    literal = columns.literal_text(value)
+    if literal is not None:  # a string value only (PostgreSQL keeps a number's text too)
+        return qs.filter(**{text.name: literal, f"{number.name}__isnull": True})
     bounds = columns.parse_range(value)
     if bounds is None:
         return qs.filter(**{f"{text.name}": value})
