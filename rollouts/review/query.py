@@ -278,13 +278,18 @@ class RolloutFilterForm(ReviewFilterFields):
             self.head = field_values.sort_head(qs, self.kept_run_id, column, key.startswith("-"), then=TASK_ORDER)
             qs, terms = field_values.sort_terms(qs, self.kept_run_id, column, key.startswith("-"))
             terms += TASK_ORDER
-        elif column not in SORTS:  # a task or verify field: numbers first, then texts, then missing
+        elif column not in SORTS:  # a task or verify field: numbers, then texts, then missing (both ways)
             text, number = columns.field_expressions(column)  # type: ignore[misc]
-            # SQLite's json_extract keeps JSON types, which order numbers before texts: one
-            # expression (one read of the JSON per row); PostgreSQL's reads as text: numbers first.
-            names = ("_sort_text",) if connection.vendor == "sqlite" else ("_sort_number", "_sort_text")
-            qs = qs.alias(**{n: number if n == "_sort_number" else text for n in names})
             desc = key.startswith("-")
+            if connection.vendor == "sqlite" and not desc:
+                # json_extract keeps JSON types, and SQLite orders numbers before texts before
+                # NULL: one expression (one read of the JSON per row)
+                qs = qs.alias(_sort_text=text)
+                names: tuple[str, ...] = ("_sort_text",)
+            else:
+                qs = qs.alias(_sort_number=number)
+                qs = qs.alias(_sort_text=field_values.text_of_strings(qs, F("_sort_number"), text))
+                names = ("_sort_number", "_sort_text")
             terms = tuple(F(n).desc(nulls_last=True) if desc else F(n).asc(nulls_last=True) for n in names)
             terms += TASK_ORDER
         elif column == "reward" and self.value("reward_source") == CORRECTED:
