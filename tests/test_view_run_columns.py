@@ -277,7 +277,9 @@ def test_a_quoted_field_filter_is_always_text():
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("kept", [False, True], ids=["json", "kept"])
-def test_a_text_field_filters_by_any_literal_in_double_quotes_on_both_readings(signed_in, shared_data, kept, monkeypatch):
+def test_a_text_field_filters_by_any_literal_in_double_quotes_on_both_readings(
+    signed_in, shared_data, kept, monkeypatch
+):
     from urllib.parse import quote
 
     from rollouts.review import query
@@ -287,7 +289,7 @@ def test_a_text_field_filters_by_any_literal_in_double_quotes_on_both_readings(s
     run = _import(shared_data, "tau2")
     rows = list(Rollout.objects.filter(run=run).exclude(verify_json="").order_by("task_index"))
     values = {0: "nan", 1: "1..0", 2: "1", 3: 1, 4: ""}
-    for row, (i, value) in zip(rows, values.items()):
+    for row, value in zip(rows, values.values()):
         reply = json.loads(row.verify_json)
         reply["code"] = value
         Rollout.objects.filter(pk=row.pk).update(verify_json=json.dumps(reply))

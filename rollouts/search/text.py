@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from rollouts.lossless import displayable
+
 __all__ = ["MAX_TEXT", "fill_missing", "find_snippet", "item_search_text", "normalise_query"]
 
 # Longest search text kept per item (characters): a multi-megabyte tool output is indexed by its
@@ -114,9 +116,9 @@ def find_snippet(
         end = at + len(needle)
         before = text[max(0, at - context) : at]
         after = text[end : end + context]
-        return (
-            ("…" if at > context else "") + before.replace("\n", " "),
-            text[at:end].replace("\n", " "),
-            after.replace("\n", " ") + ("…" if end + context < len(text) else ""),
+        return (  # a lone surrogate as U+FFFD: no page can encode it
+            ("…" if at > context else "") + displayable(before.replace("\n", " ")),
+            displayable(text[at:end].replace("\n", " ")),
+            displayable(after.replace("\n", " ")) + ("…" if end + context < len(text) else ""),
         )
     return None

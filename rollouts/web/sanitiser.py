@@ -11,6 +11,7 @@ import re
 import nh3
 from django.utils.safestring import SafeString, mark_safe
 
+from rollouts.lossless import displayable
 from rollouts.web.highlight import HL_CLASSES
 
 _TAGS = {
@@ -141,7 +142,7 @@ def sanitise(markup: str) -> SafeString:
     escaped (``&quot;``, ``&#x27;``) as Django's autoescape writes them, so text reads the same
     whichever way it reached the page. The only function of gymweb that marks untrusted content
     safe (``tests/test_xss.py`` checks this). Returns a ``SafeString``."""
-    cleaned = _CLEANER.clean(markup)
+    cleaned = _CLEANER.clean(displayable(markup))  # a lone surrogate: U+FFFD (no page can encode it)
     pieces = _TAG_RE.split(cleaned)
     for i in range(0, len(pieces), 2):  # even indexes are text between tags
         if '"' in pieces[i] or "'" in pieces[i]:
