@@ -142,7 +142,8 @@ def sanitise(markup: str) -> SafeString:
     escaped (``&quot;``, ``&#x27;``) as Django's autoescape writes them, so text reads the same
     whichever way it reached the page. The only function of gymweb that marks untrusted content
     safe (``tests/test_xss.py`` checks this). Returns a ``SafeString``."""
-    cleaned = _CLEANER.clean(displayable(markup))  # a lone surrogate: U+FFFD (no page can encode it)
+    markup = displayable(markup)  # a lone surrogate as U+FFFD: no page can encode it
+    cleaned = _CLEANER.clean(markup)
     pieces = _TAG_RE.split(cleaned)
     for i in range(0, len(pieces), 2):  # even indexes are text between tags
         if '"' in pieces[i] or "'" in pieces[i]:
