@@ -19,8 +19,6 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from rollouts.lossless import displayable
-
 __all__ = ["MAX_TEXT", "fill_missing", "find_snippet", "item_search_text", "normalise_query"]
 
 # Longest search text kept per item (characters): a multi-megabyte tool output is indexed by its
@@ -28,6 +26,13 @@ __all__ = ["MAX_TEXT", "fill_missing", "find_snippet", "item_search_text", "norm
 MAX_TEXT = 2_000_000
 SKIPPED_KEYS = frozenset({"type", "id", "status", "role"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def displayable(text: str) -> str:
+    """``text`` with each lone surrogate as U+FFFD (no page can encode one); a NUL kept."""
+    if not text.isascii() and _SURROGATE.search(text):
+        return _SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def _clean(text: str) -> str:
