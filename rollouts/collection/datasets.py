@@ -213,10 +213,10 @@ def _json_document(first: str, rest: Iterator[tuple[int, str | bytes]], source: 
         strict_loads("".join(parts))
     except (DatasetError, UnicodeDecodeError, NotJSON):
         return None
-    if first.lstrip().startswith("["):
-        return _json_array(source)
     message = "this is a JSON document, not JSONL (one JSON object per line)"
     known = NEMO_GYM_JSON_FILES.get(source.replace("\\", "/").rsplit("/", 1)[-1])
+    if not known and first.lstrip().startswith("["):
+        return _json_array(source)
     if known:
         message = f"this is {known} (a JSON document), not JSONL; a run's import takes its rollouts.jsonl"
     return message
