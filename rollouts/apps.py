@@ -58,15 +58,18 @@ class RolloutsConfig(AppConfig):
 
     def ready(self):
         from django.conf import settings
+        from django.db.backends.signals import connection_created
         from django.db.models.signals import post_save
         from django_q.signals import post_spawn
 
         import gymweb.checks  # noqa: F401  (registers the deploy checks)
         import rollouts.targets  # noqa: F401  (registers the target-policy check)
+        from rollouts.lossless import register_sqlite_functions
         from rollouts.models import Team
         from rollouts.review.actions import ensure_default_labels, on_team_saved
         from rollouts.teams import on_user_saved
 
+        connection_created.connect(register_sqlite_functions, dispatch_uid="gymweb-sqlite-functions")
         post_migrate.connect(_ensure_supervisor, sender=self)
         post_migrate.connect(ensure_default_labels, sender=self, dispatch_uid="gymweb-default-labels")
         post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="gymweb-search-index")

@@ -35,9 +35,12 @@ __all__ = [
     "LosslessTextField",
     "clip_encoded",
     "decode_text",
+    "displayable",
     "dumps",
     "encode_text",
     "readable_json",
+    "readable_json_text",
+    "register_sqlite_functions",
 ]
 
 ESCAPE = "\ufdd0"
@@ -56,6 +59,43 @@ def dumps(value: Any) -> str:
     if not text.isascii() and _SURROGATE.search(text):
         text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text
+
+
+def displayable(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate (which ``json.loads`` gives for a ``"\\ud800"``
+    escape, and which no page can encode as UTF-8) as U+FFFD; other text unchanged. For pages
+    only: stored values and downloads keep the escape."""
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub("\ufffd", text)
+
+
+# One JSON escape that a database's JSON functions cannot turn into text, or one they can that
+# must be left alone: an escaped backslash (so ``\\u0000`` is six characters of text), a
+# surrogate pair (one character), ``\u0000``, a lone surrogate.
+_JSON_ESCAPE = re.compile(
+    r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u0000|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
+
+
+def _readable_escape(match: re.Match) -> str:
+    found = match.group()
+    return found if found == "\\\\" or len(found) == 12 else "\\ufffd"
+
+
+def readable_json_text(text: str | None) -> str | None:
+    """``text`` (JSON text) with ``\\u0000`` and every lone surrogate escape written as
+    ``\\ufffd``: what ``readable_json`` gives on SQLite, where it is the SQL function
+    ``gymweb_readable_json`` (registered on every connection: ``register_sqlite_functions``)."""
+    if text is None or "\\u" not in text:
+        return text
+    return _JSON_ESCAPE.sub(_readable_escape, text)
+
+
+def register_sqlite_functions(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created`` receiver: the SQL functions ``readable_json`` uses on SQLite."""
+    if connection.vendor == "sqlite":
+        connection.connection.create_function("gymweb_readable_json", 1, readable_json_text, deterministic=True)
 
 
 def encode_text(text: str) -> str:
@@ -111,16 +151,16 @@ def readable_json(sql: str, vendor: str) -> str:
     backslashes are set aside first as a control character, which JSON text never holds raw.
     Text without such an escape is read as it is. ``sql`` appears three times in the result
     (repeat its parameters)."""
-    mark = "chr(1)" if vendor == "postgresql" else "char(1)"
+    if vendor != "postgresql":
+        # SQLite's JSON functions give a lone surrogate as bytes that are not UTF-8 (no text can
+        # read them) and cut a value at a NUL; no regular expressions in SQL: rows holding an
+        # escape (rare: ``dumps`` writes non-ASCII as itself) go through Python once.
+        return f"(CASE WHEN instr({sql}, '\\u') > 0 THEN gymweb_readable_json({sql}) ELSE {sql} END)"
+    mark = "chr(1)"
     protected = f"replace({sql}, '\\\\', {mark})"
     fixed = f"replace({protected}, '\\u0000', '\\ufffd')"
-    if vendor == "postgresql":
-        fixed = (
-            f"regexp_replace(regexp_replace({fixed}, '{_LONE_LOW}', '\\ufffd', 'g'), '{_LONE_HIGH}', '\\ufffd', 'g')"
-        )
-        needs = f"{sql} ~ '\\\\u(0000|[dD][89a-fA-F])'"
-    else:
-        needs = f"instr({sql}, '\\u0000') > 0"
+    fixed = f"regexp_replace(regexp_replace({fixed}, '{_LONE_LOW}', '\\ufffd', 'g'), '{_LONE_HIGH}', '\\ufffd', 'g')"
+    needs = f"{sql} ~ '\\\\u(0000|[dD][89a-fA-F])'"
     return f"(CASE WHEN {needs} THEN replace({fixed}, {mark}, '\\\\') ELSE {sql} END)"
 
 

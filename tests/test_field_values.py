@@ -95,6 +95,10 @@ QUERIES = [
     {"f.verify.mixed": "a"},
     {"f.verify.mixed": "10"},
     {"f.verify.mixed": '{"k": 1}'},
+    {"f.verify.mixed": '"10"'},
+    {"f.verify.mixed": '"3"'},
+    {"f.verify.mixed": '""'},
+    {"f.task.level": '"b"'},
     {"f.task.category": "math", "f.verify.judge.verdict": "B", "sort": "-verify.score"},
     {"f.task.level": "0..2.5", "sort": "task.level"},
     {"f.verify.missing": "1"},
@@ -328,3 +332,41 @@ def test_postgresql_reads_a_lone_surrogate_as_the_replacement_character_and_a_pa
     )
     kept = dict(FieldValue.objects.filter(run=run, field="verify.judge_note").values_list("rollout_id", "text"))
     assert kept == {rows[0].pk: "lone \ufffd here", rows[1].pk: "pair \U0001f600 here"}
+
+
+# Values of one field, for the documented order (docs/trajectory.md: numbers, then texts, then rows
+# without it, both ways): MISSING is a key left out; None is JSON null (read as missing too).
+MISSING = object()
+ORDERED = [3, "b", 1, None, "a", 1.0, 2.5, MISSING, -4, True, "10", False, "", 0, "B", "é", "Z", 1, "b"]
+
+
+def _documented_key(value, desc: bool):
+    if value is MISSING or value is None:
+        return (2,)
+    if isinstance(value, (bool, int, float)):
+        return (0, -float(value) if desc else float(value))
+    return (1, tuple(-ord(c) for c in value) + (1,) if desc else tuple(ord(c) for c in value))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("desc", [False, True], ids=["ascending", "descending"])
+@pytest.mark.parametrize("kept", [False, True], ids=["json", "kept"])
+def test_a_field_sort_puts_numbers_then_texts_then_missing_values_on_every_backend(desc, kept, monkeypatch):
+    run = Run.objects.create(name="order", status=Run.Status.COMPLETED, num_tasks=len(ORDERED), num_keys=len(ORDERED))
+    for k, value in enumerate(ORDERED):
+        task = Task.objects.create(run=run, task_index=k, row_json=json.dumps({"category": "x"}))
+        reply = {"reward": 1.0} if value is MISSING else {"reward": 1.0, "v": value}
+        Rollout.objects.create(
+            run=run,
+            task=task,
+            task_index=k,
+            rollout_index=0,
+            status=Rollout.Status.SUCCEEDED,
+            reward=1.0,
+            verify_json=json.dumps(reply),
+        )
+    # ties (1, 1.0 and true; the two "b") break in task order
+    expected = sorted(range(len(ORDERED)), key=lambda k: (_documented_key(ORDERED[k], desc), k))
+    ids = _ids(run, {"sort": ("-" if desc else "") + "verify.v"}, kept=kept, monkeypatch=monkeypatch)
+    by_id = dict(Rollout.objects.filter(run=run).values_list("id", "task_index"))
+    assert [by_id[i] for i in ids] == expected

@@ -227,9 +227,13 @@ def test_an_impossible_field_range_is_a_form_error_on_the_page_and_a_400_naming_
     from rollouts.tokens import create_token
 
     run = _import(shared_data, "tau2")
-    html = signed_in.get(reverse("run", args=[run.pk]) + f"?f.verify.result.duration={quote(value)}").content.decode()
-    assert f"verify.result.duration: {words}" in html
-    assert "No rollouts match these filters." not in html
+    url = reverse("run", args=[run.pk]) + f"?f.verify.result.duration={quote(value)}&cols=verify.result.duration"
+    for headers in ({}, {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "rollouts"}):  # the page, the htmx partial
+        html = signed_in.get(url, **headers).content.decode()
+        assert f"verify.result.duration: {words}" in html
+        assert _keys(html) == [] and "No rows shown: a filter above is invalid" in html
+        assert 'id="filtered-downloads"' not in html
+        assert f'name="f.verify.result.duration" value="{escape(value)}"' in html  # the box keeps what was typed
     _row, token = create_token(user, "t")
     response = client.get(
         f"/api/v1/runs/{run.pk}/rollouts?f.verify.result.duration={quote(value)}", HTTP_AUTHORIZATION=f"Bearer {token}"
@@ -249,3 +253,58 @@ def test_an_impossible_reward_range_is_a_400_naming_the_parameter_in_the_api(cli
         f"/api/v1/runs/{run.pk}/rollouts?reward_min=1&reward_max=0", HTTP_AUTHORIZATION=f"Bearer {token}"
     )
     assert response.status_code == 400 and response.json()["detail"] == "reward_min: above reward_max (0)"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("headers", [{}, {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "rollouts"}])
+def test_an_impossible_reward_range_shows_its_error_and_no_rows_like_an_invalid_field_filter(
+    signed_in, shared_data, headers
+):
+    run = _import(shared_data, "tau2")
+    assert _keys(_table(signed_in, run, "reward_max=1")) != []
+    html = signed_in.get(reverse("run", args=[run.pk]) + "?reward_min=1&reward_max=0", **headers).content.decode()
+    assert "reward_min: above reward_max (0)" in html
+    assert _keys(html) == [] and "No rows shown: a filter above is invalid" in html
+
+
+def test_a_quoted_field_filter_is_always_text():
+    assert columns.literal_text('"nan"') == "nan" and columns.literal_text(' "1..0" ') == "1..0"
+    assert columns.literal_text('""') == "" and columns.literal_text('" a "') == " a "
+    assert columns.literal_text('""x""') == '"x"'
+    assert columns.literal_text("nan") is None and columns.literal_text('"') is None
+    assert columns.range_problem('"nan"') is None and columns.range_problem('"1..0"') is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kept", [False, True], ids=["json", "kept"])
+def test_a_text_field_filters_by_any_literal_in_double_quotes_on_both_readings(
+    signed_in, shared_data, kept, monkeypatch
+):
+    from urllib.parse import quote
+
+    from rollouts.review import query
+
+    if not kept:
+        monkeypatch.setattr(query.RolloutFilterForm, "use_kept_values", lambda self, run: None)
+    run = _import(shared_data, "tau2")
+    rows = list(Rollout.objects.filter(run=run).exclude(verify_json="").order_by("task_index"))
+    values = {0: "nan", 1: "1..0", 2: "1", 3: 1, 4: ""}
+    for row, value in zip(rows, values.values()):
+        reply = json.loads(row.verify_json)
+        reply["code"] = value
+        Rollout.objects.filter(pk=row.pk).update(verify_json=json.dumps(reply))
+    task = {i: rows[i].task_index for i in values}
+    for typed, expected in [
+        ('"nan"', [task[0]]),
+        ('"1..0"', [task[1]]),
+        ('"1"', [task[2]]),  # the string "1", not the number 1
+        ("1", [task[3]]),  # unquoted: the number
+        ('""', [task[4]]),
+    ]:
+        html = _table(signed_in, run, f"cols=verify.code&f.verify.code={quote(typed)}")
+        assert sorted(_keys(html)) == expected, typed
+        assert "errorlist" not in html
+    html = signed_in.get(reverse("run", args=[run.pk]) + "?f.verify.code=" + quote('"nan"')).content.decode()
+    assert "verify.code “nan”" in html  # the description next to the downloads
+    page = signed_in.get(reverse("run", args=[run.pk]) + "?cols=verify.code").content.decode()
+    assert "in double quotes is always a text" in page  # the form's help

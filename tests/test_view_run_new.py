@@ -353,7 +353,8 @@ def test_a_pretty_printed_json_array_is_refused_as_a_json_document_not_jsonl(sig
     rows = [json.loads(line) for line in dataset_lines(3)]
     response = signed_in.post(URL, _data(dataset_file=_upload(json.dumps(rows, indent=2), "tasks.json")))
     assert _errors(response, "dataset_file") == [
-        "tasks.json: this is a JSON document, not JSONL (one JSON object per line)"
+        "tasks.json: this is a JSON array, not JSONL (one JSON object per line); "
+        "convert it with: jq -c '.[]' tasks.json > tasks.jsonl"
     ]
     assert _nothing_stored()
 

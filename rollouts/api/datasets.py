@@ -12,7 +12,7 @@ from ninja.responses import Status
 from pydantic import BeforeValidator
 
 from rollouts.api.errors import FieldsError
-from rollouts.api.lookups import MAX_PAGE, OFFSET, dataset_for, datasets_for
+from rollouts.api.lookups import OFFSET, dataset_for, datasets_for, limit_query
 from rollouts.api.payloads import dataset_out
 from rollouts.api.router import api
 from rollouts.api.schemas import DatasetOut, Error
@@ -31,12 +31,8 @@ OptionalFormInt = Annotated[int | None, BeforeValidator(_blank_is_none)]
 
 
 @api.get("/datasets", response=list[DatasetOut], summary="List datasets (newest first)")
-def list_datasets(request, limit: int = 100, offset: int = OFFSET):
-    limit = max(1, min(limit, MAX_PAGE))
-    return [
-        dataset_out(d)
-        for d in datasets_for(request).order_by("-created", "-id")[max(offset, 0) : max(offset, 0) + limit]
-    ]
+def list_datasets(request, limit: int = limit_query(100), offset: int = OFFSET):
+    return [dataset_out(d) for d in datasets_for(request).order_by("-created", "-id")[offset : offset + limit]]
 
 
 @api.post("/datasets", response={201: DatasetOut, 400: Error, 413: Error}, summary="Upload a JSONL dataset")

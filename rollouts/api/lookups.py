@@ -4,6 +4,8 @@ a run's rollouts under the run table's filter."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.shortcuts import get_object_or_404
 from ninja import Query
 
@@ -15,6 +17,11 @@ from rollouts.web import access
 MAX_PAGE = 1000
 MAX_OFFSET = 10**12  # past any table; larger ones would overflow the database's bigint (a 500)
 OFFSET = Query(0, ge=0, le=MAX_OFFSET, description="rows to skip (0 to 10^12)")
+
+
+def limit_query(default: int) -> Any:
+    """A list route's ``limit``: rows per answer, 1 to ``MAX_PAGE`` (another value is a 400 naming it)."""
+    return Query(default, ge=1, le=MAX_PAGE, description=f"rows per answer (1 to {MAX_PAGE}, default {default})")
 
 
 def rollout_for(request, rollout_id: int) -> Rollout:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models.functions import Substr
 
-from rollouts.api.lookups import MAX_PAGE, OFFSET, filtered
+from rollouts.api.lookups import OFFSET, filtered, limit_query
 from rollouts.api.payloads import rollout_out
 from rollouts.api.router import api
 from rollouts.api.schemas import Error, RolloutPage
@@ -24,7 +24,7 @@ from rollouts.web.access import run_for
 def list_rollouts(
     request,
     run_id: int,
-    limit: int = 100,
+    limit: int = limit_query(100),
     offset: int = OFFSET,
     status: str = "",
     kind: str = "",
@@ -48,7 +48,6 @@ def list_rollouts(
     output, ``error`` in the failure message; case-insensitive substrings."""
     run = run_for(request, run_id)
     qs, _form = filtered(request, run)
-    limit, offset = max(1, min(limit, MAX_PAGE)), max(offset, 0)
     count = qs.order_by().count()
     ids = list(qs.values_list("id", flat=True)[offset : offset + limit])
     loaded = (

@@ -23,7 +23,7 @@ import sys
 
 from django.http import HttpRequest
 from ninja import NinjaAPI
-from ninja.errors import HttpError
+from ninja.errors import HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
@@ -141,6 +141,34 @@ def _http_error(request, exc: HttpError):
     elif isinstance(exc, StreamRefused):
         response["Retry-After"] = str(exc.retry_after)
     return response
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request, exc: ValidationError):
+    """A query or path parameter django-ninja could not read (``offset=-5``, ``limit=0``,
+    ``after=x``): a 400 with the body of every other 400 (``detail`` naming the parameter and why,
+    ``errors``: parameter → messages). A request body's errors keep ninja's 422 and its list."""
+    errors: dict[str, list[str]] = {}
+    for error in exc.errors:
+        loc = [str(part) for part in error.get("loc", ())]
+        if not loc or loc[0] not in ("query", "path"):
+            return api.create_response(request, {"detail": exc.errors}, status=422)
+        name = loc[-1] if len(loc) > 1 else loc[0]
+        errors.setdefault(name, []).append(_reason(error))
+    name, reasons = next(iter(errors.items()))
+    return api.create_response(request, {"detail": f"{name}: {reasons[0]}", "errors": errors}, status=400)
+
+
+def _reason(error: dict) -> str:
+    """One parameter error in words, with the value sent: ``"must be at least 1 (got '0')"``."""
+    ctx = error.get("ctx") or {}
+    got = f" (got {error['input']!r})" if "input" in error and error.get("type") != "missing" else ""
+    kind = error.get("type", "")
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx.get('ge')}{got}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx.get('le')}{got}"
+    return f"{error.get('msg', 'invalid value')}{got}"
 
 
 # The routes register on `api` as their modules load, in this order (the OpenAPI document lists

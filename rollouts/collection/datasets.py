@@ -6,6 +6,7 @@ No Django here. Rules from DESIGN.md, "Datasets, runs and files".
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO, Union
@@ -214,9 +215,23 @@ def _json_document(first: str, rest: Iterator[tuple[int, str | bytes]], source: 
         return None
     message = "this is a JSON document, not JSONL (one JSON object per line)"
     known = NEMO_GYM_JSON_FILES.get(source.replace("\\", "/").rsplit("/", 1)[-1])
+    if not known and first.lstrip().startswith("["):
+        return _json_array(source)
     if known:
         message = f"this is {known} (a JSON document), not JSONL; a run's import takes its rollouts.jsonl"
     return message
+
+
+def _json_array(source: str) -> str:
+    """The refusal of a file that is one JSON array (on one line or several), with the command that
+    turns it into JSONL (one element per line), the file's own name in it when known."""
+    name = source.replace("\\", "/").rsplit("/", 1)[-1] or "tasks.json"
+    stem = name[: -len(".json")] if name.endswith(".json") else name
+    out = f"{stem}.jsonl" if stem != name else f"{name}.jsonl"
+    return (
+        "this is a JSON array, not JSONL (one JSON object per line); "
+        f"convert it with: jq -c '.[]' {shlex.quote(name)} > {shlex.quote(out)}"
+    )
 
 
 def iter_rows(
@@ -258,6 +273,10 @@ def iter_rows(
             if whole:
                 raise DatasetError(whole, None, source) from None
             raise DatasetError(f"not valid JSON ({_json_problem(exc, indent)})", number, source) from None
+        if number == 1 and isinstance(row, list):
+            if not any(rest.strip() for _n, rest in lines):  # the whole file is this one array
+                raise DatasetError(_json_array(source), None, source)
+            raise DatasetError("each line must be a JSON object, got a JSON array", number, source)
         yield number, text, (validate or validate_row)(row, number, source)
 
 

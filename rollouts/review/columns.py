@@ -8,7 +8,8 @@ SQLite's ``json_extract``/``json_type``, PostgreSQL's ``json`` operators (``#>``
 a lone surrogate too on PostgreSQL). A blank column (a failure has no verify reply) reads as NULL.
 
 - ``FieldText``: the value as SQL (SQLite: its JSON type; PostgreSQL: text), for display and for
-  string filters (``?f.task.category=math``: equality with the value as text).
+  string filters (``?f.task.category=math``: equality with the value as text; a quoted value,
+  ``?f.task.id="nan"``, is always text, matched against string values only).
 - ``FieldNumber``: numbers and booleans (``true`` 1, ``false`` 0) as a float, NULL otherwise, for
   ranges (``?f.verify.score=0.5..1``, ``..1``, ``0.5..``, ``1``) and sorting.
 - ``discover``: the fields of a run, from a bounded sample of its rows, with their types.
@@ -34,6 +35,7 @@ __all__ = [
     "FieldText",
     "discover",
     "field_expressions",
+    "literal_text",
     "parse_columns",
     "parse_range",
     "range_problem",
@@ -72,6 +74,15 @@ def parse_columns(values: list[str]) -> list[str]:
     return out[:MAX_COLUMNS]
 
 
+def literal_text(text: str) -> str | None:
+    """The text a quoted field filter matches: ``'"nan"'`` → ``"nan"``, ``'"1..0"'`` → ``"1..0"``,
+    ``'""'`` → ``""`` (one pair of double quotes around the whole value is taken off, whatever is
+    inside kept as typed, quotes and spaces included); None for a value that is not quoted, which
+    reads as a number range (``parse_range``) when it can, else as text."""
+    text = text.strip()
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else None
+
+
 def parse_range(text: str) -> tuple[float | None, float | None] | None:
     """A number filter: ``"0.5..1"`` → (0.5, 1.0), ``"..1"``, ``"0.5.."``, ``"1"`` → (1, 1),
     ``"true"``/``"false"`` → (1, 1)/(0, 0); None when ``text`` is not a number or range."""
@@ -95,7 +106,9 @@ def parse_range(text: str) -> tuple[float | None, float | None] | None:
 def range_problem(text: str) -> str | None:
     """Why the number filter ``text`` can match nothing (``".."``, a bound that is NaN or infinite
     such as ``1e400``, a low end above the high end), or None when it is fine or not a number
-    (a text filter)."""
+    (a text filter, quoted or not)."""
+    if literal_text(text) is not None:
+        return None
     if text.strip() == "..":
         return "a range needs at least one bound (e.g. 0.5..1, ..1 or 0.5..)"
     bounds = parse_range(text)
@@ -183,14 +196,21 @@ def field_expressions(name: str) -> tuple[FieldText, FieldNumber] | None:
 
 
 def filter_field(qs: QuerySet, name: str, value: str) -> QuerySet:
-    """``qs`` restricted by one field filter: a number range (``parse_range``) on the numeric value,
-    else equality of the value as text (a string field, ``?f.task.category=math``)."""
+    """``qs`` restricted by one field filter: a quoted value (``literal_text``: ``?f.task.id="1..0"``)
+    is equality with a string value (never a number's or a boolean's text); else a number range
+    (``parse_range``) on the numeric value; else equality of the value as text (a string field,
+    ``?f.task.category=math``)."""
     exprs = field_expressions(name)
     if exprs is None or not value.strip():
         return qs
     text, number = exprs
-    bounds = parse_range(value)
     alias = "_f_" + re.sub(r"\W", "_", name)
+    literal = literal_text(value)
+    if literal is not None:
+        # PostgreSQL's text of the number 1 is "1": only rows without a number are strings
+        qs = qs.alias(**{alias: text, alias + "_n": number})
+        return qs.filter(**{alias: literal, f"{alias}_n__isnull": True})
+    bounds = parse_range(value)
     if bounds is not None:
         qs = qs.alias(**{alias: number})
         lo, hi = bounds

@@ -26,8 +26,8 @@ import re
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, FilteredRelation, Max, Q, QuerySet, TextField, Value
-from django.db.models.functions import NullIf
+from django.db.models import Case, F, FilteredRelation, Max, Q, QuerySet, TextField, Value, When
+from django.db.models.functions import Collate, NullIf
 
 from rollouts.lossless import readable_json
 from rollouts.models import FieldExtract, FieldValue, Rollout, Run, forget_field_values
@@ -44,6 +44,8 @@ __all__ = [
     "kept_expressions",
     "prepare_run",
     "sort_head",
+    "sort_terms",
+    "text_of_strings",
 ]
 
 CHUNK = 5_000  # rows read per insert (each its own short transaction)
@@ -226,10 +228,13 @@ def kept_expressions(qs: QuerySet, run_id: int, name: str) -> tuple[QuerySet, F,
 
 def filter_field(qs: QuerySet, run_id: int, name: str, value: str) -> QuerySet:
     """``columns.filter_field`` on the kept values of run ``run_id`` (``qs``: its rollouts): a number
-    range on ``number``, else equality with ``text``."""
+    range on ``number``, else equality with ``text`` (a quoted value: with the ``text`` of a string)."""
     if not value.strip():
         return qs
     qs, number, text = kept_expressions(qs, run_id, name)
+    literal = columns.literal_text(value)
+    if literal is not None:  # a string value only (PostgreSQL keeps a number's text too)
+        return qs.filter(**{text.name: literal, f"{number.name}__isnull": True})
     bounds = columns.parse_range(value)
     if bounds is None:
         return qs.filter(**{f"{text.name}": value})
@@ -239,17 +244,26 @@ def filter_field(qs: QuerySet, run_id: int, name: str, value: str) -> QuerySet:
     return qs.filter(**{k: v for k, v in limits.items() if v is not None})
 
 
+def text_of_strings(qs: QuerySet, number, text):
+    """The sort term of a field's texts (``number``/``text``: its expressions on ``qs``): ``text``
+    where ``number`` is NULL (PostgreSQL's text of the number 1 is ``"1"``, which would order equal
+    numbers by their spelling; SQLite keeps none), compared by code point on both backends
+    (PostgreSQL: ``COLLATE "C"``, whatever the database's collation; SQLite's is binary UTF-8)."""
+    only = Case(When(Q(**{f"{number.name}__isnull": True}), then=text), output_field=TextField())
+    return Collate(only, "C") if connection.vendor == "postgresql" else only
+
+
 def sort_terms(qs: QuerySet, run_id: int, name: str, desc: bool) -> tuple[QuerySet, tuple]:
     """``qs`` (rollouts of run ``run_id``) and the primary sort terms of field ``name`` on its kept
-    values, in the order the JSON value sorts (``RolloutFilterForm.order``): SQLite, numbers before
-    texts ascending and after them descending (its type order); PostgreSQL, numbers first, then
-    texts; missing last."""
+    values, in the order the JSON value sorts (``RolloutFilterForm.order``), the same on both
+    backends and both ways: numbers (booleans as 1/0) first, then texts (by code point), then
+    missing values (docs/trajectory.md)."""
     qs, number, text = kept_expressions(qs, run_id, name)
+    alias = "_sort_kvt_" + re.sub(r"\W", "_", name)
+    qs = qs.alias(**{alias: text_of_strings(qs, number, text)})
     if not desc:
-        return qs, (number.asc(nulls_last=True), text.asc(nulls_last=True))
-    if connection.vendor == "sqlite":
-        return qs, (text.desc(nulls_last=True), number.desc(nulls_last=True))
-    return qs, (number.desc(nulls_last=True), text.desc(nulls_last=True))
+        return qs, (number.asc(nulls_last=True), F(alias).asc(nulls_last=True))
+    return qs, (number.desc(nulls_last=True), F(alias).desc(nulls_last=True))
 
 
 def sort_head(qs: QuerySet, run_id: int, name: str, desc: bool, then: tuple = ()) -> QuerySet | None:

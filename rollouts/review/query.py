@@ -76,7 +76,8 @@ def _descending(term):
 
 class RolloutFilterForm(ReviewFilterFields):
     """Filters of a run's rollout table, read from the querystring (so a filtered view is a
-    permalink). Invalid values are reported on the field and ignored; the valid ones still apply.
+    permalink). Invalid values are reported on the field and not applied; the run table and the
+    API then show no rows (a 400 in the API), so a mistyped filter never reads as a bigger list.
     The review fields (label, notes, corrected reward) come from ``rollouts.review.filters``."""
 
     status = forms.ChoiceField(choices=[("", "any status")] + list(Rollout.Status.choices), required=False)
@@ -146,6 +147,7 @@ class RolloutFilterForm(ReviewFilterFields):
         self.columns = columns.parse_columns([str(v) for v in raw_cols])
         self.field_filters: dict[str, str] = {}
         self._bad_field_filters: list[str] = []  # parameters refused in ``clean`` (a NUL: see there)
+        self.refused_field_filters: dict[str, str] = {}  # refused ranges, as typed (shown in their box)
         for key in list((data or {}).keys()):
             name = key[2:] if isinstance(key, str) and key.startswith("f.") else ""
             value = str((data or {}).get(key) or "").strip()[:SEARCH_MAX]
@@ -181,7 +183,9 @@ class RolloutFilterForm(ReviewFilterFields):
             problem = columns.range_problem(value)
             if problem:
                 del self.field_filters[name]
-                self._errors[f"f.{name}"] = self.error_class([problem])
+                self.refused_field_filters[name] = value
+                hint = f'; to match it as text, write it in double quotes: "{value}"'
+                self._errors[f"f.{name}"] = self.error_class([problem + hint])
         return data
 
     def filter_reward(self, qs: QuerySet) -> QuerySet:
@@ -210,6 +214,10 @@ class RolloutFilterForm(ReviewFilterFields):
         it; a large run's are extracted by a worker, and read from the JSON text until then)."""
         self.kept = {name for name in self.fields_read() if field_values.ensure(run, name)}
         self.kept_run_id = run.pk
+
+    def field_filter_value(self, name: str) -> str:
+        """What field ``name``'s filter box shows: its filter as typed, refused or not."""
+        return self.field_filters.get(name) or self.refused_field_filters.get(name, "")
 
     def value(self, name: str) -> Any:
         return self.cleaned_data.get(name) if hasattr(self, "cleaned_data") else None
@@ -270,13 +278,18 @@ class RolloutFilterForm(ReviewFilterFields):
             self.head = field_values.sort_head(qs, self.kept_run_id, column, key.startswith("-"), then=TASK_ORDER)
             qs, terms = field_values.sort_terms(qs, self.kept_run_id, column, key.startswith("-"))
             terms += TASK_ORDER
-        elif column not in SORTS:  # a task or verify field: numbers first, then texts, then missing
+        elif column not in SORTS:  # a task or verify field: numbers, then texts, then missing (both ways)
             text, number = columns.field_expressions(column)  # type: ignore[misc]
-            # SQLite's json_extract keeps JSON types, which order numbers before texts: one
-            # expression (one read of the JSON per row); PostgreSQL's reads as text: numbers first.
-            names = ("_sort_text",) if connection.vendor == "sqlite" else ("_sort_number", "_sort_text")
-            qs = qs.alias(**{n: number if n == "_sort_number" else text for n in names})
             desc = key.startswith("-")
+            if connection.vendor == "sqlite" and not desc:
+                # json_extract keeps JSON types, and SQLite orders numbers before texts before
+                # NULL: one expression (one read of the JSON per row)
+                qs = qs.alias(_sort_text=text)
+                names: tuple[str, ...] = ("_sort_text",)
+            else:
+                qs = qs.alias(_sort_number=number)
+                qs = qs.alias(_sort_text=field_values.text_of_strings(qs, F("_sort_number"), text))
+                names = ("_sort_number", "_sort_text")
             terms = tuple(F(n).desc(nulls_last=True) if desc else F(n).asc(nulls_last=True) for n in names)
             terms += TASK_ORDER
         elif column == "reward" and self.value("reward_source") == CORRECTED:
@@ -348,7 +361,11 @@ class RolloutFilterForm(ReviewFilterFields):
             if self.value(name):
                 terms.append((label, name, f"“{self.value(name)}”" if name != "tool" else self.value(name)))
         for name, value in self.field_filters.items():
-            shown = value if columns.parse_range(value) is not None else f"“{value}”"
+            literal = columns.literal_text(value)
+            if literal is not None:
+                shown = f"“{literal}”"
+            else:
+                shown = value if columns.parse_range(value) is not None else f"“{value}”"
             terms.append((name, name, shown))
         terms.extend(self.review_terms())  # label, notes, corrected reward (rollouts.review.filters)
         return terms

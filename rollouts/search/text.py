@@ -28,6 +28,13 @@ SKIPPED_KEYS = frozenset({"type", "id", "status", "role"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def displayable(text: str) -> str:
+    """``text`` with each lone surrogate as U+FFFD (no page can encode one); a NUL kept."""
+    if not text.isascii() and _SURROGATE.search(text):
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
 def _clean(text: str) -> str:
     if "\x00" in text:
         text = text.replace("\x00", " ")
@@ -114,9 +121,9 @@ def find_snippet(
         end = at + len(needle)
         before = text[max(0, at - context) : at]
         after = text[end : end + context]
-        return (
-            ("…" if at > context else "") + before.replace("\n", " "),
-            text[at:end].replace("\n", " "),
-            after.replace("\n", " ") + ("…" if end + context < len(text) else ""),
+        return (  # a lone surrogate as U+FFFD: no page can encode it
+            ("…" if at > context else "") + displayable(before.replace("\n", " ")),
+            displayable(text[at:end].replace("\n", " ")),
+            displayable(after.replace("\n", " ")) + ("…" if end + context < len(text) else ""),
         )
     return None

@@ -63,7 +63,7 @@ def column_heads(chosen: list[str], fields: list[columns.FieldInfo], filt, base:
                 "preview": False,
                 "url": f"{base}?{qs}" if qs else base,
                 "arrow": arrow,
-                "filter_value": filt.field_filters.get(name, ""),
+                "filter_value": filt.field_filter_value(name),
             }
         )
     return heads

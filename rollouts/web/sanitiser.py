@@ -11,6 +11,7 @@ import re
 import nh3
 from django.utils.safestring import SafeString, mark_safe
 
+from rollouts.lossless import displayable
 from rollouts.web.highlight import HL_CLASSES
 
 _TAGS = {
@@ -141,6 +142,7 @@ def sanitise(markup: str) -> SafeString:
     escaped (``&quot;``, ``&#x27;``) as Django's autoescape writes them, so text reads the same
     whichever way it reached the page. The only function of gymweb that marks untrusted content
     safe (``tests/test_xss.py`` checks this). Returns a ``SafeString``."""
+    markup = displayable(markup)  # a lone surrogate as U+FFFD: no page can encode it
     cleaned = _CLEANER.clean(markup)
     pieces = _TAG_RE.split(cleaned)
     for i in range(0, len(pieces), 2):  # even indexes are text between tags

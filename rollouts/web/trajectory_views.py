@@ -15,13 +15,13 @@ from urllib.parse import urlencode, urlsplit
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, QueryDict
-from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from rollouts.collection import export
-from rollouts.lossless import dumps
+from rollouts.lossless import displayable, dumps
 from rollouts.models import AgentCall, RefusedReply, Rollout, Run, TrajectoryItem
 from rollouts.web.access import rollout_for
 from rollouts.web.archive_views import archived_rollout_response
@@ -153,6 +153,12 @@ def live_signature(status: str, items: int, calls: int) -> str:
     return f"{status}.{items}.{calls}"
 
 
+def _render(request, template: str, context: dict[str, Any]) -> HttpResponse:
+    """``render``, with a lone UTF-16 surrogate of a stored value (an env may send ``"\\ud800"``,
+    kept as that escape) shown as U+FFFD wherever the page prints it: no page can encode it."""
+    return HttpResponse(displayable(render_to_string(template, context, request)))
+
+
 @login_required
 def rollout_detail(request, run_id, rollout_id):
     """One rollout's trajectory: outline, foldable steps and items, search (``?q=``, client side),
@@ -196,7 +202,7 @@ def rollout_detail(request, run_id, rollout_id):
         }
     )
     context.update(review_context(request, rollout, nav=nav))  # labels, notes, review mode
-    return render(request, "rollouts/rollout_detail.html", context)
+    return _render(request, "rollouts/rollout_detail.html", context)
 
 
 @login_required
@@ -239,7 +245,7 @@ def rollout_live(request, run_id, rollout_id):
         params = QueryDict(page.partition("?")[2]) if page else QueryDict()
         back = page or reverse("rollout", args=[rollout.run_id, rollout.pk])
         context.update(review_context(request, rollout, params=params, back=back))
-    return render(request, "rollouts/partials/rollout_live.html", context)
+    return _render(request, "rollouts/partials/rollout_live.html", context)
 
 
 def _same_site_page(request, rollout: Rollout) -> str:
@@ -289,8 +295,8 @@ def rollout_item(request, run_id, rollout_id, key):
         if context["verify"] is None:
             raise Http404("no verify result")
         if request.htmx:
-            return render(request, "rollouts/partials/rollout_verify.html", context)
-        return render(request, "rollouts/rollout_item.html", context)
+            return _render(request, "rollouts/partials/rollout_verify.html", context)
+        return _render(request, "rollouts/rollout_item.html", context)
     if key == "instructions" or key.startswith("input-"):
         try:
             task_row = json.loads(rollout.task.row_json)
@@ -326,8 +332,8 @@ def rollout_item(request, run_id, rollout_id, key):
         raise Http404("this attempt has no such item")
     context["item"] = view
     if request.htmx:
-        return render(request, "rollouts/partials/item_body.html", context)
-    return render(request, "rollouts/rollout_item.html", context)
+        return _render(request, "rollouts/partials/item_body.html", context)
+    return _render(request, "rollouts/rollout_item.html", context)
 
 
 FIND_MAX_CHARS = 500

@@ -264,7 +264,9 @@ def _table_context(request, run: Run, kinds: list[str], with_rows: bool = True) 
     # page never drags every row's wide columns through the sort.
     # A content search counts its matches up to SEARCH_COUNT_CAP ("10,000+ rows"): a common text
     # matches most of a big run, and an exact count would probe every rollout.
-    if filt.searching:
+    if filt.errors:  # the form's errors are the answer, as for a range that matches nothing
+        paginator = Paginator(Rollout.objects.none().values_list("id", flat=True), ROLLOUTS_PER_PAGE)
+    elif filt.searching:
         paginator = CappedPaginator(qs.values_list("id", flat=True), ROLLOUTS_PER_PAGE)
     else:  # a field sort's first pages read from its index (RolloutFilterForm.page_ids)
         paginator = Paginator(filt.page_ids(qs), ROLLOUTS_PER_PAGE)
