@@ -361,10 +361,18 @@ def main() -> None:
         help="stop either system's command after this long: reported as cut, with the agent calls made by then",
     )
     parser.add_argument("--order", choices=("alternate", "gymweb-first", "nemo-first"), default="alternate")
+    parser.add_argument(
+        "--systems",
+        default="gymweb,nemo_gym",
+        help="which systems to run, comma-separated (gymweb, nemo_gym); gymweb alone does not start NeMo Gym's stack",
+    )
     parser.add_argument("--agent-port", type=int, default=19301)
     parser.add_argument("--env-port", type=int, default=19302)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    systems = {s.strip() for s in args.systems.split(",") if s.strip()}
+    if not systems or systems - {"gymweb", "nemo_gym"}:
+        raise SystemExit(f"--systems: gymweb and/or nemo_gym, got {args.systems!r}")
     ngpeer = Path(args.ngpeer)
     ng_python = ngpeer / "venv" / "bin" / "python"
     if not (ngpeer / "venv" / "bin" / "gym").exists():
@@ -396,14 +404,15 @@ def main() -> None:
         logs = [(agent, work / "agent.log"), (counter, work / "env.log")]
         _wait(lambda: _http_ok(f"{agent_url}/health"), "the scripted agent", logs)
         _wait(lambda: _http_ok(f"{env_url}/get_counter_value", "POST"), "the counter", logs)
-        nemo.start()
+        if "nemo_gym" in systems:
+            nemo.start()
         for rep in range(args.repeats):
             for n in sizes:
                 rows = work / f"in-{n}.jsonl"
                 _write_rows(ngpeer, n, rows)
                 first_nemo = rep % 2 == 0 if args.order == "alternate" else args.order == "nemo-first"
                 order = ("nemo_gym", "gymweb") if first_nemo else ("gymweb", "nemo_gym")
-                for system in order:
+                for system in (s for s in order if s in systems):
                     out = work / f"{system}-{n}-{rep}" / "rollouts.jsonl"
                     out.parent.mkdir()
                     _agent(agent_url, "/reset", "POST")

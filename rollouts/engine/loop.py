@@ -34,6 +34,7 @@ from rollouts.engine.contract import (
     refused_tool_output,
     strict_loads,
 )
+from rollouts.engine.env_gate import EnvGate
 from rollouts.engine.failures import NOT_HTTP, OWN_KINDS, TIMEOUT, UNREACHABLE, Failure, FailureKind, kind_for_step
 from rollouts.engine.http import LoopClient, RawReply, SessionJar
 from rollouts.engine.targets import parse_ip
@@ -325,11 +326,20 @@ _INPUT_MARK = "\x00gymweb-input-" + uuid.uuid4().hex
 class _Rollout:
     """State of one rollout: its two cookie jars, the conversation and the merged output."""
 
-    def __init__(self, client: LoopClient, row: dict[str, Any], settings: LoopSettings, observer: Observer):
+    def __init__(
+        self,
+        client: LoopClient,
+        row: dict[str, Any],
+        settings: LoopSettings,
+        observer: Observer,
+        gate: EnvGate | None = None,
+    ):
         self.client = client
         self.row = row
         self.s = settings
         self.obs = observer
+        self.gate = gate
+        self.started = time.monotonic()  # the env gate's priority: the oldest rollout's call goes first
         self.env_jar = SessionJar()
         self.agent_jar = SessionJar()
         # What NeMo Gym's remote_agent sends: the agent gets the params it was given, the env the
@@ -379,8 +389,13 @@ class _Rollout:
 
     async def _post_env(self, route: str, payload: Any) -> RawReply:
         """POST to the env with its cookies (rule 15), bounded only by the rollout's own timeout.
-        Raises ``Failure`` on a dead env; the caller names the failure kind."""
-        return await self._post(f"{self.s.env_base_url}/{route}", _dumps(payload), self.env_jar, "env")
+        Raises ``Failure`` on a dead env; the caller names the failure kind. With an env gate, the
+        call waits for its turn first (``env_gate``)."""
+        body = _dumps(payload)
+        if self.gate is None:
+            return await self._post(f"{self.s.env_base_url}/{route}", body, self.env_jar, "env")
+        async with self.gate.turn(self.s.env_base_url, self.started):
+            return await self._post(f"{self.s.env_base_url}/{route}", body, self.env_jar, "env")
 
     def _env_nemo(self, exc: Failure) -> str | None:
         """NeMo Gym's text for an env call that failed in the transport: its client retries an
@@ -665,17 +680,19 @@ async def run_rollout(
     row: dict[str, Any],
     settings: LoopSettings,
     observer: Observer | None = None,
+    gate: EnvGate | None = None,
 ) -> RolloutOutcome:
     """Run one rollout of ``row`` (a materialised task row with ``responses_create_params``).
 
     The whole rollout (seed to verify) is bounded by ``settings.run_timeout_s`` (rule 12); the
-    caller starts the clock only once a concurrency slot is free. Never raises for failures of the
+    caller starts the clock only once a concurrency slot is free. ``gate``: the worker process's
+    bound on calls in flight to one env (``env_gate.EnvGate``; None: no bound). Never raises for failures of the
     agent or the env: they come back as an outcome with ``failure_kind`` and ``error``. Raises
     ``asyncio.CancelledError`` when cancelled.
     """
     started = time.perf_counter()
     try:
-        rollout = _Rollout(client, row, settings, observer or _NullObserver())
+        rollout = _Rollout(client, row, settings, observer or _NullObserver(), gate)
     except Exception as exc:  # a row the loop cannot use is a failure of this rollout, not a crash
         return RolloutOutcome(
             ok=False,

@@ -27,6 +27,7 @@ from rollouts import targets
 from rollouts.collection import runs
 from rollouts.collection.run_settings import NOT_ASKED
 from rollouts.engine.contract import prepare_reply_validation
+from rollouts.engine.env_gate import EnvGate
 from rollouts.engine.failures import FailureKind
 from rollouts.engine.loop import ItemRecord, LoopSettings, RolloutOutcome, StepRecord, run_rollout
 from rollouts.models import Rollout, Run
@@ -172,6 +173,7 @@ class Dispatcher:
         self.poll_s = settings.GYMWEB_POLL_S
         self.flush_s = settings.GYMWEB_FLUSH_S
         self.release_timeout_s = settings.GYMWEB_RELEASE_TIMEOUT_S
+        self.env_gate = EnvGate(settings.GYMWEB_ENV_MAX_IN_FLIGHT)
         self.batch = Batch()
         self.tasks: dict[int, asyncio.Task] = {}  # rollout id -> task
         self.run_of: dict[int, int] = {}  # rollout id -> run id
@@ -306,7 +308,7 @@ class Dispatcher:
         info = self.runs[run_id]
         recorder = _Recorder(rollout_id, self)
         try:
-            outcome = await run_rollout(self.client, row, info.settings, recorder)
+            outcome = await run_rollout(self.client, row, info.settings, recorder, self.env_gate)
             warning = recorder.miswiring_warning(row)
             if warning:
                 outcome.warnings.append(warning)
