@@ -12,7 +12,7 @@ from ninja.responses import Status
 from pydantic import BeforeValidator
 
 from rollouts.api.errors import FieldsError
-from rollouts.api.lookups import OFFSET, dataset_for, datasets_for, limit_query
+from rollouts.api.lookups import OFFSET, dataset_for, datasets_for, limit_query, page_limit
 from rollouts.api.payloads import dataset_out
 from rollouts.api.router import api
 from rollouts.api.schemas import DatasetOut, Error
@@ -32,6 +32,7 @@ OptionalFormInt = Annotated[int | None, BeforeValidator(_blank_is_none)]
 
 @api.get("/datasets", response=list[DatasetOut], summary="List datasets (newest first)")
 def list_datasets(request, limit: int = limit_query(100), offset: int = OFFSET):
+    limit = page_limit(limit)
     return [dataset_out(d) for d in datasets_for(request).order_by("-created", "-id")[offset : offset + limit]]
 
 

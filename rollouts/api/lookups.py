@@ -20,8 +20,16 @@ OFFSET = Query(0, ge=0, le=MAX_OFFSET, description="rows to skip (0 to 10^12)")
 
 
 def limit_query(default: int) -> Any:
-    """A list route's ``limit``: rows per answer, 1 to ``MAX_PAGE`` (another value is a 400 naming it)."""
-    return Query(default, ge=1, le=MAX_PAGE, description=f"rows per answer (1 to {MAX_PAGE}, default {default})")
+    """A list route's ``limit``: rows per answer, at least 1 (less is a 400 naming it); the route
+    answers at most ``MAX_PAGE`` (``page_limit``), as it always has, so a script asking for more
+    gets a full page, not an error."""
+    described = f"rows per answer (at least 1, default {default}; more than {MAX_PAGE} gives {MAX_PAGE})"
+    return Query(default, ge=1, description=described)
+
+
+def page_limit(limit: int) -> int:
+    """The rows a list route answers for ``limit`` (already at least 1): at most ``MAX_PAGE``."""
+    return min(limit, MAX_PAGE)
 
 
 def rollout_for(request, rollout_id: int) -> Rollout:

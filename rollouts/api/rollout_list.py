@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models.functions import Substr
 
-from rollouts.api.lookups import OFFSET, filtered, limit_query
+from rollouts.api.lookups import OFFSET, filtered, limit_query, page_limit
 from rollouts.api.payloads import rollout_out
 from rollouts.api.router import api
 from rollouts.api.schemas import Error, RolloutPage
@@ -47,6 +47,7 @@ def list_rollouts(
     (``rollouts.search``): ``text`` in any item, ``tool`` called (exact name), ``output`` in a tool
     output, ``error`` in the failure message; case-insensitive substrings."""
     run = run_for(request, run_id)
+    limit = page_limit(limit)
     qs, _form = filtered(request, run)
     count = qs.order_by().count()
     ids = list(qs.values_list("id", flat=True)[offset : offset + limit])

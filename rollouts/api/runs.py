@@ -13,7 +13,7 @@ from ninja.responses import Status
 
 from rollouts import targets
 from rollouts.api.errors import FieldsError, review_error
-from rollouts.api.lookups import OFFSET, filtered, limit_query, runs_for
+from rollouts.api.lookups import OFFSET, filtered, limit_query, page_limit, runs_for
 from rollouts.api.payloads import dataset_out, run_out, task_out
 from rollouts.api.router import api
 from rollouts.api.schemas import DatasetOut, Error, RetryOut, RunDetailOut, RunOut, TaskOut
@@ -30,6 +30,7 @@ from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 @api.get("/runs", response=list[RunOut], summary="List runs (newest first)")
 def list_runs(request, limit: int = limit_query(50), offset: int = OFFSET):
+    limit = page_limit(limit)
     page = list(runs_for(request).select_related("dataset").order_by("-created", "-id")[offset : offset + limit])
     progress = run_summary.progress_for_runs(page)
     return [run_out(request, run, progress[run.pk]) for run in page]
