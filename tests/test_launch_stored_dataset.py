@@ -15,7 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from rollouts.collection import runs, streamed_upload, writing
+from rollouts.collection import run_rows, runs, streamed_upload, writing
 from rollouts.collection.datasets import read_jsonl
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 from rollouts.tokens import create_token
@@ -152,6 +152,6 @@ def test_a_failure_half_way_deletes_the_run_and_keeps_the_dataset(user, monkeypa
 def test_a_run_over_the_key_limit_stores_nothing(user, settings):
     dataset = _stored(user, _numbered(10))
     settings.GYMWEB_MAX_KEYS_PER_RUN = 15
-    with pytest.raises(runs.RunTooLarge):
+    with pytest.raises(run_rows.RunTooLarge):
         streamed_upload.create_run_from_dataset(dataset, name="s", user=user, num_repeats=2, **SERVICES)
     assert not Run.objects.exists()

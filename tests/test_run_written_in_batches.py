@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from rollouts.collection import runs, streamed_upload
+from rollouts.collection import run_rows, runs
 from rollouts.collection.datasets import materialize, read_jsonl
 from rollouts.lossless import dumps
 from rollouts.models import Rollout, Run, Task
@@ -31,7 +31,7 @@ def _parsed():
 
 @pytest.mark.parametrize("options", [{}, {"num_repeats": 3}, {"limit": 4, "num_repeats": 2}, {"overrides": {"t": 1}}])
 def test_a_run_from_rows_in_memory_has_nemo_gyms_keys_written_bulk_rows_per_transaction(monkeypatch, options):
-    monkeypatch.setattr(streamed_upload, "BULK", 4)
+    monkeypatch.setattr(run_rows, "BULK", 4)
     with CaptureQueriesContext(connection) as queries:
         run = runs.create_run(_parsed(), name="m", **SERVICES, **options)
 
@@ -58,8 +58,8 @@ def test_a_run_from_rows_in_memory_has_nemo_gyms_keys_written_bulk_rows_per_tran
 
 
 def test_the_run_is_shown_nowhere_while_written_and_a_failure_half_way_leaves_nothing(monkeypatch):
-    monkeypatch.setattr(streamed_upload, "BULK", 4)
-    write = streamed_upload._RunRows.write
+    monkeypatch.setattr(run_rows, "BULK", 4)
+    write = run_rows.RunRows.write
     seen = []
 
     def failing_second(self, prepared):
@@ -68,7 +68,7 @@ def test_the_run_is_shown_nowhere_while_written_and_a_failure_half_way_leaves_no
             raise OSError("disk full")
         write(self, prepared)
 
-    monkeypatch.setattr(streamed_upload._RunRows, "write", failing_second)
+    monkeypatch.setattr(run_rows.RunRows, "write", failing_second)
     with pytest.raises(OSError, match="disk full"):
         runs.create_run(_parsed(), name="m", **SERVICES)
     assert all(until is not None for until in seen)  # being written: no page or worker takes it

@@ -356,11 +356,13 @@ def test_the_filter_form_keeps_its_values_and_offers_the_run_s_failure_kinds(sig
     assert 'name="reward_min" value="0.0"' in body or 'name="reward_min" value="0"' in body
 
 
-def test_an_invalid_filter_value_is_reported_and_ignored(signed_in, mixed_run):
+def test_an_invalid_filter_value_is_reported_and_no_rows_are_shown(signed_in, mixed_run):
     response = signed_in.get(_url(mixed_run, reward_min="lots", status="failed"))
     assert response.status_code == 200
     assert "reward_min" in response.content.decode() and "Enter a number" in response.content.decode()
-    assert len(_keys_in_table(response)) == 4  # the valid status filter still applies
+    # Rows filtered by the other filters alone would pass for the filtered ones.
+    assert _keys_in_table(response) == []
+    assert len(_keys_in_table(signed_in.get(_url(mixed_run, status="failed")))) == 4
 
 
 def test_the_table_is_paginated_and_pages_keep_the_filter(signed_in, db):

@@ -17,13 +17,12 @@ from django.utils import timezone
 
 from rollouts.collection.datasets import ParsedDataset
 from rollouts.collection.notify import notify_launch
+from rollouts.collection.run_rows import BULK, create_run_from_rows
 from rollouts.lossless import dumps
 from rollouts.models import Dataset, DatasetRow, Rollout, Run
 from rollouts.teams import team_for_new
 
 log = logging.getLogger("gymweb.runs")
-
-BULK = 2000
 
 
 def _dumps(obj: Any) -> str:
@@ -81,23 +80,6 @@ def load_dataset(dataset: Dataset) -> ParsedDataset:
     return parsed
 
 
-class RunTooLarge(ValueError):
-    """A run would have more (task, rollout) keys than ``GYMWEB_MAX_KEYS_PER_RUN`` allows."""
-
-
-def check_size(num_rows: int, num_repeats: int, limit: int | None) -> int:
-    """The number of keys a run would have; raises ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN``
-    (a bound on the work and memory one run takes)."""
-    keys = (min(num_rows, limit) if limit else num_rows) * num_repeats
-    cap = settings.GYMWEB_MAX_KEYS_PER_RUN
-    if keys > cap:
-        raise RunTooLarge(
-            f"this run would have {keys:,} rollouts ({min(num_rows, limit or num_rows):,} rows × {num_repeats} repeats); "
-            f"the limit is {cap:,} per run (GYMWEB_MAX_KEYS_PER_RUN): use --limit/num_repeats or several runs"
-        )
-    return keys
-
-
 def create_run(
     parsed: ParsedDataset, *, name: str, user=None, dataset: Dataset | None = None, team=None, **options: Any
 ) -> Run:
@@ -106,14 +88,12 @@ def create_run(
     ``options`` are ``Run`` fields: agent_url, env_url, agent_name, concurrency, max_steps,
     num_repeats, limit, max_attempts, remote_responses_timeout_s, run_timeout_s, overrides,
     source_file. Written as every run is, ``BULK`` rows per short transaction, the run shown
-    nowhere until its last batch is in (``streamed_upload.create_run_from_rows``): a big dataset
+    nowhere until its last batch is in (``run_rows.create_run_from_rows``): a big dataset
     never holds SQLite's write lock for long. It is not started: call ``launch``. Raises
     ``RunTooLarge`` over ``GYMWEB_MAX_KEYS_PER_RUN`` keys (nothing stored); on any other failure
     deletes what it stored and re-raises. The run's team: ``team``, else the dataset's, else the
     user's first (``rollouts.teams.team_for_new``).
     """
-    from rollouts.collection.streamed_upload import create_run_from_rows  # it builds on this module
-
     return create_run_from_rows(parsed, name=name, user=user, dataset=dataset, team=team, **options)
 
 

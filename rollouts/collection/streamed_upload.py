@@ -34,15 +34,14 @@ from django.db import transaction
 from rollouts.collection import writing
 from rollouts.collection.datasets import (
     DatasetError,
-    ParsedDataset,
     iter_rows,
-    merge_overrides,
     strip_result_fields,
     too_many_rows,
 )
-from rollouts.collection.runs import BULK, _dumps, check_size, earlier_upload
-from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
-from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+from rollouts.collection.run_rows import BULK, RunRows, check_size, fill_run, new_run
+from rollouts.collection.runs import _dumps, earlier_upload
+from rollouts.models import Dataset, DatasetRow, Run
+from rollouts.nemo.keys import TASK_INDEX_KEY_NAME
 from rollouts.teams import team_for_new
 
 Source = Union[Path, IO[bytes]]  # a file's path, or a seekable binary file (read from its start)
@@ -93,17 +92,6 @@ def scan(file: Source, source: str, max_rows: int, max_line_bytes: int, progress
         raise DatasetError("the file has no rows (it is empty or only blank lines)", None, source)
     found.sha256 = digest.hexdigest()
     return found
-
-
-def _materialized(row: dict[str, Any], task_index: int, agent_name: str, overrides: dict | None) -> dict[str, Any]:
-    """A task's row as ``materialize`` makes it (same keys, same order)."""
-    out = {k: v for k, v in row.items() if k not in (TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME)}
-    out["responses_create_params"] = merge_overrides(row["responses_create_params"], overrides)
-    out["agent_ref"] = row.get("agent_ref") or {"name": agent_name}
-    if "agent_ref" in row:
-        out = {**{k: v for k, v in out.items() if k != "agent_ref"}, "agent_ref": out["agent_ref"]}
-    out[TASK_INDEX_KEY_NAME] = task_index
-    return out
 
 
 def _new_dataset(name: str, found: Scan, user, team_id: int) -> Dataset:
@@ -188,79 +176,6 @@ def store_and_create_run(
     return run, not made_dataset
 
 
-def _new_run(name: str, user, dataset: Dataset | None, team_id: int, num_rows: int, options: dict) -> tuple[Run, int]:
-    """A new run being written over ``num_rows`` rows (saved, leased) and how many rows it takes.
-    Raises ``RunTooLarge`` and ``ValueError`` (``num_repeats`` below 1) before saving it."""
-    run = Run(
-        name=name[:200], created_by=user, dataset=dataset, team_id=team_id, writing_until=writing.lease(), **options
-    )
-    if run.num_repeats < 1:
-        raise ValueError("num_repeats must be at least 1")
-    check_size(num_rows, run.num_repeats, run.limit)
-    count = min(num_rows, run.limit) if run.limit else num_rows
-    run.num_keys = count * run.num_repeats
-    run.save()
-    return run, count
-
-
-def _fill_run(run: Run, count: int, explicit, batches, progress) -> None:
-    """Write ``batches`` (lists of ``(line, text, row)``, ``count`` rows in all) into ``run``'s
-    tasks and pending rollouts, one transaction each renewing its lease, then mark it ready.
-    ``explicit``: a callable giving the task indices its rows carry (called once the run is
-    saved). On any failure deletes the run and re-raises."""
-    try:
-        run_rows = _RunRows(run, explicit())
-        read = 0
-        for batch in batches:
-            prepared = run_rows.prepare(batch)
-            with transaction.atomic():
-                run_rows.write(prepared)
-                writing.renew(run)
-            read += len(batch)
-            if progress is not None:
-                progress(read / count, f"Stored {read:,} of {count:,} rows…")
-        with transaction.atomic():
-            run.num_tasks = len(run_rows.rollouts_of)
-            Run.objects.filter(pk=run.pk).update(num_tasks=run.num_tasks)
-            writing.done(run)  # the last batch is in: ready
-    except BaseException:
-        with transaction.atomic():
-            Run.objects.filter(pk=run.pk).delete()
-        raise
-
-
-def create_run_from_rows(
-    parsed: ParsedDataset,
-    *,
-    name: str,
-    user=None,
-    dataset: Dataset | None = None,
-    team=None,
-    progress=None,
-    **options: Any,
-) -> Run:
-    """A queued run over ``parsed`` (rows held in memory: the collect command's file, the demo's,
-    the API's and the form's small datasets) with ``options`` (``Run`` fields, as
-    ``runs.create_run``), its tasks and pending rollouts written ``BULK`` rows per transaction as
-    ``create_run_from_dataset`` writes them (numbered as ``materialize`` numbers them), the run
-    shown nowhere until its last batch is in. The run's team: ``team``, else ``dataset``'s, else the
-    user's first. Raises ``RunTooLarge`` (and ``ValueError``) before storing anything; on any
-    failure deletes what it stored and re-raises."""
-    team_id = team.pk if team is not None else dataset.team_id if dataset is not None else team_for_new(user)
-    run, count = _new_run(name, user, dataset, team_id, len(parsed.rows), options)
-
-    def carried() -> set[int]:
-        return {row[TASK_INDEX_KEY_NAME] for row in parsed.rows[:count] if TASK_INDEX_KEY_NAME in row}
-
-    batches = (
-        list(zip(parsed.lines[start:end], parsed.texts[start:end], parsed.rows[start:end]))
-        for start in range(0, count, BULK)
-        for end in [min(start + BULK, count)]
-    )
-    _fill_run(run, count, carried, batches, progress)
-    return run
-
-
 def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None, progress=None, **options: Any) -> Run:
     """A queued run over the stored ``dataset`` with ``options`` (``Run`` fields, as
     ``runs.create_run``), written ``BULK`` dataset rows per transaction (its tasks and pending
@@ -270,7 +185,7 @@ def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None
     ``ValueError`` for ``num_repeats`` below 1) before storing anything; ``DatasetError`` when the
     dataset's rows changed while read; on any failure deletes what it stored and re-raises."""
     team_id = team.pk if team is not None else dataset.team_id
-    run, count = _new_run(name, user, dataset, team_id, dataset.num_rows, options)
+    run, count = new_run(name, user, dataset, team_id, dataset.num_rows, options)
 
     def batches() -> Iterator[list[tuple[int, str, dict]]]:
         read, last = 0, 0
@@ -291,7 +206,7 @@ def create_run_from_dataset(dataset: Dataset, *, name: str, user=None, team=None
                 dataset.name,
             )
 
-    _fill_run(run, count, lambda: _carried_indices(dataset, count), batches(), progress)
+    fill_run(run, count, lambda: _carried_indices(dataset, count), batches(), progress)
     return run
 
 
@@ -310,61 +225,6 @@ def _carried_indices(dataset: Dataset, count: int) -> set[int]:
     return carried
 
 
-class _RunRows:
-    """The tasks and pending rollouts of ``run``, batch by batch, as ``materialize`` numbers them;
-    ``explicit``: the task indices rows within the run's limit carry themselves."""
-
-    def __init__(self, run: Run, explicit: set[int]):
-        self.run = run
-        self.explicit = explicit
-        self.by_text: dict[bytes, int] = {}  # a line's SHA-1 → its task: identical lines share one
-        self.task_ids: dict[int, int] = {}  # task index → Task id
-        self.rollouts_of: dict[int, int] = {}  # task index → rollouts so far
-        self.next_index = 0
-
-    def _task_index(self, text: str, row: dict) -> int:
-        if TASK_INDEX_KEY_NAME in row:
-            return row[TASK_INDEX_KEY_NAME]
-        digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
-        if digest not in self.by_text:
-            while self.next_index in self.explicit:
-                self.next_index += 1
-            self.by_text[digest] = self.next_index
-            self.next_index += 1
-        return self.by_text[digest]
-
-    def prepare(self, batch: list[tuple[int, str, dict]]) -> tuple[list[Task], list[tuple[int, int]]]:
-        """The new tasks and the (task, rollout) keys of ``batch``, numbered; no query, so call it
-        outside the batch's transaction (the less work inside, the sooner other writers get in)."""
-        run = self.run
-        new_tasks: list[Task] = []
-        keys: list[tuple[int, int]] = []
-        for _number, text, row in batch:
-            task_index = self._task_index(text, row)
-            if task_index not in self.rollouts_of:
-                self.rollouts_of[task_index] = 0
-                materialized = _materialized(row, task_index, run.agent_name, run.overrides or None)
-                new_tasks.append(Task(run=run, task_index=task_index, row_json=_dumps(materialized)))
-            for _ in range(run.num_repeats):
-                keys.append((task_index, self.rollouts_of[task_index]))
-                self.rollouts_of[task_index] += 1
-        return new_tasks, keys
-
-    def write(self, prepared: tuple[list[Task], list[tuple[int, int]]]) -> None:
-        """Store ``prepare``'s tasks and pending rollouts (inside the caller's transaction)."""
-        run = self.run
-        new_tasks, keys = prepared
-        made = Task.objects.bulk_create(new_tasks)
-        if any(t.pk is None for t in made):  # backends that do not return ids from bulk_create
-            wanted = [t.task_index for t in made]
-            self.task_ids.update(Task.objects.filter(run=run, task_index__in=wanted).values_list("task_index", "id"))
-        else:
-            self.task_ids.update((t.task_index, t.pk) for t in made)
-        Rollout.objects.bulk_create(
-            [Rollout(run=run, task_id=self.task_ids[t], task_index=t, rollout_index=r, attempt=1) for t, r in keys]
-        )
-
-
 def _write(
     file: Source, source, found: Scan, run: Run | None, dataset, limit: int, max_line_bytes: int, progress
 ) -> None:
@@ -372,7 +232,7 @@ def _write(
     ``run`` is), ``BULK`` rows per transaction, each renewing their writing lease; then both are
     marked ready. Raises ``writing.LeaseLost`` when the lease lapsed between two batches."""
     explicit = {index for index, first in found.explicit.items() if first <= limit}  # within the limit
-    run_rows = _RunRows(run, explicit) if run is not None else None
+    run_rows = RunRows(run, explicit) if run is not None else None
     read = 0
 
     def flush(batch: list[tuple[int, str, dict]], batch_all: list[tuple[int, str, dict]]) -> None:

@@ -19,8 +19,8 @@ from rollouts import targets, teams
 from rollouts.collection import environments, run_settings, streamed_upload
 from rollouts.collection.datasets import DatasetError
 from rollouts.collection.environments import Resolved
+from rollouts.collection.run_rows import RunTooLarge, check_size
 from rollouts.collection.run_settings import LIMITS, SettingError
-from rollouts.collection.runs import RunTooLarge, check_size
 from rollouts.display import binary_size
 from rollouts.engine.loop import InvalidBaseURL, validate_base_url
 from rollouts.models import Dataset, DatasetRow, Team

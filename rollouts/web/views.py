@@ -105,7 +105,7 @@ def upload_job(task, progress) -> background.Done:
 
     from rollouts.collection import streamed_upload
     from rollouts.collection.datasets import DatasetError
-    from rollouts.collection.runs import RunTooLarge
+    from rollouts.collection.run_rows import RunTooLarge
 
     kept = task.params["files"][0]
     path = Path(kept["path"])

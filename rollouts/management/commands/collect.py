@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from rollouts.collection import environments, run_settings, runs
+from rollouts.collection import environments, run_rows, run_settings, runs
 from rollouts.collection.datasets import DatasetError, ParsedDataset, read_jsonl
 from rollouts.collection.export import output_stems, write_run_files
 from rollouts.collection.run_settings import SettingError
@@ -254,8 +254,8 @@ class Command(NemoGymFlags, BaseCommand):
             )
         else:
             try:
-                runs.check_size(len(parsed.rows), checked["num_repeats"], checked["limit"])
-            except runs.RunTooLarge as exc:
+                run_rows.check_size(len(parsed.rows), checked["num_repeats"], checked["limit"])
+            except run_rows.RunTooLarge as exc:
                 raise CommandError(str(exc)) from None
             for path in existing:  # --overwrite (NeMo Gym's flag): the old files go before the new run
                 path.unlink()
