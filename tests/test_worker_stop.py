@@ -197,3 +197,23 @@ def test_sigterm_to_the_main_process_after_a_worker_was_killed_exits_and_release
     finally:
         gate.open()
         agent.stop()
+
+
+def test_after_its_workers_were_killed_a_cluster_runs_queued_tasks_again_within_seconds(workers):
+    # A worker killed while it waited for a task dies holding django-q2's task-queue lock: without a
+    # new queue its replacements wait on that lock for good and queued tasks wait for the broker's
+    # retry (11 minutes). Both workers are killed, so the lock's holder is surely among them.
+    from django_q.tasks import async_task, result
+
+    workers.start(workers=2, **LONG_LEASE)
+    killed = wait_for(
+        lambda: (pids := list(Worker.objects.values_list("pid", flat=True))) and len(pids) == 2 and pids,
+        90,
+        what="two workers' heartbeats",
+    )
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: Worker.objects.exclude(pid__in=killed).count() == 2, 90, what="two new workers' heartbeats")
+    task_id = async_task("math.floor", 2.5)
+    assert wait_for(lambda: result(task_id) == 2, 90, what="the task queued after the kill ran")
+    assert "starting the workers and the pusher again on a new queue" in workers.logs()

@@ -14,6 +14,14 @@ never ends. Here the sentinel's stop is bounded: workers still alive after a sho
 (each releases its in-flight rollouts and exits), and whatever is left after the release timeout is
 killed.
 
+A worker that dies on its own (SIGKILL, the kernel's out-of-memory killer) may likewise hold that
+lock: django-q2 starts a replacement on the same queue, which then waits for good while the pusher
+keeps moving tasks from the broker into the queue, where nothing reads them (with the ORM broker
+they are re-delivered only after ``retry``, 11 minutes). Here the sentinel then starts the
+pipeline again on a new task queue: the pusher and the other workers are stopped (each releases its
+in-flight rollouts) and new ones start, so background tasks and the supervisor run again within
+seconds.
+
 What the worker processes do on a stop (release their in-flight rollouts at once) is in
 ``rollouts.workers.process.start_in_worker_process``.
 """
@@ -25,11 +33,13 @@ import threading
 import time
 import uuid
 
+from django import db
 from django.conf import settings
 from django.utils.translation import gettext as _
 from django_q import cluster as q_cluster
 from django_q.conf import Conf, logger
 from django_q.management.commands.qcluster import Command as QClusterCommand
+from django_q.queues import Queue
 from django_q.status import Stat
 
 # How long workers get to take their STOP from the task queue before they are signalled directly.
@@ -46,7 +56,48 @@ def _wait_until_dead(processes, timeout: float) -> None:
 
 class Sentinel(q_cluster.Sentinel):
     """django-q2's sentinel whose stop ends in bounded time, also when a worker waits on a lock
-    that a killed worker held. Bound: ``STOP_GRACE_S`` + ``GYMWEB_RELEASE_TIMEOUT_S`` + about 35 s."""
+    that a killed worker held (bound: ``STOP_GRACE_S`` + ``GYMWEB_RELEASE_TIMEOUT_S`` + about 35 s),
+    and which starts its workers and pusher on a new task queue when a worker died on its own."""
+
+    def reincarnate(self, process) -> None:
+        """django-q2's, except for a worker that died on its own (a non-zero exit code: killed by a
+        signal or crashed), which may have held the task queue's lock: then ``renew_task_queue``."""
+        if process in self.pool and not process.is_alive() and process.exitcode not in (None, 0):
+            self.renew_task_queue(process)
+            return
+        if process in self.pool or process in (self.monitor, self.pusher):
+            super().reincarnate(process)
+
+    def renew_task_queue(self, dead) -> None:
+        """Stop the pusher and the live workers (SIGTERM: each releases its in-flight rollouts;
+        killed after ``GYMWEB_RELEASE_TIMEOUT_S``), then start them again on a new task queue.
+        Tasks the pusher had moved into the old queue are re-delivered by the broker (``retry``)."""
+        name = q_cluster.current_process().name
+        logger.critical(
+            _(
+                "%(name)s: worker %(pid)s died (exit code %(code)s) and may have held the task queue's "
+                "lock; starting the workers and the pusher again on a new queue"
+            )
+            % {"name": name, "pid": dead.pid, "code": dead.exitcode}
+        )
+        others = [p for p in self.pool if p is not dead and p.is_alive()]
+        pusher = self.pusher  # type: ignore[has-type]
+        helpers = [pusher] if pusher is not None and pusher.is_alive() else []
+        for p in helpers + others:
+            p.terminate()
+        _wait_until_dead(helpers + others, settings.GYMWEB_RELEASE_TIMEOUT_S + 10.0)
+        for p in helpers + others:
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+        self.pool.clear()
+        self.task_queue = Queue(maxsize=Conf.QUEUE_LIMIT) if Conf.QUEUE_LIMIT else Queue()
+        if not Conf.SYNC:
+            db.connections.close_all()
+        for __ in range(self.pool_size):
+            self.spawn_worker()
+        self.pusher = self.spawn_pusher()
+        self.reincarnations += 1
 
     def stop(self) -> None:
         name = q_cluster.current_process().name
