@@ -200,7 +200,7 @@ class GymwebSettings(BaseSettings):
     )
     max_result_streams: int | None = S(
         None,
-        "open results streams (that wait) one web process holds at once; past it 503 with Retry-After, so some threads stay for pages and /healthz (0: none; ?wait=0 reads are not counted)",
+        "open results streams (that wait) one web process holds at once; past it 503 with Retry-After, so some threads stay for pages and /healthz (0: none; ?wait=0 reads are not counted; a value above the threads less one is held to that, with a warning)",
         shown="threads − max(1, threads ÷ 4): 12 of 16",
     )
     max_result_streams_per_user: int | None = S(

@@ -49,10 +49,22 @@ def test_the_default_limits_keep_a_quarter_of_the_threads_for_pages(settings, th
 
 def test_limits_set_explicitly_win_over_the_derived_ones(settings):
     settings.GYMWEB_WEB_THREADS = 16
-    settings.GYMWEB_MAX_RESULT_STREAMS = 40
+    settings.GYMWEB_MAX_RESULT_STREAMS = 14
     settings.GYMWEB_MAX_RESULT_STREAMS_PER_USER = 2
     settings.GYMWEB_STREAM_RETRY_AFTER_S = 7
-    assert limits() == Limits(40, 2, 7)
+    assert limits() == Limits(14, 2, 7)
+
+
+def test_a_limit_set_past_the_threads_is_held_to_leave_one_thread_for_pages(settings, caplog):
+    settings.GYMWEB_WEB_THREADS = 4
+    settings.GYMWEB_MAX_RESULT_STREAMS = 10
+    settings.GYMWEB_MAX_RESULT_STREAMS_PER_USER = 10
+    with caplog.at_level("WARNING", logger="gymweb.api"):
+        got = limits()
+        limits()
+    assert got.per_process == 3
+    warnings = [r.getMessage() for r in caplog.records if "GYMWEB_MAX_RESULT_STREAMS=10" in r.getMessage()]
+    assert len(warnings) <= 1 and (not warnings or "held to 3" in warnings[0])
 
 
 # -- counting --------------------------------------------------------------------------------------

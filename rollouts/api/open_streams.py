@@ -23,6 +23,7 @@ for its next write (a keep-alive comes only every ``GYMWEB_STREAM_KEEPALIVE_S``)
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 import threading
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from ninja.errors import HttpError
+
+log = logging.getLogger("gymweb.api")
 
 __all__ = ["SLOTS", "HeldStream", "Limits", "Slot", "StreamRefused", "StreamSlots", "client_gone", "limits"]
 
@@ -51,15 +54,33 @@ class Limits:
 def limits() -> Limits:
     """The limits from the settings, with the defaults derived from the thread count: threads
     less ``max(1, threads // 4)`` per process (12 of 16, 3 of 4, 0 of 1: a `sync` worker has no
-    thread to spare), half of that per user (at least 1)."""
+    thread to spare), half of that per user (at least 1). A per-process limit set above the
+    threads less one is held to that (logged once): one thread always stays for pages and
+    health checks."""
     threads = int(settings.GYMWEB_WEB_THREADS) or DEFAULT_THREADS
     per_process = settings.GYMWEB_MAX_RESULT_STREAMS
     if per_process is None:
         per_process = threads - max(1, threads // 4)
+    elif per_process > threads - 1:
+        _warn_once(
+            f"GYMWEB_MAX_RESULT_STREAMS={per_process} would let open results streams take all "
+            f"{threads} threads of this web process (GYMWEB_WEB_THREADS, gymweb serve --threads); "
+            f"held to {max(0, threads - 1)}, so pages and /healthz keep a thread"
+        )
+        per_process = max(0, threads - 1)
     per_user = settings.GYMWEB_MAX_RESULT_STREAMS_PER_USER
     if per_user is None:
         per_user = max(1, per_process // 2)
     return Limits(max(0, int(per_process)), max(0, int(per_user)), max(1, int(settings.GYMWEB_STREAM_RETRY_AFTER_S)))
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 class StreamRefused(HttpError):
