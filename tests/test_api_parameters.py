@@ -30,6 +30,8 @@ def get(client, user):
         ("/runs/{run}/rollouts?reward_min=abc", "reward_min", "valid number"),
         ("/runs/{run}/rollouts?task=x", "task", "valid integer"),
         ("/runs/{run}/rollouts?f.verify.score=1..0", "f.verify.score", "the low end 1 is above the high end 0"),
+        ("/runs/{run}/rollouts?f.bogus=1", "f.bogus", "is not a field"),
+        ("/runs/{run}/rollouts?f.=1", "f.", "is not a field"),
         ("/runs?limit=0", "limit", "must be at least 1"),
         ("/runs?offset=-1", "offset", "must be at least 0"),
         ("/datasets?limit=-1", "limit", "must be at least 1"),

@@ -365,6 +365,13 @@ def test_an_invalid_filter_value_is_reported_and_no_rows_are_shown(signed_in, mi
     assert len(_keys_in_table(signed_in.get(_url(mixed_run, status="failed")))) == 4
 
 
+def test_a_filter_on_a_name_that_is_no_field_is_reported_and_no_rows_are_shown(signed_in, mixed_run):
+    response = signed_in.get(_url(mixed_run, **{"f.bogus": "1"}))
+    assert response.status_code == 200
+    assert "is not a field" in response.content.decode()
+    assert _keys_in_table(response) == []
+
+
 def test_the_table_is_paginated_and_pages_keep_the_filter(signed_in, db):
     run = make_run(120, status=Run.Status.COMPLETED)
     for r in Rollout.objects.filter(run=run, task_index__lt=110):

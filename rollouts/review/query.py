@@ -147,11 +147,14 @@ class RolloutFilterForm(ReviewFilterFields):
         self.columns = columns.parse_columns([str(v) for v in raw_cols])
         self.field_filters: dict[str, str] = {}
         self._bad_field_filters: list[str] = []  # parameters refused in ``clean`` (a NUL: see there)
+        self._unknown_field_filters: list[str] = []  # ``f.`` parameters that name no field
         self.refused_field_filters: dict[str, str] = {}  # refused ranges, as typed (shown in their box)
         for key in list((data or {}).keys()):
             name = key[2:] if isinstance(key, str) and key.startswith("f.") else ""
             value = str((data or {}).get(key) or "").strip()[:SEARCH_MAX]
-            if columns.parse_field(name) and value and len(self.field_filters) < columns.MAX_COLUMNS:
+            if isinstance(key, str) and key.startswith("f.") and value and not columns.parse_field(name):
+                self._unknown_field_filters.append(key)  # a mistyped filter must not read as the whole run
+            elif columns.parse_field(name) and value and len(self.field_filters) < columns.MAX_COLUMNS:
                 if "\x00" in value:
                     self._bad_field_filters.append(key)
                 else:
@@ -170,8 +173,9 @@ class RolloutFilterForm(ReviewFilterFields):
         """Refuse filters that can match nothing or that no database can run: ``reward_min`` above
         ``reward_max``; a field filter (``f.<field>``) holding a NUL (PostgreSQL refuses a NUL in a
         query; no kept value holds one: ``lossless.readable_json``); a field range
-        ``columns.range_problem`` refuses. Field errors are keyed by the parameter, which the page's
-        error list and the API's 400 name, and such a filter is not applied."""
+        ``columns.range_problem`` refuses; an ``f.`` parameter that names no field (``f.bogus``: a
+        mistyped filter must never read as the whole run). Field errors are keyed by the parameter,
+        which the page's error list and the API's 400 name, and such a filter is not applied."""
         data = super().clean() or {}
         low, high = data.get("reward_min"), data.get("reward_max")
         if low is not None and high is not None and low > high:
@@ -179,13 +183,18 @@ class RolloutFilterForm(ReviewFilterFields):
         for key in self._bad_field_filters:
             # Not a declared field, so not ``add_error`` (which wants one).
             self._errors[key] = self.error_class([str(ProhibitNullCharactersValidator.message)])
+        for key in self._unknown_field_filters:
+            named = key[2:]
+            self._errors[key] = self.error_class(
+                [f"{named!r} is not a field: filter a task field as f.task.<name>, a verify field as f.verify.<name>"]
+            )
         for name, value in list(self.field_filters.items()):
             problem = columns.range_problem(value)
             if problem:
                 del self.field_filters[name]
                 self.refused_field_filters[name] = value
                 hint = f'; to match it as text, write it in double quotes: "{value}"'
-                self._errors[f"f.{name}"] = self.error_class([problem + hint])
+                self._errors[f"f.{name}"] = self.error_class([problem.rstrip(".") + hint])
         return data
 
     def filter_reward(self, qs: QuerySet) -> QuerySet:
