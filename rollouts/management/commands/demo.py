@@ -187,6 +187,9 @@ class Command(BaseCommand):
         self._check_port_free(opts["host"], opts["port"], "--port")
         self._check_port_free("127.0.0.1", opts["env_port"], "--env-port")
         self._check_port_free("127.0.0.1", opts["agent_port"], "--agent-port")
+        # The first start migrates a new database and collects the static files: tens of seconds
+        # with nothing else to show, so say what is happening.
+        self.stdout.write(f"preparing the database and static files in {settings.DATA_DIR}…")
         call_command("migrate", verbosity=0, interactive=False)
         self.moved = self._remember_ports(opts, kept)
         # WhiteNoise serves the collected files (compressed, hashed names), as in production.
