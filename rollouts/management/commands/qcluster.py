@@ -29,6 +29,7 @@ What the worker processes do on a stop (release their in-flight rollouts at once
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import uuid
@@ -44,6 +45,8 @@ from django_q.status import Stat
 
 # How long workers get to take their STOP from the task queue before they are signalled directly.
 STOP_GRACE_S = 2.0
+# Exit codes of a worker that died without running any handler: it may have held a queue's lock.
+HARD_DEATHS = frozenset(-sig for sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT))
 # How long the pusher and the monitor get to end on their own.
 HELPER_STOP_S = 10.0
 
@@ -60,9 +63,15 @@ class Sentinel(q_cluster.Sentinel):
     and which starts its workers and pusher on a new task queue when a worker died on its own."""
 
     def reincarnate(self, process) -> None:
-        """django-q2's, except for a worker that died on its own (a non-zero exit code: killed by a
-        signal or crashed), which may have held the task queue's lock: then ``renew_task_queue``."""
-        if process in self.pool and not process.is_alive() and process.exitcode not in (None, 0):
+        """django-q2's, except for a worker killed by a signal it cannot handle (SIGKILL, the
+        out-of-memory killer) or crashed, which may have held the task queue's lock: then
+        ``renew_task_queue``. A worker that ended on SIGTERM or SIGINT let go of the lock itself."""
+        if (
+            process in self.pool
+            and not process.is_alive()
+            and process.exitcode in HARD_DEATHS
+            and not self.stop_event.is_set()
+        ):
             self.renew_task_queue(process)
             return
         if process in self.pool or process in (self.monitor, self.pusher):
