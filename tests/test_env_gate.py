@@ -109,16 +109,23 @@ def _agent_turn(rec, n):
     return reply(message()) if outputs >= 3 else reply(call("slow_tool", {}, call_id=f"c{n}"))
 
 
-@async_test
-async def test_rollouts_sharing_a_bounded_env_keep_within_the_bound_and_end_in_start_order():
-    state = {"now": 0, "peak": 0}
+def _slow_env_call(state: dict, seconds: float):
+    """An env handler that takes ``seconds`` and counts the calls it holds at once in ``state``."""
 
     async def slow(_rec):
         state["now"] += 1
         state["peak"] = max(state["peak"], state["now"])
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(seconds)
         state["now"] -= 1
         return {"ok": True}
+
+    return slow
+
+
+@async_test
+async def test_rollouts_sharing_a_bounded_env_keep_within_the_bound_and_end_in_start_order():
+    state = {"now": 0, "peak": 0}
+    slow = _slow_env_call(state, 0.02)
 
     ended: list[int] = []
     async with EnvService({"slow_tool": slow}, seed=slow) as env, AgentService(_agent_turn) as agent:
@@ -149,13 +156,7 @@ async def test_rollouts_sharing_a_bounded_env_keep_within_the_bound_and_end_in_s
 @async_test
 async def test_without_a_bound_the_env_gets_every_rollouts_call_at_once():
     state = {"now": 0, "peak": 0}
-
-    async def slow(_rec):
-        state["now"] += 1
-        state["peak"] = max(state["peak"], state["now"])
-        await asyncio.sleep(0.05)
-        state["now"] -= 1
-        return {"ok": True}
+    slow = _slow_env_call(state, 0.05)
 
     async with EnvService({"slow_tool": slow}, seed=slow) as env, AgentService(_agent_turn) as agent:
         client = make_client(64, policy=LOCAL)
