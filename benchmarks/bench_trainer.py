@@ -143,11 +143,17 @@ def _parse_args() -> argparse.Namespace:
         help="web, agent, env and NeMo Gym head server ports: base, base+1, base+2, base+10",
     )
     parser.add_argument("--skip-nemo", action="store_true")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="the qcluster worker's processes (GYMWEB_Q_WORKERS: each runs a dispatcher; gymweb's default is 2)",
+    )
     return parser.parse_args()
 
 
-def _server_env() -> dict:
-    """The environment of gunicorn and the qcluster worker."""
+def _server_env(workers: int) -> dict:
+    """The environment of gunicorn and the qcluster worker (``workers`` processes)."""
     env = dict(os.environ)
     env.update(
         {
@@ -156,7 +162,7 @@ def _server_env() -> dict:
             "GYMWEB_ALLOWED_HOSTS": "127.0.0.1",
             "GYMWEB_ALLOW_LOCAL_TARGETS": "1",
             "GYMWEB_DISPATCH_IN_WORKERS": "1",
-            "GYMWEB_Q_WORKERS": "1",
+            "GYMWEB_Q_WORKERS": str(workers),
             "GYMWEB_LOG_LEVEL": "WARNING",
             "PYTHONUNBUFFERED": "1",
         }
@@ -205,7 +211,7 @@ def _start_services(
     return [agent, counter, web, worker]
 
 
-def _wait_services(procs: list, ports: tuple[int, int, int, int], work: Path) -> None:
+def _wait_services(procs: list, ports: tuple[int, int, int, int], work: Path, workers: int) -> None:
     from rollouts.models import Worker
 
     web_port, agent_port, env_port, _head_port = ports
@@ -213,7 +219,7 @@ def _wait_services(procs: list, ports: tuple[int, int, int, int], work: Path) ->
     _wait(lambda: _http_ok(f"http://127.0.0.1:{agent_port}/health"), "the scripted agent", logs)
     _wait(lambda: _http_ok(f"http://127.0.0.1:{env_port}/get_counter_value", "POST"), "the counter", logs)
     _wait(lambda: _http_ok(f"http://127.0.0.1:{web_port}/api/v1/openapi.json"), "gunicorn", logs)
-    _wait(lambda: Worker.objects.exists(), "the qcluster worker", logs)
+    _wait(lambda: Worker.objects.count() >= workers, "the qcluster worker's dispatchers", logs)
 
 
 def _phases(run, w_submit: float, w_posted: float, reads: dict) -> dict:
@@ -466,19 +472,19 @@ def main() -> None:
 
     user = get_user_model().objects.create_user(username="trainer", password=secrets.token_urlsafe(16))
     token = create_token(user, "bench")[1]
-    env = _server_env()
+    env = _server_env(args.workers)
     procs: list = []
     agent_url, env_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{env_port}"
     nemo_loop = _NemoLoop(ngpeer, ng_python, agent_url, head_port, work)
     load_before = os.getloadavg()
     try:
         procs = _start_services(ngpeer, ng_python, ports, args.latency_ms, work, env)
-        _wait_services(procs, ports, work)
+        _wait_services(procs, ports, work, args.workers)
         client = Client(f"http://127.0.0.1:{web_port}", token)
         gymweb_batch = _gymweb_batcher(client, agent_url, env_url, procs)
         ideal = args.latency_ms / 1000 * CALLS
         print(
-            f"training-loop benchmark — {h.machine()}; {where}; agent latency {args.latency_ms:g} ms × {CALLS} calls "
+            f"training-loop benchmark — {h.machine()}; {where}; {args.workers} worker process(es); agent latency {args.latency_ms:g} ms × {CALLS} calls "
             f"(ideal batch {ideal:.2f} s); load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}",
             flush=True,
         )

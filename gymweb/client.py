@@ -380,7 +380,8 @@ class Client(_Base):
     ) -> Iterator[tuple[dict, dict]]:
         """Run each row once and yield ``(row, result)`` as each rollout finishes (NeMo Gym's
         ``run_examples``). ``settings``: other run fields (max_steps, overrides, timeouts,
-        concurrency: default the batch size). Raises ``RefusedSettings`` before anything runs when
+        concurrency: default the batch size; env_max_in_flight: a bound on the env calls in flight, for an env
+        that is one process). Raises ``RefusedSettings`` before anything runs when
         the server refuses a row or a setting; ``RunEnded`` when the run ends short."""
         originals, sent, keys = _keyed_rows(rows)
         body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)

@@ -226,7 +226,7 @@ class GymwebSettings(BaseSettings):
     process_capacity: int = S(2000, "most rollouts in flight per worker process")
     env_max_in_flight: int = S(
         0,
-        "most calls one worker process has in flight to one env (resources server) at once; the rest wait in the worker and the oldest rollout's call goes first, so rollouts end in the order they started (0: no bound, as NeMo Gym). For envs that are one process (most NeMo Gym resources servers): a few times the env's cores",
+        "most calls one worker process has in flight to one env (resources server) at once; the rest wait in the worker and the oldest rollout's call goes first, so rollouts end in the order they started (0: no bound, as NeMo Gym). For envs that are one process (most NeMo Gym resources servers): a few times the env's cores. A run's own env_max_in_flight (run setting) replaces it for that run",
     )
     dispatch_in_workers: bool = S(True, "each worker process runs a dispatcher")
     release_timeout_s: float = S(20, "how long a stopping worker may take to release its rollouts")

@@ -136,6 +136,11 @@ class Run(TeamOwned):
     num_repeats = models.PositiveIntegerField(default=1)
     limit = models.PositiveIntegerField(null=True, blank=True)
     max_attempts = models.PositiveIntegerField(default=3)
+    env_max_in_flight = models.PositiveIntegerField(
+        default=0,
+        help_text="most of this run's calls out to its env at a time, shared among worker processes "
+        "(0: the server's GYMWEB_ENV_MAX_IN_FLIGHT per worker process)",
+    )
     auto_retry = models.BooleanField(
         default=False, help_text="failed keys get new attempts (up to max_attempts) before the run completes"
     )

@@ -49,6 +49,18 @@ def test_it_collects_the_counter_tasks_with_reward_one(
     assert "5 succeeded" in summary and "mean/reward (successes): 1.0000" in summary
 
 
+def test_env_max_in_flight_is_kept_on_the_run_and_a_negative_one_refused(
+    tmp_path, counter_env_url, counter_agent_url, counter_tasks_path
+):
+    out = tmp_path / "rollouts.jsonl"
+    flags = ["--agent-url", counter_agent_url, "--env-url", counter_env_url]
+    call_command("collect", *flags, "--env-max-in-flight", "2", *_io(counter_tasks_path, out))
+    assert len(_read(out)) == 5
+    assert Run.objects.get().env_max_in_flight == 2
+    with pytest.raises(CommandError, match="env-max-in-flight"):
+        call_command("collect", *flags, "--env-max-in-flight", "-1", *_io(counter_tasks_path, tmp_path / "o2.jsonl"))
+
+
 def test_it_writes_a_failure_row_per_attempt_when_the_agent_is_down(tmp_path, counter_env_url, counter_tasks_path):
     out = tmp_path / "rollouts.jsonl"
     call_command(

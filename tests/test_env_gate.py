@@ -1,6 +1,7 @@
-"""The worker's bound on calls in flight to one env (``GYMWEB_ENV_MAX_IN_FLIGHT``): never more than
-the bound out at once, the oldest rollout's call first, and a place never lost to a cancelled call;
-over real HTTP, rollouts that share an env end in the order they started."""
+"""The worker's bound on calls in flight to one env (``GYMWEB_ENV_MAX_IN_FLIGHT``, or a run's own
+``env_max_in_flight``): never more than the bound out at once, the oldest rollout's call first, and
+a place never lost to a cancelled call; over real HTTP, rollouts that share an env end in the order
+they started."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from rollouts.engine.loop import run_rollout
 from tests.servers import LOCAL, AgentService, EnvService, async_test, call, message, reply, settings, task_row
 
 
-async def _hold(gate: EnvGate, url: str, priority: float, log: list, release: asyncio.Event) -> None:
-    async with gate.turn(url, priority):
+async def _hold(gate: EnvGate, url: str, priority: float, log: list, release: asyncio.Event, limit: int = 0) -> None:
+    async with gate.turn(url, priority, limit):
         log.append(priority)
         await release.wait()
 
@@ -168,3 +169,53 @@ async def test_without_a_bound_the_env_gets_every_rollouts_call_at_once():
             await client.aclose()
     assert all(o.ok for o in outcomes)
     assert state["peak"] > 2, "NeMo Gym's behaviour: no bound unless one is set"
+
+
+# -- a run's own bound (the run setting env_max_in_flight) ------------------------------------------
+@async_test
+async def test_a_calls_own_bound_replaces_the_gates_default():
+    gate = EnvGate(0)  # the server sets no bound; the run asks for 2
+    log: list[float] = []
+    release = asyncio.Event()
+    tasks = [asyncio.create_task(_hold(gate, "http://env", float(p), log, release, limit=2)) for p in range(5)]
+    unbounded = asyncio.create_task(_hold(gate, "http://env", 9.0, log, release))
+    await asyncio.sleep(0.01)
+    assert sorted(log) == [0.0, 1.0, 9.0], "two of the bounded run's calls out, the unbounded call not held back"
+    assert gate.waiting("http://env") == 3
+    release.set()
+    await asyncio.gather(*tasks, unbounded)
+    assert len(log) == 6 and gate.in_flight("http://env") == 0
+
+
+@async_test
+async def test_calls_with_different_bounds_to_one_env_do_not_share_places():
+    gate = EnvGate(1)
+    log: list[float] = []
+    release = asyncio.Event()
+    server_bound = [asyncio.create_task(_hold(gate, "http://env", 1.0, log, release)) for _ in range(2)]
+    run_bound = [asyncio.create_task(_hold(gate, "http://env", 2.0, log, release, limit=3)) for _ in range(4)]
+    await asyncio.sleep(0.01)
+    assert sorted(log) == [1.0, 2.0, 2.0, 2.0], "1 place for the server's bound, 3 for the run's"
+    assert gate.in_flight("http://env") == 4 and gate.waiting("http://env") == 2
+    release.set()
+    await asyncio.gather(*server_bound, *run_bound)
+    assert gate.in_flight("http://env") == 0
+
+
+@async_test
+async def test_a_rollout_keeps_its_runs_bound_over_real_http():
+    state = {"now": 0, "peak": 0}
+    slow = _slow_env_call(state, 0.02)
+
+    async with EnvService({"slow_tool": slow}, seed=slow) as env, AgentService(_agent_turn) as agent:
+        client = make_client(64, policy=LOCAL)
+        gate = EnvGate(0)  # no server bound: the run's own is the only one
+        loop_settings = settings(agent.url, env.url, env_max_in_flight=3)
+        try:
+            outcomes = await asyncio.gather(
+                *(run_rollout(client, task_row(), loop_settings, None, gate) for _ in range(12))
+            )
+        finally:
+            await client.aclose()
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
+    assert state["peak"] == 3, f"the env held {state['peak']} calls at once with the run's bound of 3"

@@ -5,6 +5,7 @@ document declares."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 
@@ -17,6 +18,7 @@ from rollouts.engine.loop import RolloutOutcome
 from rollouts.models import AgentCall, ApiToken, Dataset, Rollout, Run
 from rollouts.tokens import create_token, user_for_token
 from rollouts.workers import claims, dispatcher, writer
+from rollouts.workers.claims import running_runs
 
 from .conftest import COUNTER_TASKS
 
@@ -111,6 +113,8 @@ def test_a_bad_jsonl_line_names_its_line(client, auth):
         ({"concurrency": "many"}, "concurrency"),
         ({"env_url": "not a url"}, "env_url"),
         ({"overrides": {"tools": "x"}}, "overrides"),
+        ({"env_max_in_flight": -1}, "env_max_in_flight"),
+        ({"env_max_in_flight": 2.5}, "env_max_in_flight"),
     ],
 )
 def test_a_refused_setting_names_the_field_and_stores_nothing(client, auth, change, field):
@@ -119,6 +123,30 @@ def test_a_refused_setting_names_the_field_and_stores_nothing(client, auth, chan
     assert response.status_code == 400, response.content
     assert field in response.json()["detail"] or field in response.json().get("errors", {})
     assert nothing_stored()
+
+
+def test_a_run_keeps_its_own_bound_on_env_calls_and_the_workers_share_it(client, auth):
+    body = {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV, "env_max_in_flight": 5}
+    response = post_json(client, auth, body)
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    assert run.env_max_in_flight == 5
+    assert post_json(client, auth, {"rows": task_rows(1), "agent_url": AGENT, "env_url": ENV}).status_code == 201
+    assert Run.objects.latest("id").env_max_in_flight == 0, "not sent: the server's bound"
+    # Two live worker processes: each keeps at most its half (rounded up) of the run's 5 out.
+    d = dispatcher.Dispatcher()
+    d.live_workers = 2
+
+    rows = running_runs(None)  # read here: a coroutine's connection would not see the test's rows
+
+    async def answered(fn, *args):
+        assert fn is running_runs, fn  # both runs have pending rollouts: nothing else is asked
+        return rows
+
+    d._db = answered  # type: ignore[method-assign]
+    asyncio.run(d._refresh_runs())
+    assert d.runs[run.pk].settings.env_max_in_flight == 3
+    assert d.runs[Run.objects.latest("id").pk].settings.env_max_in_flight == 0
 
 
 def test_rows_and_dataset_together_or_neither_are_refused(client, auth):

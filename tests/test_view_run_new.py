@@ -73,6 +73,7 @@ def test_it_shows_the_form_with_the_defaults(signed_in):
         "run_timeout_s",
         "max_attempts",
         "agent_name",
+        "env_max_in_flight",
         "overrides",
     ):
         assert f'name="{name}"' in body
@@ -92,6 +93,15 @@ def test_it_starts_a_run_from_an_upload_and_redirects_to_its_page(signed_in, use
     assert Rollout.objects.filter(run=run, status=Rollout.Status.PENDING).count() == 4
     dataset = Dataset.objects.get()
     assert run.dataset == dataset and dataset.num_rows == 3 and dataset.name == "tasks.jsonl"
+
+
+def test_a_run_may_bound_its_calls_in_flight_to_the_env_and_its_page_says_so(signed_in):
+    signed_in.post(URL, _data(env_max_in_flight="4"))
+    run = Run.objects.get()
+    assert run.env_max_in_flight == 4
+    assert "at most 4 at once" in signed_in.get(reverse("run", args=[run.pk])).content.decode()
+    signed_in.post(URL, _data(name="unbounded", env_max_in_flight=""))
+    assert Run.objects.get(name="unbounded").env_max_in_flight == 0, "empty: the server's setting"
 
 
 def test_a_run_without_a_name_is_named_after_its_dataset(signed_in):
@@ -251,6 +261,7 @@ def test_it_rejects_a_rollout_timeout_over_the_server_maximum(signed_in, setting
         ({"max_attempts": "zero"}, "max_attempts"),
         ({"remote_responses_timeout_s": "-1"}, "remote_responses_timeout_s"),
         ({"limit": "0"}, "limit"),
+        ({"env_max_in_flight": "-2"}, "env_max_in_flight"),
     ],
 )
 def test_it_rejects_out_of_range_knobs(signed_in, changes, field):

@@ -74,6 +74,13 @@ class RunSettings(Schema):
     run_timeout_s: float | None = Field(
         None, description="default: 2100, or GYMWEB_MAX_RUN_TIMEOUT_S when that is lower"
     )
+    env_max_in_flight: int = Field(
+        run_settings.default("env_max_in_flight"),
+        description="most of this run's env calls (seed, tool calls, verify) out at once, shared among worker "
+        "processes; the rest wait and the oldest rollout's call goes next, so results come in the order rollouts "
+        "started (for an env that is one process, as most NeMo Gym resources servers). "
+        "0: the server's GYMWEB_ENV_MAX_IN_FLIGHT per worker process (0 there: no bound)",
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="merged into every row's responses_create_params",

@@ -64,6 +64,8 @@ LIMITS: dict[str, Limit] = {
     "remote_responses_timeout_s": Limit(float, 0.001, None, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, " s"),
     # at most GYMWEB_MAX_RUN_TIMEOUT_S: ``maximum``
     "run_timeout_s": Limit(float, 0.001, None, DEFAULT_RUN_TIMEOUT_S, " s"),
+    # the run's calls out to its env at once (rollouts.engine.env_gate); 0: the server's bound
+    "env_max_in_flight": Limit(int, 0, 100_000, 0),
 }
 
 RESPONSES_PATH = "/v1/responses"

@@ -69,7 +69,8 @@ class LoopSettings:
     (see ``validate_base_url``). ``max_steps``: agent calls per rollout, None or 0 = unbounded
     (rule 10). Timeouts in seconds (rule 12). ``retry_pause_s``: pause between connection attempts
     (rule 11); ``connect_retry_budget_s``: seconds more of tries with backoff once those attempts
-    failed (0: none; ``LoopClient.post_with_attempts``).
+    failed (0: none; ``LoopClient.post_with_attempts``). ``env_max_in_flight``: the run's own bound
+    on its calls in flight to the env per worker process (0: the worker's ``EnvGate`` default).
     """
 
     agent_base_url: str
@@ -81,6 +82,7 @@ class LoopSettings:
     retry_pause_s: float = 0.5
     connect_retry_budget_s: float = 0.0
     refused_reply_max_bytes: int = DEFAULT_REFUSED_REPLY_MAX_BYTES
+    env_max_in_flight: int = 0
 
 
 @dataclass
@@ -394,7 +396,7 @@ class _Rollout:
         body = _dumps(payload)
         if self.gate is None:
             return await self._post(f"{self.s.env_base_url}/{route}", body, self.env_jar, "env")
-        async with self.gate.turn(self.s.env_base_url, self.started):
+        async with self.gate.turn(self.s.env_base_url, self.started, self.s.env_max_in_flight):
             return await self._post(f"{self.s.env_base_url}/{route}", body, self.env_jar, "env")
 
     def _env_nemo(self, exc: Failure) -> str | None:

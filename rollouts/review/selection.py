@@ -82,6 +82,7 @@ def new_run_initial(dataset: Dataset) -> dict:
             max_attempts=source.max_attempts,
             remote_responses_timeout_s=source.remote_responses_timeout_s,
             run_timeout_s=source.run_timeout_s,
+            env_max_in_flight=source.env_max_in_flight or None,
             overrides=json.dumps(source.overrides) if source.overrides else "",
         )
     return initial

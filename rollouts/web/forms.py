@@ -345,6 +345,15 @@ class RunForm(forms.Form):
         initial=run_settings.default("max_attempts"),
         help_text="Attempts per rollout in all, retries included.",
     )
+    env_max_in_flight = number_field(
+        "env_max_in_flight",
+        forms.IntegerField,
+        required=False,
+        label="Env calls in flight",
+        help_text="Most of this run's calls out to the env at once; the oldest rollout's call goes next. "
+        "For an env that is one process (most NeMo Gym resources servers): results come in the order rollouts "
+        "started. Empty or 0: the server's setting.",
+    )
     overrides = forms.CharField(
         required=False,
         label="Overrides (JSON object)",
@@ -535,6 +544,11 @@ class RunForm(forms.Form):
     def clean_max_attempts(self) -> int:
         return self.clean_number("max_attempts")
 
+    def clean_env_max_in_flight(self) -> int:
+        return self.clean_setting(
+            "env_max_in_flight", lambda value: run_settings.check_number("env_max_in_flight", value or 0)
+        )
+
     def clean_remote_responses_timeout_s(self) -> float:
         return self.clean_number("remote_responses_timeout_s")
 
@@ -657,6 +671,7 @@ class RunForm(forms.Form):
             "auto_retry": bool(settings.GYMWEB_AUTO_RETRY),
             "remote_responses_timeout_s": d["remote_responses_timeout_s"],
             "run_timeout_s": d["run_timeout_s"],
+            "env_max_in_flight": d.get("env_max_in_flight") or 0,
             "overrides": d["overrides"],
             "source_file": self.dataset_name()[:500],
         }

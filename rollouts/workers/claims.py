@@ -118,7 +118,16 @@ def running_runs(only: set[int] | None) -> list[dict[str, Any]]:
     qs = Run.objects.filter(status=Run.Status.RUNNING)
     if only is not None:
         qs = qs.filter(pk__in=only)
-    fields = ("id", "concurrency", "agent_url", "env_url", "max_steps", "remote_responses_timeout_s", "run_timeout_s")
+    fields = (
+        "id",
+        "concurrency",
+        "agent_url",
+        "env_url",
+        "max_steps",
+        "remote_responses_timeout_s",
+        "run_timeout_s",
+        "env_max_in_flight",
+    )
     out = list(qs.values(*fields))
     pending = set(
         Rollout.objects.filter(run_id__in=[r["id"] for r in out], status=Rollout.Status.PENDING)

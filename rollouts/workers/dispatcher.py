@@ -343,11 +343,14 @@ class Dispatcher:
                     r["concurrency"],
                     extra={"run": r["id"], "worker": self.name},
                 )
+            # The run's bound on env calls is run-wide: this process's fair part of it, as for concurrency.
+            env_bound = math.ceil(r["env_max_in_flight"] / max(1, self.live_workers)) if r["env_max_in_flight"] else 0
             # a retry may have moved the env (a NeMo Gym resources server resolved again by name)
-            same = known and (known.settings.agent_base_url, known.settings.env_base_url) == (
-                r["agent_url"],
-                r["env_url"],
-            )
+            same = known and (
+                known.settings.agent_base_url,
+                known.settings.env_base_url,
+                known.settings.env_max_in_flight,
+            ) == (r["agent_url"], r["env_url"], env_bound)
             loop_settings = (
                 known.settings
                 if same
@@ -360,6 +363,7 @@ class Dispatcher:
                     retry_pause_s=settings.GYMWEB_CONNECT_RETRY_PAUSE_S,
                     connect_retry_budget_s=settings.GYMWEB_CONNECT_RETRY_BUDGET_S,
                     refused_reply_max_bytes=settings.GYMWEB_FAILED_REPLY_MAX_BYTES,
+                    env_max_in_flight=env_bound,
                 )
             )
             fresh[r["id"]] = _RunInfo(r["id"], r["concurrency"], loop_settings, r["pending"])

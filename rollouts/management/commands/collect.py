@@ -163,6 +163,13 @@ class Command(NemoGymFlags, BaseCommand):
             help="whole-rollout timeout, seconds (default: the config's, else 2100)",
         )
         parser.add_argument(
+            "--env-max-in-flight",
+            type=_whole_number,
+            default=0,
+            help="most env calls (seed, tool calls, verify) of this run out at once; the rest wait, the oldest "
+            "rollout's first (default 0: the server's GYMWEB_ENV_MAX_IN_FLIGHT per worker process, 0 = none)",
+        )
+        parser.add_argument(
             "--agent-name",
             default=None,
             help="the agent in --config/the head server's config (default: the single one with an agent_base_url); "
@@ -276,6 +283,7 @@ class Command(NemoGymFlags, BaseCommand):
                 auto_retry=opts["auto_retry"],
                 remote_responses_timeout_s=checked["remote_responses_timeout_s"],
                 run_timeout_s=checked["run_timeout_s"],
+                env_max_in_flight=checked["env_max_in_flight"],
                 overrides=overrides,
                 source_file=str(output),
             )
