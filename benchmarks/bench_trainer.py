@@ -149,6 +149,12 @@ def _parse_args() -> argparse.Namespace:
         default=1,
         help="the qcluster worker's processes (GYMWEB_Q_WORKERS: each runs a dispatcher; gymweb's default is 2)",
     )
+    parser.add_argument(
+        "--env-max-in-flight",
+        type=int,
+        default=0,
+        help="each batch's run setting env_max_in_flight, sent by the client (0: not sent)",
+    )
     return parser.parse_args()
 
 
@@ -264,7 +270,7 @@ PHASES = ("post", "claim", "spread", "seed", "agent", "between", "verify", "stor
 GROUPS = ("agent", "env", "web", "worker")
 
 
-def _gymweb_batcher(client, agent_url: str, env_url: str, procs: list):
+def _gymweb_batcher(client, agent_url: str, env_url: str, procs: list, settings: dict):
     """One batch through gymweb's client: its timings, rewards, phases (``_phases``) and the CPU
     seconds each process group spent on it (``GROUPS`` and the client)."""
     from django.db.models import Max, Min
@@ -286,7 +292,7 @@ def _gymweb_batcher(client, agent_url: str, env_url: str, procs: list):
         c0 = time.process_time()
         t0, w0 = time.monotonic(), time.time()
         first, rewards, reads = None, [], {}
-        for _row, result in client.run_examples(rows, agent_url=agent_url, env_url=env_url, max_steps=10):
+        for _row, result in client.run_examples(rows, agent_url=agent_url, env_url=env_url, max_steps=10, **settings):
             if first is None:
                 first = time.monotonic() - t0
             reads[(result.get(TASK_INDEX_KEY_NAME), result.get(ROLLOUT_INDEX_KEY_NAME))] = time.time()
@@ -481,10 +487,11 @@ def main() -> None:
         procs = _start_services(ngpeer, ng_python, ports, args.latency_ms, work, env)
         _wait_services(procs, ports, work, args.workers)
         client = Client(f"http://127.0.0.1:{web_port}", token)
-        gymweb_batch = _gymweb_batcher(client, agent_url, env_url, procs)
+        run_settings = {"env_max_in_flight": args.env_max_in_flight} if args.env_max_in_flight else {}
+        gymweb_batch = _gymweb_batcher(client, agent_url, env_url, procs, run_settings)
         ideal = args.latency_ms / 1000 * CALLS
         print(
-            f"training-loop benchmark — {h.machine()}; {where}; {args.workers} worker process(es); agent latency {args.latency_ms:g} ms × {CALLS} calls "
+            f"training-loop benchmark — {h.machine()}; {where}; {args.workers} worker process(es); env_max_in_flight {args.env_max_in_flight or 'not sent'}; agent latency {args.latency_ms:g} ms × {CALLS} calls "
             f"(ideal batch {ideal:.2f} s); load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}",
             flush=True,
         )
