@@ -154,21 +154,28 @@ async def test_rollouts_sharing_a_bounded_env_keep_within_the_bound_and_end_in_s
     assert set(ended[:4]) <= set(range(6)) and set(ended[-4:]) <= set(range(6, 12)), ended
 
 
-@async_test
-async def test_without_a_bound_the_env_gets_every_rollouts_call_at_once():
+async def _twelve_rollouts(seconds: float, gate: EnvGate | None = None, **loop_settings) -> tuple[list, int]:
+    """12 rollouts at once against an env whose calls take ``seconds``: their outcomes, and the
+    most calls the env held at once."""
     state = {"now": 0, "peak": 0}
-    slow = _slow_env_call(state, 0.05)
-
+    slow = _slow_env_call(state, seconds)
     async with EnvService({"slow_tool": slow}, seed=slow) as env, AgentService(_agent_turn) as agent:
         client = make_client(64, policy=LOCAL)
+        run_settings = settings(agent.url, env.url, **loop_settings)
         try:
             outcomes = await asyncio.gather(
-                *(run_rollout(client, task_row(), settings(agent.url, env.url)) for _ in range(12))
+                *(run_rollout(client, task_row(), run_settings, None, gate) for _ in range(12))
             )
         finally:
             await client.aclose()
-    assert all(o.ok for o in outcomes)
-    assert state["peak"] > 2, "NeMo Gym's behaviour: no bound unless one is set"
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
+    return outcomes, state["peak"]
+
+
+@async_test
+async def test_without_a_bound_the_env_gets_every_rollouts_call_at_once():
+    _, peak = await _twelve_rollouts(0.05)
+    assert peak > 2, "NeMo Gym's behaviour: no bound unless one is set"
 
 
 # -- a run's own bound (the run setting env_max_in_flight) ------------------------------------------
@@ -204,18 +211,6 @@ async def test_calls_with_different_bounds_to_one_env_do_not_share_places():
 
 @async_test
 async def test_a_rollout_keeps_its_runs_bound_over_real_http():
-    state = {"now": 0, "peak": 0}
-    slow = _slow_env_call(state, 0.02)
-
-    async with EnvService({"slow_tool": slow}, seed=slow) as env, AgentService(_agent_turn) as agent:
-        client = make_client(64, policy=LOCAL)
-        gate = EnvGate(0)  # no server bound: the run's own is the only one
-        loop_settings = settings(agent.url, env.url, env_max_in_flight=3)
-        try:
-            outcomes = await asyncio.gather(
-                *(run_rollout(client, task_row(), loop_settings, None, gate) for _ in range(12))
-            )
-        finally:
-            await client.aclose()
-    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
-    assert state["peak"] == 3, f"the env held {state['peak']} calls at once with the run's bound of 3"
+    # No server bound (EnvGate(0)): the run's own is the only one.
+    _, peak = await _twelve_rollouts(0.02, EnvGate(0), env_max_in_flight=3)
+    assert peak == 3, f"the env held {peak} calls at once with the run's bound of 3"
