@@ -475,6 +475,16 @@ def test_the_openapi_document_declares_filters_answers_and_content_types(client,
     assert all("404" in op["responses"] for path, o in paths.items() if "{" in path for op in o.values())
     create = paths["/api/v1/runs"]["post"]
     assert {"application/json", "application/x-ndjson"} <= set(create["requestBody"]["content"])
+    # A JSONL body's settings go in the querystring, typed as in the JSON body.
+    query = {p["name"]: p for p in create["parameters"]}
+    assert query["num_repeats"]["schema"]["type"] == "integer" and query["num_repeats"]["schema"]["default"] == 1
+    assert query["env_aggregate_metrics"]["schema"]["type"] == "boolean"
+    assert query["remote_responses_timeout_s"]["schema"]["type"] == "number"
+    assert (
+        query["overrides"]["schema"]["type"] == "string"
+        and "JSON object" in query["overrides"]["schema"]["description"]
+    )
+    assert "GYMWEB_ENV_MAX_IN_FLIGHT" in query["env_max_in_flight"]["description"]
 
 
 def test_the_new_routes_answer_401_without_a_token(client, auth, inline_run):

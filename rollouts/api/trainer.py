@@ -144,6 +144,20 @@ def _as_upload(spool, name: str, size: int) -> DjangoUploadedFile:
     return DjangoUploadedFile(file=spool, name=name, content_type="application/jsonl", size=size)
 
 
+def _query_settings() -> list[tuple[str, dict[str, Any], str]]:
+    """Each run setting as a querystring parameter (a JSONL body's settings): its name, its JSON
+    schema as the JSON body's (``overrides``: JSON text) and its description."""
+    out = []
+    for name, prop in RunSettings.model_json_schema()["properties"].items():
+        about = prop.get("description", "")
+        if prop.get("type") == "object":
+            schema: dict[str, Any] = {"type": "string", "description": "a JSON object, as text"}
+        else:
+            schema = {k: v for k, v in prop.items() if k in ("type", "anyOf", "default")}
+        out.append((name, schema, about))
+    return out
+
+
 @api.post(
     "/runs",
     response={201: RunOut, 400: Error, 413: Error},
@@ -166,10 +180,10 @@ def _as_upload(spool, name: str, size: int) -> DjangoUploadedFile:
                 "name": name,
                 "in": "query",
                 "required": False,
-                "schema": {"type": "string"},
-                "description": f"with a JSONL body: the run setting `{name}`",
+                "schema": schema,
+                "description": f"with a JSONL body: the run setting `{name}`" + (f" ({about})" if about else ""),
             }
-            for name in RunSettings.model_fields
+            for name, schema, about in _query_settings()
         ],
     },
 )
