@@ -331,3 +331,14 @@ def test_it_starts_with_one_command_and_prints_its_address():
         assert proc.wait(timeout=10) == 0
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_aggregate_metrics_takes_a_big_runs_verify_replies(env):
+    # Past aiohttp's default body limit (1 MiB): a run of a few thousand rollouts sends this much.
+    row = {**verify_body(load_tasks()[0]), "reward": 1.0, "_ng_task_index": 0, "_ng_rollout_index": 0}
+    row["response"]["output"][0]["content"][0]["text"] = "x" * 4096
+    rows = [{**row, "_ng_rollout_index": i} for i in range(600)]
+    response = env.post("/aggregate_metrics", json={"verify_responses": rows})
+    assert len(response.request.content) > 2 * 1024 * 1024
+    assert response.status_code == 200, response.text[:300]
+    assert response.json()["agent_metrics"]["mean/reward"] == 1.0

@@ -266,6 +266,9 @@ async def openapi(request: web.Request) -> web.Response:
     return json_response({"openapi": "3.1.0", "info": {"title": "counter env", "version": "0"}, "paths": paths})
 
 
+MAX_BODY_BYTES = 1 << 30
+
+
 def make_app(
     max_sessions: int = DEFAULT_MAX_SESSIONS, aggregate_metrics_route: bool = True, verify_reply: str = "echo"
 ) -> web.Application:
@@ -274,7 +277,9 @@ def make_app(
     ``verify_reply="nemo_gym"`` makes ``/verify`` answer exactly NeMo Gym's reply fields (``verify``)."""
     if verify_reply not in ("echo", "nemo_gym"):
         raise ValueError(f"verify_reply must be 'echo' or 'nemo_gym', got {verify_reply!r}")
-    app = web.Application()
+    # /aggregate_metrics gets every verify reply of a run (each with its whole response): a NeMo Gym
+    # resources server (uvicorn) takes a body of any size, where aiohttp's default refuses past 1 MiB.
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SESSIONS_KEY] = _Sessions(max_sessions)
     app[VERIFY_REPLY_KEY] = verify_reply
     app.router.add_post("/seed_session", seed_session)
