@@ -76,7 +76,8 @@ def agent_url():
 
 
 def call(agent_url: str, body: dict, **kwargs) -> httpx.Response:
-    return httpx.post(f"{agent_url}/v1/responses", json=body, timeout=10, trust_env=False, **kwargs)
+    kwargs.setdefault("timeout", 10)
+    return httpx.post(f"{agent_url}/v1/responses", json=body, trust_env=False, **kwargs)
 
 
 def assert_full_responses_object(reply: dict) -> None:
@@ -304,3 +305,14 @@ def test_a_task_that_asks_for_partial_usage_gets_an_invalid_usage_object(agent_u
     reply = call(agent_url, params).json()
     assert reply["usage"] == {"input_tokens": reply["usage"]["input_tokens"]}
     assert call(agent_url, {"input": "add 3 then get the count"}).json()["usage"]["total_tokens"] > 0
+
+
+def test_a_caller_that_gives_up_during_the_latency_leaves_no_traceback(caplog):
+    # A cancelled run drops its calls to the agent mid-latency; the example agent must stay quiet.
+    with BackgroundServer(counter_agent.make_app(latency_ms=400)) as server:
+        with pytest.raises(httpx.ReadTimeout):
+            call(server.url, {"input": "add 1 then add 2 then get the count", "model": "m"}, timeout=0.1)
+        time.sleep(0.6)  # the handler's latency ends with nobody reading
+        assert call(server.url, {"input": "add 1 then add 2 then get the count", "model": "m"}).status_code == 200
+    errors = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+    assert not errors, [r.getMessage() for r in errors]

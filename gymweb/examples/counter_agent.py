@@ -268,11 +268,13 @@ def track_call(request: web.Request, response: web.Response) -> None:
 
 async def responses(request: web.Request) -> web.Response:
     """POST /v1/responses: one step of the counter plan (see module docstring)."""
+    # The request is read before the model "thinks", as a real agent does: a caller that gives up
+    # meanwhile (a cancelled run) then costs a reply nobody reads, not a reset read and a traceback.
+    params, error = await read_json(request)
     low, high = request.app[LATENCY_KEY]
     latency = random.uniform(low, high) if high > low else low
     if latency > 0:
         await asyncio.sleep(latency)
-    params, error = await read_json(request)
     if error:
         return bad_request(error)
     if not isinstance(params, dict):
