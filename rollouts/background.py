@@ -17,6 +17,12 @@ the supervisor's sweep calls it, and so do the places that show or count a task 
 API's, ``start``'s per-user limit and its same-content check), so a dead task is neither shown as
 running, nor handed back to a re-submit, nor counted, even while no qcluster runs the sweep. What
 its writer stored is shown nowhere and deleted by the sweep (``rollouts.collection.writing``).
+
+The broker can lose a queued task's message too (a Redis restarted without persistence, a flushed
+queue): no worker ever claims the task and it would wait as "queued" for ever. A queued task
+carries the time after which it is sent again (``alive_until``, ``RESEND_AFTER_S`` after each
+sending); the sweep's ``resend`` sends the ones no worker took by then. A second message for a task
+still in the queue costs a worker one refused claim, never a second run.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ __all__ = [
     "content_hash",
     "current",
     "reap",
+    "resend",
     "run",
     "start",
     "task_dir",
@@ -70,6 +77,10 @@ JOBS: dict[str, str] = {
 TASK_TIMEOUT_S = 3600
 # A running task whose worker has not finished it in this long was lost with its worker.
 STALE_AFTER_S = TASK_TIMEOUT_S + 300.0
+# A queued task no worker took in this long is sent to the workers again (``resend``): longer than a
+# busy queue usually holds a task, so a task only waiting its turn gets one spare message at most
+# every few minutes.
+RESEND_AFTER_S = 300.0
 
 
 class TooManyTasks(Exception):
@@ -236,17 +247,44 @@ def start(
 
 
 def _enqueue(task: BackgroundTask) -> None:
-    from django_q.tasks import async_task
-
     inline = bool(settings.GYMWEB_TASKS_INLINE)
     if inline:
         run(task.pk, lease=False)
         return
-    transaction.on_commit(
-        lambda: async_task(
-            "rollouts.background.run", task.pk, task_name=f"task-{task.pk}-{task.kind}", timeout=TASK_TIMEOUT_S
-        )
-    )
+    BackgroundTask.objects.filter(pk=task.pk, status=BackgroundTask.Status.QUEUED).update(alive_until=_resend_at())
+    transaction.on_commit(lambda: _send(task.pk, task.kind))
+
+
+def _resend_at():
+    return timezone.now() + timedelta(seconds=RESEND_AFTER_S)
+
+
+def _send(task_id: int, kind: str) -> None:
+    from django_q.tasks import async_task
+
+    async_task("rollouts.background.run", task_id, task_name=f"task-{task_id}-{kind}", timeout=TASK_TIMEOUT_S)
+
+
+def resend() -> int:
+    """Send again each queued task that no worker claimed ``RESEND_AFTER_S`` after it was last
+    sent (its broker message lost, or the queue that long), and move its next sending on by as
+    much; one supervisor sends it when several sweep at once. Returns how many were sent."""
+    now = timezone.now()
+    sent = 0
+    overdue = BackgroundTask.objects.filter(status=BackgroundTask.Status.QUEUED, alive_until__lt=now)
+    for pk, kind in overdue.values_list("pk", "kind"):
+        if BackgroundTask.objects.filter(pk=pk, status=BackgroundTask.Status.QUEUED, alive_until__lt=now).update(
+            alive_until=_resend_at()
+        ):
+            log.warning(
+                "background task %s (%s): no worker took it within %g s of its sending; sent again",
+                pk,
+                kind,
+                RESEND_AFTER_S,
+            )
+            _send(pk, kind)
+            sent += 1
+    return sent
 
 
 def _finish(task: BackgroundTask, status: str, message: str, url: str = "", result: dict | None = None) -> None:

@@ -796,9 +796,10 @@ class BackgroundTask(models.Model):
     run by a django-q2 worker (``rollouts.background``) while the page polls its progress.
     ``params``: what the work needs (files are under ``background.task_dir``); ``result``: what the
     page shows when it ends (``url``: where the result is). At most one queued or running task per
-    user, kind and ``dedupe_key`` (the content hash of an import). ``alive_until``: the lease of
-    the worker running it (taken with the claim, renewed while the worker lives); once it lapses
-    the worker is gone and the task is failed (``background.reap``)."""
+    user, kind and ``dedupe_key`` (the content hash of an import). ``alive_until``: running, the
+    lease of the worker running it (taken with the claim, renewed while the worker lives); once it
+    lapses the worker is gone and the task is failed (``background.reap``). Queued: when it is
+    sent to the workers again if none took it (``background.resend``)."""
 
     class Kind(models.TextChoices):
         UPLOAD = "upload", "dataset upload"

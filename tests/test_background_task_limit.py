@@ -61,7 +61,10 @@ def test_a_task_lost_with_its_worker_is_failed_and_frees_its_place(user):
     lost, _ = background.start(BackgroundTask.Kind.CHECK_AGENT, user, params)
     background.start(BackgroundTask.Kind.CHECK_AGENT, user, params)
     long_ago = timezone.now() - timedelta(seconds=background.STALE_AFTER_S + 60)
-    BackgroundTask.objects.filter(pk=lost.pk).update(status=BackgroundTask.Status.RUNNING, started=long_ago)
+    # Claimed without a lease (run inline: ``alive_until`` none), long ago.
+    BackgroundTask.objects.filter(pk=lost.pk).update(
+        status=BackgroundTask.Status.RUNNING, started=long_ago, alive_until=None
+    )
     third, created = background.start(BackgroundTask.Kind.CHECK_AGENT, user, params)
     assert created
     lost.refresh_from_db()

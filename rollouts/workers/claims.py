@@ -265,10 +265,12 @@ def runs_left(run_ids: set[int]) -> dict[int, int]:
 def supervise() -> str:
     """django-q2 scheduled job (and on every worker spawn): reap expired leases of every running run
     (their keys are queued again), finish runs with nothing left to do, and delete the runs and
-    datasets whose upload or import died part-way (``collection.writing.sweep``) and fail the
-    background tasks whose worker died (``background.reap``)."""
+    datasets whose upload or import died part-way (``collection.writing.sweep``), fail the
+    background tasks whose worker died (``background.reap``) and send again the queued ones no
+    worker took (``background.resend``: a lost broker message)."""
     swept_runs, swept_datasets = writing.sweep()
     dead_tasks = background.reap()
+    resent = background.resend()
     reaped = 0
     for run_id in Run.objects.filter(status=Run.Status.RUNNING).values_list("id", flat=True):
         with transaction.atomic():
@@ -281,4 +283,5 @@ def supervise() -> str:
         else ""
     )
     dead = f"; failed {dead_tasks} background task(s) whose worker stopped" if dead_tasks else ""
+    dead += f"; sent {resent} queued background task(s) again (no worker took them)" if resent else ""
     return f"requeued {reaped} interrupted rollout(s){swept}{dead}"
