@@ -366,14 +366,26 @@ class _Importer:
         self.first_main_shape: file_shapes.FileShape | None = None  # of the rollouts slot's first row
         self.pending_items = 0
         self.summary = ImportSummary(run=run)
-        self.task_rows: dict[int, dict[str, Any]] = {}  # task index -> its row, to tell canonical lines
+        # task index -> its row as the stored JSON text, to tell canonical lines; parsed when used
+        # (``_task_row``): a parsed row per task held the whole file's tasks in memory as dicts.
+        self.task_rows: dict[int, str] = {}
+        self._parsed: tuple[int, dict[str, Any]] | None = None  # the last task row parsed
         # (task, rollout) -> (ordinal, text or "") of its materialised input line, until a rollout takes it
         self.inputs: dict[tuple[int, int], tuple[int, str]] = {}
 
     def _add_task(self, task_index: int, task_row: dict[str, Any], line: int, source: str) -> None:
         self.task_ids[task_index] = None
-        self.task_rows[task_index] = task_row
-        self.new_tasks.append((Task(run=self.run, task_index=task_index, row_json=_dumps(task_row)), line, source))
+        text = _dumps(task_row)
+        self.task_rows[task_index] = text
+        self._parsed = (task_index, task_row)
+        self.new_tasks.append((Task(run=self.run, task_index=task_index, row_json=text), line, source))
+
+    def _task_row(self, task_index: int) -> dict[str, Any]:
+        """Task ``task_index``'s row (read only: the same dict serves the task's next rollouts, which
+        usually follow it in the file)."""
+        if self._parsed is None or self._parsed[0] != task_index:
+            self._parsed = (task_index, json.loads(self.task_rows[task_index]))
+        return self._parsed[1]
 
     # -- the materialised inputs ---------------------------------------------------------------
     def add_input(self, row: dict[str, Any], text: str, ordinal: int, line: int, source: str) -> None:
@@ -401,7 +413,7 @@ class _Importer:
             task_row[TASK_INDEX_KEY_NAME] = task_index
             self._add_task(task_index, task_row, line, source)
         self.rollouts_per_task.setdefault(task_index, set()).add(rollout_index)
-        same = row_line(materialized_row(self.task_rows[task_index], rollout_index)) == text
+        same = row_line(materialized_row(self._task_row(task_index), rollout_index)) == text
         self.inputs[key] = (ordinal, "" if same else text)
 
     def add_not_run_inputs(self) -> None:
@@ -509,7 +521,7 @@ class _Importer:
     def _exported_line(self, rollout: Rollout, row: dict[str, Any]) -> str | None:
         """The line the export writes for ``rollout`` (``export.success_row``/``failure_row`` over
         the stored values); None when it depends on the run's agent name, known only at the end."""
-        task_row = self.task_rows[rollout.task_index]
+        task_row = self._task_row(rollout.task_index)
         if rollout.status == Rollout.Status.FAILED:
             return row_line(failure_row(task_row, rollout.rollout_index, rollout.error, rollout.terminal, stamp=False))
         ref = task_row.get("agent_ref")
