@@ -39,7 +39,16 @@ import httpx
 
 from rollouts.nemo.keys import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
-__all__ = ["AsyncClient", "Client", "GymwebError", "RefusedSettings", "RunEnded", "ServerBusy", "Unauthorized"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "GymwebError",
+    "RefusedSettings",
+    "ResultsInterrupted",
+    "RunEnded",
+    "ServerBusy",
+    "Unauthorized",
+]
 
 API = "/api/v1"
 FINAL = ("completed", "cancelled", "imported")
@@ -133,7 +142,7 @@ def _keyed_rows(rows: Iterable[dict]) -> tuple[list[dict], list[dict], dict[tupl
     server's rule, ``rollouts.collection.datasets.materialize``)."""
     originals = list(rows)
     if not originals:
-        raise ValueError("run_examples needs at least one row")
+        raise RefusedSettings("run_examples needs at least one row")
     explicit = {
         r[TASK_INDEX_KEY_NAME] for r in originals if isinstance(r, dict) and isinstance(r.get(TASK_INDEX_KEY_NAME), int)
     }
@@ -141,7 +150,7 @@ def _keyed_rows(rows: Iterable[dict]) -> tuple[list[dict], list[dict], dict[tupl
     fresh = 0
     for position, row in enumerate(originals):
         if not isinstance(row, dict):
-            raise TypeError(f"rows[{position}] is a {type(row).__name__}, not a dict (a NeMo Gym task row)")
+            raise RefusedSettings(f"rows[{position}] is a {type(row).__name__}, not a dict (a NeMo Gym task row)")
         task = row.get(TASK_INDEX_KEY_NAME)
         if not isinstance(task, int) or isinstance(task, bool):
             while fresh in explicit:
@@ -168,19 +177,72 @@ def _run_body(
         raise RefusedSettings(
             "give agent_url= and env_url= (this gymweb server does not find environments by name through a head server)"
         )
+    for name, instead in (("num_repeats", "repeat a row for more rollouts of it"), ("limit", "send fewer rows")):
+        if name in settings:
+            raise RefusedSettings(f"run_examples runs each row once: {name}= is not taken here; {instead}")
     # As NeMo Gym's run_examples, a batch does not ask the env's /aggregate_metrics (a NeMo Gym env
     # computes it in its event loop, stalling the next batch's rollouts); settings may ask for it.
+    # And as there, each row is run once (one attempt; max_attempts= asks for more): the server's
+    # automatic retry would otherwise run a failed row again after its failure was handed out.
     body = {
         "rows": sent,
         "agent_url": agent_url,
         "env_url": env_url,
         "concurrency": min(len(sent), 4096),
         "env_aggregate_metrics": False,
+        "max_attempts": 1,
         **settings,
     }
     if agent_name:
         body["agent_name"] = agent_name
     return body
+
+
+def _json_body(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as request arguments: JSON with non-ASCII escaped, so a lone surrogate in a row
+    reaches the server (which refuses it, naming the row) instead of failing to encode here."""
+    return {"content": json.dumps(body).encode("ascii"), "headers": {"Content-Type": "application/json"}}
+
+
+class _Finals:
+    """Which streamed rows are a row's final result. A success is; a failure is when it is terminal
+    (``_ng_failure_terminal``) or its key's ``max_attempts``-th. Any other failure may be followed
+    by another attempt of its key (the server's automatic retry): it is held, a later row of the
+    key replaces it, and the ones still held when the run has ended are final."""
+
+    def __init__(self, max_attempts: int):
+        self.max_attempts = max_attempts
+        self.failures: dict[tuple[Any, Any], int] = {}
+        self.held: dict[tuple[Any, Any], dict] = {}
+
+    def take(self, result: dict) -> dict | None:
+        """``result`` when it is final now, else None (held)."""
+        key = (result.get(TASK_INDEX_KEY_NAME), result.get(ROLLOUT_INDEX_KEY_NAME))
+        self.held.pop(key, None)
+        if "_ng_failure_class" not in result or result.get("_ng_failure_terminal"):
+            return result
+        self.failures[key] = self.failures.get(key, 0) + 1
+        if self.failures[key] >= self.max_attempts:
+            return result
+        self.held[key] = result
+        return None
+
+    def left(self) -> list[dict]:
+        """The held failures, final once the run has ended."""
+        held, self.held = list(self.held.values()), {}
+        return held
+
+
+class ResultsInterrupted(GymwebError):
+    """The results stream could not be read again after ``retries`` tries. ``run_id`` and
+    ``after`` (the rows read) resume it: ``client.results(run_id, after=after)``."""
+
+    def __init__(self, message: str, run_id: int, after: int):
+        super().__init__(message)
+        self.run_id, self.after = run_id, after
+
+
+MAX_RETRY_PAUSE_S = 5.0
 
 
 class _Lines:
@@ -240,6 +302,19 @@ class _Base:
             waited,
         )
 
+    def _pause(self, failures: int) -> float:
+        """The wait before try ``failures + 1``: ``retry_pause_s``, doubling, at most
+        ``MAX_RETRY_PAUSE_S`` (a web server restarting takes seconds)."""
+        return min(self.retry_pause_s * 2 ** max(0, failures - 1), max(self.retry_pause_s, MAX_RETRY_PAUSE_S))
+
+    def _lost(self, run_id: int, after: int, exc: Exception, failures: int) -> ResultsInterrupted:
+        return ResultsInterrupted(
+            f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries); "
+            f"{after} row(s) read: resume with results({run_id}, after={after})",
+            run_id,
+            after,
+        )
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
@@ -255,8 +330,10 @@ class Client(_Base):
     """Synchronous client. ``url``: the server (default ``GYMWEB_URL``); ``token``: an API token
     (default ``GYMWEB_TOKEN``); ``timeout``: seconds for one request (the stream's reads wait
     longer: it may stay quiet while rollouts run); ``retries``: reconnections in a row after a
-    dropped connection; ``busy_budget_s``: seconds of waiting out busy answers (503/429 with
-    ``Retry-After``) in a row before ``ServerBusy``. Use as a context manager or call ``close()``."""
+    dropped connection, ``retry_pause_s`` apart at first, doubling up to ``MAX_RETRY_PAUSE_S`` (about
+    38 s of tries by default: a web server restarting takes seconds); ``busy_budget_s``: seconds of
+    waiting out busy answers (503/429 with ``Retry-After``) in a row before ``ServerBusy``. Use as a
+    context manager or call ``close()``."""
 
     def __init__(
         self,
@@ -295,7 +372,7 @@ class Client(_Base):
                 failures += 1
                 if failures > self.retries:
                     raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
-                time.sleep(self.retry_pause_s)
+                time.sleep(self._pause(failures))
                 continue
             pause = self._busy_pause(response, what, waited)
             if pause is not None:
@@ -309,7 +386,7 @@ class Client(_Base):
         """Launch a run on ``rows`` (sent inline); returns the run as ``GET /runs/{id}`` shows it.
         ``settings``: the run's other fields (num_repeats, concurrency, max_steps, overrides, ...)."""
         body = {"rows": list(rows), "agent_url": agent_url, "env_url": env_url, **settings}
-        return self._request("POST", "/runs", "launching the run", json=body).json()
+        return self._request("POST", "/runs", "launching the run", **_json_body(body)).json()
 
     def run(self, run_id: int) -> dict:
         """The run's status, progress and aggregates."""
@@ -351,10 +428,8 @@ class Client(_Base):
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
-                    raise GymwebError(
-                        f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)"
-                    ) from exc
-                time.sleep(self.retry_pause_s)
+                    raise self._lost(run_id, after, exc, failures) from exc
+                time.sleep(self._pause(failures))
                 continue
             if busy is not None:
                 time.sleep(busy)
@@ -385,11 +460,18 @@ class Client(_Base):
         the server refuses a row or a setting; ``RunEnded`` when the run ends short."""
         originals, sent, keys = _keyed_rows(rows)
         body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
-        run = self._request("POST", "/runs", "launching the run", json=body).json()
+        run = self._request("POST", "/runs", "launching the run", **_json_body(body)).json()
+        finals = _Finals(int(body["max_attempts"]))
         for result in self.results(run["id"]):
+            final_row = finals.take(result)
+            if final_row is not None:
+                yield self._match(final_row, keys, originals, run["id"])
+                if not keys:
+                    return
+        for result in finals.left():  # the run has ended: no attempt follows these failures
             yield self._match(result, keys, originals, run["id"])
-            if not keys:
-                return
+        if not keys:
+            return
         final = self.run(run["id"])
         raise RunEnded(
             f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
@@ -437,7 +519,7 @@ class AsyncClient(_Base):
                 failures += 1
                 if failures > self.retries:
                     raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
-                await asyncio.sleep(self.retry_pause_s)
+                await asyncio.sleep(self._pause(failures))
                 continue
             pause = self._busy_pause(response, what, waited)
             if pause is not None:
@@ -449,7 +531,7 @@ class AsyncClient(_Base):
 
     async def submit(self, rows: list[dict], *, agent_url: str, env_url: str, **settings: Any) -> dict:
         body = {"rows": list(rows), "agent_url": agent_url, "env_url": env_url, **settings}
-        return (await self._request("POST", "/runs", "launching the run", json=body)).json()
+        return (await self._request("POST", "/runs", "launching the run", **_json_body(body))).json()
 
     async def run(self, run_id: int) -> dict:
         return (await self._request("GET", f"/runs/{run_id}", f"reading run {run_id}")).json()
@@ -488,10 +570,8 @@ class AsyncClient(_Base):
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
-                    raise GymwebError(
-                        f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries)"
-                    ) from exc
-                await asyncio.sleep(self.retry_pause_s)
+                    raise self._lost(run_id, after, exc, failures) from exc
+                await asyncio.sleep(self._pause(failures))
                 continue
             if busy is not None:
                 await asyncio.sleep(busy)
@@ -518,11 +598,18 @@ class AsyncClient(_Base):
         """``async for row, result in client.iter_examples(rows, ...)``: as ``Client.run_examples``."""
         originals, sent, keys = _keyed_rows(rows)
         body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
-        run = (await self._request("POST", "/runs", "launching the run", json=body)).json()
+        run = (await self._request("POST", "/runs", "launching the run", **_json_body(body))).json()
+        finals = _Finals(int(body["max_attempts"]))
         async for result in self.results(run["id"]):
+            final_row = finals.take(result)
+            if final_row is not None:
+                yield self._match(final_row, keys, originals, run["id"])
+                if not keys:
+                    return
+        for result in finals.left():  # the run has ended: no attempt follows these failures
             yield self._match(result, keys, originals, run["id"])
-            if not keys:
-                return
+        if not keys:
+            return
         final = await self.run(run["id"])
         raise RunEnded(
             f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",

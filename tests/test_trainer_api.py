@@ -59,6 +59,19 @@ def test_rows_sent_inline_make_a_launched_run(client, auth):
     assert run.dataset.num_rows == 3
 
 
+def test_a_misspelt_setting_in_the_querystring_is_refused_naming_it(client, auth):
+    lines = [json.dumps(row) for row in task_rows(2)]
+    response = client.post(
+        f"{API}/runs?agent_url={AGENT}&env_url={ENV}&max_step=2",
+        data="\n".join(lines),
+        content_type="application/x-ndjson",
+        **auth,
+    )
+    assert response.status_code == 400
+    assert "max_step: not a run setting" in response.json()["detail"] and "max_steps" in response.json()["detail"]
+    assert nothing_stored()
+
+
 def test_a_jsonl_body_with_settings_in_the_querystring(client, auth):
     body = "\n".join(json.dumps(r) for r in task_rows(4)) + "\n"
     response = client.post(
@@ -115,6 +128,7 @@ def test_a_bad_jsonl_line_names_its_line(client, auth):
         ({"overrides": {"tools": "x"}}, "overrides"),
         ({"env_max_in_flight": -1}, "env_max_in_flight"),
         ({"env_max_in_flight": 2.5}, "env_max_in_flight"),
+        ({"max_step": 3}, "max_step"),  # misspelt: refused, not ignored
     ],
 )
 def test_a_refused_setting_names_the_field_and_stores_nothing(client, auth, change, field):

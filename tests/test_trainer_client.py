@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from gymweb.client import AsyncClient, Client, GymwebError, RefusedSettings, Unauthorized
+from gymweb.client import AsyncClient, Client, RefusedSettings, ResultsInterrupted, Unauthorized
 from rollouts.evaluation.run_aggregate_metrics import NOT_ASKED
 from rollouts.models import Run
 from rollouts.tokens import create_token
@@ -147,10 +147,101 @@ def test_a_stream_that_never_comes_back_raises_after_its_retries():
         retries=2,
         retry_pause_s=0.0,
     )
-    with pytest.raises(GymwebError, match="3 tries"):
+    with pytest.raises(ResultsInterrupted, match="3 tries") as lost:
         list(
             client.run_examples([{"responses_create_params": {"input": "x"}}], agent_url="http://a", env_url="http://e")
         )
+    assert (lost.value.run_id, lost.value.after) == (3, 0), "where to resume the stream"
+
+
+# -- one final result per row ---------------------------------------------------------------------------
+def _row(task: int, reward: float | None = None, terminal: bool = False) -> bytes:
+    """A streamed row of task ``task`` (rollout 0): a success with ``reward``, else a failure row."""
+    row: dict = {"_ng_task_index": task, "_ng_rollout_index": 0, "reward": reward or 0.0}
+    if reward is None:
+        row.update({"_ng_failure_class": "remote_agent_error", "error": "agent down"})
+        if terminal:
+            row["_ng_failure_terminal"] = True
+    return (json.dumps(row) + "\n").encode()
+
+
+def _server(stream: bytes, sent: list):
+    """A mock server: the launch records its body; the results stream sends ``stream``; the run is final."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            sent.append(json.loads(request.content))
+            return httpx.Response(201, json={"id": 5, "status": "running"})
+        if request.url.path == "/api/v1/runs/5/results":
+            return httpx.Response(200, content=stream if request.url.params["after"] == "0" else b"")
+        return httpx.Response(200, json={"id": 5, "status": "completed"})
+
+    return Client("http://gymweb.test", "gw_x", http=httpx.Client(transport=httpx.MockTransport(handler)))
+
+
+def test_a_batch_is_one_attempt_per_row_as_nemo_gyms_run_examples():
+    sent: list = []
+    client = _server(_row(0, 1.0) + _row(1), sent)
+    rows = [{"responses_create_params": {"input": "x"}}] * 2
+    results = [result for _, result in client.run_examples(rows, agent_url="http://a", env_url="http://e")]
+    assert sent[0]["max_attempts"] == 1, "a failed row is not run again after its failure was handed out"
+    assert [r.get("_ng_failure_class") for r in results] == [None, "remote_agent_error"]
+
+
+def test_with_more_attempts_a_failure_that_is_retried_gives_way_to_the_later_result():
+    sent: list = []
+    # task 0 fails, then succeeds on its second attempt; task 1 fails terminally (never retried);
+    # task 2 fails twice, its last attempt with max_attempts=2.
+    stream = _row(0) + _row(1, terminal=True) + _row(2) + _row(0, 1.0) + _row(2)
+    client = _server(stream, sent)
+    rows = [{"responses_create_params": {"input": "x"}}] * 3
+    pairs = list(client.run_examples(rows, agent_url="http://a", env_url="http://e", max_attempts=2))
+    assert sent[0]["max_attempts"] == 2
+    by_task = {result["_ng_task_index"]: result for _, result in pairs}
+    assert len(pairs) == 3, "one result per row"
+    assert by_task[0]["reward"] == 1.0 and "_ng_failure_class" not in by_task[0]
+    assert by_task[1]["_ng_failure_terminal"] is True and "_ng_failure_class" in by_task[2]
+
+
+def test_a_failure_held_for_a_retry_that_never_came_is_handed_out_when_the_run_ends():
+    client = _server(_row(0, 1.0) + _row(1), [])  # the server did not retry task 1 (auto-retry off)
+    rows = [{"responses_create_params": {"input": "x"}}] * 2
+    pairs = list(client.run_examples(rows, agent_url="http://a", env_url="http://e", max_attempts=3))
+    assert [result["_ng_task_index"] for _, result in pairs] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "rows, extra, words",
+    [
+        ([], {}, "at least one row"),
+        ([["not", "a", "row"]], {}, "rows[0] is a list"),
+        ([{"responses_create_params": {"input": "x"}}], {"num_repeats": 2}, "repeat a row"),
+        ([{"responses_create_params": {"input": "x"}}], {"limit": 1}, "fewer rows"),
+    ],
+)
+def test_what_run_examples_cannot_take_is_refused_before_anything_is_sent(rows, extra, words):
+    sent: list = []
+    client = _server(b"", sent)
+    with pytest.raises(RefusedSettings, match=words.replace("[", "\\[").replace("]", "\\]")):
+        list(client.run_examples(rows, agent_url="http://a", env_url="http://e", **extra))
+    assert sent == []
+
+
+def test_a_lone_surrogate_in_a_row_reaches_the_server_escaped():
+    sent: list = []
+    client = _server(_row(0, 1.0), sent)
+    list(
+        client.run_examples(
+            [{"responses_create_params": {"input": "x\ud800"}}], agent_url="http://a", env_url="http://e"
+        )
+    )
+    assert sent[0]["rows"][0]["responses_create_params"]["input"] == "x\ud800"
+
+
+def test_reconnections_back_off_up_to_a_cap():
+    client = Client("http://gymweb.test", "gw_x", retry_pause_s=0.5)
+    assert [client._pause(n) for n in (1, 2, 3, 4, 5, 6, 10)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+    assert sum(client._pause(n) for n in range(1, client.retries + 1)) > 30, "outlasts a web server's restart"
 
 
 # -- a busy server (503/429 with Retry-After) ---------------------------------------------------------

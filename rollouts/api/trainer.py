@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Query, Schema
 from ninja.errors import HttpError
 from ninja.responses import Status
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from rollouts.api.errors import FieldsError, form_error
 from rollouts.api.lookups import rollout_for
@@ -59,7 +59,10 @@ INLINE_NAME = "inline rows"  # the dataset name of rows sent inline (and what th
 
 # -- batches in ----------------------------------------------------------------------------------
 class RunSettings(Schema):
-    """A run's settings (the new-run form's fields; limits and defaults: ``run_settings``)."""
+    """A run's settings (the new-run form's fields; limits and defaults: ``run_settings``). A field
+    it does not know is refused (a misspelt setting would otherwise leave its default in force)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str = ""
     agent_url: str
@@ -136,6 +139,9 @@ def _settings_from(data: dict[str, Any], where: str) -> dict[str, Any]:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "body"
+        if first["type"] == "extra_forbidden":
+            known = ", ".join(RunIn.model_fields)
+            raise _bad(f"{field}: not a run setting ({where}); the settings are: {known}", field) from None
         raise _bad(f"{field}: {first['msg']} ({where})", field) from None
     return parsed.model_dump()
 
