@@ -295,6 +295,26 @@ def test_a_run_being_collected_is_refused_not_cancelled(db):
         archive.delete_run(run)
 
 
+def test_a_run_cancelled_while_its_worker_was_dead_can_be_deleted_once_the_sweep_ends_its_rollouts(db):
+    from rollouts.workers import claims
+
+    run = make_run(3, status=Run.Status.CANCELLED)
+    Rollout.objects.filter(run=run).update(status=Rollout.Status.CANCELLED)
+    # A worker SIGKILLed mid-run held two rollouts: they stay "running" with their lease lapsing.
+    held = list(Rollout.objects.filter(run=run).values_list("id", flat=True)[:2])
+    Rollout.objects.filter(id__in=held).update(
+        status=Rollout.Status.RUNNING, lease_until=timezone.now() - timedelta(seconds=1), worker="dead"
+    )
+    with pytest.raises(archive.RunBusy, match="2 rollout"):
+        archive.delete_run(run)
+    assert "ended 2 rollout(s) of cancelled runs whose worker stopped" in claims.supervise()
+    ended = Rollout.objects.filter(id__in=held)
+    assert set(ended.values_list("status", flat=True)) == {Rollout.Status.CANCELLED}
+    assert Rollout.objects.filter(run=run).count() == 3, "no new attempt for a cancelled run"
+    archive.delete_run(run)
+    assert not Run.objects.filter(pk=run.pk).exists()
+
+
 # -- delete -----------------------------------------------------------------------------------------
 def test_delete_removes_the_run_and_everything_under_it_and_nothing_else(collected, _archive_dir):
     good, bad = collected

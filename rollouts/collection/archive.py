@@ -179,7 +179,10 @@ def _check_idle(run: Run, doing: str) -> None:
         )
     active = Rollout.objects.filter(run=run, status__in=Rollout.ACTIVE).count()
     if active:
-        raise RunBusy(f"run {run.pk} still has {active} rollout(s) in flight; try again when they have stopped.")
+        raise RunBusy(
+            f"run {run.pk} still has {active} rollout(s) in flight; try again when they have stopped "
+            "(those of a worker that died end at the supervisor's first sweep after GYMWEB_LEASE_S)."
+        )
 
 
 def _items_cap() -> int:

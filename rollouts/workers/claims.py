@@ -38,20 +38,29 @@ def reap_expired(run_id: int) -> int:
     )
     if not expired:
         return 0
+    running = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).exists()
+    # Of a run no longer running (cancelled meanwhile), the attempt ends as the run's others did.
     Rollout.objects.filter(id__in=[e[0] for e in expired], status=Rollout.Status.RUNNING).update(
-        status=Rollout.Status.INTERRUPTED,
+        status=Rollout.Status.INTERRUPTED if running else Rollout.Status.CANCELLED,
         finished=now,
         lease_until=None,
-        error="the worker running this attempt stopped (its lease expired); the key runs again",
+        error="the worker running this attempt stopped (its lease expired); the key runs again"
+        if running
+        else "the run was cancelled while the worker running this attempt was gone (its lease expired)",
     )
-    if Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).exists():
+    if running:
         Rollout.objects.bulk_create(
             [
                 Rollout(run_id=run_id, task_id=t, task_index=ti, rollout_index=ri, attempt=a)
                 for _, t, ti, ri, a in expired
             ]
         )
-    log.warning("run %s: %d rollout(s) of a dead worker were queued again", run_id, len(expired))
+    log.warning(
+        "run %s: %d rollout(s) of a dead worker were %s",
+        run_id,
+        len(expired),
+        "queued again" if running else "ended (the run was cancelled)",
+    )
     return len(expired)
 
 
@@ -265,7 +274,8 @@ def runs_left(run_ids: set[int]) -> dict[int, int]:
 def supervise() -> str:
     """django-q2 scheduled job (and on every worker spawn): reap expired leases of every running run
     (their keys are queued again), finish runs with nothing left to do, and delete the runs and
-    datasets whose upload or import died part-way (``collection.writing.sweep``), fail the
+    datasets whose upload or import died part-way (``collection.writing.sweep``), end the rollouts a
+    dead worker held of runs cancelled since (they blocked delete and archive), fail the
     background tasks whose worker died (``background.reap``) and send again the queued ones no
     worker took (``background.resend``: a lost broker message)."""
     swept_runs, swept_datasets = writing.sweep()
@@ -277,6 +287,19 @@ def supervise() -> str:
             Run.objects.select_for_update().filter(pk=run_id).first()
             reaped += reap_expired(run_id)
         runs.finish_if_done(run_id)
+    # A run cancelled while a dead worker held some of its rollouts: no dispatcher ends those
+    # (none serves a cancelled run), and the run could be neither deleted nor archived.
+    stranded = (
+        Rollout.objects.filter(status=Rollout.Status.RUNNING, lease_until__lt=timezone.now())
+        .exclude(run__status=Run.Status.RUNNING)
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    ended = 0
+    for run_id in list(stranded):
+        with transaction.atomic():
+            Run.objects.select_for_update().filter(pk=run_id).first()
+            ended += reap_expired(run_id)
     swept = (
         f"; deleted {swept_runs} run(s) and {swept_datasets} dataset(s) left part-written"
         if swept_runs or swept_datasets
@@ -284,4 +307,5 @@ def supervise() -> str:
     )
     dead = f"; failed {dead_tasks} background task(s) whose worker stopped" if dead_tasks else ""
     dead += f"; sent {resent} queued background task(s) again (no worker took them)" if resent else ""
+    dead += f"; ended {ended} rollout(s) of cancelled runs whose worker stopped" if ended else ""
     return f"requeued {reaped} interrupted rollout(s){swept}{dead}"
