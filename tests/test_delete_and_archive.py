@@ -280,6 +280,23 @@ def test_restore_refuses_a_damaged_archive_and_changes_nothing(collected):
     assert good.is_archived and TrajectoryItem.objects.filter(rollout__run=good).count() == 0
 
 
+@pytest.mark.parametrize("damage", ["truncated", "removed"])
+def test_an_archived_runs_damaged_file_is_refused_not_served_short(collected, signed_in, user, damage):
+    good, _ = collected
+    archive.archive_run(good)
+    good.refresh_from_db()
+    whole = archive.archive_dir(good) / archive.FILES["rollouts"]
+    if damage == "truncated":
+        whole.write_bytes(whole.read_bytes()[:40])
+    else:
+        whole.unlink()
+    page = signed_in.get(reverse("run_export", args=[good.pk, "rollouts"]))
+    assert page.status_code == 409 and "cannot be served" in page.content.decode()
+    _row, token = create_token(user, "t")
+    api = signed_in.get(f"/api/v1/runs/{good.pk}/rollouts.jsonl", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert api.status_code == 409 and "cannot be served" in api.json()["detail"]
+
+
 def test_a_run_being_collected_is_refused_not_cancelled(db):
     run = make_run(3, status=Run.Status.RUNNING)
     for fn in (archive.delete_run, archive.archive_run):

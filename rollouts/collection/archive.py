@@ -84,6 +84,7 @@ __all__ = [
     "prune_candidates",
     "require_items",
     "restore_run",
+    "verify_file",
     "verify_files",
     "FILES",
 ]
@@ -164,10 +165,17 @@ def require_items(run: Run, what: str = "this") -> None:
 def download_refusal(run: Run, kind: str, filtered: bool, plain: bool) -> str | None:
     """Why a download of file ``kind`` (``rollouts``, ``rollouts_failures``, ...,  ``sft``) cannot be
     served while ``run`` is archived, or None: a filtered or curated ``rollouts.jsonl`` and the SFT
-    export need the stored responses; the plain ``rollouts.jsonl`` comes from the archive and the
-    other files from the rows kept."""
+    export need the stored responses; the plain ``rollouts.jsonl`` comes from the archive (refused
+    when its file does not match the manifest, or is missing) and the other files from the rows kept."""
     if run.is_archived and (kind == "sft" or (kind == "rollouts" and (filtered or not plain))):
         return str(RunArchived(run, f"a filtered or curated {kind}.jsonl" if kind == "rollouts" else "the SFT export"))
+    if run.is_archived and kind == "rollouts":
+        # Served from the archive file: checked whole first, so a damaged or missing file is this
+        # refusal, not a short or empty download that looks complete.
+        try:
+            verify_file(run, "rollouts")
+        except ArchiveError as exc:
+            return f"run {run.pk}'s archived rollouts.jsonl cannot be served: {exc}"
     return None
 
 
@@ -503,25 +511,44 @@ def _manifest(run: Run) -> dict[str, Any]:
     return manifest
 
 
+def _check_file(run: Run, path: Path, expected: dict[str, Any]) -> None:
+    """Raise ``ArchiveError`` unless ``path`` decompresses to the manifest's lines and SHA-256."""
+    sha, lines = hashlib.sha256(), 0
+    try:
+        for line in read_lines(path):
+            sha.update(line.encode("utf-8") + b"\n")
+            lines += 1
+    except (OSError, zstandard.ZstdError, UnicodeDecodeError) as exc:
+        raise ArchiveError(f"run {run.pk}: cannot read {path}: {exc}") from exc
+    if lines != expected["lines"]:
+        raise ArchiveError(
+            f"run {run.pk}: {path} does not match its manifest ({lines} lines read, {expected['lines']} expected)"
+        )
+    if sha.hexdigest() != expected["sha256"]:
+        raise ArchiveError(
+            f"run {run.pk}: {path} does not match its manifest: its {lines} lines are there, "
+            "but their content differs (SHA-256)"
+        )
+
+
 def verify_files(run: Run) -> dict[str, Any]:
     """Check every archive file against the manifest (line count and SHA-256 of the decompressed
     bytes). Returns the manifest; raises ``ArchiveError`` naming the first file that differs."""
     manifest = _manifest(run)
     folder = Path(run.archive_path)
     for name, expected in manifest["files"].items():
-        sha, lines = hashlib.sha256(), 0
-        try:
-            for line in read_lines(folder / name):
-                sha.update(line.encode("utf-8") + b"\n")
-                lines += 1
-        except (OSError, zstandard.ZstdError, UnicodeDecodeError) as exc:
-            raise ArchiveError(f"run {run.pk}: cannot read {folder / name}: {exc}") from exc
-        if sha.hexdigest() != expected["sha256"] or lines != expected["lines"]:
-            raise ArchiveError(
-                f"run {run.pk}: {folder / name} does not match its manifest "
-                f"({lines} lines read, {expected['lines']} expected)"
-            )
+        _check_file(run, folder / name, expected)
     return manifest
+
+
+def verify_file(run: Run, kind: str) -> None:
+    """Check the archive's file ``kind`` (``"rollouts"``...) against the manifest, as
+    ``verify_files`` does for all; raises ``ArchiveError``."""
+    manifest = _manifest(run)
+    name = FILES[kind]
+    if name not in manifest["files"]:
+        raise ArchiveError(f"run {run.pk}: the archive's manifest lists no {name}")
+    _check_file(run, Path(run.archive_path) / name, manifest["files"][name])
 
 
 def _restore_chunk(chunk: list[tuple[dict[str, Any], str | None]], out: Outcome) -> None:
