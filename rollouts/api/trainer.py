@@ -523,7 +523,10 @@ class ItemOut(Schema):
     seq: int
     step: int
     type: str
-    origin: str = Field(..., description="input, agent or tool")
+    origin: str = Field(
+        ...,
+        description="agent (an item of a reply) or gym (a function_call_output gymweb added after running a tool call)",
+    )
     call_id: str
     name: str
     latency_ms: float | None = Field(None, description="a tool call's time in the env")
