@@ -53,6 +53,20 @@ def test_a_team_the_user_is_not_in_is_refused_and_nothing_is_stored(client, team
     assert not Run.objects.exists() and not Dataset.objects.exists()
 
 
+def test_a_user_of_one_team_naming_another_is_refused_not_ignored(client, teams, django_user_model):
+    bob = django_user_model.objects.create_user(username="bob", password="x")
+    teams["green"].members.add(bob)
+    _row, token = create_token(bob, "t")
+    body = {"rows": rows(), "agent_url": AGENT, "env_url": ENV, "team": teams["red"].pk}
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    response = client.post(f"{API}/runs", data=json.dumps(body), content_type="application/json", **auth)
+    assert response.status_code == 400 and "team" in response.json()["errors"]
+    assert not Run.objects.exists()
+    body["team"] = teams["green"].pk  # their own team, named: taken
+    ok = client.post(f"{API}/runs", data=json.dumps(body), content_type="application/json", **auth)
+    assert ok.status_code == 201 and Run.objects.get().team == teams["green"]
+
+
 def test_a_dataset_upload_goes_to_the_named_team_and_another_teams_is_refused(client, teams):
     def upload(**form):
         f = io.BytesIO(COUNTER_TASKS.read_bytes())

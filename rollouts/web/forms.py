@@ -389,7 +389,10 @@ class RunForm(forms.Form):
             self.fields["team"].queryset = choosable
             first = teams.teams_of(user)
             self.fields["team"].initial = first[0].pk if first else choosable.values_list("pk", flat=True).first()
-        if user is None or self.fields["team"].queryset.count() < 2:
+        # Offered on the page only to a user with several teams to choose from; still checked for
+        # everyone, so a ``team`` the user may not use (the API's) is refused, not ignored.
+        self.offer_team = user is not None and self.fields["team"].queryset.count() >= 2
+        if user is None:
             del self.fields["team"]
         # The services an instance offers by default (``make demo`` sets its example env and agent).
         self.fields["agent_url"].initial = settings.GYMWEB_DEFAULT_AGENT_URL or None
