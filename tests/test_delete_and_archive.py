@@ -434,6 +434,10 @@ def test_prune_deletes_or_archives_only_finished_runs_older_than_the_age(db, cap
 
     with pytest.raises(CommandError, match="expected a number and a unit"):
         call_command("prune", "--older-than", "thirty days")
+    with pytest.raises(CommandError, match="at most 1000 years"):
+        call_command("prune", "--older-than", "99999999999w")
+    call_command("prune", "--older-than", "365000d", "--dry-run")
+    assert "nothing to do" in capsys.readouterr().out, "an empty prune says so"
 
 
 def test_parse_age():

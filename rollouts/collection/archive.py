@@ -656,6 +656,9 @@ def _restore_files(run: Run, folder: Path, size: int, out: Outcome) -> None:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+_MAX_AGE_S = 365_000 * 86400.0  # a datetime minus more than this leaves datetime's range
+
+
 def parse_age(text: str) -> timedelta:
     """``"30d"`` → 30 days. Units: s, m, h, d, w; a bare number is days. Raises ``ValueError``
     naming the text."""
@@ -668,7 +671,10 @@ def parse_age(text: str) -> timedelta:
         raise ValueError(f"--older-than {text!r}: expected a number and a unit (s, m, h, d, w), e.g. 30d") from None
     if value < 0 or value != value:
         raise ValueError(f"--older-than {text!r}: must be zero or more")
-    return timedelta(seconds=value * _UNITS[unit])
+    seconds = value * _UNITS[unit]
+    if seconds > _MAX_AGE_S:
+        raise ValueError(f"--older-than {text!r}: at most 1000 years (365000d)")
+    return timedelta(seconds=seconds)
 
 
 def prune_candidates(older_than: timedelta, *, archive: bool, now: datetime | None = None) -> list[Run]:

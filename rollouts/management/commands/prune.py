@@ -29,12 +29,18 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if opts["batch"] is not None and opts["batch"] < 1:
             raise CommandError("--batch must be >= 1")
+        said: list[str] = []
+
+        def say(line: str) -> None:
+            said.append(line)
+            self.stdout.write(line)
+
         try:
-            done = archive.prune(
-                age, archive=opts["archive"], batch=opts["batch"], dry_run=opts["dry_run"], log=self.stdout.write
-            )
+            done = archive.prune(age, archive=opts["archive"], batch=opts["batch"], dry_run=opts["dry_run"], log=say)
         except archive.ArchiveError as exc:
             raise CommandError(str(exc)) from None
+        if not said:
+            self.stdout.write(f"no finished run is older than {opts['older_than']}: nothing to do")
         if not opts["dry_run"]:
             verb = "archived" if opts["archive"] else "deleted"
             self.stdout.write(f"{verb} {len(done)} run(s), {sum(o.rollouts for o in done)} rollouts")
