@@ -101,3 +101,10 @@ def test_collect_checks_nemo_gym_max_rollout_attempts_like_the_flag(tmp_path, co
     monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "1000")
     with pytest.raises(CommandError, match="NEMO_GYM_MAX_ROLLOUT_ATTEMPTS must be at most 100"):
         collect_unreached(tmp_path, counter_tasks_path)
+
+
+def test_whole_numbers_are_written_in_full_in_a_refusal():
+    with pytest.raises(SettingError, match=r"at most 4096 .*got 100000000$"):
+        run_settings.check_number("concurrency", 100_000_000)
+    with pytest.raises(SettingError, match=r"at least 0\.001 s, got -0\.5$"):
+        run_settings.check_number("remote_responses_timeout_s", -0.5)

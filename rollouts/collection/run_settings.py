@@ -99,6 +99,13 @@ def say(what: str | None, problem: str) -> str:
     return f"{what} {problem}" if what else problem[:1].upper() + problem[1:]
 
 
+def _n(number: float) -> str:
+    """A limit or value as a person reads it: whole numbers in full (100000000, not 1e+08)."""
+    if float(number).is_integer() and abs(number) < 1e18:
+        return str(int(number))
+    return f"{number:g}"
+
+
 def check_number(field: str, value: Any, what: str | None = None) -> Any:
     """``value`` of numeric setting ``field`` within its limits (None stays None where the setting
     is optional); raises ``SettingError`` otherwise."""
@@ -114,7 +121,7 @@ def check_number(field: str, value: Any, what: str | None = None) -> Any:
     value = limit.kind(value)
     if value < limit.minimum:
         raise SettingError(
-            field, say(what, f"must be at least {limit.minimum:g}{limit.unit}, got {value:g}"), "min_value"
+            field, say(what, f"must be at least {_n(limit.minimum)}{limit.unit}, got {_n(value)}"), "min_value"
         )
     top = maximum(field)
     if top is not None and value > top:
@@ -122,7 +129,9 @@ def check_number(field: str, value: Any, what: str | None = None) -> Any:
             "run_timeout_s": " on this server (GYMWEB_MAX_RUN_TIMEOUT_S)",
             "concurrency": " on this server (GYMWEB_MAX_RUN_CONCURRENCY)",
         }.get(field, "")
-        raise SettingError(field, say(what, f"must be at most {top:g}{limit.unit}{where}, got {value:g}"), "max_value")
+        raise SettingError(
+            field, say(what, f"must be at most {_n(top)}{limit.unit}{where}, got {_n(value)}"), "max_value"
+        )
     return value
 
 
