@@ -2,8 +2,9 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import JsonResponse
 from django.templatetags.static import static
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from rollouts.api.router import api
@@ -20,6 +21,11 @@ class FaviconView(RedirectView):
         return static("gymweb/favicon.svg")
 
 
+def api_not_found(request, rest: str = "") -> JsonResponse:
+    """Any other path under ``/api/v1/``: the API's JSON 404 (``{"detail": ...}``), not the site's page."""
+    return JsonResponse({"detail": f"Not Found: no API route {request.path} (GET /api/v1/docs lists them)"}, status=404)
+
+
 urlpatterns = [
     # For load balancers and Prometheus: no sign-in (/metrics wants its token or an allowed address).
     path("healthz", healthz, name="healthz"),
@@ -31,5 +37,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
     path("api/v1/", api.urls),  # the HTTP API (rollouts.api)
+    re_path(r"^api/v1/(?P<rest>.*)$", api_not_found),
     path("", include("rollouts.web.urls")),
 ]

@@ -166,3 +166,9 @@ def test_the_api_docs_page_is_swagger_ui_from_gymweb_s_own_static_files(client, 
     assert "cdn" not in body.lower() and "/api/v1/openapi.json" in body
     script_src = response["Content-Security-Policy"].split("script-src")[1].split(";")[0]
     assert script_src.strip() == "'self'"  # no CDN and no inline script allowed for it
+
+
+def test_an_unknown_api_path_is_a_json_404(client):
+    response = client.get("/api/v1/no/such/route")
+    assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
+    assert "no API route /api/v1/no/such/route" in response.json()["detail"]

@@ -166,7 +166,7 @@ def _query_settings() -> list[tuple[str, dict[str, Any], str]]:
 
 @api.post(
     "/runs",
-    response={201: RunOut, 400: Error, 413: Error},
+    response={201: RunOut, 400: Error, 413: Error, 415: Error},
     summary="Launch a run: task rows inline or a stored dataset",
     openapi_extra={
         "requestBody": {
