@@ -52,7 +52,7 @@ class RunArchived(ArchiveError):
         self.run = run
         super().__init__(
             f"run {run.pk} is archived: {what} needs its items. Restore it first "
-            f"(the run page's Restore button, POST /api/v1/runs/{run.pk}/restore, or manage.py restore_run {run.pk})."
+            f"(the run page's Restore button, POST /api/v1/runs/{run.pk}/restore, or gymweb restore_run {run.pk})."
         )
 
 

@@ -82,7 +82,7 @@ class Command(BaseCommand):
             n = qs.count()
             if n == 0:
                 raise CommandError(
-                    f"no such token of {options['user']} (see `manage.py api_token list --user {options['user']}`)"
+                    f"no such token of {options['user']} (see `gymweb api_token list --user {options['user']}`)"
                 )
             if options["prefix"] and n > 1:
                 raise CommandError(f"--prefix {options['prefix']} matches {n} tokens: use --id")
