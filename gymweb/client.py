@@ -233,6 +233,45 @@ class _Finals:
         return held
 
 
+class _Batch:
+    """One ``run_examples`` batch: its rows by (task, rollout) key, the launch's body, and which of
+    the run's streamed rows are final (``_Finals``). ``take`` and ``left`` give the ``(row,
+    result)`` pairs to hand out; ``done`` once every row has its result."""
+
+    def __init__(self, rows, agent_url, env_url, head_url, agent_name, settings: dict[str, Any]):
+        self.originals, sent, self.keys = _keyed_rows(rows)
+        self.body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
+        self.finals = _Finals(int(self.body["max_attempts"]))
+        self.run_id = 0  # set once launched
+
+    @property
+    def done(self) -> bool:
+        return not self.keys
+
+    def _pair(self, result: dict) -> tuple[dict, dict]:
+        key = (result.get(TASK_INDEX_KEY_NAME), result.get(ROLLOUT_INDEX_KEY_NAME))
+        if key not in self.keys:
+            raise GymwebError(
+                f"run {self.run_id} sent a result for task {key[0]} rollout {key[1]}, which no row asked for"
+            )
+        return self.originals[self.keys.pop(key)], result
+
+    def take(self, result: dict) -> list[tuple[dict, dict]]:
+        """The pair for a streamed row when it is final, else none (held)."""
+        final_row = self.finals.take(result)
+        return [] if final_row is None else [self._pair(final_row)]
+
+    def left(self) -> list[tuple[dict, dict]]:
+        """The pairs of the failures held when the stream ended (the run has ended)."""
+        return [self._pair(result) for result in self.finals.left()]
+
+    def ended(self, run: dict) -> RunEnded:
+        got = len(self.originals) - len(self.keys)
+        return RunEnded(
+            f"run {self.run_id} ended ({run['status']}) with {got} of {len(self.originals)} results", run, got
+        )
+
+
 class ResultsInterrupted(GymwebError):
     """The results stream could not be read again after ``retries`` tries. ``run_id`` and
     ``after`` (the rows read) resume it: ``client.results(run_id, after=after)``."""
@@ -317,13 +356,6 @@ class _Base:
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    @staticmethod
-    def _match(result: dict, keys: dict, originals: list, run_id: int) -> tuple[dict, dict]:
-        key = (result.get(TASK_INDEX_KEY_NAME), result.get(ROLLOUT_INDEX_KEY_NAME))
-        if key not in keys:
-            raise GymwebError(f"run {run_id} sent a result for task {key[0]} rollout {key[1]}, which no row asked for")
-        return originals[keys.pop(key)], result
 
 
 class Client(_Base):
@@ -458,26 +490,15 @@ class Client(_Base):
         concurrency: default the batch size; env_max_in_flight: a bound on the env calls in flight, for an env
         that is one process). Raises ``RefusedSettings`` before anything runs when
         the server refuses a row or a setting; ``RunEnded`` when the run ends short."""
-        originals, sent, keys = _keyed_rows(rows)
-        body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
-        run = self._request("POST", "/runs", "launching the run", **_json_body(body)).json()
-        finals = _Finals(int(body["max_attempts"]))
-        for result in self.results(run["id"]):
-            final_row = finals.take(result)
-            if final_row is not None:
-                yield self._match(final_row, keys, originals, run["id"])
-                if not keys:
-                    return
-        for result in finals.left():  # the run has ended: no attempt follows these failures
-            yield self._match(result, keys, originals, run["id"])
-        if not keys:
-            return
-        final = self.run(run["id"])
-        raise RunEnded(
-            f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
-            final,
-            len(originals) - len(keys),
-        )
+        batch = _Batch(rows, agent_url, env_url, head_url, agent_name, settings)
+        batch.run_id = self._request("POST", "/runs", "launching the run", **_json_body(batch.body)).json()["id"]
+        for result in self.results(batch.run_id):
+            yield from batch.take(result)
+            if batch.done:
+                return
+        yield from batch.left()
+        if not batch.done:
+            raise batch.ended(self.run(batch.run_id))
 
 
 class AsyncClient(_Base):
@@ -596,26 +617,18 @@ class AsyncClient(_Base):
         **settings: Any,
     ) -> AsyncIterator[tuple[dict, dict]]:
         """``async for row, result in client.iter_examples(rows, ...)``: as ``Client.run_examples``."""
-        originals, sent, keys = _keyed_rows(rows)
-        body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
-        run = (await self._request("POST", "/runs", "launching the run", **_json_body(body))).json()
-        finals = _Finals(int(body["max_attempts"]))
-        async for result in self.results(run["id"]):
-            final_row = finals.take(result)
-            if final_row is not None:
-                yield self._match(final_row, keys, originals, run["id"])
-                if not keys:
-                    return
-        for result in finals.left():  # the run has ended: no attempt follows these failures
-            yield self._match(result, keys, originals, run["id"])
-        if not keys:
-            return
-        final = await self.run(run["id"])
-        raise RunEnded(
-            f"run {run['id']} ended ({final['status']}) with {len(originals) - len(keys)} of {len(originals)} results",
-            final,
-            len(originals) - len(keys),
-        )
+        batch = _Batch(rows, agent_url, env_url, head_url, agent_name, settings)
+        run = (await self._request("POST", "/runs", "launching the run", **_json_body(batch.body))).json()
+        batch.run_id = run["id"]
+        async for result in self.results(batch.run_id):
+            for pair in batch.take(result):
+                yield pair
+            if batch.done:
+                return
+        for pair in batch.left():
+            yield pair
+        if not batch.done:
+            raise batch.ended(await self.run(batch.run_id))
 
     def run_examples(self, rows: Iterable[dict], **kwargs: Any) -> Iterator[Awaitable[tuple[dict, dict]]]:
         """NeMo Gym's shape: one awaitable per row, each giving the next ``(row, result)`` to

@@ -42,6 +42,16 @@ def post_json(client, auth, body):
     return client.post(f"{API}/runs", data=json.dumps(body), content_type="application/json", **auth)
 
 
+def post_jsonl(client, auth, lines: list[str], query: str = ""):
+    """A JSONL body of ``lines``, the settings in the querystring (the agent and env, then ``query``)."""
+    return client.post(
+        f"{API}/runs?agent_url={AGENT}&env_url={ENV}{query}",
+        data="\n".join(lines) + "\n",
+        content_type="application/x-ndjson",
+        **auth,
+    )
+
+
 def nothing_stored():
     return Run.objects.count() == 0 and Dataset.objects.count() == 0 and Rollout.objects.count() == 0
 
@@ -60,26 +70,14 @@ def test_rows_sent_inline_make_a_launched_run(client, auth):
 
 
 def test_a_misspelt_setting_in_the_querystring_is_refused_naming_it(client, auth):
-    lines = [json.dumps(row) for row in task_rows(2)]
-    response = client.post(
-        f"{API}/runs?agent_url={AGENT}&env_url={ENV}&max_step=2",
-        data="\n".join(lines),
-        content_type="application/x-ndjson",
-        **auth,
-    )
+    response = post_jsonl(client, auth, [json.dumps(row) for row in task_rows(2)], "&max_step=2")
     assert response.status_code == 400
     assert "max_step: not a run setting" in response.json()["detail"] and "max_steps" in response.json()["detail"]
     assert nothing_stored()
 
 
 def test_a_jsonl_body_with_settings_in_the_querystring(client, auth):
-    body = "\n".join(json.dumps(r) for r in task_rows(4)) + "\n"
-    response = client.post(
-        f"{API}/runs?agent_url={AGENT}&env_url={ENV}&concurrency=4",
-        data=body,
-        content_type="application/x-ndjson",
-        **auth,
-    )
+    response = post_jsonl(client, auth, [json.dumps(r) for r in task_rows(4)], "&concurrency=4")
     assert response.status_code == 201, response.content
     run = Run.objects.get(pk=response.json()["id"])
     assert run.num_keys == 4 and run.concurrency == 4
@@ -108,12 +106,7 @@ def test_a_bad_row_is_a_400_naming_row_and_field_and_nothing_is_stored(client, a
 def test_a_bad_jsonl_line_names_its_line(client, auth):
     lines = [json.dumps(r) for r in task_rows(3)]
     lines[1] = '{"responses_create_params": {"input": "x"'
-    response = client.post(
-        f"{API}/runs?agent_url={AGENT}&env_url={ENV}",
-        data="\n".join(lines),
-        content_type="application/x-ndjson",
-        **auth,
-    )
+    response = post_jsonl(client, auth, lines)
     assert response.status_code == 400
     assert "line 2" in response.json()["detail"] and "not valid JSON" in response.json()["detail"]
     assert nothing_stored()
