@@ -241,7 +241,9 @@ class _Batch:
     def __init__(self, rows, agent_url, env_url, head_url, agent_name, settings: dict[str, Any]):
         self.originals, sent, self.keys = _keyed_rows(rows)
         self.body = _run_body(sent, agent_url, env_url, head_url, agent_name, settings)
-        self.finals = _Finals(int(self.body["max_attempts"]))
+        attempts = self.body["max_attempts"]
+        # A value that is no whole number is the server's to refuse (RefusedSettings) at the launch.
+        self.finals = _Finals(attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 1)
         self.run_id = 0  # set once launched
 
     @property
@@ -635,6 +637,8 @@ class AsyncClient(_Base):
         finish. The batch is sent when the first one is awaited; an error is raised by every
         awaitable from then on."""
         rows = list(rows)
+        if not rows:  # as the other entry points: refused at once, not an empty iterator
+            raise RefusedSettings("run_examples needs at least one row")
         queue: asyncio.Queue[Any] = asyncio.Queue()
         state: dict[str, Any] = {}
 

@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.templatetags.static import static
 from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 
 from rollouts.api.router import api
@@ -21,6 +22,7 @@ class FaviconView(RedirectView):
         return static("gymweb/favicon.svg")
 
 
+@csrf_exempt  # an API call carries a token, not the site's CSRF cookie: a JSON 404 whatever the method
 def api_not_found(request, rest: str = "") -> JsonResponse:
     """Any other path under ``/api/v1/``: the API's JSON 404 (``{"detail": ...}``), not the site's page."""
     return JsonResponse({"detail": f"Not Found: no API route {request.path} (GET /api/v1/docs lists them)"}, status=404)

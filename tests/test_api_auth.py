@@ -172,3 +172,12 @@ def test_an_unknown_api_path_is_a_json_404(client):
     response = client.get("/api/v1/no/such/route")
     assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
     assert "no API route /api/v1/no/such/route" in response.json()["detail"]
+
+
+def test_an_unknown_api_path_is_a_json_404_for_every_method(db):
+    from django.test import Client as DjangoClient
+
+    browserless = DjangoClient(enforce_csrf_checks=True)  # as curl: no CSRF cookie
+    for method in ("post", "put", "patch", "delete"):
+        response = getattr(browserless, method)("/api/v1/nothere", data="{}", content_type="application/json")
+        assert response.status_code == 404 and response["Content-Type"].startswith("application/json"), method

@@ -297,6 +297,20 @@ def test_an_archived_runs_damaged_file_is_refused_not_served_short(collected, si
     assert api.status_code == 409 and "cannot be served" in api.json()["detail"]
 
 
+def test_the_sft_and_atif_exports_of_an_archived_run_are_refused_with_the_way_out(collected, signed_in, tmp_path):
+    good, _ = collected
+    archive.archive_run(good)
+    good.refresh_from_db()
+    page = signed_in.get(reverse("run_export_sft", args=[good.pk]))
+    assert page.status_code == 409 and "Restore it first" in page.content.decode()
+    panel = signed_in.get(reverse("run_export_sft_check", args=[good.pk]))
+    assert panel.status_code == 200 and "is archived" in panel.content.decode()
+    with pytest.raises(CommandError, match="is archived"):
+        call_command("export_sft", "--run", str(good.pk), "--output", str(tmp_path / "sft.jsonl"))
+    with pytest.raises(CommandError, match="is archived"):
+        call_command("export_atif", str(good.pk), "--output-dir", str(tmp_path / "atif"))
+
+
 def test_a_run_being_collected_is_refused_not_cancelled(db):
     run = make_run(3, status=Run.Status.RUNNING)
     for fn in (archive.delete_run, archive.archive_run):

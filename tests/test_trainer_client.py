@@ -324,3 +324,8 @@ def test_a_busy_answer_to_a_single_call_is_retried():
 
     client = Client("http://gymweb.test", "gw_x", http=httpx.Client(transport=httpx.MockTransport(handler)))
     assert client.run(4)["status"] == "running" and state["n"] == 2
+
+
+def test_the_async_run_examples_refuses_no_rows_at_once():
+    with pytest.raises(RefusedSettings, match="at least one row"):
+        AsyncClient("http://gymweb.test", "gw_x").run_examples([], agent_url="http://a", env_url="http://e")

@@ -17,14 +17,16 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count
-from django.http import HttpResponseBadRequest, HttpResponseRedirect
+from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
 from rollouts import teams, tokens
+from rollouts.collection import archive
 from rollouts.models import ApiToken, Note, Rollout, Run, Team
 from rollouts.review import actions, curated, progress, queues, rubric, selection, sft
 from rollouts.review.actions import ReviewError
@@ -460,6 +462,9 @@ def run_export_sft(request, run_id):
     """The selection's succeeded trajectories in the OpenAI chat format (``rollouts.review.sft``).
     Querystring: the rollout filter, ``reasoning=keep|think|drop``, ``reward_source``, ``metadata=1``."""
     run = run_for(request, run_id)
+    refused = archive.download_refusal(run, "sft", False, True)
+    if refused:  # an archived run: its responses are in the archive files
+        return HttpResponse(refused + "\n", status=409, content_type="text/plain; charset=utf-8")
     reasoning = request.GET.get("reasoning") or "keep"
     if reasoning not in sft.REASONING_MODES:
         return HttpResponseBadRequest(
@@ -491,6 +496,9 @@ def run_export_sft_check(request, run_id):
     rows written and rows left out by reason ("3 rollouts left out: no assistant turn").
     Querystring as ``run_export_sft``."""
     run = run_for(request, run_id)
+    refused = archive.download_refusal(run, "sft", False, True)
+    if refused:  # the run page's panel shows why instead of the count
+        return HttpResponse(format_html('<p class="muted" id="sft-check">{}</p>', refused))
     reasoning = request.GET.get("reasoning") or "keep"
     if reasoning not in sft.REASONING_MODES:
         reasoning = "keep"

@@ -13,6 +13,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
+from rollouts.collection.archive_files import RunArchived
 from rollouts.collection.datasets import DatasetError
 from rollouts.collection.export import output_stems
 from rollouts.collection.importer import import_rollouts
@@ -105,5 +106,7 @@ class Command(NemoGymFlags, BaseCommand):
             run = Run.objects.filter(pk=opts["run"]).first()
             if run is None:
                 raise CommandError(f"no run #{opts['run']}")
+            if run.is_archived:  # its responses and trajectories are in the archive files
+                raise CommandError(str(RunArchived(run, "the ATIF export")))
             out, count = self._export(run, opts)
         self.stdout.write(f"wrote {count} ATIF trajectory file(s) and {atif.MANIFEST} to {out}")

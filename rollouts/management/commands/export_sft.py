@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from rollouts.collection.archive_files import RunArchived
 from rollouts.collection.datasets import DatasetError, iter_rows
 from rollouts.collection.export import write_lines
 from rollouts.evaluation.outputs import check_outputs
@@ -72,6 +73,8 @@ class Command(BaseCommand):
             run = Run.objects.filter(pk=options["run"]).first()
             if run is None:
                 raise CommandError(f"no run #{options['run']}")
+            if run.is_archived:  # its responses and trajectories are in the archive files
+                raise CommandError(str(RunArchived(run, "the SFT export")))
             params = dict(parse_qsl(options["filter"], keep_blank_values=True))
             unknown = unknown_filter_names(params)
             if unknown:  # a typo would export the whole run without a word
