@@ -66,6 +66,8 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
     # Before anything reads the body (CSRF reads the POST): refuses an oversized request unread.
     "rollouts.web.uploads.RequestSizeLimitMiddleware",
+    # The API's 405 in JSON like its other errors (django-ninja's own is a bare text/html line).
+    "rollouts.api.errors.JsonMethodNotAllowedMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

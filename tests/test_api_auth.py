@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
@@ -181,3 +182,12 @@ def test_an_unknown_api_path_is_a_json_404_for_every_method(db):
     for method in ("post", "put", "patch", "delete"):
         response = getattr(browserless, method)("/api/v1/nothere", data="{}", content_type="application/json")
         assert response.status_code == 404 and response["Content-Type"].startswith("application/json"), method
+
+
+def test_a_wrong_method_on_an_api_path_is_a_json_405_naming_the_methods_it_takes(client, db):
+    _row, token = create_token(User.objects.create_user("m"), "script")
+    response = client.put(f"{API}/runs", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 405 and response["Content-Type"].startswith("application/json")
+    assert set(response["Allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+    detail = response.json()["detail"]
+    assert detail.startswith("Method Not Allowed: PUT /api/v1/runs") and "GET" in detail and "POST" in detail

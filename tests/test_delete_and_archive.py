@@ -480,6 +480,7 @@ def test_api_archive_restore_and_delete(collected, api):
     assert r.status_code == 200, r.content
     body = r.json()
     assert body["archived"] is not None and body["rollouts"] == 10
+    assert body["archive_path"] == f"run-{good.pk}"  # the folder's name, not the server's disks
     assert api("get", f"/runs/{good.pk}").json()["archived"] is not None
     # a filtered rollouts.jsonl needs the responses: refused with the way out
     r = api("get", f"/runs/{good.pk}/rollouts.jsonl?status=succeeded")
@@ -562,6 +563,9 @@ def test_pages_of_an_archived_run_say_so_and_keep_every_aggregate(collected, sig
     assert good.is_archived
     page = signed_in.get(reverse("run", args=[good.pk])).content.decode()
     assert 'id="run-archived"' in page and reverse("run_restore", args=[good.pk]) in page
+    assert f"<code>run-{good.pk}</code>" in page and good.archive_path not in page
+    delete_page = signed_in.get(reverse("run_delete", args=[good.pk])).content.decode()
+    assert f"<code>run-{good.pk}</code>" in delete_page and good.archive_path not in delete_page
     assert signed_in.get(reverse("runs")).content.decode().count('class="badge archived"') == 1
     assert _stats(signed_in, good) == before
     # the trajectory page says the run is archived and offers restore; its parts answer 409
@@ -588,3 +592,14 @@ def test_delete_page_refuses_a_run_being_collected(db, signed_in):
     response = signed_in.post(reverse("run_delete", args=[run.pk]), follow=True)
     assert "Cancel it first" in response.content.decode()
     assert Run.objects.filter(pk=run.pk).exists() and Rollout.objects.filter(run=run).count() == 2
+
+
+def test_staff_read_an_archived_runs_full_folder_other_users_only_its_name(collected, signed_in, user):
+    good, _ = collected
+    archive.archive_run(good)
+    good.refresh_from_db()
+    assert archive.shown_folder(good, user) == f"run-{good.pk}"
+    user.is_staff = True
+    user.save()
+    page = signed_in.get(reverse("run", args=[good.pk])).content.decode()
+    assert f"<code>{good.archive_path}</code>" in page

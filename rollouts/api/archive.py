@@ -24,7 +24,11 @@ class Error(Schema):
 class ArchiveOut(Schema):
     run: int
     archived: datetime | None = Field(None, description="when the run was archived; null once restored")
-    archive_path: str = Field("", description="the folder of its archive files (empty once restored)")
+    archive_path: str = Field(
+        "",
+        description="the folder of its archive files: the server's full path for staff, else the folder's name "
+        "under the server's archive folder (empty once restored)",
+    )
     rollouts: int = Field(..., description="rollouts whose items were dropped or brought back")
     items: int = Field(..., description="trajectory items dropped or brought back")
     seconds: float
@@ -39,11 +43,11 @@ class DeletedOut(Schema):
     longest_transaction_s: float
 
 
-def _outcome(run, out: archive.Outcome) -> dict:
+def _outcome(request, run, out: archive.Outcome) -> dict:
     return {
         "run": run.pk,
         "archived": run.archived,
-        "archive_path": run.archive_path,
+        "archive_path": archive.shown_folder(run, request.user),
         "rollouts": out.rollouts,
         "items": out.items,
         "seconds": out.seconds,
@@ -86,7 +90,7 @@ def archive_run(request, run_id: int):
         out = archive.archive_run(run)
     except archive.ArchiveError as exc:
         raise HttpError(409, str(exc)) from None
-    return _outcome(run, out)
+    return _outcome(request, run, out)
 
 
 @router.post(
@@ -100,4 +104,4 @@ def restore_run(request, run_id: int):
         out = archive.restore_run(run)
     except archive.ArchiveError as exc:
         raise HttpError(409, str(exc)) from None
-    return _outcome(run, out)
+    return _outcome(request, run, out)

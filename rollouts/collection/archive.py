@@ -156,6 +156,15 @@ def archive_dir(run: Run) -> Path:
     return Path(settings.GYMWEB_ARCHIVE_DIR or Path(settings.DATA_DIR) / "archive") / f"run-{run.pk}"
 
 
+def shown_folder(run: Run, user: Any) -> str:
+    """The run's archive folder as ``user`` may read it: the server's full path for staff, else only
+    the folder's name (``run-12``, under the server's archive folder): the disks' layout is the
+    operators' business. Empty when the run is not archived."""
+    if not run.archive_path:
+        return ""
+    return run.archive_path if getattr(user, "is_staff", False) else Path(run.archive_path).name
+
+
 def require_items(run: Run, what: str = "this") -> None:
     """Raise ``RunArchived`` if the run's items are archived (``what`` names the request)."""
     if run.is_archived:

@@ -10,6 +10,7 @@ from typing import Any
 from django import template
 from django.utils.html import escape, format_html, format_html_join
 
+from rollouts.collection.archive import shown_folder
 from rollouts.display import duration_ms, number
 
 register = template.Library()
@@ -92,3 +93,10 @@ def reward_text(rollout: Any, digits: Any = None) -> str:
         title = _VERIFY_FAILED_TITLE if kind == "verify_failed" else _NOT_VERIFIED_TITLE
         return format_html('<span class="muted not-verified" title="{}">— not verified</span>', title)
     return format_html('<span class="muted">{}</span>', "—")
+
+
+@register.filter(name="archive_folder")
+def archive_folder(run: Any, user: Any) -> str:
+    """``{{ run|archive_folder:request.user }}``: the run's archive folder as that user may read it
+    (``rollouts.collection.archive.shown_folder``: the full path for staff, else its name)."""
+    return shown_folder(run, user)

@@ -69,7 +69,8 @@ def run_archive(request, run_id):
         size = sum(f["bytes"] for f in out.files.values())
         messages.success(
             request,
-            f"Archived: {out.items:,} trajectory items left the database; {size:,} bytes of files in {out.path}.",
+            f"Archived: {out.items:,} trajectory items left the database; {size:,} bytes of files in "
+            f"{archive.shown_folder(run, request.user)}.",
         )
     return HttpResponseRedirect(reverse("run", args=[run.pk]))
 
