@@ -103,6 +103,42 @@ def test_a_bad_row_is_a_400_naming_row_and_field_and_nothing_is_stored(client, a
     assert nothing_stored()
 
 
+def test_an_inline_row_past_the_line_limit_is_named_by_its_place_in_rows(client, auth, settings):
+    rows = task_rows(3)
+    settings.GYMWEB_MAX_LINE_BYTES = max(len(json.dumps(r)) for r in rows) + 10
+    rows[1]["responses_create_params"]["input"] = "x" * settings.GYMWEB_MAX_LINE_BYTES
+    response = post_json(client, auth, {"rows": rows, "agent_url": AGENT, "env_url": ENV})
+    assert response.status_code == 400, response.content
+    detail = response.json()["detail"]
+    assert detail.startswith("rows[1] (row 2): the row is longer than the limit of"), detail
+    assert "line" not in detail and response.json()["errors"] == {"rows": [detail]}
+    assert nothing_stored()
+
+
+@pytest.mark.parametrize("bad", ['"\\ud800"', "NaN", "1e400"])
+def test_a_value_no_file_can_hold_is_named_by_its_row(client, auth, bad):
+    rows = [json.dumps(r) for r in task_rows(3)]
+    rows[2] = rows[2][:-1] + f', "note": {bad}}}'
+    body = '{"agent_url": "%s", "env_url": "%s", "rows": [%s]}' % (AGENT, ENV, ", ".join(rows))
+    response = client.post(f"{API}/runs", data=body, content_type="application/json", **auth)
+    assert response.status_code == 400, response.content
+    detail = response.json()["detail"]
+    assert detail.startswith("rows[2] (row 3): not valid JSON"), detail
+    assert nothing_stored()
+
+
+def test_a_setting_named_twice_is_refused_not_last_one_wins(client, auth):
+    rows = json.dumps(task_rows(1))
+    body = '{"agent_url": "%s", "env_url": "%s", "concurrency": 1, "concurrency": 8, "rows": %s}' % (AGENT, ENV, rows)
+    response = client.post(f"{API}/runs", data=body, content_type="application/json", **auth)
+    assert response.status_code == 400 and "'concurrency' appears twice" in response.json()["detail"]
+    assert nothing_stored()
+    lines = [json.dumps(r) for r in task_rows(1)]
+    response = post_jsonl(client, auth, lines, "&concurrency=1&concurrency=8")
+    assert response.status_code == 400 and "names 'concurrency' more than once" in response.json()["detail"]
+    assert nothing_stored()
+
+
 def test_a_bad_jsonl_line_names_its_line(client, auth):
     lines = [json.dumps(r) for r in task_rows(3)]
     lines[1] = '{"responses_create_params": {"input": "x"'
@@ -117,6 +153,9 @@ def test_a_bad_jsonl_line_names_its_line(client, auth):
     [
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": "many"}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),  # JSON's true is no number
+        ({"num_repeats": "4"}, "num_repeats"),  # nor is a string
+        ({"env_aggregate_metrics": 0}, "env_aggregate_metrics"),
         ({"env_url": "not a url"}, "env_url"),
         ({"overrides": {"tools": "x"}}, "overrides"),
         ({"env_max_in_flight": -1}, "env_max_in_flight"),

@@ -35,7 +35,7 @@ from rollouts.api.result_wait import ResultWait
 from rollouts.api.router import api
 from rollouts.api.schemas import Error, RolloutDetailOut, RunOut, StreamRefusedOut
 from rollouts.collection import archive, export, run_settings
-from rollouts.collection.datasets import DatasetError, validate_row
+from rollouts.collection.datasets import DatasetError, too_long_reason, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.evaluation.run_aggregate_metrics import NOT_ASKED
 from rollouts.lossless import dumps
@@ -134,8 +134,10 @@ def _read_body(request: HttpRequest) -> tempfile.SpooledTemporaryFile:
 
 
 def _settings_from(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The run settings in ``data`` (``where``: "body", JSON values taken strictly, so ``true`` or
+    ``"4"`` is no number; or "querystring", text read as numbers), or a 400 naming the field."""
     try:
-        parsed = RunIn.model_validate(data)
+        parsed = RunIn.model_validate(data, strict=where == "body")
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "body"
@@ -216,6 +218,9 @@ def create_run(request):
 def _create_run(request, ctype: str, spool) -> Status:
     files: dict[str, Any] = {}
     if ctype in JSONL_TYPES:
+        twice = sorted(k for k, values in request.GET.lists() if len(values) > 1)
+        if twice:
+            raise _bad(f"the querystring names {twice[0]!r} more than once: send each setting once", twice[0])
         query: dict[str, Any] = dict(request.GET.items())
         if query.get("overrides"):  # JSON text in the querystring
             try:
@@ -233,10 +238,14 @@ def _create_run(request, ctype: str, spool) -> Status:
             raise _bad(
                 f"unsupported Content-Type {ctype!r}: send application/json or application/x-ndjson", "body", 415
             )
+        raw = spool.read()
         try:
-            body = strict_loads(spool.read())
+            body = strict_loads(raw, unique_keys=True)  # as a dataset file's rows: a key named twice is refused
         except NotJSON as exc:
-            raise _bad(f"the request body is not valid JSON: {exc}", "body") from None
+            row = _refused_row(raw)
+            if row is None:
+                raise _bad(f"the request body is not valid JSON: {exc}", "body") from None
+            raise _bad(f"rows[{row}] (row {row + 1}): not valid JSON: {exc}", "rows") from None
         if not isinstance(body, dict):
             raise _bad("the request body must be a JSON object (the run settings with `rows` or `dataset`)", "body")
         data = _settings_from(body, "body")
@@ -266,6 +275,23 @@ def _create_run(request, ctype: str, spool) -> Status:
     return Status(201, run_out(request, run))
 
 
+def _refused_row(raw: bytes) -> int | None:
+    """The index in ``rows`` of the first row holding what ``strict_loads`` refused in a body that
+    plain ``json.loads`` reads (NaN, ``1e400``, an unpaired surrogate escape), or None: the
+    refusal then names the row, not only the body's line and column."""
+    try:
+        loose = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    rows = loose.get("rows") if isinstance(loose, dict) else None
+    for i, row in enumerate(rows if isinstance(rows, list) else ()):
+        try:
+            strict_loads(json.dumps(row))  # NaN and inf are written as NaN/Infinity, a surrogate as \udXXX
+        except (NotJSON, ValueError, RecursionError):
+            return i
+    return None
+
+
 def _rows_upload(rows: list) -> DjangoUploadedFile:
     """Task rows sent inline, each validated as a dataset row, as the JSONL upload the new-run
     form reads (``INLINE_NAME``)."""
@@ -276,9 +302,14 @@ def _rows_upload(rows: list) -> DjangoUploadedFile:
             validate_row(row, i + 1, "")
         except DatasetError as exc:
             raise _bad(f"rows[{i}] (row {i + 1}): {exc.reason}", "rows") from None
+    limit = int(settings.GYMWEB_MAX_LINE_BYTES)
     inline = tempfile.SpooledTemporaryFile(max_size=int(settings.FILE_UPLOAD_MAX_MEMORY_SIZE))
-    for row in rows:
-        inline.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
+    for i, row in enumerate(rows):
+        line = dumps(row).encode("utf-8", "surrogatepass")
+        if len(line) > limit:  # as a file's line would be: named by its place in `rows`, not a line
+            inline.close()
+            raise _bad(f"rows[{i}] (row {i + 1}): {too_long_reason(limit, 'row')} once written as JSON", "rows")
+        inline.write(line + b"\n")
     size = inline.tell()
     inline.seek(0)
     return _as_upload(inline, INLINE_NAME, size)

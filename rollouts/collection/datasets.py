@@ -28,6 +28,7 @@ __all__ = [
     "iter_lines",
     "DEFAULT_MAX_LINE_BYTES",
     "validate_row",
+    "too_long_reason",
 ]
 
 # Task and rollout indices are stored in 32-bit integer columns.
@@ -124,13 +125,14 @@ def _json_problem(exc: NotJSON, indent: int = 0) -> str:
 Lines = Union[BinaryIO, TextIO, Iterable[str | bytes]]
 
 
-def _line_too_long(number: int, limit: int, source: str) -> DatasetError:
+def too_long_reason(limit: int, what: str = "line") -> str:
+    """Why a ``what`` (a file's line, an inline row) longer than ``limit`` bytes is refused."""
     shown = f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit:,} bytes"
-    return DatasetError(
-        f"the line is longer than the limit of {shown} per line (GYMWEB_MAX_LINE_BYTES); nothing was read past it",
-        number,
-        source,
-    )
+    return f"the {what} is longer than the limit of {shown} per {what} (GYMWEB_MAX_LINE_BYTES)"
+
+
+def _line_too_long(number: int, limit: int, source: str) -> DatasetError:
+    return DatasetError(f"{too_long_reason(limit)}; nothing was read past it", number, source)
 
 
 def iter_lines(stream: Lines, source: str = "", max_line_bytes: int | None = None) -> Iterator[tuple[int, str | bytes]]:
