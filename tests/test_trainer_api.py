@@ -195,6 +195,28 @@ def test_a_run_keeps_its_own_bound_on_env_calls_and_the_workers_share_it(client,
     assert d.runs[Run.objects.latest("id").pk].settings.env_max_in_flight == 0
 
 
+def test_a_run_answers_with_the_settings_it_was_launched_with_under_the_names_post_takes(client, auth):
+    sent = {
+        "concurrency": 3,
+        "max_steps": 7,
+        "num_repeats": 2,
+        "max_attempts": 1,
+        "env_max_in_flight": 4,
+        "remote_responses_timeout_s": 60.0,
+        "run_timeout_s": 120.0,
+        "overrides": {"temperature": 0.5},
+        "env_aggregate_metrics": False,
+    }
+    response = post_json(client, auth, {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV, **sent})
+    assert response.status_code == 201, response.content
+    got = client.get(f"{API}/runs/{response.json()['id']}", **auth).json()["settings"]
+    assert {k: got[k] for k in sent} == sent and got["limit"] is None and got["head_url"] == ""
+    again = {k: v for k, v in got.items() if k not in ("auto_retry", "head_url", "env_name")}
+    repost = post_json(client, auth, {"rows": task_rows(1), "agent_url": AGENT, "env_url": ENV, **again})
+    assert repost.status_code == 201, repost.content
+    assert repost.json()["settings"] == got
+
+
 def test_rows_and_dataset_together_or_neither_are_refused(client, auth):
     assert (
         post_json(client, auth, {"rows": task_rows(1), "dataset": 1, "agent_url": AGENT, "env_url": ENV}).status_code

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rollouts.collection import run_settings
 from rollouts.evaluation import run_summary
 from rollouts.models import Dataset, RefusedReply, Rollout, Run
 from rollouts.review import actions
@@ -64,6 +65,21 @@ def run_out(request, run: Run, progress: run_summary.Progress | None = None) -> 
         },
         "url": absolute_url(request, run.get_absolute_url()),
         "archived": run.archived,
+        "settings": {
+            "concurrency": run.concurrency,
+            "max_steps": run.max_steps or None,
+            "num_repeats": run.num_repeats,
+            "limit": run.limit,
+            "max_attempts": run.max_attempts,
+            "auto_retry": run.auto_retry,
+            "remote_responses_timeout_s": run.remote_responses_timeout_s,
+            "run_timeout_s": run.run_timeout_s,
+            "env_max_in_flight": run.env_max_in_flight,
+            "overrides": run.overrides or {},
+            "env_aggregate_metrics": run.aggregate_metrics_error != run_settings.NOT_ASKED,
+            "head_url": run.head_url,
+            "env_name": run.env_name,
+        },
     }
 
 
