@@ -459,8 +459,12 @@ def test_parse_age():
     assert archive.parse_age("12h") == timedelta(hours=12)
     assert archive.parse_age("2w") == timedelta(days=14)
     assert archive.parse_age("7") == timedelta(days=7)
-    with pytest.raises(ValueError):
-        archive.parse_age("-1d")
+    assert archive.parse_age(" 1.5 h ") == timedelta(minutes=90)
+    for bad in ("-1d", "nand", "nan", "infd", "1e3d", "d", "", "30 days", "3x"):
+        with pytest.raises(ValueError, match="expected a number and a unit"):
+            archive.parse_age(bad)
+    with pytest.raises(ValueError, match="at most 1000 years"):
+        archive.parse_age("365001d")
 
 
 # -- API --------------------------------------------------------------------------------------------

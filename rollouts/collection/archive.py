@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -665,22 +666,17 @@ def _restore_files(run: Run, folder: Path, size: int, out: Outcome) -> None:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+_AGE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhdw])?")
 _MAX_AGE_S = 365_000 * 86400.0  # a datetime minus more than this leaves datetime's range
 
 
 def parse_age(text: str) -> timedelta:
-    """``"30d"`` → 30 days. Units: s, m, h, d, w; a bare number is days. Raises ``ValueError``
-    naming the text."""
-    raw = (text or "").strip().lower()
-    unit = raw[-1:] if raw[-1:] in _UNITS else "d"
-    number = raw[:-1] if raw[-1:] in _UNITS else raw
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"--older-than {text!r}: expected a number and a unit (s, m, h, d, w), e.g. 30d") from None
-    if value < 0 or value != value:
-        raise ValueError(f"--older-than {text!r}: must be zero or more")
-    seconds = value * _UNITS[unit]
+    """``"30d"`` → 30 days. A number written in digits (``1.5`` too) and a unit: s, m, h, d, w; a
+    bare number is days. Raises ``ValueError`` naming the text (``nan``, ``1e3d``, ``-1d``)."""
+    match = _AGE.fullmatch((text or "").strip().lower())
+    if match is None:
+        raise ValueError(f"--older-than {text!r}: expected a number and a unit (s, m, h, d, w), e.g. 30d")
+    seconds = float(match["number"]) * _UNITS[match["unit"] or "d"]
     if seconds > _MAX_AGE_S:
         raise ValueError(f"--older-than {text!r}: at most 1000 years (365000d)")
     return timedelta(seconds=seconds)
