@@ -67,6 +67,17 @@ def choosable_teams(user):
     return qs.order_by("id")
 
 
+def not_yours(user, value) -> str:
+    """The refusal of team ``value`` (an id as sent) for ``user``, listing the teams they may
+    choose (``choosable_teams``: id and name, the first 20), so the right id is at hand."""
+    shown = str(value)[:40]
+    mine = list(choosable_teams(user).values_list("pk", "name")[:21])
+    if not mine:
+        return f"team {shown}: not one of your teams (you are in no team: an admin adds you to one first)"
+    listed = ", ".join(f"{pk} ({name})" for pk, name in mine[:20]) + (", ..." if len(mine) > 20 else "")
+    return f"team {shown}: not one of your teams; yours: {listed}"
+
+
 def may_see(user, team_id: int) -> bool:
     """Whether ``user`` may see (and act on) a row of the team ``team_id``."""
     ids = team_ids(user)

@@ -50,6 +50,8 @@ def test_a_run_goes_to_the_users_first_team_or_the_one_named(client, teams):
 def test_a_team_the_user_is_not_in_is_refused_and_nothing_is_stored(client, teams):
     response = post_run(client, teams, team=teams["green"].pk)
     assert response.status_code == 400 and "team" in response.json()["errors"]
+    yours = f"yours: {teams['red'].pk} (red), {teams['blue'].pk} (blue)"
+    assert response.json()["detail"] == f"team: team {teams['green'].pk}: not one of your teams; {yours}"
     assert not Run.objects.exists() and not Dataset.objects.exists()
 
 
@@ -61,6 +63,7 @@ def test_a_user_of_one_team_naming_another_is_refused_not_ignored(client, teams,
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
     response = client.post(f"{API}/runs", data=json.dumps(body), content_type="application/json", **auth)
     assert response.status_code == 400 and "team" in response.json()["errors"]
+    assert response.json()["detail"].endswith(f"not one of your teams; yours: {teams['green'].pk} (green)")
     assert not Run.objects.exists()
     body["team"] = teams["green"].pk  # their own team, named: taken
     ok = client.post(f"{API}/runs", data=json.dumps(body), content_type="application/json", **auth)
@@ -78,6 +81,7 @@ def test_a_dataset_upload_goes_to_the_named_team_and_another_teams_is_refused(cl
     assert Dataset.objects.get(pk=response.json()["id"]).team == teams["blue"]
     refused = upload(team=teams["green"].pk)
     assert refused.status_code == 400 and "team" in refused.json()["errors"]
+    assert f"yours: {teams['red'].pk} (red), {teams['blue'].pk} (blue)" in refused.json()["detail"]
     assert Dataset.objects.count() == 1
 
 

@@ -18,7 +18,7 @@ from rollouts.api.router import api
 from rollouts.api.schemas import DatasetOut, Error
 from rollouts.collection import streamed_upload
 from rollouts.collection.datasets import DatasetError
-from rollouts.teams import choosable_teams
+from rollouts.teams import choosable_teams, not_yours
 from rollouts.web.uploads import too_large_uploads, upload_limit_message
 
 
@@ -66,7 +66,7 @@ def create_dataset(
     if team is not None:
         chosen = choosable_teams(request.user).filter(pk=team).first()
         if chosen is None:
-            message = f"team {team}: not one of your teams"
+            message = not_yours(request.user, team)
             raise FieldsError(message, {"team": [message]})
     line_limit = int(settings.GYMWEB_MAX_LINE_BYTES)
     try:

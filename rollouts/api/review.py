@@ -13,7 +13,7 @@ from rollouts.api.schemas import CorrectionIn, Error, LabelIn, LabelOut, NewLabe
 from rollouts.models import Label
 from rollouts.review import actions
 from rollouts.review.actions import ReviewError
-from rollouts.teams import choosable_teams, visible_labels
+from rollouts.teams import choosable_teams, not_yours, visible_labels
 
 
 @api.post(
@@ -104,7 +104,7 @@ def create_label(request, payload: NewLabelIn):
             mine.filter(pk=payload.team).values_list("pk", flat=True).first() if payload.team is not None else None
         )
         if payload.team is not None and team_id is None:
-            raise ReviewError(f"team {payload.team}: not one of your teams", "team")
+            raise ReviewError(not_yours(request.user, payload.team), "team")
         team_id = team_id or mine.values_list("pk", flat=True).first()
         if team_id is None:
             raise ReviewError("you are in no team: an admin adds you to one first", "team")

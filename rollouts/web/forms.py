@@ -582,6 +582,9 @@ class RunForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if self.user is not None and self.has_error("team", "invalid_choice"):
+            # Django's "Select a valid choice" names nothing: say which teams the user may choose.
+            self.errors["team"] = self.error_class([teams.not_yours(self.user, self.data.get("team"))])
         self._clean_services(data)
         upload, dataset = data.get("dataset_file"), data.get("dataset")
         if "dataset_file" in self.errors:

@@ -344,7 +344,7 @@ def labels_page(request):
     my_teams = list(teams.choosable_teams(request.user))
     if request.method == "POST":
         try:
-            team_id = _label_team(request.POST.get("team"), my_teams)
+            team_id = _label_team(request.POST.get("team"), my_teams, request.user)
             label = actions.create_label(
                 request.POST.get("name"), request.POST.get("description", ""), request.user, team_id=team_id
             )
@@ -402,14 +402,14 @@ def label_rubric(request):
     return redirect("labels")
 
 
-def _label_team(value, my_teams: list[Team]) -> int:
+def _label_team(value, my_teams: list[Team], user) -> int:
     """The team a new label goes to: the ``team`` field (one of ``my_teams``), or the only (first)
     of ``my_teams``. ``ReviewError`` for a team the user is not in, or none."""
     if value:
         for t in my_teams:
             if str(t.pk) == str(value).strip():
                 return t.pk
-        raise ReviewError(f"team {str(value)[:40]!r}: not one of your teams", "team")
+        raise ReviewError(teams.not_yours(user, value), "team")
     if not my_teams:
         raise ReviewError("you are in no team: an admin adds you to one first", "team")
     return my_teams[0].pk
