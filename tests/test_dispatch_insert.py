@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from rollouts import bulk
 from rollouts.models import AgentCall, Rollout, Run, Task, TrajectoryItem
@@ -157,3 +157,28 @@ def test_the_loops_rows_store_what_model_instances_would():
 
     for model in (AgentCall, TrajectoryItem):
         assert stored(model, ours) == stored(model, theirs) != []
+
+
+def test_pending_rollouts_from_a_template_store_what_bulk_create_would():
+    stored = []
+    for how in ("bulk_create", "template"):
+        run = Run.objects.create(name=how, agent_name="a\x00")
+        tasks = [Task.objects.create(run=run, task_index=i, row_json="{}") for i in range(3)]
+        keys = [(t.pk, t.task_index, r) for t in tasks for r in range(2)]
+        if how == "bulk_create":
+            Rollout.objects.bulk_create(
+                [Rollout(run=run, task_id=tid, task_index=ti, rollout_index=ri, attempt=1) for tid, ti, ri in keys]
+            )
+        else:
+            template = Rollout(run=run, attempt=1)
+            bulk.insert_from_template(Rollout, template, ["task_id", "task_index", "rollout_index"], keys)
+        skip = ("id", "created", "run_id", "task_id")
+        names = [f.attname for f in Rollout._meta.concrete_fields if f.attname not in skip]
+        stored.append(list(Rollout.objects.filter(run=run).order_by("pk").values_list(*names)))
+        assert [r.task.task_index for r in Rollout.objects.filter(run=run).order_by("pk")] == [0, 0, 1, 1, 2, 2]
+        assert not Rollout.objects.filter(run=run, created__isnull=True).exists()
+    assert len(stored[0]) == 6 and stored[0] == stored[1]
+    with pytest.raises(IntegrityError):  # a key stored twice is refused, not ignored
+        bulk.insert_from_template(
+            Rollout, Rollout(run=run, attempt=1), ["task_id", "task_index", "rollout_index"], keys
+        )

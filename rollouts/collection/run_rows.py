@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from rollouts.bulk import insert_from_template
 from rollouts.collection import writing
 from rollouts.collection.datasets import ParsedDataset, merge_overrides
 from rollouts.lossless import dumps
@@ -144,8 +145,11 @@ class RunRows:
             self.task_ids.update(Task.objects.filter(run=run, task_index__in=wanted).values_list("task_index", "id"))
         else:
             self.task_ids.update((t.task_index, t.pk) for t in made)
-        Rollout.objects.bulk_create(
-            [Rollout(run=run, task_id=self.task_ids[t], task_index=t, rollout_index=r, attempt=1) for t, r in keys]
+        insert_from_template(
+            Rollout,
+            Rollout(run=run, attempt=1),
+            ["task_id", "task_index", "rollout_index"],
+            [(self.task_ids[t], t, r) for t, r in keys],
         )
 
 
