@@ -263,6 +263,39 @@ def test_it_streams_in_batches_and_keeps_every_row(monkeypatch):
     ) == {(2, 3, 1)}
 
 
+def test_a_tasks_rollouts_far_apart_in_the_file_import_as_with_every_task_row_kept(monkeypatch, shared_data):
+    # A real file of `gym eval run`, its rows shuffled further so that a task's rollouts are far
+    # apart: with 1 task row kept in memory, most rows read their task's row back from the
+    # database, and the import stores exactly what it stores with every task row kept.
+    path = shared_data / "eval_0.7.0" / "runA" / "rollouts.jsonl"  # 5 tasks × 16 rollouts
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = lines[::2] + lines[1::2]
+    monkeypatch.setattr(importer, "ROWS_PER_BATCH", 2)
+
+    def imported(kept: int):
+        monkeypatch.setattr(importer, "TASK_ROWS_KEPT", kept)
+        run = import_rollouts(_lines(lines)).run
+        stored = Rollout.objects.filter(run=run).order_by("id")
+        return list(stored.values_list("task_index", "rollout_index", "source_text", "verify_json")), list(
+            export.iter_successes(run)
+        )
+
+    read_back = []
+    real_task_row = importer._Importer._task_row
+
+    def spy(self, task_index):
+        if task_index not in self.task_rows and task_index not in self.unwritten_rows:
+            read_back.append(task_index)
+        return real_task_row(self, task_index)
+
+    monkeypatch.setattr(importer._Importer, "_task_row", spy)
+    everything = imported(10**6)
+    assert read_back == []
+    assert imported(1) == everything
+    assert read_back, "no task row was read back: the test does not cover it"
+    assert everything[1] and sorted(everything[1]) == sorted(lines)
+
+
 # -- bad input -------------------------------------------------------------------------------
 GOOD = json.dumps(_result_row())
 

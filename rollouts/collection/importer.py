@@ -63,6 +63,7 @@ batch plus small per-key maps (task ids, attempt counters) and each task's row.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -103,6 +104,9 @@ TOKENS_MAX = 2**63 - 1
 ROWS_PER_BATCH = 200
 TOO_DEEP = "the row is nested too deeply to store (Python's JSON encoder gave up); nothing was imported"
 ITEMS_PER_BATCH = 5000
+# Task rows kept in memory as text for the next rollouts of their tasks (``_Importer._task_row``);
+# a file in finishing order has a task's rollouts near each other, so few are read back.
+TASK_ROWS_KEPT = 4096
 
 Lines = Union[BinaryIO, TextIO, Iterable[str | bytes]]
 
@@ -367,8 +371,11 @@ class _Importer:
         self.pending_items = 0
         self.summary = ImportSummary(run=run)
         # task index -> its row as the stored JSON text, to tell canonical lines; parsed when used
-        # (``_task_row``): a parsed row per task held the whole file's tasks in memory as dicts.
-        self.task_rows: dict[int, str] = {}
+        # (``_task_row``). Only the ``TASK_ROWS_KEPT`` used last are kept, and the batch's tasks not
+        # written yet: a row per task held the whole file's task rows in memory (a real task row
+        # can be kilobytes of prompt); an older one is read back from its stored ``Task``.
+        self.task_rows: OrderedDict[int, str] = OrderedDict()
+        self.unwritten_rows: dict[int, str] = {}
         self._parsed: tuple[int, dict[str, Any]] | None = None  # the last task row parsed
         # (task, rollout) -> (ordinal, text or "") of its materialised input line, until a rollout takes it
         self.inputs: dict[tuple[int, int], tuple[int, str]] = {}
@@ -376,15 +383,27 @@ class _Importer:
     def _add_task(self, task_index: int, task_row: dict[str, Any], line: int, source: str) -> None:
         self.task_ids[task_index] = None
         text = _dumps(task_row)
-        self.task_rows[task_index] = text
+        self.unwritten_rows[task_index] = text
+        self._keep_row(task_index, text)
         self._parsed = (task_index, task_row)
         self.new_tasks.append((Task(run=self.run, task_index=task_index, row_json=text), line, source))
 
+    def _keep_row(self, task_index: int, text: str) -> None:
+        self.task_rows[task_index] = text
+        self.task_rows.move_to_end(task_index)
+        if len(self.task_rows) > TASK_ROWS_KEPT:
+            self.task_rows.popitem(last=False)
+
     def _task_row(self, task_index: int) -> dict[str, Any]:
         """Task ``task_index``'s row (read only: the same dict serves the task's next rollouts, which
-        usually follow it in the file)."""
-        if self._parsed is None or self._parsed[0] != task_index:
-            self._parsed = (task_index, json.loads(self.task_rows[task_index]))
+        usually follow it in the file): kept, not written yet, or read back from the database."""
+        if self._parsed is not None and self._parsed[0] == task_index:
+            return self._parsed[1]
+        text = self.task_rows.get(task_index) or self.unwritten_rows.get(task_index)
+        if text is None:
+            text = Task.objects.filter(run=self.run, task_index=task_index).values_list("row_json", flat=True).get()
+        self._keep_row(task_index, text)
+        self._parsed = (task_index, json.loads(text))
         return self._parsed[1]
 
     # -- the materialised inputs ---------------------------------------------------------------
@@ -637,6 +656,7 @@ class _Importer:
                 f"the database refused a batch of rows ({exc.__class__.__name__}: {exc})", None, "the import"
             ) from None
         self.new_tasks = []
+        self.unwritten_rows = {}
         self.pending = []
         self.pending_items = 0
         if self.on_flush is not None:
