@@ -12,7 +12,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from rollouts.collection import streamed_upload
+from rollouts.collection import run_rows, streamed_upload
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 from rollouts.tokens import create_token
 from rollouts.web import forms
@@ -77,15 +77,15 @@ def test_an_upload_over_the_key_limit_is_refused_while_read(client, auth, settin
 
 
 def test_a_failure_while_storing_leaves_nothing_and_launches_nothing(client, auth, monkeypatch):
-    real, calls = Rollout.objects.bulk_create, []
+    real, calls = run_rows.insert_from_template, []
 
-    def failing(objs, *args, **kwargs):
+    def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise OSError("disk full")
-        return real(objs, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(Rollout.objects, "bulk_create", failing)
+    monkeypatch.setattr(run_rows, "insert_from_template", failing)  # the pending rollouts' insert
     with pytest.raises(OSError, match="disk full"):
         _post_jsonl(client, auth, _lines(ROWS))
     assert _nothing_stored()

@@ -51,7 +51,9 @@ def test_a_run_from_rows_in_memory_has_nemo_gyms_keys_written_bulk_rows_per_tran
 
     # each batch (at most 4 rows' rollouts) is its own transaction: a commit between two inserts
     sql = [q["sql"] for q in queries]
-    inserts = [i for i, s in enumerate(sql) if s.startswith('INSERT INTO "rollouts_rollout"')]
+    inserts = [
+        i for i, s in enumerate(sql) if 'INSERT INTO "rollouts_rollout"' in s
+    ]  # executemany: "N times: INSERT …"
     assert len(inserts) == -(-min(11, options.get("limit") or 11) // 4)
     for a, b in zip(inserts, inserts[1:], strict=False):
         assert any(s.startswith("RELEASE SAVEPOINT") for s in sql[a:b])
