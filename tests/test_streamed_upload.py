@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from rollouts.collection import runs, streamed_upload
+from rollouts.collection import run_rows, runs, streamed_upload
 from rollouts.collection.datasets import DatasetError, read_jsonl
 from rollouts.models import Dataset, DatasetRow, Rollout, Run, Task
 
@@ -91,18 +91,18 @@ def test_a_file_over_the_key_limit_is_refused_at_the_first_row_past_it(tmp_path)
     assert not Dataset.objects.exists() and not Run.objects.exists()
 
 
-def _fail_third_bulk_create(monkeypatch, manager) -> list:
-    """``manager.bulk_create`` raises OSError("disk full") on its third call (a disk filling up
-    half-way through an upload); returns the list that counts the calls."""
-    real, calls = manager.bulk_create, []
+def _fail_third_call(monkeypatch, owner, name: str) -> list:
+    """``owner.<name>`` (a bulk insert) raises OSError("disk full") on its third call (a disk
+    filling up half-way through an upload); returns the list that counts the calls."""
+    real, calls = getattr(owner, name), []
 
-    def failing(objs, *args, **kwargs):
+    def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise OSError("disk full")
-        return real(objs, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(manager, "bulk_create", failing)
+    monkeypatch.setattr(owner, name, failing)
     return calls
 
 
@@ -110,7 +110,7 @@ def test_a_failure_half_way_leaves_no_dataset_and_no_run(tmp_path, monkeypatch):
     monkeypatch.setattr(streamed_upload, "BULK", 2)
     path = _file(tmp_path, [json.dumps({"responses_create_params": {"input": f"t{i}"}}) for i in range(7)])
     found = streamed_upload.scan(path, "tasks.jsonl", 1000, 1 << 20)
-    _fail_third_bulk_create(monkeypatch, Rollout.objects)
+    _fail_third_call(monkeypatch, run_rows, "insert_from_template")  # the pending rollouts' insert
     with pytest.raises(OSError):
         streamed_upload.store_and_create_run(
             path, "tasks.jsonl", found, dataset_name="d", run_name="s", max_line_bytes=1 << 20, **SERVICES
@@ -159,7 +159,7 @@ def test_a_dataset_alone_failing_half_way_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(streamed_upload, "BULK", 2)
     path = _file(tmp_path, [json.dumps({"responses_create_params": {"input": f"t{i}"}}) for i in range(7)])
     found = streamed_upload.scan(path, "tasks.jsonl", 1000, 1 << 20)
-    calls = _fail_third_bulk_create(monkeypatch, DatasetRow.objects)
+    calls = _fail_third_call(monkeypatch, DatasetRow.objects, "bulk_create")
     with pytest.raises(OSError):
         streamed_upload.store_dataset(path, "tasks.jsonl", found, name="d", reuse=False, max_line_bytes=1 << 20)
     assert len(calls) == 3 and not Dataset.objects.exists() and not DatasetRow.objects.exists()
