@@ -10,7 +10,6 @@ answered 429 until the minute ends (``bad_token_wait``).
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -30,16 +29,6 @@ SCOPES = ("read", "write")  # ApiToken.Scope's values
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def parse_duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``2w`` or a bare number of days as a timedelta; ValueError otherwise
-    (zero or negative too)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([mhdw]?)\s*", text or "")
-    if not m or int(m.group(1)) <= 0:
-        raise ValueError(f"{text!r}: give a duration such as 30d, 12h, 90m or 2w")
-    unit = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks", "": "days"}[m.group(2)]
-    return timedelta(**{unit: int(m.group(1))})
 
 
 def create_token(

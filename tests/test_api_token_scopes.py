@@ -13,8 +13,9 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from rollouts.durations import parse_duration
 from rollouts.models import ApiToken, Team
-from rollouts.tokens import create_token, parse_duration
+from rollouts.tokens import create_token
 
 from .run_factories import finish, key, make_run
 from .test_api_auth import every_action
@@ -93,6 +94,9 @@ def test_api_token_create_takes_a_scope_and_an_expiry(db, user):
     assert "\tread\texpires 20" in listing.getvalue()
     with pytest.raises(CommandError, match="expires-in"):
         call_command("api_token", "create", "--user", "alice", "--expires-in", "soon")
+    for huge in ("3000000d", "99999999999d"):  # past datetime's range: refused, not an OverflowError
+        with pytest.raises(CommandError, match="at most 1000 years"):
+            call_command("api_token", "create", "--user", "alice", "--expires-in", huge)
 
 
 def test_durations_read_minutes_hours_days_and_weeks():
@@ -100,9 +104,15 @@ def test_durations_read_minutes_hours_days_and_weeks():
     assert parse_duration("12h") == timedelta(hours=12)
     assert parse_duration("30d") == parse_duration("30") == timedelta(days=30)
     assert parse_duration("2w") == timedelta(weeks=2)
-    for bad in ("0d", "-1d", "1y", ""):
-        with pytest.raises(ValueError):
-            parse_duration(bad)
+    assert parse_duration("1.5h") == timedelta(minutes=90)
+    for bad in ("-1d", "1y", "", "nan", "1e3d"):
+        with pytest.raises(ValueError, match="expected a number and a unit"):
+            parse_duration(bad, positive=True)
+    with pytest.raises(ValueError, match="more than zero"):
+        parse_duration("0d", positive=True)
+    for huge in ("365001d", "99999999999d"):
+        with pytest.raises(ValueError, match="at most 1000 years"):
+            parse_duration(huge)
 
 
 def test_the_account_page_makes_a_read_only_token_that_expires(signed_in, user):
@@ -114,6 +124,9 @@ def test_the_account_page_makes_a_read_only_token_that_expires(signed_in, user):
     assert "read-only" in text
     refused = signed_in.post(reverse("account"), {"name": "x", "scope": "admin"})
     assert refused.status_code == 200 and ApiToken.objects.filter(user=user).count() == 1
+    huge = signed_in.post(reverse("account"), {"name": "x", "scope": "read", "expires_in": "3000000d"})
+    assert huge.status_code == 200 and "at most 1000 years" in huge.content.decode()
+    assert ApiToken.objects.filter(user=user).count() == 1
 
 
 def test_a_token_of_one_team_sees_that_teams_runs_only(client, db, django_user_model):

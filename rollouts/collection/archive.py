@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import uuid
@@ -64,6 +63,7 @@ from rollouts.collection.archive_files import (
 )
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
+from rollouts.durations import parse_duration
 from rollouts.engine.nemo_request import agent_result
 from rollouts.lossless import dumps
 from rollouts.models import AgentCall, ReviewList, Rollout, Run, Task, TrajectoryItem, forget_field_values
@@ -663,23 +663,13 @@ def _restore_files(run: Run, folder: Path, size: int, out: Outcome) -> None:
 
 
 # -- prune ------------------------------------------------------------------------------------------
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-_AGE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhdw])?")
-_MAX_AGE_S = 365_000 * 86400.0  # a datetime minus more than this leaves datetime's range
-
-
 def parse_age(text: str) -> timedelta:
-    """``"30d"`` → 30 days. A number written in digits (``1.5`` too) and a unit: s, m, h, d, w; a
-    bare number is days. Raises ``ValueError`` naming the text (``nan``, ``1e3d``, ``-1d``)."""
-    match = _AGE.fullmatch((text or "").strip().lower())
-    if match is None:
-        raise ValueError(f"--older-than {text!r}: expected a number and a unit (s, m, h, d, w), e.g. 30d")
-    seconds = float(match["number"]) * _UNITS[match["unit"] or "d"]
-    if seconds > _MAX_AGE_S:
-        raise ValueError(f"--older-than {text!r}: at most 1000 years (365000d)")
-    return timedelta(seconds=seconds)
+    """``prune --older-than``: ``durations.parse_duration`` (``"30d"`` → 30 days); its
+    ``ValueError`` names the option."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ValueError(f"--older-than {exc}") from None
 
 
 def prune_candidates(older_than: timedelta, *, archive: bool, now: datetime | None = None) -> list[Run]:

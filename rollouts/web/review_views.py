@@ -27,6 +27,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from rollouts import teams, tokens
 from rollouts.collection import archive
+from rollouts.durations import parse_duration
 from rollouts.models import ApiToken, Note, Rollout, Run, Team
 from rollouts.review import actions, curated, progress, queues, rubric, selection, sft
 from rollouts.review.actions import ReviewError
@@ -553,7 +554,7 @@ def account(request):
         scope = request.POST.get("scope") or "write"
         try:
             expires_in = request.POST.get("expires_in") or ""
-            expires = timezone.now() + tokens.parse_duration(expires_in) if expires_in else None
+            expires = timezone.now() + parse_duration(expires_in, positive=True) if expires_in else None
             if scope not in tokens.SCOPES:
                 raise ValueError(f"scope {scope[:20]!r}: read or write")
             team_id = request.POST.get("team") or ""

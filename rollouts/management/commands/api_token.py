@@ -16,8 +16,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from rollouts.durations import parse_duration
 from rollouts.models import ApiToken, Team
-from rollouts.tokens import create_token, parse_duration
+from rollouts.tokens import create_token
 
 
 class Command(BaseCommand):
@@ -95,7 +96,7 @@ def _expiry_and_team(user, options):
     expires = None
     if options["expires_in"]:
         try:
-            expires = timezone.now() + parse_duration(options["expires_in"])
+            expires = timezone.now() + parse_duration(options["expires_in"], positive=True)
         except ValueError as exc:
             raise CommandError(f"--expires-in {exc}") from None
     team = None
