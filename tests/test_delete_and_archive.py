@@ -386,6 +386,8 @@ def test_delete_run_command(collected, capsys):
     with pytest.raises(CommandError, match="no run #999"):
         call_command("delete_run", str(good.pk), "999")
     assert Run.objects.filter(pk=good.pk).exists()
+    with pytest.raises(CommandError, match=r"^no run #999, #998; nothing was archived$"):  # each id once
+        call_command("archive_run", "999", "998", "999")
     call_command("delete_run", str(good.pk))
     assert "deleted run #%d: 10 rollouts" % good.pk in capsys.readouterr().out
     assert list(Run.objects.values_list("pk", flat=True)) == [bad.pk]
@@ -442,6 +444,8 @@ def test_prune_deletes_or_archives_only_finished_runs_older_than_the_age(db, cap
     call_command("prune", "--older-than", "30d", "--archive")
     assert Run.objects.get(pk=old.pk).is_archived and not Run.objects.get(pk=new.pk).is_archived
     assert "archived 1 run(s)" in capsys.readouterr().out
+    call_command("prune", "--older-than", "30d", "--archive")  # the old run is older, but archived
+    assert "no finished run not yet archived is older than 30d" in capsys.readouterr().out
 
     call_command("prune", "--older-than", "30d")
     assert sorted(Run.objects.values_list("name", flat=True)) == ["new", "running"]
@@ -496,6 +500,8 @@ def test_api_archive_restore_and_delete(collected, api):
     assert r.status_code == 409 and "Restore it first" in r.json()["detail"]
     one = Rollout.objects.filter(run=good).first()
     r = api("get", f"/rollouts/{one.pk}")
+    assert r.status_code == 409 and "Restore it first" in r.json()["detail"]
+    r = api("post", f"/runs/{good.pk}/retry")
     assert r.status_code == 409 and "Restore it first" in r.json()["detail"]
     r = api("post", f"/runs/{good.pk}/restore")
     assert r.status_code == 200 and r.json()["archived"] is None

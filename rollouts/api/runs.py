@@ -121,16 +121,21 @@ def cancel_run(request, run_id: int):
     return run_out(request, run)
 
 
-@api.post("/runs/{run_id}/retry", response={200: RetryOut, 400: Error}, summary="Retry failed and not-run rollouts")
+@api.post(
+    "/runs/{run_id}/retry",
+    response={200: RetryOut, 400: Error, 409: Error},
+    summary="Retry failed and not-run rollouts",
+)
 def retry_run(request, run_id: int):
     """New attempts for failed keys (up to the run's max attempts; terminal failures never) and for
     cancelled or interrupted ones; ``retried`` says how many. 400 (nothing queued) when the target
-    policy now refuses the run's agent or env URL: the message names the rule and the setting."""
+    policy now refuses the run's agent or env URL: the message names the rule and the setting; 409
+    while the run is archived (as every other action that needs its items)."""
     run = run_for(request, run_id)
     if run.status == Run.Status.IMPORTED:
         raise HttpError(400, "an imported run has no services to run against")
     if run.is_archived:
-        raise HttpError(400, str(archive.RunArchived(run, "a retry")))
+        raise HttpError(409, str(archive.RunArchived(run, "a retry")))
     try:
         environments.refresh_env_url(run)  # a NeMo Gym environment: found again by name
     except environments.HeadServerError as exc:

@@ -49,7 +49,7 @@ class Command(BaseCommand):
             user = User.objects.get(**{User.USERNAME_FIELD: options["user"]})
         except User.DoesNotExist:
             raise CommandError(
-                f"no user named {options['user']!r} (create one with `manage.py createsuperuser` or the admin)"
+                f"no user named {options['user']!r} (create one with `gymweb createsuperuser` or the admin)"
             ) from None
         action = options["action"]
         if action == "create":

@@ -7,31 +7,22 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from rollouts.collection import archive
-from rollouts.models import Run
+from rollouts.management.run_ids import add_run_arguments, runs_named
 
 
 class Command(BaseCommand):
     help = "Delete runs and everything under them (tasks, rollouts, items, labels, notes), in bounded batches."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("runs", type=int, nargs="+", help="ids of the runs to delete")
-        parser.add_argument(
-            "--batch", type=int, default=None, help="rollouts per transaction (default GYMWEB_DELETE_BATCH)"
-        )
+        add_run_arguments(parser, "to delete")
 
     def handle(self, *args, **opts) -> None:
-        found = {run.pk: run for run in Run.objects.filter(pk__in=opts["runs"])}
-        missing = [str(pk) for pk in opts["runs"] if pk not in found]
-        if missing:
-            raise CommandError(f"no run #{', #'.join(missing)}; nothing was deleted")
-        if opts["batch"] is not None and opts["batch"] < 1:
-            raise CommandError("--batch must be >= 1")
-        for pk in dict.fromkeys(opts["runs"]):
+        for run in runs_named(opts, "deleted"):
             try:
-                out = archive.delete_run(found[pk], batch=opts["batch"])
+                out = archive.delete_run(run, batch=opts["batch"])
             except archive.RunBusy as exc:
                 raise CommandError(str(exc)) from None
             self.stdout.write(
-                f"deleted run #{pk}: {out.rollouts} rollouts, {out.items} items, {out.agent_calls} agent calls "
+                f"deleted run #{run.pk}: {out.rollouts} rollouts, {out.items} items, {out.agent_calls} agent calls "
                 f"in {out.seconds:.1f} s (longest transaction {out.longest_transaction_s * 1000:.0f} ms)"
             )

@@ -40,7 +40,8 @@ class Command(BaseCommand):
         except archive.ArchiveError as exc:
             raise CommandError(str(exc)) from None
         if not said:
-            self.stdout.write(f"no finished run is older than {opts['older_than']}: nothing to do")
+            which = "not yet archived " if opts["archive"] else ""
+            self.stdout.write(f"no finished run {which}is older than {opts['older_than']}: nothing to do")
         if not opts["dry_run"]:
             verb = "archived" if opts["archive"] else "deleted"
             self.stdout.write(f"{verb} {len(done)} run(s), {sum(o.rollouts for o in done)} rollouts")
