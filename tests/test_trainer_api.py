@@ -139,6 +139,13 @@ def test_a_setting_named_twice_is_refused_not_last_one_wins(client, auth):
     assert nothing_stored()
 
 
+def test_settings_in_the_querystring_of_a_json_body_are_refused_not_ignored(client, auth):
+    body = {"rows": task_rows(1), "agent_url": AGENT, "env_url": ENV}
+    response = client.post(f"{API}/runs?concurrency=3", data=json.dumps(body), content_type="application/json", **auth)
+    assert response.status_code == 400 and "'concurrency' is in the querystring" in response.json()["detail"]
+    assert nothing_stored()
+
+
 def test_a_bad_jsonl_line_names_its_line(client, auth):
     lines = [json.dumps(r) for r in task_rows(3)]
     lines[1] = '{"responses_create_params": {"input": "x"'
@@ -209,10 +216,10 @@ def test_a_run_answers_with_the_settings_it_was_launched_with_under_the_names_po
     }
     response = post_json(client, auth, {"rows": task_rows(2), "agent_url": AGENT, "env_url": ENV, **sent})
     assert response.status_code == 201, response.content
-    got = client.get(f"{API}/runs/{response.json()['id']}", **auth).json()["settings"]
-    assert {k: got[k] for k in sent} == sent and got["limit"] is None and got["head_url"] == ""
-    again = {k: v for k, v in got.items() if k not in ("auto_retry", "head_url", "env_name")}
-    repost = post_json(client, auth, {"rows": task_rows(1), "agent_url": AGENT, "env_url": ENV, **again})
+    run = client.get(f"{API}/runs/{response.json()['id']}", **auth).json()
+    got = run["settings"]
+    assert {k: got[k] for k in sent} == sent and got["limit"] is None and run["head_url"] == ""
+    repost = post_json(client, auth, {"rows": task_rows(1), "agent_url": AGENT, "env_url": ENV, **got})
     assert repost.status_code == 201, repost.content
     assert repost.json()["settings"] == got
 

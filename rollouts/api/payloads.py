@@ -71,15 +71,15 @@ def run_out(request, run: Run, progress: run_summary.Progress | None = None) -> 
             "num_repeats": run.num_repeats,
             "limit": run.limit,
             "max_attempts": run.max_attempts,
-            "auto_retry": run.auto_retry,
             "remote_responses_timeout_s": run.remote_responses_timeout_s,
             "run_timeout_s": run.run_timeout_s,
             "env_max_in_flight": run.env_max_in_flight,
             "overrides": run.overrides or {},
             "env_aggregate_metrics": run.aggregate_metrics_error != run_settings.NOT_ASKED,
-            "head_url": run.head_url,
-            "env_name": run.env_name,
         },
+        "auto_retry": run.auto_retry,
+        "head_url": run.head_url,
+        "env_name": run.env_name,
     }
 
 

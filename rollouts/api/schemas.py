@@ -56,15 +56,14 @@ class TasksFrom(Schema):
 
 
 class RunSettingsOut(Schema):
-    """The settings the run was launched with, under the names ``POST /runs`` takes (with
-    ``name``, ``agent_url``, ``env_url`` and ``agent_name``, given beside them)."""
+    """The settings the run was launched with, under the names ``POST /runs`` takes, so they can be
+    sent again as they are (``name``, ``agent_url``, ``env_url`` and ``agent_name`` are beside them)."""
 
     concurrency: int
     max_steps: int | None = Field(None, description="agent calls per rollout; null: unbounded")
     num_repeats: int
     limit: int | None
     max_attempts: int
-    auto_retry: bool = Field(..., description="failed keys get new attempts before the run completes")
     remote_responses_timeout_s: float
     run_timeout_s: float
     env_max_in_flight: int = Field(..., description="0: the server's GYMWEB_ENV_MAX_IN_FLIGHT per worker process")
@@ -72,8 +71,6 @@ class RunSettingsOut(Schema):
         default_factory=dict, description="merged into every row's responses_create_params"
     )
     env_aggregate_metrics: bool = Field(..., description="false: the env is never asked for /aggregate_metrics")
-    head_url: str = Field("", description="the head server the env was found through (empty: env_url was given)")
-    env_name: str = Field("", description="the resources server's config name on that head server")
 
 
 class RunOut(Schema):
@@ -100,6 +97,9 @@ class RunOut(Schema):
         None, description="when the run was archived (its items are in files); null when they are here"
     )
     settings: RunSettingsOut
+    auto_retry: bool = Field(False, description="failed keys get new attempts before the run completes")
+    head_url: str = Field("", description="the head server the env was found through (empty: env_url was given)")
+    env_name: str = Field("", description="the resources server's config name on that head server")
 
 
 class RewardStatsOut(Schema):

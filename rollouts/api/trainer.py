@@ -215,46 +215,58 @@ def create_run(request):
         spool.close()
 
 
-def _create_run(request, ctype: str, spool) -> Status:
-    files: dict[str, Any] = {}
-    if ctype in JSONL_TYPES:
-        twice = sorted(k for k, values in request.GET.lists() if len(values) > 1)
-        if twice:
-            raise _bad(f"the querystring names {twice[0]!r} more than once: send each setting once", twice[0])
-        query: dict[str, Any] = dict(request.GET.items())
-        if query.get("overrides"):  # JSON text in the querystring
-            try:
-                query["overrides"] = strict_loads(query["overrides"])
-            except NotJSON as exc:
-                raise _bad(f"overrides: not valid JSON ({exc})", "overrides") from None
-        data = _settings_from(query, "querystring")
-        spool.seek(0, 2)
-        size = spool.tell()
-        spool.seek(0)
-        files["dataset_file"] = _as_upload(spool, INLINE_NAME, size)
-        field = "body"
-    else:
-        if ctype not in ("", "application/json"):
-            raise _bad(
-                f"unsupported Content-Type {ctype!r}: send application/json or application/x-ndjson", "body", 415
-            )
-        raw = spool.read()
+def _jsonl_request(request, spool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A JSONL body's settings (the querystring) and its rows as the form's upload."""
+    twice = sorted(k for k, values in request.GET.lists() if len(values) > 1)
+    if twice:
+        raise _bad(f"the querystring names {twice[0]!r} more than once: send each setting once", twice[0])
+    query: dict[str, Any] = dict(request.GET.items())
+    if query.get("overrides"):  # JSON text in the querystring
         try:
-            body = strict_loads(raw, unique_keys=True)  # as a dataset file's rows: a key named twice is refused
+            query["overrides"] = strict_loads(query["overrides"])
         except NotJSON as exc:
-            row = _refused_row(raw)
-            if row is None:
-                raise _bad(f"the request body is not valid JSON: {exc}", "body") from None
-            raise _bad(f"rows[{row}] (row {row + 1}): not valid JSON: {exc}", "rows") from None
-        if not isinstance(body, dict):
-            raise _bad("the request body must be a JSON object (the run settings with `rows` or `dataset`)", "body")
-        data = _settings_from(body, "body")
-        rows = data.pop("rows")
-        field = "rows"
-        if rows is not None:
-            if data["dataset"] is not None:
-                raise _bad("send either `rows` or `dataset`, not both", "rows")
-            files["dataset_file"] = _rows_upload(rows)
+            raise _bad(f"overrides: not valid JSON ({exc})", "overrides") from None
+    data = _settings_from(query, "querystring")
+    spool.seek(0, 2)
+    size = spool.tell()
+    spool.seek(0)
+    return data, {"dataset_file": _as_upload(spool, INLINE_NAME, size)}
+
+
+def _json_request(request, ctype: str, spool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A JSON body's settings and its ``rows`` (if sent) as the form's upload."""
+    if ctype not in ("", "application/json"):
+        raise _bad(f"unsupported Content-Type {ctype!r}: send application/json or application/x-ndjson", "body", 415)
+    if request.GET:  # ignored, they would leave the body's (or the default) values in force unsaid
+        name = next(iter(request.GET))
+        raise _bad(
+            f"{name!r} is in the querystring: with a JSON body every setting goes in the body "
+            "(the querystring carries them only for a JSONL body)",
+            name,
+        )
+    raw = spool.read()
+    try:
+        body = strict_loads(raw, unique_keys=True)  # as a dataset file's rows: a key named twice is refused
+    except NotJSON as exc:
+        row = _refused_row(raw)
+        if row is None:
+            raise _bad(f"the request body is not valid JSON: {exc}", "body") from None
+        raise _bad(f"rows[{row}] (row {row + 1}): not valid JSON: {exc}", "rows") from None
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object (the run settings with `rows` or `dataset`)", "body")
+    data = _settings_from(body, "body")
+    rows = data.pop("rows")
+    if rows is None:
+        return data, {}
+    if data["dataset"] is not None:
+        raise _bad("send either `rows` or `dataset`, not both", "rows")
+    return data, {"dataset_file": _rows_upload(rows)}
+
+
+def _create_run(request, ctype: str, spool) -> Status:
+    jsonl = ctype in JSONL_TYPES
+    data, files = _jsonl_request(request, spool) if jsonl else _json_request(request, ctype, spool)
+    field = "body" if jsonl else "rows"
     data.pop("rows", None)
     # Not a form field: a run without the env's aggregates keeps the reason from the start.
     extra = {} if data.pop("env_aggregate_metrics") else {"aggregate_metrics_error": NOT_ASKED}
