@@ -200,8 +200,26 @@ def _run_body(
 
 def _json_body(body: dict[str, Any]) -> dict[str, Any]:
     """``body`` as request arguments: JSON with non-ASCII escaped, so a lone surrogate in a row
-    reaches the server (which refuses it, naming the row) instead of failing to encode here."""
-    return {"content": json.dumps(body).encode("ascii"), "headers": {"Content-Type": "application/json"}}
+    reaches the server (which refuses it, naming the row) instead of failing to encode here.
+    ``RefusedSettings`` naming the row or setting when a value is no JSON (bytes, a set, NaN or
+    infinity: JSON has no such number), before anything is sent."""
+    try:
+        text = json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise RefusedSettings(f"{_unsendable(body)}: not JSON ({exc})") from None
+    return {"content": text.encode("ascii"), "headers": {"Content-Type": "application/json"}}
+
+
+def _unsendable(body: dict[str, Any]) -> str:
+    """Where in ``body`` the first value JSON cannot carry is: ``rows[2] (row 3)`` or a setting's name."""
+    for name, value in body.items():
+        parts = enumerate(value) if name == "rows" and isinstance(value, list) else [(None, value)]
+        for i, part in parts:
+            try:
+                json.dumps(part, allow_nan=False)
+            except (TypeError, ValueError, RecursionError):
+                return name if i is None else f"rows[{i}] (row {i + 1})"
+    return "the request"
 
 
 class _Finals:
@@ -348,13 +366,19 @@ class _Base:
         ``MAX_RETRY_PAUSE_S`` (a web server restarting takes seconds)."""
         return min(self.retry_pause_s * 2 ** max(0, failures - 1), max(self.retry_pause_s, MAX_RETRY_PAUSE_S))
 
-    def _lost(self, run_id: int, after: int, exc: Exception, failures: int) -> ResultsInterrupted:
+    def _lost(self, run_id: int, after: int, reason: str) -> ResultsInterrupted:
         return ResultsInterrupted(
-            f"reading run {run_id}'s results: {exc.__class__.__name__}: {exc} ({failures} tries); "
-            f"{after} row(s) read: resume with results({run_id}, after={after})",
+            f"reading run {run_id}'s results: {reason}; {after} row(s) read: "
+            f"resume with results({run_id}, after={after})",
             run_id,
             after,
         )
+
+    def _unreached(self, run_id: int, after: int, exc: GymwebError) -> GymwebError:
+        """What to raise when the run's status could not be read after its stream closed: a
+        server that could not be reached (``status`` None) cut the stream too, so the cursor is
+        kept (``ResultsInterrupted``); any other answer is raised as it is."""
+        return exc if exc.status is not None else self._lost(run_id, after, str(exc))
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -462,7 +486,7 @@ class Client(_Base):
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
-                    raise self._lost(run_id, after, exc, failures) from exc
+                    raise self._lost(run_id, after, f"{exc.__class__.__name__}: {exc} ({failures} tries)") from exc
                 time.sleep(self._pause(failures))
                 continue
             if busy is not None:
@@ -472,7 +496,11 @@ class Client(_Base):
             failures = 0
             if not wait:
                 return
-            if self.run(run_id)["status"] in FINAL:
+            try:
+                final = self.run(run_id)["status"] in FINAL
+            except GymwebError as exc:
+                raise self._unreached(run_id, after, exc) from exc
+            if final:
                 wait = False  # one last look from the cursor: a stream cut short closes like one that ended
             elif not got_any:
                 time.sleep(self.retry_pause_s)
@@ -593,7 +621,7 @@ class AsyncClient(_Base):
             except httpx.TransportError as exc:
                 failures = 0 if got_any else failures + 1
                 if failures > self.retries:
-                    raise self._lost(run_id, after, exc, failures) from exc
+                    raise self._lost(run_id, after, f"{exc.__class__.__name__}: {exc} ({failures} tries)") from exc
                 await asyncio.sleep(self._pause(failures))
                 continue
             if busy is not None:
@@ -603,7 +631,11 @@ class AsyncClient(_Base):
             failures = 0
             if not wait:
                 return
-            if (await self.run(run_id))["status"] in FINAL:
+            try:
+                final = (await self.run(run_id))["status"] in FINAL
+            except GymwebError as exc:
+                raise self._unreached(run_id, after, exc) from exc
+            if final:
                 wait = False
             elif not got_any:
                 await asyncio.sleep(self.retry_pause_s)

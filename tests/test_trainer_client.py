@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import pytest
@@ -154,6 +155,43 @@ def test_a_stream_that_never_comes_back_raises_after_its_retries():
     assert (lost.value.run_id, lost.value.after) == (3, 0), "where to resume the stream"
 
 
+def test_a_stream_that_closes_as_if_it_ended_and_a_server_gone_keeps_the_cursor():
+    # A server without chunked encoding (Connection: close) ends a cut stream as a finished one;
+    # the status check after it then cannot reach the server either: the cursor is not lost.
+    rows = [{"responses_create_params": {"input": f"task {i}"}} for i in range(3)]
+    first = b"".join(
+        json.dumps({"_ng_task_index": i, "_ng_rollout_index": 0, "reward": 1.0}).encode() + b"\n" for i in range(2)
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(201, json={"id": 4, "status": "running"})
+        if request.url.path == "/api/v1/runs/4/results" and request.url.params["after"] == "0":
+            return httpx.Response(200, content=first)
+        raise httpx.ConnectError("connection refused")
+
+    for make in (Client, AsyncClient):
+        http = httpx.Client if make is Client else httpx.AsyncClient
+        client = make(
+            "http://gymweb.test",
+            "gw_x",
+            http=http(transport=httpx.MockTransport(handler)),
+            retries=1,
+            retry_pause_s=0.0,
+        )
+        with pytest.raises(ResultsInterrupted) as lost:
+            if make is Client:
+                list(client.run_examples(rows, agent_url="http://a", env_url="http://e"))
+            else:
+
+                async def consume(client=client):
+                    return [pair async for pair in client.iter_examples(rows, agent_url="http://a", env_url="http://e")]
+
+                asyncio.run(consume())
+        assert (lost.value.run_id, lost.value.after) == (4, 2), make.__name__
+        assert "resume with results(4, after=2)" in str(lost.value)
+
+
 # -- one final result per row ---------------------------------------------------------------------------
 def _row(task: int, reward: float | None = None, terminal: bool = False) -> bytes:
     """A streamed row of task ``task`` (rollout 0): a success with ``reward``, else a failure row."""
@@ -223,6 +261,26 @@ def test_what_run_examples_cannot_take_is_refused_before_anything_is_sent(rows, 
     sent: list = []
     client = _server(b"", sent)
     with pytest.raises(RefusedSettings, match=words.replace("[", "\\[").replace("]", "\\]")):
+        list(client.run_examples(rows, agent_url="http://a", env_url="http://e", **extra))
+    assert sent == []
+
+
+@pytest.mark.parametrize(
+    "rows, extra, words",
+    [
+        (
+            [{"responses_create_params": {"input": "x"}}, {"responses_create_params": {"input": b"x"}}],
+            {},
+            "rows[1] (row 2)",
+        ),
+        ([{"responses_create_params": {"input": "x", "temperature": float("nan")}}], {}, "rows[0] (row 1)"),
+        ([{"responses_create_params": {"input": "x"}}], {"overrides": {"temperature": float("inf")}}, "overrides"),
+    ],
+)
+def test_a_value_json_cannot_carry_is_refused_naming_its_row_or_setting(rows, extra, words):
+    sent: list = []
+    client = _server(b"", sent)
+    with pytest.raises(RefusedSettings, match=re.escape(words) + ": not JSON"):
         list(client.run_examples(rows, agent_url="http://a", env_url="http://e", **extra))
     assert sent == []
 
