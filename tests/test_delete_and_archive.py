@@ -295,6 +295,11 @@ def test_an_archived_runs_damaged_file_is_refused_not_served_short(collected, si
     _row, token = create_token(user, "t")
     api = signed_in.get(f"/api/v1/runs/{good.pk}/rollouts.jsonl", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert api.status_code == 409 and "cannot be served" in api.json()["detail"]
+    # named from the run's folder on: the server's disks are no user's business
+    assert f"run-{good.pk}/rollouts.jsonl.zst" in api.json()["detail"]
+    assert str(archive.archive_dir(good).parent) not in api.json()["detail"] + page.content.decode()
+    restore = signed_in.post(f"/api/v1/runs/{good.pk}/restore", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert restore.status_code == 409 and str(archive.archive_dir(good).parent) not in restore.json()["detail"]
 
 
 def test_the_sft_and_atif_exports_of_an_archived_run_are_refused_with_the_way_out(collected, signed_in, tmp_path):

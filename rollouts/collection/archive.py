@@ -60,6 +60,8 @@ from rollouts.collection.archive_files import (
     RunBusy,
     archived_lines,
     read_lines,
+    shown,
+    why,
 )
 from rollouts.collection.profile_numbers import profile_json_for_verify
 from rollouts.collection.stamps import ENVIRONMENT_SERVER_KEY, RESULT_TYPE_KEY
@@ -475,7 +477,10 @@ def archive_run(run: Run, *, batch: int | None = None) -> Outcome:
             out.files = _write_files(run, tmp, size)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ArchiveError(f"cannot write the archive of run {run.pk} to {folder}: {exc}") from exc
+            raise ArchiveError(
+                f"cannot write the archive of run {run.pk} to {folder.name} in the archive folder "
+                f"(GYMWEB_ARCHIVE_DIR): {why(exc)}"
+            ) from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -512,10 +517,10 @@ def _manifest(run: Run) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ArchiveError(f"run {run.pk}: cannot read {path}: {exc}") from exc
+        raise ArchiveError(f"run {run.pk}: cannot read {shown(path)}: {why(exc)}") from exc
     if manifest.get("format") != FORMAT or manifest.get("run") != run.pk:
         raise ArchiveError(
-            f"{path} is not the archive of run {run.pk} "
+            f"{shown(path)} is not the archive of run {run.pk} "
             f"(format {manifest.get('format')!r}, run {manifest.get('run')!r})"
         )
     return manifest
@@ -529,14 +534,15 @@ def _check_file(run: Run, path: Path, expected: dict[str, Any]) -> None:
             sha.update(line.encode("utf-8") + b"\n")
             lines += 1
     except (OSError, zstandard.ZstdError, UnicodeDecodeError) as exc:
-        raise ArchiveError(f"run {run.pk}: cannot read {path}: {exc}") from exc
+        raise ArchiveError(f"run {run.pk}: cannot read {shown(path)}: {why(exc)}") from exc
     if lines != expected["lines"]:
         raise ArchiveError(
-            f"run {run.pk}: {path} does not match its manifest ({lines} lines read, {expected['lines']} expected)"
+            f"run {run.pk}: {shown(path)} does not match its manifest "
+            f"({lines} lines read, {expected['lines']} expected)"
         )
     if sha.hexdigest() != expected["sha256"]:
         raise ArchiveError(
-            f"run {run.pk}: {path} does not match its manifest: its {lines} lines are there, "
+            f"run {run.pk}: {shown(path)} does not match its manifest: its {lines} lines are there, "
             "but their content differs (SHA-256)"
         )
 
@@ -635,7 +641,7 @@ def restore_run(run: Run, *, batch: int | None = None, keep_files: bool = False)
         _restore_files(run, folder, size, out)
     except OSError as exc:
         raise ArchiveError(
-            f"run {run.pk}: reading {folder} failed while restoring ({exc}); run the restore again"
+            f"run {run.pk}: reading {folder.name} failed while restoring ({why(exc)}); run the restore again"
         ) from exc
     out.timed(lambda: Run.objects.filter(pk=run.pk).update(archived=None, archive_path=""))
     out.timed(lambda: _forget(run))  # kept field values read while it was archived: without replies

@@ -64,11 +64,25 @@ def read_lines(path: Path) -> Iterator[str]:
             yield line[:-1] if line.endswith("\n") else line
 
 
+def shown(path: Path) -> str:
+    """``path`` as an error names it: from the run's folder on (``run-3/manifest.json``), under
+    the archive folder (``GYMWEB_ARCHIVE_DIR``). Errors reach users of the pages and the API, who
+    learn nothing of the server's disks; operators know the setting."""
+    return f"{path.parent.name}/{path.name}" if path.parent.name.startswith("run-") else path.name
+
+
+def why(exc: BaseException) -> str:
+    """An error's reason without the full path an ``OSError`` repeats (``No such file or directory``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
+
+
 def archived_lines(run: Run, kind: str) -> Iterator[str]:
     """Lines (without newline) of the archived run's file ``kind`` (``"rollouts"``,
     ``"rollouts_failures"``, ``"rollouts_materialized_inputs"``): exactly the export's lines at
     archiving time. Raises ``ArchiveError`` if the file is missing."""
     path = Path(run.archive_path) / FILES[kind]
     if not path.is_file():
-        raise ArchiveError(f"run {run.pk}: archive file {path} is missing")
+        raise ArchiveError(f"run {run.pk}: archive file {shown(path)} is missing")
     return read_lines(path)
