@@ -27,6 +27,11 @@ REFUSED = [
     ("max_attempts", 0, "at least 1"),
     ("remote_responses_timeout_s", 0.0001, "at least 0.001 s"),
     ("limit", 0, "at least 1"),
+    # past a 32-bit integer (PostgreSQL's column), past a float's range: refused, not a 500
+    ("limit", 2**31, "at most 2147483647, got 2147483648"),
+    ("max_steps", 10**400, "at most 2147483647, got 1.000e+400"),
+    ("concurrency", 2**70, "got 1180591620717411303424"),
+    ("remote_responses_timeout_s", 2e9, "at most 1000000000 s"),
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -51,17 +52,18 @@ class Limit:
 
 
 DEFAULT_MAX_ATTEMPTS = 3
+MAX_STORED_INT = 2_147_483_647  # a PositiveIntegerField's largest value on PostgreSQL (a 32-bit integer)
 DEFAULT_AGENT_NAME = "remote_agent"
 NAME_MAX_CHARS = 200
 
 LIMITS: dict[str, Limit] = {
     # at most GYMWEB_MAX_RUN_CONCURRENCY: ``maximum``
     "concurrency": Limit(int, 1, None, DEFAULT_CONCURRENCY),
-    "max_steps": Limit(int, 0, None, None),  # None or 0: unbounded
+    "max_steps": Limit(int, 0, MAX_STORED_INT, None),  # None or 0: unbounded
     "num_repeats": Limit(int, 1, 100_000, 1),
-    "limit": Limit(int, 1, None, None),  # None: every row
+    "limit": Limit(int, 1, MAX_STORED_INT, None),  # None: every row
     "max_attempts": Limit(int, 1, 100, DEFAULT_MAX_ATTEMPTS),
-    "remote_responses_timeout_s": Limit(float, 0.001, None, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, " s"),
+    "remote_responses_timeout_s": Limit(float, 0.001, 1e9, DEFAULT_REMOTE_RESPONSES_TIMEOUT_S, " s"),
     # at most GYMWEB_MAX_RUN_TIMEOUT_S: ``maximum``
     "run_timeout_s": Limit(float, 0.001, None, DEFAULT_RUN_TIMEOUT_S, " s"),
     # the run's calls out to its env at once (rollouts.engine.env_gate); 0: the server's bound
@@ -100,9 +102,11 @@ def say(what: str | None, problem: str) -> str:
 
 
 def _n(number: float) -> str:
-    """A limit or value as a person reads it: whole numbers in full (100000000, not 1e+08)."""
-    if float(number).is_integer() and abs(number) < 1e18:
-        return str(int(number))
+    """A limit or value as a person reads it: whole numbers in full (100000000, not 1e+08), up to
+    30 digits (a longer one as ``1.181e+21``; ints past a float's range too)."""
+    if isinstance(number, int) or (math.isfinite(number) and number.is_integer()):
+        whole = int(number)
+        return str(whole) if abs(whole) < 10**30 else format(Decimal(whole), ".3e")
     return f"{number:g}"
 
 
@@ -114,11 +118,11 @@ def check_number(field: str, value: Any, what: str | None = None) -> Any:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SettingError(field, say(what, f"must be a number, got {value!r}"), "invalid")
-    if limit.kind is int and value != int(value):
-        raise SettingError(field, say(what, f"must be a whole number, got {value!r}"), "invalid")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise SettingError(field, say(what, f"must be a finite number, got {value}"), "invalid")
-    value = limit.kind(value)
+    if limit.kind is int and isinstance(value, float) and not value.is_integer():
+        raise SettingError(field, say(what, f"must be a whole number, got {value!r}"), "invalid")
+    # Compared before converting: Python compares an int past a float's range with a float exactly.
     if value < limit.minimum:
         raise SettingError(
             field, say(what, f"must be at least {_n(limit.minimum)}{limit.unit}, got {_n(value)}"), "min_value"
@@ -132,7 +136,7 @@ def check_number(field: str, value: Any, what: str | None = None) -> Any:
         raise SettingError(
             field, say(what, f"must be at most {_n(top)}{limit.unit}{where}, got {_n(value)}"), "max_value"
         )
-    return value
+    return limit.kind(value)
 
 
 def check_agent_name(value: str, what: str | None = None) -> str:
