@@ -146,6 +146,17 @@ def test_settings_in_the_querystring_of_a_json_body_are_refused_not_ignored(clie
     assert nothing_stored()
 
 
+def test_a_jsonl_body_of_one_line_is_refused_for_what_is_wrong_with_it(client, auth):
+    row = json.dumps(task_rows(1)[0])
+    twice = post_jsonl(client, auth, [row[:-1] + ', "x": 1, "x": 2}'])
+    assert twice.status_code == 400 and "line 1" in twice.json()["detail"]
+    assert "the key 'x' appears twice" in twice.json()["detail"], twice.json()
+    array = post_jsonl(client, auth, [json.dumps(task_rows(2))])
+    assert array.status_code == 400 and "send an array as application/json, in `rows`" in array.json()["detail"]
+    assert "jq" not in array.json()["detail"]
+    assert nothing_stored()
+
+
 def test_a_bad_jsonl_line_names_its_line(client, auth):
     lines = [json.dumps(r) for r in task_rows(3)]
     lines[1] = '{"responses_create_params": {"input": "x"'
@@ -222,6 +233,14 @@ def test_a_run_answers_with_the_settings_it_was_launched_with_under_the_names_po
     repost = post_json(client, auth, {"rows": task_rows(1), "agent_url": AGENT, "env_url": ENV, **got})
     assert repost.status_code == 201, repost.content
     assert repost.json()["settings"] == got
+
+
+def test_a_dataset_the_user_cannot_use_is_named_and_nothing_else_is_blamed(client, auth):
+    response = post_json(client, auth, {"dataset": 99999, "agent_url": AGENT, "env_url": ENV})
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("dataset: dataset 99999: not a dataset you can use")
+    assert set(response.json()["errors"]) == {"dataset"}
+    assert nothing_stored()
 
 
 def test_rows_and_dataset_together_or_neither_are_refused(client, auth):

@@ -212,7 +212,7 @@ def _json_document(first: str, rest: Iterator[tuple[int, str | bytes]], source: 
             if size > WHOLE_DOCUMENT_BYTES:
                 return None
             parts.append(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
-        strict_loads("".join(parts))
+        strict_loads("".join(parts), unique_keys=True)  # a row naming a key twice is that row's error
     except (DatasetError, UnicodeDecodeError, NotJSON):
         return None
     message = "this is a JSON document, not JSONL (one JSON object per line)"
@@ -226,8 +226,13 @@ def _json_document(first: str, rest: Iterator[tuple[int, str | bytes]], source: 
 
 def _json_array(source: str) -> str:
     """The refusal of a file that is one JSON array (on one line or several), with the command that
-    turns it into JSONL (one element per line), the file's own name in it when known."""
+    turns it into JSONL (one element per line), the file's own name in it when known. Rows that
+    came in no file (``source`` without an extension: a request body) get the way to send an array."""
     name = source.replace("\\", "/").rsplit("/", 1)[-1] or "tasks.json"
+    if source and "." not in name:
+        return (
+            "this is a JSON array, not JSONL (one JSON object per line); send an array as application/json, in `rows`"
+        )
     stem = name[: -len(".json")] if name.endswith(".json") else name
     out = f"{stem}.jsonl" if stem != name else f"{name}.jsonl"
     return (

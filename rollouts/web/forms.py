@@ -585,9 +585,14 @@ class RunForm(forms.Form):
         if self.user is not None and self.has_error("team", "invalid_choice"):
             # Django's "Select a valid choice" names nothing: say which teams the user may choose.
             self.errors["team"] = self.error_class([teams.not_yours(self.user, self.data.get("team"))])
+        if self.has_error("dataset", "invalid_choice"):
+            shown = str(self.data.get("dataset"))[:40]
+            self.errors["dataset"] = self.error_class(
+                [f"dataset {shown}: not a dataset you can use (GET /api/v1/datasets and the new-run page list yours)"]
+            )
         self._clean_services(data)
         upload, dataset = data.get("dataset_file"), data.get("dataset")
-        if "dataset_file" in self.errors:
+        if "dataset_file" in self.errors or "dataset" in self.errors:
             return data
         if upload and dataset:
             self.add_error("dataset", "Choose either an upload or an earlier dataset, not both.")
