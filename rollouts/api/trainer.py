@@ -35,7 +35,7 @@ from rollouts.api.result_wait import ResultWait
 from rollouts.api.router import api
 from rollouts.api.schemas import Error, RolloutDetailOut, RunOut, StreamRefusedOut
 from rollouts.collection import archive, export, run_settings
-from rollouts.collection.datasets import DatasetError, too_long_reason, validate_row
+from rollouts.collection.datasets import INLINE_SOURCE, DatasetError, too_long_reason, validate_row
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.evaluation.run_aggregate_metrics import NOT_ASKED
 from rollouts.lossless import dumps
@@ -54,7 +54,6 @@ JSONL_TYPES = (
 )
 FINISHED = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
 CHUNK = 500
-INLINE_NAME = "inline rows"  # the dataset name of rows sent inline (and what their errors name)
 
 
 # -- batches in ----------------------------------------------------------------------------------
@@ -230,7 +229,7 @@ def _jsonl_request(request, spool) -> tuple[dict[str, Any], dict[str, Any]]:
     spool.seek(0, 2)
     size = spool.tell()
     spool.seek(0)
-    return data, {"dataset_file": _as_upload(spool, INLINE_NAME, size)}
+    return data, {"dataset_file": _as_upload(spool, INLINE_SOURCE, size)}
 
 
 def _json_request(request, ctype: str, spool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -306,7 +305,7 @@ def _refused_row(raw: bytes) -> int | None:
 
 def _rows_upload(rows: list) -> DjangoUploadedFile:
     """Task rows sent inline, each validated as a dataset row, as the JSONL upload the new-run
-    form reads (``INLINE_NAME``)."""
+    form reads (``INLINE_SOURCE``)."""
     if not rows:
         raise _bad("`rows` is empty: send at least one task row", "rows")
     for i, row in enumerate(rows):
@@ -324,7 +323,7 @@ def _rows_upload(rows: list) -> DjangoUploadedFile:
         inline.write(line + b"\n")
     size = inline.tell()
     inline.seek(0)
-    return _as_upload(inline, INLINE_NAME, size)
+    return _as_upload(inline, INLINE_SOURCE, size)
 
 
 # -- results out ---------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "validate_row",
     "too_long_reason",
+    "INLINE_SOURCE",
 ]
 
 # Task and rollout indices are stored in 32-bit integer columns.
@@ -192,6 +193,10 @@ def iter_lines(stream: Lines, source: str = "", max_line_bytes: int | None = Non
 # so instead of "line 1: not valid JSON" (bytes; a larger file's error stays the line's).
 WHOLE_DOCUMENT_BYTES = 4 * 1024 * 1024
 # NeMo Gym's JSON (not JSONL) files a user may pick by mistake: what each is.
+# The source name of task rows sent in a request body (``POST /api/v1/runs``), not in a file: the
+# dataset's name and what their errors name.
+INLINE_SOURCE = "inline rows"
+
 NEMO_GYM_JSON_FILES = {
     "quality_summary.json": "NeMo Gym's health check summary of a run",
     "rollouts_aggregate_metrics.json": "NeMo Gym's aggregate metrics of a run",
@@ -227,9 +232,9 @@ def _json_document(first: str, rest: Iterator[tuple[int, str | bytes]], source: 
 def _json_array(source: str) -> str:
     """The refusal of a file that is one JSON array (on one line or several), with the command that
     turns it into JSONL (one element per line), the file's own name in it when known. Rows that
-    came in no file (``source`` without an extension: a request body) get the way to send an array."""
+    came in no file (``INLINE_SOURCE``: the API's request body) get the way to send an array."""
     name = source.replace("\\", "/").rsplit("/", 1)[-1] or "tasks.json"
-    if source and "." not in name:
+    if source == INLINE_SOURCE:
         return (
             "this is a JSON array, not JSONL (one JSON object per line); send an array as application/json, in `rows`"
         )
