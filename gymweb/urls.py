@@ -24,7 +24,7 @@ class FaviconView(RedirectView):
 
 @csrf_exempt  # an API call carries a token, not the site's CSRF cookie: a JSON 404 whatever the method
 def api_not_found(request, rest: str = "") -> JsonResponse:
-    """Any other path under ``/api/v1/``: the API's JSON 404 (``{"detail": ...}``), not the site's page."""
+    """Any other path under ``/api/``: the API's JSON 404 (``{"detail": ...}``), not the site's page."""
     return JsonResponse({"detail": f"Not Found: no API route {request.path} (GET /api/v1/docs lists them)"}, status=404)
 
 
@@ -38,7 +38,8 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
+    path("api/v1/", api_not_found),  # django-ninja's own root answers the site's HTML 404
     path("api/v1/", api.urls),  # the HTTP API (rollouts.api)
-    re_path(r"^api/v1/(?P<rest>.*)$", api_not_found),
+    re_path(r"^api(?:/(?P<rest>.*))?$", api_not_found),  # /api, /api/, /api/v2/…, /api/v1/<unknown>
     path("", include("rollouts.web.urls")),
 ]

@@ -173,6 +173,9 @@ def test_an_unknown_api_path_is_a_json_404(client):
     response = client.get("/api/v1/no/such/route")
     assert response.status_code == 404 and response["Content-Type"].startswith("application/json")
     assert "no API route /api/v1/no/such/route" in response.json()["detail"]
+    for path in ("/api/v1/", "/api/", "/api", "/api/v2/runs"):  # the API's root and other versions too
+        response = client.get(path)
+        assert response.status_code == 404 and f"no API route {path} " in response.json()["detail"], path
 
 
 def test_an_unknown_api_path_is_a_json_404_for_every_method(db):
