@@ -11,7 +11,7 @@ from django.db import models
 
 __all__ = ["insert_from_template", "insert_ignoring_conflicts", "plain_types"]
 
-_insert_sql: dict[tuple[str, type], tuple[str, list]] = {}
+_insert_sql: dict[tuple, tuple[str, list]] = {}  # (vendor, model[, "plain"]) → statement, fields
 
 _PROBES = {int: 7, float: 1.5, bool: True, str: "x"}
 
