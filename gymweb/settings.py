@@ -76,6 +76,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "rollouts.web.access.NoTeamMiddleware",  # a user in no team making something: a 400 saying so
     # django-axes wants to be last: it turns a locked-out sign-in into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]

@@ -73,7 +73,7 @@ def not_yours(user, value) -> str:
     shown = str(value)[:40]
     mine = list(choosable_teams(user).values_list("pk", "name")[:21])
     if not mine:
-        return f"team {shown}: not one of your teams (you are in no team: an admin adds you to one first)"
+        return f"team {shown}: not one of your teams ({NO_TEAM})"
     listed = ", ".join(f"{pk} ({name})" for pk, name in mine[:20]) + (", ..." if len(mine) > 20 else "")
     return f"team {shown}: not one of your teams; yours: {listed}"
 
@@ -95,18 +95,33 @@ def teams_of(user) -> list[Team]:
     return list(mine.order_by("id"))
 
 
+NO_TEAM = "you are in no team: an admin adds you to one first"
+
+
+class NoTeam(ValueError):
+    """A signed-in user (or a token of a team they left) who is in no team wanted to make a run,
+    dataset or queue: it would land in a team they cannot see (``NO_TEAM`` says so)."""
+
+    def __init__(self) -> None:
+        super().__init__(NO_TEAM)
+
+
 def team_for_new(user, team: Team | None = None) -> int:
     """The team id a new run or dataset of ``user`` goes to: ``team`` if given, else the user's
-    first team, else (no user, or a user in no team) the ``default`` team."""
+    first team; with no user (the commands) or for a superuser in no team, the ``default`` team.
+    Raises ``NoTeam`` for any other signed-in user in no team (the row would be theirs to lose)."""
     if team is not None:
         return team.pk
     if user is not None and getattr(user, "is_authenticated", False):
         mine = Team.objects.filter(members=user)
-        if getattr(user, TOKEN_TEAM_ATTR, None) is not None:
-            mine = mine.filter(pk=getattr(user, TOKEN_TEAM_ATTR))
+        scoped = getattr(user, TOKEN_TEAM_ATTR, None)
+        if scoped is not None:
+            mine = mine.filter(pk=scoped)
         first = mine.order_by("id").values_list("pk", flat=True).first()
         if first is not None:
             return first
+        if scoped is not None or not user.is_superuser:
+            raise NoTeam()
     return default_team_pk()
 
 

@@ -13,7 +13,7 @@ from rollouts.api.schemas import CorrectionIn, Error, LabelIn, LabelOut, NewLabe
 from rollouts.models import Label
 from rollouts.review import actions
 from rollouts.review.actions import ReviewError
-from rollouts.teams import choosable_teams, not_yours, visible_labels
+from rollouts.teams import NO_TEAM, choosable_teams, not_yours, visible_labels
 
 
 @api.post(
@@ -107,7 +107,7 @@ def create_label(request, payload: NewLabelIn):
             raise ReviewError(not_yours(request.user, payload.team), "team")
         team_id = team_id or mine.values_list("pk", flat=True).first()
         if team_id is None:
-            raise ReviewError("you are in no team: an admin adds you to one first", "team")
+            raise ReviewError(NO_TEAM, "team")
         lab = actions.create_label(payload.name, payload.description, request.user, team_id=team_id)
     except ReviewError as exc:
         raise review_error(exc) from None

@@ -32,7 +32,7 @@ from rollouts.api.open_streams import StreamRefused
 from rollouts.api.openapi import complete
 from rollouts.engine.contract import NotJSON, strict_loads
 from rollouts.models import ApiToken
-from rollouts.teams import TOKEN_TEAM_ATTR
+from rollouts.teams import TOKEN_TEAM_ATTR, NoTeam
 from rollouts.tokens import bad_token_wait, check_token, count_bad_token
 from rollouts.web.sessions import client_address
 
@@ -141,6 +141,12 @@ def _http_error(request, exc: HttpError):
     elif isinstance(exc, StreamRefused):
         response["Retry-After"] = str(exc.retry_after)
     return response
+
+
+@api.exception_handler(NoTeam)
+def _no_team(request, exc: NoTeam):
+    """A user in no team (or a token of a team they left) making a run, dataset or queue: 400."""
+    return api.create_response(request, {"detail": str(exc), "errors": {"team": [str(exc)]}}, status=400)
 
 
 @api.exception_handler(ValidationError)

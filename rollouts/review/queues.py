@@ -47,14 +47,17 @@ def create_queue(name: Any, user, team_id: Any = None) -> ReviewQueue:
     if len(clean) > NAME_MAX_CHARS:
         raise ReviewError(f"the name has {len(clean):,} characters; at most {NAME_MAX_CHARS}", "name")
     if team_id in (None, ""):
-        team = teams.team_for_new(user)
+        try:
+            team = teams.team_for_new(user)
+        except teams.NoTeam as exc:
+            raise ReviewError(str(exc), "team") from None
     else:
         try:
             team = int(team_id)
         except (TypeError, ValueError):
             raise ReviewError(f"team {str(team_id)[:20]!r}: give a team's id", "team") from None
         if not teams.choosable_teams(user).filter(pk=team).exists():
-            raise ReviewError("that team is not one of yours", "team")
+            raise ReviewError(teams.not_yours(user, team_id), "team")
     return ReviewQueue.objects.create(name=clean, team_id=team, created_by=user)
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404
+from django.utils.html import escape
 
 from rollouts import teams
 from rollouts.collection import runs, streamed_upload
@@ -109,3 +111,19 @@ def launch_from_form(form: RunForm, user, **run_fields: Any) -> tuple[Run, bool]
     )
     runs.launch(run)  # marked running: the workers pick it up
     return run, False
+
+
+class NoTeamMiddleware:
+    """A page that would make a run, dataset or queue for a user in no team (``teams.NoTeam``,
+    raised before anything is stored) answers 400 saying so, not a 500."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if isinstance(exception, teams.NoTeam):
+            return HttpResponseBadRequest(escape(str(exception)), content_type="text/plain; charset=utf-8")
+        return None

@@ -585,6 +585,13 @@ class RunForm(forms.Form):
         if self.user is not None and self.has_error("team", "invalid_choice"):
             # Django's "Select a valid choice" names nothing: say which teams the user may choose.
             self.errors["team"] = self.error_class([teams.not_yours(self.user, self.data.get("team"))])
+        if self.has_error("team") and not self.offer_team:  # the page shows no team field to mark
+            self.add_error(None, self.errors["team"][0])
+        if self.user is not None and not self.has_error("team"):
+            try:
+                teams.team_for_new(self.user, data.get("team"))
+            except teams.NoTeam as exc:  # the run would land in a team its user cannot see
+                self.add_error("team" if self.offer_team else None, str(exc))
         if self.has_error("dataset", "invalid_choice"):
             shown = str(self.data.get("dataset"))[:40]
             self.errors["dataset"] = self.error_class(

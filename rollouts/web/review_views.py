@@ -412,7 +412,7 @@ def _label_team(value, my_teams: list[Team], user) -> int:
                 return t.pk
         raise ReviewError(teams.not_yours(user, value), "team")
     if not my_teams:
-        raise ReviewError("you are in no team: an admin adds you to one first", "team")
+        raise ReviewError(teams.NO_TEAM, "team")
     return my_teams[0].pk
 
 
@@ -558,9 +558,9 @@ def account(request):
             if scope not in tokens.SCOPES:
                 raise ValueError(f"scope {scope[:20]!r}: read or write")
             team_id = request.POST.get("team") or ""
-            team = request.user.teams.filter(pk=int(team_id)).first() if team_id.isdigit() else None
+            team = request.user.teams.filter(pk=int(team_id)).first() if team_id.isdecimal() else None
             if team_id and team is None:
-                raise ValueError("that team is not one of yours")
+                raise ValueError(teams.not_yours(request.user, team_id))
         except ValueError as exc:
             messages.error(request, f"No token made: {exc}")
         else:
