@@ -280,6 +280,20 @@ def test_restore_refuses_a_damaged_archive_and_changes_nothing(collected):
     assert good.is_archived and TrajectoryItem.objects.filter(rollout__run=good).count() == 0
 
 
+def test_a_file_in_the_way_of_the_archive_folder_is_refused_and_the_run_left_as_it_was(collected, _archive_dir):
+    good, _ = collected
+    items = TrajectoryItem.objects.filter(rollout__run=good).count()
+    _archive_dir.mkdir(parents=True, exist_ok=True)
+    (_archive_dir / f"run-{good.pk}").write_text("x")
+    with pytest.raises(archive.ArchiveError, match=f"run-{good.pk} in the archive folder .* is a file"):
+        archive.archive_run(good)
+    good.refresh_from_db()
+    assert not good.is_archived and TrajectoryItem.objects.filter(rollout__run=good).count() == items
+    assert sorted(p.name for p in _archive_dir.iterdir()) == [f"run-{good.pk}"]  # no temporary folder left
+    (_archive_dir / f"run-{good.pk}").unlink()
+    assert archive.archive_run(good).items == items  # once it is moved away
+
+
 @pytest.mark.parametrize("damage", ["truncated", "removed"])
 def test_an_archived_runs_damaged_file_is_refused_not_served_short(collected, signed_in, user, damage):
     good, _ = collected

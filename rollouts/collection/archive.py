@@ -472,6 +472,11 @@ def archive_run(run: Run, *, batch: int | None = None) -> Outcome:
     run.refresh_from_db(fields=["archived", "archive_path"])
     if not run.is_archived:
         folder = archive_dir(run)
+        if folder.exists() and not folder.is_dir():
+            raise ArchiveError(
+                f"cannot archive run {run.pk}: {folder.name} in the archive folder (GYMWEB_ARCHIVE_DIR) is a file, "
+                "not this run's folder; move it away and archive again"
+            )
         tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}.tmp")
         try:
             out.files = _write_files(run, tmp, size)
@@ -493,9 +498,17 @@ def archive_run(run: Run, *, batch: int | None = None) -> Outcome:
         if not marked:
             shutil.rmtree(tmp, ignore_errors=True)
             raise ArchiveError(f"run {run.pk} was archived by another request meanwhile")
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.replace(folder)
+        try:
+            if folder.is_dir():
+                shutil.rmtree(folder)  # a folder left by an earlier attempt, never marked
+            tmp.replace(folder)
+        except OSError as exc:  # the run is not left marked with no files: unmarked, as it was
+            Run.objects.filter(pk=run.pk).update(archived=None, archive_path="")
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ArchiveError(
+                f"cannot put the archive of run {run.pk} in place as {folder.name} in the archive folder: "
+                f"{why(exc)}; nothing was dropped"
+            ) from exc
         run.archived, run.archive_path = when, str(folder)
     out.path = run.archive_path
     verify_files(run)  # nothing is dropped unless the files read back as written
