@@ -118,6 +118,26 @@ class RunEnded(GymwebError):
         self.received = received
 
 
+def _decoded(response: httpx.Response, what: str) -> Any:
+    """A 2xx answer's JSON body; ``GymwebError`` when it is no JSON (not gymweb's API answering)."""
+    try:
+        return response.json()
+    except ValueError:
+        raise GymwebError(
+            f"{what}: HTTP {response.status_code}, but the answer is not JSON "
+            f"({response.headers.get('content-type', 'no content type')}): is {response.url} gymweb's API?",
+            response.status_code,
+            response.text[:500],
+        ) from None
+
+
+def _cut(what: str, method: str, exc: httpx.HTTPError) -> GymwebError:
+    """A request the server took and then dropped (``status`` None). A POST is not sent again: the
+    server may have done it (a run launched), so the message says where to look."""
+    after = " (not sent again: the run may have been launched; see GET /api/v1/runs)" if method == "POST" else ""
+    return GymwebError(f"{what}: {exc.__class__.__name__}: {exc}{after}")
+
+
 def _raise_for(response: httpx.Response, what: str) -> None:
     if response.status_code < 400:
         return
@@ -418,7 +438,7 @@ class Client(_Base):
         self.close()
 
     # -- single calls ------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
         failures, waited = 0, 0.0
         # A POST is tried again only when it never reached the server (a second run otherwise);
         # a busy answer (503/429 with Retry-After) did nothing, so it is tried again whatever the method.
@@ -432,28 +452,30 @@ class Client(_Base):
                     raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
                 time.sleep(self._pause(failures))
                 continue
+            except httpx.HTTPError as exc:
+                raise _cut(what, method, exc) from exc
             pause = self._busy_pause(response, what, waited)
             if pause is not None:
                 time.sleep(pause)
                 waited += pause
                 continue
             _raise_for(response, what)
-            return response
+            return _decoded(response, what)
 
     def submit(self, rows: list[dict], *, agent_url: str, env_url: str, **settings: Any) -> dict:
         """Launch a run on ``rows`` (sent inline); returns the run as ``GET /runs/{id}`` shows it.
         ``settings``: the run's other fields (num_repeats, concurrency, max_steps, overrides, ...)."""
         body = {"rows": list(rows), "agent_url": agent_url, "env_url": env_url, **settings}
-        return self._request("POST", "/runs", "launching the run", **_json_body(body)).json()
+        return self._request("POST", "/runs", "launching the run", **_json_body(body))
 
     def run(self, run_id: int) -> dict:
         """The run's status, progress and aggregates."""
-        return self._request("GET", f"/runs/{run_id}", f"reading run {run_id}").json()
+        return self._request("GET", f"/runs/{run_id}", f"reading run {run_id}")
 
     def rollout(self, rollout_id: int, nemo_gym: bool = False) -> dict:
         """One rollout whole (trajectory, steps, verify reply), or only its NeMo Gym row."""
         params = {"format": "nemo_gym"} if nemo_gym else None
-        return self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params).json()
+        return self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params)
 
     # -- the results stream ------------------------------------------------------------------------
     def results(self, run_id: int, after: int = 0, wait: bool = True) -> Iterator[dict]:
@@ -521,7 +543,7 @@ class Client(_Base):
         that is one process). Raises ``RefusedSettings`` before anything runs when
         the server refuses a row or a setting; ``RunEnded`` when the run ends short."""
         batch = _Batch(rows, agent_url, env_url, head_url, agent_name, settings)
-        batch.run_id = self._request("POST", "/runs", "launching the run", **_json_body(batch.body)).json()["id"]
+        batch.run_id = self._request("POST", "/runs", "launching the run", **_json_body(batch.body))["id"]
         for result in self.results(batch.run_id):
             yield from batch.take(result)
             if batch.done:
@@ -560,7 +582,7 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+    async def _request(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
         failures, waited = 0, 0.0
         retryable = (httpx.ConnectError, httpx.ConnectTimeout) if method == "POST" else (httpx.TransportError,)
         while True:
@@ -572,26 +594,26 @@ class AsyncClient(_Base):
                     raise GymwebError(f"{what}: {exc.__class__.__name__}: {exc} ({failures} tries)") from exc
                 await asyncio.sleep(self._pause(failures))
                 continue
+            except httpx.HTTPError as exc:
+                raise _cut(what, method, exc) from exc
             pause = self._busy_pause(response, what, waited)
             if pause is not None:
                 await asyncio.sleep(pause)
                 waited += pause
                 continue
             _raise_for(response, what)
-            return response
+            return _decoded(response, what)
 
     async def submit(self, rows: list[dict], *, agent_url: str, env_url: str, **settings: Any) -> dict:
         body = {"rows": list(rows), "agent_url": agent_url, "env_url": env_url, **settings}
-        return (await self._request("POST", "/runs", "launching the run", **_json_body(body))).json()
+        return await self._request("POST", "/runs", "launching the run", **_json_body(body))
 
     async def run(self, run_id: int) -> dict:
-        return (await self._request("GET", f"/runs/{run_id}", f"reading run {run_id}")).json()
+        return await self._request("GET", f"/runs/{run_id}", f"reading run {run_id}")
 
     async def rollout(self, rollout_id: int, nemo_gym: bool = False) -> dict:
         params = {"format": "nemo_gym"} if nemo_gym else None
-        return (
-            await self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params)
-        ).json()
+        return await self._request("GET", f"/rollouts/{rollout_id}", f"reading rollout {rollout_id}", params=params)
 
     async def results(self, run_id: int, after: int = 0, wait: bool = True) -> AsyncIterator[dict]:
         failures, waited = 0, 0.0
@@ -652,7 +674,7 @@ class AsyncClient(_Base):
     ) -> AsyncIterator[tuple[dict, dict]]:
         """``async for row, result in client.iter_examples(rows, ...)``: as ``Client.run_examples``."""
         batch = _Batch(rows, agent_url, env_url, head_url, agent_name, settings)
-        run = (await self._request("POST", "/runs", "launching the run", **_json_body(batch.body))).json()
+        run = await self._request("POST", "/runs", "launching the run", **_json_body(batch.body))
         batch.run_id = run["id"]
         async for result in self.results(batch.run_id):
             for pair in batch.take(result):

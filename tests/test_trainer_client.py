@@ -11,7 +11,7 @@ import re
 import httpx
 import pytest
 
-from gymweb.client import AsyncClient, Client, RefusedSettings, ResultsInterrupted, Unauthorized
+from gymweb.client import AsyncClient, Client, GymwebError, RefusedSettings, ResultsInterrupted, Unauthorized
 from rollouts.evaluation.run_aggregate_metrics import NOT_ASKED
 from rollouts.models import Run
 from rollouts.tokens import create_token
@@ -190,6 +190,36 @@ def test_a_stream_that_closes_as_if_it_ended_and_a_server_gone_keeps_the_cursor(
                 asyncio.run(consume())
         assert (lost.value.run_id, lost.value.after) == (4, 2), make.__name__
         assert "resume with results(4, after=2)" in str(lost.value)
+
+
+@pytest.mark.parametrize("answer", ["dropped", "not json"])
+def test_a_launch_the_server_dropped_or_answered_with_no_json_raises_gymweb_error(answer):
+    posts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posts.append(request.method)
+        if answer == "dropped":
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, content=b"<html>a proxy's page</html>", headers={"content-type": "text/html"})
+
+    rows = [{"responses_create_params": {"input": "x"}}]
+    for make, http in ((Client, httpx.Client), (AsyncClient, httpx.AsyncClient)):
+        client = make("http://gymweb.test", "gw_x", http=http(transport=httpx.MockTransport(handler)), retry_pause_s=0)
+        with pytest.raises(GymwebError) as raised:
+            if make is Client:
+                list(client.run_examples(rows, agent_url="http://a", env_url="http://e"))
+            else:
+
+                async def consume(client=client):
+                    return [pair async for pair in client.iter_examples(rows, agent_url="http://a", env_url="http://e")]
+
+                asyncio.run(consume())
+        message = str(raised.value)
+        if answer == "dropped":  # sent once: the server may have launched it
+            assert "RemoteProtocolError" in message and "the run may have been launched" in message
+        else:
+            assert "not JSON (text/html)" in message and raised.value.status == 200
+    assert posts == ["POST", "POST"], "a launch the server may have taken is never sent again"
 
 
 # -- one final result per row ---------------------------------------------------------------------------
