@@ -407,6 +407,13 @@ def test_delete_run_command(collected, capsys):
     assert Run.objects.filter(pk=good.pk).exists()
     with pytest.raises(CommandError, match=r"^no run #999, #998; nothing was archived$"):  # each id once
         call_command("archive_run", "999", "998", "999")
+    with pytest.raises(CommandError, match=r"no run #9223372036854775808;"):  # past a bigint: no run, no crash
+        call_command("archive_run", str(2**63))
+    archive.archive_run(good)
+    with pytest.raises(CommandError, match=f"run {bad.pk} is not archived; nothing was restored"):
+        call_command("restore_run", str(good.pk), str(bad.pk))  # refused before the first is done
+    assert Run.objects.get(pk=good.pk).is_archived
+    call_command("restore_run", str(good.pk))
     call_command("delete_run", str(good.pk))
     assert "deleted run #%d: 10 rollouts" % good.pk in capsys.readouterr().out
     assert list(Run.objects.values_list("pk", flat=True)) == [bad.pk]

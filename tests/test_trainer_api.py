@@ -127,6 +127,21 @@ def test_a_value_no_file_can_hold_is_named_by_its_row(client, auth, bad):
     assert nothing_stored()
 
 
+@pytest.mark.parametrize("setting, bad", [("concurrency", "NaN"), ("run_timeout_s", "1e400"), ("name", '"\\udc00"')])
+def test_a_setting_no_file_can_hold_is_named(client, auth, setting, bad):
+    body = '{"agent_url": "%s", "env_url": "%s", "rows": %s, "%s": %s}' % (
+        AGENT,
+        ENV,
+        json.dumps(task_rows(1)),
+        setting,
+        bad,
+    )
+    response = client.post(f"{API}/runs", data=body, content_type="application/json", **auth)
+    assert response.status_code == 400 and response.json()["detail"].startswith(f"{setting}: not valid JSON")
+    assert list(response.json()["errors"]) == [setting]
+    assert nothing_stored()
+
+
 def test_a_setting_named_twice_is_refused_not_last_one_wins(client, auth):
     rows = json.dumps(task_rows(1))
     body = '{"agent_url": "%s", "env_url": "%s", "concurrency": 1, "concurrency": 8, "rows": %s}' % (AGENT, ENV, rows)

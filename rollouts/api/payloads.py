@@ -77,6 +77,7 @@ def run_out(request, run: Run, progress: run_summary.Progress | None = None) -> 
             "overrides": run.overrides or {},
             "env_aggregate_metrics": run.aggregate_metrics_error != run_settings.NOT_ASKED,
         },
+        "team": run.team_id,
         "auto_retry": run.auto_retry,
         "head_url": run.head_url,
         "env_name": run.env_name,

@@ -97,6 +97,7 @@ class RunOut(Schema):
         None, description="when the run was archived (its items are in files); null when they are here"
     )
     settings: RunSettingsOut
+    team: int | None = Field(None, description="the run's team (`POST /runs` takes it as `team`)")
     auto_retry: bool = Field(False, description="failed keys get new attempts before the run completes")
     head_url: str = Field("", description="the head server the env was found through (empty: env_url was given)")
     env_name: str = Field("", description="the resources server's config name on that head server")

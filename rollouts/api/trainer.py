@@ -247,10 +247,10 @@ def _json_request(request, ctype: str, spool) -> tuple[dict[str, Any], dict[str,
     try:
         body = strict_loads(raw, unique_keys=True)  # as a dataset file's rows: a key named twice is refused
     except NotJSON as exc:
-        row = _refused_row(raw)
-        if row is None:
+        place = _refused_place(raw)
+        if place is None:
             raise _bad(f"the request body is not valid JSON: {exc}", "body") from None
-        raise _bad(f"rows[{row}] (row {row + 1}): not valid JSON: {exc}", "rows") from None
+        raise _bad(f"{place[0]}: not valid JSON: {exc}", place[1]) from None
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object (the run settings with `rows` or `dataset`)", "body")
     data = _settings_from(body, "body")
@@ -286,20 +286,23 @@ def _create_run(request, ctype: str, spool) -> Status:
     return Status(201, run_out(request, run))
 
 
-def _refused_row(raw: bytes) -> int | None:
-    """The index in ``rows`` of the first row holding what ``strict_loads`` refused in a body that
-    plain ``json.loads`` reads (NaN, ``1e400``, an unpaired surrogate escape), or None: the
-    refusal then names the row, not only the body's line and column."""
+def _refused_place(raw: bytes) -> tuple[str, str] | None:
+    """Where, in a body that plain ``json.loads`` reads, ``strict_loads`` found what it refused
+    (NaN, ``1e400``, an unpaired surrogate escape): ``("rows[2] (row 3)", "rows")`` or a setting's
+    ``(name, name)``; None when it cannot tell (a key named twice: ``json.loads`` keeps one)."""
     try:
         loose = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    rows = loose.get("rows") if isinstance(loose, dict) else None
-    for i, row in enumerate(rows if isinstance(rows, list) else ()):
-        try:
-            strict_loads(json.dumps(row))  # NaN and inf are written as NaN/Infinity, a surrogate as \udXXX
-        except (NotJSON, ValueError, RecursionError):
-            return i
+    if not isinstance(loose, dict):
+        return None
+    for name, value in loose.items():
+        parts = enumerate(value) if name == "rows" and isinstance(value, list) else [(None, value)]
+        for i, part in parts:
+            try:  # NaN and inf are written as NaN/Infinity, a surrogate as \udXXX: refused again
+                strict_loads(json.dumps(part))
+            except (NotJSON, ValueError, RecursionError):
+                return (str(name)[:100], str(name)[:100]) if i is None else (f"rows[{i}] (row {i + 1})", "rows")
     return None
 
 

@@ -191,7 +191,9 @@ def download_refusal(run: Run, kind: str, filtered: bool, plain: bool) -> str | 
     return None
 
 
-def _check_idle(run: Run, doing: str) -> None:
+def check_idle(run: Run, doing: str) -> None:
+    """``RunBusy`` unless ``run`` may be ``doing`` ("deleted", "archived") now: final, and none of
+    its rollouts in flight."""
     if not run.is_final:
         raise RunBusy(
             f"run {run.pk} is {run.status}: it cannot be {doing} while it is collected. "
@@ -240,7 +242,7 @@ def delete_run(run: Run, *, batch: int | None = None, remove_archive: bool = Tru
     (``remove_archive``). Raises ``RunBusy`` for a run being collected, unless ``unfinished`` (a run
     whose upload or import stopped part-way: no worker ever took it). Returns the counts."""
     if not unfinished:
-        _check_idle(run, "deleted")
+        check_idle(run, "deleted")
     size = _batch(batch)
     out = Outcome(run=run.pk, path=run.archive_path)
     t0 = time.perf_counter()
@@ -465,7 +467,7 @@ def archive_run(run: Run, *, batch: int | None = None) -> Outcome:
     ``ArchiveError`` when the folder cannot be written or does not read back as written (nothing is
     dropped then). Archiving an archived run again checks its files and finishes an interrupted
     drop, writing nothing."""
-    _check_idle(run, "archived")
+    check_idle(run, "archived")
     size = _batch(batch)
     out = Outcome(run=run.pk)
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ class Command(BaseCommand):
         create.add_argument(
             "--scope", choices=["read", "write"], default="write", help="read: GET routes only (default: write)"
         )
-        create.add_argument("--expires-in", default="", help="e.g. 30d, 12h, 90m, 2w (default: never expires)")
+        create.add_argument("--expires-in", default=None, help="e.g. 30d, 12h, 90m, 2w (default: never expires)")
         create.add_argument("--team", default="", help="the one team (of the user's) it sees (default: all theirs)")
         listing = sub.add_parser("list", help="the user's tokens (never the token text)")
         listing.add_argument("--user", required=True)
@@ -94,7 +94,7 @@ class Command(BaseCommand):
 def _expiry_and_team(user, options):
     """``create``'s ``--expires-in`` as a time and ``--team`` as one of the user's teams."""
     expires = None
-    if options["expires_in"]:
+    if options["expires_in"] is not None:  # given empty (an unset variable) is refused, not "never"
         try:
             expires = timezone.now() + parse_duration(options["expires_in"], positive=True)
         except ValueError as exc:

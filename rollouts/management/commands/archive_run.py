@@ -18,7 +18,7 @@ class Command(BaseCommand):
         add_run_arguments(parser, "to archive")
 
     def handle(self, *args, **opts) -> None:
-        for run in runs_named(opts, "archived"):
+        for run in runs_named(opts, "archived", lambda run: archive.check_idle(run, "archived")):
             try:
                 out = archive.archive_run(run, batch=opts["batch"])
             except archive.ArchiveError as exc:

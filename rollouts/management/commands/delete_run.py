@@ -17,7 +17,7 @@ class Command(BaseCommand):
         add_run_arguments(parser, "to delete")
 
     def handle(self, *args, **opts) -> None:
-        for run in runs_named(opts, "deleted"):
+        for run in runs_named(opts, "deleted", lambda run: archive.check_idle(run, "deleted")):
             try:
                 out = archive.delete_run(run, batch=opts["batch"])
             except archive.RunBusy as exc:
