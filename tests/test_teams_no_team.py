@@ -14,6 +14,7 @@ from rollouts.models import Dataset, ReviewQueue, Run, Team
 from rollouts.tokens import create_token
 
 from .conftest import COUNTER_TASKS
+from .test_view_run_new import URL, _data
 
 API = "/api/v1"
 AGENT, ENV = "http://127.0.0.1:9102", "http://127.0.0.1:9101"
@@ -62,20 +63,7 @@ def test_a_token_of_a_team_its_user_has_left_is_refused(client, dave):
 
 def test_the_new_run_page_says_so(client, dave):
     client.force_login(dave)
-    response = client.post(
-        "/runs/new/",
-        {
-            "agent_url": AGENT,
-            "env_url": ENV,
-            "agent_name": "remote_agent",
-            "concurrency": "4",
-            "num_repeats": "1",
-            "max_attempts": "3",
-            "remote_responses_timeout_s": "60",
-            "run_timeout_s": "120",
-            "dataset_file": io.BytesIO(COUNTER_TASKS.read_bytes()),
-        },
-    )
+    response = client.post(URL, _data())
     assert response.status_code in (200, 400) and "you are in no team" in response.content.decode()
     assert not Run.objects.exists()
 

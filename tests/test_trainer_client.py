@@ -155,6 +155,18 @@ def test_a_stream_that_never_comes_back_raises_after_its_retries():
     assert (lost.value.run_id, lost.value.after) == (3, 0), "where to resume the stream"
 
 
+def _run_batch(client, rows: list[dict]) -> list:
+    """Every ``(row, result)`` of ``rows`` through ``client`` (``Client.run_examples`` or
+    ``AsyncClient.iter_examples``)."""
+    if isinstance(client, Client):
+        return list(client.run_examples(rows, agent_url="http://a", env_url="http://e"))
+
+    async def consume():
+        return [pair async for pair in client.iter_examples(rows, agent_url="http://a", env_url="http://e")]
+
+    return asyncio.run(consume())
+
+
 def test_a_stream_that_closes_as_if_it_ended_and_a_server_gone_keeps_the_cursor():
     # A server without chunked encoding (Connection: close) ends a cut stream as a finished one;
     # the status check after it then cannot reach the server either: the cursor is not lost.
@@ -180,14 +192,7 @@ def test_a_stream_that_closes_as_if_it_ended_and_a_server_gone_keeps_the_cursor(
             retry_pause_s=0.0,
         )
         with pytest.raises(ResultsInterrupted) as lost:
-            if make is Client:
-                list(client.run_examples(rows, agent_url="http://a", env_url="http://e"))
-            else:
-
-                async def consume(client=client):
-                    return [pair async for pair in client.iter_examples(rows, agent_url="http://a", env_url="http://e")]
-
-                asyncio.run(consume())
+            _run_batch(client, rows)
         assert (lost.value.run_id, lost.value.after) == (4, 2), make.__name__
         assert "resume with results(4, after=2)" in str(lost.value)
 
@@ -206,14 +211,7 @@ def test_a_launch_the_server_dropped_or_answered_with_no_json_raises_gymweb_erro
     for make, http in ((Client, httpx.Client), (AsyncClient, httpx.AsyncClient)):
         client = make("http://gymweb.test", "gw_x", http=http(transport=httpx.MockTransport(handler)), retry_pause_s=0)
         with pytest.raises(GymwebError) as raised:
-            if make is Client:
-                list(client.run_examples(rows, agent_url="http://a", env_url="http://e"))
-            else:
-
-                async def consume(client=client):
-                    return [pair async for pair in client.iter_examples(rows, agent_url="http://a", env_url="http://e")]
-
-                asyncio.run(consume())
+            _run_batch(client, rows)
         message = str(raised.value)
         if answer == "dropped":  # sent once: the server may have launched it
             assert "RemoteProtocolError" in message and "the run may have been launched" in message
