@@ -85,6 +85,7 @@ __all__ = [
     "parse_age",
     "prune",
     "prune_candidates",
+    "require_archived",
     "require_items",
     "restore_run",
     "verify_file",
@@ -166,6 +167,12 @@ def shown_folder(run: Run, user: Any) -> str:
     if not run.archive_path:
         return ""
     return run.archive_path if getattr(user, "is_staff", False) else Path(run.archive_path).name
+
+
+def require_archived(run: Run) -> None:
+    """Raise ``ArchiveError`` unless the run is archived (what a restore needs)."""
+    if not run.is_archived:
+        raise ArchiveError(f"run {run.pk} is not archived")
 
 
 def require_items(run: Run, what: str = "this") -> None:
@@ -645,8 +652,7 @@ def restore_run(run: Run, *, batch: int | None = None, keep_files: bool = False)
     then mark it not archived and remove the files (unless ``keep_files``). Raises ``ArchiveError``
     if the run is not archived."""
     run.refresh_from_db(fields=["archived", "archive_path"])
-    if not run.is_archived:
-        raise ArchiveError(f"run {run.pk} is not archived")
+    require_archived(run)
     verify_files(run)
     size = _batch(batch)
     out = Outcome(run=run.pk, path=run.archive_path)

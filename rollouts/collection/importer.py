@@ -57,7 +57,8 @@ for it. Until the last batch is in, the run is being written (``rollouts.collect
 nowhere; each batch renews its lease); when the import is refused or fails part-way, the run and
 everything its batches stored are deleted before the error is raised, and when the importing
 process dies, the supervisor's sweep deletes them once the lease lapses. Memory is bounded by a
-batch plus small per-key maps (task ids, attempt counters) and each task's row.
+batch plus small per-key maps (task ids, attempt counters) and the ``TASK_ROWS_KEPT`` task rows
+used last (an older one is read back from its ``Task``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ class Command(BaseCommand):
         parser.add_argument("--keep-files", action="store_true", help="keep the archive files after restoring")
 
     def handle(self, *args, **opts) -> None:
-        for run in runs_named(opts, "restored", _archived):
+        for run in runs_named(opts, "restored", archive.require_archived):
             try:
                 out = archive.restore_run(run, batch=opts["batch"], keep_files=opts["keep_files"])
             except archive.ArchiveError as exc:
@@ -26,8 +26,3 @@ class Command(BaseCommand):
                 f"restored run #{run.pk}: {out.rollouts} rollouts, {out.items} items, {out.seconds:.1f} s "
                 f"(longest transaction {out.longest_transaction_s * 1000:.0f} ms)"
             )
-
-
-def _archived(run) -> None:
-    if not run.is_archived:
-        raise archive.ArchiveError(f"run {run.pk} is not archived")
